@@ -1,0 +1,234 @@
+//! `sandmux check`: what this machine can enforce for a profile, and what a
+//! live probe observed from inside a real sandboxed tmux pane.
+
+pub mod inside;
+
+use crate::profile::Policy;
+use crate::sandbox::probe;
+use crate::sandbox::report::LayerStatus;
+use crate::tmux::{control, Instance};
+use inside::Observation;
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// The full report.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Profile name.
+    pub profile: String,
+    /// Profile source.
+    pub source: String,
+    /// Kernel features measured on the host.
+    pub kernel: probe::Kernel,
+    /// Whether the profile could start here.
+    pub enforceable: bool,
+    /// Why not, when it could not.
+    pub error: Option<String>,
+    /// Layers as reported by the sandbox while it started.
+    pub layers: Vec<LayerStatus>,
+    /// What the live probe observed from inside a pane.
+    pub observations: Vec<Observation>,
+    /// Whether every observation matched the profile.
+    pub all_passed: bool,
+}
+
+/// Runs the whole check.
+pub fn run(policy: Policy) -> Report {
+    let kernel = probe::kernel();
+    let profile = policy.name.clone();
+    let source = policy.source.to_string();
+    match Instance::start(policy) {
+        Err(e) => Report {
+            profile,
+            source,
+            kernel,
+            enforceable: false,
+            error: Some(e.message),
+            layers: vec![],
+            observations: vec![],
+            all_passed: false,
+        },
+        Ok(inst) => {
+            let layers = inst.layers();
+            let (observations, error) = match live_probe(&inst) {
+                Ok(o) => (o, None),
+                Err(e) => (vec![], Some(e)),
+            };
+            inst.stop();
+            let all_passed = error.is_none()
+                && !observations.is_empty()
+                && observations.iter().all(|o| o.passed);
+            Report {
+                profile,
+                source,
+                kernel,
+                enforceable: true,
+                error,
+                layers,
+                observations,
+                all_passed,
+            }
+        }
+    }
+}
+
+/// Starts a pane running the probe, through a control-mode client attached
+/// from the session's creation, and collects its output from `%output`.
+pub fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
+    let ws = inst.policy.workspace.display().to_string();
+    let mut child = inst
+        .client()
+        .args([
+            "-C",
+            "new-session",
+            "-s",
+            "sandmux-check",
+            "-x",
+            "200",
+            "-y",
+            "50",
+            "-c",
+            &ws,
+            crate::sandbox::pane::GATE_PATH,
+            "--probe",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting a control client: {e}"))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut parser = control::Parser::new();
+    let mut text = Vec::new();
+    let mut raw = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let result = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let chunk = match rx.recv_timeout(left) {
+            Ok(c) => c,
+            Err(_) => {
+                let tail =
+                    String::from_utf8_lossy(&text[text.len().saturating_sub(600)..]).into_owned();
+                let rawtail =
+                    String::from_utf8_lossy(&raw[raw.len().saturating_sub(600)..]).into_owned();
+                break Err(format!("the probe pane produced no report within 20 s; its last output: {tail:?}; control client: {rawtail:?}"));
+            }
+        };
+        raw.extend_from_slice(&chunk[..chunk.len().min(4096)]);
+        for ev in parser.feed(&chunk) {
+            if let control::Event::Output { data, .. } = ev {
+                text.extend_from_slice(&data);
+            }
+        }
+        let s = String::from_utf8_lossy(&text);
+        if let (Some(b), Some(e)) = (s.find(inside::BEGIN), s.find(inside::END)) {
+            if e > b {
+                let body: String = s[b + inside::BEGIN.len()..e]
+                    .chars()
+                    .filter(|c| *c != '\r' && *c != '\n')
+                    .collect();
+                break serde_json::from_str(&body)
+                    .map_err(|e| format!("probe output did not parse: {e}"));
+            }
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"kill-session -t sandmux-check\n");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// Prints the report for a person.
+pub fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out, "sandmux check: profile '{}' ({})", r.profile, r.source)?;
+    let k = &r.kernel;
+    writeln!(out, "\nkernel {}", k.release)?;
+    writeln!(
+        out,
+        "  landlock ABI      {}",
+        if k.landlock_abi == 0 {
+            "unavailable".to_string()
+        } else {
+            k.landlock_abi.to_string()
+        }
+    )?;
+    writeln!(
+        out,
+        "  user namespaces   {}",
+        match &k.userns {
+            Ok(()) => "available".to_string(),
+            Err(e) => format!("unavailable ({e})"),
+        }
+    )?;
+    writeln!(
+        out,
+        "  seccomp           {}",
+        if k.seccomp {
+            "available"
+        } else {
+            "unavailable"
+        }
+    )?;
+    writeln!(
+        out,
+        "  cgroup            {}",
+        match &k.cgroup {
+            Ok(v) => format!("writable ({v})"),
+            Err(e) => format!("unavailable ({e})"),
+        }
+    )?;
+    if let Some(e) = &r.error {
+        writeln!(out, "\nERROR: {e}")?;
+    }
+    if !r.layers.is_empty() {
+        writeln!(
+            out,
+            "\nlayers (as reported by the sandbox while it started):"
+        )?;
+        for l in &r.layers {
+            writeln!(
+                out,
+                "  {:<15} {:<9} {}",
+                l.layer.name(),
+                if l.enforced { "enforced" } else { "DROPPED" },
+                l.detail
+            )?;
+        }
+    }
+    if !r.observations.is_empty() {
+        writeln!(out, "\nlive probe from inside a sandboxed tmux pane:")?;
+        for o in &r.observations {
+            writeln!(
+                out,
+                "  {:<24} {:<4} {}",
+                o.name,
+                if o.passed { "ok" } else { "FAIL" },
+                o.observed
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "\nresult: {}",
+        if !r.enforceable {
+            "NOT ENFORCEABLE on this machine"
+        } else if r.all_passed {
+            "enforceable; every probe matched the profile"
+        } else {
+            "started, but a probe did not match the profile"
+        }
+    )
+}

@@ -1,0 +1,10 @@
+//! sandmux: a terminal an AI agent cannot escape.
+//!
+//! The library holds everything the `sandmux` binary does: profiles
+//! ([`profile`]), the sandbox and its start-up order ([`sandbox`]), the tmux
+//! server it owns ([`tmux`]), and the live enforcement check ([`check`]).
+
+pub mod check;
+pub mod profile;
+pub mod sandbox;
+pub mod tmux;

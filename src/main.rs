@@ -1,0 +1,308 @@
+//! The `sandmux` command line.
+
+use clap::{Parser, Subcommand};
+use sandmux::profile::{self, Context, Loaded};
+use sandmux::sandbox::{self, pane, rundir::Rundir, Payload, Stdio3, EXIT_INTERNAL, EXIT_USAGE};
+use sandmux::tmux::{self, Instance};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sandmux",
+    version,
+    about = "A terminal an AI agent cannot escape: a fresh tmux server inside a Landlock + namespaces + seccomp sandbox"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct Target {
+    /// Profile: a built-in name (default, ci, dev, container), a name in
+    /// ~/.config/sandmux/profiles, or a path to a TOML file.
+    #[arg(long, short, default_value = "default")]
+    profile: String,
+    /// The directory the sandbox may write (default: the current directory).
+    #[arg(long, short)]
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one command confined by the profile (no tmux); exits with its status.
+    Run {
+        #[command(flatten)]
+        target: Target,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// Start a fresh confined tmux server and attach this terminal to it.
+    Shell {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Report what this machine enforces for a profile, observed from inside a live pane.
+    Check {
+        #[command(flatten)]
+        target: Target,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, show and validate profiles.
+    Profile {
+        #[command(subcommand)]
+        cmd: ProfileCmd,
+    },
+    #[command(name = "__init", hide = true)]
+    Init,
+    #[command(name = "__probe-userns", hide = true)]
+    ProbeUserns,
+    /// Test harness: start an instance, print its socket as JSON, stop at stdin EOF.
+    #[command(name = "__instance", hide = true)]
+    Instance {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProfileCmd {
+    /// List built-in and user profiles.
+    List,
+    /// Print a profile's TOML (or, with --resolved, the policy for a workspace).
+    Show {
+        /// Profile name or path.
+        name: String,
+        /// Show the resolved policy (paths substituted and checked) as JSON.
+        #[arg(long)]
+        resolved: bool,
+        /// Workspace to resolve against (default: the current directory).
+        #[arg(long, short)]
+        workspace: Option<PathBuf>,
+    },
+    /// Validate a profile file; exit status 2 if invalid.
+    Validate {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("sandmux: {msg}");
+    ExitCode::from(code as u8)
+}
+
+fn resolve(t: &Target) -> Result<profile::Policy, ExitCode> {
+    let ws = t.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
+    let ws = profile::check_workspace(&ws).map_err(|e| fail(EXIT_USAGE, e))?;
+    let loaded: Loaded = profile::load(&t.profile).map_err(|e| fail(EXIT_USAGE, e))?;
+    loaded
+        .resolve(&Context { workspace: ws })
+        .map_err(|e| fail(EXIT_USAGE, e))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv0 = args.first().map(PathBuf::from).unwrap_or_default();
+    let base = argv0.file_name().and_then(|s| s.to_str()).unwrap_or("");
+    if base.trim_start_matches('-') == pane::GATE_NAME {
+        pane::main(args);
+    }
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Init => sandbox::init::main(),
+        Cmd::ProbeUserns => ExitCode::from(sandbox::probe::userns_child() as u8),
+        Cmd::Run { target, command } => match resolve(&target) {
+            Ok(policy) => run(policy, command),
+            Err(c) => c,
+        },
+        Cmd::Shell { target } => match resolve(&target) {
+            Ok(policy) => shell(policy),
+            Err(c) => c,
+        },
+        Cmd::Check { target, json } => match resolve(&target) {
+            Ok(policy) => check(policy, json),
+            Err(c) => c,
+        },
+        Cmd::Profile { cmd } => profile_cmd(cmd),
+        Cmd::Instance { target } => match resolve(&target) {
+            Ok(policy) => hold_instance(policy),
+            Err(c) => c,
+        },
+    }
+}
+
+fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut rundir = match Rundir::create() {
+        Ok(r) => r,
+        Err(e) => return fail(EXIT_INTERNAL, e),
+    };
+    let cg = match tmux::make_cgroup(&policy, &mut rundir) {
+        Ok(c) => c,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let cwd = std::env::current_dir()
+        .ok()
+        .filter(|d| d.starts_with(&policy.workspace))
+        .unwrap_or_else(|| policy.workspace.clone());
+    let plan = tmux::plan(
+        &policy,
+        &rundir,
+        cg,
+        Payload::Command { argv: command, cwd },
+        None,
+    );
+    // Termination signals are forwarded to the sandbox by a helper thread.
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    let _ = set.thread_block();
+    let started = match sandbox::start(&plan, Stdio3::Inherit) {
+        Ok(s) => s,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let pid = nix::unistd::Pid::from_raw(started.child.id() as i32);
+    std::thread::spawn(move || loop {
+        if let Ok(sig) = set.wait() {
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
+    });
+    let mut child = started.child;
+    let status = child.wait();
+    drop(rundir);
+    match status {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            let code = s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0));
+            ExitCode::from(code as u8)
+        }
+        Err(e) => fail(EXIT_INTERNAL, e),
+    }
+}
+
+fn shell(policy: profile::Policy) -> ExitCode {
+    let ws = policy.workspace.display().to_string();
+    let inst = match Instance::start(policy) {
+        Ok(i) => i,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let status = inst
+        .client()
+        .args(["new-session", "-s", "sandmux", "-c", &ws])
+        .status();
+    inst.stop();
+    match status {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(EXIT_INTERNAL, format!("tmux client: {e}")),
+    }
+}
+
+fn hold_instance(policy: profile::Policy) -> ExitCode {
+    let inst = match Instance::start(policy) {
+        Ok(i) => i,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let info = serde_json::json!({
+        "socket": inst.socket(),
+        "rundir": inst.rundir.path,
+        "server_pid": inst.server_pid,
+        "tmux": inst.tmux,
+        "init_pid": inst.init_pid(),
+        "layers": inst.layers(),
+    });
+    println!("{info}");
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    inst.stop();
+    ExitCode::SUCCESS
+}
+
+fn check(policy: profile::Policy, json: bool) -> ExitCode {
+    let r = sandmux::check::run(policy);
+    let mut out = std::io::stdout().lock();
+    if json {
+        let _ = serde_json::to_writer_pretty(&mut out, &r);
+        let _ = std::io::Write::write_all(&mut out, b"\n");
+    } else {
+        let _ = sandmux::check::print_human(&r, &mut out);
+    }
+    if !r.enforceable {
+        ExitCode::from(sandbox::EXIT_LAYER as u8)
+    } else if r.all_passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
+    match cmd {
+        ProfileCmd::List => {
+            for (name, text) in profile::BUILTINS {
+                let d = profile::parse(name, text)
+                    .map(|p| p.description)
+                    .unwrap_or_default();
+                println!("{name:<12} builtin  {d}");
+            }
+            if let Ok(rd) = std::fs::read_dir(profile::config_dir()) {
+                for e in rd.flatten() {
+                    let p = e.path();
+                    if p.extension().and_then(|x| x.to_str()) == Some("toml") {
+                        let d = match profile::load_file(&p) {
+                            Ok(l) => l.profile.description,
+                            Err(e) => format!("INVALID: {e}"),
+                        };
+                        println!(
+                            "{:<12} user     {d}",
+                            p.file_stem().unwrap_or_default().to_string_lossy()
+                        );
+                    }
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        ProfileCmd::Show {
+            name,
+            resolved,
+            workspace,
+        } => {
+            let loaded = match profile::load(&name) {
+                Ok(l) => l,
+                Err(e) => return fail(EXIT_USAGE, e),
+            };
+            if !resolved {
+                print!("{}", loaded.text);
+                return ExitCode::SUCCESS;
+            }
+            let ws = match profile::check_workspace(&workspace.unwrap_or_else(|| ".".into())) {
+                Ok(w) => w,
+                Err(e) => return fail(EXIT_USAGE, e),
+            };
+            match loaded.resolve(&Context { workspace: ws }) {
+                Ok(p) => {
+                    println!("{}", serde_json::to_string_pretty(&p).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(EXIT_USAGE, e),
+            }
+        }
+        ProfileCmd::Validate { file } => match profile::load_file(&file) {
+            Ok(l) => {
+                println!(
+                    "{}: valid (version {}): {}",
+                    file.display(),
+                    l.profile.version,
+                    l.profile.description
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(EXIT_USAGE, e),
+        },
+    }
+}

@@ -1,0 +1,605 @@
+//! Profiles: the versioned TOML policy that says what a sandbox may see and do.
+//!
+//! A profile is loaded only from a trusted place (P5, E30): the built-ins embedded
+//! from `profiles/`, a path given on the command line, or the user's config dir.
+//! Unknown keys are errors, and every error names the file, the line, the key and
+//! the reason. [`Profile::resolve`] turns a profile into a [`Policy`] with the
+//! `{workspace}` and `{home}` variables substituted and every path checked.
+
+mod layer;
+mod schema;
+
+pub use layer::Layer;
+pub use schema::{
+    is_forbidden_env as schema_is_forbidden_env, parse_size, Enforcement, Environment, Filesystem,
+    Limits, McpSettings, NetMode, Network, Profile, SandboxSettings, Size, Toolset,
+};
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Built-in profiles, embedded at build time: (name, TOML source).
+pub const BUILTINS: &[(&str, &str)] = &[
+    ("default", include_str!("../../profiles/default.toml")),
+    ("ci", include_str!("../../profiles/ci.toml")),
+    ("dev", include_str!("../../profiles/dev.toml")),
+    ("container", include_str!("../../profiles/container.toml")),
+];
+
+/// The home directory every sandbox sees (a tmpfs in the built-in profiles).
+pub const SANDBOX_HOME: &str = "/home/sandmux";
+
+/// An error in a profile: always says where and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// No built-in, config-dir or path profile by that name.
+    #[error("profile '{name}' not found: not a built-in ({builtins}), not in {config_dir}, and not a path")]
+    NotFound {
+        /// The name asked for.
+        name: String,
+        /// Comma-separated built-in names.
+        builtins: String,
+        /// The user's profile directory that was searched.
+        config_dir: String,
+    },
+    /// The file could not be read.
+    #[error("profile {file}: cannot read: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax, unknown key or wrong type (the TOML error carries line and key).
+    #[error("profile {file}: {message}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// The parser's message, with line, column and key.
+        message: String,
+    },
+    /// A value that parses but is not acceptable.
+    #[error("profile {file}, line {line}, key `{key}`: {reason}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// 1-based line of the key, 0 when unknown.
+        line: usize,
+        /// Dotted key, e.g. `limits.memory`.
+        key: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// The profile would be loaded from inside the workspace the agent controls.
+    #[error("profile {file} is inside the workspace {workspace}: an agent could widen its own sandbox; keep profiles outside the workspace")]
+    InWorkspace {
+        /// The file.
+        file: String,
+        /// The workspace.
+        workspace: String,
+    },
+}
+
+/// Where a profile came from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Source {
+    /// Embedded at build time.
+    Builtin(String),
+    /// A file (given on the command line or found in the config dir).
+    File(PathBuf),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Builtin(n) => write!(f, "builtin:{n}"),
+            Source::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A profile with its name, source text and origin.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// Short name (built-in name or file stem).
+    pub name: String,
+    /// Where it came from.
+    pub source: Source,
+    /// The TOML text, kept so errors can point at lines.
+    pub text: String,
+    /// The parsed profile.
+    pub profile: Profile,
+}
+
+/// The user's profile directory: `$XDG_CONFIG_HOME/sandmux/profiles` or
+/// `~/.config/sandmux/profiles`.
+pub fn config_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .unwrap_or_else(|| PathBuf::from("/nonexistent"));
+    base.join("sandmux").join("profiles")
+}
+
+/// Loads a profile by built-in name, path (contains `/` or ends in `.toml`), or
+/// name in the user's config dir, in that order of precedence for bare names:
+/// the user's config dir first (so a user can override a built-in), then built-ins.
+pub fn load(name: &str) -> Result<Loaded, ProfileError> {
+    if name.contains('/') || name.ends_with(".toml") {
+        return load_file(Path::new(name));
+    }
+    let user = config_dir().join(format!("{name}.toml"));
+    if user.is_file() {
+        return load_file(&user);
+    }
+    if let Some((n, text)) = BUILTINS.iter().find(|(n, _)| *n == name) {
+        let file = format!("builtin:{n}");
+        let profile = parse(&file, text)?;
+        return Ok(Loaded {
+            name: n.to_string(),
+            source: Source::Builtin(n.to_string()),
+            text: text.to_string(),
+            profile,
+        });
+    }
+    Err(ProfileError::NotFound {
+        name: name.to_string(),
+        builtins: BUILTINS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", "),
+        config_dir: config_dir().display().to_string(),
+    })
+}
+
+/// Loads and validates a profile file.
+pub fn load_file(path: &Path) -> Result<Loaded, ProfileError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    let profile = parse(&file, &text)?;
+    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok(Loaded {
+        name: path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| file.clone()),
+        source: Source::File(abs),
+        text,
+        profile,
+    })
+}
+
+/// Parses and statically validates TOML text (`file` is used in messages only).
+pub fn parse(file: &str, text: &str) -> Result<Profile, ProfileError> {
+    let profile: Profile = toml::from_str(text).map_err(|e| ProfileError::Parse {
+        file: file.to_string(),
+        message: describe_toml_error(text, &e),
+    })?;
+    profile.validate(file, text)?;
+    Ok(profile)
+}
+
+/// Formats a TOML error as "line N, column C: message" plus the offending line.
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().to_string();
+    match e.span() {
+        Some(span) => {
+            let (line, col) = line_col(text, span.start);
+            let src = text.lines().nth(line - 1).unwrap_or("").trim_end();
+            format!("line {line}, column {col}: {msg}\n  | {src}")
+        }
+        None => msg,
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map(|i| offset - i).unwrap_or(offset + 1);
+    (line, col)
+}
+
+/// Finds the 1-based line where `table.key` is set in `text` (0 if not found).
+pub(crate) fn line_of(text: &str, dotted: &str) -> usize {
+    let (table, key) = match dotted.rsplit_once('.') {
+        Some((t, k)) => (t, k),
+        None => ("", dotted),
+    };
+    let mut current = String::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if let Some(h) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = h.trim().to_string();
+            continue;
+        }
+        if current == table {
+            if let Some((k, _)) = line.split_once('=') {
+                if k.trim() == key {
+                    return i + 1;
+                }
+            }
+        }
+    }
+    0
+}
+
+/// Paths and variables a profile is resolved against.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// The workspace on the host (absolute, canonical, not a symlink).
+    pub workspace: PathBuf,
+}
+
+/// A mount the sandbox makes, in the order it is made.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum MountKind {
+    /// Read-only bind of the same host path.
+    ReadOnly,
+    /// Read-write bind of the same host path.
+    ReadWrite,
+    /// A fresh tmpfs.
+    Tmpfs,
+    /// An empty file or directory over a host path (E9).
+    Masked,
+    /// The host path is a symlink: recreate it inside (merged-/usr systems).
+    Symlink(PathBuf),
+}
+
+/// One filesystem entry of a resolved policy.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FsEntry {
+    /// The path, identical inside and outside.
+    pub path: PathBuf,
+    /// What is mounted there.
+    pub kind: MountKind,
+}
+
+/// A profile resolved against a workspace: concrete, checked paths.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Policy {
+    /// Profile name.
+    pub name: String,
+    /// Where it came from.
+    pub source: Source,
+    /// The profile's own description.
+    pub description: String,
+    /// Filesystem entries, parents before children.
+    pub fs: Vec<FsEntry>,
+    /// Paths (absolute) that stay read-only inside read-write roots.
+    pub protected: Vec<PathBuf>,
+    /// Protected paths that did not exist, so nothing could be mounted over them.
+    pub protected_absent: Vec<PathBuf>,
+    /// Network settings.
+    pub network: Network,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Environment allowlist and settings, with variables substituted.
+    pub environment: Environment,
+    /// Hostname, shell, uid.
+    pub sandbox: SandboxSettings,
+    /// Layers allowed to be missing.
+    pub best_effort: BTreeSet<Layer>,
+    /// Highest Landlock ABI to use (None: the kernel's best).
+    pub landlock_abi: Option<u8>,
+    /// The workspace.
+    pub workspace: PathBuf,
+    /// MCP settings (used by `serve`).
+    pub mcp: McpSettings,
+}
+
+impl Loaded {
+    /// Resolves the profile for a workspace. Errors name the profile key.
+    pub fn resolve(&self, ctx: &Context) -> Result<Policy, ProfileError> {
+        let file = self.source.to_string();
+        if let Source::File(p) = &self.source {
+            if p.starts_with(&ctx.workspace) {
+                return Err(ProfileError::InWorkspace {
+                    file,
+                    workspace: ctx.workspace.display().to_string(),
+                });
+            }
+        }
+        let invalid = |key: &str, reason: String| ProfileError::Invalid {
+            file: file.clone(),
+            line: line_of(&self.text, key),
+            key: key.to_string(),
+            reason,
+        };
+        let subst = |s: &str| -> String {
+            s.replace("{workspace}", &ctx.workspace.to_string_lossy())
+                .replace("{home}", SANDBOX_HOME)
+        };
+        let p = &self.profile;
+        let mut fs: Vec<FsEntry> = Vec::new();
+        let mut seen = BTreeSet::new();
+        let groups: [(&str, &Vec<String>, MountKind); 4] = [
+            (
+                "filesystem.read_only",
+                &p.filesystem.read_only,
+                MountKind::ReadOnly,
+            ),
+            (
+                "filesystem.read_write",
+                &p.filesystem.read_write,
+                MountKind::ReadWrite,
+            ),
+            ("filesystem.tmpfs", &p.filesystem.tmpfs, MountKind::Tmpfs),
+            ("filesystem.masked", &p.filesystem.masked, MountKind::Masked),
+        ];
+        for (key, list, kind) in groups {
+            for raw in list.iter() {
+                let (optional, s) = match raw.strip_prefix('?') {
+                    Some(rest) => (true, rest),
+                    None => (false, raw.as_str()),
+                };
+                let path = PathBuf::from(subst(s));
+                if !path.is_absolute() {
+                    return Err(invalid(key, format!("path {s:?} is not absolute")));
+                }
+                if path
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+                {
+                    return Err(invalid(key, format!("path {s:?} contains '..'")));
+                }
+                if path == Path::new("/") {
+                    return Err(invalid(key, "the root itself cannot be listed; the sandbox root is always a fresh read-only tmpfs".into()));
+                }
+                if !seen.insert(path.clone()) {
+                    return Err(invalid(
+                        key,
+                        format!("path {} is listed twice", path.display()),
+                    ));
+                }
+                let mut kind = kind.clone();
+                if kind != MountKind::Tmpfs {
+                    match std::fs::symlink_metadata(&path) {
+                        Err(_) if optional => continue,
+                        Err(e) => return Err(invalid(
+                            key,
+                            format!(
+                                "{} does not exist ({e}); prefix it with '?' to make it optional",
+                                path.display()
+                            ),
+                        )),
+                        Ok(m) if m.file_type().is_symlink() => {
+                            if kind == MountKind::ReadWrite {
+                                return Err(invalid(
+                                    key,
+                                    format!("{} is a symlink; give the real path", path.display()),
+                                ));
+                            }
+                            if kind == MountKind::ReadOnly {
+                                let target = std::fs::read_link(&path)
+                                    .map_err(|e| invalid(key, e.to_string()))?;
+                                kind = MountKind::Symlink(target);
+                            } else {
+                                continue; // masking a symlink: nothing readable behind it in the sandbox view
+                            }
+                        }
+                        Ok(_) => {}
+                    }
+                }
+                fs.push(FsEntry { path, kind });
+            }
+        }
+        // Parents before children; stable for equal depth.
+        fs.sort_by_key(|e| e.path.components().count());
+
+        let mut protected = Vec::new();
+        let mut protected_absent = Vec::new();
+        for root in fs.iter().filter(|e| e.kind == MountKind::ReadWrite) {
+            for rel in &p.filesystem.protected {
+                let full = root.path.join(rel);
+                // Existence is checked again, without following symlinks, at mount time.
+                match std::fs::symlink_metadata(&full) {
+                    Ok(_) => protected.push(full),
+                    Err(_) => protected_absent.push(full),
+                }
+            }
+        }
+        for (i, rel) in p.filesystem.protected.iter().enumerate() {
+            let rp = Path::new(rel);
+            if rp.is_absolute()
+                || rel.is_empty()
+                || rp
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                let _ = i;
+                return Err(invalid(
+                    "filesystem.protected",
+                    format!("{rel:?} must be a relative path without '..' (it is taken inside each read-write root)"),
+                ));
+            }
+        }
+
+        let mut environment = p.environment.clone();
+        for v in environment.set.values_mut() {
+            *v = subst(v);
+        }
+        Ok(Policy {
+            name: self.name.clone(),
+            source: self.source.clone(),
+            description: p.description.clone(),
+            fs,
+            protected,
+            protected_absent,
+            network: p.network.clone(),
+            limits: p.limits.clone(),
+            environment,
+            sandbox: p.sandbox.clone(),
+            best_effort: p.enforcement.best_effort.iter().copied().collect(),
+            landlock_abi: p.enforcement.landlock_abi,
+            workspace: ctx.workspace.clone(),
+            mcp: p.mcp.clone(),
+        })
+    }
+}
+
+/// Checks a workspace argument: it must exist, be a directory, and contain no
+/// symlink anywhere in its path (setup must never follow a planted link).
+pub fn check_workspace(arg: &Path) -> Result<PathBuf, String> {
+    let abs = if arg.is_absolute() {
+        arg.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| format!("cannot read the current directory: {e}"))?
+            .join(arg)
+    };
+    let meta =
+        std::fs::symlink_metadata(&abs).map_err(|e| format!("workspace {}: {e}", abs.display()))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!(
+            "workspace {} is a symlink; pass the real directory ({})",
+            abs.display(),
+            std::fs::canonicalize(&abs)
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "dangling".into())
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(format!("workspace {} is not a directory", abs.display()));
+    }
+    let canon =
+        std::fs::canonicalize(&abs).map_err(|e| format!("workspace {}: {e}", abs.display()))?;
+    let normal: PathBuf = abs.components().collect();
+    if canon != normal {
+        return Err(format!(
+            "workspace {} goes through a symlink (it resolves to {}); pass the resolved path",
+            abs.display(),
+            canon.display()
+        ));
+    }
+    if canon == Path::new("/") {
+        return Err("the workspace cannot be /".into());
+    }
+    Ok(canon)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_parse() {
+        for (name, text) in BUILTINS {
+            parse(name, text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_key() {
+        let text = "version = 1\ndescription = \"x\"\n[network]\nmode = \"none\"\nbogus = 3\n";
+        let err = parse("p.toml", text).unwrap_err().to_string();
+        assert!(err.contains("p.toml"), "{err}");
+        assert!(err.contains("line 5"), "{err}");
+        assert!(err.contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_is_reported() {
+        let text = "version = 1\ndescription = \"x\"\n[limits]\nnofile = \"many\"\n";
+        let err = parse("p.toml", text).unwrap_err().to_string();
+        assert!(err.contains("line 4") && err.contains("nofile"), "{err}");
+    }
+
+    #[test]
+    fn bad_version_and_sizes() {
+        let err = parse("p.toml", "version = 2\ndescription = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`version`") && err.contains("line 1"), "{err}");
+        let err = parse(
+            "p.toml",
+            "version = 1\ndescription = \"x\"\n[limits]\nmemory = \"4 lots\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("limits.memory") && err.contains("line 4"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_layer_and_toolset_rejected() {
+        let err = parse(
+            "p.toml",
+            "version = 1\ndescription = \"x\"\n[enforcement]\nbest_effort = [\"landlok\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("landlok") && err.contains("line 4"), "{err}");
+        let err = parse(
+            "p.toml",
+            "version = 1\ndescription = \"x\"\n[mcp]\ntoolsets = [\"evrything\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("evrything"), "{err}");
+    }
+
+    #[test]
+    fn missing_path_names_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = check_workspace(dir.path()).unwrap();
+        let text = "version = 1\ndescription = \"x\"\n[filesystem]\nread_only = [\"/definitely/not/here\"]\n";
+        let loaded = Loaded {
+            name: "t".into(),
+            source: Source::File("/etc/t.toml".into()),
+            text: text.into(),
+            profile: parse("t", text).unwrap(),
+        };
+        let err = loaded
+            .resolve(&Context { workspace: ws })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("filesystem.read_only")
+                && err.contains("line 4")
+                && err.contains("does not exist"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn symlinked_workspace_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let err = check_workspace(&link).unwrap_err();
+        assert!(err.contains("symlink"), "{err}");
+        assert!(check_workspace(&link.join(".")).is_err());
+    }
+
+    #[test]
+    fn profile_inside_workspace_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = check_workspace(dir.path()).unwrap();
+        let f = ws.join("evil.toml");
+        std::fs::write(&f, BUILTINS[0].1).unwrap();
+        let loaded = load_file(&f).unwrap();
+        let err = loaded.resolve(&Context { workspace: ws }).unwrap_err();
+        assert!(matches!(err, ProfileError::InWorkspace { .. }));
+    }
+
+    #[test]
+    fn mount_order_parents_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = check_workspace(dir.path()).unwrap();
+        let l = load("default").unwrap();
+        let pol = l.resolve(&Context { workspace: ws }).unwrap();
+        let depths: Vec<usize> = pol.fs.iter().map(|e| e.path.components().count()).collect();
+        let mut sorted = depths.clone();
+        sorted.sort();
+        assert_eq!(depths, sorted);
+    }
+}

@@ -1,0 +1,455 @@
+//! The profile schema (version 1). Unknown keys are rejected everywhere.
+
+use super::{line_of, Layer, ProfileError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A sandmux profile, as written in TOML.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Schema version; only 1 exists.
+    pub version: u32,
+    /// One line saying what the profile is for.
+    pub description: String,
+    /// What the sandbox sees.
+    #[serde(default)]
+    pub filesystem: Filesystem,
+    /// Network access.
+    #[serde(default)]
+    pub network: Network,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Environment of every process inside.
+    #[serde(default)]
+    pub environment: Environment,
+    /// Hostname, shell and identity inside.
+    #[serde(default)]
+    pub sandbox: SandboxSettings,
+    /// Which layers may be missing.
+    #[serde(default)]
+    pub enforcement: Enforcement,
+    /// MCP server settings.
+    #[serde(default)]
+    pub mcp: McpSettings,
+}
+
+/// `[filesystem]`: paths are absolute; `{workspace}` and `{home}` are substituted;
+/// a leading `?` marks a path as optional.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Filesystem {
+    /// Bound read-only (and executable).
+    #[serde(default)]
+    pub read_only: Vec<String>,
+    /// Bound read-write.
+    #[serde(default)]
+    pub read_write: Vec<String>,
+    /// Fresh, size-limited tmpfs.
+    #[serde(default)]
+    pub tmpfs: Vec<String>,
+    /// Covered with an empty file or directory.
+    #[serde(default)]
+    pub masked: Vec<String>,
+    /// Relative paths kept read-only inside every read-write root.
+    #[serde(default)]
+    pub protected: Vec<String>,
+}
+
+/// Network mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetMode {
+    /// A new network namespace with nothing up.
+    #[default]
+    None,
+    /// A new network namespace with `lo` up.
+    Loopback,
+    /// The host's network, limited by Landlock TCP port rules.
+    Host,
+}
+
+/// `[network]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    /// none | loopback | host.
+    #[serde(default)]
+    pub mode: NetMode,
+    /// TCP ports that may be connected to (host mode).
+    #[serde(default)]
+    pub connect_tcp: Vec<u16>,
+    /// TCP ports that may be bound (host mode).
+    #[serde(default)]
+    pub bind_tcp: Vec<u16>,
+}
+
+/// `[limits]`. Sizes are strings like "4GiB" or plain byte counts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// RLIMIT_NOFILE.
+    #[serde(default = "d_nofile")]
+    pub nofile: u64,
+    /// cgroup pids.max and the RLIMIT_NPROC backstop.
+    #[serde(default = "d_processes")]
+    pub processes: u64,
+    /// cgroup memory.max.
+    #[serde(default = "d_memory")]
+    pub memory: Size,
+    /// RLIMIT_FSIZE.
+    #[serde(default = "d_file_size")]
+    pub file_size: Size,
+    /// RLIMIT_CORE (0: no core dumps).
+    #[serde(default)]
+    pub core: u64,
+    /// Size of each tmpfs the sandbox mounts.
+    #[serde(default = "d_tmpfs")]
+    pub tmpfs_size: Size,
+}
+
+fn d_nofile() -> u64 {
+    4096
+}
+fn d_processes() -> u64 {
+    512
+}
+fn d_memory() -> Size {
+    Size(4 << 30)
+}
+fn d_file_size() -> Size {
+    Size(8 << 30)
+}
+fn d_tmpfs() -> Size {
+    Size(1 << 30)
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            nofile: d_nofile(),
+            processes: d_processes(),
+            memory: d_memory(),
+            file_size: d_file_size(),
+            core: 0,
+            tmpfs_size: d_tmpfs(),
+        }
+    }
+}
+
+/// A byte size; parsed from "512MiB", "4GiB", "100kB" or an integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Size(n)),
+            Raw::S(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses "4GiB", "512 MiB", "100kB", "123".
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected a number followed by B, KiB, MiB, GiB, TiB (or kB, MB, GB)"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "TiB" | "T" => 1 << 40,
+        "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!(
+            "invalid size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, kB, MB or GB)"
+        )),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// `[environment]`: what every process inside sees.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Environment {
+    /// Names kept from the caller's environment; a trailing `*` matches a prefix.
+    #[serde(default)]
+    pub keep: Vec<String>,
+    /// Variables set (after `keep`).
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+}
+
+/// `[sandbox]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSettings {
+    /// Hostname in the UTS namespace.
+    #[serde(default = "d_hostname")]
+    pub hostname: String,
+    /// The shell panes run (must be inside a read-only tree).
+    #[serde(default = "d_shell")]
+    pub shell: String,
+    /// The uid (and gid) processes have inside; never 0.
+    #[serde(default = "d_uid")]
+    pub uid: u32,
+}
+
+fn d_hostname() -> String {
+    "sandmux".into()
+}
+fn d_shell() -> String {
+    "/bin/bash".into()
+}
+fn d_uid() -> u32 {
+    1000
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        SandboxSettings {
+            hostname: d_hostname(),
+            shell: d_shell(),
+            uid: d_uid(),
+        }
+    }
+}
+
+/// `[enforcement]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Enforcement {
+    /// Layers allowed to be missing, by name; empty means all are required.
+    #[serde(default)]
+    pub best_effort: Vec<Layer>,
+    /// Use at most this Landlock ABI (for testing older kernels' behaviour).
+    #[serde(default)]
+    pub landlock_abi: Option<u8>,
+}
+
+/// An MCP toolset (same meaning as libtmux-mcp's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Toolset {
+    /// Read-only tools.
+    Inspect,
+    /// Layout and naming tools.
+    Manage,
+    /// Tools that run or type things.
+    Execute,
+    /// Tools that destroy things.
+    Teardown,
+}
+
+/// `[mcp]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSettings {
+    /// Toolsets enabled by default.
+    #[serde(default = "d_toolsets")]
+    pub toolsets: Vec<Toolset>,
+    /// Largest text input per call, in bytes.
+    #[serde(default = "d_max_input")]
+    pub max_input_bytes: u64,
+    /// Ceiling for every wait, in seconds (1–120).
+    #[serde(default = "d_wait_max")]
+    pub wait_max_seconds: u64,
+}
+
+fn d_toolsets() -> Vec<Toolset> {
+    vec![Toolset::Inspect, Toolset::Manage, Toolset::Execute]
+}
+fn d_max_input() -> u64 {
+    32768
+}
+fn d_wait_max() -> u64 {
+    30
+}
+
+impl Default for McpSettings {
+    fn default() -> Self {
+        McpSettings {
+            toolsets: d_toolsets(),
+            max_input_bytes: d_max_input(),
+            wait_max_seconds: d_wait_max(),
+        }
+    }
+}
+
+impl Profile {
+    /// Checks values that parse but make no sense; errors name file, line and key.
+    pub(crate) fn validate(&self, file: &str, text: &str) -> Result<(), ProfileError> {
+        let bad = |key: &str, reason: String| {
+            Err(ProfileError::Invalid {
+                file: file.to_string(),
+                line: line_of(text, key),
+                key: key.to_string(),
+                reason,
+            })
+        };
+        if self.version != 1 {
+            return bad(
+                "version",
+                format!(
+                    "unsupported version {}; this sandmux reads version 1",
+                    self.version
+                ),
+            );
+        }
+        let l = &self.limits;
+        if l.nofile < 16 {
+            return bad(
+                "limits.nofile",
+                format!("{} is too small to run a shell (minimum 16)", l.nofile),
+            );
+        }
+        if l.processes < 8 {
+            return bad(
+                "limits.processes",
+                format!(
+                    "{} is too small to run tmux and a shell (minimum 8)",
+                    l.processes
+                ),
+            );
+        }
+        if l.memory.0 < (64 << 20) {
+            return bad("limits.memory", "must be at least 64MiB".into());
+        }
+        if l.tmpfs_size.0 < (1 << 20) {
+            return bad("limits.tmpfs_size", "must be at least 1MiB".into());
+        }
+        let n = &self.network;
+        if n.mode != NetMode::Host && (!n.connect_tcp.is_empty() || !n.bind_tcp.is_empty()) {
+            return bad(
+                "network.connect_tcp",
+                "TCP port lists apply only to mode = \"host\"".into(),
+            );
+        }
+        let s = &self.sandbox;
+        if s.uid == 0 {
+            return bad("sandbox.uid", "the uid inside must not be 0 (root inside would need CAP_SETFCAP to nest namespaces and invites confusion)".into());
+        }
+        if s.hostname.is_empty()
+            || s.hostname.len() > 64
+            || !s
+                .hostname
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        {
+            return bad(
+                "sandbox.hostname",
+                format!("{:?} is not a valid hostname", s.hostname),
+            );
+        }
+        if !s.shell.starts_with('/') {
+            return bad(
+                "sandbox.shell",
+                format!("{:?} must be an absolute path", s.shell),
+            );
+        }
+        for k in self
+            .environment
+            .set
+            .keys()
+            .chain(self.environment.keep.iter())
+        {
+            let name = k.strip_suffix('*').unwrap_or(k);
+            if name.is_empty() && k != "*"
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return bad("environment.keep", format!("{k:?} is not a variable name"));
+            }
+            if k == "*" {
+                return bad(
+                    "environment.keep",
+                    "\"*\" would keep every variable, secrets included; list names".into(),
+                );
+            }
+            if is_forbidden_env(name) {
+                return bad("environment.keep", format!("{k:?} may not enter the sandbox (tmux, sandmux and loader variables are always removed)"));
+            }
+        }
+        if let Some(abi) = self.enforcement.landlock_abi {
+            if !(1..=9).contains(&abi) {
+                return bad(
+                    "enforcement.landlock_abi",
+                    format!("{abi} is not a Landlock ABI (1-9)"),
+                );
+            }
+        }
+        let m = &self.mcp;
+        if !(1..=120).contains(&m.wait_max_seconds) {
+            return bad(
+                "mcp.wait_max_seconds",
+                format!("{} is outside 1-120", m.wait_max_seconds),
+            );
+        }
+        if !(1024..=1 << 20).contains(&m.max_input_bytes) {
+            return bad(
+                "mcp.max_input_bytes",
+                format!("{} is outside 1024-1048576", m.max_input_bytes),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Variables that never enter the sandbox, whatever a profile says.
+pub fn is_forbidden_env(name: &str) -> bool {
+    name.starts_with("TMUX")
+        || name.starts_with("SANDMUX")
+        || name.starts_with("LD_")
+        || name == "GLIBC_TUNABLES"
+        || name.starts_with("DBUS_")
+        || name.starts_with("SSH_")
+        || name == "XDG_RUNTIME_DIR"
+        || name == "DISPLAY"
+        || name == "WAYLAND_DISPLAY"
+        || name == "NOTIFY_SOCKET"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4GiB").unwrap(), 4 << 30);
+        assert_eq!(parse_size("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("100kB").unwrap(), 100_000);
+        assert_eq!(parse_size("7").unwrap(), 7);
+        assert!(parse_size("4 lots").is_err());
+        assert!(parse_size("GiB").is_err());
+        assert!(parse_size("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn forbidden_env() {
+        for n in [
+            "TMUX",
+            "TMUX_PANE",
+            "LD_PRELOAD",
+            "GLIBC_TUNABLES",
+            "SANDMUX_TOOLS",
+            "SSH_AUTH_SOCK",
+        ] {
+            assert!(is_forbidden_env(n), "{n}");
+        }
+        assert!(!is_forbidden_env("PATH"));
+    }
+}

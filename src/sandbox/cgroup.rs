@@ -1,0 +1,174 @@
+//! cgroup: a per-instance cgroup with `pids.max` and a memory limit.
+//!
+//! The supervisor creates the cgroup on the host side and writes the limits;
+//! `sandmux __init` moves itself in (writing `0` to `cgroup.procs`) before it
+//! creates any namespace, so everything in the sandbox is counted. cgroup v2 is
+//! used when the caller's cgroup is writable and has the `pids` and `memory`
+//! controllers; otherwise the v1 `pids` and `memory` hierarchies (hybrid hosts,
+//! usually root only). Without either the layer is missing and the profile
+//! decides (the built-ins mark it best-effort; RLIMIT_NPROC stays as backstop).
+
+use std::path::{Path, PathBuf};
+
+/// A created cgroup (one directory per hierarchy).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Cgroup {
+    /// Directories, one per hierarchy (one for v2).
+    pub dirs: Vec<PathBuf>,
+    /// "v2" or "v1".
+    pub version: String,
+}
+
+fn own_path(controller: Option<&str>) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        match controller {
+            None if ctrls.is_empty() => return Some(path.to_string()),
+            Some(c) if ctrls.split(',').any(|x| x == c) => return Some(path.to_string()),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn mountpoint(fstype: &str, option: Option<&str>) -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in text.lines() {
+        let (left, right) = line.split_once(" - ")?;
+        let mut r = right.split(' ');
+        if r.next()? != fstype {
+            continue;
+        }
+        let super_opts = r.nth(1).unwrap_or("");
+        if let Some(o) = option {
+            if !super_opts.split(',').any(|x| x == o) {
+                continue;
+            }
+        }
+        return left.split(' ').nth(4).map(PathBuf::from);
+    }
+    None
+}
+
+fn write(p: &Path, v: &str) -> std::io::Result<()> {
+    std::fs::write(p, v)
+}
+
+/// Creates a cgroup named `name` with the limits, or says why it cannot.
+pub fn create(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+    let v2 = try_v2(name, pids, memory);
+    if let Ok(cg) = v2 {
+        return Ok(cg);
+    }
+    let v1 = try_v1(name, pids, memory);
+    match (v2, v1) {
+        (_, Ok(cg)) => Ok(cg),
+        (Err(a), Err(b)) => Err(format!("no writable cgroup: v2: {a}; v1: {b}")),
+        (Ok(_), Err(_)) => unreachable!("v2 success returned above"),
+    }
+}
+
+fn try_v2(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+    let mnt = mountpoint("cgroup2", None).ok_or("no cgroup2 mount")?;
+    let own = own_path(None).ok_or("no cgroup v2 entry in /proc/self/cgroup")?;
+    let parent = mnt.join(own.trim_start_matches('/'));
+    let controllers =
+        std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+    if !(controllers.split_whitespace().any(|c| c == "pids")
+        && controllers.split_whitespace().any(|c| c == "memory"))
+    {
+        return Err(format!(
+            "{} does not delegate the pids and memory controllers",
+            parent.display()
+        ));
+    }
+    let dir = parent.join(name);
+    std::fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let cg = Cgroup {
+        dirs: vec![dir.clone()],
+        version: "v2".into(),
+    };
+    let res = write(&dir.join("pids.max"), &pids.to_string())
+        .and_then(|_| write(&dir.join("memory.max"), &memory.to_string()))
+        .and_then(|_| write(&dir.join("memory.swap.max"), "0").or(Ok(())));
+    if let Err(e) = res {
+        cg.remove();
+        return Err(format!("write limits in {}: {e}", dir.display()));
+    }
+    Ok(cg)
+}
+
+fn try_v1(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+    let mut dirs = Vec::new();
+    let mut cg = Cgroup {
+        dirs: vec![],
+        version: "v1".into(),
+    };
+    for (ctrl, file, value) in [
+        ("pids", "pids.max", pids),
+        ("memory", "memory.limit_in_bytes", memory),
+    ] {
+        let mnt =
+            mountpoint("cgroup", Some(ctrl)).ok_or_else(|| format!("no v1 {ctrl} hierarchy"))?;
+        let own = own_path(Some(ctrl)).unwrap_or_else(|| "/".into());
+        let dir = mnt.join(own.trim_start_matches('/')).join(name);
+        if let Err(e) = std::fs::create_dir(&dir) {
+            cg.remove();
+            return Err(format!("create {}: {e}", dir.display()));
+        }
+        dirs.push(dir.clone());
+        cg.dirs = dirs.clone();
+        if let Err(e) = write(&dir.join(file), &value.to_string()) {
+            cg.remove();
+            return Err(format!("write {}: {e}", dir.join(file).display()));
+        }
+    }
+    Ok(cg)
+}
+
+impl Cgroup {
+    /// Moves the calling process into the cgroup.
+    pub fn join_self(&self) -> std::io::Result<()> {
+        for d in &self.dirs {
+            write(&d.join("cgroup.procs"), "0")?;
+        }
+        Ok(())
+    }
+
+    /// Kills everything left (v2 `cgroup.kill`), then removes the directories.
+    pub fn remove(&self) {
+        for d in &self.dirs {
+            let _ = write(&d.join("cgroup.kill"), "1");
+            for _ in 0..50 {
+                match std::fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// Number of OOM kills recorded so far (v2 memory.events, v1 memory.oom_control).
+    pub fn oom_kills(&self) -> u64 {
+        for d in &self.dirs {
+            for (f, key) in [
+                ("memory.events", "oom_kill"),
+                ("memory.oom_control", "oom_kill"),
+            ] {
+                if let Ok(t) = std::fs::read_to_string(d.join(f)) {
+                    for l in t.lines() {
+                        if let Some(v) = l.strip_prefix(key).map(str::trim) {
+                            return v.parse().unwrap_or(0);
+                        }
+                    }
+                }
+            }
+        }
+        0
+    }
+}

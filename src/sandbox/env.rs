@@ -1,0 +1,74 @@
+//! Environment: every process inside sees only the profile's allowlist.
+//!
+//! `keep` names (a trailing `*` matches a prefix) are copied from the given
+//! environment, then `set` entries are applied. tmux, sandmux, loader and
+//! session-bus variables never pass, whatever the profile says (E31, T2).
+
+use crate::profile::{schema_is_forbidden_env as forbidden, Environment};
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+
+/// Builds the environment for a process inside from `from` (usually the
+/// caller's own environment).
+pub fn build(
+    policy: &Environment,
+    from: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    let mut out: Vec<(OsString, OsString)> = Vec::new();
+    for (k, v) in from {
+        let Ok(name) = std::str::from_utf8(k.as_bytes()) else {
+            continue;
+        };
+        if forbidden(name) || v.as_bytes().contains(&0) {
+            continue;
+        }
+        let keep = policy.keep.iter().any(|pat| match pat.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == pat,
+        });
+        if keep {
+            out.push((k, v));
+        }
+    }
+    for (k, v) in &policy.set {
+        if forbidden(k) {
+            continue;
+        }
+        out.retain(|(n, _)| n.as_bytes() != k.as_bytes());
+        out.push((k.into(), v.into()));
+    }
+    if !out.iter().any(|(k, _)| k == "PATH") {
+        out.push((
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrubs() {
+        let policy = Environment {
+            keep: vec!["PATH".into(), "LC_*".into(), "TMUX".into()],
+            set: [("HOME".to_string(), "/home/sandmux".to_string())].into(),
+        };
+        let env = vec![
+            ("PATH".into(), "/bin".into()),
+            ("LC_ALL".into(), "C".into()),
+            ("TMUX".into(), "/tmp/tmux-0/default,1,0".into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), "canary".into()),
+            ("HOME".into(), "/root".into()),
+        ];
+        let out = build(&policy, env);
+        let names: Vec<_> = out
+            .iter()
+            .map(|(k, _)| k.to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, ["PATH", "LC_ALL", "HOME"]);
+        assert_eq!(out[2].1, "/home/sandmux");
+    }
+}

@@ -1,0 +1,285 @@
+//! Landlock: filesystem rules from the profile, TCP port rules when the network
+//! is shared, and scopes for abstract Unix sockets and signals.
+//!
+//! Two layers are stacked. The sandbox layer (PID 1's children: the tmux server,
+//! or the `run` command) grants the profile's paths plus what the server needs
+//! under `/run/sandmux`. Each pane gate adds a pane layer with the same profile
+//! paths but nothing of `/run/sandmux` except the gate binary. Because the pane
+//! domain is nested under the server's, a pane can neither signal (scope, ABI 6)
+//! nor ptrace the server or PID 1 — so `/proc/<server>/{root,cwd,fd}` are closed
+//! to it too (T1, T5).
+//!
+//! The ABI used is the kernel's best, or the profile's pin if lower. Rights a
+//! lower ABI lacks are listed in the report; a required layer whose feature is
+//! missing refuses start-up.
+
+use crate::profile::{Layer, MountKind, NetMode, Policy};
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use std::path::{Path, PathBuf};
+
+/// Where the sandbox's own files live inside (see `mounts.rs`).
+pub const RUN_DIR: &str = "/run/sandmux";
+
+/// Which process the layer is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The tmux server (and through it, the gate before it restricts itself).
+    Server,
+    /// A pane, added by the gate.
+    Pane,
+    /// The command of `sandmux run`.
+    Command,
+}
+
+/// How a path may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// List directories only.
+    ListOnly,
+    /// Read files and list directories, no execution.
+    Read,
+    /// Read and execute.
+    ReadExec,
+    /// Everything (read, write, create, remove, execute).
+    ReadWrite,
+    /// Read and write files plus device ioctls (ttys).
+    Device,
+}
+
+/// What the Landlock step achieved.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// ABI used.
+    pub abi: u8,
+    /// The kernel's ABI.
+    pub kernel_abi: u8,
+    /// Whether TCP rules were applied.
+    pub net: bool,
+    /// Whether scopes were applied.
+    pub scoped: bool,
+    /// Human-readable summary, including rights this ABI lacks.
+    pub detail: String,
+    /// Sub-layers the ABI could not provide (TCP rules, scopes).
+    pub missing: Vec<(Layer, String)>,
+}
+
+/// The kernel's Landlock ABI (0: unavailable).
+pub fn kernel_abi() -> u8 {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns an integer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 {
+        0
+    } else {
+        r.min(255) as u8
+    }
+}
+
+fn abi_of(n: u8) -> ABI {
+    match n {
+        0 => ABI::Unsupported,
+        1 => ABI::V1,
+        2 => ABI::V2,
+        3 => ABI::V3,
+        4 => ABI::V4,
+        5 => ABI::V5,
+        6 => ABI::V6,
+        7 => ABI::V7,
+        8 => ABI::V8,
+        _ => ABI::V9,
+    }
+}
+
+/// The effective ABI for a policy (the kernel's, capped by the profile's pin).
+pub fn effective_abi(policy: &Policy) -> (u8, u8) {
+    let k = kernel_abi();
+    let e = match policy.landlock_abi {
+        Some(pin) => k.min(pin),
+        None => k,
+    };
+    (k, e.min(9))
+}
+
+/// The rules for a role, as (path, grant) pairs.
+pub fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
+    let mut r: Vec<(PathBuf, Grant)> = vec![("/".into(), Grant::ListOnly)];
+    for e in &policy.fs {
+        match e.kind {
+            MountKind::ReadOnly => r.push((e.path.clone(), Grant::ReadExec)),
+            MountKind::ReadWrite | MountKind::Tmpfs => r.push((e.path.clone(), Grant::ReadWrite)),
+            MountKind::Masked | MountKind::Symlink(_) => {}
+        }
+    }
+    for dev in [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+        "/dev/tty",
+    ] {
+        r.push((dev.into(), Grant::Device));
+    }
+    r.push(("/dev/pts".into(), Grant::Device));
+    r.push(("/dev/shm".into(), Grant::ReadWrite));
+    r.push(("/proc".into(), Grant::Read));
+    let run = Path::new(RUN_DIR);
+    match role {
+        Role::Server => {
+            r.push((run.into(), Grant::Read));
+            r.push((run.join("bin"), Grant::ReadExec));
+            r.push((run.join("sock"), Grant::ReadWrite));
+        }
+        Role::Pane => r.push((run.join("bin"), Grant::ReadExec)),
+        Role::Command => {}
+    }
+    r
+}
+
+fn access_for(grant: Grant, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
+    let all = AccessFs::from_all(abi);
+    let a = match grant {
+        Grant::ListOnly => BitFlags::from(AccessFs::ReadDir),
+        Grant::Read => read,
+        Grant::ReadExec => read | AccessFs::Execute,
+        Grant::ReadWrite => all,
+        Grant::Device => read | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev,
+    };
+    let a = a & all;
+    if is_dir {
+        a
+    } else {
+        a & AccessFs::from_file(abi)
+    }
+}
+
+/// Applies a Landlock layer for `role` to the calling thread. `Err` carries the
+/// layer that is missing; callers decide whether it was required.
+pub fn restrict(policy: &Policy, role: Role) -> Result<Outcome, (Layer, String)> {
+    let (kernel, eff) = effective_abi(policy);
+    if eff == 0 {
+        return Err((
+            Layer::Landlock,
+            "Landlock is not available in this kernel (landlock_create_ruleset failed)".into(),
+        ));
+    }
+    let abi = abi_of(eff);
+    let want_net = policy.network.mode == NetMode::Host;
+    let can_net = eff >= 4;
+    let can_scope = eff >= 6;
+    let err = |l: Layer| move |e: landlock::RulesetError| (l, e.to_string());
+
+    let mut rs = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(err(Layer::Landlock))?;
+    if want_net && can_net {
+        rs = rs
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(err(Layer::LandlockNet))?;
+    }
+    if can_scope {
+        rs = rs
+            .scope(Scope::from_all(abi))
+            .map_err(err(Layer::LandlockScope))?;
+    }
+    let mut created = rs.create().map_err(err(Layer::Landlock))?;
+    for (path, grant) in rules(policy, role) {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        let fd = PathFd::new(&path)
+            .map_err(|e| (Layer::Landlock, format!("{}: {e}", path.display())))?;
+        let access = access_for(grant, abi, meta.is_dir());
+        if access.is_empty() {
+            continue;
+        }
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| (Layer::Landlock, format!("rule for {}: {e}", path.display())))?;
+    }
+    if want_net && can_net {
+        for &p in &policy.network.connect_tcp {
+            created = created
+                .add_rule(NetPort::new(p, AccessNet::ConnectTcp))
+                .map_err(err(Layer::LandlockNet))?;
+        }
+        for &p in &policy.network.bind_tcp {
+            created = created
+                .add_rule(NetPort::new(p, AccessNet::BindTcp))
+                .map_err(err(Layer::LandlockNet))?;
+        }
+    }
+    let status = created.restrict_self().map_err(err(Layer::Landlock))?;
+    if status.ruleset != RulesetStatus::FullyEnforced {
+        return Err((
+            Layer::Landlock,
+            format!("ruleset not fully enforced: {:?}", status.ruleset),
+        ));
+    }
+    let mut lacks = Vec::new();
+    if eff < 2 {
+        lacks.push("refer (cross-directory rename/link)");
+    }
+    if eff < 3 {
+        lacks.push("truncate");
+    }
+    if eff < 5 {
+        lacks.push("device ioctl");
+    }
+    if eff < 9 {
+        lacks.push("pathname Unix socket connect (covered by the mount view)");
+    }
+    let detail = format!(
+        "ABI {eff} (kernel {kernel}){}{}{}",
+        if want_net && can_net {
+            ", TCP port rules"
+        } else {
+            ""
+        },
+        if can_scope {
+            ", scopes: signal + abstract unix"
+        } else {
+            ""
+        },
+        if lacks.is_empty() {
+            String::new()
+        } else {
+            format!("; not mediated at this ABI: {}", lacks.join(", "))
+        }
+    );
+    let mut missing = Vec::new();
+    if want_net && !can_net {
+        missing.push((
+            Layer::LandlockNet,
+            format!(
+                "network mode 'host' needs Landlock ABI 4 for TCP rules; effective ABI is {eff}"
+            ),
+        ));
+    }
+    if !can_scope {
+        missing.push((
+            Layer::LandlockScope,
+            format!("scopes need Landlock ABI 6; effective ABI is {eff}"),
+        ));
+    }
+    Ok(Outcome {
+        abi: eff,
+        kernel_abi: kernel,
+        net: want_net && can_net,
+        scoped: can_scope,
+        detail,
+        missing,
+    })
+}

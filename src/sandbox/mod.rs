@@ -1,0 +1,224 @@
+//! The sandbox: one file per mechanism, started by [`init`] in a re-exec of the
+//! binary. The supervisor side lives here: it prepares a private runtime
+//! directory and a cgroup, writes a [`Plan`] to `sandmux __init` over a pipe,
+//! and reads back what each layer did ([`report`]).
+
+pub mod caps;
+pub mod cgroup;
+pub mod env;
+pub mod init;
+pub mod landlock;
+pub mod limits;
+pub mod mounts;
+pub mod namespaces;
+pub mod net;
+pub mod pane;
+pub mod probe;
+pub mod report;
+pub mod rundir;
+pub mod seccomp;
+
+use crate::profile::{Layer, Policy};
+use report::Message;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// Exit status: invalid profile or arguments.
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status: a layer the profile requires is unavailable (fail closed).
+pub const EXIT_LAYER: i32 = 3;
+/// Exit status: sandmux itself failed.
+pub const EXIT_INTERNAL: i32 = 125;
+
+/// The tmux socket, as seen inside the sandbox (hidden once the server listens).
+pub const SOCKET_INSIDE: &str = "/run/sandmux/sock/tmux.sock";
+
+/// What runs inside.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Payload {
+    /// One command (`sandmux run`).
+    Command {
+        /// argv; argv[0] is looked up in the sandbox's PATH.
+        argv: Vec<OsString>,
+        /// Working directory inside.
+        cwd: PathBuf,
+    },
+    /// A fresh tmux server in the foreground.
+    Tmux {
+        /// The tmux binary (inside a read-only tree of the profile).
+        tmux: PathBuf,
+    },
+}
+
+/// Everything `sandmux __init` needs, sent as JSON on fd 3.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    /// The resolved profile.
+    pub policy: Policy,
+    /// This instance's private runtime directory on the host.
+    pub rundir: PathBuf,
+    /// The supervisor's pid (the init checks it is still its parent).
+    pub supervisor_pid: i32,
+    /// Caller's uid on the host.
+    pub host_uid: u32,
+    /// Caller's gid on the host.
+    pub host_gid: u32,
+    /// The cgroup to join, or why there is none.
+    pub cgroup: Result<cgroup::Cgroup, String>,
+    /// Files for `/run/sandmux`.
+    pub run_files: mounts::RunFiles,
+    /// What to run.
+    pub payload: Payload,
+}
+
+/// How the sandbox's standard streams are connected.
+pub enum Stdio3 {
+    /// Inherit the supervisor's (`sandmux run`).
+    Inherit,
+    /// /dev/null for all three (tmux server; the supervisor's stdout may be MCP).
+    Null,
+}
+
+/// A started sandbox, as the supervisor holds it.
+pub struct Started {
+    /// The `sandmux __init` process.
+    pub child: Child,
+    /// Everything the sandbox reported during start-up.
+    pub messages: Vec<Message>,
+    /// The rest of the report pipe (tmux mode: closes when PID 1 finishes start-up).
+    pub report: std::fs::File,
+}
+
+/// A start-up failure, with the exit status sandmux should use.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StartError {
+    /// The missing layer, if that is the cause.
+    pub layer: Option<Layer>,
+    /// What went wrong (and for a layer, the fix).
+    pub message: String,
+}
+
+impl StartError {
+    /// Exit status for this failure.
+    pub fn exit_code(&self) -> i32 {
+        if self.layer.is_some() {
+            EXIT_LAYER
+        } else {
+            EXIT_INTERNAL
+        }
+    }
+
+    /// Builds the error for a layer, naming the fix.
+    pub fn layer(layer: Layer, reason: &str) -> Self {
+        StartError {
+            layer: Some(layer),
+            message: format!(
+                "required layer '{layer}' is unavailable: {reason}\n  fix: {}\n  (or, to run without it, add \"{layer}\" to [enforcement] best_effort in a profile of your own)",
+                layer.fix()
+            ),
+        }
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> StartError {
+    StartError {
+        layer: None,
+        message: e.to_string(),
+    }
+}
+
+/// The `/etc/passwd` and `/etc/group` shown inside.
+pub fn identity_files(policy: &Policy) -> (String, String) {
+    let uid = policy.sandbox.uid;
+    let home = policy
+        .environment
+        .set
+        .get("HOME")
+        .cloned()
+        .unwrap_or_else(|| crate::profile::SANDBOX_HOME.into());
+    let passwd = format!(
+        "root:x:0:0:root:/root:/usr/sbin/nologin\nsandmux:x:{uid}:{uid}:sandmux:{home}:{}\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        policy.sandbox.shell
+    );
+    let group = format!("root:x:0:\nsandmux:x:{uid}:\nnogroup:x:65534:\n");
+    (passwd, group)
+}
+
+/// Spawns `sandmux __init` with the plan and reads its report until the
+/// payload runs (`run`) or the tmux server is ready (`tmux`).
+///
+/// Call this from a thread that lives as long as the sandbox should: the child
+/// gets `PR_SET_PDEATHSIG`, which fires when the *spawning thread* exits.
+pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
+    let exe = std::env::current_exe().map_err(internal)?;
+    let (plan_r, plan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
+    let (rep_r, rep_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
+    let mut cmd = Command::new(exe);
+    cmd.arg0("sandmux-init").arg("__init").env_clear();
+    for (k, v) in std::env::vars_os() {
+        cmd.env(k, v);
+    }
+    match stdio {
+        Stdio3::Inherit => {}
+        Stdio3::Null => {
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+        }
+    }
+    let (pr, rw) = (plan_r.as_raw_fd(), rep_w.as_raw_fd());
+    // SAFETY: only async-signal-safe calls (fcntl, dup2, prctl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Move both out of the way first: either may already sit on 3 or 4.
+            let a = libc::fcntl(pr, libc::F_DUPFD_CLOEXEC, 10);
+            let b = libc::fcntl(rw, libc::F_DUPFD_CLOEXEC, 10);
+            if a < 0
+                || b < 0
+                || libc::dup2(a, init::PLAN_FD) < 0
+                || libc::dup2(b, init::REPORT_FD) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| internal(format!("starting sandmux __init: {e}")))?;
+    drop((plan_r, rep_w));
+    let json = serde_json::to_vec(plan).map_err(internal)?;
+    let mut w = std::fs::File::from(plan_w);
+    w.write_all(&json)
+        .map_err(|e| internal(format!("sending the plan: {e}")))?;
+    drop(w);
+    let report = std::fs::File::from(rep_r);
+    let messages = report::read_until_done(&report);
+    if let Some(Message::Fatal { layer, message }) = messages.last() {
+        return Err(match layer {
+            Some(l) => StartError::layer(*l, message),
+            None => internal(format!("sandbox start-up failed: {message}")),
+        });
+    }
+    Ok(Started {
+        child,
+        messages,
+        report,
+    })
+}

@@ -1,0 +1,177 @@
+//! The pane gate: `/run/sandmux/bin/sandmux-pane`, tmux's `default-shell`.
+//!
+//! tmux runs the gate for every pane it spawns: as a login shell
+//! (`-sandmux-pane`), with a shell command (`sandmux-pane -c CMD`), or — when
+//! sandmux itself routes an argv-form command through it —
+//! `sandmux-pane --exec -- ARGV...`. The gate:
+//!
+//! 1. reads its configuration from `/run/sandmux/gate.json` (written by PID 1);
+//! 2. rebuilds the environment from the profile's allowlist (no `TMUX`,
+//!    `TMUX_PANE`, loader or session-bus variables);
+//! 3. adds a Landlock layer nested under the server's, with the signal and
+//!    abstract-socket scopes, so the pane can neither signal nor ptrace the tmux
+//!    server or PID 1, and sees nothing of `/run/sandmux` but this binary;
+//! 4. execs the shell or command.
+//!
+//! The socket directory is already covered for every process inside (PID 1 hid
+//! it once the server listened), and the sandbox seccomp filter already forbids
+//! new namespaces and mounts, so the gate needs no privilege of its own.
+
+use super::{env, landlock};
+use crate::profile::{Layer, Policy};
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+/// Path of the gate inside the sandbox.
+pub const GATE_PATH: &str = "/run/sandmux/bin/sandmux-pane";
+/// Basename the binary recognises as the gate.
+pub const GATE_NAME: &str = "sandmux-pane";
+const CONFIG: &str = "/run/sandmux/gate.json";
+
+/// Configuration the gate reads.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct GateConfig {
+    /// The resolved policy.
+    pub policy: Policy,
+}
+
+/// What the gate was asked to run.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// An interactive login shell.
+    Login,
+    /// `shell -c CMD`.
+    Command(OsString),
+    /// An argv, exec'd directly (after the gate).
+    Exec(Vec<OsString>),
+    /// The live probe of `sandmux check`.
+    Probe,
+}
+
+/// Parses the gate's argv (including argv[0]).
+pub fn parse(args: &[OsString]) -> Result<Request, String> {
+    let rest = &args[1.min(args.len())..];
+    match rest.first().map(|a| a.as_bytes()) {
+        None => Ok(Request::Login),
+        Some(b"-c") if rest.len() == 2 => Ok(Request::Command(rest[1].clone())),
+        Some(b"--exec") if rest.len() >= 3 && rest[1] == "--" => {
+            Ok(Request::Exec(rest[2..].to_vec()))
+        }
+        Some(b"--probe") if rest.len() == 1 => Ok(Request::Probe),
+        _ => Err("usage: sandmux-pane [-c COMMAND | --exec -- ARGV... | --probe]".into()),
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("sandmux-pane: {msg}");
+    std::process::exit(126)
+}
+
+/// Entry point when the binary runs as the gate. Never returns.
+pub fn main(args: Vec<OsString>) -> ! {
+    let req = parse(&args).unwrap_or_else(|e| fail(&e));
+    let text =
+        std::fs::read(CONFIG).unwrap_or_else(|e| fail(&format!("cannot read {CONFIG}: {e}")));
+    let cfg: GateConfig =
+        serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {CONFIG}: {e}")));
+    let policy = &cfg.policy;
+
+    let env = env::build(&policy.environment, std::env::vars_os());
+    match landlock::restrict(policy, landlock::Role::Pane) {
+        Ok(o) => {
+            for (l, why) in o.missing {
+                if !policy.best_effort.contains(&l) {
+                    fail(&format!("required layer {l} unavailable: {why}"));
+                }
+            }
+        }
+        Err((l, why))
+            if !policy.best_effort.contains(&l)
+                || l == Layer::Landlock && !policy.best_effort.contains(&Layer::LandlockScope) =>
+        {
+            fail(&format!("required layer {l} unavailable: {why}"))
+        }
+        Err(_) => {}
+    }
+
+    let shell = OsString::from(&policy.sandbox.shell);
+    let (prog, argv): (OsString, Vec<OsString>) = match req {
+        Request::Login => {
+            let base = std::path::Path::new(&shell)
+                .file_name()
+                .unwrap_or_default()
+                .to_os_string();
+            let mut a0 = OsString::from("-");
+            a0.push(base);
+            (shell.clone(), vec![a0])
+        }
+        Request::Command(cmd) => (shell.clone(), vec![shell.clone(), "-c".into(), cmd]),
+        Request::Exec(argv) => (argv[0].clone(), argv),
+        Request::Probe => {
+            // SAFETY-free: replace our environment with the pane's, then probe in-process.
+            for (k, _) in std::env::vars_os() {
+                std::env::remove_var(k);
+            }
+            for (k, v) in &env {
+                std::env::set_var(k, v);
+            }
+            crate::check::inside::run_and_print(policy);
+            // Stay until the reader kills the pane: a pane that exits at once can lose
+            // its last output. The alarm bounds the wait if nobody does.
+            // SAFETY: alarm(2) takes an integer only.
+            unsafe { libc::alarm(60) };
+            let mut sink = [0u8; 64];
+            while std::io::Read::read(&mut std::io::stdin(), &mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {}
+            std::process::exit(0);
+        }
+    };
+    let c = |s: &OsString| {
+        CString::new(s.as_bytes()).unwrap_or_else(|_| fail("argument contains a NUL byte"))
+    };
+    let args: Vec<CString> = argv.iter().map(c).collect();
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).unwrap_or_else(|_| fail("environment contains a NUL byte"))
+        })
+        .collect();
+    if let Some((_, p)) = env.iter().find(|(k, _)| k == "PATH") {
+        std::env::set_var("PATH", p);
+    }
+    let e = if prog.as_bytes().contains(&b'/') {
+        nix::unistd::execve(&c(&prog), &args, &envp).unwrap_err()
+    } else {
+        nix::unistd::execvpe(&c(&prog), &args, &envp).unwrap_err()
+    };
+    fail(&format!("cannot run {prog:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn parses() {
+        assert_eq!(parse(&v(&["-sandmux-pane"])).unwrap(), Request::Login);
+        assert_eq!(
+            parse(&v(&["sandmux-pane", "-c", "ls"])).unwrap(),
+            Request::Command("ls".into())
+        );
+        assert_eq!(
+            parse(&v(&["x", "--exec", "--", "a", "b"])).unwrap(),
+            Request::Exec(v(&["a", "b"]))
+        );
+        assert!(parse(&v(&["x", "--exec", "a"])).is_err());
+        assert!(parse(&v(&["x", "-c"])).is_err());
+    }
+}

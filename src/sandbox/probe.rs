@@ -1,0 +1,66 @@
+//! Probe: what this machine's kernel offers, measured without starting a
+//! sandbox (the live half of `sandmux check` is in `check::inside`).
+
+use serde::Serialize;
+
+/// Kernel features relevant to the layers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Kernel {
+    /// `uname -r`.
+    pub release: String,
+    /// Landlock ABI (0: none).
+    pub landlock_abi: u8,
+    /// Whether a user namespace could be created just now.
+    pub userns: Result<(), String>,
+    /// Whether seccomp filtering is available.
+    pub seccomp: bool,
+    /// Where a cgroup can be created, or why not.
+    pub cgroup: Result<String, String>,
+}
+
+/// Measures the kernel: each feature is tried, not assumed.
+pub fn kernel() -> Kernel {
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = format!("sandmux-probe-{}", &super::rundir::random_hex()[..8]);
+    let cgroup = super::cgroup::create(&name, 64, 64 << 20).map(|cg| {
+        cg.remove();
+        cg.version
+    });
+    Kernel {
+        release,
+        landlock_abi: super::landlock::kernel_abi(),
+        userns: try_userns(),
+        // SAFETY: prctl(PR_GET_SECCOMP) takes no pointers.
+        seccomp: unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } >= 0
+            && std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
+                .map(|s| s.contains("errno"))
+                .unwrap_or(true),
+        cgroup,
+    }
+}
+
+/// Tries `unshare(CLONE_NEWUSER)` in a short-lived child.
+fn try_userns() -> Result<(), String> {
+    let out = std::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .arg("__probe-userns")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Body of `sandmux __probe-userns`.
+pub fn userns_child() -> i32 {
+    match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("unshare(CLONE_NEWUSER): {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Report: what the sandbox tells the supervisor while it starts, over a pipe.
+//!
+//! Each layer is reported as enforced or dropped by the process that applied it,
+//! at the moment it applied it — never as planned. A `Fatal` message ends the
+//! start-up and names the layer and the fix.
+
+use crate::profile::Layer;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+
+/// One message from the sandbox to the supervisor (JSON lines on fd 4).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    /// A layer is in force.
+    Enforced {
+        /// The layer.
+        layer: Layer,
+        /// What exactly, as observed when it was applied.
+        detail: String,
+    },
+    /// A best-effort layer could not be applied.
+    Dropped {
+        /// The layer.
+        layer: Layer,
+        /// Why.
+        reason: String,
+    },
+    /// Start-up failed; nothing runs.
+    Fatal {
+        /// The missing required layer, if that is the cause.
+        layer: Option<Layer>,
+        /// What failed.
+        message: String,
+    },
+    /// The tmux server listens and its socket directory is hidden (tmux mode).
+    Ready {
+        /// The server's pid inside the sandbox's pid namespace.
+        server_pid: i32,
+    },
+}
+
+/// The status of one layer in a finished report.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LayerStatus {
+    /// The layer.
+    pub layer: Layer,
+    /// Whether it is in force.
+    pub enforced: bool,
+    /// Detail or reason.
+    pub detail: String,
+}
+
+/// Writes messages to the report pipe.
+pub struct Reporter {
+    out: Option<std::fs::File>,
+}
+
+impl Reporter {
+    /// Wraps the report pipe.
+    pub fn new(out: std::fs::File) -> Self {
+        Reporter { out: Some(out) }
+    }
+
+    /// Sends one message; a closed pipe (supervisor gone) is ignored here and
+    /// handled by the death signal.
+    pub fn send(&mut self, m: &Message) {
+        if let Some(out) = &mut self.out {
+            let mut line = serde_json::to_vec(m).unwrap_or_default();
+            line.push(b'\n');
+            let _ = out.write_all(&line);
+        }
+    }
+
+    /// Closes the pipe (the supervisor sees end-of-file).
+    pub fn close(&mut self) {
+        self.out = None;
+    }
+}
+
+/// Reads messages until `Ready`, `Fatal` or end-of-file.
+pub fn read_until_done(r: impl std::io::Read) -> Vec<Message> {
+    let mut out = Vec::new();
+    for line in std::io::BufReader::new(r).split(b'\n') {
+        let Ok(line) = line else { break };
+        match serde_json::from_slice::<Message>(&line) {
+            Ok(m) => {
+                let done = matches!(m, Message::Ready { .. } | Message::Fatal { .. });
+                out.push(m);
+                if done {
+                    break;
+                }
+            }
+            Err(_) => continue,
+        }
+    }
+    out
+}
+
+/// Folds messages into one status per layer (the last word on a layer wins).
+pub fn layers(msgs: &[Message]) -> Vec<LayerStatus> {
+    let mut v: Vec<LayerStatus> = Vec::new();
+    for m in msgs {
+        let (layer, enforced, detail) = match m {
+            Message::Enforced { layer, detail } => (*layer, true, detail.clone()),
+            Message::Dropped { layer, reason } => (*layer, false, reason.clone()),
+            _ => continue,
+        };
+        v.retain(|s| s.layer != layer);
+        v.push(LayerStatus {
+            layer,
+            enforced,
+            detail,
+        });
+    }
+    v.sort_by_key(|s| Layer::ALL.iter().position(|l| *l == s.layer));
+    v
+}

@@ -1,0 +1,154 @@
+//! Runtime directories: one private directory (0700) per instance, under
+//! `$XDG_RUNTIME_DIR/sandmux` or `/tmp/sandmux-<uid>`, holding the tmux socket
+//! directory and the mount point of the new root. Directories whose owning
+//! supervisor is gone (it was SIGKILLed) are removed at the next start (P6).
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A runtime directory owned by this process; removed on drop.
+#[derive(Debug)]
+pub struct Rundir {
+    /// The directory.
+    pub path: PathBuf,
+    /// Random instance id (hex).
+    pub id: String,
+    /// cgroup directories to remove with it.
+    pub cgroup: Option<super::cgroup::Cgroup>,
+}
+
+/// 16 random bytes as hex.
+pub fn random_hex() -> String {
+    let mut b = [0u8; 16];
+    let _ = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The base directory for this user's instances, created 0700 and checked.
+pub fn base() -> Result<PathBuf, String> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let candidate = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| {
+            p.is_absolute()
+                && std::fs::metadata(p)
+                    .map(|m| m.is_dir() && m.uid() == uid)
+                    .unwrap_or(false)
+        })
+        .map(|p| p.join("sandmux"))
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("sandmux-{uid}")));
+    match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", candidate.display())),
+    }
+    let m = std::fs::symlink_metadata(&candidate)
+        .map_err(|e| format!("{}: {e}", candidate.display()))?;
+    if m.file_type().is_symlink()
+        || !m.is_dir()
+        || m.uid() != uid
+        || m.permissions().mode() & 0o077 != 0
+    {
+        return Err(format!(
+            "{} must be a directory owned by uid {uid} with mode 0700 (it is not: refusing to use it)",
+            candidate.display()
+        ));
+    }
+    Ok(candidate)
+}
+
+fn start_time(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19).map(str::to_string)
+}
+
+fn owner_alive(dir: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join("owner")) else {
+        return false;
+    };
+    let mut it = text.split_whitespace();
+    let (Some(pid), Some(st)) = (it.next().and_then(|p| p.parse::<i32>().ok()), it.next()) else {
+        return false;
+    };
+    start_time(pid).as_deref() == Some(st)
+}
+
+/// Removes directories left by supervisors that no longer run.
+pub fn clean_stale(base: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(rd) = std::fs::read_dir(base) else {
+        return removed;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) || owner_alive(&p) {
+            continue;
+        }
+        // Recorded cgroup directories go first (they are empty once the sandbox died).
+        if let Ok(t) = std::fs::read_to_string(p.join("cgroup.json")) {
+            if let Ok(cg) = serde_json::from_str::<super::cgroup::Cgroup>(&t) {
+                cg.remove();
+            }
+        }
+        if std::fs::remove_dir_all(&p).is_ok() {
+            removed.push(p);
+        }
+    }
+    removed
+}
+
+impl Rundir {
+    /// Creates a fresh instance directory (after cleaning stale ones).
+    pub fn create() -> Result<Rundir, String> {
+        let base = base()?;
+        clean_stale(&base);
+        let id = random_hex()[..12].to_string();
+        let path = base.join(&id);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| format!("create {}: {e}", path.display()))?;
+        let me = std::process::id() as i32;
+        let owner = format!("{me} {}\n", start_time(me).unwrap_or_default());
+        std::fs::File::create(path.join("owner"))
+            .and_then(|mut f| f.write_all(owner.as_bytes()))
+            .map_err(|e| e.to_string())?;
+        for d in ["root", "sock"] {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(path.join(d))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(Rundir {
+            path,
+            id,
+            cgroup: None,
+        })
+    }
+
+    /// Records the instance's cgroup so a later start can remove it.
+    pub fn set_cgroup(&mut self, cg: super::cgroup::Cgroup) {
+        let _ = std::fs::write(
+            self.path.join("cgroup.json"),
+            serde_json::to_vec(&cg).unwrap_or_default(),
+        );
+        self.cgroup = Some(cg);
+    }
+
+    /// The tmux socket on the host side.
+    pub fn socket(&self) -> PathBuf {
+        self.path.join("sock").join("tmux.sock")
+    }
+}
+
+impl Drop for Rundir {
+    fn drop(&mut self) {
+        if let Some(cg) = &self.cgroup {
+            cg.remove();
+        }
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

@@ -1,0 +1,281 @@
+//! The tmux server sandmux owns: started fresh inside the sandbox with the
+//! embedded minimal configuration, proven to be the one this run started, and
+//! stopped with everything in it.
+
+pub mod control;
+
+use crate::profile::{MountKind, Policy};
+use crate::sandbox::report::{self, Message};
+use crate::sandbox::rundir::{random_hex, Rundir};
+use crate::sandbox::{self, cgroup, mounts, pane, Payload, Plan, StartError, Stdio3};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// The embedded configuration (see `minimal-tmux.conf`).
+pub const MINIMAL_CONF: &str = include_str!("../../minimal-tmux.conf");
+
+/// Oldest tmux sandmux runs (allow-passthrough appeared in 3.3).
+pub const MIN_VERSION: (u32, u32) = (3, 3);
+
+/// A running, confined tmux server.
+pub struct Instance {
+    /// Runtime directory (removed on drop).
+    pub rundir: Rundir,
+    init: Option<Child>,
+    /// What the sandbox reported while starting.
+    pub messages: Vec<Message>,
+    /// The server's pid inside the sandbox.
+    pub server_pid: i32,
+    /// Random generation id, set as `@sandmux_generation` in the server.
+    pub generation: String,
+    /// The tmux binary.
+    pub tmux: PathBuf,
+    /// The resolved policy.
+    pub policy: Policy,
+}
+
+/// Finds tmux on PATH and checks its version.
+pub fn find_tmux() -> Result<PathBuf, String> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    let bin = std::env::split_paths(&path)
+        .map(|d| d.join("tmux"))
+        .find(|p| p.is_file())
+        .ok_or("tmux not found on PATH (install it, e.g. apt-get install tmux)")?;
+    let bin = std::fs::canonicalize(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    let out = Command::new(&bin)
+        .arg("-V")
+        .output()
+        .map_err(|e| format!("{} -V: {e}", bin.display()))?;
+    let v = String::from_utf8_lossy(&out.stdout);
+    let num: String = v
+        .trim()
+        .trim_start_matches("tmux ")
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let mut it = num.split('.').map(|s| s.parse::<u32>().unwrap_or(0));
+    let ver = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    if ver < MIN_VERSION {
+        return Err(format!(
+            "{} is {}; sandmux needs tmux {}.{} or newer",
+            bin.display(),
+            v.trim(),
+            MIN_VERSION.0,
+            MIN_VERSION.1
+        ));
+    }
+    Ok(bin)
+}
+
+/// Checks that `bin` is visible inside the sandbox through a read-only entry.
+pub fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
+    let ok = policy
+        .fs
+        .iter()
+        .any(|e| e.kind == MountKind::ReadOnly && bin.starts_with(&e.path));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{} is not inside a read-only tree of profile '{}'; add its directory to [filesystem] read_only", bin.display(), policy.name))
+    }
+}
+
+/// Creates the instance's cgroup, or applies the profile's rule when there is none.
+pub fn make_cgroup(
+    policy: &Policy,
+    rundir: &mut Rundir,
+) -> Result<Result<cgroup::Cgroup, String>, StartError> {
+    match cgroup::create(
+        &format!("sandmux-{}", rundir.id),
+        policy.limits.processes,
+        policy.limits.memory.0,
+    ) {
+        Ok(cg) => {
+            rundir.set_cgroup(cg.clone());
+            Ok(Ok(cg))
+        }
+        Err(reason) if policy.best_effort.contains(&crate::profile::Layer::Cgroup) => {
+            Ok(Err(reason))
+        }
+        Err(reason) => Err(StartError::layer(crate::profile::Layer::Cgroup, &reason)),
+    }
+}
+
+/// The plan for a sandbox (shared by `run` and the tmux instance).
+pub fn plan(
+    policy: &Policy,
+    rundir: &Rundir,
+    cgroup: Result<cgroup::Cgroup, String>,
+    payload: Payload,
+    tmux_conf: Option<String>,
+) -> Plan {
+    let (passwd, group) = sandbox::identity_files(policy);
+    let gate_json = serde_json::to_string(&pane::GateConfig {
+        policy: policy.clone(),
+    })
+    .unwrap_or_default();
+    Plan {
+        policy: policy.clone(),
+        rundir: rundir.path.clone(),
+        supervisor_pid: std::process::id() as i32,
+        host_uid: nix::unistd::geteuid().as_raw(),
+        host_gid: nix::unistd::getegid().as_raw(),
+        cgroup,
+        run_files: mounts::RunFiles {
+            tmux_conf,
+            gate_json,
+            passwd,
+            group,
+        },
+        payload,
+    }
+}
+
+impl Instance {
+    /// Starts a fresh confined tmux server and proves it is ours.
+    pub fn start(policy: Policy) -> Result<Instance, StartError> {
+        let internal = |m: String| StartError {
+            layer: None,
+            message: m,
+        };
+        let tmux = find_tmux().map_err(internal)?;
+        check_visible(&policy, &tmux).map_err(internal)?;
+        let mut rundir = Rundir::create().map_err(internal)?;
+        let cg = make_cgroup(&policy, &mut rundir)?;
+        let generation = random_hex();
+        let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {generation}\n");
+        let plan = plan(
+            &policy,
+            &rundir,
+            cg,
+            Payload::Tmux { tmux: tmux.clone() },
+            Some(conf),
+        );
+        let started = sandbox::start(&plan, Stdio3::Null)?;
+        let server_pid = started.messages.iter().find_map(|m| match m {
+            Message::Ready { server_pid } => Some(*server_pid),
+            _ => None,
+        });
+        let inst = Instance {
+            rundir,
+            init: Some(started.child),
+            messages: started.messages,
+            server_pid: server_pid.unwrap_or(0),
+            generation,
+            tmux,
+            policy,
+        };
+        if server_pid.is_none() {
+            return Err(internal(
+                "the sandbox ended before the tmux server was ready".into(),
+            ));
+        }
+        inst.verify().map_err(internal)?;
+        Ok(inst)
+    }
+
+    /// The socket, host side.
+    pub fn socket(&self) -> PathBuf {
+        self.rundir.socket()
+    }
+
+    /// A tmux client command for this server: `-N` so it can never start a
+    /// server of its own on the host, `-u` for UTF-8, no `TMUX` from the caller.
+    pub fn client(&self) -> Command {
+        let mut c = Command::new(&self.tmux);
+        c.arg("-N").arg("-u").arg("-S").arg(self.socket());
+        c.env_remove("TMUX").env_remove("TMUX_PANE");
+        c
+    }
+
+    /// Runs one tmux command and returns its standard output.
+    pub fn cmd(&self, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .client()
+            .args(args)
+            .output()
+            .map_err(|e| format!("tmux: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "tmux {}: {}",
+                args.first().unwrap_or(&""),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Proves the server at the socket is the one this run started: it carries
+    /// this run's generation id and has the pid PID 1 reported.
+    pub fn verify(&self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let generation = loop {
+            match self.cmd(&["show-options", "-gv", "@sandmux_generation"]) {
+                Ok(g) => break g,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("cannot reach the sandboxed tmux server: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        if generation.trim() != self.generation {
+            return Err("the tmux server at the socket is not the one this run started (generation mismatch)".into());
+        }
+        let pid = self.cmd(&["display-message", "-p", "#{pid}"])?;
+        if pid.trim() != self.server_pid.to_string() {
+            return Err(format!(
+                "the tmux server at the socket has pid {} inside, expected {}",
+                pid.trim(),
+                self.server_pid
+            ));
+        }
+        Ok(())
+    }
+
+    /// The layer statuses reported at start.
+    pub fn layers(&self) -> Vec<report::LayerStatus> {
+        report::layers(&self.messages)
+    }
+
+    /// Host pid of the `sandmux __init` process (0 once stopped).
+    pub fn init_pid(&self) -> u32 {
+        self.init.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Whether the sandbox is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.init.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Stops the instance: the server, every process inside, the runtime directory.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(mut child) = self.init.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
