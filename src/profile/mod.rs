@@ -522,7 +522,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("limits.memory") && err.contains("line 4"),
+            err.contains("memory") && err.contains("line 4") && err.contains("lots"),
             "{err}"
         );
     }
