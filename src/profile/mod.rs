@@ -360,13 +360,15 @@ impl Loaded {
                 if kind != MountKind::Tmpfs {
                     match std::fs::symlink_metadata(&path) {
                         Err(_) if optional => continue,
-                        Err(e) => return Err(invalid(
-                            key,
-                            format!(
+                        Err(e) => {
+                            return Err(invalid(
+                                key,
+                                format!(
                                 "{} does not exist ({e}); prefix it with '?' to make it optional",
                                 path.display()
                             ),
-                        )),
+                            ))
+                        }
                         Ok(m) if m.file_type().is_symlink() => {
                             if kind == MountKind::ReadWrite {
                                 return Err(invalid(

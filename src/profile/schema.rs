@@ -175,9 +175,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "kB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "invalid size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, kB, MB or GB)"
-        )),
+        ))
+        }
     };
     n.checked_mul(mult)
         .ok_or_else(|| format!("size {s:?} is too large"))

@@ -78,6 +78,7 @@ impl Layers<'_> {
 
 /// Entry point of `sandmux __init`. Never returns.
 pub fn main() -> ! {
+    reset_signals();
     // SAFETY: the supervisor hands us fd 3 (plan) and fd 4 (report) and nothing else uses them.
     let (mut plan_in, report) = unsafe {
         (
@@ -161,10 +162,11 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
         layers.missing(*layer, why.clone())?;
     }
     if policy.network.mode == NetMode::Host {
-        layers.missing(
-            Layer::Net,
-            "network mode 'host' shares the host's network (Landlock TCP rules apply)",
-        )?;
+        // The profile chose this: reported as dropped whatever best_effort says.
+        layers.rep.send(&Message::Dropped {
+            layer: Layer::Net,
+            reason: "network mode 'host': the host's network is shared; only Landlock TCP port rules limit it (UDP is not limited)".into(),
+        });
     }
     if ns.has(Layer::Userns) {
         namespaces::write_id_maps(policy.sandbox.uid, plan.host_uid, plan.host_gid).map_err(
@@ -211,6 +213,19 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
             layers.rep.close();
             let _ = caps::drop_all();
             Ok(relay(child))
+        }
+    }
+}
+
+/// Starts from a clean signal state: nothing blocked, every disposition default
+/// (the supervisor may block or ignore signals, and both survive exec).
+fn reset_signals() {
+    use nix::sys::signal::{signal, SigHandler};
+    let _ = SigSet::all().thread_unblock();
+    for s in Signal::iterator() {
+        if s != Signal::SIGKILL && s != Signal::SIGSTOP {
+            // SAFETY: installing SIG_DFL runs no handler code.
+            let _ = unsafe { signal(s, SigHandler::SigDfl) };
         }
     }
 }
@@ -323,7 +338,7 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
             landlock::Role::Server,
         ),
     };
-    let env = super::env::build(&policy.environment, std::env::vars_os());
+    let env = plan.env.clone();
     let cwd = match &plan.payload {
         Payload::Command { cwd, .. } => cwd.clone(),
         Payload::Tmux { .. } => policy.workspace.clone(),
@@ -488,10 +503,17 @@ fn confine_and_exec(
         std::env::set_var("PATH", p);
     }
     let e = nix::unistd::execvpe(&args[0], &args, &envp).unwrap_err();
-    Err(Stop {
-        layer: None,
-        message: format!("cannot run {:?}: {e}", args[0]),
-    })
+    let code = if e == nix::errno::Errno::ENOENT {
+        127
+    } else {
+        126
+    };
+    layers.rep.send(&Message::ExecFailed {
+        message: format!("cannot run {:?}: {}", args[0], e.desc()),
+        code,
+    });
+    // SAFETY: _exit in a forked child skips the parent's atexit handlers.
+    unsafe { libc::_exit(code) }
 }
 
 /// Waits (event-driven, inotify) until the tmux socket exists, or the server dies.

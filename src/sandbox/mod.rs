@@ -74,6 +74,9 @@ pub struct Plan {
     pub run_files: mounts::RunFiles,
     /// What to run.
     pub payload: Payload,
+    /// The payload's environment, built from the supervisor's by the profile's
+    /// rules (`sandmux __init` itself runs with an empty environment).
+    pub env: Vec<(OsString, OsString)>,
 }
 
 /// How the sandbox's standard streams are connected.
@@ -102,12 +105,16 @@ pub struct StartError {
     pub layer: Option<Layer>,
     /// What went wrong (and for a layer, the fix).
     pub message: String,
+    /// Exit status to use instead of the default for this kind of failure.
+    pub code: Option<i32>,
 }
 
 impl StartError {
     /// Exit status for this failure.
     pub fn exit_code(&self) -> i32 {
-        if self.layer.is_some() {
+        if let Some(c) = self.code {
+            c
+        } else if self.layer.is_some() {
             EXIT_LAYER
         } else {
             EXIT_INTERNAL
@@ -118,6 +125,7 @@ impl StartError {
     pub fn layer(layer: Layer, reason: &str) -> Self {
         StartError {
             layer: Some(layer),
+            code: None,
             message: format!(
                 "required layer '{layer}' is unavailable: {reason}\n  fix: {}\n  (or, to run without it, add \"{layer}\" to [enforcement] best_effort in a profile of your own)",
                 layer.fix()
@@ -130,6 +138,7 @@ fn internal(e: impl std::fmt::Display) -> StartError {
     StartError {
         layer: None,
         message: e.to_string(),
+        code: None,
     }
 }
 
@@ -160,10 +169,9 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     let (plan_r, plan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
     let (rep_r, rep_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
     let mut cmd = Command::new(exe);
+    // No environment at all: loader variables and secrets of the caller never
+    // reach the process that holds capabilities in the new namespaces.
     cmd.arg0("sandmux-init").arg("__init").env_clear();
-    for (k, v) in std::env::vars_os() {
-        cmd.env(k, v);
-    }
     match stdio {
         Stdio3::Inherit => {}
         Stdio3::Null => {
@@ -210,6 +218,13 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     drop(w);
     let report = std::fs::File::from(rep_r);
     let messages = report::read_until_done(&report);
+    if let Some(Message::ExecFailed { message, code }) = messages.last() {
+        return Err(StartError {
+            layer: None,
+            message: message.clone(),
+            code: Some(*code),
+        });
+    }
     if let Some(Message::Fatal { layer, message }) = messages.last() {
         return Err(match layer {
             Some(l) => StartError::layer(*l, message),

@@ -33,6 +33,13 @@ pub enum Message {
         /// What failed.
         message: String,
     },
+    /// Every layer is in force, but the payload could not be executed.
+    ExecFailed {
+        /// What failed.
+        message: String,
+        /// 127 (not found) or 126 (not executable), as shells report it.
+        code: i32,
+    },
     /// The tmux server listens and its socket directory is hidden (tmux mode).
     Ready {
         /// The server's pid inside the sandbox's pid namespace.
@@ -85,7 +92,10 @@ pub fn read_until_done(r: impl std::io::Read) -> Vec<Message> {
         let Ok(line) = line else { break };
         match serde_json::from_slice::<Message>(&line) {
             Ok(m) => {
-                let done = matches!(m, Message::Ready { .. } | Message::Fatal { .. });
+                let done = matches!(
+                    m,
+                    Message::Ready { .. } | Message::Fatal { .. } | Message::ExecFailed { .. }
+                );
                 out.push(m);
                 if done {
                     break;

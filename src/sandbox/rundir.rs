@@ -87,6 +87,16 @@ pub fn clean_stale(base: &Path) -> Vec<PathBuf> {
         if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) || owner_alive(&p) {
             continue;
         }
+        let age = e
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok());
+        if e.file_name().to_string_lossy().starts_with(".new-")
+            && age.is_some_and(|a| a.as_secs() < 3600)
+        {
+            continue; // another start is still preparing it
+        }
         // Recorded cgroup directories go first (they are empty once the sandbox died).
         if let Ok(t) = std::fs::read_to_string(p.join("cgroup.json")) {
             if let Ok(cg) = serde_json::from_str::<super::cgroup::Cgroup>(&t) {
@@ -106,21 +116,25 @@ impl Rundir {
         let base = base()?;
         clean_stale(&base);
         let id = random_hex()[..12].to_string();
+        // Built under a staging name and renamed, so a concurrent start never sees
+        // (and cleans) a directory whose owner file is not written yet.
+        let staging = base.join(format!(".new-{id}"));
         let path = base.join(&id);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .map_err(|e| format!("create {}: {e}", path.display()))?;
         let me = std::process::id() as i32;
         let owner = format!("{me} {}\n", start_time(me).unwrap_or_default());
-        std::fs::File::create(path.join("owner"))
-            .and_then(|mut f| f.write_all(owner.as_bytes()))
-            .map_err(|e| e.to_string())?;
-        for d in ["root", "sock"] {
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(path.join(d))
-                .map_err(|e| e.to_string())?;
+        let fill = || -> std::io::Result<()> {
+            std::fs::DirBuilder::new().mode(0o700).create(&staging)?;
+            std::fs::File::create(staging.join("owner"))?.write_all(owner.as_bytes())?;
+            for d in ["root", "sock"] {
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(staging.join(d))?;
+            }
+            std::fs::rename(&staging, &path)
+        };
+        if let Err(e) = fill() {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(format!("prepare {}: {e}", path.display()));
         }
         Ok(Rundir {
             path,

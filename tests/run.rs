@@ -1,0 +1,205 @@
+//! `sandmux run`: one confined command, stdio passed through, status returned.
+
+mod common;
+use common::*;
+use std::io::Write;
+use std::process::Stdio;
+
+#[test]
+fn exit_status_and_stdio_pass_through() {
+    let ws = Ws::new();
+    let o = run_script(&ws, "default", "echo out; echo err >&2; exit 7");
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("err"));
+
+    let mut child = sandmux(&[
+        "run",
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--",
+        "tr",
+        "a-z",
+        "A-Z",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello sandbox\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "HELLO SANDBOX\n");
+}
+
+#[test]
+fn command_not_found_is_127_and_signal_is_128_plus() {
+    let ws = Ws::new();
+    let o = sandmux(&[
+        "run",
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--",
+        "no-such-command-xyz",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    assert!(text(&o).contains("no-such-command-xyz"), "{}", text(&o));
+    let o = run_script(&ws, "default", "kill -TERM $$");
+    assert_eq!(o.status.code(), Some(128 + 15), "{}", text(&o));
+}
+
+#[test]
+fn workspace_is_writable_and_the_cwd() {
+    let ws = Ws::new();
+    let o = run_script(&ws, "default", "pwd; echo data > made-inside");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        ws.path().to_str().unwrap()
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made-inside")).unwrap(),
+        "data\n"
+    );
+}
+
+/// P1 as seen from inside: unprivileged uid, no capabilities in any set,
+/// no_new_privs, the seccomp filter, its own pid view and hostname.
+#[test]
+fn process_state_inside() {
+    let ws = Ws::new();
+    let o = run_script(&ws, "default", "id -u; hostname; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status; ls /proc | grep -c '^[0-9]'");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let lines: Vec<&str> = t.lines().collect();
+    assert_eq!(lines[0], "1000", "{t}");
+    assert_eq!(lines[1], "sandmux", "{t}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            t.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap} not empty: {t}"
+        );
+    }
+    assert!(t.contains("NoNewPrivs:\t1"), "{t}");
+    assert!(
+        t.contains("Seccomp:\t2") && t.contains("Seccomp_filters:\t3"),
+        "{t}"
+    );
+    let nprocs: usize = lines.last().unwrap().trim().parse().unwrap();
+    assert!(nprocs < 10, "host processes visible: {nprocs}");
+}
+
+/// E31: canary secrets in sandmux's own environment never reach the inside;
+/// the environment equals the profile's keep + set entries.
+#[test]
+fn environment_is_the_allowlist() {
+    let ws = Ws::new();
+    let o = sandmux(&["run", "-w", ws.path().to_str().unwrap(), "--", "env"])
+        .env("AWS_SECRET_ACCESS_KEY", "canary-aws-1234")
+        .env("SSH_AUTH_SOCK", "/tmp/ssh-canary/agent")
+        .env("TMUX", "/tmp/tmux-0/default,1234,0")
+        .env("TMUX_PANE", "%9")
+        .env("LD_PRELOAD", "/tmp/evil.so")
+        .env("DBUS_SESSION_BUS_ADDRESS", "unix:path=/run/user/0/bus")
+        .env("LANG", "C.UTF-8")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // stdout only: the host's loader complains about LD_PRELOAD on stderr, for
+    // sandmux's own process (the caller's environment applies to the caller).
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    for bad in [
+        "canary-aws-1234",
+        "ssh-canary",
+        "TMUX",
+        "LD_PRELOAD",
+        "DBUS_SESSION",
+    ] {
+        assert!(!t.contains(bad), "{bad} leaked: {t}");
+    }
+    let names: Vec<&str> = t
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .collect();
+    let allowed = [
+        "PATH",
+        "TERM",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "COLORTERM",
+        "HOME",
+        "SHELL",
+        "USER",
+        "LOGNAME",
+    ];
+    for n in &names {
+        assert!(
+            allowed.contains(n) || n.starts_with("LC_"),
+            "unexpected variable {n}: {t}"
+        );
+    }
+    assert!(
+        t.contains("LANG=C.UTF-8") && t.contains("HOME=/home/sandmux"),
+        "{t}"
+    );
+    assert!(
+        t.contains("PATH=/usr/local/bin:/usr/bin:/bin:"),
+        "PATH is the profile's, not the caller's: {t}"
+    );
+}
+
+/// The sandbox leaves nothing behind: no process, no runtime directory.
+#[test]
+fn nothing_left_after_run() {
+    let ws = Ws::new();
+    let child = sandmux(&[
+        "run",
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "(sleep 31.7 &) ; setsid sleep 31.7 & echo started",
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let sup = child.id();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    // The backgrounded sleeps died with the sandbox's pid namespace.
+    let survivors: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .map(|c| c == "sleep\x0031.7\x00")
+                .unwrap_or(false)
+        })
+        .filter(|p| alive(*p))
+        .collect();
+    assert!(
+        survivors.is_empty(),
+        "processes outlived the sandbox: {survivors:?}"
+    );
+    for e in std::fs::read_dir(runtime_base())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
+        assert!(
+            !owner.starts_with(&format!("{sup} ")),
+            "runtime dir {} left behind",
+            e.path().display()
+        );
+    }
+}
