@@ -4,10 +4,8 @@
 
 mod common;
 use common::*;
-use std::io::Read;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
-use std::time::Duration;
 
 fn mtime_and_hash(p: &std::path::Path) -> (i64, Vec<u8>) {
     let m = std::fs::metadata(p).unwrap();

@@ -141,7 +141,7 @@ impl Inst {
             panic!("instance did not start: {err}");
         }
         let info: serde_json::Value = serde_json::from_slice(&line).expect("instance json");
-        Inst {
+        let inst = Inst {
             socket: PathBuf::from(info["socket"].as_str().unwrap()),
             rundir: PathBuf::from(info["rundir"].as_str().unwrap()),
             tmux: PathBuf::from(info["tmux"].as_str().unwrap()),
@@ -149,7 +149,21 @@ impl Inst {
             server_pid: info["server_pid"].as_i64().unwrap(),
             info,
             child,
-        }
+        };
+        let wsp = ws.path();
+        inst.tmux_ok(&[
+            "new-session",
+            "-d",
+            "-s",
+            "main",
+            "-x",
+            "160",
+            "-y",
+            "40",
+            "-c",
+            wsp.to_str().unwrap(),
+        ]);
+        inst
     }
 
     /// A host-side tmux client of this instance's server.
@@ -186,7 +200,7 @@ impl Inst {
             out.display(),
             done.display()
         );
-        self.tmux_ok(&["new-window", "-d", &full]);
+        self.tmux_ok(&["new-window", "-d", "-t", "main", &full]);
         wait_for(
             || done.exists(),
             Duration::from_secs(20),

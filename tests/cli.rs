@@ -1,0 +1,325 @@
+//! The command line: profiles (clear errors, exit 2, nothing starts), `check`
+//! (observed, fail closed with exit 3 and a named layer and fix).
+
+mod common;
+use common::*;
+
+fn write(dir: &std::path::Path, name: &str, body: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+#[test]
+fn profile_list_show_validate() {
+    let o = sandmux(&["profile", "list"]).output().unwrap();
+    let t = text(&o);
+    for n in ["default", "ci", "dev", "container"] {
+        assert!(t.contains(n), "{t}");
+    }
+    let o = sandmux(&["profile", "show", "dev"]).output().unwrap();
+    assert!(text(&o).contains("mode = \"host\""));
+    let ws = Ws::new();
+    let o = sandmux(&[
+        "profile",
+        "show",
+        "default",
+        "--resolved",
+        "-w",
+        ws.path().to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["fs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["path"] == ws.path().to_str().unwrap()));
+    let dir = host_dir();
+    let f = profile_file(dir.path(), "mine", "ci", |t| t);
+    let o = sandmux(&["profile", "validate", f.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("valid"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn invalid_profiles_name_file_line_key_and_start_nothing() {
+    let dir = host_dir();
+    let ws = Ws::new();
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "unknown.toml",
+            "version = 1\ndescription = \"x\"\n[network]\nmode = \"none\"\nmdoe = \"host\"\n",
+            &["line 5", "mdoe"],
+        ),
+        (
+            "type.toml",
+            "version = 1\ndescription = \"x\"\n[limits]\nnofile = \"lots\"\n",
+            &["line 4", "nofile"],
+        ),
+        (
+            "mode.toml",
+            "version = 1\ndescription = \"x\"\n[network]\nmode = \"internet\"\n",
+            &["line 4", "internet"],
+        ),
+        (
+            "layer.toml",
+            "version = 1\ndescription = \"x\"\n[enforcement]\nbest_effort = [\"landlok\"]\n",
+            &["line 4", "landlok"],
+        ),
+        (
+            "missing.toml",
+            "version = 1\ndescription = \"x\"\n[filesystem]\nread_only = [\"/no/such/dir\"]\n",
+            &[
+                "line 4",
+                "filesystem.read_only",
+                "/no/such/dir",
+                "does not exist",
+            ],
+        ),
+        (
+            "uid.toml",
+            "version = 1\ndescription = \"x\"\n[sandbox]\nuid = 0\n",
+            &["line 4", "sandbox.uid"],
+        ),
+        (
+            "env.toml",
+            "version = 1\ndescription = \"x\"\n[environment]\nkeep = [\"LD_PRELOAD\"]\n",
+            &["line 4", "environment.keep", "LD_PRELOAD"],
+        ),
+    ];
+    for (name, body, needles) in cases {
+        let p = write(dir.path(), name, body);
+        let marker = ws.join("ran");
+        let o = sandmux(&[
+            "run",
+            "-p",
+            p.to_str().unwrap(),
+            "-w",
+            ws.path().to_str().unwrap(),
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{name}: {t}");
+        assert!(
+            t.contains(p.to_str().unwrap()),
+            "{name}: file not named: {t}"
+        );
+        for n in *needles {
+            assert!(t.contains(n), "{name}: {n:?} missing from: {t}");
+        }
+        assert!(!marker.exists(), "{name}: something ran");
+        let o = sandmux(&["profile", "validate", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        if *name != "missing.toml" {
+            assert_eq!(o.status.code(), Some(2), "validate {name}: {}", text(&o));
+        }
+    }
+}
+
+#[test]
+fn bad_workspace_and_profile_sources() {
+    let dir = host_dir();
+    let ws = Ws::new();
+    // A symlinked workspace is refused.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(ws.path(), &link).unwrap();
+    let o = sandmux(&["run", "-w", link.to_str().unwrap(), "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("symlink"), "{}", text(&o));
+    // A missing workspace is refused.
+    let o = sandmux(&["run", "-w", "/no/such/workspace", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("/no/such/workspace"), "{}", text(&o));
+    // A profile inside the workspace is refused (E30: the agent must not widen its sandbox).
+    let p = profile_file(&ws.path(), "evil", "dev", |t| t);
+    let o = sandmux(&[
+        "run",
+        "-p",
+        p.to_str().unwrap(),
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--",
+        "true",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("inside the workspace"), "{}", text(&o));
+    // An unknown profile name lists the built-ins.
+    let o = sandmux(&["run", "-p", "nosuch", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("default, ci, dev, container"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn check_observes_every_layer_from_inside() {
+    let ws = Ws::new();
+    for profile in ["default", "ci"] {
+        let o = sandmux(&[
+            "check",
+            "--json",
+            "-p",
+            profile,
+            "-w",
+            ws.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+        assert_eq!(o.status.code(), Some(0), "{profile}: {v:#}");
+        assert_eq!(v["all_passed"], true);
+        let names: Vec<&str> = v["observations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["name"].as_str().unwrap())
+            .collect();
+        for n in [
+            "no_new_privs",
+            "capabilities",
+            "seccomp",
+            "tmux_socket",
+            "tmux_server_reach",
+            "tcp_connect",
+            "tiocsti",
+            "unshare_user",
+            "write_outside_workspace",
+            "read_secrets",
+            "environment",
+        ] {
+            assert!(names.contains(&n), "{n} not probed: {names:?}");
+        }
+        let layers = v["layers"].as_array().unwrap();
+        let enforced = |l: &str| {
+            layers
+                .iter()
+                .any(|x| x["layer"] == l && x["enforced"] == true)
+        };
+        for l in [
+            "userns",
+            "mount",
+            "pid",
+            "net",
+            "landlock",
+            "landlock-scope",
+            "seccomp",
+            "caps",
+            "no-new-privs",
+            "rlimits",
+        ] {
+            assert!(enforced(l), "{l} not enforced: {v:#}");
+        }
+    }
+}
+
+/// E17/E32: a profile pinned to an ABI without scopes refuses to start (the
+/// layer is required), naming the layer and the fix; the explicit opt-in starts
+/// and the report lists exactly that layer as dropped.
+#[test]
+fn fail_closed_on_missing_layer_and_report_the_opt_in() {
+    let dir = host_dir();
+    let ws = Ws::new();
+    let pinned = profile_file(dir.path(), "abi5", "default", |t| {
+        t.replace("[enforcement]\n", "[enforcement]\nlandlock_abi = 5\n")
+    });
+    let o = sandmux(&[
+        "check",
+        "-p",
+        pinned.to_str().unwrap(),
+        "-w",
+        ws.path().to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(t.contains("landlock-scope") && t.contains("fix:"), "{t}");
+    let o = sandmux(&[
+        "run",
+        "-p",
+        pinned.to_str().unwrap(),
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--",
+        "touch",
+        "ran",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(
+        !ws.join("ran").exists(),
+        "the command ran without a required layer"
+    );
+
+    let opted = profile_file(dir.path(), "abi5opt", "default", |t| {
+        t.replace("[enforcement]\n", "[enforcement]\nlandlock_abi = 5\n")
+            .replace(
+                "best_effort = [\"cgroup\"]",
+                "best_effort = [\"cgroup\", \"landlock-scope\"]",
+            )
+    });
+    let o = sandmux(&[
+        "check",
+        "--json",
+        "-p",
+        opted.to_str().unwrap(),
+        "-w",
+        ws.path().to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    let dropped: Vec<&str> = v["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["enforced"] == false)
+        .map(|l| l["layer"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = if dropped.contains(&"cgroup") {
+        vec!["cgroup", "landlock-scope"]
+    } else {
+        vec!["landlock-scope"]
+    };
+    assert_eq!(dropped, expected, "{v:#}");
+    // Without the scope, the pane really can signal the tmux server: the report is observed, not planned.
+    let reach = v["observations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "tmux_server_reach")
+        .unwrap();
+    assert!(
+        reach["observed"]
+            .as_str()
+            .unwrap()
+            .contains("SIGNAL DELIVERED"),
+        "{reach}"
+    );
+}
