@@ -278,3 +278,96 @@ fn clean_stop_removes_everything() {
     );
     assert!(!rundir.exists());
 }
+
+/// `sandmux shell` on a real terminal: the user types, the pane runs confined,
+/// exiting the shell ends the instance and leaves nothing behind.
+#[test]
+fn shell_attaches_a_terminal_and_cleans_up() {
+    use std::io::{Read, Write};
+    use std::os::unix::process::CommandExt;
+    let ws = Ws::new();
+    let pty = nix::pty::openpty(
+        Some(&nix::pty::Winsize {
+            ws_row: 30,
+            ws_col: 100,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        }),
+        None,
+    )
+    .unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut master = std::fs::File::from(pty.master);
+    let mut cmd = sandmux(&["shell", "-w", ws.path().to_str().unwrap()]);
+    cmd.stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap())
+        .env("TERM", "xterm");
+    // SAFETY: setsid and TIOCSCTTY are async-signal-safe; the child gets the pty as its terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(slave);
+    let sup = child.id();
+    let mut reader = master.try_clone().unwrap();
+    let screen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = screen.clone();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            s2.lock().unwrap().extend_from_slice(&b[..n]);
+        }
+    });
+    wait_for(
+        || String::from_utf8_lossy(&screen.lock().unwrap()).contains("sandmux@sandmux"),
+        Duration::from_secs(15),
+        "the shell prompt",
+    );
+    let pids = descendants(sup);
+    master
+        .write_all(b"echo MARK$((6*7)) > from-shell.txt; id -u >> from-shell.txt; exit\r")
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sandmux shell did not end after exit; screen: {}",
+            String::from_utf8_lossy(&screen.lock().unwrap())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("from-shell.txt")).unwrap(),
+        "MARK42\n1000\n"
+    );
+    wait_for(
+        || pids.iter().all(|p| !alive(*p)),
+        Duration::from_secs(5),
+        "instance processes to end",
+    );
+    for e in std::fs::read_dir(runtime_base())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
+        assert!(
+            !owner.starts_with(&format!("{sup} ")),
+            "runtime dir {} left behind",
+            e.path().display()
+        );
+    }
+}
