@@ -248,10 +248,8 @@ fn supervisor_sigkill_leaves_nothing() {
         Duration::from_secs(5),
         "sandbox processes to die",
     );
-    assert!(
-        rundir.exists(),
-        "the runtime dir stays until the next start"
-    );
+    // (Another test starting concurrently may already have cleaned it: the
+    // property is that it is gone by the next start.)
     let ws2 = Ws::new();
     let inst2 = Inst::start(&ws2, "default");
     assert!(
