@@ -109,6 +109,32 @@ fn protected_paths_are_read_only() {
     );
 }
 
+/// E11: renaming a parent away and recreating the protected path fails too
+/// (every parent of a protected path is pinned as a mount point).
+#[test]
+fn protected_paths_survive_parent_rename() {
+    let ws = Ws::new();
+    put(&ws.join(".git/hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+    put(&ws.join(".git/config"), "[core]\n");
+    put(&ws.join(".vscode/tasks.json"), "{}\n");
+    let hook = mtime_and_hash(&ws.join(".git/hooks/pre-commit"));
+    let o = run_script(
+        &ws,
+        "default",
+        "mv .git .git-old; echo mv=$?; rm -rf .git; echo rm=$?; mv .git/hooks .git/h2; echo mvhooks=$?; \
+         mv .vscode .v2; echo mvvs=$?; mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit; echo end",
+    );
+    let t = text(&o);
+    assert!(t.contains("end"), "{t}");
+    assert!(
+        t.contains("mv=1") && t.contains("mvhooks=1") && t.contains("mvvs=1"),
+        "{t}"
+    );
+    assert!(t.contains("Device or resource busy"), "{t}");
+    assert_eq!(mtime_and_hash(&ws.join(".git/hooks/pre-commit")), hook);
+    assert!(!ws.join(".git-old").exists() && !ws.join(".v2").exists());
+}
+
 /// E10: a protected path that is a symlink (planted by an earlier run) makes
 /// start-up fail closed, and nothing on the host is touched.
 #[test]

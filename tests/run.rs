@@ -138,6 +138,7 @@ fn environment_is_the_allowlist() {
         "SHELL",
         "USER",
         "LOGNAME",
+        "HISTCONTROL",
     ];
     for n in &names {
         assert!(

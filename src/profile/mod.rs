@@ -122,17 +122,14 @@ pub fn config_dir() -> PathBuf {
     base.join("sandmux").join("profiles")
 }
 
-/// Loads a profile by built-in name, path (contains `/` or ends in `.toml`), or
-/// name in the user's config dir, in that order of precedence for bare names:
-/// the user's config dir first (so a user can override a built-in), then built-ins.
+/// Loads a profile by path (contains `/` or ends in `.toml`), built-in name, or
+/// name in the user's config dir. Built-in names cannot be overridden.
 pub fn load(name: &str) -> Result<Loaded, ProfileError> {
     if name.contains('/') || name.ends_with(".toml") {
         return load_file(Path::new(name));
     }
-    let user = config_dir().join(format!("{name}.toml"));
-    if user.is_file() {
-        return load_file(&user);
-    }
+    // Built-in names always mean the built-in: a file planted in the config dir
+    // (for instance by an agent whose workspace was $HOME) cannot redefine them.
     if let Some((n, text)) = BUILTINS.iter().find(|(n, _)| *n == name) {
         let file = format!("builtin:{n}");
         let profile = parse(&file, text)?;
@@ -142,6 +139,10 @@ pub fn load(name: &str) -> Result<Loaded, ProfileError> {
             text: text.to_string(),
             profile,
         });
+    }
+    let user = config_dir().join(format!("{name}.toml"));
+    if user.is_file() {
+        return load_file(&user);
     }
     Err(ProfileError::NotFound {
         name: name.to_string(),
@@ -274,6 +275,9 @@ pub struct Policy {
     pub protected: Vec<PathBuf>,
     /// Protected paths that did not exist, so nothing could be mounted over them.
     pub protected_absent: Vec<PathBuf>,
+    /// Directories between a read-write root and a protected path, bound onto
+    /// themselves so they cannot be renamed away, parents first.
+    pub pinned: Vec<PathBuf>,
     /// Network settings.
     pub network: Network,
     /// Resource limits.
@@ -357,6 +361,12 @@ impl Loaded {
                     ));
                 }
                 let mut kind = kind.clone();
+                // A masked path is hidden where it really lives: /lib/x on a
+                // merged-/usr host is /usr/lib/x inside the view.
+                let path = match (&kind, std::fs::canonicalize(&path)) {
+                    (MountKind::Masked, Ok(real)) => real,
+                    _ => path,
+                };
                 if kind != MountKind::Tmpfs {
                     match std::fs::symlink_metadata(&path) {
                         Err(_) if optional => continue,
@@ -395,16 +405,32 @@ impl Loaded {
 
         let mut protected = Vec::new();
         let mut protected_absent = Vec::new();
+        let mut pinned = BTreeSet::new();
         for root in fs.iter().filter(|e| e.kind == MountKind::ReadWrite) {
             for rel in &p.filesystem.protected {
                 let full = root.path.join(rel);
                 // Existence is checked again, without following symlinks, at mount time.
                 match std::fs::symlink_metadata(&full) {
-                    Ok(_) => protected.push(full),
+                    Ok(_) => {
+                        // Every directory between the root and the protected path is
+                        // pinned (bound onto itself): a mount point cannot be renamed,
+                        // so `mv .git .git-old` cannot move the protection away.
+                        let mut a = full.parent();
+                        while let Some(dir) = a {
+                            if dir == root.path || !dir.starts_with(&root.path) {
+                                break;
+                            }
+                            pinned.insert(dir.to_path_buf());
+                            a = dir.parent();
+                        }
+                        protected.push(full)
+                    }
                     Err(_) => protected_absent.push(full),
                 }
             }
         }
+        let mut pinned: Vec<PathBuf> = pinned.into_iter().collect();
+        pinned.sort_by_key(|p| p.components().count());
         for (i, rel) in p.filesystem.protected.iter().enumerate() {
             let rp = Path::new(rel);
             if rp.is_absolute()
@@ -432,6 +458,7 @@ impl Loaded {
             fs,
             protected,
             protected_absent,
+            pinned,
             network: p.network.clone(),
             limits: p.limits.clone(),
             environment,

@@ -344,7 +344,10 @@ impl Profile {
         }
         let s = &self.sandbox;
         if s.uid == 0 {
-            return bad("sandbox.uid", "the uid inside must not be 0 (root inside would need CAP_SETFCAP to nest namespaces and invites confusion)".into());
+            return bad(
+                "sandbox.uid",
+                "the uid inside must not be 0: nothing inside may look like root".into(),
+            );
         }
         if s.hostname.is_empty()
             || s.hostname.len() > 64

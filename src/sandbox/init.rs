@@ -36,6 +36,8 @@ pub const REPORT_FD: i32 = 4;
 struct Stop {
     layer: Option<Layer>,
     message: String,
+    /// The layer is missing on this machine (as opposed to failing to apply).
+    unavailable: bool,
 }
 
 /// Records a layer's outcome: enforced, dropped (best-effort) or fatal.
@@ -59,6 +61,7 @@ impl Layers<'_> {
             Ok(())
         } else {
             Err(Stop {
+                unavailable: true,
                 layer: Some(layer),
                 message: reason,
             })
@@ -98,6 +101,7 @@ pub fn main() -> ! {
             rep.send(&Message::Fatal {
                 layer: None,
                 message: format!("reading the plan: {e}"),
+                unavailable: false,
             });
             std::process::exit(EXIT_INTERNAL);
         }
@@ -109,6 +113,7 @@ pub fn main() -> ! {
             rep.send(&Message::Fatal {
                 layer: stop.layer,
                 message: stop.message,
+                unavailable: stop.unavailable,
             });
             std::process::exit(if stop.layer.is_some() {
                 EXIT_LAYER
@@ -121,6 +126,7 @@ pub fn main() -> ! {
 
 fn internal(what: &str) -> impl FnOnce(String) -> Stop + '_ {
     move |e| Stop {
+        unavailable: false,
         layer: None,
         message: format!("{what}: {e}"),
     }
@@ -142,6 +148,7 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
     match &plan.cgroup {
         Ok(cg) => {
             cg.join_self().map_err(|e| Stop {
+                unavailable: false,
                 layer: Some(Layer::Cgroup),
                 message: format!("joining {}: {e}", cg.dirs[0].display()),
             })?;
@@ -171,6 +178,7 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
     if ns.has(Layer::Userns) {
         namespaces::write_id_maps(policy.sandbox.uid, plan.host_uid, plan.host_gid).map_err(
             |e| Stop {
+                unavailable: false,
                 layer: Some(Layer::Userns),
                 message: format!("writing the id maps: {e}"),
             },
@@ -199,6 +207,7 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
                     layers.rep.send(&Message::Fatal {
                         layer: stop.layer,
                         message: stop.message,
+                        unavailable: stop.unavailable,
                     });
                     if stop.layer.is_some() {
                         EXIT_LAYER
@@ -275,16 +284,24 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
             &plan.run_files,
         )
         .map_err(|e| Stop {
+            unavailable: false,
             layer: Some(Layer::Mount),
             message: e.to_string(),
         })?;
         layers.ok(
             Layer::Mount,
             format!(
-                "fresh root; {} entries, {} masked, {} protected paths read-only",
+                "fresh root; {} entries, {} masked, {} protected paths read-only ({} parents pinned){}",
                 policy.fs.len(),
                 built.masked.len(),
-                built.protected.len()
+                built.protected.len(),
+                policy.pinned.len(),
+                if policy.protected_absent.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<String> = policy.protected_absent.iter().map(|p| p.display().to_string()).collect();
+                    format!("; absent, so creatable inside: {}", names.join(", "))
+                }
             ),
         );
     }
@@ -292,19 +309,39 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
     // 5. Hostname and loopback.
     if ns.has(Layer::Uts) {
         namespaces::set_hostname(&policy.sandbox.hostname).map_err(|e| Stop {
+            unavailable: false,
             layer: Some(Layer::Uts),
             message: format!("sethostname: {e}"),
         })?;
     }
     if ns.has(Layer::Net) && policy.network.mode == NetMode::Loopback {
         net::loopback_up().map_err(|e| Stop {
+            unavailable: false,
             layer: Some(Layer::Net),
             message: format!("bringing lo up: {e}"),
         })?;
     }
 
-    // 6. rlimits (inherited by everything below).
-    layers.result(Layer::Rlimits, limits::apply(&policy.limits))?;
+    // 6. rlimits (inherited by everything below). The kernel never applies
+    // RLIMIT_NPROC to host uid 0, so for root only the cgroup limits processes.
+    let rl = limits::apply(&policy.limits).map(|d| {
+        if plan.host_uid == 0 {
+            format!("{d} (nproc is not enforced for host root: the cgroup layer limits processes)")
+        } else {
+            d
+        }
+    });
+    layers.result(Layer::Rlimits, rl)?;
+
+    // A fresh, empty session keyring: keys of the caller's session stay outside (E8).
+    // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) passes no pointers we own.
+    unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            1, /* KEYCTL_JOIN_SESSION_KEYRING */
+            std::ptr::null::<u8>(),
+        )
+    };
 
     // 7. A new session: no controlling terminal from the host.
     nix::unistd::setsid().map_err(|e| internal("setsid")(e.to_string()))?;
@@ -321,6 +358,7 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
     };
 
     let filters = seccomp::build().map_err(|e| Stop {
+        unavailable: false,
         layer: Some(Layer::Seccomp),
         message: e.to_string(),
     })?;
@@ -349,21 +387,32 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
     let payload =
         match unsafe { fork() }.map_err(|e| internal("fork the payload")(e.to_string()))? {
             ForkResult::Child => {
-                let code =
-                    match confine_and_exec(plan, role, &filters, &argv, &env, &cwd, &mut layers) {
-                        Ok(never) => match never {},
-                        Err(stop) => {
-                            layers.rep.send(&Message::Fatal {
-                                layer: stop.layer,
-                                message: stop.message,
-                            });
-                            if stop.layer.is_some() {
-                                EXIT_LAYER
-                            } else {
-                                127
-                            }
+                let code = match confine_and_exec(
+                    plan,
+                    Exec {
+                        role,
+                        filters: &filters,
+                        argv: &argv,
+                        env: &env,
+                        cwd: &cwd,
+                        net_isolated: ns.has(Layer::Net),
+                    },
+                    &mut layers,
+                ) {
+                    Ok(never) => match never {},
+                    Err(stop) => {
+                        layers.rep.send(&Message::Fatal {
+                            layer: stop.layer,
+                            message: stop.message,
+                            unavailable: stop.unavailable,
+                        });
+                        if stop.layer.is_some() {
+                            EXIT_LAYER
+                        } else {
+                            127
                         }
-                    };
+                    }
+                };
                 // SAFETY: _exit in a forked child skips the parent's atexit handlers.
                 unsafe { libc::_exit(code) }
             }
@@ -375,35 +424,53 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
         wait_for_socket(payload).map_err(internal("waiting for the tmux server"))?;
         if ns.has(Layer::Mount) {
             mounts::hide_socket_dir().map_err(|e| Stop {
+                unavailable: false,
                 layer: Some(Layer::Mount),
                 message: e.to_string(),
             })?;
         }
+    }
+
+    // 11. PID 1 itself: no capabilities, no new privileges, the same syscall filter.
+    // A failure here ends the sandbox like any other (PID 1 outlives everything inside).
+    let harden = caps::drop_all()
+        .and_then(|_| caps::set_no_new_privs())
+        .and_then(|_| caps::set_nondumpable())
+        .and_then(|_| seccomp::install(&filters).map_err(|e| e.to_string()));
+    if let Err(e) = harden {
+        let _ = kill(payload, Signal::SIGKILL);
+        return Err(internal("confining PID 1")(e));
+    }
+    if let Payload::Tmux { .. } = &plan.payload {
         layers.rep.send(&Message::Ready {
             server_pid: payload.as_raw(),
         });
     }
-
-    // 11. PID 1 itself: no capabilities, no new privileges, the same syscall filter.
     layers.rep.close();
-    let _ = caps::drop_all();
-    let _ = caps::set_no_new_privs();
-    let _ = caps::set_nondumpable();
-    let _ = seccomp::install(&filters);
     Ok(reap(payload))
 }
 
 type Never = std::convert::Infallible;
 
-fn confine_and_exec(
-    plan: &Plan,
+/// What the payload child execs, and how it is confined.
+struct Exec<'a> {
     role: landlock::Role,
-    filters: &seccomp::Filters,
-    argv: &[OsString],
-    env: &[(OsString, OsString)],
-    cwd: &std::path::Path,
-    layers: &mut Layers<'_>,
-) -> Result<Never, Stop> {
+    filters: &'a seccomp::Filters,
+    argv: &'a [OsString],
+    env: &'a [(OsString, OsString)],
+    cwd: &'a std::path::Path,
+    net_isolated: bool,
+}
+
+fn confine_and_exec(plan: &Plan, x: Exec<'_>, layers: &mut Layers<'_>) -> Result<Never, Stop> {
+    let Exec {
+        role,
+        filters,
+        argv,
+        env,
+        cwd,
+        net_isolated,
+    } = x;
     let policy = &plan.policy;
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
     let mut set = SigSet::empty();
@@ -415,7 +482,7 @@ fn confine_and_exec(
         Ok(()) => layers.ok(Layer::NoNewPrivs, "set"),
         Err(e) => layers.missing(Layer::NoNewPrivs, e)?,
     }
-    match landlock::restrict(policy, role) {
+    match landlock::restrict(policy, role, net_isolated) {
         Ok(o) => {
             layers.ok(Layer::Landlock, o.detail.clone());
             if policy.network.mode == NetMode::Host && o.net {
@@ -466,11 +533,13 @@ fn confine_and_exec(
     }
 
     nix::unistd::chdir(cwd).map_err(|e| Stop {
+        unavailable: false,
         layer: None,
         message: format!("chdir {}: {e}", cwd.display()),
     })?;
     let c = |s: &OsString| {
         CString::new(s.as_bytes()).map_err(|_| Stop {
+            unavailable: false,
             layer: None,
             message: "argument contains a NUL byte".into(),
         })
@@ -483,6 +552,7 @@ fn confine_and_exec(
             kv.push(b'=');
             kv.extend_from_slice(v.as_bytes());
             CString::new(kv).map_err(|_| Stop {
+                unavailable: false,
                 layer: None,
                 message: "environment contains a NUL byte".into(),
             })
@@ -490,6 +560,7 @@ fn confine_and_exec(
         .collect::<Result<_, _>>()?;
     if args.is_empty() {
         return Err(Stop {
+            unavailable: false,
             layer: None,
             message: "no command given".into(),
         });

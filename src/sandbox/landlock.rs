@@ -166,7 +166,14 @@ fn access_for(grant: Grant, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
 
 /// Applies a Landlock layer for `role` to the calling thread. `Err` carries the
 /// layer that is missing; callers decide whether it was required.
-pub fn restrict(policy: &Policy, role: Role) -> Result<Outcome, (Layer, String)> {
+/// `net_isolated` says whether the sandbox has its own network namespace; without
+/// one, `none` and `loopback` fall back to Landlock denying every TCP bind and
+/// connect (the best Landlock can do; UDP stays open and the report says so).
+pub fn restrict(
+    policy: &Policy,
+    role: Role,
+    net_isolated: bool,
+) -> Result<Outcome, (Layer, String)> {
     let (kernel, eff) = effective_abi(policy);
     if eff == 0 {
         return Err((
@@ -175,7 +182,7 @@ pub fn restrict(policy: &Policy, role: Role) -> Result<Outcome, (Layer, String)>
         ));
     }
     let abi = abi_of(eff);
-    let want_net = policy.network.mode == NetMode::Host;
+    let want_net = policy.network.mode == NetMode::Host || !net_isolated;
     let can_net = eff >= 4;
     let can_scope = eff >= 6;
     let err = |l: Layer| move |e: landlock::RulesetError| (l, e.to_string());

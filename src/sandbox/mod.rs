@@ -225,9 +225,19 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
             code: Some(*code),
         });
     }
-    if let Some(Message::Fatal { layer, message }) = messages.last() {
+    if let Some(Message::Fatal {
+        layer,
+        message,
+        unavailable,
+    }) = messages.last()
+    {
         return Err(match layer {
-            Some(l) => StartError::layer(*l, message),
+            Some(l) if *unavailable => StartError::layer(*l, message),
+            Some(l) => StartError {
+                layer: Some(*l),
+                message: format!("layer '{l}' could not be applied: {message}"),
+                code: None,
+            },
             None => internal(format!("sandbox start-up failed: {message}")),
         });
     }

@@ -420,8 +420,12 @@ pub fn build_and_pivot(
                 };
                 let is_dir =
                     fstat(&src).map_err(merr("stat", p))?.st_mode & libc::S_IFMT == libc::S_IFDIR;
-                let Ok(dst) = beneath(&root.fd, &rel(p), OFlag::O_PATH | OFlag::O_NOFOLLOW) else {
-                    continue;
+                // Resolved on the host already (profile.rs); absent from the view means
+                // there is nothing to hide. Any other failure is an error, never a skip.
+                let dst = match beneath(&root.fd, &rel(p), OFlag::O_PATH | OFlag::O_NOFOLLOW) {
+                    Ok(fd) => fd,
+                    Err(nix::Error::ENOENT) => continue,
+                    Err(e) => return Err(merr("open the path to mask", p)(e)),
                 };
                 if is_dir {
                     mount(
@@ -453,6 +457,23 @@ pub fn build_and_pivot(
                 let name = p.file_name().unwrap_or_default();
                 symlinkat(target.as_path(), &parent, name).map_err(merr("create symlink", p))?;
             }
+        }
+    }
+
+    // Pinned directories: the parents of protected paths, bound onto themselves
+    // so that renaming a parent cannot carry a protected path away.
+    for p in &policy.pinned {
+        match beneath(&root.fd, &rel(p), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW) {
+            Ok(dst) => bind(&dst, &dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, "pin", p)?,
+            Err(nix::Error::ENOENT) | Err(nix::Error::ENOTDIR) => {}
+            Err(nix::Error::ELOOP) => {
+                return Err(MountError {
+                    what: "a parent of a protected path is a symlink (remove it, or take the path off the profile's protected list)",
+                    path: p.display().to_string(),
+                    source: std::io::Error::from_raw_os_error(libc::ELOOP),
+                })
+            }
+            Err(e) => return Err(merr("open the parent of a protected path", p)(e)),
         }
     }
 
@@ -539,6 +560,20 @@ pub fn build_and_pivot(
     )
     .map_err(merr("mount a fresh procfs on", proc_p))?;
     let proc = root.reopen(proc_p)?;
+    // /proc/keys and /proc/key-users would list the caller's key descriptions: emptied.
+    let empty = beneath(&root.fd, Path::new("run/sandmux/empty"), OFlag::O_PATH)
+        .map_err(merr("open", "/run/sandmux/empty"))?;
+    for n in ["keys", "key-users"] {
+        if let Ok(fd) = beneath(&proc, Path::new(n), OFlag::O_PATH | OFlag::O_NOFOLLOW) {
+            bind(
+                &empty,
+                &fd,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                "mask",
+                &proc_p.join(n),
+            )?;
+        }
+    }
     for n in [
         "sys",
         "sysrq-trigger",
@@ -547,7 +582,6 @@ pub fn build_and_pivot(
         "fs",
         "acpi",
         "scsi",
-        "keys",
         "timer_list",
         "latency_stats",
         "sched_debug",

@@ -77,7 +77,8 @@ pub fn main(args: Vec<OsString>) -> ! {
     let policy = &cfg.policy;
 
     let env = env::build(&policy.environment, std::env::vars_os());
-    match landlock::restrict(policy, landlock::Role::Pane) {
+    // TCP rules, when needed, are already in the server's layer, which panes inherit.
+    match landlock::restrict(policy, landlock::Role::Pane, true) {
         Ok(o) => {
             for (l, why) in o.missing {
                 if !policy.best_effort.contains(&l) {

@@ -32,6 +32,10 @@ pub enum Message {
         layer: Option<Layer>,
         /// What failed.
         message: String,
+        /// The layer is missing on this machine (the fix is to provide it),
+        /// rather than failing to apply to this workspace.
+        #[serde(default)]
+        unavailable: bool,
     },
     /// Every layer is in force, but the payload could not be executed.
     ExecFailed {
