@@ -5,6 +5,7 @@
 //! server it owns ([`tmux`]), and the live enforcement check ([`check`]).
 
 pub mod check;
+pub mod mcp;
 pub mod profile;
 pub mod sandbox;
 pub mod tmux;

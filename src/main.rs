@@ -44,6 +44,28 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
     },
+    /// Serve MCP over stdio against a fresh confined tmux server.
+    Serve {
+        #[command(flatten)]
+        target: Target,
+        /// Comma-separated toolsets (inspect, manage, execute, teardown); default from the profile.
+        #[arg(long)]
+        toolsets: Option<String>,
+        /// Extra tools to enable by exact name.
+        #[arg(long)]
+        tools: Option<String>,
+        /// Tools to disable by exact name (beats every enable).
+        #[arg(long)]
+        exclude_tools: Option<String>,
+        /// The audit log (default: ~/.local/state/sandmux/audit/).
+        #[arg(long)]
+        audit_log: Option<PathBuf>,
+    },
+    /// Audit log tools.
+    Audit {
+        #[command(subcommand)]
+        cmd: AuditCmd,
+    },
     /// Report what this machine enforces for a profile, observed from inside a live pane.
     Check {
         #[command(flatten)]
@@ -66,6 +88,15 @@ enum Cmd {
     Instance {
         #[command(flatten)]
         target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCmd {
+    /// Check a log's hash chain; exit status 1 names the first bad line.
+    Verify {
+        /// The log.
+        path: PathBuf,
     },
 }
 
@@ -129,6 +160,34 @@ fn main() -> ExitCode {
             Err(c) => c,
         },
         Cmd::Profile { cmd } => profile_cmd(cmd),
+        Cmd::Serve {
+            target,
+            toolsets,
+            tools,
+            exclude_tools,
+            audit_log,
+        } => match resolve(&target) {
+            Ok(policy) => {
+                let flags = sandmux::mcp::toolsets::Flags {
+                    toolsets,
+                    tools,
+                    exclude_tools,
+                };
+                let code = sandmux::mcp::serve(policy, sandmux::mcp::Options { flags, audit_log });
+                // Never return through the runtime: stdin's blocking reader would hold it.
+                std::process::exit(code)
+            }
+            Err(c) => c,
+        },
+        Cmd::Audit {
+            cmd: AuditCmd::Verify { path },
+        } => match sandmux::mcp::audit::verify(&path) {
+            Ok(n) => {
+                println!("{}: {n} records, chain intact", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(1, format!("{}: {e}", path.display())),
+        },
         Cmd::Instance { target } => match resolve(&target) {
             Ok(policy) => hold_instance(policy),
             Err(c) => c,

@@ -2,19 +2,25 @@
 //!
 //! Control mode sends one line per notification. Command replies are framed by
 //! `%begin TIME NUMBER FLAGS` … `%end|%error TIME NUMBER FLAGS`; lines between
-//! are the reply, taken verbatim (a pane title containing "%end" is inside a
-//! block and cannot close it early, because only a line *starting* with the
-//! guard word and carrying the same number ends it). `%output %PANE DATA`
-//! carries pane output with bytes below 32 and `\` escaped as `\ooo` octal;
-//! everything else is raw bytes, not necessarily UTF-8.
+//! are the reply, taken verbatim. A block ends only on a guard line whose time,
+//! number and flags all equal those of its `%begin`, so reply text (a pane
+//! path, a name) cannot close it early unless it guesses all three — and
+//! sandmux requests hostile strings with tmux's `q:` modifier, which escapes
+//! every `%`, so no reply line it asks for can start with `%end`.
+//!
+//! `%output %PANE DATA` (and `%extended-output %PANE AGE ... : DATA` once flow
+//! control is on) carry pane output with bytes below 32 and `\` escaped as
+//! `\ooo` octal; everything else is raw bytes, not necessarily UTF-8.
 
 /// One parsed control-mode event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A command reply: its number, whether it failed, and its lines.
+    /// A command reply.
     Reply {
         /// The command number tmux assigned.
         number: u64,
+        /// Guard flags: 1 when the command came from this client.
+        flags: u32,
         /// `%error` instead of `%end`.
         error: bool,
         /// Reply lines (without newlines).
@@ -27,6 +33,11 @@ pub enum Event {
         /// The bytes the pane wrote.
         data: Vec<u8>,
     },
+    /// tmux paused a pane's output to this client (flow control).
+    Pause {
+        /// Pane id number.
+        pane: u32,
+    },
     /// The client is exiting, with an optional reason.
     Exit(Option<String>),
     /// Any other notification line, raw.
@@ -37,20 +48,34 @@ pub enum Event {
 #[derive(Debug, Default)]
 pub struct Parser {
     buf: Vec<u8>,
-    block: Option<(u64, Vec<Vec<u8>>)>,
+    block: Option<(Guard, Vec<Vec<u8>>)>,
+    truncated: bool,
 }
 
-/// Upper bound for one line; longer lines are cut (pane output lines are
-/// bounded by tmux's own buffer sizes, so only a broken peer hits this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Guard {
+    time: u64,
+    number: u64,
+    flags: u32,
+}
+
+/// Upper bound for one line; longer lines are cut (tmux bounds its own lines,
+/// so only a broken peer reaches this).
 pub const MAX_LINE: usize = 4 << 20;
 
-fn guard(line: &[u8], word: &[u8]) -> Option<u64> {
-    let rest = line.strip_prefix(word)?;
-    let rest = rest.strip_prefix(b" ")?;
-    let mut parts = rest.split(|&b| b == b' ');
-    let _time = parts.next()?;
-    let num = parts.next()?;
-    std::str::from_utf8(num).ok()?.parse().ok()
+fn guard(line: &[u8], word: &[u8]) -> Option<Guard> {
+    let rest = line.strip_prefix(word)?.strip_prefix(b" ")?;
+    let s = std::str::from_utf8(rest).ok()?;
+    let mut parts = s.split(' ');
+    let g = Guard {
+        time: parts.next()?.parse().ok()?,
+        number: parts.next()?.parse().ok()?,
+        flags: parts.next()?.parse().ok()?,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(g)
 }
 
 /// Decodes the `\ooo` escapes of a `%output` payload.
@@ -59,7 +84,7 @@ pub fn decode_output(s: &[u8]) -> Vec<u8> {
     let mut i = 0;
     while i < s.len() {
         if s[i] == b'\\'
-            && i + 3 < s.len()
+            && i + 4 <= s.len()
             && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
             let v = (s[i + 1] - b'0') as u32 * 64
@@ -75,6 +100,13 @@ pub fn decode_output(s: &[u8]) -> Vec<u8> {
     out
 }
 
+fn pane_id(s: &[u8]) -> Option<u32> {
+    std::str::from_utf8(s.strip_prefix(b"%")?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
 impl Parser {
     /// A new parser.
     pub fn new() -> Self {
@@ -84,29 +116,40 @@ impl Parser {
     /// Feeds bytes; returns every event completed by them.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Event> {
         let mut events = Vec::new();
-        for &b in bytes {
-            if b == b'\n' {
-                let line = std::mem::take(&mut self.buf);
-                if let Some(e) = self.line(line) {
-                    events.push(e);
-                }
-            } else if self.buf.len() < MAX_LINE {
-                self.buf.push(b);
+        let mut rest = bytes;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let (head, tail) = rest.split_at(nl);
+            self.push(head);
+            let line = std::mem::take(&mut self.buf);
+            self.truncated = false;
+            if let Some(e) = self.line(line) {
+                events.push(e);
             }
+            rest = &tail[1..];
         }
+        self.push(rest);
         events
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let room = MAX_LINE.saturating_sub(self.buf.len());
+        if bytes.len() > room {
+            self.truncated = true;
+        }
+        self.buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     fn line(&mut self, mut line: Vec<u8>) -> Option<Event> {
         if line.last() == Some(&b'\r') {
             line.pop();
         }
-        if let Some((num, lines)) = &mut self.block {
+        if let Some((g, lines)) = &mut self.block {
             for (word, error) in [(&b"%end"[..], false), (&b"%error"[..], true)] {
-                if guard(&line, word) == Some(*num) {
-                    let (number, lines) = self.block.take().expect("in a block");
+                if guard(&line, word) == Some(*g) {
+                    let (g, lines) = self.block.take().expect("in a block");
                     return Some(Event::Reply {
-                        number,
+                        number: g.number,
+                        flags: g.flags,
                         error,
                         lines,
                     });
@@ -115,18 +158,30 @@ impl Parser {
             lines.push(line);
             return None;
         }
-        if let Some(num) = guard(&line, b"%begin") {
-            self.block = Some((num, Vec::new()));
+        if let Some(g) = guard(&line, b"%begin") {
+            self.block = Some((g, Vec::new()));
             return None;
         }
-        if let Some(rest) = line.strip_prefix(b"%output %") {
+        if let Some(rest) = line.strip_prefix(b"%output ") {
             let sp = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
-            let pane = std::str::from_utf8(&rest[..sp])
-                .ok()
-                .and_then(|s| s.parse().ok());
-            if let Some(pane) = pane {
+            if let Some(pane) = pane_id(&rest[..sp]) {
                 let data = decode_output(rest.get(sp + 1..).unwrap_or(&[]));
                 return Some(Event::Output { pane, data });
+            }
+        }
+        if let Some(rest) = line.strip_prefix(b"%extended-output ") {
+            let sp = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+            let colon = rest.windows(3).position(|w| w == b" : ");
+            if let (Some(pane), Some(c)) = (pane_id(&rest[..sp]), colon) {
+                return Some(Event::Output {
+                    pane,
+                    data: decode_output(&rest[c + 3..]),
+                });
+            }
+        }
+        if let Some(rest) = line.strip_prefix(b"%pause ") {
+            if let Some(pane) = pane_id(rest) {
+                return Some(Event::Pause { pane });
             }
         }
         if line == b"%exit" {
@@ -142,6 +197,44 @@ impl Parser {
     }
 }
 
+/// Encodes one argument for tmux's command parser: a double-quoted string in
+/// which every byte outside a small safe set is an octal escape, so no quote,
+/// `$`, `~`, `#`, `;`, `{` or newline in the text can change how tmux parses
+/// the line. (Formats are a separate concern: see `tmux::text`.)
+pub fn quote(arg: &[u8]) -> String {
+    let safe = |b: u8| b.is_ascii_alphanumeric() || b"_./:,+=@-".contains(&b);
+    if !arg.is_empty() && arg.iter().all(|&b| safe(b)) && arg[0] != b'-' {
+        return String::from_utf8_lossy(arg).into_owned();
+    }
+    let mut s = String::with_capacity(arg.len() + 2);
+    s.push('"');
+    for &b in arg {
+        if safe(b) {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("\\{b:03o}"));
+        }
+    }
+    s.push('"');
+    s
+}
+
+/// Reverses tmux's `#{q:...}` escaping (a backslash before special characters).
+pub fn unquote_q(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut it = s.iter();
+    while let Some(&b) = it.next() {
+        if b == b'\\' {
+            if let Some(&n) = it.next() {
+                out.push(n);
+            }
+        } else {
+            out.push(b);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,14 +242,19 @@ mod tests {
     #[test]
     fn reply_blocks_and_output() {
         let mut p = Parser::new();
-        let ev = p.feed(b"%begin 1 5 0\nline one\n%end not-a-guard\n%end 1 5 0\n%output %3 a\\015\\012b\\134\n%exit\n");
+        let ev = p.feed(b"%begin 1 5 1\nline one\n%end 1 6 1\n%end 2 5 1\n%end 1 5 1\n%output %3 a\\015\\012b\\134\n%exit\n");
         assert_eq!(
             ev,
             vec![
                 Event::Reply {
                     number: 5,
+                    flags: 1,
                     error: false,
-                    lines: vec![b"line one".to_vec(), b"%end not-a-guard".to_vec()]
+                    lines: vec![
+                        b"line one".to_vec(),
+                        b"%end 1 6 1".to_vec(),
+                        b"%end 2 5 1".to_vec()
+                    ]
                 },
                 Event::Output {
                     pane: 3,
@@ -168,17 +266,25 @@ mod tests {
     }
 
     #[test]
-    fn split_feeds_and_errors() {
+    fn split_feeds_errors_and_extended_output() {
         let mut p = Parser::new();
-        assert!(p.feed(b"%begin 1 7 0\nno such").is_empty());
-        let ev = p.feed(b" pane\n%error 1 7 0\n");
+        assert!(p.feed(b"%begin 1 7 1\nno such").is_empty());
+        let ev = p.feed(b" pane\n%error 1 7 1\n%extended-output %2 10 : hi\\012\n%pause %2\n");
         assert_eq!(
             ev,
-            vec![Event::Reply {
-                number: 7,
-                error: true,
-                lines: vec![b"no such pane".to_vec()]
-            }]
+            vec![
+                Event::Reply {
+                    number: 7,
+                    flags: 1,
+                    error: true,
+                    lines: vec![b"no such pane".to_vec()]
+                },
+                Event::Output {
+                    pane: 2,
+                    data: b"hi\n".to_vec()
+                },
+                Event::Pause { pane: 2 },
+            ]
         );
     }
 
@@ -186,12 +292,24 @@ mod tests {
     fn raw_high_bytes_survive() {
         assert_eq!(decode_output(b"\xff\xfe\\00"), b"\xff\xfe\\00".to_vec());
         assert_eq!(decode_output(b"\\033[0m"), b"\x1b[0m".to_vec());
+        assert_eq!(decode_output(b"x\\1"), b"x\\1".to_vec());
+    }
+
+    #[test]
+    fn quoting_round_trips_through_tmux_rules() {
+        assert_eq!(quote(b"abc"), "abc");
+        assert_eq!(quote(b""), "\"\"");
+        assert_eq!(quote(b"-t"), "\"-t\"");
+        assert_eq!(
+            quote(b"a b;#{x}\n$HOME"),
+            "\"a\\040b\\073\\043\\173x\\175\\012\\044HOME\""
+        );
+        assert_eq!(unquote_q(b"a\\ b\\%end\\\\"), b"a b%end\\".to_vec());
     }
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        // A deterministic pseudo-random stream (xorshift) over many seeds.
-        for seed in 1..200u64 {
+        for seed in 1..300u64 {
             let mut x = seed;
             let mut bytes = Vec::new();
             for _ in 0..2000 {
@@ -199,16 +317,18 @@ mod tests {
                 x ^= x >> 7;
                 x ^= x << 17;
                 let choices: &[&[u8]] = &[
-                    b"%begin 1 2 0\n",
-                    b"%end 1 2 0\n",
-                    b"%error 1 2 0\n",
+                    b"%begin 1 2 1\n",
+                    b"%end 1 2 1\n",
+                    b"%error 1 2 1\n",
                     b"%output %1 ",
+                    b"%extended-output %1 3 : ",
                     b"\\0",
                     b"\\",
                     b"\n",
                     b"x",
                     b"\xff",
                     b"%exit\n",
+                    b"%pause %9\n",
                 ];
                 bytes.extend_from_slice(choices[(x % choices.len() as u64) as usize]);
             }

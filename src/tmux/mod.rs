@@ -2,7 +2,9 @@
 //! embedded minimal configuration, proven to be the one this run started, and
 //! stopped with everything in it.
 
+pub mod client;
 pub mod control;
+pub mod hub;
 
 use crate::profile::{MountKind, Policy};
 use crate::sandbox::report::{self, Message};

@@ -1,0 +1,257 @@
+//! The tool catalogue: every MCP tool is declared exactly once, here — name,
+//! toolset, annotation class, argument and result types (from which the JSON
+//! schemas derive) and handler. `tools/list`, dispatch, the docs table and the
+//! classification tests all read this one list.
+
+use super::ctx::Call;
+use super::error::ToolError;
+use super::tools::{execute, inspect, manage, teardown};
+use crate::profile::Toolset;
+use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
+
+/// What a tool does to the world, which fixes its MCP annotations. The hints
+/// are precise because no other client reaches the server (P2) and its
+/// configuration is known and watched for drift (P3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Reads tmux metadata.
+    MetadataRead,
+    /// Reads pane content (text comes from programs the agent runs).
+    ContentRead,
+    /// Changes something in place (a name, a layout, an option).
+    ChangeInPlace,
+    /// Creates a buffer.
+    Allocate,
+    /// Starts processes (sessions, windows, panes).
+    Spawn,
+    /// Types into a pane.
+    PaneInput,
+    /// Destroys something.
+    Delete,
+}
+
+impl Class {
+    /// (readOnly, destructive, idempotent, openWorld).
+    pub fn hints(self) -> (bool, bool, bool, bool) {
+        match self {
+            Class::MetadataRead => (true, false, true, false),
+            Class::ContentRead => (true, false, true, true),
+            Class::ChangeInPlace => (false, true, true, false),
+            Class::Allocate => (false, false, false, false),
+            Class::Spawn => (false, false, false, true),
+            Class::PaneInput => (false, true, false, true),
+            Class::Delete => (false, true, false, false),
+        }
+    }
+}
+
+/// A boxed handler future.
+pub type BoxFut<'a> = Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + 'a>>;
+/// A handler: raw arguments in, structured result out.
+pub type Handler = for<'a> fn(&'a Call<'a>, Value) -> BoxFut<'a>;
+
+/// One tool.
+pub struct ToolDef {
+    /// Name on the wire.
+    pub name: &'static str,
+    /// Toolset it belongs to.
+    pub toolset: Toolset,
+    /// Annotation class.
+    pub class: Class,
+    /// One-paragraph description for the model.
+    pub description: &'static str,
+    /// JSON schema of the arguments.
+    pub input_schema: fn() -> Value,
+    /// JSON schema of the structured result.
+    pub output_schema: fn() -> Value,
+    /// The implementation.
+    pub handler: Handler,
+}
+
+/// JSON schema of a type, as a plain object.
+pub fn schema_of<T: schemars::JsonSchema>() -> Value {
+    let mut v = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
+    if let Value::Object(m) = &mut v {
+        m.remove("$schema");
+        m.remove("title");
+        m.entry("type")
+            .or_insert_with(|| Value::String("object".into()));
+    }
+    v
+}
+
+/// Parses arguments after checking that every key is one the schema names.
+pub fn parse_args<T: serde::de::DeserializeOwned>(
+    v: Value,
+    schema: fn() -> Value,
+) -> Result<T, ToolError> {
+    let v = if v.is_null() {
+        Value::Object(Default::default())
+    } else {
+        v
+    };
+    if let (Value::Object(args), Value::Object(s)) = (&v, schema()) {
+        let known: Vec<String> = s
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default();
+        for k in args.keys() {
+            if !known.contains(k) {
+                let hint = if k.starts_with("socket") {
+                    "no tool takes a socket: sandmux serves exactly one private tmux server"
+                        .to_string()
+                } else if known.is_empty() {
+                    "this tool takes no arguments".to_string()
+                } else {
+                    format!("accepted arguments: {}", known.join(", "))
+                };
+                return Err(ToolError::invalid(k, "unknown argument", &hint));
+            }
+        }
+    }
+    serde_json::from_value(v).map_err(|e| {
+        let msg = e.to_string();
+        let arg = msg.split('`').nth(1).unwrap_or("arguments").to_string();
+        ToolError::invalid(&arg, &msg, "see the tool's input schema")
+    })
+}
+
+macro_rules! tool {
+    ($name:literal, $set:ident, $class:ident, $args:ty, $out:ty, $f:path, $desc:literal) => {
+        ToolDef {
+            name: $name,
+            toolset: Toolset::$set,
+            class: Class::$class,
+            description: $desc,
+            input_schema: schema_of::<$args>,
+            output_schema: schema_of::<$out>,
+            handler: {
+                fn h<'a>(c: &'a Call<'a>, v: Value) -> BoxFut<'a> {
+                    Box::pin(async move {
+                        let a: $args = parse_args(v, schema_of::<$args>)?;
+                        let o: $out = $f(c, a).await?;
+                        serde_json::to_value(o).map_err(|e| ToolError::Internal(e.to_string()))
+                    })
+                }
+                h
+            },
+        }
+    };
+}
+
+/// Every tool sandmux has. (libtmux-mcp's `list_servers`, `pipe_pane`,
+/// `wait_for_channel` and `signal_channel` are absent on purpose: see
+/// docs/mcp.md.)
+pub static TOOLS: &[ToolDef] = &[
+    // inspect
+    tool!("list_sessions", Inspect, MetadataRead, inspect::ListSessions, inspect::Sessions, inspect::list_sessions, "List tmux sessions (id, name, windows, attached). Optional `filters` such as {\"session_name__contains\": \"dev\"}."),
+    tool!("get_session_info", Inspect, MetadataRead, inspect::SessionArgs, inspect::SessionRow, inspect::get_session_info, "Metadata of one session (by session_id or session_name; default: the first session)."),
+    tool!("list_windows", Inspect, MetadataRead, inspect::ListWindows, inspect::Windows, inspect::list_windows, "List windows, of one session or of all. Optional `filters`."),
+    tool!("get_window_info", Inspect, MetadataRead, inspect::WindowArgs, inspect::WindowRow, inspect::get_window_info, "Metadata of one window (window_id, or session + window_index; default: the first window)."),
+    tool!("list_panes", Inspect, MetadataRead, inspect::ListPanes, inspect::Panes, inspect::list_panes, "List panes with id, size, current command and path, dead flag. Optional `filters`."),
+    tool!("get_pane_info", Inspect, MetadataRead, inspect::PaneArgs, inspect::PaneRow, inspect::get_pane_info, "Metadata of one pane (pane_id, or window/session; default: the first pane of the first window of the first session)."),
+    tool!("find_pane_by_position", Inspect, MetadataRead, inspect::FindPane, inspect::PaneRow, inspect::find_pane_by_position, "The pane at a corner of a window: top-left, top-right, bottom-left or bottom-right."),
+    tool!("get_server_info", Inspect, MetadataRead, inspect::NoArgs, inspect::ServerInfo, inspect::get_server_info, "The sandboxed tmux server: version, pid inside the sandbox, the generation sandmux started, session count, drift status, profile."),
+    tool!("capture_pane", Inspect, ContentRead, inspect::Capture, inspect::Captured, inspect::capture_pane, "A pane's text (no escape sequences). Keeps the last `max_lines` lines (default 500) and at most `max_bytes`; says when it cut."),
+    tool!("capture_since", Inspect, ContentRead, inspect::CaptureSince, inspect::SinceResult, inspect::capture_since, "Incremental read: without `cursor`, the visible screen and a cursor; with one, only the output written since, and `lines_missed` if some was lost."),
+    tool!("snapshot_pane", Inspect, ContentRead, inspect::Snapshot, inspect::SnapshotResult, inspect::snapshot_pane, "Pane state and content in one call: cursor, size, mode, scroll position, alternate screen, pid, dead flag, and the captured text."),
+    tool!("search_panes", Inspect, ContentRead, inspect::Search, inspect::SearchResult, inspect::search_panes, "Search the text of every pane (or one session's) for a literal or regular expression (linear-time engine). Paged."),
+    tool!("display_message", Inspect, ContentRead, inspect::Display, inspect::Displayed, inspect::display_message, "Expand a format against a pane. Only literal text and plain #{variable} lookups of known variables are accepted."),
+    tool!("wait_for_text", Inspect, ContentRead, inspect::WaitText, inspect::WaitResult, inspect::wait_for_text, "Wait until one of `patterns` appears in output written after the call began (or a `stop` pattern, or any output when patterns is null). Event-driven; bounded by the wait ceiling."),
+    tool!("wait_for_stable", Inspect, ContentRead, inspect::WaitStable, inspect::WaitResult, inspect::wait_for_stable, "Wait until a pane has written nothing for `quiet_ms` milliseconds (default 400)."),
+    tool!("wait_for_gone", Inspect, ContentRead, inspect::WaitGone, inspect::WaitResult, inspect::wait_for_gone, "Wait until none of `patterns` is on the pane's visible screen."),
+    tool!("show_option", Inspect, MetadataRead, inspect::ShowOption, inspect::OptionValue, inspect::show_option, "Show a tmux option's value (scope server, session, window or pane)."),
+    tool!("show_environment", Inspect, MetadataRead, inspect::ShowEnv, inspect::EnvList, inspect::show_environment, "Show the global or a session's environment (the sandbox's scrubbed one)."),
+    tool!("show_hooks", Inspect, MetadataRead, inspect::ShowHooks, inspect::Hooks, inspect::show_hooks, "List hooks. sandmux installs none and stops on any that appear (drift)."),
+    tool!("show_hook", Inspect, MetadataRead, inspect::ShowHook, inspect::Hooks, inspect::show_hook, "Show one hook."),
+    tool!("show_buffer", Inspect, ContentRead, inspect::ShowBuffer, inspect::Captured, inspect::show_buffer, "Show a buffer made by load_buffer (tail-capped)."),
+    tool!("call_read_tools_batch", Inspect, ContentRead, inspect::Batch, inspect::BatchResult, inspect::call_read_tools_batch, "Run several inspect tools in order (at most 100, one overall deadline); each result or error is returned in place."),
+    tool!("sandbox_status", Inspect, MetadataRead, inspect::NoArgs, inspect::Status, inspect::sandbox_status, "What confines this terminal: every layer and whether it is in force, as the sandbox reported it when it started; the profile; the audit log."),
+    // manage
+    tool!("rename_session", Manage, ChangeInPlace, manage::RenameSession, manage::Done, manage::rename_session, "Rename a session; the name is stored as text, never expanded."),
+    tool!("rename_window", Manage, ChangeInPlace, manage::RenameWindow, manage::Done, manage::rename_window, "Rename a window; the name is stored as text."),
+    tool!("select_window", Manage, ChangeInPlace, manage::SelectWindow, manage::Done, manage::select_window, "Select a window by id or index, or move next/previous/last."),
+    tool!("select_layout", Manage, ChangeInPlace, manage::SelectLayout, manage::Done, manage::select_layout, "Apply a layout (even-horizontal, even-vertical, main-horizontal, main-vertical, tiled) to a window."),
+    tool!("resize_window", Manage, ChangeInPlace, manage::ResizeWindow, manage::Done, manage::resize_window, "Resize a window."),
+    tool!("move_window", Manage, ChangeInPlace, manage::MoveWindow, manage::Done, manage::move_window, "Move a window to another index or session."),
+    tool!("select_pane", Manage, ChangeInPlace, manage::SelectPane, manage::Done, manage::select_pane, "Select a pane by id or direction (up, down, left, right, last, next, previous)."),
+    tool!("swap_pane", Manage, ChangeInPlace, manage::SwapPane, manage::Done, manage::swap_pane, "Swap two panes."),
+    tool!("resize_pane", Manage, ChangeInPlace, manage::ResizePane, manage::Done, manage::resize_pane, "Resize a pane, or toggle zoom."),
+    tool!("set_pane_title", Manage, ChangeInPlace, manage::SetTitle, manage::Done, manage::set_pane_title, "Set a pane's title; stored as text."),
+    tool!("enter_copy_mode", Manage, ChangeInPlace, manage::CopyMode, manage::Done, manage::enter_copy_mode, "Enter copy mode, optionally scrolling up N lines."),
+    tool!("exit_copy_mode", Manage, ChangeInPlace, manage::PaneOnly, manage::Done, manage::exit_copy_mode, "Leave copy mode."),
+    tool!("load_buffer", Manage, Allocate, manage::LoadBuffer, manage::BufferRef, manage::load_buffer, "Store text in a new sandmux-named paste buffer (over the control connection; no file) and return its name."),
+    // execute
+    tool!("create_session", Execute, Spawn, execute::CreateSession, execute::Created, execute::create_session, "Create a session running the sandbox's shell (through the pane gate) in start_directory, with optional environment."),
+    tool!("create_window", Execute, Spawn, execute::CreateWindow, execute::Created, execute::create_window, "Create a window in a session, optionally running `shell` (a command string, run through the pane gate)."),
+    tool!("split_window", Execute, Spawn, execute::SplitWindow, execute::Created, execute::split_window, "Split a pane; the new pane runs the shell or `shell`, through the pane gate."),
+    tool!("respawn_pane", Execute, PaneInput, execute::Respawn, execute::Created, execute::respawn_pane, "Restart a pane's process (explicit pane_id), optionally with another `shell` command."),
+    tool!("send_keys", Execute, PaneInput, execute::SendKeys, execute::Sent, execute::send_keys, "Type `text` literally (then Enter unless enter=false) and/or press `keys`, validated tmux key names such as C-c, Enter, Up."),
+    tool!("send_keys_batch", Execute, PaneInput, execute::SendBatch, execute::BatchSent, execute::send_keys_batch, "Several send_keys operations in order (at most 100), with one deadline."),
+    tool!("paste_text", Execute, PaneInput, execute::PasteText, execute::Sent, execute::paste_text, "Paste multi-line text through a temporary buffer, with bracketed paste by default, so the shell does not run it line by line."),
+    tool!("paste_buffer", Execute, PaneInput, execute::PasteBuffer, execute::Sent, execute::paste_buffer, "Paste a buffer made by load_buffer into a pane."),
+    tool!("run_command", Execute, PaneInput, execute::RunCommand, execute::RunResult, execute::run_command, "Run a shell command in a pane and return its output and exit status. Completion is seen on the output stream (a per-call marker); on timeout the command keeps running (or is interrupted with interrupt_on_timeout). Sends progress while it runs."),
+    tool!("set_option", Execute, ChangeInPlace, execute::SetOption, manage::Done, execute::set_option, "Set one of a short list of harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...)."),
+    tool!("set_environment", Execute, ChangeInPlace, execute::SetEnv, manage::Done, execute::set_environment, "Set a variable in the global or a session's environment (for panes started later). tmux, sandmux and loader variables are refused."),
+    // teardown
+    tool!("kill_session", Teardown, Delete, teardown::KillSession, manage::Done, teardown::kill_session, "Kill a session (explicit session_id or session_name)."),
+    tool!("kill_window", Teardown, Delete, teardown::KillWindow, manage::Done, teardown::kill_window, "Kill a window (explicit window_id)."),
+    tool!("kill_pane", Teardown, Delete, teardown::KillPane, manage::Done, teardown::kill_pane, "Kill a pane (explicit pane_id)."),
+    tool!("clear_pane", Teardown, Delete, manage::PaneOnly, manage::Done, teardown::clear_pane, "Reset a pane's screen and clear its history."),
+    tool!("delete_buffer", Teardown, Delete, teardown::DeleteBuffer, manage::Done, teardown::delete_buffer, "Delete a buffer made by load_buffer."),
+    tool!("kill_server", Teardown, Delete, inspect::NoArgs, manage::Done, teardown::kill_server, "End this sandmux instance: the tmux server, every process in the sandbox, the runtime directory. The client's connection ends after the reply."),
+];
+
+/// Looks a tool up by name.
+pub fn find(name: &str) -> Option<&'static ToolDef> {
+    TOOLS.iter().find(|t| t.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_is_classified_once_with_object_schemas() {
+        let mut names = std::collections::BTreeSet::new();
+        for t in TOOLS {
+            assert!(names.insert(t.name), "{} declared twice", t.name);
+            let (ro, destructive, ..) = t.class.hints();
+            assert_eq!(
+                ro,
+                t.toolset == Toolset::Inspect,
+                "{}: read-only hint must match the inspect toolset",
+                t.name
+            );
+            if t.toolset == Toolset::Teardown {
+                assert!(destructive, "{}", t.name);
+            }
+            for s in [(t.input_schema)(), (t.output_schema)()] {
+                assert_eq!(s["type"], "object", "{}: {s}", t.name);
+            }
+            assert!(!t.description.is_empty());
+        }
+        for gone in [
+            "list_servers",
+            "pipe_pane",
+            "wait_for_channel",
+            "signal_channel",
+        ] {
+            assert!(find(gone).is_none(), "{gone} must not exist");
+        }
+        for t in TOOLS {
+            let props = (t.input_schema)()["properties"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default();
+            assert!(
+                !props.iter().any(|p| p.contains("socket")),
+                "{} takes a socket argument",
+                t.name
+            );
+        }
+    }
+}

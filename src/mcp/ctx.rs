@@ -1,0 +1,92 @@
+//! What every tool call sees: the shared state of the instance, and the
+//! per-call context (deadline ceiling, progress, cancellation).
+
+use super::audit::Audit;
+use crate::profile::Policy;
+use crate::sandbox::report::LayerStatus;
+use crate::tmux::hub::Hub;
+use rmcp::model::{ProgressNotificationParam, ProgressToken};
+use rmcp::{Peer, RoleServer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Facts about the running instance.
+#[derive(Debug, Clone)]
+pub struct InstanceInfo {
+    /// The generation id set in the server at start.
+    pub generation: String,
+    /// The server's pid inside the sandbox.
+    pub server_pid: i32,
+    /// `tmux -V`.
+    pub tmux_version: String,
+    /// Layers as the sandbox reported them.
+    pub layers: Vec<LayerStatus>,
+    /// Host pid of the sandbox init (for status).
+    pub init_pid: u32,
+}
+
+/// State shared by all calls.
+pub struct State {
+    /// The connection to the server.
+    pub hub: Arc<Hub>,
+    /// The resolved profile.
+    pub policy: Policy,
+    /// Instance facts.
+    pub info: InstanceInfo,
+    /// The audit log.
+    pub audit: Arc<Audit>,
+    /// Configuration baseline for drift detection.
+    pub drift: super::drift::Drift,
+    /// Cancelled to end the instance (kill_server, drift on a fatal scale, signals).
+    pub shutdown: CancellationToken,
+    /// Largest text input per call.
+    pub max_input: usize,
+    /// Ceiling for every wait.
+    pub wait_max: Duration,
+    /// Tools enabled now (changes when a human revokes).
+    pub enabled: std::sync::RwLock<std::collections::BTreeSet<&'static str>>,
+    /// Open capture_since cursors are keyed by this instance.
+    pub started: Instant,
+}
+
+/// One tool call.
+pub struct Call<'a> {
+    /// Shared state.
+    pub s: &'a State,
+    /// Progress reporting, when the client asked for it.
+    pub progress: Option<(Peer<RoleServer>, ProgressToken)>,
+    /// Cancelled when the client cancels the call.
+    pub ct: CancellationToken,
+}
+
+impl Call<'_> {
+    /// Clamps a requested wait to the profile's ceiling.
+    pub fn clamp(
+        &self,
+        requested_secs: Option<f64>,
+        default_secs: f64,
+    ) -> Result<Duration, super::error::ToolError> {
+        let want = requested_secs.unwrap_or(default_secs);
+        if !(want.is_finite() && want > 0.0) {
+            return Err(super::error::ToolError::invalid(
+                "timeout",
+                "must be a positive number of seconds",
+                "e.g. 10",
+            ));
+        }
+        Ok(Duration::from_secs_f64(want).min(self.s.wait_max))
+    }
+
+    /// Sends a progress notification if the client gave a token.
+    pub async fn progress(&self, done: f64, total: Option<f64>, message: &str) {
+        if let Some((peer, token)) = &self.progress {
+            let mut p = ProgressNotificationParam::new(token.clone(), done)
+                .with_message(message.to_string());
+            if let Some(t) = total {
+                p = p.with_total(t);
+            }
+            let _ = peer.notify_progress(p).await;
+        }
+    }
+}

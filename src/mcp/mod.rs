@@ -1,0 +1,217 @@
+//! `sandmux serve`: the MCP tool layer over one control-mode connection to
+//! the instance's own tmux server (P2, P3, P4, P7).
+//!
+//! Start-up order: select the tools (unknown names fail here, before any
+//! sandbox exists) → open the audit log → start the sandboxed tmux server on
+//! this (main) thread, so the sandbox's parent-death signal is tied to a thread
+//! that lives as long as sandmux → create the hidden control session → start
+//! the tokio runtime → connect the hub → record the configuration baseline →
+//! serve MCP over stdio. End of stdin, SIGTERM, SIGINT, `kill_server` or the
+//! server's death all end in the same teardown.
+
+pub mod audit;
+pub mod catalog;
+pub mod ctx;
+pub mod drift;
+pub mod error;
+pub mod prompts;
+pub mod resources;
+pub mod server;
+pub mod targets;
+pub mod text;
+pub mod tools;
+pub mod toolsets;
+
+use crate::profile::Policy;
+use crate::sandbox::pane::GATE_PATH;
+use crate::tmux::hub::{Hub, HubEvent, CONTROL_SESSION};
+use crate::tmux::Instance;
+use rmcp::ServiceExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Options of `sandmux serve`.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Tool selection flags.
+    pub flags: toolsets::Flags,
+    /// Where the audit log goes (default: the state directory).
+    pub audit_log: Option<PathBuf>,
+}
+
+/// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
+/// (or `~/.local/state/...`).
+pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .ok_or("no XDG_STATE_HOME or HOME for the audit log; pass --audit-log PATH")?;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(base
+        .join("sandmux")
+        .join("audit")
+        .join(format!("{secs}-{id}.jsonl")))
+}
+
+/// Runs the server; returns the process exit status.
+pub fn serve(policy: Policy, opts: Options) -> i32 {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let enabled = match toolsets::select(&policy.mcp.toolsets, &opts.flags, &env) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("sandmux: {e}");
+            return crate::sandbox::EXIT_USAGE;
+        }
+    };
+    let id = crate::sandbox::rundir::random_hex()[..12].to_string();
+    let audit_path = match opts
+        .audit_log
+        .clone()
+        .map(Ok)
+        .unwrap_or_else(|| default_audit_path(&id))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sandmux: {e}");
+            return crate::sandbox::EXIT_USAGE;
+        }
+    };
+    if audit_path.starts_with(&policy.workspace) {
+        eprintln!("sandmux: the audit log {} is inside the workspace, where the agent could change it; choose another --audit-log", audit_path.display());
+        return crate::sandbox::EXIT_USAGE;
+    }
+    let audit = match audit::Audit::open(&audit_path) {
+        Ok(a) => Arc::new(a),
+        Err(e) => {
+            eprintln!("sandmux: {e} (pass --audit-log PATH)");
+            return crate::sandbox::EXIT_USAGE;
+        }
+    };
+    let inst = match Instance::start(policy.clone()) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("sandmux: {e}");
+            return e.exit_code();
+        }
+    };
+    let ws = policy.workspace.display().to_string();
+    if let Err(e) = inst.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        CONTROL_SESSION,
+        "-x",
+        "80",
+        "-y",
+        "24",
+        "-c",
+        &ws,
+        GATE_PATH,
+        "--exec",
+        "--",
+        "sleep",
+        "infinity",
+    ]) {
+        eprintln!("sandmux: creating the control session: {e}");
+        return crate::sandbox::EXIT_INTERNAL;
+    }
+    let tmux_version = std::process::Command::new(&inst.tmux)
+        .arg("-V")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let info = ctx::InstanceInfo {
+        generation: inst.generation.clone(),
+        server_pid: inst.server_pid,
+        tmux_version,
+        layers: inst.layers(),
+        init_pid: inst.init_pid(),
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandmux: tokio: {e}");
+            return crate::sandbox::EXIT_INTERNAL;
+        }
+    };
+    let socket = inst.socket();
+    let tmux = inst.tmux.clone();
+    let code = rt.block_on(async move {
+        let hub = match Hub::connect(&tmux, &socket).await {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("sandmux: {e}");
+                return crate::sandbox::EXIT_INTERNAL;
+            }
+        };
+        let shutdown = CancellationToken::new();
+        let state = Arc::new(ctx::State {
+            hub: hub.clone(),
+            max_input: policy.mcp.max_input_bytes as usize,
+            wait_max: Duration::from_secs(policy.mcp.wait_max_seconds),
+            policy,
+            info,
+            audit,
+            drift: drift::Drift::default(),
+            shutdown: shutdown.clone(),
+            enabled: std::sync::RwLock::new(enabled),
+            started: Instant::now(),
+        });
+        if let Err(e) = state.drift.record(&hub).await {
+            eprintln!("sandmux: {e}");
+            return crate::sandbox::EXIT_INTERNAL;
+        }
+        // Termination: signals, the server's death.
+        let sd = shutdown.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup())) else { return };
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {}, _ = hup.recv() => {} }
+            sd.cancel();
+        });
+        let sd = shutdown.clone();
+        let mut events = hub.events.subscribe();
+        tokio::spawn(async move {
+            while let Ok(ev) = events.recv().await {
+                if let HubEvent::ServerGone(why) = ev {
+                    if !sd.is_cancelled() {
+                        eprintln!("sandmux: the sandboxed tmux server is gone ({why}); ending the instance");
+                    }
+                    sd.cancel();
+                    break;
+                }
+            }
+        });
+        let server = server::Server { s: state.clone() };
+        let running = tokio::select! {
+            r = server.serve_with_ct(rmcp::transport::stdio(), shutdown.clone()) => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("sandmux: MCP start-up: {e}");
+                    hub.shutdown();
+                    return 1;
+                }
+            },
+            _ = shutdown.cancelled() => { hub.shutdown(); return 0; }
+        };
+        let reason = running.waiting().await;
+        shutdown.cancel();
+        hub.shutdown();
+        match reason {
+            Ok(_) => 0,
+            Err(_) => 1,
+        }
+    });
+    inst.stop();
+    code
+}

@@ -1,0 +1,432 @@
+//! The MCP server (rmcp): tools from the catalogue, resources, prompts. Every
+//! call is checked against the enabled set at call time, checked for drift,
+//! and recorded in the audit log whatever its outcome.
+
+use super::audit::Entry;
+use super::catalog::{self, Class, ToolDef};
+use super::ctx::{Call, State};
+use super::error::ToolError;
+use crate::profile::Toolset;
+use rmcp::model::*;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Largest text content of one result, in bytes.
+pub const RESPONSE_CAP: usize = 1_000_000;
+
+/// What an audit record says about the call.
+struct Audited<'a> {
+    tool: &'a str,
+    def: Option<&'static ToolDef>,
+    t0: Instant,
+    request_id: String,
+    client: Option<String>,
+    args: &'a Value,
+}
+
+/// The handler.
+pub struct Server {
+    /// Shared state.
+    pub s: Arc<State>,
+}
+
+fn obj(v: Value) -> Arc<JsonObject> {
+    Arc::new(v.as_object().cloned().unwrap_or_default())
+}
+
+/// The MCP description of a tool.
+pub fn tool_of(t: &ToolDef) -> Tool {
+    let (ro, destructive, idempotent, open) = t.class.hints();
+    Tool::new(t.name, t.description, obj((t.input_schema)()))
+        .with_raw_output_schema(obj((t.output_schema)()))
+        .with_annotations(
+            ToolAnnotations::new()
+                .read_only(ro)
+                .destructive(destructive)
+                .idempotent(idempotent)
+                .open_world(open),
+        )
+}
+
+fn toolset_name(t: Toolset) -> &'static str {
+    match t {
+        Toolset::Inspect => "inspect",
+        Toolset::Manage => "manage",
+        Toolset::Execute => "execute",
+        Toolset::Teardown => "teardown",
+    }
+}
+
+impl Server {
+    fn enabled(&self, name: &str) -> bool {
+        self.s
+            .enabled
+            .read()
+            .map(|e| e.contains(name))
+            .unwrap_or(false)
+    }
+
+    fn inspect_enabled(&self) -> bool {
+        catalog::TOOLS
+            .iter()
+            .any(|t| t.toolset == Toolset::Inspect && self.enabled(t.name))
+    }
+
+    fn audit(&self, a: &Audited<'_>, err: Option<&ToolError>, outcome_override: Option<&str>) {
+        let outcome = outcome_override.unwrap_or_else(|| err.map_or("ok", ToolError::outcome));
+        let r = self.s.audit.record(Entry {
+            tool: a.tool,
+            toolset: a.def.map(|d| toolset_name(d.toolset)),
+            outcome,
+            error_type: err.map(ToolError::kind),
+            duration_ms: a.t0.elapsed().as_millis() as u64,
+            request_id: a.request_id.clone(),
+            client_id: a.client.clone(),
+            args: a.args,
+        });
+        if let Err(e) = r {
+            eprintln!("sandmux: {e}");
+        }
+    }
+
+    /// Runs one enabled tool: drift check, handler, drift check after changes.
+    async fn run(
+        &self,
+        def: &'static ToolDef,
+        call: &Call<'_>,
+        args: Value,
+    ) -> Result<Value, ToolError> {
+        self.s.drift.check(&self.s.hub).await?;
+        let r = (def.handler)(call, args).await;
+        if !matches!(def.class, Class::MetadataRead | Class::ContentRead)
+            && !self.s.shutdown.is_cancelled()
+        {
+            self.s.drift.check(&self.s.hub).await?;
+        }
+        r
+    }
+
+    fn instructions(&self) -> String {
+        let enabled: Vec<String> = [
+            Toolset::Inspect,
+            Toolset::Manage,
+            Toolset::Execute,
+            Toolset::Teardown,
+        ]
+        .iter()
+        .filter(|ts| {
+            catalog::TOOLS
+                .iter()
+                .any(|t| t.toolset == **ts && self.enabled(t.name))
+        })
+        .map(|ts| toolset_name(*ts).to_string())
+        .collect();
+        let dropped: Vec<String> = self
+            .s
+            .info
+            .layers
+            .iter()
+            .filter(|l| !l.enforced)
+            .map(|l| l.layer.name().to_string())
+            .collect();
+        let mut s = format!(
+            "sandmux: a confined terminal. One private tmux server inside a sandbox (profile '{}': {}). Workspace {} is writable; the rest of the system is read-only or absent; network: {:?}. Toolsets: {}. Layers dropped: {}. \
+Start with list_panes (or create_session); run commands with run_command (returns output and exit status); type with send_keys (text is literal, keys are key names like C-c); wait with wait_for_text / wait_for_stable instead of sleeping; read with capture_pane or capture_since. sandbox_status shows what confines you. Every call is audited.",
+            self.s.policy.name,
+            self.s.policy.description,
+            self.s.policy.workspace.display(),
+            self.s.policy.network.mode,
+            if enabled.is_empty() { "none".to_string() } else { enabled.join(", ") },
+            if dropped.is_empty() { "none".to_string() } else { dropped.join(", ") },
+        );
+        s.truncate(2048);
+        s
+    }
+}
+
+fn error_result(e: &ToolError) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![ContentBlock::text(e.to_string())]);
+    r.structured_content = None;
+    r
+}
+
+fn success(v: Value) -> CallToolResult {
+    let mut text = serde_json::to_string(&v).unwrap_or_default();
+    if text.len() > RESPONSE_CAP {
+        let mut cut = RESPONSE_CAP;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("…[response cut at 1000000 bytes; the structured result is complete]");
+    }
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = Some(v);
+    r
+}
+
+/// A call made from inside `call_read_tools_batch`: inspect tools only, no
+/// recursion, each audited on its own.
+pub async fn dispatch_nested(c: &Call<'_>, name: &str, args: Value) -> Result<Value, ToolError> {
+    let t0 = Instant::now();
+    let def = catalog::find(name).filter(|d| {
+        c.s.enabled
+            .read()
+            .map(|e| e.contains(d.name))
+            .unwrap_or(false)
+    });
+    let res = match def {
+        None => Err(ToolError::refused(format!("Unknown tool: {name}"))),
+        Some(d)
+            if d.toolset != Toolset::Inspect
+                || d.name == "call_read_tools_batch"
+                || d.name.starts_with("wait_for") =>
+        {
+            Err(ToolError::refused(format!(
+                "{name} cannot run inside a read batch (inspect tools only, no waits, no nesting)"
+            )))
+        }
+        Some(d) => (d.handler)(c, args.clone()).await,
+    };
+    let err = res.as_ref().err();
+    let _ = c.s.audit.record(Entry {
+        tool: name,
+        toolset: def.map(|d| toolset_name(d.toolset)),
+        outcome: err.map_or("ok", ToolError::outcome),
+        error_type: err.map(ToolError::kind),
+        duration_ms: t0.elapsed().as_millis() as u64,
+        request_id: "batch".into(),
+        client_id: None,
+        args: &args,
+    });
+    res
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_resources()
+                .enable_prompts()
+                .build(),
+        )
+        .with_server_info(Implementation::new("sandmux", env!("CARGO_PKG_VERSION")))
+        .with_instructions(self.instructions())
+        .with_protocol_version(ProtocolVersion::V_2025_11_25)
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(
+            catalog::TOOLS
+                .iter()
+                .filter(|t| self.enabled(t.name))
+                .map(tool_of)
+                .collect(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        req: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let t0 = Instant::now();
+        let name = req.name.to_string();
+        let args = req.arguments.map(Value::Object).unwrap_or(Value::Null);
+        let rid = format!("{:?}", cx.id);
+        let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
+        let def = catalog::find(&name).filter(|d| self.enabled(d.name));
+        let Some(def) = def else {
+            let e = ToolError::refused(format!("Unknown tool: {name}"));
+            self.audit(
+                &Audited {
+                    tool: &name,
+                    def: None,
+                    t0,
+                    request_id: rid,
+                    client,
+                    args: &args,
+                },
+                Some(&e),
+                Some("refused"),
+            );
+            return Err(McpError::invalid_params(
+                format!("Unknown tool: {name}"),
+                Some(json!({"hint": "call tools/list for the enabled tools"})),
+            ));
+        };
+        let progress = cx.meta.get_progress_token().map(|t| (cx.peer.clone(), t));
+        let call = Call {
+            s: &self.s,
+            progress,
+            ct: cx.ct.clone(),
+        };
+        let r = self.run(def, &call, args.clone()).await;
+        self.audit(
+            &Audited {
+                tool: &name,
+                def: Some(def),
+                t0,
+                request_id: rid,
+                client,
+                args: &args,
+            },
+            r.as_ref().err(),
+            None,
+        );
+        Ok(match r {
+            Ok(v) => success(v),
+            Err(e) => error_result(&e),
+        }
+        .into())
+    }
+
+    async fn on_custom_request(
+        &self,
+        req: CustomRequest,
+        _: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        match req.method.as_str() {
+            "tools/call" | "prompts/get" | "resources/read" => Err(McpError::invalid_params(
+                format!(
+                    "invalid params for {}: check the types against the schema",
+                    req.method
+                ),
+                None,
+            )),
+            m => Err(McpError::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!("method not found: {m}"),
+                None,
+            )),
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let mut v = vec![Resource::new("sandmux://status", "status")
+            .with_mime_type("application/json")
+            .with_description("The layers confining this terminal, as reported by the sandbox")];
+        v.push(
+            Resource::new("sandmux://journal", "journal")
+                .with_mime_type("application/json")
+                .with_description("The last 100 audit records"),
+        );
+        if self.inspect_enabled() {
+            v.push(Resource::new("tmux://sessions", "sessions").with_mime_type("application/json"));
+        }
+        Ok(ListResourcesResult::with_all_items(v))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        if !self.inspect_enabled() {
+            return Ok(ListResourceTemplatesResult::with_all_items(vec![]));
+        }
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            ResourceTemplate::new("tmux://sessions/{session_name}", "session")
+                .with_mime_type("application/json"),
+            ResourceTemplate::new("tmux://sessions/{session_name}/windows", "session windows")
+                .with_mime_type("application/json"),
+            ResourceTemplate::new(
+                "tmux://sessions/{session_name}/windows/{window_index}",
+                "window",
+            )
+            .with_mime_type("application/json"),
+            ResourceTemplate::new("tmux://panes/{pane_id}", "pane")
+                .with_mime_type("application/json"),
+            ResourceTemplate::new("tmux://panes/{pane_id}/content", "pane content")
+                .with_mime_type("text/plain"),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        req: ReadResourceRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let t0 = Instant::now();
+        let uri = req.uri.clone();
+        let call = Call {
+            s: &self.s,
+            progress: None,
+            ct: cx.ct.clone(),
+        };
+        let r = super::resources::read(&call, &uri, self.inspect_enabled()).await;
+        let args = json!({"uri": uri});
+        let tool = format!(
+            "resource:{}",
+            uri.split('/').take(3).collect::<Vec<_>>().join("/")
+        );
+        self.audit(
+            &Audited {
+                tool: &tool,
+                def: None,
+                t0,
+                request_id: format!("{:?}", cx.id),
+                client: None,
+                args: &args,
+            },
+            r.as_ref().err(),
+            None,
+        );
+        match r {
+            Ok((text, mime)) => {
+                Ok(ReadResourceResult::new(vec![
+                    ResourceContents::text(text, uri).with_mime_type(mime)
+                ])
+                .into())
+            }
+            Err(ToolError::NotFound { what, hint }) => Err(McpError::resource_not_found(
+                format!("{what} not found ({hint})"),
+                Some(json!({"uri": req.uri})),
+            )),
+            Err(e) => Err(McpError::invalid_params(
+                e.to_string(),
+                Some(json!({"uri": req.uri})),
+            )),
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        Ok(ListPromptsResult::with_all_items(super::prompts::list()))
+    }
+
+    async fn get_prompt(
+        &self,
+        req: GetPromptRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        super::prompts::get(
+            &req.name,
+            req.arguments.as_ref(),
+            self.s.wait_max.as_secs_f64(),
+        )
+        .map(Into::into)
+        .map_err(|e| McpError::invalid_params(e, None))
+    }
+}

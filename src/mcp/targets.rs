@@ -1,0 +1,429 @@
+//! Listing and resolving tmux objects. Every listing is one command whose
+//! format wraps each field between per-query random separators, and asks for
+//! every string a pane can influence (names, titles, paths, commands) through
+//! `#{q:...}`, so no value can forge a row, a field or a control-mode guard
+//! line (T7). Targets are resolved here, in Rust, never by tmux's own fuzzy
+//! matching: a given id or name that does not exist is an error, not a
+//! fallback to another pane.
+
+use super::ctx::Call;
+use super::error::ToolError;
+use crate::tmux::control::unquote_q;
+use crate::tmux::hub::Cmd;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Names starting with this are sandmux's own and never listed or targeted.
+pub const RESERVED_PREFIX: &str = "_sandmux";
+
+/// A field of a listing: its tmux variable and whether it needs `q:`.
+type Field = (&'static str, bool);
+
+const PANE_FIELDS: &[Field] = &[
+    ("session_id", false),
+    ("session_name", true),
+    ("window_id", false),
+    ("window_index", false),
+    ("window_name", true),
+    ("pane_id", false),
+    ("pane_index", false),
+    ("pane_active", false),
+    ("pane_title", true),
+    ("pane_current_command", true),
+    ("pane_current_path", true),
+    ("pane_width", false),
+    ("pane_height", false),
+    ("pane_pid", false),
+    ("pane_dead", false),
+    ("pane_dead_status", false),
+    ("pane_in_mode", false),
+    ("alternate_on", false),
+    ("cursor_x", false),
+    ("cursor_y", false),
+    ("history_size", false),
+    ("scroll_position", false),
+    ("pane_left", false),
+    ("pane_top", false),
+    ("pane_right", false),
+    ("pane_bottom", false),
+];
+
+/// One pane.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct PaneRow {
+    /// `%N`.
+    pub pane_id: String,
+    /// Index in its window.
+    pub pane_index: u32,
+    /// `@N`.
+    pub window_id: String,
+    /// Window index in its session.
+    pub window_index: u32,
+    /// Window name.
+    pub window_name: String,
+    /// `$N`.
+    pub session_id: String,
+    /// Session name.
+    pub session_name: String,
+    /// Title (set by programs via escape sequences or set_pane_title).
+    pub title: String,
+    /// Foreground command.
+    pub current_command: String,
+    /// Working directory of the foreground process (inside the sandbox).
+    pub current_path: String,
+    /// Columns.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// Process id inside the sandbox.
+    pub pid: u32,
+    /// Whether the pane is the active one of its window.
+    pub active: bool,
+    /// Whether its process has exited (remain-on-exit).
+    pub dead: bool,
+    /// Exit status of a dead pane.
+    pub dead_status: Option<i32>,
+    /// Whether the pane is in copy mode.
+    pub in_mode: bool,
+    /// Whether the alternate screen is on (a full-screen program runs).
+    pub alternate_screen: bool,
+    /// Cursor column.
+    pub cursor_x: u32,
+    /// Cursor row.
+    pub cursor_y: u32,
+    /// Lines of scrollback.
+    pub history_size: u32,
+    /// Scroll position in copy mode.
+    pub scroll_position: Option<u32>,
+    /// Left edge.
+    pub left: u32,
+    /// Top edge.
+    pub top: u32,
+    /// Right edge.
+    pub right: u32,
+    /// Bottom edge.
+    pub bottom: u32,
+    /// Always false: the MCP server runs in no pane.
+    pub is_caller: bool,
+}
+
+/// Runs a listing command and splits it into rows of fields.
+pub async fn listing(
+    c: &Call<'_>,
+    cmd: Cmd,
+    fields: &[Field],
+) -> Result<Vec<Vec<String>>, ToolError> {
+    let sep = format!("<{}>", &crate::sandbox::rundir::random_hex()[..12]);
+    let end = format!("<{}>", &crate::sandbox::rundir::random_hex()[..12]);
+    let mut fmt = String::new();
+    for (i, (f, q)) in fields.iter().enumerate() {
+        if i > 0 {
+            fmt.push_str(&sep);
+        }
+        if *q {
+            fmt.push_str(&format!("#{{q:{f}}}"));
+        } else {
+            fmt.push_str(&format!("#{{{f}}}"));
+        }
+    }
+    fmt.push_str(&end);
+    let reply = c.s.hub.run(&cmd.flag("-F").arg(fmt)).await?;
+    let joined: Vec<u8> = reply.join(&b'\n');
+    let text = String::from_utf8_lossy(&joined).into_owned();
+    let mut rows = Vec::new();
+    for chunk in text.split(&end) {
+        let chunk = chunk.strip_prefix('\n').unwrap_or(chunk);
+        if chunk.is_empty() {
+            continue;
+        }
+        let vals: Vec<String> = chunk
+            .split(&sep)
+            .collect::<Vec<_>>()
+            .iter()
+            .zip(fields)
+            .map(|(v, (_, q))| {
+                if *q {
+                    String::from_utf8_lossy(&unquote_q(v.as_bytes())).into_owned()
+                } else {
+                    v.to_string()
+                }
+            })
+            .collect();
+        if vals.len() == fields.len() {
+            rows.push(vals);
+        }
+    }
+    Ok(rows)
+}
+
+fn num(s: &str) -> u32 {
+    s.parse().unwrap_or(0)
+}
+
+fn id_num(s: &str) -> u64 {
+    s.trim_start_matches(['$', '@', '%'])
+        .parse()
+        .unwrap_or(u64::MAX)
+}
+
+/// Every pane (except sandmux's own), sorted by session id, window index, pane index.
+pub async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
+    let rows = listing(c, Cmd::new("list-panes").flag("-a"), PANE_FIELDS).await?;
+    let mut out: Vec<PaneRow> = rows
+        .into_iter()
+        .filter(|r| r[0] != c.s.hub.control_session_id)
+        .map(|r| PaneRow {
+            session_id: r[0].clone(),
+            session_name: r[1].clone(),
+            window_id: r[2].clone(),
+            window_index: num(&r[3]),
+            window_name: r[4].clone(),
+            pane_id: r[5].clone(),
+            pane_index: num(&r[6]),
+            active: r[7] == "1",
+            title: r[8].clone(),
+            current_command: r[9].clone(),
+            current_path: r[10].clone(),
+            width: num(&r[11]),
+            height: num(&r[12]),
+            pid: num(&r[13]),
+            dead: r[14] == "1",
+            dead_status: r[15].parse().ok(),
+            in_mode: r[16] == "1",
+            alternate_screen: r[17] == "1",
+            cursor_x: num(&r[18]),
+            cursor_y: num(&r[19]),
+            history_size: num(&r[20]),
+            scroll_position: r[21].parse().ok(),
+            left: num(&r[22]),
+            top: num(&r[23]),
+            right: num(&r[24]),
+            bottom: num(&r[25]),
+            is_caller: false,
+        })
+        .collect();
+    out.sort_by_key(|p| (id_num(&p.session_id), p.window_index, p.pane_index));
+    Ok(out)
+}
+
+/// Which pane a call means.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct PaneSel {
+    /// Pane id such as "%3".
+    pub pane_id: Option<String>,
+    /// Session name (exact).
+    pub session_name: Option<String>,
+    /// Session id such as "$1".
+    pub session_id: Option<String>,
+    /// Window id such as "@2".
+    pub window_id: Option<String>,
+}
+
+/// Which window a call means.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct WindowSel {
+    /// Window id such as "@2".
+    pub window_id: Option<String>,
+    /// Window index within the session.
+    pub window_index: Option<String>,
+    /// Session name (exact).
+    pub session_name: Option<String>,
+    /// Session id such as "$1".
+    pub session_id: Option<String>,
+}
+
+fn check_id(arg: &str, v: &str, sigil: char) -> Result<(), ToolError> {
+    let ok = v.starts_with(sigil) && v.len() > 1 && v[1..].chars().all(|c| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(ToolError::invalid(
+            arg,
+            &format!("{v:?} is not a tmux id"),
+            &format!("ids look like {sigil}3; call list_panes / list_windows / list_sessions"),
+        ))
+    }
+}
+
+fn session_matches(p: &PaneRow, name: &Option<String>, id: &Option<String>) -> bool {
+    name.as_ref().is_none_or(|n| &p.session_name == n)
+        && id.as_ref().is_none_or(|i| &p.session_id == i)
+}
+
+/// Resolves a pane. With nothing given: the first session's first window's
+/// first pane (by index). Anything given must exist.
+pub async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolError> {
+    let all = panes(c).await?;
+    if let Some(id) = &sel.pane_id {
+        check_id("pane_id", id, '%')?;
+        return all.into_iter().find(|p| &p.pane_id == id).ok_or_else(|| {
+            ToolError::not_found(format!("pane {id}"), "call list_panes for the current ids")
+        });
+    }
+    if let Some(id) = &sel.session_id {
+        check_id("session_id", id, '$')?;
+    }
+    if let Some(w) = &sel.window_id {
+        check_id("window_id", w, '@')?;
+        return all
+            .into_iter()
+            .find(|p| &p.window_id == w && session_matches(p, &sel.session_name, &sel.session_id))
+            .ok_or_else(|| {
+                ToolError::not_found(
+                    format!("window {w}"),
+                    "call list_windows for the current ids",
+                )
+            });
+    }
+    let what = match (&sel.session_name, &sel.session_id) {
+        (Some(n), _) => format!("session {n:?}"),
+        (_, Some(i)) => format!("session {i}"),
+        _ => "any pane (there are no sessions; call create_session)".into(),
+    };
+    all.into_iter()
+        .find(|p| session_matches(p, &sel.session_name, &sel.session_id))
+        .ok_or_else(|| ToolError::not_found(what, "call list_sessions"))
+}
+
+/// Resolves a pane from an explicit id only (kill and respawn never fall back).
+pub async fn explicit_pane(c: &Call<'_>, pane_id: &str) -> Result<PaneRow, ToolError> {
+    pane(
+        c,
+        &PaneSel {
+            pane_id: Some(pane_id.to_string()),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Resolves a window to its first pane's row (which carries the window's ids).
+pub async fn window(c: &Call<'_>, sel: &WindowSel) -> Result<PaneRow, ToolError> {
+    if let (None, Some(idx)) = (&sel.window_id, &sel.window_index) {
+        let want: u32 = idx
+            .parse()
+            .map_err(|_| ToolError::invalid("window_index", "is not a number", "e.g. \"0\""))?;
+        if let Some(id) = &sel.session_id {
+            check_id("session_id", id, '$')?;
+        }
+        let all = panes(c).await?;
+        let first_session = all.first().map(|p| p.session_id.clone());
+        return all
+            .into_iter()
+            .find(|p| {
+                p.window_index == want
+                    && if sel.session_name.is_none() && sel.session_id.is_none() {
+                        Some(&p.session_id) == first_session.as_ref()
+                    } else {
+                        session_matches(p, &sel.session_name, &sel.session_id)
+                    }
+            })
+            .ok_or_else(|| {
+                ToolError::not_found(format!("window index {want}"), "call list_windows")
+            });
+    }
+    pane(
+        c,
+        &PaneSel {
+            pane_id: None,
+            session_name: sel.session_name.clone(),
+            session_id: sel.session_id.clone(),
+            window_id: sel.window_id.clone(),
+        },
+    )
+    .await
+}
+
+/// Resolves a session (name or id; default the first) to its first pane's row.
+pub async fn session(
+    c: &Call<'_>,
+    name: &Option<String>,
+    id: &Option<String>,
+) -> Result<PaneRow, ToolError> {
+    pane(
+        c,
+        &PaneSel {
+            session_name: name.clone(),
+            session_id: id.clone(),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Keeps rows matching `filters` (`field`, `field__exact`, `__contains`,
+/// `__icontains`, `__startswith`, `__endswith`, `__in`), libtmux-style.
+pub fn filter<T: Serialize>(
+    rows: Vec<T>,
+    filters: &Option<serde_json::Value>,
+) -> Result<Vec<T>, ToolError> {
+    let f = match filters {
+        None => return Ok(rows),
+        Some(serde_json::Value::String(s)) => serde_json::from_str::<serde_json::Value>(s)
+            .map_err(|e| {
+                ToolError::invalid(
+                    "filters",
+                    &format!("not JSON: {e}"),
+                    "pass an object like {\"session_name__contains\": \"x\"}",
+                )
+            })?,
+        Some(v) => v.clone(),
+    };
+    let obj = f.as_object().ok_or_else(|| {
+        ToolError::invalid(
+            "filters",
+            "must be an object",
+            "e.g. {\"window_name\": \"build\"}",
+        )
+    })?;
+    let mut out = Vec::new();
+    'rows: for r in rows {
+        let v = serde_json::to_value(&r).map_err(|e| ToolError::Internal(e.to_string()))?;
+        for (k, want) in obj {
+            let (field, op) = k.split_once("__").unwrap_or((k.as_str(), "exact"));
+            let Some(have) = v.get(field) else {
+                return Err(ToolError::invalid(
+                    "filters",
+                    &format!("unknown field {field:?}"),
+                    "use a field of the listed rows",
+                ));
+            };
+            let have_s = match have {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let want_s = match want {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let ok = match op {
+                "exact" => have_s == want_s,
+                "iexact" => have_s.eq_ignore_ascii_case(&want_s),
+                "contains" => have_s.contains(&want_s),
+                "icontains" => have_s.to_lowercase().contains(&want_s.to_lowercase()),
+                "startswith" => have_s.starts_with(&want_s),
+                "endswith" => have_s.ends_with(&want_s),
+                "in" => want.as_array().is_some_and(|a| {
+                    a.iter().any(|x| {
+                        x.as_str()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| x.to_string())
+                            == have_s
+                    })
+                }),
+                other => {
+                    return Err(ToolError::invalid(
+                        "filters",
+                        &format!("unknown lookup {other:?}"),
+                        "use exact, iexact, contains, icontains, startswith, endswith or in",
+                    ))
+                }
+            };
+            if !ok {
+                continue 'rows;
+            }
+        }
+        out.push(r);
+    }
+    Ok(out)
+}

@@ -1,0 +1,887 @@
+//! Execute tools: everything that starts processes or types into panes. Every
+//! process starts through the pane gate: commands are always passed to tmux as
+//! one shell string (tmux then runs `default-shell -c STRING`, and
+//! `default-shell` is the gate), never as argv words tmux would exec directly.
+
+use super::inspect::{self, Scope};
+use super::manage::Done;
+use crate::mcp::ctx::Call;
+use crate::mcp::error::ToolError;
+use crate::mcp::targets::{self, PaneRow, PaneSel};
+use crate::mcp::text;
+use crate::profile::MountKind;
+use crate::tmux::hub::Cmd;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Where a spawn landed.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Created {
+    /// `$N`.
+    pub session_id: String,
+    /// Session name.
+    pub session_name: String,
+    /// `@N`.
+    pub window_id: String,
+    /// `%N`.
+    pub pane_id: String,
+}
+
+fn start_dir(c: &Call<'_>, d: &Option<String>) -> Result<String, ToolError> {
+    let Some(d) = d else {
+        return Ok(c.s.policy.workspace.display().to_string());
+    };
+    let p = Path::new(d);
+    let inside = c.s.policy.fs.iter().any(|e| {
+        !matches!(e.kind, MountKind::Masked | MountKind::Symlink(_)) && p.starts_with(&e.path)
+    }) || p.starts_with("/tmp");
+    if !p.is_absolute()
+        || d.contains('#')
+        || p.components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        || d.chars().any(char::is_control)
+        || !inside
+    {
+        return Err(ToolError::invalid(
+            "start_directory",
+            "must be an absolute path without '..' or '#', inside the sandbox's view",
+            &format!("e.g. {}", c.s.policy.workspace.display()),
+        ));
+    }
+    Ok(d.clone())
+}
+
+fn env_args(c: &Call<'_>, mut cmd: Cmd, env: &Option<Value>) -> Result<Cmd, ToolError> {
+    let map = match env {
+        None => return Ok(cmd),
+        Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| {
+            ToolError::invalid(
+                "environment",
+                &format!("not JSON: {e}"),
+                "pass an object {\"NAME\": \"value\"}",
+            )
+        })?,
+        Some(v) => v.clone(),
+    };
+    let obj = map.as_object().ok_or_else(|| {
+        ToolError::invalid(
+            "environment",
+            "must be an object",
+            "e.g. {\"RUST_LOG\": \"debug\"}",
+        )
+    })?;
+    for (k, v) in obj {
+        text::env_name("environment", k, &c.s.policy)?;
+        let v = v.as_str().ok_or_else(|| {
+            ToolError::invalid(
+                "environment",
+                &format!("the value of {k} is not a string"),
+                "quote it",
+            )
+        })?;
+        text::env_value("environment", v, c.s.max_input)?;
+        cmd = cmd.opt("-e", format!("{k}={v}"));
+    }
+    Ok(cmd)
+}
+
+fn shell_arg(c: &Call<'_>, cmd: Cmd, shell: &Option<String>) -> Result<Cmd, ToolError> {
+    match shell {
+        None => Ok(cmd),
+        Some(s) => {
+            text::input("shell", s, c.s.max_input)?;
+            if s.trim().is_empty() {
+                return Err(ToolError::invalid(
+                    "shell",
+                    "is empty",
+                    "give a command, or omit shell for the default shell",
+                ));
+            }
+            // One argument: tmux runs default-shell (the gate) -c STRING.
+            Ok(cmd.arg(s))
+        }
+    }
+}
+
+async fn created(c: &Call<'_>, reply: Vec<Vec<u8>>) -> Result<Created, ToolError> {
+    let pane_id = reply
+        .first()
+        .map(|l| String::from_utf8_lossy(l).trim().to_string())
+        .unwrap_or_default();
+    c.s.hub.sync_watchers().await.map_err(ToolError::Internal)?;
+    let p = targets::explicit_pane(c, &pane_id).await?;
+    Ok(Created {
+        session_id: p.session_id,
+        session_name: p.session_name,
+        window_id: p.window_id,
+        pane_id: p.pane_id,
+    })
+}
+
+/// `create_session`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CreateSession {
+    /// Session name.
+    pub session_name: Option<String>,
+    /// First window's name.
+    pub window_name: Option<String>,
+    /// Working directory (inside the sandbox; default: the workspace).
+    pub start_directory: Option<String>,
+    /// Columns.
+    pub x: Option<u32>,
+    /// Rows.
+    pub y: Option<u32>,
+    /// Extra variables for the session's panes.
+    pub environment: Option<Value>,
+}
+
+/// Creates a session.
+pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, ToolError> {
+    let mut cmd = Cmd::new("new-session")
+        .flag("-d")
+        .flag("-P")
+        .flag("-F")
+        .arg("#{pane_id}");
+    if let Some(n) = &a.session_name {
+        text::session_name("session_name", n)?;
+        cmd = cmd.opt("-s", text::fmt_literal(n));
+    }
+    if let Some(n) = &a.window_name {
+        text::name("window_name", n)?;
+        cmd = cmd.opt("-n", text::fmt_literal(n));
+    }
+    cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
+    cmd = cmd
+        .opt("-x", a.x.unwrap_or(200).clamp(10, 1000).to_string())
+        .opt("-y", a.y.unwrap_or(50).clamp(5, 1000).to_string());
+    cmd = env_args(c, cmd, &a.environment)?;
+    let r = c.s.hub.run(&cmd).await?;
+    created(c, r).await
+}
+
+/// `create_window`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CreateWindow {
+    /// Session name.
+    pub session_name: Option<String>,
+    /// Session id.
+    pub session_id: Option<String>,
+    /// Window name.
+    pub window_name: Option<String>,
+    /// Working directory (inside the sandbox).
+    pub start_directory: Option<String>,
+    /// Make it the current window.
+    #[serde(default)]
+    pub attach: bool,
+    /// before or after the current window.
+    pub direction: Option<String>,
+    /// A command string to run instead of the shell (through the pane gate).
+    pub shell: Option<String>,
+    /// Extra variables.
+    pub environment: Option<Value>,
+}
+
+/// Creates a window.
+pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, ToolError> {
+    let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    let mut cmd = Cmd::new("new-window")
+        .flag("-P")
+        .flag("-F")
+        .arg("#{pane_id}");
+    if !a.attach {
+        cmd = cmd.flag("-d");
+    }
+    match a.direction.as_deref() {
+        None => cmd = cmd.opt("-t", format!("{}:", s.session_id)),
+        Some("after") => cmd = cmd.flag("-a").opt("-t", &s.window_id),
+        Some("before") => cmd = cmd.flag("-b").opt("-t", &s.window_id),
+        Some(d) => {
+            return Err(ToolError::invalid(
+                "direction",
+                &format!("{d:?}"),
+                "use before or after",
+            ))
+        }
+    }
+    if let Some(n) = &a.window_name {
+        text::name("window_name", n)?;
+        cmd = cmd.opt("-n", text::fmt_literal(n));
+    }
+    cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
+    cmd = env_args(c, cmd, &a.environment)?;
+    cmd = shell_arg(c, cmd, &a.shell)?;
+    let r = c.s.hub.run(&cmd).await?;
+    created(c, r).await
+}
+
+/// `split_window`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SplitWindow {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// above, below, left or right (default below).
+    pub direction: Option<String>,
+    /// Size: lines/columns, or a percentage like "30%".
+    pub size: Option<Value>,
+    /// Working directory (inside the sandbox).
+    pub start_directory: Option<String>,
+    /// A command string to run instead of the shell (through the pane gate).
+    pub shell: Option<String>,
+    /// Extra variables.
+    pub environment: Option<Value>,
+}
+
+/// Splits a pane.
+pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolError> {
+    let p = targets::pane(c, &a.p).await?;
+    let mut cmd = Cmd::new("split-window")
+        .flag("-d")
+        .flag("-P")
+        .flag("-F")
+        .arg("#{pane_id}")
+        .opt("-t", &p.pane_id);
+    cmd = match a.direction.as_deref() {
+        None | Some("below") => cmd.flag("-v"),
+        Some("above") => cmd.flag("-v").flag("-b"),
+        Some("right") => cmd.flag("-h"),
+        Some("left") => cmd.flag("-h").flag("-b"),
+        Some(d) => {
+            return Err(ToolError::invalid(
+                "direction",
+                &format!("{d:?}"),
+                "use above, below, left or right",
+            ))
+        }
+    };
+    if let Some(sz) = &a.size {
+        let s = match sz {
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => s.clone(),
+            _ => String::new(),
+        };
+        let ok = !s.is_empty() && s.trim_end_matches('%').parse::<u32>().is_ok();
+        if !ok {
+            return Err(ToolError::invalid(
+                "size",
+                "is not a size",
+                "use a number of lines/columns or a percentage like \"30%\"",
+            ));
+        }
+        cmd = cmd.opt("-l", s);
+    }
+    cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
+    cmd = env_args(c, cmd, &a.environment)?;
+    cmd = shell_arg(c, cmd, &a.shell)?;
+    let r = c.s.hub.run(&cmd).await?;
+    created(c, r).await
+}
+
+/// `respawn_pane`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct Respawn {
+    /// Pane id (required).
+    pub pane_id: String,
+    /// Kill the running process first (default true).
+    pub kill: Option<bool>,
+    /// A command string (through the pane gate).
+    pub shell: Option<String>,
+    /// Working directory (inside the sandbox).
+    pub start_directory: Option<String>,
+    /// Extra variables.
+    pub environment: Option<Value>,
+}
+
+/// Respawns a pane.
+pub async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, ToolError> {
+    let p = targets::explicit_pane(c, &a.pane_id).await?;
+    let mut cmd = Cmd::new("respawn-pane").opt("-t", &p.pane_id);
+    if a.kill.unwrap_or(true) {
+        cmd = cmd.flag("-k");
+    }
+    cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
+    cmd = env_args(c, cmd, &a.environment)?;
+    cmd = shell_arg(c, cmd, &a.shell)?;
+    c.s.hub.run(&cmd).await?;
+    Ok(Created {
+        session_id: p.session_id,
+        session_name: p.session_name,
+        window_id: p.window_id,
+        pane_id: p.pane_id,
+    })
+}
+
+/// Keys: one name or a list.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Keys {
+    /// One key name, or several separated by spaces.
+    One(String),
+    /// Key names.
+    Many(Vec<String>),
+}
+
+/// `send_keys`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SendKeys {
+    /// Literal text to type (never interpreted as key names).
+    pub text: Option<String>,
+    /// Key names to press after the text, e.g. ["C-c"] or "Escape". Unknown names are refused.
+    pub keys: Option<Keys>,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Press Enter after `text` (default true; ignored without text).
+    pub enter: Option<bool>,
+    /// Compatibility: when true, a string `keys` is typed as text.
+    #[serde(default)]
+    pub literal: bool,
+    /// Start the text with a space so the shell keeps it out of history.
+    #[serde(default)]
+    pub suppress_history: bool,
+}
+
+/// What was sent.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Sent {
+    /// The pane.
+    pub pane_id: String,
+    /// Bytes of text typed.
+    pub text_bytes: usize,
+    /// Keys pressed (including Enter).
+    pub keys: Vec<String>,
+}
+
+async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, ToolError> {
+    let (mut text_in, mut keys) = (a.text.clone(), Vec::new());
+    match (&a.keys, a.literal) {
+        (Some(Keys::One(s)), true) => text_in = Some(text_in.unwrap_or_default() + s),
+        (Some(Keys::One(s)), false) => keys = s.split_whitespace().map(str::to_string).collect(),
+        (Some(Keys::Many(v)), _) => keys = v.clone(),
+        (None, _) => {}
+    }
+    if text_in.is_none() && keys.is_empty() {
+        return Err(ToolError::invalid(
+            "text",
+            "nothing to send",
+            "give text (typed literally) and/or keys (key names)",
+        ));
+    }
+    for k in &keys {
+        text::key(k)?;
+    }
+    let mut sent_keys = Vec::new();
+    let mut bytes = 0;
+    if let Some(t) = &text_in {
+        text::input("text", t, c.s.max_input)?;
+        let t = if a.suppress_history {
+            format!(" {t}")
+        } else {
+            t.clone()
+        };
+        bytes = t.len();
+        if !t.is_empty() {
+            c.s.hub
+                .run(
+                    &Cmd::new("send-keys")
+                        .flag("-l")
+                        .opt("-t", &pane.pane_id)
+                        .rest([t.as_bytes()]),
+                )
+                .await?;
+        }
+    }
+    if !keys.is_empty() {
+        c.s.hub
+            .run(
+                &Cmd::new("send-keys")
+                    .opt("-t", &pane.pane_id)
+                    .rest(keys.iter().map(|k| k.as_bytes())),
+            )
+            .await?;
+        sent_keys.extend(keys);
+    }
+    if text_in.is_some() && a.enter.unwrap_or(true) {
+        c.s.hub
+            .run(&Cmd::new("send-keys").opt("-t", &pane.pane_id).arg("Enter"))
+            .await?;
+        sent_keys.push("Enter".into());
+    }
+    Ok(Sent {
+        pane_id: pane.pane_id.clone(),
+        text_bytes: bytes,
+        keys: sent_keys,
+    })
+}
+
+/// Types text and/or presses keys.
+pub async fn send_keys(c: &Call<'_>, a: SendKeys) -> Result<Sent, ToolError> {
+    let p = targets::pane(c, &a.p).await?;
+    send_one(c, &p, &a).await
+}
+
+/// `send_keys_batch`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SendBatch {
+    /// 1–100 send_keys operations.
+    pub operations: Vec<SendKeys>,
+    /// stop (default) or continue.
+    pub on_error: Option<String>,
+    /// Seconds for the whole batch (clamped to the ceiling).
+    pub timeout: Option<f64>,
+}
+
+/// One batch result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchSentItem {
+    /// Position.
+    pub index: usize,
+    /// Pane, when resolved.
+    pub pane_id: Option<String>,
+    /// Whether it was sent.
+    pub success: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// Seconds since the batch began.
+    pub elapsed: f64,
+}
+
+/// Batch result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchSent {
+    /// Results in order.
+    pub results: Vec<BatchSentItem>,
+}
+
+/// Sends several operations.
+pub async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, ToolError> {
+    if a.operations.is_empty() || a.operations.len() > 100 {
+        return Err(ToolError::invalid(
+            "operations",
+            "must hold 1-100 operations",
+            "split the batch",
+        ));
+    }
+    let total: usize = a
+        .operations
+        .iter()
+        .map(|o| o.text.as_ref().map_or(0, String::len))
+        .sum();
+    if total > c.s.max_input {
+        return Err(ToolError::invalid(
+            "operations",
+            &format!(
+                "carry {total} bytes of text; the limit is {}",
+                c.s.max_input
+            ),
+            "split the batch",
+        ));
+    }
+    let stop = match a.on_error.as_deref() {
+        None | Some("stop") => true,
+        Some("continue") => false,
+        Some(o) => {
+            return Err(ToolError::invalid(
+                "on_error",
+                &format!("{o:?}"),
+                "use stop or continue",
+            ))
+        }
+    };
+    let limit = c.clamp(a.timeout, c.s.wait_max.as_secs_f64())?;
+    let t0 = Instant::now();
+    let mut results = Vec::new();
+    for (index, op) in a.operations.iter().enumerate() {
+        if t0.elapsed() > limit {
+            results.push(BatchSentItem {
+                index,
+                pane_id: None,
+                success: false,
+                error: Some("the batch deadline passed".into()),
+                elapsed: t0.elapsed().as_secs_f64(),
+            });
+            break;
+        }
+        let r = match targets::pane(c, &op.p).await {
+            Ok(p) => send_one(c, &p, op).await,
+            Err(e) => Err(e),
+        };
+        let failed = r.is_err();
+        results.push(match r {
+            Ok(s) => BatchSentItem {
+                index,
+                pane_id: Some(s.pane_id),
+                success: true,
+                error: None,
+                elapsed: t0.elapsed().as_secs_f64(),
+            },
+            Err(e) => BatchSentItem {
+                index,
+                pane_id: op.p.pane_id.clone(),
+                success: false,
+                error: Some(e.to_string()),
+                elapsed: t0.elapsed().as_secs_f64(),
+            },
+        });
+        if failed && stop {
+            break;
+        }
+    }
+    Ok(BatchSent { results })
+}
+
+/// `paste_text`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PasteText {
+    /// The text (multi-line is fine).
+    pub text: String,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Bracketed paste (default true): the shell sees one paste, not typed lines.
+    pub bracket: Option<bool>,
+}
+
+/// Pastes text through a temporary buffer.
+pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
+    text::input("text", &a.text, c.s.max_input)?;
+    let p = targets::pane(c, &a.p).await?;
+    let name = format!(
+        "{}paste_{}",
+        super::manage::BUFFER_PREFIX,
+        &crate::sandbox::rundir::random_hex()[..8]
+    );
+    c.s.hub
+        .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.text))
+        .await?;
+    let mut cmd = Cmd::new("paste-buffer")
+        .flag("-d")
+        .opt("-b", &name)
+        .opt("-t", &p.pane_id);
+    if a.bracket.unwrap_or(true) {
+        cmd = cmd.flag("-p");
+    }
+    let r = c.s.hub.run(&cmd).await;
+    if r.is_err() {
+        let _ =
+            c.s.hub
+                .run(&Cmd::new("delete-buffer").opt("-b", &name))
+                .await;
+    }
+    r?;
+    Ok(Sent {
+        pane_id: p.pane_id,
+        text_bytes: a.text.len(),
+        keys: vec![],
+    })
+}
+
+/// `paste_buffer`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PasteBuffer {
+    /// A name returned by load_buffer.
+    pub buffer_name: String,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Bracketed paste (default true).
+    pub bracket: Option<bool>,
+}
+
+/// Pastes a buffer.
+pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolError> {
+    inspect::buffer_name(&a.buffer_name)?;
+    let p = targets::pane(c, &a.p).await?;
+    let mut cmd = Cmd::new("paste-buffer")
+        .opt("-b", &a.buffer_name)
+        .opt("-t", &p.pane_id);
+    if a.bracket.unwrap_or(true) {
+        cmd = cmd.flag("-p");
+    }
+    c.s.hub.run(&cmd).await?;
+    Ok(Sent {
+        pane_id: p.pane_id,
+        text_bytes: 0,
+        keys: vec![],
+    })
+}
+
+/// `run_command`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunCommand {
+    /// A shell command line.
+    pub command: String,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Seconds to wait (default 30, clamped to the profile's ceiling).
+    pub timeout: Option<f64>,
+    /// Keep at most this many output lines, from the end (default 500).
+    pub max_lines: Option<usize>,
+    /// Keep the command out of shell history (default true).
+    pub suppress_history: Option<bool>,
+    /// On timeout, press C-c (default false: the command keeps running).
+    #[serde(default)]
+    pub interrupt_on_timeout: bool,
+}
+
+/// A command's result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunResult {
+    /// completed | timeout | interrupted.
+    pub status: String,
+    /// Exit status (when completed).
+    pub exit_status: Option<i32>,
+    /// What the command printed (plain text; tail kept).
+    pub output: String,
+    /// Bytes of output before capping.
+    pub bytes: usize,
+    /// Whether output was cut.
+    pub truncated: bool,
+    /// Lines cut from the head.
+    pub truncated_lines: usize,
+    /// Output was lost because it scrolled past sandmux's buffer.
+    pub missed: bool,
+    /// The pane.
+    pub pane_id: String,
+    /// Seconds.
+    pub elapsed: f64,
+}
+
+/// The shell line typed for a command: begin marker, the command as data
+/// (`eval` of a printf of octal escapes, so no quote in it can swallow what
+/// follows), end marker with `$?`. Markers are printed from two pieces, so
+/// the echo of the typed line never contains them.
+pub fn wrap(command: &str, nonce: &str, quiet: bool) -> String {
+    let mut oct = String::new();
+    for &b in command.as_bytes() {
+        if b.is_ascii_alphanumeric() {
+            oct.push(b as char);
+        } else {
+            oct.push_str(&format!("\\{b:03o}"));
+        }
+    }
+    format!(
+        "{}printf '\\n%s%s\\n' SANDMUX_B {nonce}; eval \"$(printf '{oct}')\"; printf '\\n%s%s:%s\\n' SANDMUX_E {nonce} \"$?\"",
+        if quiet { " " } else { "" }
+    )
+}
+
+/// Runs a command and waits for its end marker on the output stream.
+pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolError> {
+    text::input("command", &a.command, c.s.max_input)?;
+    if a.command.trim().is_empty() {
+        return Err(ToolError::invalid("command", "is empty", "give a command"));
+    }
+    let timeout = c.clamp(a.timeout, 30.0)?;
+    let p = targets::pane(c, &a.p).await?;
+    if p.dead {
+        return Err(ToolError::refused(format!(
+            "pane {} is dead; respawn_pane it first",
+            p.pane_id
+        )));
+    }
+    let nonce = crate::sandbox::rundir::random_hex();
+    let begin = format!("SANDMUX_B{nonce}");
+    let end = format!("SANDMUX_E{nonce}:");
+    let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
+    // Watch from before the keys are sent.
+    let (start, mut rx) = c.s.hub.subscribe(num);
+    let line = wrap(&a.command, &nonce, a.suppress_history.unwrap_or(true));
+    c.s.hub
+        .run(
+            &Cmd::new("send-keys")
+                .flag("-l")
+                .opt("-t", &p.pane_id)
+                .rest([line.as_bytes()]),
+        )
+        .await?;
+    c.s.hub
+        .run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("Enter"))
+        .await?;
+    let t0 = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    tick.tick().await;
+    let max_lines = a.max_lines.unwrap_or(inspect::MAX_LINES).min(100_000);
+    loop {
+        let chunk = c.s.hub.read_since(num, start);
+        let raw = String::from_utf8_lossy(&chunk.data).into_owned();
+        let b = raw.find(&begin);
+        if let Some(e) = raw.find(&end) {
+            let status: String = raw[e + end.len()..]
+                .chars()
+                .take_while(|ch| ch.is_ascii_digit())
+                .collect();
+            if let (Some(b), false) = (
+                b,
+                status.is_empty() || !raw[e + end.len() + status.len()..].starts_with(['\r', '\n']),
+            ) {
+                let body_start = b + begin.len();
+                let body = if body_start <= e {
+                    &raw[body_start..e]
+                } else {
+                    ""
+                };
+                let out = text::clean(body.as_bytes());
+                let out = out.strip_prefix('\n').unwrap_or(&out);
+                let out = out.strip_suffix('\n').unwrap_or(out);
+                let capped = text::cap(out, max_lines, 1_000_000);
+                return Ok(RunResult {
+                    status: "completed".into(),
+                    exit_status: status.parse().ok(),
+                    bytes: out.len(),
+                    output: capped.text,
+                    truncated: capped.truncated,
+                    truncated_lines: capped.truncated_lines,
+                    missed: chunk.missed > 0,
+                    pane_id: p.pane_id,
+                    elapsed: t0.elapsed().as_secs_f64(),
+                });
+            }
+        }
+        tokio::select! {
+            r = rx.changed() => { if r.is_err() { return Err(ToolError::Internal("output stream closed".into())); } }
+            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command may still be running".into())),
+            _ = tick.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
+            _ = tokio::time::sleep_until(deadline) => {
+                if a.interrupt_on_timeout {
+                    c.s.hub.run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c")).await?;
+                }
+                let chunk = c.s.hub.read_since(num, start);
+                let raw = String::from_utf8_lossy(&chunk.data).into_owned();
+                let body = raw.find(&begin).map(|b| raw[b + begin.len()..].to_string()).unwrap_or_default();
+                let out = text::clean(body.as_bytes());
+                let capped = text::cap(out.trim_start_matches('\n'), max_lines, 1_000_000);
+                return Ok(RunResult {
+                    status: if a.interrupt_on_timeout { "interrupted" } else { "timeout" }.into(),
+                    exit_status: None,
+                    bytes: out.len(),
+                    output: capped.text,
+                    truncated: capped.truncated,
+                    truncated_lines: capped.truncated_lines,
+                    missed: chunk.missed > 0,
+                    pane_id: p.pane_id,
+                    elapsed: t0.elapsed().as_secs_f64(),
+                });
+            }
+        }
+    }
+}
+
+/// Options `set_option` may set, with their allowed values.
+const OPTIONS: &[(&str, &str)] = &[
+    ("history-limit", "int:0:100000"),
+    ("remain-on-exit", "on|off|failed"),
+    ("mode-keys", "vi|emacs"),
+    ("status-keys", "vi|emacs"),
+    ("mouse", "on|off"),
+    ("synchronize-panes", "on|off"),
+    ("automatic-rename", "on|off"),
+    ("allow-rename", "on|off"),
+    ("aggressive-resize", "on|off"),
+    ("main-pane-width", "int:1:1000"),
+    ("main-pane-height", "int:1:1000"),
+    ("base-index", "int:0:1000"),
+    ("pane-base-index", "int:0:1000"),
+    ("renumber-windows", "on|off"),
+    ("monitor-silence", "int:0:86400"),
+    ("wrap-search", "on|off"),
+    ("display-time", "int:0:60000"),
+    ("repeat-time", "int:0:60000"),
+];
+
+/// `set_option`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SetOption {
+    /// One of the allowed option names.
+    pub option: String,
+    /// Its new value.
+    pub value: String,
+    /// server, session, window or pane.
+    pub scope: Option<Scope>,
+    /// A session, window or pane id.
+    pub target: Option<String>,
+    /// Set the global value.
+    #[serde(default)]
+    pub global_: bool,
+}
+
+/// Sets an allowlisted option.
+pub async fn set_option(c: &Call<'_>, a: SetOption) -> Result<Done, ToolError> {
+    let Some((_, rule)) = OPTIONS.iter().find(|(n, _)| *n == a.option) else {
+        return Err(ToolError::refused(format!(
+            "option {:?} is not on sandmux's list of harmless options ({}); shells, commands, formats, hooks, passthrough and clipboard options are never settable",
+            a.option,
+            OPTIONS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        )));
+    };
+    let ok = if let Some(r) = rule.strip_prefix("int:") {
+        let mut it = r.split(':').map(|x| x.parse::<i64>().unwrap_or(0));
+        let (lo, hi) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        a.value.parse::<i64>().is_ok_and(|v| (lo..=hi).contains(&v))
+    } else {
+        rule.split('|').any(|v| v == a.value)
+    };
+    if !ok {
+        return Err(ToolError::invalid(
+            "value",
+            &format!("{:?} is not allowed for {}", a.value, a.option),
+            &format!("allowed: {rule}"),
+        ));
+    }
+    let cmd = inspect::scope_cmd(Cmd::new("set-option"), a.scope, &a.target, a.global_)?
+        .arg(&a.option)
+        .arg(&a.value);
+    c.s.hub.run(&cmd).await?;
+    Ok(Done {
+        done: format!("{} set to {}", a.option, a.value),
+    })
+}
+
+/// `set_environment`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SetEnv {
+    /// Variable name.
+    pub name: String,
+    /// Value.
+    pub value: String,
+    /// Session name (global when omitted).
+    pub session_name: Option<String>,
+    /// Session id.
+    pub session_id: Option<String>,
+}
+
+/// Sets an environment variable for later panes.
+pub async fn set_environment(c: &Call<'_>, a: SetEnv) -> Result<Done, ToolError> {
+    text::env_name("name", &a.name, &c.s.policy)?;
+    text::env_value("value", &a.value, c.s.max_input)?;
+    let cmd = if a.session_name.is_none() && a.session_id.is_none() {
+        Cmd::new("set-environment").flag("-g")
+    } else {
+        let s = targets::session(c, &a.session_name, &a.session_id).await?;
+        Cmd::new("set-environment").opt("-t", &s.session_id)
+    };
+    c.s.hub.run(&cmd.arg(&a.name).arg(&a.value)).await?;
+    Ok(Done {
+        done: format!("{} set", a.name),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapped_command_never_contains_its_markers() {
+        let w = wrap("echo 'unbalanced", "abc123", true);
+        assert!(w.starts_with(' '));
+        assert!(!w.contains("SANDMUX_Babc123"));
+        assert!(!w.contains("SANDMUX_Eabc123"));
+        assert!(!w.contains('\''.to_string().repeat(3).as_str()));
+        assert!(w.contains("\\047"), "{w}");
+    }
+}

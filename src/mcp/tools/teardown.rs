@@ -1,0 +1,112 @@
+//! Teardown tools: always an explicit target; the instance's own control
+//! session is never a target, and ending the server ends the instance.
+
+use super::manage::{Done, PaneOnly};
+use crate::mcp::ctx::Call;
+use crate::mcp::error::ToolError;
+use crate::mcp::targets;
+use crate::tmux::hub::Cmd;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+fn done(s: impl Into<String>) -> Result<Done, ToolError> {
+    Ok(Done { done: s.into() })
+}
+
+/// `kill_session`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct KillSession {
+    /// Session name.
+    pub session_name: Option<String>,
+    /// Session id.
+    pub session_id: Option<String>,
+}
+
+/// Kills a session (explicit target only).
+pub async fn kill_session(c: &Call<'_>, a: KillSession) -> Result<Done, ToolError> {
+    if a.session_name.is_none() && a.session_id.is_none() {
+        return Err(ToolError::invalid(
+            "session_id",
+            "an explicit session is required",
+            "give session_id or session_name (see list_sessions)",
+        ));
+    }
+    let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    c.s.hub
+        .run(&Cmd::new("kill-session").opt("-t", &s.session_id))
+        .await?;
+    done(format!("session {} killed", s.session_id))
+}
+
+/// `kill_window`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct KillWindow {
+    /// Window id (required).
+    pub window_id: String,
+}
+
+/// Kills a window.
+pub async fn kill_window(c: &Call<'_>, a: KillWindow) -> Result<Done, ToolError> {
+    let w = targets::window(
+        c,
+        &targets::WindowSel {
+            window_id: Some(a.window_id),
+            ..Default::default()
+        },
+    )
+    .await?;
+    c.s.hub
+        .run(&Cmd::new("kill-window").opt("-t", &w.window_id))
+        .await?;
+    done(format!("window {} killed", w.window_id))
+}
+
+/// `kill_pane`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct KillPane {
+    /// Pane id (required).
+    pub pane_id: String,
+}
+
+/// Kills a pane.
+pub async fn kill_pane(c: &Call<'_>, a: KillPane) -> Result<Done, ToolError> {
+    let p = targets::explicit_pane(c, &a.pane_id).await?;
+    c.s.hub
+        .run(&Cmd::new("kill-pane").opt("-t", &p.pane_id))
+        .await?;
+    done(format!("pane {} killed", p.pane_id))
+}
+
+/// Resets a pane and clears its history.
+pub async fn clear_pane(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError> {
+    let p = targets::pane(c, &a.p).await?;
+    c.s.hub
+        .run(&Cmd::new("send-keys").flag("-R").opt("-t", &p.pane_id))
+        .await?;
+    c.s.hub
+        .run(&Cmd::new("clear-history").opt("-t", &p.pane_id))
+        .await?;
+    done(format!("pane {} cleared", p.pane_id))
+}
+
+/// `delete_buffer`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct DeleteBuffer {
+    /// A name returned by load_buffer.
+    pub buffer_name: String,
+}
+
+/// Deletes a buffer.
+pub async fn delete_buffer(c: &Call<'_>, a: DeleteBuffer) -> Result<Done, ToolError> {
+    super::inspect::buffer_name(&a.buffer_name)?;
+    c.s.hub
+        .run(&Cmd::new("delete-buffer").opt("-b", &a.buffer_name))
+        .await?;
+    done(format!("buffer {} deleted", a.buffer_name))
+}
+
+/// Ends the instance: answers first, then the server stops.
+pub async fn kill_server(c: &Call<'_>, _: super::inspect::NoArgs) -> Result<Done, ToolError> {
+    c.s.shutdown.cancel();
+    done("the instance is ending: the tmux server, every process in the sandbox and the runtime directory go away after this reply; start sandmux again for a fresh one")
+}

@@ -1,0 +1,337 @@
+//! One tmux control-mode client (`tmux -C`): commands go in as lines, replies
+//! come back in order as `%begin`/`%end` blocks, everything else is routed to a
+//! [`Sink`]. Every command has a deadline; when the connection dies, every
+//! pending command fails at once.
+//!
+//! Replies that carry pane-controlled text (captures, buffers) are *checked*:
+//! the command is followed on the same line by `display-message -p SENTINEL`
+//! with a random sentinel. tmux answers each command with its own block, so the
+//! reply is accepted only if the very next block is exactly the sentinel and
+//! nothing arrived between them. Text that forges a `%end` guard to cut the
+//! capture short (T7) leaves a stray guard or an extra block behind; the call
+//! then fails, and the client is closed, never left desynchronised.
+
+use super::control::{Event, Parser};
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::oneshot;
+
+/// A failed tmux command.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum TmuxError {
+    /// tmux answered `%error` with this text.
+    #[error("tmux: {0}")]
+    Command(String),
+    /// The connection to the server is gone (server died or was stopped).
+    #[error("the tmux server connection is closed ({0})")]
+    Closed(String),
+    /// No answer within the deadline (a stopped or wedged server).
+    #[error("tmux did not answer within {0:?} (the server may be stopped or wedged)")]
+    Timeout(Duration),
+}
+
+/// Where non-reply events go.
+pub trait Sink: Send + Sync + 'static {
+    /// Output of a pane.
+    fn output(&self, pane: u32, data: &[u8]);
+    /// Any notification line (e.g. `%sessions-changed`).
+    fn notification(&self, client: &str, line: &[u8]);
+    /// tmux paused a pane for this client.
+    fn paused(&self, client: &str, pane: u32);
+    /// The client ended.
+    fn closed(&self, client: &str, reason: &str);
+}
+
+type Reply = Result<Vec<Vec<u8>>, TmuxError>;
+
+struct Waiter {
+    tx: oneshot::Sender<Reply>,
+    /// For checked commands: the sentinel line expected in the next block.
+    sentinel: Option<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiters: VecDeque<Waiter>,
+    closed: Option<String>,
+}
+
+struct Shared {
+    q: Mutex<Queue>,
+}
+
+impl Shared {
+    fn fail_all(&self, reason: &str) {
+        let mut g = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        g.closed = Some(reason.to_string());
+        for w in g.waiters.drain(..) {
+            let _ = w.tx.send(Err(TmuxError::Closed(reason.to_string())));
+        }
+    }
+}
+
+/// A checked reply waiting for its sentinel block.
+struct Held {
+    tx: oneshot::Sender<Reply>,
+    lines: Vec<Vec<u8>>,
+    error: bool,
+    sentinel: Vec<u8>,
+}
+
+/// Why a client was closed after detecting forged framing.
+pub const FORGED: &str =
+    "pane output tried to forge control-mode framing; the connection was reset";
+
+/// A running control-mode client.
+pub struct Client {
+    name: String,
+    stdin: tokio::sync::Mutex<ChildStdin>,
+    shared: Arc<Shared>,
+    child: Mutex<Option<Child>>,
+}
+
+fn to_reply(lines: Vec<Vec<u8>>, error: bool) -> Reply {
+    if error {
+        Err(TmuxError::Command(
+            lines
+                .iter()
+                .map(|l| String::from_utf8_lossy(l).into_owned())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ))
+    } else {
+        Ok(lines)
+    }
+}
+
+fn is_guard(line: &[u8]) -> bool {
+    line.starts_with(b"%end ") || line.starts_with(b"%error ") || line.starts_with(b"%begin ")
+}
+
+impl Client {
+    /// Starts `tmux -N -u -S SOCKET -C attach-session -t TARGET -f FLAGS`.
+    /// `-N`: never start a server (a missing one is an error, not a new
+    /// unconfined server on the host).
+    pub async fn attach(
+        name: &str,
+        tmux: &Path,
+        socket: &Path,
+        target: &str,
+        flags: &str,
+        sink: Arc<dyn Sink>,
+    ) -> std::io::Result<Client> {
+        let mut cmd = Command::new(tmux);
+        cmd.arg("-N")
+            .arg("-u")
+            .arg("-S")
+            .arg(socket)
+            .arg("-C")
+            .arg("attach-session")
+            .arg("-t")
+            .arg(target);
+        if !flags.is_empty() {
+            cmd.arg("-f").arg(flags);
+        }
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn()?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin"))?;
+        let mut stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout"))?;
+        let shared = Arc::new(Shared {
+            q: Mutex::new(Queue::default()),
+        });
+        let reader_shared = shared.clone();
+        let cname = name.to_string();
+        tokio::spawn(async move {
+            let mut parser = Parser::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut held: Option<Held> = None;
+            let mut held_events: Vec<Event> = Vec::new();
+            let reason = 'outer: loop {
+                let n = match stdout.read(&mut buf).await {
+                    Ok(0) => break "end of output".to_string(),
+                    Ok(n) => n,
+                    Err(e) => break e.to_string(),
+                };
+                for ev in parser.feed(&buf[..n]) {
+                    if let Some(h) = held.take() {
+                        // Between a checked reply and its sentinel nothing may arrive.
+                        match ev {
+                            Event::Reply { flags, lines, .. }
+                                if flags & 1 == 1 && lines == [h.sentinel.clone()] =>
+                            {
+                                let _ = h.tx.send(to_reply(h.lines, h.error));
+                                for e in held_events.drain(..) {
+                                    dispatch(&*sink, &cname, e);
+                                }
+                                continue;
+                            }
+                            Event::Output { .. } | Event::Pause { .. } => {
+                                held_events.push(ev);
+                                held = Some(h);
+                                continue;
+                            }
+                            _ => {
+                                let _ = h.tx.send(Err(TmuxError::Closed(FORGED.into())));
+                                break 'outer FORGED.to_string();
+                            }
+                        }
+                    }
+                    match ev {
+                        Event::Reply {
+                            flags,
+                            error,
+                            lines,
+                            ..
+                        } => {
+                            if flags & 1 == 0 {
+                                continue; // the attach command's own block
+                            }
+                            let waiter = reader_shared
+                                .q
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .waiters
+                                .pop_front();
+                            match waiter {
+                                // After an error tmux runs no further command of the line,
+                                // so no sentinel follows: deliver at once.
+                                Some(Waiter {
+                                    tx,
+                                    sentinel: Some(s),
+                                }) if !error => {
+                                    held = Some(Held {
+                                        tx,
+                                        lines,
+                                        error,
+                                        sentinel: s,
+                                    })
+                                }
+                                Some(Waiter {
+                                    tx,
+                                    sentinel: Some(_),
+                                }) => {
+                                    let _ = tx.send(to_reply(lines, error));
+                                }
+                                Some(Waiter { tx, sentinel: None }) => {
+                                    let _ = tx.send(to_reply(lines, error));
+                                }
+                                None => {}
+                            }
+                        }
+                        Event::Exit(r) => break 'outer r.unwrap_or_else(|| "exit".into()),
+                        Event::Notification(ref line) if is_guard(line) => {
+                            // A guard outside any block: a block ended early.
+                            break 'outer FORGED.to_string();
+                        }
+                        other => dispatch(&*sink, &cname, other),
+                    }
+                }
+            };
+            if let Some(h) = held.take() {
+                let _ = h.tx.send(Err(TmuxError::Closed(reason.clone())));
+            }
+            reader_shared.fail_all(&reason);
+            sink.closed(&cname, &reason);
+        });
+        Ok(Client {
+            name: name.to_string(),
+            stdin: tokio::sync::Mutex::new(stdin),
+            shared,
+            child: Mutex::new(Some(child)),
+        })
+    }
+
+    /// The client's name (for logs and routing).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send(&self, line: &str, sentinel: Option<Vec<u8>>, deadline: Duration) -> Reply {
+        debug_assert!(!line.contains('\n'), "one command per line");
+        let (tx, rx) = oneshot::channel();
+        {
+            // The queue slot and the write happen under one lock, so replies
+            // (which tmux sends in order) always meet their own waiter.
+            let mut stdin = self.stdin.lock().await;
+            {
+                let mut g = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(reason) = &g.closed {
+                    return Err(TmuxError::Closed(reason.clone()));
+                }
+                g.waiters.push_back(Waiter { tx, sentinel });
+            }
+            let mut bytes = line.as_bytes().to_vec();
+            bytes.push(b'\n');
+            if let Err(e) = stdin.write_all(&bytes).await {
+                self.shared.fail_all(&e.to_string());
+                return Err(TmuxError::Closed(e.to_string()));
+            }
+        }
+        match tokio::time::timeout(deadline, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(TmuxError::Closed("reader ended".into())),
+            Err(_) => Err(TmuxError::Timeout(deadline)),
+        }
+    }
+
+    /// Sends one command line and waits for its reply, at most `deadline`.
+    pub async fn run(&self, line: &str, deadline: Duration) -> Reply {
+        self.send(line, None, deadline).await
+    }
+
+    /// Like [`run`](Self::run), for replies that carry pane-controlled text.
+    pub async fn run_checked(&self, line: &str, deadline: Duration) -> Reply {
+        let sentinel = format!("sandmux-{}", crate::sandbox::rundir::random_hex());
+        let full = format!("{line} ; display-message -p {sentinel}");
+        self.send(&full, Some(sentinel.into_bytes()), deadline)
+            .await
+    }
+
+    /// Whether the connection is closed.
+    pub fn is_closed(&self) -> bool {
+        self.shared
+            .q
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed
+            .is_some()
+    }
+
+    /// Ends the client process.
+    pub fn kill(&self) {
+        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+fn dispatch(sink: &dyn Sink, name: &str, ev: Event) {
+    match ev {
+        Event::Output { pane, data } => sink.output(pane, &data),
+        Event::Pause { pane } => sink.paused(name, pane),
+        Event::Notification(line) => sink.notification(name, &line),
+        Event::Reply { .. } | Event::Exit(_) => {}
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

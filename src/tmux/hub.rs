@@ -1,0 +1,421 @@
+//! The hub: every tmux command of `sandmux serve` goes through one long-lived
+//! control-mode client; pane output is observed through one watcher client per
+//! session (tmux sends `%output` only for panes of the session a control client
+//! is attached to), and kept per pane in a bounded ring that waits read from.
+//!
+//! The command client is attached to a hidden session, `_sandmux`, whose only
+//! pane sleeps; tools never list or target it, so the agent cannot close the
+//! connection the supervisor lives on. Watchers use tmux flow control
+//! (`pause-after`), and each ring holds at most [`RING_BYTES`], so a pane that
+//! floods output costs bounded memory.
+
+use super::client::{Client, Sink, TmuxError};
+use super::control::quote;
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+
+/// Bytes of recent output kept per pane.
+pub const RING_BYTES: usize = 256 * 1024;
+/// The hidden session the command client is attached to.
+pub const CONTROL_SESSION: &str = "_sandmux";
+/// Default bound for one tmux command.
+pub const DEADLINE: Duration = Duration::from_secs(5);
+
+/// Something every tool may want to know about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HubEvent {
+    /// Sessions were created or destroyed.
+    SessionsChanged,
+    /// The command connection to the server closed.
+    ServerGone(String),
+}
+
+struct PaneStream {
+    ring: VecDeque<u8>,
+    end: u64,
+    tx: watch::Sender<u64>,
+}
+
+/// The pane output store (the [`Sink`] of every client).
+pub struct Streams {
+    panes: Mutex<HashMap<u32, PaneStream>>,
+    events: broadcast::Sender<HubEvent>,
+    paused: Mutex<Vec<(String, u32)>>,
+    paused_tx: tokio::sync::mpsc::UnboundedSender<(String, u32)>,
+    command_client: String,
+}
+
+impl Streams {
+    fn stream(map: &mut HashMap<u32, PaneStream>, pane: u32) -> &mut PaneStream {
+        map.entry(pane).or_insert_with(|| PaneStream {
+            ring: VecDeque::new(),
+            end: 0,
+            tx: watch::channel(0).0,
+        })
+    }
+}
+
+impl Sink for Streams {
+    fn output(&self, pane: u32, data: &[u8]) {
+        let mut map = self.panes.lock().unwrap_or_else(|p| p.into_inner());
+        let s = Self::stream(&mut map, pane);
+        s.ring.extend(data);
+        let over = s.ring.len().saturating_sub(RING_BYTES);
+        s.ring.drain(..over);
+        s.end += data.len() as u64;
+        s.tx.send_replace(s.end);
+    }
+
+    fn notification(&self, client: &str, line: &[u8]) {
+        if client == self.command_client
+            && (line.starts_with(b"%sessions-changed") || line.starts_with(b"%session-renamed"))
+        {
+            let _ = self.events.send(HubEvent::SessionsChanged);
+        }
+    }
+
+    fn paused(&self, client: &str, pane: u32) {
+        self.paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((client.to_string(), pane));
+        let _ = self.paused_tx.send((client.to_string(), pane));
+    }
+
+    fn closed(&self, client: &str, reason: &str) {
+        if client == self.command_client && reason != super::client::FORGED {
+            let _ = self.events.send(HubEvent::ServerGone(reason.to_string()));
+        }
+    }
+}
+
+/// Output read from a pane's ring.
+#[derive(Debug, Clone, Default)]
+pub struct Chunk {
+    /// The bytes from the requested offset (or the oldest kept) to the end.
+    pub data: Vec<u8>,
+    /// Offset just past `data`.
+    pub end: u64,
+    /// Bytes between the requested offset and the oldest kept were lost.
+    pub missed: u64,
+}
+
+/// A builder for one tmux command line; every argument is quoted.
+#[derive(Debug, Clone)]
+pub struct Cmd {
+    words: Vec<String>,
+}
+
+impl Cmd {
+    /// A command by name (`send-keys`, ...).
+    pub fn new(name: &str) -> Cmd {
+        Cmd {
+            words: vec![name.to_string()],
+        }
+    }
+    /// A flag, unquoted (`-t`, `-p`): only ever a literal from sandmux's code.
+    pub fn flag(mut self, f: &'static str) -> Cmd {
+        self.words.push(f.to_string());
+        self
+    }
+    /// An argument, quoted for tmux's parser.
+    pub fn arg(mut self, a: impl AsRef<[u8]>) -> Cmd {
+        self.words.push(quote(a.as_ref()));
+        self
+    }
+    /// A flag followed by its argument.
+    pub fn opt(self, f: &'static str, a: impl AsRef<[u8]>) -> Cmd {
+        self.flag(f).arg(a)
+    }
+    /// `--` then the rest as arguments.
+    pub fn rest<I: IntoIterator<Item = S>, S: AsRef<[u8]>>(mut self, args: I) -> Cmd {
+        self.words.push("--".into());
+        for a in args {
+            self.words.push(quote(a.as_ref()));
+        }
+        self
+    }
+    /// The command's name.
+    pub fn name(&self) -> &str {
+        &self.words[0]
+    }
+    /// The line sent to tmux.
+    pub fn line(&self) -> String {
+        self.words.join(" ")
+    }
+}
+
+/// The connection to the sandboxed server.
+pub struct Hub {
+    tmux: PathBuf,
+    socket: PathBuf,
+    cmd: Mutex<Arc<Client>>,
+    watchers: Mutex<HashMap<String, Arc<Client>>>,
+    streams: Arc<Streams>,
+    /// Hub-wide events.
+    pub events: broadcast::Sender<HubEvent>,
+    /// The control session's id (`$N`), hidden from tools.
+    pub control_session_id: String,
+}
+
+impl Hub {
+    /// Connects to the server at `socket`, whose control session already exists.
+    pub async fn connect(tmux: &Path, socket: &Path) -> Result<Arc<Hub>, String> {
+        let (events, _) = broadcast::channel(64);
+        let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel();
+        let streams = Arc::new(Streams {
+            panes: Mutex::new(HashMap::new()),
+            events: events.clone(),
+            paused: Mutex::new(Vec::new()),
+            paused_tx: ptx,
+            command_client: "command".into(),
+        });
+        let cmd = Client::attach(
+            "command",
+            tmux,
+            socket,
+            &format!("={CONTROL_SESSION}"),
+            "no-output,ignore-size",
+            streams.clone(),
+        )
+        .await
+        .map_err(|e| format!("starting the control client: {e}"))?;
+        let id = cmd
+            .run(
+                &Cmd::new("display-message")
+                    .flag("-p")
+                    .arg("#{session_id}")
+                    .line(),
+                DEADLINE,
+            )
+            .await
+            .map_err(|e| format!("control client: {e}"))?;
+        let control_session_id = id
+            .first()
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .unwrap_or_default();
+        let hub = Arc::new(Hub {
+            tmux: tmux.to_path_buf(),
+            socket: socket.to_path_buf(),
+            cmd: Mutex::new(Arc::new(cmd)),
+            watchers: Mutex::new(HashMap::new()),
+            streams,
+            events,
+            control_session_id,
+        });
+        // Paused panes are resumed at once: the reader is already past them.
+        let weak = Arc::downgrade(&hub);
+        tokio::spawn(async move {
+            while let Some((client, pane)) = prx.recv().await {
+                let Some(hub) = weak.upgrade() else { break };
+                let w = hub
+                    .watchers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                    .find(|c| c.name() == client)
+                    .cloned();
+                if let Some(w) = w {
+                    let _ = w
+                        .run(
+                            &Cmd::new("refresh-client")
+                                .opt("-A", format!("%{pane}:continue"))
+                                .line(),
+                            DEADLINE,
+                        )
+                        .await;
+                }
+            }
+        });
+        // New sessions (also ones a human makes) get a watcher.
+        let weak = Arc::downgrade(&hub);
+        let mut rx = hub.events.subscribe();
+        tokio::spawn(async move {
+            while let Ok(HubEvent::SessionsChanged) | Err(broadcast::error::RecvError::Lagged(_)) =
+                rx.recv().await
+            {
+                let Some(hub) = weak.upgrade() else { break };
+                let _ = hub.sync_watchers().await;
+            }
+        });
+        hub.sync_watchers().await?;
+        Ok(hub)
+    }
+
+    /// Runs one command with the default deadline.
+    pub async fn run(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
+        self.run_for(cmd, DEADLINE).await
+    }
+
+    /// Runs one command with a given deadline.
+    pub async fn run_for(&self, cmd: &Cmd, deadline: Duration) -> Result<Vec<Vec<u8>>, TmuxError> {
+        self.client().await?.run(&cmd.line(), deadline).await
+    }
+
+    /// Runs a command whose reply carries pane-controlled text (see
+    /// [`Client::run_checked`]).
+    pub async fn run_checked(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
+        self.client()
+            .await?
+            .run_checked(&cmd.line(), DEADLINE)
+            .await
+    }
+
+    /// The command client; if it was closed (not because the server is gone)
+    /// it is replaced once.
+    async fn client(&self) -> Result<Arc<Client>, TmuxError> {
+        let c = self.cmd.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if !c.is_closed() {
+            return Ok(c);
+        }
+        let fresh = Client::attach(
+            "command",
+            &self.tmux,
+            &self.socket,
+            &format!("={CONTROL_SESSION}"),
+            "no-output,ignore-size",
+            self.streams.clone(),
+        )
+        .await
+        .map_err(|e| TmuxError::Closed(format!("reconnecting: {e}")))?;
+        let fresh = Arc::new(fresh);
+        // A server that is gone refuses the attach; the first command tells.
+        fresh
+            .run(
+                &Cmd::new("display-message").flag("-p").arg("ok").line(),
+                DEADLINE,
+            )
+            .await?;
+        *self.cmd.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// Whether the command connection is gone.
+    pub fn closed(&self) -> bool {
+        self.cmd
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_closed()
+    }
+
+    /// Attaches a watcher to every session that has none; drops those of
+    /// sessions that are gone.
+    pub async fn sync_watchers(&self) -> Result<(), String> {
+        let rows = self
+            .run(&Cmd::new("list-sessions").flag("-F").arg("#{session_id}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let ids: Vec<String> = rows
+            .iter()
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .filter(|id| *id != self.control_session_id)
+            .collect();
+        let missing: Vec<String> = {
+            let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            w.retain(|id, c| ids.contains(id) && !c.is_closed());
+            ids.iter()
+                .filter(|id| !w.contains_key(*id))
+                .cloned()
+                .collect()
+        };
+        for id in missing {
+            let c = Client::attach(
+                &format!("watch{id}"),
+                &self.tmux,
+                &self.socket,
+                &id,
+                "ignore-size,pause-after=2",
+                self.streams.clone(),
+            )
+            .await
+            .map_err(|e| format!("watching session {id}: {e}"))?;
+            // Wait for the attach to complete, so no later output is missed.
+            let _ = c
+                .run(
+                    &Cmd::new("display-message").flag("-p").arg("ok").line(),
+                    DEADLINE,
+                )
+                .await;
+            self.watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, Arc::new(c));
+        }
+        Ok(())
+    }
+
+    /// The current end offset of a pane's output, and a receiver that changes
+    /// whenever the pane writes.
+    pub fn subscribe(&self, pane: u32) -> (u64, watch::Receiver<u64>) {
+        let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
+        let s = Streams::stream(&mut map, pane);
+        (s.end, s.tx.subscribe())
+    }
+
+    /// Output of `pane` from `offset` on (as much as the ring still holds).
+    pub fn read_since(&self, pane: u32, offset: u64) -> Chunk {
+        let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
+        let s = Streams::stream(&mut map, pane);
+        let start = s.end - s.ring.len() as u64;
+        let from = offset.clamp(start, s.end);
+        let skip = (from - start) as usize;
+        Chunk {
+            data: s.ring.iter().skip(skip).copied().collect(),
+            end: s.end,
+            missed: from.saturating_sub(offset),
+        }
+    }
+
+    /// Forgets the output of panes that no longer exist.
+    pub fn forget_panes(&self, alive: &[u32]) {
+        self.streams
+            .panes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|p, _| alive.contains(p));
+    }
+
+    /// Total bytes held in rings (for the status report and tests).
+    pub fn buffered_bytes(&self) -> usize {
+        self.streams
+            .panes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|s| s.ring.len())
+            .sum()
+    }
+
+    /// Number of watcher clients.
+    pub fn watcher_count(&self) -> usize {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Number of times tmux paused a pane for us (flow control).
+    pub fn pauses(&self) -> usize {
+        self.streams
+            .paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Ends every client.
+    pub fn shutdown(&self) {
+        self.cmd.lock().unwrap_or_else(|p| p.into_inner()).kill();
+        for c in self
+            .watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            c.kill();
+        }
+    }
+}
