@@ -350,9 +350,11 @@ pub struct Sent {
     /// The pane.
     pub pane_id: String,
     /// Bytes of text typed.
-    pub text_bytes: usize,
-    /// Keys pressed (including Enter).
+    pub text_bytes: usize,    /// Keys pressed (including Enter).
     pub keys: Vec<String>,
+    /// A cursor taken just before sending: pass it to wait_for_text or
+    /// capture_since to see exactly what followed.
+    pub cursor: String,
 }
 
 async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, ToolError> {
@@ -372,9 +374,10 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
     }
     for k in &keys {
         text::key(k)?;
-    }
-    let mut sent_keys = Vec::new();
+    }    let mut sent_keys = Vec::new();
     let mut bytes = 0;
+    let (offset, _) = c.s.hub.subscribe(pane.pane_id[1..].parse().unwrap_or(0));
+    let cursor = inspect::cursor_for(c, &pane.pane_id, offset);
     if let Some(t) = &text_in {
         text::input("text", t, c.s.max_input)?;
         let t = if a.suppress_history {
@@ -414,6 +417,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
         pane_id: pane.pane_id.clone(),
         text_bytes: bytes,
         keys: sent_keys,
+        cursor,
     })
 }
 
@@ -554,6 +558,8 @@ pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
         super::manage::BUFFER_PREFIX,
         &crate::sandbox::rundir::random_hex()[..8]
     );
+    let (offset, _) = c.s.hub.subscribe(p.pane_id[1..].parse().unwrap_or(0));
+    let cursor = inspect::cursor_for(c, &p.pane_id, offset);
     c.s.hub
         .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.text))
         .await?;
@@ -576,6 +582,7 @@ pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
         pane_id: p.pane_id,
         text_bytes: a.text.len(),
         keys: vec![],
+        cursor,
     })
 }
 
@@ -595,6 +602,8 @@ pub struct PasteBuffer {
 pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolError> {
     inspect::buffer_name(&a.buffer_name)?;
     let p = targets::pane(c, &a.p).await?;
+    let (offset, _) = c.s.hub.subscribe(p.pane_id[1..].parse().unwrap_or(0));
+    let cursor = inspect::cursor_for(c, &p.pane_id, offset);
     let mut cmd = Cmd::new("paste-buffer")
         .opt("-b", &a.buffer_name)
         .opt("-t", &p.pane_id);
@@ -606,6 +615,7 @@ pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolErro
         pane_id: p.pane_id,
         text_bytes: 0,
         keys: vec![],
+        cursor,
     })
 }
 

@@ -436,13 +436,24 @@ pub struct SinceResult {
     pub content: Capped,
 }
 
-fn cursor_for(c: &Call<'_>, pane: &str, offset: u64) -> String {
+/// A capture_since cursor for a pane at a stream offset.
+pub fn cursor_for(c: &Call<'_>, pane: &str, offset: u64) -> String {
     format!(
         "sc1.{}.{}.{}",
         pane.trim_start_matches('%'),
         offset,
         &c.s.info.generation[..8]
     )
+}
+
+/// Parses a cursor of this instance: (pane number, offset).
+pub fn parse_cursor(c: &Call<'_>, cur: &str) -> Result<(u32, u64), ToolError> {
+    let parts: Vec<&str> = cur.split('.').collect();
+    let bad = || ToolError::invalid("cursor", "is not a cursor from this instance", "call capture_since without a cursor to start over");
+    if parts.len() != 4 || parts[0] != "sc1" || parts[3] != &c.s.info.generation[..8] {
+        return Err(bad());
+    }
+    Ok((parts[1].parse().map_err(|_| bad())?, parts[2].parse().map_err(|_| bad())?))
 }
 
 /// Output since a cursor, from the `%output` stream.
@@ -461,19 +472,7 @@ pub async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult,
             content: text::cap(&t, l, b),
         });
     };
-    let parts: Vec<&str> = cur.split('.').collect();
-    let bad = || {
-        ToolError::invalid(
-            "cursor",
-            "is not a cursor from this instance",
-            "call capture_since without a cursor to start over",
-        )
-    };
-    if parts.len() != 4 || parts[0] != "sc1" || parts[3] != &c.s.info.generation[..8] {
-        return Err(bad());
-    }
-    let num: u32 = parts[1].parse().map_err(|_| bad())?;
-    let offset: u64 = parts[2].parse().map_err(|_| bad())?;
+    let (num, offset) = parse_cursor(c, &cur)?;
     let pane_id = format!("%{num}");
     if let Some(want) = &a.p.pane_id {
         if want != &pane_id {
@@ -730,6 +729,10 @@ pub fn safe_format(f: &str) -> Result<String, ToolError> {
             }
             out.push_str(&format!("#{{q:{name}}}"));
             rest = &body[end + 1..];
+        } else if let Some(r) = after.strip_prefix('#') {
+            // `##` is tmux's own escape for one `#`.
+            out.push_str("##");
+            rest = r;
         } else if after.starts_with('(') {
             return Err(ToolError::refused(
                 "format_string: #( runs a command in the server and is never accepted",
@@ -778,10 +781,12 @@ pub struct WaitText {
     /// Seconds (default 8, clamped to the profile's ceiling).
     pub timeout: Option<f64>,
     /// Accepted for compatibility and ignored: waits are event-driven.
-    pub interval: Option<f64>,
-    /// Case-sensitive (default false).
+    pub interval: Option<f64>,    /// Case-sensitive (default false).
     #[serde(default)]
     pub match_case: bool,
+    /// Count output from this cursor on (send_keys returns one taken just
+    /// before it typed), so output that came before this call is not missed.
+    pub cursor: Option<String>,
 }
 
 /// How a wait ended.
@@ -807,14 +812,15 @@ pub struct WaitResult {
 pub async fn wait_stream<F>(
     c: &Call<'_>,
     pane: &PaneRow,
+    from: Option<u64>,
     timeout: Duration,
     mut check: F,
 ) -> Result<(Option<(String, Vec<String>)>, String, f64), ToolError>
 where
     F: FnMut(&str) -> Option<(String, Vec<String>)>,
 {
-    let num: u32 = pane.pane_id[1..].parse().unwrap_or(0);
-    let (start, mut rx) = c.s.hub.subscribe(num);
+    let num: u32 = pane.pane_id[1..].parse().unwrap_or(0);    let (now, mut rx) = c.s.hub.subscribe(num);
+    let start = from.unwrap_or(now).min(now);
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -855,10 +861,15 @@ pub async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResult, Tool
         .unwrap_or(&[])
         .iter()
         .map(|p| matcher("stop", p, a.regex, a.match_case))
-        .collect::<Result<Vec<_>, _>>()?;
-    let p = targets::pane(c, &a.p).await?;
+        .collect::<Result<Vec<_>, _>>()?;    let (p, from) = match &a.cursor {
+        Some(cur) => {
+            let (num, off) = parse_cursor(c, cur)?;
+            (targets::explicit_pane(c, &format!("%{num}")).await?, Some(off))
+        }
+        None => (targets::pane(c, &a.p).await?, None),
+    };
     let any = a.patterns.is_none();
-    let (found, tail, elapsed) = wait_stream(c, &p, timeout, |t| {
+    let (found, tail, elapsed) = wait_stream(c, &p, from, timeout, |t| {
         let hits = |res: &[regex::Regex]| -> Vec<String> {
             t.lines()
                 .filter(|l| res.iter().any(|r| r.is_match(l)))

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Smoke test: drive `sandmux serve` (MCP over stdio) with MCP Inspector's CLI mode.
+#
+#   npm ci --prefix tests/inspector        # once, as root, before (needs the npm registry)
+#   bash tests/inspector/smoke.sh          # any user; SANDMUX_BIN overrides the binary
+#
+# Every Inspector CLI call spawns its own `sandmux serve`, so nothing (no tmux
+# session) survives from one call to the next. Runs as root and as an
+# unprivileged user with HOME=/nonexistent: all it writes is under one mktemp dir.
+set -u -o pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bin="${SANDMUX_BIN:-$here/../../target/debug/sandmux}"
+case "$bin" in /*) ;; *) bin="$PWD/$bin" ;; esac
+inspector="$here/node_modules/.bin/mcp-inspector"
+
+if [ ! -x "$bin" ]; then
+    echo "inspector smoke: sandmux binary not found at $bin (build it or set SANDMUX_BIN)" >&2
+    exit 2
+fi
+if [ ! -x "$inspector" ]; then
+    echo "inspector smoke: $inspector missing; run: npm ci --prefix tests/inspector" >&2
+    exit 2
+fi
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/sandmux-inspector.XXXXXX")" || exit 2
+trap 'rm -rf "$tmp"' EXIT
+ws="$tmp/ws"
+log="$tmp/audit.log" # outside the workspace, as serve requires
+mkdir "$ws" || exit 2
+
+passed=0
+failed=0
+out="$tmp/out"
+err="$tmp/err"
+
+# inspect ARGS...: one Inspector CLI call against a fresh `sandmux serve`; stdout
+# (the result as JSON.stringify(result, null, 2)) in $out, stderr in $err.
+inspect() {
+    timeout -k 5 60 "$inspector" --cli "$bin" serve -w "$ws" --audit-log "$log" "$@" \
+        </dev/null >"$out" 2>"$err"
+}
+
+# check NAME STATUS [PATTERN...]: PATTERN is a fixed string that must occur in
+# $out, or !STRING that must not.
+check() {
+    local name="$1" status="$2" why=""
+    shift 2
+    [ "$status" -eq 0 ] || why="inspector exited $status"
+    local p
+    for p in "$@"; do
+        [ -n "$why" ] && break
+        if [ "${p#!}" != "$p" ]; then
+            grep -qF -- "${p#!}" "$out" && why="output contains ${p#!}"
+        else
+            grep -qF -- "$p" "$out" || why="output lacks $p"
+        fi
+    done
+    if [ -z "$why" ]; then
+        passed=$((passed + 1))
+        echo "ok - $name"
+    else
+        failed=$((failed + 1))
+        echo "FAIL - $name: $why"
+        echo "  stdout:"; head -c 4000 "$out" | sed 's/^/    /'
+        # The SDK's Ajv warns about schemars formats (uint, uint32, double); not errors.
+        echo "  stderr:"; grep -v '^unknown format ' "$err" | tail -n 30 | sed 's/^/    /'
+    fi
+}
+
+# (a) the catalogue: sandmux's tools, not libtmux-mcp's server-wide ones.
+inspect --method tools/list
+check "tools/list has run_command and sandbox_status, not list_servers" $? \
+    '"name": "run_command"' '"name": "sandbox_status"' '!list_servers'
+
+# (b) create_session (the SDK client also checks structuredContent against outputSchema).
+inspect --method tools/call --tool-name create_session --tool-arg session_name=smoke
+check "tools/call create_session" $? '"isError": false' '"session_name": "smoke"'
+
+# (c) run_command. This is a new sandmux process with a fresh tmux server, so the
+# session from (b) is gone: the call must come back as a tool error (isError,
+# not a JSON-RPC error) that tells the agent to call create_session. When serve
+# can start with a session, assert 'inspector-42' and '"exit_status": 0' here.
+inspect --method tools/call --tool-name run_command --tool-arg 'command=echo inspector-$((6*7))'
+check "tools/call run_command in a fresh server asks for create_session" $? \
+    '"isError": true' 'there are no sessions; call create_session' '!inspector-42'
+
+# (d) resources.
+inspect --method resources/list
+check "resources/list has sandmux://status" $? '"uri": "sandmux://status"'
+
+echo "inspector smoke: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,87 @@
+"""Shared fixtures: the real sandmux binary, driven over stdio by the official
+MCP Python SDK. Nothing here stands in for sandmux, tmux or the kernel."""
+
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = os.environ.get("SANDMUX_BIN", str(ROOT / "target" / "debug" / "sandmux"))
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def ws():
+    """A workspace (real path) and, beside it, a place for the audit log."""
+    with tempfile.TemporaryDirectory(prefix="sandmux-mcp-ws-") as w, tempfile.TemporaryDirectory(prefix="sandmux-mcp-host-") as h:
+        yield pathlib.Path(os.path.realpath(w)), pathlib.Path(os.path.realpath(h))
+
+
+def server_params(ws, *extra, env=None):
+    work, host = ws
+    args = ["serve", "-w", str(work), "--audit-log", str(host / "audit.jsonl"), *extra]
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    e.update(env or {})
+    return StdioServerParameters(command=BIN, args=args, env=e)
+
+
+@contextlib.asynccontextmanager
+async def connect(ws, *extra, mode="auto", env=None):
+    async with Client(server_params(ws, *extra, env=env), mode=mode) as c:
+        yield c
+
+
+async def call(c, name, args=None, ok=True):
+    r = await c.call_tool(name, args or {})
+    if ok:
+        assert not r.is_error, f"{name} failed: {r.content[0].text if r.content else r}"
+        return r.structured_content
+    assert r.is_error, f"{name} unexpectedly succeeded: {r.structured_content}"
+    return r.content[0].text
+
+
+def serve_pids(work):
+    """Host pids of `sandmux serve` processes for this workspace."""
+    out = []
+    for p in pathlib.Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in cmd and str(work).encode() in cmd:
+            out.append(int(p.name))
+    return out
+
+
+def runtime_dir_of(pid):
+    base = pathlib.Path(os.environ.get("XDG_RUNTIME_DIR", "")) / "sandmux"
+    if not os.environ.get("XDG_RUNTIME_DIR") or not base.exists():
+        base = pathlib.Path(tempfile.gettempdir()) / f"sandmux-{os.getuid()}"
+    for d in base.iterdir():
+        try:
+            if (d / "owner").read_text().split()[0] == str(pid):
+                return d
+        except (OSError, IndexError):
+            continue
+    return None
+
+
+def tmux_host(sock, *args):
+    return subprocess.run(["tmux", "-N", "-S", str(sock), *args], capture_output=True, text=True, timeout=10)
+
+
+def audit_records(ws):
+    return [json.loads(l) for l in (ws[1] / "audit.jsonl").read_text().splitlines()]

@@ -1,0 +1,237 @@
+"""Every tool, through the official MCP Python SDK, against the real binary.
+Structured results are validated against the output schema each tool
+publishes in tools/list."""
+
+import json
+import subprocess
+
+import jsonschema
+import pytest
+
+from conftest import BIN, audit_records, call, connect
+
+pytestmark = pytest.mark.anyio
+
+ALL = ["--toolsets", "inspect,manage,execute,teardown"]
+
+
+async def test_every_tool_once_with_schema_checked_results(ws):
+    async with connect(ws, *ALL) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert len(tools) == 53
+        called = set()
+
+        async def run(name, args=None, ok=True):
+            called.add(name)
+            r = await c.call_tool(name, args or {})
+            if ok:
+                assert not r.is_error, f"{name}: {r.content[0].text}"
+                jsonschema.validate(r.structured_content, tools[name].output_schema)
+                return r.structured_content
+            assert r.is_error, f"{name} should fail: {r.structured_content}"
+            return r.content[0].text
+
+        s = await run("create_session", {"session_name": "main", "window_name": "work"})
+        pane = s["pane_id"]
+        w2 = await run("create_window", {"session_name": "main", "window_name": "two"})
+        sp = await run("split_window", {"pane_id": pane, "direction": "right"})
+        await run("list_sessions")
+        await run("get_session_info", {"session_name": "main"})
+        await run("list_windows", {"session_name": "main"})
+        await run("get_window_info", {"window_id": w2["window_id"]})
+        panes = await run("list_panes", {"filters": {"session_name": "main"}})
+        assert all(p["is_caller"] is False for p in panes["panes"])
+        await run("get_pane_info", {"pane_id": pane})
+        await run("find_pane_by_position", {"corner": "top-right", "window_id": s["window_id"]})
+        info = await run("get_server_info")
+        assert info["drift"] == "none" and info["version"].startswith("tmux")
+        r = await run("run_command", {"pane_id": pane, "command": "echo hello-$((40+2))"})
+        assert r["status"] == "completed" and r["exit_status"] == 0 and r["output"] == "hello-42"
+        cap = await run("capture_pane", {"pane_id": pane})
+        assert "hello-42" in cap["text"]
+        first = await run("capture_since", {"pane_id": pane})
+        sent = await run("send_keys", {"pane_id": pane, "text": "echo since-marker"})
+        await run("wait_for_text", {"cursor": sent["cursor"], "patterns": ["^since-marker"], "regex": True})
+        later = await run("capture_since", {"pane_id": pane, "cursor": first["cursor"]})
+        assert "since-marker" in later["text"] and not later["full_screen"]
+        await run("snapshot_pane", {"pane_id": pane})
+        found = await run("search_panes", {"pattern": "hello-42"})
+        assert found["total_panes_matched"] >= 1
+        d = await run("display_message", {"pane_id": pane, "format_string": "cmd=#{pane_current_command} ##"})
+        assert d["text"] == "cmd=bash #"
+        await run("wait_for_stable", {"pane_id": pane, "quiet_ms": 100})
+        await run("wait_for_gone", {"pane_id": pane, "patterns": ["no-such-text-anywhere"]})
+        assert (await run("show_option", {"option": "history-limit", "global_": True}))["value"] == "10000"
+        await run("show_environment")
+        assert (await run("show_hooks", {"global_": True}))["hooks"]
+        await run("show_hook", {"hook_name": "after-new-window", "global_": True})
+        b = await run("load_buffer", {"content": "line one\nline two", "logical_name": "notes"})
+        shown = await run("show_buffer", {"buffer_name": b["buffer_name"]})
+        assert "line two" in shown["text"]
+        await run("paste_buffer", {"buffer_name": b["buffer_name"], "pane_id": sp["pane_id"], "bracket": True})
+        await run("delete_buffer", {"buffer_name": b["buffer_name"]})
+        await run("paste_text", {"text": "echo pasted\n", "pane_id": sp["pane_id"]})
+        batch = await run("call_read_tools_batch", {"operations": [{"tool": "list_sessions"}, {"tool": "get_pane_info", "arguments": {"pane_id": pane}}]})
+        assert all(x["ok"] for x in batch["results"])
+        await run("send_keys_batch", {"operations": [{"pane_id": pane, "keys": ["C-l"]}, {"pane_id": pane, "text": "true"}]})
+        st = await run("sandbox_status")
+        assert {l["layer"] for l in st["layers"] if l["enforced"]} >= {"userns", "mount", "landlock", "seccomp", "caps", "no-new-privs"}
+        await run("rename_session", {"session_name": "main", "new_name": "renamed"})
+        await run("rename_window", {"window_id": w2["window_id"], "new_name": "two-b"})
+        await run("select_window", {"window_id": w2["window_id"], "session_name": "renamed"})
+        await run("select_layout", {"window_id": s["window_id"], "layout": "tiled"})
+        await run("resize_window", {"window_id": s["window_id"], "width": 120, "height": 40})
+        await run("move_window", {"window_id": w2["window_id"], "destination_index": "7"})
+        await run("select_pane", {"pane_id": sp["pane_id"]})
+        await run("swap_pane", {"source_pane_id": pane, "target_pane_id": sp["pane_id"]})
+        await run("resize_pane", {"pane_id": pane, "zoom": True})
+        await run("set_pane_title", {"pane_id": pane, "title": "my #(title)"})
+        t = await run("get_pane_info", {"pane_id": pane})
+        assert t["title"] == "my #(title)"
+        await run("enter_copy_mode", {"pane_id": pane, "scroll_up": 2})
+        await run("exit_copy_mode", {"pane_id": pane})
+        await run("set_option", {"option": "remain-on-exit", "value": "on", "scope": "window", "target": s["window_id"]})
+        await run("set_environment", {"name": "MY_VAR", "value": "x y", "session_name": "renamed"})
+        await run("respawn_pane", {"pane_id": sp["pane_id"], "shell": "echo respawned; sleep 5"})
+        await run("wait_for_text", {"pane_id": sp["pane_id"], "patterns": ["respawned"], "timeout": 5})
+        await run("clear_pane", {"pane_id": pane})
+        await run("kill_pane", {"pane_id": sp["pane_id"]})
+        await run("kill_window", {"window_id": w2["window_id"]})
+        await run("kill_session", {"session_name": "renamed"})
+        await run("kill_server")
+        assert called == set(tools), f"not called: {set(tools) - called}"
+    recs = audit_records(ws)
+    assert {r["tool"] for r in recs} >= set(tools)
+    assert subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True).returncode == 0
+
+
+async def test_annotations_are_precise(ws):
+    async with connect(ws, *ALL) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+    for name in ["list_panes", "capture_pane", "wait_for_text", "sandbox_status", "search_panes"]:
+        a = tools[name].annotations
+        assert a.read_only_hint is True and a.destructive_hint is False, name
+    for name in ["kill_session", "kill_pane", "send_keys", "run_command"]:
+        a = tools[name].annotations
+        assert a.read_only_hint is False and a.destructive_hint is True, name
+    assert tools["create_session"].annotations.destructive_hint is False
+    assert tools["capture_pane"].annotations.open_world_hint is True
+    assert tools["list_panes"].annotations.open_world_hint is False
+
+
+async def test_run_command_statuses_quoting_and_truncation(ws):
+    async with connect(ws) as c:
+        await call(c, "create_session", {"session_name": "s"})
+        r = await call(c, "run_command", {"command": "false"})
+        assert r["exit_status"] == 1
+        r = await call(c, "run_command", {"command": "sh -c 'exit 7'"})
+        assert r["exit_status"] == 7
+        # An unbalanced quote is a syntax error, not a hung prompt that swallows the marker.
+        r = await call(c, "run_command", {"command": "echo 'unbalanced", "timeout": 10})
+        assert r["status"] == "completed" and r["exit_status"] != 0, r
+        r = await call(c, "run_command", {"command": "echo still-alive"})
+        assert r["output"] == "still-alive"
+        r = await call(c, "run_command", {"command": "seq 1 2000", "max_lines": 10})
+        assert r["truncated"] and r["output"].splitlines() == [str(i) for i in range(1991, 2001)]
+        assert r["truncated_lines"] == 1990
+        r = await call(c, "run_command", {"command": "printf 'a\\nb\\n'; echo $'\\e[31mred\\e[0m'"})
+        assert r["output"] == "a\nb\nred", repr(r["output"])
+        r = await call(c, "run_command", {"command": "sleep 5", "timeout": 0.5})
+        assert r["status"] == "timeout" and r["exit_status"] is None
+        r = await call(c, "run_command", {"command": "sleep 5", "timeout": 0.5, "interrupt_on_timeout": True})
+        assert r["status"] == "interrupted"
+        r = await call(c, "run_command", {"command": "echo after-interrupt"})
+        assert r["output"] == "after-interrupt"
+
+
+async def test_run_command_sends_progress(ws):
+    async with connect(ws) as c:
+        await call(c, "create_session")
+        seen = []
+
+        async def progress(done, total, message):
+            seen.append((done, total, message))
+
+        r = await c.call_tool("run_command", {"command": "sleep 4.5; echo done"}, progress_callback=progress)
+        assert r.structured_content["output"] == "done"
+        assert len(seen) >= 2, seen
+
+
+async def test_waits(ws):
+    async with connect(ws) as c:
+        s = await call(c, "create_session")
+        p = s["pane_id"]
+        sent = await call(c, "send_keys", {"pane_id": p, "text": "echo old-output"})
+        await call(c, "wait_for_text", {"cursor": sent["cursor"], "patterns": ["^old-output"], "regex": True})
+        # Only output written after the call began counts.
+        r = await call(c, "wait_for_text", {"pane_id": p, "patterns": ["old-output"], "timeout": 0.5})
+        assert r["outcome"] == "timeout"
+        await call(c, "send_keys", {"pane_id": p, "text": "(sleep 0.3; echo FATAL; echo never-mind) &"})
+        r = await call(c, "wait_for_text", {"pane_id": p, "patterns": ["never-mind"], "stop": ["FATAL"]})
+        assert r["outcome"] == "stopped" and r["matched_lines"] == ["FATAL"]
+        await call(c, "send_keys", {"pane_id": p, "text": "sleep 0.2; echo x"})
+        r = await call(c, "wait_for_text", {"pane_id": p})
+        assert r["outcome"] == "any_output"
+        r = await call(c, "wait_for_text", {"pane_id": p, "patterns": ["x"], "timeout": 999})
+        assert r["effective_timeout"] <= 30
+        r = await call(c, "wait_for_stable", {"pane_id": p, "quiet_ms": 200})
+        assert r["outcome"] == "stable"
+        sent = await call(c, "send_keys", {"pane_id": p, "text": "clear; echo BUSY; sleep 0.5; clear"})
+        await call(c, "wait_for_text", {"cursor": sent["cursor"], "patterns": ["^BUSY"], "regex": True})
+        r = await call(c, "wait_for_gone", {"pane_id": p, "patterns": ["^BUSY"], "regex": True, "timeout": 5})
+        assert r["outcome"] == "gone"
+
+
+async def test_keys_and_text_are_kept_apart(ws):
+    async with connect(ws) as c:
+        s = await call(c, "create_session")
+        p = s["pane_id"]
+        await call(c, "send_keys", {"pane_id": p, "text": "sleep 30"})
+        await call(c, "send_keys", {"pane_id": p, "keys": ["C-c"]})
+        r = await call(c, "run_command", {"pane_id": p, "command": "echo back"})
+        assert r["output"] == "back"
+        err = await call(c, "send_keys", {"pane_id": p, "keys": ["ls -la"]}, ok=False)
+        assert "not a key name" in err and "text" in err
+        # "C-c" as text is typed literally. The cursor send_keys returns makes the
+        # wait see output that came before wait_for_text was called.
+        sent = await call(c, "send_keys", {"pane_id": p, "text": "echo C-c", "enter": True})
+        r = await call(c, "wait_for_text", {"cursor": sent["cursor"], "patterns": ["^C-c$"], "regex": True})
+        assert r["outcome"] == "matched"
+        # A bracketed paste is inserted, not run line by line: nothing runs until Enter.
+        sent = await call(c, "paste_text", {"pane_id": p, "text": "echo one\necho two\n"})
+        r = await call(c, "wait_for_text", {"cursor": sent["cursor"], "patterns": ["^two$"], "regex": True, "timeout": 1})
+        assert r["outcome"] == "timeout", r
+        await call(c, "send_keys", {"pane_id": p, "keys": ["Enter"]})
+        r = await call(c, "wait_for_text", {"cursor": sent["cursor"], "patterns": ["^two$"], "regex": True})
+        assert r["outcome"] == "matched"
+
+
+async def test_invalid_arguments_get_tool_errors_with_hints(ws):
+    async with connect(ws, *ALL) as c:
+        await call(c, "create_session")
+        cases = [
+            ("get_pane_info", {"pane_id": "%999"}, "list_panes"),
+            ("get_pane_info", {"pane_id": "3"}, "ids look like"),
+            ("capture_pane", {"socket_name": "default"}, "no tool takes a socket"),
+            ("capture_pane", {"bogus": 1}, "accepted arguments"),
+            ("capture_pane", {"max_lines": "many"}, "invalid"),
+            ("run_command", {"command": ""}, "empty"),
+            ("run_command", {"command": "x" * 40000}, "limit is 32768"),
+            ("send_keys", {"text": "a\u0000b"}, "NUL"),
+            ("wait_for_text", {"patterns": ["("], "regex": True}, "regular expression"),
+            ("wait_for_text", {"timeout": -1}, "positive"),
+            ("kill_session", {}, "explicit session"),
+            ("search_panes", {"pattern": ""}, "empty"),
+            ("create_session", {"start_directory": "/etc/../root"}, "start_directory"),
+            ("list_panes", {"filters": {"nope__contains": "x"}}, "unknown field"),
+            ("capture_since", {"cursor": "forged"}, "not a cursor"),
+        ]
+        for name, args, hint in cases:
+            r = await c.call_tool(name, args)
+            assert r.is_error, f"{name} {args}: {r.structured_content}"
+            assert hint in r.content[0].text, f"{name}: {r.content[0].text}"
+        # Still serving afterwards.
+        assert (await call(c, "get_server_info"))["alive"]
+    recs = audit_records(ws)
+    assert sum(1 for r in recs if r["outcome"] == "malformed") >= 5
+    assert not any("x" * 300 in json.dumps(r) for r in recs)
