@@ -60,6 +60,9 @@ enum Cmd {
         /// The audit log (default: ~/.local/state/sandmux/audit/).
         #[arg(long)]
         audit_log: Option<PathBuf>,
+        /// Start without the initial session "main".
+        #[arg(long)]
+        no_session: bool,
     },
     /// Audit log tools.
     Audit {
@@ -83,6 +86,9 @@ enum Cmd {
     Init,
     #[command(name = "__probe-userns", hide = true)]
     ProbeUserns,
+    /// Print the MCP tool table (markdown) generated from the catalogue.
+    #[command(name = "__tools-doc", hide = true)]
+    ToolsDoc,
     /// Test harness: start an instance, print its socket as JSON, stop at stdin EOF.
     #[command(name = "__instance", hide = true)]
     Instance {
@@ -160,12 +166,17 @@ fn main() -> ExitCode {
             Err(c) => c,
         },
         Cmd::Profile { cmd } => profile_cmd(cmd),
+        Cmd::ToolsDoc => {
+            print!("{}", sandmux::mcp::catalog::markdown_table());
+            ExitCode::SUCCESS
+        }
         Cmd::Serve {
             target,
             toolsets,
             tools,
             exclude_tools,
             audit_log,
+            no_session,
         } => match resolve(&target) {
             Ok(policy) => {
                 let flags = sandmux::mcp::toolsets::Flags {
@@ -173,7 +184,14 @@ fn main() -> ExitCode {
                     tools,
                     exclude_tools,
                 };
-                let code = sandmux::mcp::serve(policy, sandmux::mcp::Options { flags, audit_log });
+                let code = sandmux::mcp::serve(
+                    policy,
+                    sandmux::mcp::Options {
+                        flags,
+                        audit_log,
+                        no_session,
+                    },
+                );
                 // Never return through the runtime: stdin's blocking reader would hold it.
                 std::process::exit(code)
             }

@@ -323,3 +323,19 @@ fn fail_closed_on_missing_layer_and_report_the_opt_in() {
         "{reach}"
     );
 }
+
+/// docs/mcp.md's tool table is generated from the catalogue and must match it.
+#[test]
+fn docs_tool_table_matches_the_catalogue() {
+    let o = sandmux(&["__tools-doc"]).output().unwrap();
+    let table = String::from_utf8(o.stdout).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/mcp.md")).unwrap();
+    let begin = doc.find("<!-- tools:begin -->\n").unwrap() + "<!-- tools:begin -->\n".len();
+    let end = doc.find("<!-- tools:end -->").unwrap();
+    assert_eq!(
+        &doc[begin..end],
+        table,
+        "regenerate with: sandmux __tools-doc"
+    );
+    assert_eq!(table.lines().count(), 2 + 53);
+}

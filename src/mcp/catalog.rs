@@ -210,6 +210,27 @@ pub fn find(name: &str) -> Option<&'static ToolDef> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
+/// The tool table for docs/mcp.md, generated from [`TOOLS`] (a test keeps the
+/// document in step with the catalogue).
+pub fn markdown_table() -> String {
+    let mut s = String::from("| Tool | Toolset | readOnly | destructive | idempotent | openWorld | What it does |\n|---|---|---|---|---|---|---|\n");
+    for t in TOOLS {
+        let (ro, de, id, ow) = t.class.hints();
+        let ts = match t.toolset {
+            Toolset::Inspect => "inspect",
+            Toolset::Manage => "manage",
+            Toolset::Execute => "execute",
+            Toolset::Teardown => "teardown",
+        };
+        s.push_str(&format!(
+            "| `{}` | {ts} | {ro} | {de} | {id} | {ow} | {} |\n",
+            t.name,
+            t.description.replace('|', "\\|")
+        ));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,7 +39,12 @@ pub struct Options {
     pub flags: toolsets::Flags,
     /// Where the audit log goes (default: the state directory).
     pub audit_log: Option<PathBuf>,
+    /// Start without the initial "main" session.
+    pub no_session: bool,
 }
+
+/// The session `serve` creates at start, so a client can run commands at once.
+pub const FIRST_SESSION: &str = "main";
 
 /// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
 /// (or `~/.local/state/...`).
@@ -101,9 +106,12 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         }
     };
     let ws = policy.workspace.display().to_string();
-    if let Err(e) = inst.cmd(&[
+    let control_id = match inst.cmd(&[
         "new-session",
         "-d",
+        "-P",
+        "-F",
+        "#{session_id}",
         "-s",
         CONTROL_SESSION,
         "-x",
@@ -118,8 +126,28 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         "sleep",
         "infinity",
     ]) {
-        eprintln!("sandmux: creating the control session: {e}");
-        return crate::sandbox::EXIT_INTERNAL;
+        Ok(id) => id.trim().to_string(),
+        Err(e) => {
+            eprintln!("sandmux: creating the control session: {e}");
+            return crate::sandbox::EXIT_INTERNAL;
+        }
+    };
+    if !opts.no_session {
+        if let Err(e) = inst.cmd(&[
+            "new-session",
+            "-d",
+            "-s",
+            FIRST_SESSION,
+            "-x",
+            "200",
+            "-y",
+            "50",
+            "-c",
+            &ws,
+        ]) {
+            eprintln!("sandmux: creating the first session: {e}");
+            return crate::sandbox::EXIT_INTERNAL;
+        }
     }
     let tmux_version = std::process::Command::new(&inst.tmux)
         .arg("-V")
@@ -147,7 +175,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     let socket = inst.socket();
     let tmux = inst.tmux.clone();
     let code = rt.block_on(async move {
-        let hub = match Hub::connect(&tmux, &socket).await {
+        let hub = match Hub::connect(&tmux, &socket, &control_id).await {
             Ok(h) => h,
             Err(e) => {
                 eprintln!("sandmux: {e}");

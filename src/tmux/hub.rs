@@ -163,7 +163,11 @@ pub struct Hub {
 
 impl Hub {
     /// Connects to the server at `socket`, whose control session already exists.
-    pub async fn connect(tmux: &Path, socket: &Path) -> Result<Arc<Hub>, String> {
+    pub async fn connect(
+        tmux: &Path,
+        socket: &Path,
+        control_session_id: &str,
+    ) -> Result<Arc<Hub>, String> {
         let (events, _) = broadcast::channel(64);
         let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel();
         let streams = Arc::new(Streams {
@@ -177,26 +181,19 @@ impl Hub {
             "command",
             tmux,
             socket,
-            &format!("={CONTROL_SESSION}"),
+            control_session_id,
             "no-output,ignore-size",
             streams.clone(),
         )
         .await
         .map_err(|e| format!("starting the control client: {e}"))?;
-        let id = cmd
-            .run(
-                &Cmd::new("display-message")
-                    .flag("-p")
-                    .arg("#{session_id}")
-                    .line(),
-                DEADLINE,
-            )
-            .await
-            .map_err(|e| format!("control client: {e}"))?;
-        let control_session_id = id
-            .first()
-            .map(|l| String::from_utf8_lossy(l).into_owned())
-            .unwrap_or_default();
+        cmd.run(
+            &Cmd::new("display-message").flag("-p").arg("ok").line(),
+            DEADLINE,
+        )
+        .await
+        .map_err(|e| format!("control client: {e}"))?;
+        let control_session_id = control_session_id.to_string();
         let hub = Arc::new(Hub {
             tmux: tmux.to_path_buf(),
             socket: socket.to_path_buf(),
@@ -275,7 +272,7 @@ impl Hub {
             "command",
             &self.tmux,
             &self.socket,
-            &format!("={CONTROL_SESSION}"),
+            &self.control_session_id,
             "no-output,ignore-size",
             self.streams.clone(),
         )

@@ -31,15 +31,15 @@ async def test_every_tool_once_with_schema_checked_results(ws):
             assert r.is_error, f"{name} should fail: {r.structured_content}"
             return r.content[0].text
 
-        s = await run("create_session", {"session_name": "main", "window_name": "work"})
+        s = await run("create_session", {"session_name": "work", "window_name": "work"})
         pane = s["pane_id"]
-        w2 = await run("create_window", {"session_name": "main", "window_name": "two"})
+        w2 = await run("create_window", {"session_name": "work", "window_name": "two"})
         sp = await run("split_window", {"pane_id": pane, "direction": "right"})
         await run("list_sessions")
-        await run("get_session_info", {"session_name": "main"})
-        await run("list_windows", {"session_name": "main"})
+        await run("get_session_info", {"session_name": "work"})
+        await run("list_windows", {"session_name": "work"})
         await run("get_window_info", {"window_id": w2["window_id"]})
-        panes = await run("list_panes", {"filters": {"session_name": "main"}})
+        panes = await run("list_panes", {"filters": {"session_name": "work"}})
         assert all(p["is_caller"] is False for p in panes["panes"])
         await run("get_pane_info", {"pane_id": pane})
         await run("find_pane_by_position", {"corner": "top-right", "window_id": s["window_id"]})
@@ -76,7 +76,7 @@ async def test_every_tool_once_with_schema_checked_results(ws):
         await run("send_keys_batch", {"operations": [{"pane_id": pane, "keys": ["C-l"]}, {"pane_id": pane, "text": "true"}]})
         st = await run("sandbox_status")
         assert {l["layer"] for l in st["layers"] if l["enforced"]} >= {"userns", "mount", "landlock", "seccomp", "caps", "no-new-privs"}
-        await run("rename_session", {"session_name": "main", "new_name": "renamed"})
+        await run("rename_session", {"session_name": "work", "new_name": "renamed"})
         await run("rename_window", {"window_id": w2["window_id"], "new_name": "two-b"})
         await run("select_window", {"window_id": w2["window_id"], "session_name": "renamed"})
         await run("select_layout", {"window_id": s["window_id"], "layout": "tiled"})

@@ -350,7 +350,8 @@ pub struct Sent {
     /// The pane.
     pub pane_id: String,
     /// Bytes of text typed.
-    pub text_bytes: usize,    /// Keys pressed (including Enter).
+    pub text_bytes: usize,
+    /// Keys pressed (including Enter).
     pub keys: Vec<String>,
     /// A cursor taken just before sending: pass it to wait_for_text or
     /// capture_since to see exactly what followed.
@@ -374,7 +375,8 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
     }
     for k in &keys {
         text::key(k)?;
-    }    let mut sent_keys = Vec::new();
+    }
+    let mut sent_keys = Vec::new();
     let mut bytes = 0;
     let (offset, _) = c.s.hub.subscribe(pane.pane_id[1..].parse().unwrap_or(0));
     let cursor = inspect::cursor_for(c, &pane.pane_id, offset);
@@ -756,6 +758,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
         tokio::select! {
             r = rx.changed() => { if r.is_err() { return Err(ToolError::Internal("output stream closed".into())); } }
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command may still be running".into())),
+            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
             _ = tick.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
             _ = tokio::time::sleep_until(deadline) => {
                 if a.interrupt_on_timeout {

@@ -449,11 +449,20 @@ pub fn cursor_for(c: &Call<'_>, pane: &str, offset: u64) -> String {
 /// Parses a cursor of this instance: (pane number, offset).
 pub fn parse_cursor(c: &Call<'_>, cur: &str) -> Result<(u32, u64), ToolError> {
     let parts: Vec<&str> = cur.split('.').collect();
-    let bad = || ToolError::invalid("cursor", "is not a cursor from this instance", "call capture_since without a cursor to start over");
+    let bad = || {
+        ToolError::invalid(
+            "cursor",
+            "is not a cursor from this instance",
+            "call capture_since without a cursor to start over",
+        )
+    };
     if parts.len() != 4 || parts[0] != "sc1" || parts[3] != &c.s.info.generation[..8] {
         return Err(bad());
     }
-    Ok((parts[1].parse().map_err(|_| bad())?, parts[2].parse().map_err(|_| bad())?))
+    Ok((
+        parts[1].parse().map_err(|_| bad())?,
+        parts[2].parse().map_err(|_| bad())?,
+    ))
 }
 
 /// Output since a cursor, from the `%output` stream.
@@ -781,7 +790,8 @@ pub struct WaitText {
     /// Seconds (default 8, clamped to the profile's ceiling).
     pub timeout: Option<f64>,
     /// Accepted for compatibility and ignored: waits are event-driven.
-    pub interval: Option<f64>,    /// Case-sensitive (default false).
+    pub interval: Option<f64>,
+    /// Case-sensitive (default false).
     #[serde(default)]
     pub match_case: bool,
     /// Count output from this cursor on (send_keys returns one taken just
@@ -819,7 +829,8 @@ pub async fn wait_stream<F>(
 where
     F: FnMut(&str) -> Option<(String, Vec<String>)>,
 {
-    let num: u32 = pane.pane_id[1..].parse().unwrap_or(0);    let (now, mut rx) = c.s.hub.subscribe(num);
+    let num: u32 = pane.pane_id[1..].parse().unwrap_or(0);
+    let (now, mut rx) = c.s.hub.subscribe(num);
     let start = from.unwrap_or(now).min(now);
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -835,6 +846,7 @@ where
             r = rx.changed() => { if r.is_err() { return Err(ToolError::Internal("output stream closed".into())); } }
             _ = tokio::time::sleep_until(deadline) => return Ok((None, tail(&text), t0.elapsed().as_secs_f64())),
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
+            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
             _ = tick.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "waiting for pane output").await,
         }
     }
@@ -861,10 +873,14 @@ pub async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResult, Tool
         .unwrap_or(&[])
         .iter()
         .map(|p| matcher("stop", p, a.regex, a.match_case))
-        .collect::<Result<Vec<_>, _>>()?;    let (p, from) = match &a.cursor {
+        .collect::<Result<Vec<_>, _>>()?;
+    let (p, from) = match &a.cursor {
         Some(cur) => {
             let (num, off) = parse_cursor(c, cur)?;
-            (targets::explicit_pane(c, &format!("%{num}")).await?, Some(off))
+            (
+                targets::explicit_pane(c, &format!("%{num}")).await?,
+                Some(off),
+            )
         }
         None => (targets::pane(c, &a.p).await?, None),
     };
@@ -925,6 +941,7 @@ pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, 
             _ = tokio::time::sleep(quiet) => break "stable",
             _ = tokio::time::sleep_until(deadline) => break "timeout",
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
+            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
         }
     };
     let text = text::clean(&c.s.hub.read_since(num, start).data);
@@ -995,6 +1012,7 @@ pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, Tool
                 return Ok(WaitResult { outcome: "timeout".into(), pane_id: p.pane_id, matched_lines: still, tail: tail(&screen), elapsed: t0.elapsed().as_secs_f64(), effective_timeout: timeout.as_secs_f64() });
             }
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
+            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
         }
     }
 }

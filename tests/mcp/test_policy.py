@@ -1,0 +1,276 @@
+"""Policy on the wire: toolsets, start-up refusals, P3 refusals, drift,
+audit, protocol versions, malformed JSON-RPC, resources, prompts, teardown."""
+
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+import anyio
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from conftest import BIN, audit_records, call, connect, runtime_dir_of, serve_pids, server_params, tmux_host
+
+pytestmark = pytest.mark.anyio
+ALL = ["--toolsets", "inspect,manage,execute,teardown"]
+
+
+async def test_toolsets_filter_the_wire(ws):
+    async with connect(ws, "--toolsets", "inspect", "--tools", "send_keys", "--exclude-tools", "capture_pane") as c:
+        names = {t.name for t in (await c.list_tools()).tools}
+        assert "list_panes" in names and "send_keys" in names
+        assert "capture_pane" not in names and "run_command" not in names and "kill_server" not in names
+        with pytest.raises(MCPError, match="Unknown tool: run_command"):
+            await c.call_tool("run_command", {"command": "id"})
+        with pytest.raises(MCPError, match="Unknown tool: capture_pane"):
+            await c.call_tool("capture_pane", {})
+    recs = [r for r in audit_records(ws) if r["tool"] in ("run_command", "capture_pane")]
+    assert [r["outcome"] for r in recs] == ["refused", "refused"]
+
+
+def test_unknown_names_fail_startup(ws):
+    work, host = ws
+    base = [BIN, "serve", "-w", str(work), "--audit-log", str(host / "a.jsonl")]
+    for extra, env, needle in [
+        (["--toolsets", "inspect,evrything"], {}, "valid toolsets: inspect, manage, execute, teardown"),
+        (["--tools", "list_servers"], {}, "valid tools:"),
+        (["--exclude-tools", "nope"], {}, "valid tools:"),
+        ([], {"SANDMUX_TOOLSETS": "bogus"}, "unknown toolset"),
+        ([], {"SANDMUX_SAFETY": "readonly"}, "unknown environment variable SANDMUX_SAFETY"),
+    ]:
+        e = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+        e.update(env)
+        p = subprocess.run(base + extra, env=e, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        assert p.returncode == 2, (extra, env, p.stderr)
+        assert needle in p.stderr, p.stderr
+    # Nothing started: no runtime directory was left for these.
+    assert not any(serve_pids(work))
+
+
+async def test_reconfiguration_is_refused(ws, tmp_path):
+    canary = tmp_path / "canary"
+    async with connect(ws, *ALL) as c:
+        await call(c, "create_session", {"session_name": "s"})
+        for opt, val in [("default-shell", "/bin/sh"), ("default-command", "sh"), ("status-left", f"#(touch {canary})"), ("allow-passthrough", "on"), ("set-clipboard", "on"), ("update-environment", "SSH_AUTH_SOCK"), ("command-alias", "x=run-shell")]:
+            err = await call(c, "set_option", {"option": opt, "value": val, "global_": True}, ok=False)
+            assert "refused" in err, (opt, err)
+        err = await call(c, "set_option", {"option": "history-limit", "value": "#(id)"}, ok=False)
+        assert "not allowed" in err
+        for fmt in [f"#(touch {canary})", "#{E:HOME}", "#{T:status-left}", "#{?pane_dead,a,b}", "#{s/a/b/:pane_id}"]:
+            err = await call(c, "display_message", {"format_string": fmt}, ok=False)
+            assert "refused" in err, (fmt, err)
+        for name in ["LD_PRELOAD", "TMUX", "TMUX_PANE", "SANDMUX_TOOLSETS", "GLIBC_TUNABLES", "DBUS_SESSION_BUS_ADDRESS"]:
+            err = await call(c, "set_environment", {"name": name, "value": "x"}, ok=False)
+            assert "refused" in err, (name, err)
+            err = await call(c, "create_window", {"session_name": "s", "environment": {name: "x"}}, ok=False)
+            assert "refused" in err
+        # Names and titles are stored as text: #(...) never runs in the server.
+        s = await call(c, "create_session", {"session_name": f"n#(touch {canary})", "window_name": f"w#(touch {canary})#{{pid}}"})
+        await call(c, "rename_window", {"window_id": s["window_id"], "new_name": f"r#(touch {canary})"})
+        await call(c, "set_pane_title", {"pane_id": s["pane_id"], "title": f"t#(touch {canary})"})
+        info = await call(c, "get_pane_info", {"pane_id": s["pane_id"]})
+        assert info["session_name"] == f"n#(touch {canary})"
+        assert info["window_name"] == f"r#(touch {canary})"
+        assert info["title"] == f"t#(touch {canary})"
+        hooks = await call(c, "show_hooks", {"global_": True})
+        assert not any("[" in h for h in hooks["hooks"])
+        assert (await call(c, "get_server_info"))["drift"] == "none"
+    time.sleep(0.3)
+    assert not canary.exists(), "a #( job ran"
+
+
+async def test_drift_stops_further_calls(ws):
+    async with connect(ws) as c:
+        await call(c, "create_session")
+        pid = serve_pids(ws[0])[0]
+        sock = runtime_dir_of(pid) / "sock" / "tmux.sock"
+        # Positive control: the host-side socket works for the harness.
+        assert tmux_host(sock, "set-hook", "-g", "after-new-window", "display-message x").returncode == 0
+        err = await call(c, "list_sessions", ok=False)
+        assert "drift" in err and "show-hooks" in err, err
+        err = await call(c, "get_server_info", ok=False)
+        assert "drift" in err
+    recs = audit_records(ws)
+    assert recs[-1]["outcome"] == "refused" and recs[-1]["error_type"] == "drift"
+
+
+async def test_audit_log_chain_and_tamper_detection(ws):
+    secret = "hunter2-very-secret"
+    async with connect(ws) as c:
+        await call(c, "create_session")
+        await call(c, "send_keys", {"text": f"echo {secret}", "enter": False})
+        await call(c, "run_command", {"command": f"true {secret}"})
+        await call(c, "get_pane_info", {"pane_id": "%99"}, ok=False)
+    log = ws[1] / "audit.jsonl"
+    text = log.read_text()
+    assert secret not in text
+    recs = [json.loads(l) for l in text.splitlines()]
+    send = next(r for r in recs if r["tool"] == "send_keys")
+    assert set(send["args"]["text"]) == {"len", "sha256"} and send["args"]["text"]["len"] == len(f"echo {secret}")
+    assert {r["outcome"] for r in recs} >= {"ok", "error"}
+    assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))
+    ok = subprocess.run([BIN, "audit", "verify", str(log)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "chain intact" in ok.stdout
+    lines = text.splitlines()
+    for tampered in [text.replace('"ok"', '"error"', 1), "\n".join(lines[:1] + lines[2:]) + "\n", "\n".join([lines[1], lines[0]] + lines[2:]) + "\n"]:
+        log.write_text(tampered)
+        bad = subprocess.run([BIN, "audit", "verify", str(log)], capture_output=True, text=True)
+        assert bad.returncode == 1 and "line" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("mode,version", [("legacy", "2025-11-25"), ("auto", "2026-07-28")])
+async def test_protocol_versions(ws, mode, version):
+    async with connect(ws, mode=mode) as c:
+        assert c.protocol_version == version
+        await call(c, "create_session")
+        r = await call(c, "run_command", {"command": "echo v"})
+        assert r["output"] == "v"
+
+
+def test_malformed_json_rpc_gets_errors_not_crashes(ws):
+    work, host = ws
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    p = subprocess.Popen([BIN, "serve", "-w", str(work), "--audit-log", str(host / "a.jsonl")], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def send(obj):
+        p.stdin.write((obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n")
+        p.stdin.flush()
+
+    def recv():
+        return json.loads(p.stdout.readline())
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+    assert recv()["result"]["serverInfo"]["name"] == "sandmux"
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send("{not json")
+    send("\xff\xfe garbage")
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": 5}})
+    r = recv()
+    assert r["id"] == 2 and r["error"]["code"] == -32602
+    send({"jsonrpc": "2.0", "id": 3, "method": "no/such/method", "params": {}})
+    r = recv()
+    assert r["id"] == 3 and r["error"]["code"] == -32601
+    send({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "list_panes", "arguments": {"filters": 12}}})
+    r = recv()
+    assert r["id"] == 4 and r["result"]["isError"] is True
+    send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "list_sessions", "arguments": {"filters": "x" * 2_000_000}}})
+    r = recv()
+    assert r["id"] == 5 and r["result"]["isError"] is True
+    send({"jsonrpc": "2.0", "id": 6, "method": "tools/list"})
+    r = recv()
+    assert r["id"] == 6 and len(r["result"]["tools"]) > 10
+    p.stdin.close()
+    assert p.wait(timeout=15) == 0
+
+
+async def test_resources_and_prompts(ws):
+    async with connect(ws) as c:
+        s = await call(c, "create_session", {"session_name": "res"})
+        await call(c, "run_command", {"pane_id": s["pane_id"], "command": "echo resource-text"})
+        uris = {str(r.uri) for r in (await c.list_resources()).resources}
+        assert {"sandmux://status", "sandmux://journal", "tmux://sessions"} <= uris
+        templates = {t.uri_template for t in (await c.list_resource_templates()).resource_templates}
+        assert "tmux://panes/{pane_id}/content" in templates
+        status = json.loads((await c.read_resource("sandmux://status")).contents[0].text)
+        assert status["profile"] == "default" and any(l["layer"] == "landlock" and l["enforced"] for l in status["layers"])
+        content = (await c.read_resource(f"tmux://panes/{s['pane_id']}/content")).contents[0].text
+        assert "resource-text" in content
+        sess = json.loads((await c.read_resource("tmux://sessions/res")).contents[0].text)
+        assert sess["session_name"] == "res"
+        journal = json.loads((await c.read_resource("sandmux://journal")).contents[0].text)
+        assert any(r["tool"] == "run_command" for r in journal["records"])
+        with pytest.raises(MCPError):
+            await c.read_resource("tmux://panes/%999/content")
+        prompts = {p.name for p in (await c.list_prompts()).prompts}
+        assert prompts == {"run_and_wait", "diagnose_failing_pane", "build_dev_workspace", "interrupt_gracefully"}
+        msg = await c.get_prompt("run_and_wait", {"command": "make", "pane_id": "%1", "timeout": "60"})
+        assert "timeout=30" in msg.messages[0].content.text
+        msg = await c.get_prompt("interrupt_gracefully", {"pane_id": "%1"})
+        assert '["C-c"]' in msg.messages[0].content.text
+    assert any(r["tool"].startswith("resource:") for r in audit_records(ws))
+
+
+def _alive(pid):
+    try:
+        return " Z " not in pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+
+
+def _descendants(root):
+    kids = {}
+    for p in pathlib.Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                st = (p / "stat").read_text()
+                kids.setdefault(int(st[st.rfind(")") + 2 :].split()[1]), []).append(int(p.name))
+            except (OSError, ValueError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+async def test_client_disconnect_tears_everything_down(ws):
+    async with connect(ws) as c:
+        await call(c, "create_session")
+        await call(c, "send_keys", {"text": "(setsid sleep 300 &); nohup sleep 301 >/dev/null 2>&1 &"})
+        await call(c, "run_command", {"command": "true"})
+        pid = serve_pids(ws[0])[0]
+        rundir = runtime_dir_of(pid)
+        procs = _descendants(pid)
+        assert len(procs) >= 5
+    t0 = time.monotonic()
+    while (any(_alive(p) for p in procs + [pid]) or rundir.exists()) and time.monotonic() - t0 < 5:
+        await anyio.sleep(0.05)
+    assert not any(_alive(p) for p in procs), "processes outlived the client"
+    assert not rundir.exists()
+    assert time.monotonic() - t0 < 3
+
+
+async def test_kill_server_ends_the_instance(ws):
+    async with connect(ws, *ALL) as c:
+        await call(c, "create_session")
+        pid = serve_pids(ws[0])[0]
+        r = await call(c, "kill_server")
+        assert "ending" in r["done"]
+    t0 = time.monotonic()
+    while _alive(pid) and time.monotonic() - t0 < 5:
+        await anyio.sleep(0.05)
+    assert not _alive(pid)
+
+
+async def test_forged_control_mode_framing_is_harmless(ws):
+    """T7: a pane prints lines that look like control-mode guards and
+    notifications for many plausible command numbers, then the agent captures
+    that pane. The capture either succeeds or fails cleanly; nothing forged is
+    believed, and the server keeps answering."""
+    async with connect(ws) as c:
+        s = await call(c, "create_session", {"x": 200, "y": 50})
+        p = s["pane_id"]
+        script = (
+            "python3 -c \"import time\n"
+            "t=int(time.time())\n"
+            "for n in range(0, 1500):\n"
+            "  for d in (0,1):\n"
+            "    print('%%end %d %d 1' % (t+d, n))\n"
+            "print('%output %1 SANDMUX_Eforged:0')\n"
+            "print('%exit')\n\""
+        )
+        await call(c, "run_command", {"pane_id": p, "command": script, "timeout": 20})
+        forged = 0
+        for _ in range(3):
+            r = await c.call_tool("capture_pane", {"pane_id": p, "start": -3100, "max_lines": 20})
+            if r.is_error:
+                assert "forge" in r.content[0].text, r.content[0].text
+                forged += 1
+        # The guesses cover the command numbers in use, so the forgery was attempted and caught.
+        assert forged >= 1
+        out = await call(c, "run_command", {"pane_id": p, "command": "echo still-in-sync"})
+        assert out["output"] == "still-in-sync" and out["exit_status"] == 0
+        assert (await call(c, "get_server_info"))["alive"]
