@@ -335,10 +335,17 @@ fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
                             Ok(l) => l.profile.description,
                             Err(e) => format!("INVALID: {e}"),
                         };
-                        println!(
-                            "{:<12} user     {d}",
-                            p.file_stem().unwrap_or_default().to_string_lossy()
-                        );
+                        let stem = p
+                            .file_stem()
+                            .unwrap_or_default()
+                            .to_string_lossy()
+                            .into_owned();
+                        let note = if profile::BUILTINS.iter().any(|(n, _)| *n == stem) {
+                            " (NOT USED: the built-in of this name wins; rename the file)"
+                        } else {
+                            ""
+                        };
+                        println!("{stem:<12} user     {d}{note}");
                     }
                 }
             }

@@ -39,17 +39,16 @@ pub struct Drift {
 }
 
 async fn snapshot(hub: &Hub) -> Result<Vec<String>, ToolError> {
-    let mut out = Vec::new();
-    for c in probes() {
-        let r = hub.run(&c).await?;
-        out.push(
+    let replies = hub.run_many(&probes()).await?;
+    Ok(replies
+        .iter()
+        .map(|r| {
             r.iter()
                 .map(|l| String::from_utf8_lossy(l).into_owned())
                 .collect::<Vec<_>>()
-                .join("\n"),
-        );
-    }
-    Ok(out)
+                .join("\n")
+        })
+        .collect())
 }
 
 impl Drift {

@@ -87,7 +87,20 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    if audit_path.starts_with(&policy.workspace) {
+    // Compare resolved paths: a relative or symlinked --audit-log must not land in the workspace.
+    let audit_path = if audit_path.is_absolute() {
+        audit_path
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(&audit_path))
+            .unwrap_or(audit_path)
+    };
+    let resolved_parent = audit_path
+        .parent()
+        .and_then(|d| std::fs::canonicalize(d).ok());
+    if audit_path.starts_with(&policy.workspace)
+        || resolved_parent.is_some_and(|d| d.starts_with(&policy.workspace))
+    {
         eprintln!("sandmux: the audit log {} is inside the workspace, where the agent could change it; choose another --audit-log", audit_path.display());
         return crate::sandbox::EXIT_USAGE;
     }
@@ -226,6 +239,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("sandmux: MCP start-up: {e}");
+                    shutdown.cancel();
                     hub.shutdown();
                     return 1;
                 }

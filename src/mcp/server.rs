@@ -100,7 +100,10 @@ impl Server {
         call: &Call<'_>,
         args: Value,
     ) -> Result<Value, ToolError> {
-        self.s.drift.check(&self.s.hub).await?;
+        // Ending the instance stays possible whatever happened to the server.
+        if def.name != "kill_server" {
+            self.s.drift.check(&self.s.hub).await?;
+        }
         let r = (def.handler)(call, args).await;
         if !matches!(def.class, Class::MetadataRead | Class::ContentRead)
             && !self.s.shutdown.is_cancelled()
@@ -298,8 +301,35 @@ impl ServerHandler for Server {
     async fn on_custom_request(
         &self,
         req: CustomRequest,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
+        // Known methods land here only when their parameters did not parse:
+        // a malformed call, recorded as one (P7) with its parameters digested.
+        if req.method == "tools/call" {
+            let raw = req.params.clone().unwrap_or(Value::Null);
+            let name = raw
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("(malformed)")
+                .to_string();
+            let e = ToolError::invalid(
+                "params",
+                "tools/call parameters did not parse",
+                "send {name: string, arguments: object}",
+            );
+            self.audit(
+                &Audited {
+                    tool: &name,
+                    def: None,
+                    t0: Instant::now(),
+                    request_id: format!("{:?}", cx.id),
+                    client: None,
+                    args: &raw,
+                },
+                Some(&e),
+                Some("malformed"),
+            );
+        }
         match req.method.as_str() {
             "tools/call" | "prompts/get" | "resources/read" => Err(McpError::invalid_params(
                 format!(
@@ -365,6 +395,14 @@ impl ServerHandler for Server {
         req: ReadResourceRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
+        if let Some(why) = self.s.drift.tripped() {
+            if req.uri != "sandmux://status" && req.uri != "sandmux://journal" {
+                return Err(McpError::invalid_params(
+                    format!("configuration drift: {why}; sandmux refuses further reads"),
+                    None,
+                ));
+            }
+        }
         let t0 = Instant::now();
         let uri = req.uri.clone();
         let call = Call {

@@ -180,7 +180,11 @@ pub fn clean(bytes: &[u8]) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    // C1 controls (U+0080–U+009F) act like escapes on some terminals: dropped too.
+    String::from_utf8_lossy(&out)
+        .chars()
+        .filter(|c| !('\u{80}'..='\u{9f}').contains(c))
+        .collect()
 }
 
 /// Text kept within a line and byte budget, tail first.
@@ -249,6 +253,7 @@ mod tests {
         assert_eq!(clean(b"a\x1b]52;c;ZXZpbA==\x07b\x1bP+q544e\x1b\\c"), "abc");
         assert_eq!(clean(b"bell\x07\x00\x7f"), "bell");
         assert_eq!(clean(b"\xff"), "\u{fffd}");
+        assert_eq!(clean("a\u{9b}31mb".as_bytes()), "a31mb");
     }
 
     #[test]

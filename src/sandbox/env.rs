@@ -46,9 +46,56 @@ pub fn build(
     out
 }
 
+/// The environment a pane gets: what tmux hands the gate (the sandbox's own
+/// environment plus variables sandmux's tools set, already checked) minus
+/// every forbidden name (`TMUX`, `TMUX_PANE`, loader and bus variables), then
+/// the profile's `set` entries.
+pub fn gate(
+    policy: &Environment,
+    from: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    let mut out: Vec<(OsString, OsString)> = from
+        .into_iter()
+        .filter(|(k, v)| {
+            std::str::from_utf8(k.as_bytes()).is_ok_and(|n| !forbidden(n))
+                && !v.as_bytes().contains(&0)
+        })
+        .collect();
+    for (k, v) in &policy.set {
+        if !forbidden(k) {
+            out.retain(|(n, _)| n.as_bytes() != k.as_bytes());
+            out.push((k.into(), v.into()));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gate_drops_tmux_and_loader_variables_only() {
+        let policy = Environment {
+            keep: vec![],
+            set: [("HOME".to_string(), "/home/sandmux".to_string())].into(),
+        };
+        let env = vec![
+            ("TMUX".into(), "x".into()),
+            ("TMUX_PANE".into(), "%1".into()),
+            ("LD_PRELOAD".into(), "e".into()),
+            ("MY_VAR".into(), "set by a tool".into()),
+            ("HOME".into(), "/root".into()),
+        ];
+        let out = gate(&policy, env);
+        assert_eq!(
+            out,
+            vec![
+                ("MY_VAR".into(), "set by a tool".into()),
+                ("HOME".into(), "/home/sandmux".into())
+            ]
+        );
+    }
 
     #[test]
     fn scrubs() {

@@ -6,8 +6,10 @@
 //! `sandmux-pane --exec -- ARGV...`. The gate:
 //!
 //! 1. reads its configuration from `/run/sandmux/gate.json` (written by PID 1);
-//! 2. rebuilds the environment from the profile's allowlist (no `TMUX`,
-//!    `TMUX_PANE`, loader or session-bus variables);
+//! 2. rebuilds the environment: what tmux passes (the sandbox's own, already
+//!    reduced to the profile's allowlist, plus variables sandmux's tools set
+//!    after checking them) minus `TMUX`, `TMUX_PANE`, loader and session-bus
+//!    variables, plus the profile's `set` entries;
 //! 3. adds a Landlock layer nested under the server's, with the signal and
 //!    abstract-socket scopes, so the pane can neither signal nor ptrace the tmux
 //!    server or PID 1, and sees nothing of `/run/sandmux` but this binary;
@@ -76,7 +78,7 @@ pub fn main(args: Vec<OsString>) -> ! {
         serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {CONFIG}: {e}")));
     let policy = &cfg.policy;
 
-    let env = env::build(&policy.environment, std::env::vars_os());
+    let env = env::gate(&policy.environment, std::env::vars_os());
     // TCP rules, when needed, are already in the server's layer, which panes inherit.
     match landlock::restrict(policy, landlock::Role::Pane, true) {
         Ok(o) => {

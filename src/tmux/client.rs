@@ -290,6 +290,50 @@ impl Client {
         }
     }
 
+    /// Sends several command lines in one write and waits for all replies
+    /// (one round trip instead of one per command).
+    pub async fn run_many(&self, lines: &[String], deadline: Duration) -> Vec<Reply> {
+        let mut rxs = Vec::with_capacity(lines.len());
+        {
+            let mut stdin = self.stdin.lock().await;
+            let mut bytes = Vec::new();
+            {
+                let mut g = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(reason) = &g.closed {
+                    return lines
+                        .iter()
+                        .map(|_| Err(TmuxError::Closed(reason.clone())))
+                        .collect();
+                }
+                for line in lines {
+                    debug_assert!(!line.contains('\n'), "one command per line");
+                    let (tx, rx) = oneshot::channel();
+                    g.waiters.push_back(Waiter { tx, sentinel: None });
+                    rxs.push(rx);
+                    bytes.extend_from_slice(line.as_bytes());
+                    bytes.push(b'\n');
+                }
+            }
+            if let Err(e) = stdin.write_all(&bytes).await {
+                self.shared.fail_all(&e.to_string());
+                return lines
+                    .iter()
+                    .map(|_| Err(TmuxError::Closed(e.to_string())))
+                    .collect();
+            }
+        }
+        let end = tokio::time::Instant::now() + deadline;
+        let mut out = Vec::with_capacity(rxs.len());
+        for rx in rxs {
+            out.push(match tokio::time::timeout_at(end, rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(TmuxError::Closed("reader ended".into())),
+                Err(_) => Err(TmuxError::Timeout(deadline)),
+            });
+        }
+        out
+    }
+
     /// Sends one command line and waits for its reply, at most `deadline`.
     pub async fn run(&self, line: &str, deadline: Duration) -> Reply {
         self.send(line, None, deadline).await

@@ -252,6 +252,17 @@ impl Hub {
         self.client().await?.run(&cmd.line(), deadline).await
     }
 
+    /// Runs several commands in one round trip.
+    pub async fn run_many(&self, cmds: &[Cmd]) -> Result<Vec<Vec<Vec<u8>>>, TmuxError> {
+        let lines: Vec<String> = cmds.iter().map(Cmd::line).collect();
+        self.client()
+            .await?
+            .run_many(&lines, DEADLINE)
+            .await
+            .into_iter()
+            .collect()
+    }
+
     /// Runs a command whose reply carries pane-controlled text (see
     /// [`Client::run_checked`]).
     pub async fn run_checked(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {

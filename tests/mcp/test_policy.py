@@ -274,3 +274,35 @@ async def test_forged_control_mode_framing_is_harmless(ws):
         out = await call(c, "run_command", {"pane_id": p, "command": "echo still-in-sync"})
         assert out["output"] == "still-in-sync" and out["exit_status"] == 0
         assert (await call(c, "get_server_info"))["alive"]
+
+
+async def test_tool_environment_reaches_panes(ws):
+    async with connect(ws, *ALL) as c:
+        s = await call(c, "create_session", {"session_name": "env", "environment": {"FOO_FROM_TOOL": "bar baz"}})
+        r = await call(c, "run_command", {"pane_id": s["pane_id"], "command": "echo \"[$FOO_FROM_TOOL]\"; env | grep -c -E '^(TMUX|SANDMUX|LD_)'"})
+        assert r["output"].splitlines() == ["[bar baz]", "0"], r
+        await call(c, "set_environment", {"name": "LATER_VAR", "value": "later", "session_name": "env"})
+        w = await call(c, "create_window", {"session_name": "env"})
+        r = await call(c, "run_command", {"pane_id": w["pane_id"], "command": "echo \"[$LATER_VAR]\""})
+        assert r["output"] == "[later]"
+
+
+async def test_malformed_tool_call_is_audited(ws):
+    work, host = ws
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    p = subprocess.Popen([BIN, "serve", "-w", str(work), "--audit-log", str(host / "audit.jsonl")], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": 7, "arguments": "secret-args-value"}},
+    ]
+    for l in lines:
+        p.stdin.write(json.dumps(l).encode() + b"\n")
+        p.stdin.flush()
+        if "id" in l:
+            json.loads(p.stdout.readline())
+    p.stdin.close()
+    p.wait(timeout=15)
+    recs = audit_records(ws)
+    bad = [r for r in recs if r["outcome"] == "malformed"]
+    assert bad and "secret-args-value" not in json.dumps(recs)
