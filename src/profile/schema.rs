@@ -426,6 +426,7 @@ pub fn is_forbidden_env(name: &str) -> bool {
         || name == "DISPLAY"
         || name == "WAYLAND_DISPLAY"
         || name == "NOTIFY_SOCKET"
+        || name.starts_with("TERM_PROGRAM")
 }
 
 #[cfg(test)]
