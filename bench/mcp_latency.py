@@ -467,8 +467,8 @@ async def per_call_round(c, server: Server, pane: str, raw: RawRpc, s: Samples, 
     variants = [("wait", {})]
     if server.name == "libtmux-mcp":
         variants.append(("wait_fast", {"interval": 0.01}))
-    for key, extra in variants:
-        ms, _ = await wait_reaction(c, server, pane, f"{r}{key[-1]}{server.name[0]}", extra)
+    for v, (key, extra) in enumerate(variants):
+        ms, _ = await wait_reaction(c, server, pane, f"{r}{'ab'[v]}{server.name[0]}", extra)
         if ms is None:
             add(f"{key}_late/{server.name}", 1)
         else:

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod mcp;
+pub mod operator;
 pub mod profile;
 pub mod sandbox;
 pub mod tmux;

@@ -63,6 +63,49 @@ enum Cmd {
         /// Start without the initial session "main".
         #[arg(long)]
         no_session: bool,
+        /// Record the first session's terminal output as an asciicast v2 file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
+    /// List this user's running instances.
+    Ps {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Attach this terminal to an instance's tmux server (read-only by default).
+    Attach {
+        /// Instance id (or a unique prefix).
+        id: String,
+        /// Allow typing.
+        #[arg(long)]
+        read_write: bool,
+    },
+    /// Take tools away from a running `serve` instance (effective on the next call).
+    Revoke {
+        #[command(flatten)]
+        sel: Selection,
+    },
+    /// Give back tools the instance started with (never more).
+    Grant {
+        #[command(flatten)]
+        sel: Selection,
+    },
+    /// Show an instance's audit records.
+    Journal {
+        /// Instance id.
+        id: String,
+        /// Keep printing new records until the instance ends.
+        #[arg(long)]
+        follow: bool,
+        /// Raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End an instance cleanly.
+    Stop {
+        /// Instance id.
+        id: String,
     },
     /// Audit log tools.
     Audit {
@@ -95,6 +138,21 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
     },
+}
+
+#[derive(clap::Args, Clone)]
+struct Selection {
+    /// Instance id (or a unique prefix).
+    id: String,
+    /// A toolset: inspect, manage, execute, teardown.
+    #[arg(long)]
+    toolset: Option<String>,
+    /// One tool by name.
+    #[arg(long)]
+    tool: Option<String>,
+    /// Every tool.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(Subcommand)]
@@ -166,6 +224,58 @@ fn main() -> ExitCode {
             Err(c) => c,
         },
         Cmd::Profile { cmd } => profile_cmd(cmd),
+        Cmd::Ps { json } => {
+            print!("{}", sandmux::operator::ps(json));
+            ExitCode::SUCCESS
+        }
+        Cmd::Attach { id, read_write } => match sandmux::operator::find(&id)
+            .and_then(|f| sandmux::operator::attach(&f, read_write))
+        {
+            Ok(c) => ExitCode::from(c as u8),
+            Err(e) => fail(1, e),
+        },
+        Cmd::Revoke { sel } | Cmd::Grant { sel }
+            if sel.toolset.is_none() && sel.tool.is_none() && !sel.all =>
+        {
+            fail(EXIT_USAGE, "name --toolset, --tool or --all")
+        }
+        Cmd::Revoke { sel } => operator_change("revoke", sel),
+        Cmd::Grant { sel } => operator_change("grant", sel),
+        Cmd::Journal { id, follow, json } => match sandmux::operator::find(&id)
+            .and_then(|f| sandmux::operator::journal(&f, follow, json, &mut std::io::stdout()))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(1, e),
+        },
+        Cmd::Stop { id } => match sandmux::operator::find(&id) {
+            Ok(f) if f.meta["kind"] == "serve" => {
+                match sandmux::operator::request(&f.dir, serde_json::json!({"v": 1, "op": "stop"}))
+                {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => fail(1, e),
+                }
+            }
+            Ok(f) => {
+                let pid = std::fs::read_to_string(f.dir.join("owner"))
+                    .ok()
+                    .and_then(|t| {
+                        t.split_whitespace()
+                            .next()
+                            .and_then(|p| p.parse::<i32>().ok())
+                    });
+                match pid {
+                    Some(p) => {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(p),
+                            nix::sys::signal::Signal::SIGTERM,
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    None => fail(1, "cannot tell the instance's pid"),
+                }
+            }
+            Err(e) => fail(1, e),
+        },
         Cmd::ToolsDoc => {
             print!("{}", sandmux::mcp::catalog::markdown_table());
             ExitCode::SUCCESS
@@ -177,6 +287,7 @@ fn main() -> ExitCode {
             exclude_tools,
             audit_log,
             no_session,
+            record,
         } => match resolve(&target) {
             Ok(policy) => {
                 let flags = sandmux::mcp::toolsets::Flags {
@@ -190,6 +301,7 @@ fn main() -> ExitCode {
                         flags,
                         audit_log,
                         no_session,
+                        record,
                     },
                 );
                 // Never return through the runtime: stdin's blocking reader would hold it.
@@ -223,6 +335,7 @@ fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e.exit_code(), e),
     };
+    rundir.write_meta(&serde_json::json!({"kind": "run", "id": rundir.id, "profile": policy.name, "workspace": policy.workspace, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
     let cwd = std::env::current_dir()
         .ok()
         .filter(|d| d.starts_with(&policy.workspace))
@@ -265,10 +378,13 @@ fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
 
 fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
+    let name = policy.name.clone();
+    let wsp = policy.workspace.clone();
     let inst = match Instance::start(policy) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
+    inst.rundir.write_meta(&serde_json::json!({"kind": "shell", "id": inst.rundir.id, "profile": name, "workspace": wsp, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
     let status = inst
         .client()
         .args(["new-session", "-s", "sandmux", "-c", &ws])
@@ -277,6 +393,38 @@ fn shell(policy: profile::Policy) -> ExitCode {
     match status {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => fail(EXIT_INTERNAL, format!("tmux client: {e}")),
+    }
+}
+
+fn operator_change(op: &str, sel: Selection) -> ExitCode {
+    let req = sandmux::operator::change(op, sel.toolset, sel.tool, sel.all);
+    match sandmux::operator::find(&sel.id).and_then(|f| sandmux::operator::request(&f.dir, req)) {
+        Ok(v) => {
+            let ts = v["toolsets"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            println!(
+                "{op}: {} tools enabled now (toolsets: {ts})",
+                v["tools_enabled"]
+            );
+            if let Some(n) = v["not_granted"].as_array().filter(|a| !a.is_empty()) {
+                println!(
+                    "not granted (the instance did not start with them): {}",
+                    n.iter()
+                        .filter_map(|x| x.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, e),
     }
 }
 

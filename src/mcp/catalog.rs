@@ -169,6 +169,7 @@ pub static TOOLS: &[ToolDef] = &[
     tool!("show_hook", Inspect, MetadataRead, inspect::ShowHook, inspect::Hooks, inspect::show_hook, "Show one hook."),
     tool!("show_buffer", Inspect, ContentRead, inspect::ShowBuffer, inspect::Captured, inspect::show_buffer, "Show a buffer made by load_buffer (tail-capped)."),
     tool!("call_read_tools_batch", Inspect, ContentRead, inspect::Batch, inspect::BatchResult, inspect::call_read_tools_batch, "Run several inspect tools in order (at most 100, one overall deadline); each result or error is returned in place."),
+    tool!("export_replay", Inspect, ContentRead, inspect::Replay, inspect::ReplayResult, inspect::export_replay, "The terminal output as an asciicast v2 recording that `asciinema play` replays: the running recording when serve has --record, else a snapshot of a pane's screen. Typed input is never recorded."),
     tool!("sandbox_status", Inspect, MetadataRead, inspect::NoArgs, inspect::Status, inspect::sandbox_status, "What confines this terminal: every layer and whether it is in force, as the sandbox reported it when it started; the profile; the audit log."),
     // manage
     tool!("rename_session", Manage, ChangeInPlace, manage::RenameSession, manage::Done, manage::rename_session, "Rename a session; the name is stored as text, never expanded."),

@@ -44,8 +44,14 @@ pub struct State {
     pub max_input: usize,
     /// Ceiling for every wait.
     pub wait_max: Duration,
-    /// Tools enabled now (changes when a human revokes).
+    /// Tools enabled now (changes when a human revokes or grants).
     pub enabled: std::sync::RwLock<std::collections::BTreeSet<&'static str>>,
+    /// The most that may ever be enabled: what the instance started with.
+    pub ceiling: std::collections::BTreeSet<&'static str>,
+    /// The `--record` file, if any.
+    pub record: Option<std::path::PathBuf>,
+    /// The MCP client, once connected (for tools/list_changed).
+    pub peer: std::sync::OnceLock<Peer<RoleServer>>,
     /// Open capture_since cursors are keyed by this instance.
     pub started: Instant,
 }

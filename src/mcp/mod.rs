@@ -13,8 +13,10 @@ pub mod audit;
 pub mod catalog;
 pub mod ctx;
 pub mod drift;
+pub mod endpoint;
 pub mod error;
 pub mod prompts;
+pub mod record;
 pub mod resources;
 pub mod server;
 pub mod targets;
@@ -41,6 +43,8 @@ pub struct Options {
     pub audit_log: Option<PathBuf>,
     /// Start without the initial "main" session.
     pub no_session: bool,
+    /// Write the first session's terminal output as an asciicast v2 file.
+    pub record: Option<PathBuf>,
 }
 
 /// The session `serve` creates at start, so a client can run commands at once.
@@ -67,13 +71,26 @@ pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
 /// Runs the server; returns the process exit status.
 pub fn serve(policy: Policy, opts: Options) -> i32 {
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let enabled = match toolsets::select(&policy.mcp.toolsets, &opts.flags, &env) {
+    let ceiling = match toolsets::select(&policy.mcp.toolsets, &opts.flags, &env) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("sandmux: {e}");
             return crate::sandbox::EXIT_USAGE;
         }
     };
+    // With act = "on-grant", execute-class tools wait for a human's grant.
+    let enabled: std::collections::BTreeSet<&'static str> =
+        if policy.mcp.act == crate::profile::Act::OnGrant {
+            ceiling
+                .iter()
+                .copied()
+                .filter(|n| {
+                    catalog::find(n).is_some_and(|t| t.toolset != crate::profile::Toolset::Execute)
+                })
+                .collect()
+        } else {
+            ceiling.clone()
+        };
     let id = crate::sandbox::rundir::random_hex()[..12].to_string();
     let audit_path = match opts
         .audit_log
@@ -187,6 +204,17 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     };
     let socket = inst.socket();
     let tmux = inst.tmux.clone();
+    let rundir = inst.rundir.path.clone();
+    let record = opts.record.clone();
+    inst.rundir.write_meta(&serde_json::json!({
+        "kind": "serve",
+        "id": inst.rundir.id,
+        "profile": policy.name,
+        "workspace": policy.workspace,
+        "audit_log": audit.path(),
+        "pid": std::process::id(),
+        "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+    }));
     let code = rt.block_on(async move {
         let hub = match Hub::connect(&tmux, &socket, &control_id).await {
             Ok(h) => h,
@@ -206,6 +234,9 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             drift: drift::Drift::default(),
             shutdown: shutdown.clone(),
             enabled: std::sync::RwLock::new(enabled),
+            ceiling,
+            record: record.clone(),
+            peer: std::sync::OnceLock::new(),
             started: Instant::now(),
         });
         if let Err(e) = state.drift.record(&hub).await {
@@ -233,6 +264,20 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
                 }
             }
         });
+        // The operator endpoint, beside the socket in the private runtime directory.
+        let ep = state.clone();
+        let ep_path = rundir.join("control.sock");
+        tokio::spawn(async move {
+            if let Err(e) = endpoint::serve(&ep_path, ep).await {
+                eprintln!("sandmux: operator endpoint: {e}");
+            }
+        });
+        if let Some(path) = &record {
+            if let Err(e) = record::start(&hub, path, &control_id).await {
+                eprintln!("sandmux: --record: {e}");
+                return crate::sandbox::EXIT_USAGE;
+            }
+        }
         let server = server::Server { s: state.clone() };
         let running = tokio::select! {
             r = server.serve_with_ct(rmcp::transport::stdio(), shutdown.clone()) => match r {
@@ -246,6 +291,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             },
             _ = shutdown.cancelled() => { hub.shutdown(); return 0; }
         };
+        let _ = state.peer.set(running.peer().clone());
         let reason = running.waiting().await;
         shutdown.cancel();
         hub.shutdown();
@@ -254,6 +300,9 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             Err(_) => 1,
         }
     });
+    // stdin's reader is a blocking thread that only ends when the client
+    // writes or closes: never wait for it (the process exits right after).
+    rt.shutdown_background();
     inst.stop();
     code
 }

@@ -11,8 +11,8 @@ mod schema;
 
 pub use layer::Layer;
 pub use schema::{
-    is_forbidden_env as schema_is_forbidden_env, parse_size, Enforcement, Environment, Filesystem,
-    Limits, McpSettings, NetMode, Network, Profile, SandboxSettings, Size, Toolset,
+    is_forbidden_env as schema_is_forbidden_env, parse_size, Act, Enforcement, Environment,
+    Filesystem, Limits, McpSettings, NetMode, Network, Profile, SandboxSettings, Size, Toolset,
 };
 
 use std::collections::BTreeSet;

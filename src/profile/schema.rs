@@ -271,6 +271,21 @@ pub struct McpSettings {
     /// Ceiling for every wait, in seconds (1–120).
     #[serde(default = "d_wait_max")]
     pub wait_max_seconds: u64,
+    /// When execute-class tools are live: "always", or "on-grant" (only after
+    /// a human runs `sandmux grant ID --toolset execute`).
+    #[serde(default)]
+    pub act: Act,
+}
+
+/// When the execute toolset is live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Act {
+    /// From the start.
+    #[default]
+    Always,
+    /// Only once a human grants it.
+    OnGrant,
 }
 
 fn d_toolsets() -> Vec<Toolset> {
@@ -289,6 +304,7 @@ impl Default for McpSettings {
             toolsets: d_toolsets(),
             max_input_bytes: d_max_input(),
             wait_max_seconds: d_wait_max(),
+            act: Act::Always,
         }
     }
 }

@@ -65,7 +65,8 @@ fn start_time(pid: i32) -> Option<String> {
     after.split(' ').nth(19).map(str::to_string)
 }
 
-fn owner_alive(dir: &Path) -> bool {
+/// Whether the supervisor that owns `dir` is still running.
+pub fn owner_alive(dir: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string(dir.join("owner")) else {
         return false;
     };
@@ -150,6 +151,11 @@ impl Rundir {
             serde_json::to_vec(&cg).unwrap_or_default(),
         );
         self.cgroup = Some(cg);
+    }
+
+    /// Records what runs here (for `sandmux ps`): written beside the socket.
+    pub fn write_meta(&self, meta: &serde_json::Value) {
+        let _ = std::fs::write(self.path.join("meta.json"), meta.to_string());
     }
 
     /// The tmux socket on the host side.

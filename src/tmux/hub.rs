@@ -39,9 +39,13 @@ struct PaneStream {
     tx: watch::Sender<u64>,
 }
 
+/// A function that sees one pane's output as it arrives (the recorder).
+pub type Tap = Box<dyn Fn(&[u8]) + Send + Sync>;
+
 /// The pane output store (the [`Sink`] of every client).
 pub struct Streams {
     panes: Mutex<HashMap<u32, PaneStream>>,
+    tap: std::sync::RwLock<Option<(u32, Tap)>>,
     events: broadcast::Sender<HubEvent>,
     paused: Mutex<Vec<(String, u32)>>,
     paused_tx: tokio::sync::mpsc::UnboundedSender<(String, u32)>,
@@ -60,6 +64,13 @@ impl Streams {
 
 impl Sink for Streams {
     fn output(&self, pane: u32, data: &[u8]) {
+        if let Ok(t) = self.tap.read() {
+            if let Some((p, f)) = t.as_ref() {
+                if *p == pane {
+                    f(data);
+                }
+            }
+        }
         let mut map = self.panes.lock().unwrap_or_else(|p| p.into_inner());
         let s = Self::stream(&mut map, pane);
         s.ring.extend(data);
@@ -172,6 +183,7 @@ impl Hub {
         let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel();
         let streams = Arc::new(Streams {
             panes: Mutex::new(HashMap::new()),
+            tap: std::sync::RwLock::new(None),
             events: events.clone(),
             paused: Mutex::new(Vec::new()),
             paused_tx: ptx,
@@ -374,6 +386,13 @@ impl Hub {
             data: s.ring.iter().skip(skip).copied().collect(),
             end: s.end,
             missed: from.saturating_sub(offset),
+        }
+    }
+
+    /// Sends one pane's output to `f` as it arrives (replacing any earlier tap).
+    pub fn set_tap(&self, pane: u32, f: Tap) {
+        if let Ok(mut t) = self.streams.tap.write() {
+            *t = Some((pane, f));
         }
     }
 

@@ -18,7 +18,7 @@ ALL = ["--toolsets", "inspect,manage,execute,teardown"]
 async def test_every_tool_once_with_schema_checked_results(ws):
     async with connect(ws, *ALL) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
-        assert len(tools) == 53
+        assert len(tools) == 54
         called = set()
 
         async def run(name, args=None, ok=True):
@@ -74,6 +74,8 @@ async def test_every_tool_once_with_schema_checked_results(ws):
         batch = await run("call_read_tools_batch", {"operations": [{"tool": "list_sessions"}, {"tool": "get_pane_info", "arguments": {"pane_id": pane}}]})
         assert all(x["ok"] for x in batch["results"])
         await run("send_keys_batch", {"operations": [{"pane_id": pane, "keys": ["C-l"]}, {"pane_id": pane, "text": "true"}]})
+        rep = await run("export_replay", {"pane_id": pane})
+        assert rep["mode"] == "snapshot" and rep["cast"].startswith('{"')
         st = await run("sandbox_status")
         assert {l["layer"] for l in st["layers"] if l["enforced"]} >= {"userns", "mount", "landlock", "seccomp", "caps", "no-new-privs"}
         await run("rename_session", {"session_name": "work", "new_name": "renamed"})

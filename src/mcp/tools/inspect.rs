@@ -1379,6 +1379,65 @@ pub async fn call_read_tools_batch(c: &Call<'_>, a: Batch) -> Result<BatchResult
     Ok(BatchResult { results })
 }
 
+/// `export_replay`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct Replay {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+}
+
+/// An asciicast v2 document.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReplayResult {
+    /// "recording" (the --record file so far) or "snapshot" (the pane's screen now).
+    pub mode: String,
+    /// The asciicast v2 text (header line, then one event per line).
+    pub cast: String,
+    /// Whether the cast was cut to fit the response cap.
+    pub truncated: bool,
+}
+
+/// The instance's terminal output as asciicast v2: the running recording when
+/// serve has --record, else a snapshot of a pane's screen.
+pub async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResult, ToolError> {
+    if let Some(path) = &c.s.record {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ToolError::Internal(format!("reading the recording: {e}")))?;
+        let limit = 900_000;
+        let truncated = text.len() > limit;
+        let cast = if truncated {
+            let mut cut = limit;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let upto = text[..cut].rfind('\n').map(|i| i + 1).unwrap_or(0);
+            text[..upto].to_string()
+        } else {
+            text
+        };
+        return Ok(ReplayResult {
+            mode: "recording".into(),
+            cast,
+            truncated,
+        });
+    }
+    let p = targets::pane(c, &a.p).await?;
+    let (snap, w, h) = crate::mcp::record::snapshot(&c.s.hub, &p.pane_id)
+        .await
+        .map_err(ToolError::Internal)?;
+    let cast = format!(
+        "{}\n{}\n",
+        crate::mcp::record::header(w, h),
+        crate::mcp::record::event(0.0, &snap)
+    );
+    Ok(ReplayResult {
+        mode: "snapshot".into(),
+        cast,
+        truncated: false,
+    })
+}
+
 /// `sandbox_status` result.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct Status {

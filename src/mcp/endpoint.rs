@@ -1,0 +1,172 @@
+//! The operator endpoint: a Unix socket in the instance's runtime directory
+//! (directory 0700, socket 0600, never visible inside the sandbox) through
+//! which the human who started sandmux watches and steers it — `sandmux ps`,
+//! `revoke`, `grant`, `stop`, `journal`. Only peers with sandmux's own uid are
+//! served (checked with SO_PEERCRED). The protocol is one JSON object per line,
+//! `{"v": 1, "op": ...}`, answered by one JSON object.
+
+use super::catalog::TOOLS;
+use super::ctx::State;
+use crate::profile::Toolset;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+
+/// Protocol version.
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, Deserialize)]
+struct Req {
+    v: u32,
+    op: String,
+    toolset: Option<String>,
+    tool: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+fn toolset_of(name: &str) -> Option<Toolset> {
+    match name {
+        "inspect" => Some(Toolset::Inspect),
+        "manage" => Some(Toolset::Manage),
+        "execute" => Some(Toolset::Execute),
+        "teardown" => Some(Toolset::Teardown),
+        _ => None,
+    }
+}
+
+/// The tools a request names (a toolset, a tool, or all).
+fn selected(r: &Req) -> Result<BTreeSet<&'static str>, String> {
+    if r.all {
+        return Ok(TOOLS.iter().map(|t| t.name).collect());
+    }
+    if let Some(ts) = &r.toolset {
+        let ts = toolset_of(ts).ok_or_else(|| {
+            format!("unknown toolset {ts:?}; valid: inspect, manage, execute, teardown")
+        })?;
+        return Ok(TOOLS
+            .iter()
+            .filter(|t| t.toolset == ts)
+            .map(|t| t.name)
+            .collect());
+    }
+    if let Some(t) = &r.tool {
+        return TOOLS
+            .iter()
+            .find(|d| d.name == t)
+            .map(|d| [d.name].into())
+            .ok_or_else(|| format!("unknown tool {t:?}"));
+    }
+    Err("name --toolset, --tool or --all".into())
+}
+
+/// Status of the instance, as `ps` shows it.
+pub fn status(s: &State) -> Value {
+    let enabled = s.enabled.read().map(|e| e.clone()).unwrap_or_default();
+    let toolsets: Vec<&str> = [
+        ("inspect", Toolset::Inspect),
+        ("manage", Toolset::Manage),
+        ("execute", Toolset::Execute),
+        ("teardown", Toolset::Teardown),
+    ]
+    .iter()
+    .filter(|(_, ts)| {
+        TOOLS
+            .iter()
+            .any(|t| t.toolset == *ts && enabled.contains(t.name))
+    })
+    .map(|(n, _)| *n)
+    .collect();
+    json!({
+        "ok": true,
+        "profile": s.policy.name,
+        "workspace": s.policy.workspace,
+        "toolsets": toolsets,
+        "tools_enabled": enabled.len(),
+        "tools_ceiling": s.ceiling.len(),
+        "client_connected": s.peer.get().is_some_and(|p| !p.is_transport_closed()),
+        "audit_log": s.audit.path(),
+        "drift": s.drift.tripped(),
+    })
+}
+
+async fn handle(s: &Arc<State>, line: &str) -> Value {
+    let r: Req = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    if r.v != VERSION {
+        return json!({"ok": false, "error": format!("protocol version {} is not {VERSION}", r.v)});
+    }
+    match r.op.as_str() {
+        "status" => status(s),
+        "stop" => {
+            s.shutdown.cancel();
+            json!({"ok": true, "stopping": true})
+        }
+        "revoke" | "grant" => {
+            let names = match selected(&r) {
+                Ok(n) => n,
+                Err(e) => return json!({"ok": false, "error": e}),
+            };
+            let mut refused = Vec::new();
+            {
+                let Ok(mut en) = s.enabled.write() else {
+                    return json!({"ok": false, "error": "state poisoned"});
+                };
+                for n in &names {
+                    if r.op == "revoke" {
+                        en.remove(n);
+                    } else if s.ceiling.contains(n) {
+                        en.insert(n);
+                    } else {
+                        refused.push(*n);
+                    }
+                }
+            }
+            // The client learns at once; the next call is checked against the new set.
+            if let Some(peer) = s.peer.get() {
+                let _ = peer.notify_tool_list_changed().await;
+            }
+            let mut st = status(s);
+            st["not_granted"] = json!(refused);
+            st
+        }
+        other => json!({"ok": false, "error": format!("unknown op {other:?}")}),
+    }
+}
+
+/// Serves the endpoint until the instance ends.
+pub async fn serve(path: &Path, s: Arc<State>) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let me = nix::unistd::geteuid().as_raw();
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => r?,
+            _ = s.shutdown.cancelled() => return Ok(()),
+        };
+        let uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
+        let s = s.clone();
+        tokio::spawn(async move {
+            let (rd, mut wr) = stream.into_split();
+            if uid != me {
+                let _ = wr.write_all(format!("{}\n", json!({"ok": false, "error": format!("uid {uid} may not control this instance")})).as_bytes()).await;
+                return;
+            }
+            let mut lines = BufReader::new(rd).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let reply = handle(&s, &line).await;
+                if wr.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}

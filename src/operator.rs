@@ -1,0 +1,224 @@
+//! The operator's commands: `sandmux ps | attach | revoke | grant | journal |
+//! stop`. They find this user's instances in the runtime directory and talk to
+//! each `serve` instance through its operator endpoint (`mcp::endpoint`).
+
+use crate::sandbox::rundir;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// One running instance.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// Instance id (the runtime directory's name).
+    pub id: String,
+    /// Its runtime directory.
+    pub dir: PathBuf,
+    /// What `meta.json` says.
+    pub meta: Value,
+}
+
+/// This user's live instances.
+pub fn instances() -> Vec<Found> {
+    let Ok(base) = rundir::base() else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let dir = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !rundir::owner_alive(&dir) {
+            continue;
+        }
+        let meta = std::fs::read_to_string(dir.join("meta.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(json!({}));
+        out.push(Found {
+            id: name,
+            dir,
+            meta,
+        });
+    }
+    out.sort_by_key(|f| f.meta["started"].as_u64().unwrap_or(0));
+    out
+}
+
+/// Finds an instance by id or unique id prefix.
+pub fn find(id: &str) -> Result<Found, String> {
+    let all: Vec<Found> = instances()
+        .into_iter()
+        .filter(|f| f.id.starts_with(id))
+        .collect();
+    match all.len() {
+        1 => Ok(all.into_iter().next().expect("one")),
+        0 => Err(format!("no running instance {id:?} (see sandmux ps)")),
+        n => Err(format!("{id:?} matches {n} instances; give more of the id")),
+    }
+}
+
+/// Sends one request to an instance's endpoint.
+pub fn request(dir: &Path, req: Value) -> Result<Value, String> {
+    let path = dir.join("control.sock");
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "{}: {e} (only `sandmux serve` instances have an endpoint)",
+            path.display()
+        )
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut line = req.to_string();
+    line.push('\n');
+    s.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    BufReader::new(s)
+        .read_line(&mut reply)
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&reply).map_err(|e| format!("bad reply: {e}"))?;
+    if v["ok"] == true {
+        Ok(v)
+    } else {
+        Err(v["error"].as_str().unwrap_or("refused").to_string())
+    }
+}
+
+/// The `ps` table.
+pub fn ps(json_out: bool) -> String {
+    let mut rows = Vec::new();
+    for f in instances() {
+        let st = if f.meta["kind"] == "serve" {
+            request(&f.dir, json!({"v": 1, "op": "status"})).ok()
+        } else {
+            None
+        };
+        rows.push(json!({
+            "id": f.id,
+            "kind": f.meta["kind"],
+            "profile": f.meta["profile"],
+            "workspace": f.meta["workspace"],
+            "started": f.meta["started"],
+            "pid": f.meta["pid"],
+            "toolsets": st.as_ref().map(|s| s["toolsets"].clone()),
+            "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
+        }));
+    }
+    if json_out {
+        return serde_json::to_string_pretty(&rows).unwrap_or_default();
+    }
+    let mut out = format!(
+        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {}\n",
+        "ID", "KIND", "PROFILE", "PID", "CLIENT", "TOOLSETS", "WORKSPACE"
+    );
+    for r in rows {
+        let ts = r["toolsets"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_else(|| "-".into());
+        let client = match r["client_connected"].as_bool() {
+            Some(true) => "connected",
+            Some(false) => "none",
+            None => "-",
+        };
+        out.push_str(&format!(
+            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {}\n",
+            r["id"].as_str().unwrap_or(""),
+            r["kind"].as_str().unwrap_or("?"),
+            r["profile"].as_str().unwrap_or("?"),
+            r["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
+            client,
+            ts,
+            r["workspace"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
+/// The request for `revoke`/`grant`.
+pub fn change(op: &str, toolset: Option<String>, tool: Option<String>, all: bool) -> Value {
+    json!({"v": 1, "op": op, "toolset": toolset, "tool": tool, "all": all})
+}
+
+/// Prints an instance's audit records; with `follow`, keeps printing new
+/// ones until the instance ends.
+pub fn journal(
+    f: &Found,
+    follow: bool,
+    json_out: bool,
+    out: &mut impl Write,
+) -> Result<(), String> {
+    let path = f.meta["audit_log"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or("this instance has no audit log (only serve instances do)")?;
+    let mut pos = 0u64;
+    loop {
+        let mut file =
+            std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        use std::io::{Read, Seek, SeekFrom};
+        file.seek(SeekFrom::Start(pos)).map_err(|e| e.to_string())?;
+        let mut buf = String::new();
+        file.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+        let complete = buf.rfind('\n').map(|i| i + 1).unwrap_or(0);
+        for line in buf[..complete].lines() {
+            if json_out {
+                let _ = writeln!(out, "{line}");
+            } else if let Ok(v) = serde_json::from_str::<Value>(line) {
+                let _ = writeln!(
+                    out,
+                    "{:>5} {} {:<24} {:<9} {:<16} {:>5} ms",
+                    v["seq"],
+                    v["ts"].as_str().unwrap_or(""),
+                    v["tool"].as_str().unwrap_or(""),
+                    v["outcome"].as_str().unwrap_or(""),
+                    v["error_type"].as_str().unwrap_or("-"),
+                    v["duration_ms"]
+                );
+            }
+        }
+        let _ = out.flush();
+        pos += complete as u64;
+        if !follow || !rundir::owner_alive(&f.dir) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Attaches this terminal to an instance's tmux server (read-only unless
+/// `read_write`), to the first session that is not sandmux's own.
+pub fn attach(f: &Found, read_write: bool) -> Result<i32, String> {
+    let tmux = crate::tmux::find_tmux()?;
+    let sock = f.dir.join("sock").join("tmux.sock");
+    let list = std::process::Command::new(&tmux)
+        .args(["-N", "-S"])
+        .arg(&sock)
+        .args(["list-sessions", "-F", "#{session_id} #{session_name}"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let first = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .find(|l| !l.ends_with(&format!(" {}", crate::tmux::hub::CONTROL_SESSION)))
+        .and_then(|l| l.split(' ').next().map(str::to_string))
+        .ok_or("the instance has no session to attach to")?;
+    let mut c = std::process::Command::new(&tmux);
+    c.args(["-N", "-u", "-S"]).arg(&sock).args([
+        "attach-session",
+        "-t",
+        &first,
+        "-f",
+        "ignore-size",
+    ]);
+    if !read_write {
+        c.arg("-r");
+    }
+    c.env_remove("TMUX");
+    let st = c.status().map_err(|e| e.to_string())?;
+    Ok(st.code().unwrap_or(1))
+}
