@@ -126,6 +126,48 @@ def cpu_ticks(pid: int) -> int:
         return 0
 
 
+def start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+SEEN: set[tuple[int, int]] = set()  # (pid, start time) of every instance process seen
+
+
+def remember(pids: list[int], into: set[tuple[int, int]] | None = None) -> None:
+    for p in pids:
+        st = start_time(p)
+        if st is not None:
+            SEEN.add((p, st))
+            if into is not None:
+                into.add((p, st))
+
+
+def survivors(seen: set[tuple[int, int]] | None = None) -> list[int]:
+    """Instance processes seen during the run that are still alive."""
+    return sorted(p for p, st in (SEEN if seen is None else seen) if start_time(p) == st)
+
+
+LINGERED: dict[str, int] = {}  # role -> count, over the whole run
+
+
+async def linger(seen: set[tuple[int, int]], limit: float = 10.0) -> tuple[int, float]:
+    """After the clients are done (every serve process has exited): how many of
+    the instance processes were still alive, and how long until the last was gone."""
+    t0 = time.perf_counter()
+    alive = survivors(seen)
+    for p in alive:
+        argv = cmdline(p)
+        role = f"{comm(p)} ({' '.join(argv[:2])})" if argv else comm(p)
+        LINGERED[role] = LINGERED.get(role, 0) + 1
+    while survivors(seen) and time.perf_counter() - t0 < limit:
+        await anyio.sleep(0.01)
+    return len(alive), (time.perf_counter() - t0) * 1000 if alive else 0.0
+
+
 def comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as fh:
@@ -228,6 +270,7 @@ async def scale_once(n: int, rep: int, a, errdir: str) -> dict:
             await release.wait()
 
     mem: dict = {}
+    seen: set[tuple[int, int]] = set()
     t_close = [0]
     try:
         async with anyio.create_task_group() as tg:
@@ -245,6 +288,7 @@ async def scale_once(n: int, rep: int, a, errdir: str) -> dict:
             rss, pss, nprocs = [], [], []
             for w in wss:
                 tree = descendants(pids[w])
+                remember(tree, seen)
                 rss.append(sum(status_kb(p, "VmRSS:") for p in tree))
                 pss.append(sum(pss_kb(p) for p in tree))
                 nprocs.append(len(tree))
@@ -263,7 +307,9 @@ async def scale_once(n: int, rep: int, a, errdir: str) -> dict:
     left = [w for w in serve_pids(a.sandmux_bin)]
     if left:
         raise BenchError(f"{len(left)} serve processes still running after their clients closed")
-    return dict(n=n, rep=rep, init=init_ms, first=first_ms, teardown_ms=gone_ms, **mem)
+    n_left, linger_ms = await linger(seen)
+    return dict(n=n, rep=rep, init=init_ms, first=first_ms, teardown_ms=gone_ms, left=n_left,
+                linger_ms=linger_ms, **mem)
 
 
 # --------------------------------------------------------------------------
@@ -290,15 +336,17 @@ class Sampler(threading.Thread):
 
 
 def tree_cpu(root: int) -> dict[str, int]:
-    """CPU ticks by command name over the tree (tmux server vs clients told apart)."""
+    """CPU ticks by role over the tree."""
     out: dict[str, int] = {}
     for p in descendants(root):
         argv = cmdline(p)
         name = comm(p)
-        if name == "tmux" or name.startswith("tmux"):
-            name = "tmux -C clients" if "-C" in argv else "tmux server"
-        elif name == "sandmux":
+        if name.startswith("tmux"):
+            name = "tmux -C clients (outside the sandbox)" if "-C" in argv else "tmux server (in the sandbox)"
+        elif p == root:
             name = "sandmux serve"
+        elif name == "sandmux":
+            name = "sandmux sandbox init (2 processes)"
         elif name in ("timeout", "yes"):
             name = "timeout + yes"
         out[name] = out.get(name, 0) + cpu_ticks(p)
@@ -321,6 +369,8 @@ async def flood(a, errdir: str) -> dict:
                           mode="legacy", cache=None) as c:
             await call(c, "list_panes", {})
             root = serve_pids(a.sandmux_bin)[ws]
+            seen: set[tuple[int, int]] = set()
+            remember(descendants(root), seen)
             fl = await call(c, "create_session", {"session_name": "flood"})
             fpane = fl["pane_id"]
             for _ in range(20):  # warm-up
@@ -353,6 +403,7 @@ async def flood(a, errdir: str) -> dict:
             with anyio.fail_after(15):
                 while await pane_command(c, "flood") not in ("timeout", "yes"):
                     await anyio.sleep(0.05)
+            remember(descendants(root), seen)
             await anyio.sleep(0.5)  # let the output stream reach full speed
             await measure("during", True)
             await call(c, "send_keys", {"pane_id": fpane, "keys": ["C-c"]})
@@ -368,7 +419,8 @@ async def flood(a, errdir: str) -> dict:
         errlog.close()
     if ws in serve_pids(a.sandmux_bin):
         raise BenchError("the flood instance's serve process is still running after its client closed")
-    return dict(phases=phases, stop_s=stop_s, tail=tail)
+    n_left, linger_ms = await linger(seen)
+    return dict(phases=phases, stop_s=stop_s, tail=tail, left=n_left, linger_ms=linger_ms)
 
 
 # --------------------------------------------------------------------------
@@ -380,8 +432,8 @@ def mib(kb: float) -> str:
 
 def report(runs: list[dict], fl: dict, a, meta: dict) -> str:
     rows = ["| N | reps | first answered s | median answered s | **all answered s** | initialize, all s "
-            "| teardown (stdin closed -> all gone) s |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
+            "| teardown: stdin closed -> every serve exited s | instance processes still alive then | ... all gone after ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     mrows = ["| N | processes per instance | VmRSS per instance MiB, median (min..max) | Pss per instance MiB, median "
              "| VmRSS sum, all N MiB | Pss sum, all N MiB | MemAvailable drop MiB (per instance) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -393,9 +445,12 @@ def report(runs: list[dict], fl: dict, a, meta: dict) -> str:
             m = statistics.median(vals)
             return f"{m / 1000:.2f}" + (f" ({min(vals) / 1000:.2f}..{max(vals) / 1000:.2f})" if len(vals) > 1 else "")
 
+        left = "/".join(str(r["left"]) for r in rs)
+        lingered = "/".join(f"{r['linger_ms']:.0f}" for r in rs)
         rows.append(f"| {n} | {len(rs)} | {med_range('first', min)} | {med_range('first', statistics.median)} "
                     f"| **{med_range('first', max)}** | {med_range('init', max)} "
-                    f"| {statistics.median(r['teardown_ms'] for r in rs) / 1000:.2f} |")
+                    f"| {statistics.median(r['teardown_ms'] for r in rs) / 1000:.2f} "
+                    f"| {left} | {lingered} |")
         last = rs[-1]  # memory: the last rep of this N
         procs = sorted(set(last["nprocs"]))
         mrows.append(f"| {n} | {'/'.join(map(str, procs))} | {mib(statistics.median(last['rss']))} "
@@ -439,6 +494,9 @@ Memory with all N instances up and idle (the last rep), per instance = the serve
 
 {chr(10).join(mrows)}
 
+Processes still alive when their serve process had exited (all runs, by name and argv[0..2]):
+{', '.join(f'{k}: {v}' for k, v in sorted(LINGERED.items())) or 'none'}.
+
 One instance's process tree: {tree}. VmRSS counts shared pages (the sandmux and tmux
 binaries, libc) once per process, so its sum over N instances overstates the total; Pss divides each shared
 page among the processes that map it, and the MemAvailable drop is the machine's own view (noisy: other work
@@ -449,6 +507,8 @@ on the machine changes it too).
 One client, one `sandmux serve`; session `flood` has one pane running `timeout {a.flood_seconds} yes flood`
 (stopped with C-c once the calls are done); {a.calls} sequential `list_panes {{"session_name": "main"}}` calls per
 phase, client wall clock around `await client.call_tool(...)`. C-c to quiet pane: {fl['stop_s']:.2f} s.
+After the client closed stdin and serve exited, {fl['left']} of the instance's processes were still alive
+(all gone {fl['linger_ms']:.0f} ms later).
 
 {chr(10).join(frows)}
 
@@ -514,11 +574,12 @@ def main() -> int:
     a.sandmux_bin = os.path.realpath(a.sandmux_bin)
     a.tmp_dir = os.path.realpath(a.tmp_dir)
     rc = anyio.run(amain, a)
-    left = sandmux_procs_under(a.tmp_dir)
+    time.sleep(0.5)
+    left = sorted(set(sandmux_procs_under(a.tmp_dir)) | set(survivors()))
     if left:
-        log(f"error: processes still running that mention {a.tmp_dir}: "
-            + ", ".join(f"{p} {comm(p)}" for p in left))
+        log(f"error: instance processes still running: " + ", ".join(f"{p} ({comm(p)})" for p in left))
         return 1
+    log(f"checked: none of the {len(SEEN)} instance processes seen is still running")
     return rc
 
 

@@ -156,11 +156,14 @@ pub async fn serve(path: &Path, s: Arc<State>) -> std::io::Result<()> {
         let s = s.clone();
         tokio::spawn(async move {
             let (rd, mut wr) = stream.into_split();
+            let mut lines = BufReader::new(rd).lines();
             if uid != me {
+                // Answer the first request with a refusal, act on nothing.
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), lines.next_line())
+                    .await;
                 let _ = wr.write_all(format!("{}\n", json!({"ok": false, "error": format!("uid {uid} may not control this instance")})).as_bytes()).await;
                 return;
             }
-            let mut lines = BufReader::new(rd).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 let reply = handle(&s, &line).await;
                 if wr.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
