@@ -134,6 +134,14 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 SEEN: set[tuple[int, int]] = set()  # (pid, start time) of every instance process seen
 
 
@@ -146,26 +154,40 @@ def remember(pids: list[int], into: set[tuple[int, int]] | None = None) -> None:
                 into.add((p, st))
 
 
-def survivors(seen: set[tuple[int, int]] | None = None) -> list[int]:
-    """Instance processes seen during the run that are still alive."""
-    return sorted(p for p, st in (SEEN if seen is None else seen) if start_time(p) == st)
+def survivors(seen: set[tuple[int, int]] | None = None, zombies: bool = False) -> list[int]:
+    """Instance processes seen during the run that are still running (zombies=False)
+    or that have exited but not been reaped yet (zombies=True)."""
+    return sorted(p for p, st in (SEEN if seen is None else seen)
+                  if start_time(p) == st and is_zombie(p) == zombies)
 
 
-LINGERED: dict[str, int] = {}  # role -> count, over the whole run
+LINGERED: dict[str, int] = {}  # "running: comm" / "zombie: comm" -> count, over the whole run
 
 
-async def linger(seen: set[tuple[int, int]], limit: float = 10.0) -> tuple[int, float]:
-    """After the clients are done (every serve process has exited): how many of
-    the instance processes were still alive, and how long until the last was gone."""
+async def linger(seen: set[tuple[int, int]], limit: float = 10.0) -> tuple[int, int, float]:
+    """Right after the clients are done (every serve process has exited and been
+    reaped by the SDK): how many instance processes were still running, how many
+    had exited but were still unreaped (zombies: reparented to pid 1 because
+    serve exited without waiting for them), and how long until every one of
+    them was gone from /proc (gone = reaped)."""
     t0 = time.perf_counter()
-    alive = survivors(seen)
-    for p in alive:
-        argv = cmdline(p)
-        role = f"{comm(p)} ({' '.join(argv[:2])})" if argv else comm(p)
-        LINGERED[role] = LINGERED.get(role, 0) + 1
-    while survivors(seen) and time.perf_counter() - t0 < limit:
+    running, zombies = survivors(seen), survivors(seen, zombies=True)
+    for kind, ps in (("running", running), ("zombie", zombies)):
+        for p in ps:
+            key = f"{kind}: {comm(p)}"
+            LINGERED[key] = LINGERED.get(key, 0) + 1
+    while (survivors(seen) or survivors(seen, zombies=True)) and time.perf_counter() - t0 < limit:
         await anyio.sleep(0.01)
-    return len(alive), (time.perf_counter() - t0) * 1000 if alive else 0.0
+    gone_ms = (time.perf_counter() - t0) * 1000 if running or zombies else 0.0
+    return len(running), len(zombies), gone_ms
+
+
+def ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def comm(pid: int) -> str:
@@ -307,9 +329,9 @@ async def scale_once(n: int, rep: int, a, errdir: str) -> dict:
     left = [w for w in serve_pids(a.sandmux_bin)]
     if left:
         raise BenchError(f"{len(left)} serve processes still running after their clients closed")
-    n_left, linger_ms = await linger(seen)
+    n_left, n_zombies, linger_ms = await linger(seen)
     return dict(n=n, rep=rep, init=init_ms, first=first_ms, teardown_ms=gone_ms, left=n_left,
-                linger_ms=linger_ms, **mem)
+                zombies=n_zombies, linger_ms=linger_ms, **mem)
 
 
 # --------------------------------------------------------------------------
@@ -339,10 +361,12 @@ def tree_cpu(root: int) -> dict[str, int]:
     """CPU ticks by role over the tree."""
     out: dict[str, int] = {}
     for p in descendants(root):
-        argv = cmdline(p)
         name = comm(p)
         if name.startswith("tmux"):
-            name = "tmux -C clients (outside the sandbox)" if "-C" in argv else "tmux server (in the sandbox)"
+            # tmux sets its process title ("tmux: server", "tmux: client"), so argv is gone;
+            # the control clients are serve's own children, the server lives in the sandbox.
+            name = ("tmux -C clients (serve's children)" if ppid(p) == root
+                    else "tmux server (in the sandbox)")
         elif p == root:
             name = "sandmux serve"
         elif name == "sandmux":
@@ -419,8 +443,8 @@ async def flood(a, errdir: str) -> dict:
         errlog.close()
     if ws in serve_pids(a.sandmux_bin):
         raise BenchError("the flood instance's serve process is still running after its client closed")
-    n_left, linger_ms = await linger(seen)
-    return dict(phases=phases, stop_s=stop_s, tail=tail, left=n_left, linger_ms=linger_ms)
+    n_left, n_zombies, linger_ms = await linger(seen)
+    return dict(phases=phases, stop_s=stop_s, tail=tail, left=n_left, zombies=n_zombies, linger_ms=linger_ms)
 
 
 # --------------------------------------------------------------------------
@@ -432,7 +456,8 @@ def mib(kb: float) -> str:
 
 def report(runs: list[dict], fl: dict, a, meta: dict) -> str:
     rows = ["| N | reps | first answered s | median answered s | **all answered s** | initialize, all s "
-            "| teardown: stdin closed -> every serve exited s | instance processes still alive then | ... all gone after ms |",
+            "| teardown: stdin closed -> every serve exited s | instance processes then still running / exited but unreaped "
+            "| ... all reaped after ms |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     mrows = ["| N | processes per instance | VmRSS per instance MiB, median (min..max) | Pss per instance MiB, median "
              "| VmRSS sum, all N MiB | Pss sum, all N MiB | MemAvailable drop MiB (per instance) |",
@@ -445,7 +470,7 @@ def report(runs: list[dict], fl: dict, a, meta: dict) -> str:
             m = statistics.median(vals)
             return f"{m / 1000:.2f}" + (f" ({min(vals) / 1000:.2f}..{max(vals) / 1000:.2f})" if len(vals) > 1 else "")
 
-        left = "/".join(str(r["left"]) for r in rs)
+        left = ", ".join(f"{r['left']} / {r['zombies']}" for r in rs)
         lingered = "/".join(f"{r['linger_ms']:.0f}" for r in rs)
         rows.append(f"| {n} | {len(rs)} | {med_range('first', min)} | {med_range('first', statistics.median)} "
                     f"| **{med_range('first', max)}** | {med_range('init', max)} "
@@ -494,8 +519,9 @@ Memory with all N instances up and idle (the last rep), per instance = the serve
 
 {chr(10).join(mrows)}
 
-Processes still alive when their serve process had exited (all runs, by name and argv[0..2]):
-{', '.join(f'{k}: {v}' for k, v in sorted(LINGERED.items())) or 'none'}.
+Instance processes left when their serve process had exited (all runs, by state and name):
+{', '.join(f'{k} x{v}' for k, v in sorted(LINGERED.items())) or 'none'}. An unreaped (zombie) process has already
+exited; it stays in /proc until its new parent (pid 1 here) reaps it.
 
 One instance's process tree: {tree}. VmRSS counts shared pages (the sandmux and tmux
 binaries, libc) once per process, so its sum over N instances overstates the total; Pss divides each shared
@@ -507,8 +533,8 @@ on the machine changes it too).
 One client, one `sandmux serve`; session `flood` has one pane running `timeout {a.flood_seconds} yes flood`
 (stopped with C-c once the calls are done); {a.calls} sequential `list_panes {{"session_name": "main"}}` calls per
 phase, client wall clock around `await client.call_tool(...)`. C-c to quiet pane: {fl['stop_s']:.2f} s.
-After the client closed stdin and serve exited, {fl['left']} of the instance's processes were still alive
-(all gone {fl['linger_ms']:.0f} ms later).
+After the client closed stdin and serve exited, {fl['left']} of the instance's processes were still running and
+{fl['zombies']} had exited but were unreaped (all reaped {fl['linger_ms']:.0f} ms later).
 
 {chr(10).join(frows)}
 
@@ -538,9 +564,13 @@ async def amain(a) -> int:
                 await anyio.sleep(1.0)
         log(f"flood: {a.calls} list_panes calls per phase")
         fl = await flood(a, errdir)
-    except BaseException as e:  # noqa: BLE001 (task groups raise ExceptionGroup)
-        log("error: " + "".join(traceback.format_exception_only(type(e), e)).strip())
-        for sub in getattr(e, "exceptions", []):
+    except BaseException as e:  # noqa: BLE001 (task groups raise nested ExceptionGroups)
+        def leaves(x: BaseException) -> list[BaseException]:
+            subs = getattr(x, "exceptions", None)
+            return [y for s in subs for y in leaves(s)] if subs else [x]
+        errs = leaves(e)
+        log(f"error: {len(errs)} failure(s):")
+        for sub in errs[:10]:
             log("  " + "".join(traceback.format_exception_only(type(sub), sub)).strip())
         for f in sorted(os.listdir(errdir)):
             p = os.path.join(errdir, f)
@@ -577,7 +607,7 @@ def main() -> int:
     time.sleep(0.5)
     left = sorted(set(sandmux_procs_under(a.tmp_dir)) | set(survivors()))
     if left:
-        log(f"error: instance processes still running: " + ", ".join(f"{p} ({comm(p)})" for p in left))
+        log("error: instance processes still running: " + ", ".join(f"{p} ({comm(p)})" for p in left))
         return 1
     log(f"checked: none of the {len(SEEN)} instance processes seen is still running")
     return rc

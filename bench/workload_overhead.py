@@ -345,7 +345,8 @@ def main() -> int:
         f"| job overhead, median of per-round ratios | {sgn(paired)} |",
         f"| sandbox start (median `sandmux run -- true` - median `true`) | {start_cost:.2f} ms |",
         f"| job overhead net of sandbox start | {sgn(net)} |",
-        f"| per-round ratios, min .. max | {sgn(min(ratios) - 1)} .. {sgn(max(ratios) - 1)} |",
+        f"| per-round ratios: min, quartiles, max | {sgn(min(ratios) - 1)}, {sgn(pct(25, ratios) - 1)} .. "
+        f"{sgn(pct(75, ratios) - 1)}, {sgn(max(ratios) - 1)} |",
         f"| CPU time (user+sys), ratio of medians | {sgn(statistics.median(cpu['sandmux']) / statistics.median(cpu['plain']) - 1)} |",
     ])
 

@@ -382,6 +382,17 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
         Payload::Tmux { .. } => policy.workspace.clone(),
     };
 
+    // In `run` mode PID 1 needs no privilege after the fork: it drops it and
+    // installs the filter once, and the payload inherits both (the filter is
+    // costly to install, so this keeps it off the command's start-up path).
+    // The tmux server's PID 1 still has a mount to make after the fork.
+    let pre_confined = matches!(plan.payload, Payload::Command { .. });
+    if pre_confined {
+        drop_privileges(&mut layers)?;
+        caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
+        filter(&mut layers, &filters)?;
+    }
+
     // 9. The payload: confine, then exec.
     // SAFETY: PID 1 is single-threaded, so fork is sound.
     let payload =
@@ -396,6 +407,7 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
                         env: &env,
                         cwd: &cwd,
                         net_isolated: ns.has(Layer::Net),
+                        pre_confined,
                     },
                     &mut layers,
                 ) {
@@ -433,10 +445,14 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
 
     // 11. PID 1 itself: no capabilities, no new privileges, the same syscall filter.
     // A failure here ends the sandbox like any other (PID 1 outlives everything inside).
-    let harden = caps::drop_all()
-        .and_then(|_| caps::set_no_new_privs())
-        .and_then(|_| caps::set_nondumpable())
-        .and_then(|_| seccomp::install(&filters).map_err(|e| e.to_string()));
+    let harden = if pre_confined {
+        Ok(())
+    } else {
+        caps::drop_all()
+            .and_then(|_| caps::set_no_new_privs())
+            .and_then(|_| caps::set_nondumpable())
+            .and_then(|_| seccomp::install(&filters).map_err(|e| e.to_string()))
+    };
     if let Err(e) = harden {
         let _ = kill(payload, Signal::SIGKILL);
         return Err(internal("confining PID 1")(e));
@@ -460,6 +476,33 @@ struct Exec<'a> {
     env: &'a [(OsString, OsString)],
     cwd: &'a std::path::Path,
     net_isolated: bool,
+    /// PID 1 already dropped privileges and installed the filter (run mode).
+    pre_confined: bool,
+}
+
+/// Capabilities, then `no_new_privs` (which Landlock and seccomp need).
+fn drop_privileges(layers: &mut Layers<'_>) -> Result<(), Stop> {
+    layers.result(Layer::Caps, caps::drop_all())?;
+    match caps::set_no_new_privs() {
+        Ok(()) => layers.ok(Layer::NoNewPrivs, "set"),
+        Err(e) => layers.missing(Layer::NoNewPrivs, e)?,
+    }
+    Ok(())
+}
+
+/// The syscall filter.
+fn filter(layers: &mut Layers<'_>, filters: &seccomp::Filters) -> Result<(), Stop> {
+    match seccomp::install(filters) {
+        Ok(()) => layers.ok(
+            Layer::Seccomp,
+            format!(
+                "{} filters: x32 guard, allowlist (ENOSYS), denylist (EPERM)",
+                filters.count()
+            ),
+        ),
+        Err(e) => layers.missing(Layer::Seccomp, e.to_string())?,
+    }
+    Ok(())
 }
 
 fn confine_and_exec(plan: &Plan, x: Exec<'_>, layers: &mut Layers<'_>) -> Result<Never, Stop> {
@@ -470,6 +513,7 @@ fn confine_and_exec(plan: &Plan, x: Exec<'_>, layers: &mut Layers<'_>) -> Result
         env,
         cwd,
         net_isolated,
+        pre_confined,
     } = x;
     let policy = &plan.policy;
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
@@ -477,10 +521,8 @@ fn confine_and_exec(plan: &Plan, x: Exec<'_>, layers: &mut Layers<'_>) -> Result
     set.add(Signal::SIGCHLD);
     let _ = set.thread_unblock();
 
-    layers.result(Layer::Caps, caps::drop_all())?;
-    match caps::set_no_new_privs() {
-        Ok(()) => layers.ok(Layer::NoNewPrivs, "set"),
-        Err(e) => layers.missing(Layer::NoNewPrivs, e)?,
+    if !pre_confined {
+        drop_privileges(layers)?;
     }
     match landlock::restrict(policy, role, net_isolated) {
         Ok(o) => {
@@ -521,15 +563,8 @@ fn confine_and_exec(plan: &Plan, x: Exec<'_>, layers: &mut Layers<'_>) -> Result
             }
         }
     }
-    match seccomp::install(filters) {
-        Ok(()) => layers.ok(
-            Layer::Seccomp,
-            format!(
-                "{} filters: x32 guard, allowlist (ENOSYS), denylist (EPERM)",
-                filters.count()
-            ),
-        ),
-        Err(e) => layers.missing(Layer::Seccomp, e.to_string())?,
+    if !pre_confined {
+        filter(layers, filters)?;
     }
 
     nix::unistd::chdir(cwd).map_err(|e| Stop {
