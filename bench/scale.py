@@ -29,7 +29,6 @@ Times are never asserted on. Exit status 1: something failed to run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib.metadata as md
 import json
@@ -37,7 +36,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -204,6 +202,20 @@ def cmdline(pid: int) -> list[str]:
             return [os.fsdecode(a) for a in fh.read().split(b"\0") if a]
     except OSError:
         return []
+
+
+def wchar(pids: list[int]) -> int:
+    """Bytes written (write(2) and friends) by these processes, from /proc/PID/io."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/io") as fh:
+                for ln in fh:
+                    if ln.startswith("wchar:"):
+                        total += int(ln.split()[1])
+        except (OSError, ValueError):
+            pass
+    return total
 
 
 def mem_available_kb() -> int:
@@ -402,6 +414,8 @@ async def flood(a, errdir: str) -> dict:
 
             async def measure(name: str, check_flooding: bool) -> None:
                 cpu0, s = tree_cpu(root), Sampler(root)
+                yes = [p for p in descendants(root) if comm(p) == "yes"]
+                w0 = wchar(yes)
                 s.start()
                 t0 = time.perf_counter()
                 lat = []
@@ -412,6 +426,7 @@ async def flood(a, errdir: str) -> dict:
                     if len(res.get("panes") or []) != 1:
                         raise BenchError(f"list_panes(main) returned {json.dumps(res)[:300]}")
                 wall = time.perf_counter() - t0
+                rate = (wchar(yes) - w0) / wall / 1e6 if yes else 0.0
                 peak = s.stop()
                 cpu1 = tree_cpu(root)
                 still = await pane_command(c, "flood") if check_flooding else ""
@@ -419,7 +434,7 @@ async def flood(a, errdir: str) -> dict:
                     raise BenchError(f"the flood ended before the {a.calls} calls did (pane command {still!r}); "
                                      "raise --flood-seconds")
                 cpu = {k: (cpu1.get(k, 0) - cpu0.get(k, 0)) / CLK_TCK / wall * 100 for k in cpu1}
-                phases[name] = dict(lat=lat, wall=wall, peak_kb=peak, cpu=cpu)
+                phases[name] = dict(lat=lat, wall=wall, peak_kb=peak, cpu=cpu, rate=rate)
                 log(f"flood: {name}: p50 {q(lat, 50):.2f} ms, p99 {q(lat, 99):.2f} ms over {wall:.1f} s")
 
             await measure("before", False)
@@ -485,14 +500,15 @@ def report(runs: list[dict], fl: dict, a, meta: dict) -> str:
     tree = ", ".join(runs[-1]["tree_comms"])
 
     ph = fl["phases"]
-    frows = ["| phase | calls | p50 ms | p90 ms | p99 ms | max ms | phase wall s | peak tree VmRSS MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    frows = ["| phase | calls | p50 ms | p90 ms | p99 ms | max ms | phase wall s | peak tree VmRSS MiB | flood MB/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     label = {"before": "no flood (before)", "during": f"flood: `timeout {a.flood_seconds} yes flood` in session flood",
              "after": "no flood (after C-c)"}
     for k in ("before", "during", "after"):
         lat = ph[k]["lat"]
+        rate = f"{ph[k]['rate']:.1f}" if k == "during" else ""
         frows.append(f"| {label[k]} | {len(lat)} | {q(lat, 50):.2f} | {q(lat, 90):.2f} | {q(lat, 99):.2f} "
-                     f"| {max(lat):.2f} | {ph[k]['wall']:.2f} | {mib(ph[k]['peak_kb'])} |")
+                     f"| {max(lat):.2f} | {ph[k]['wall']:.2f} | {mib(ph[k]['peak_kb'])} | {rate} |")
     names = sorted({n for k in ph for n in ph[k]["cpu"]})
     crows = ["| process | " + " | ".join(label[k].split(':')[0] for k in ("before", "during", "after")) + " |",
              "|---|" + "---:|" * 3]
@@ -537,6 +553,9 @@ After the client closed stdin and serve exited, {fl['left']} of the instance's p
 {fl['zombies']} had exited but were unreaped (all reaped {fl['linger_ms']:.0f} ms later).
 
 {chr(10).join(frows)}
+
+flood MB/s: bytes `yes` wrote into the pane's terminal during the phase (`wchar` in /proc/PID/io) per second;
+tmux reads the terminal only as fast as it can process it, so this is the rate the pane actually produced.
 
 CPU use of the instance's processes during each phase (% of one core, from /proc/PID/stat):
 

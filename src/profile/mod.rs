@@ -508,6 +508,12 @@ pub fn check_workspace(arg: &Path) -> Result<PathBuf, String> {
     if canon == Path::new("/") {
         return Err("the workspace cannot be /".into());
     }
+    // The sandbox mounts its own /dev, /proc and /run/sandmux over these.
+    for inner in ["/dev", "/proc", "/sys", "/run/sandmux"] {
+        if canon.starts_with(inner) {
+            return Err(format!("workspace {} is under {inner}, which the sandbox replaces with its own; use a directory elsewhere", canon.display()));
+        }
+    }
     Ok(canon)
 }
 
@@ -607,6 +613,13 @@ mod tests {
         let err = check_workspace(&link).unwrap_err();
         assert!(err.contains("symlink"), "{err}");
         assert!(check_workspace(&link.join(".")).is_err());
+    }
+
+    #[test]
+    fn workspace_under_sandbox_mounts_refused() {
+        let err = check_workspace(Path::new("/dev/shm")).unwrap_err();
+        assert!(err.contains("/dev"), "{err}");
+        assert!(check_workspace(Path::new("/proc/self")).is_err());
     }
 
     #[test]

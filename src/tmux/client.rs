@@ -361,6 +361,12 @@ impl Client {
     pub fn kill(&self) {
         if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = c.start_kill();
+            // Reap it, so no zombie lingers until sandmux itself exits.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = c.wait().await;
+                });
+            }
         }
     }
 }
