@@ -85,3 +85,29 @@ def tmux_host(sock, *args):
 
 def audit_records(ws):
     return [json.loads(l) for l in (ws[1] / "audit.jsonl").read_text().splitlines()]
+
+
+def alive(pid):
+    """Whether a process exists and is not a zombie."""
+    try:
+        return " Z " not in pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+
+
+def descendants(root):
+    """Every descendant of a host pid (from /proc parent links)."""
+    kids = {}
+    for p in pathlib.Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                st = (p / "stat").read_text()
+                kids.setdefault(int(st[st.rfind(")") + 2 :].split()[1]), []).append(int(p.name))
+            except (OSError, ValueError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out

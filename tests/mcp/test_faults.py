@@ -9,7 +9,7 @@ import time
 import anyio
 import pytest
 
-from conftest import call, connect, serve_pids
+from conftest import call, connect, descendants, serve_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -23,23 +23,12 @@ def rss_kib(pid):
 
 def tmux_server_pid(serve_pid):
     """Host pid of the sandboxed tmux server (a descendant named 'tmux: server')."""
-    kids = {}
-    for p in pathlib.Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                st = (p / "stat").read_text()
-                kids.setdefault(int(st[st.rfind(")") + 2 :].split()[1]), []).append(int(p.name))
-            except (OSError, ValueError):
-                pass
-    todo = [serve_pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            try:
-                if (pathlib.Path(f"/proc/{k}/comm")).read_text().strip() == "tmux: server":
-                    return k
-            except OSError:
-                pass
-            todo.append(k)
+    for k in descendants(serve_pid):
+        try:
+            if pathlib.Path(f"/proc/{k}/comm").read_text().strip() == "tmux: server":
+                return k
+        except OSError:
+            pass
     return None
 
 

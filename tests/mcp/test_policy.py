@@ -11,7 +11,7 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from conftest import BIN, audit_records, call, connect, runtime_dir_of, serve_pids, server_params, tmux_host
+from conftest import BIN, alive, audit_records, call, connect, descendants, runtime_dir_of, serve_pids, server_params, tmux_host
 
 pytestmark = pytest.mark.anyio
 ALL = ["--toolsets", "inspect,manage,execute,teardown"]
@@ -192,30 +192,6 @@ async def test_resources_and_prompts(ws):
     assert any(r["tool"].startswith("resource:") for r in audit_records(ws))
 
 
-def _alive(pid):
-    try:
-        return " Z " not in pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-
-
-def _descendants(root):
-    kids = {}
-    for p in pathlib.Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                st = (p / "stat").read_text()
-                kids.setdefault(int(st[st.rfind(")") + 2 :].split()[1]), []).append(int(p.name))
-            except (OSError, ValueError):
-                pass
-    out, todo = [], [root]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
-
-
 async def test_client_disconnect_tears_everything_down(ws):
     async with connect(ws) as c:
         await call(c, "create_session")
@@ -223,12 +199,12 @@ async def test_client_disconnect_tears_everything_down(ws):
         await call(c, "run_command", {"command": "true"})
         pid = serve_pids(ws[0])[0]
         rundir = runtime_dir_of(pid)
-        procs = _descendants(pid)
+        procs = descendants(pid)
         assert len(procs) >= 5
     t0 = time.monotonic()
-    while (any(_alive(p) for p in procs + [pid]) or rundir.exists()) and time.monotonic() - t0 < 5:
+    while (any(alive(p) for p in procs + [pid]) or rundir.exists()) and time.monotonic() - t0 < 5:
         await anyio.sleep(0.05)
-    assert not any(_alive(p) for p in procs), "processes outlived the client"
+    assert not any(alive(p) for p in procs), "processes outlived the client"
     assert not rundir.exists()
     assert time.monotonic() - t0 < 3
 
@@ -240,9 +216,9 @@ async def test_kill_server_ends_the_instance(ws):
         r = await call(c, "kill_server")
         assert "ending" in r["done"]
     t0 = time.monotonic()
-    while _alive(pid) and time.monotonic() - t0 < 5:
+    while alive(pid) and time.monotonic() - t0 < 5:
         await anyio.sleep(0.05)
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 async def test_forged_control_mode_framing_is_harmless(ws):

@@ -464,13 +464,6 @@ pub struct BatchSent {
 
 /// Sends several operations.
 pub async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, ToolError> {
-    if a.operations.is_empty() || a.operations.len() > 100 {
-        return Err(ToolError::invalid(
-            "operations",
-            "must hold 1-100 operations",
-            "split the batch",
-        ));
-    }
     let total: usize = a
         .operations
         .iter()
@@ -486,17 +479,7 @@ pub async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, To
             "split the batch",
         ));
     }
-    let stop = match a.on_error.as_deref() {
-        None | Some("stop") => true,
-        Some("continue") => false,
-        Some(o) => {
-            return Err(ToolError::invalid(
-                "on_error",
-                &format!("{o:?}"),
-                "use stop or continue",
-            ))
-        }
-    };
+    let stop = super::batch_rules(a.operations.len(), &a.on_error)?;
     let limit = c.clamp(a.timeout, c.s.wait_max.as_secs_f64())?;
     let t0 = Instant::now();
     let mut results = Vec::new();

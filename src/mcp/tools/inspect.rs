@@ -1323,24 +1323,7 @@ pub struct BatchResult {
 
 /// Runs several inspect tools (each checked and audited on its own by the server).
 pub async fn call_read_tools_batch(c: &Call<'_>, a: Batch) -> Result<BatchResult, ToolError> {
-    if a.operations.is_empty() || a.operations.len() > 100 {
-        return Err(ToolError::invalid(
-            "operations",
-            "must hold 1-100 operations",
-            "split it into several batches",
-        ));
-    }
-    let stop = match a.on_error.as_deref() {
-        None | Some("stop") => true,
-        Some("continue") => false,
-        Some(o) => {
-            return Err(ToolError::invalid(
-                "on_error",
-                &format!("{o:?}"),
-                "use stop or continue",
-            ))
-        }
-    };
+    let stop = super::batch_rules(a.operations.len(), &a.on_error)?;
     let deadline = Instant::now() + c.s.wait_max;
     let mut results = Vec::new();
     for (index, op) in a.operations.into_iter().enumerate() {
