@@ -78,8 +78,11 @@ enum Cmd {
         /// Instance id (or a unique prefix).
         id: String,
         /// Allow typing.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "read_only")]
         read_write: bool,
+        /// Watch only (the default).
+        #[arg(long)]
+        read_only: bool,
     },
     /// Take tools away from a running `serve` instance (effective on the next call).
     Revoke {
@@ -228,7 +231,7 @@ fn main() -> ExitCode {
             print!("{}", sandmux::operator::ps(json));
             ExitCode::SUCCESS
         }
-        Cmd::Attach { id, read_write } => match sandmux::operator::find(&id)
+        Cmd::Attach { id, read_write, .. } => match sandmux::operator::find(&id)
             .and_then(|f| sandmux::operator::attach(&f, read_write))
         {
             Ok(c) => ExitCode::from(c as u8),
