@@ -191,16 +191,5 @@ fn nothing_left_after_run() {
         survivors.is_empty(),
         "processes outlived the sandbox: {survivors:?}"
     );
-    for e in std::fs::read_dir(runtime_base())
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
-        assert!(
-            !owner.starts_with(&format!("{sup} ")),
-            "runtime dir {} left behind",
-            e.path().display()
-        );
-    }
+    assert_no_rundir_of(sup);
 }

@@ -356,16 +356,5 @@ fn shell_attaches_a_terminal_and_cleans_up() {
         Duration::from_secs(5),
         "instance processes to end",
     );
-    for e in std::fs::read_dir(runtime_base())
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
-        assert!(
-            !owner.starts_with(&format!("{sup} ")),
-            "runtime dir {} left behind",
-            e.path().display()
-        );
-    }
+    assert_no_rundir_of(sup);
 }

@@ -40,6 +40,22 @@ struct Stop {
     unavailable: bool,
 }
 
+/// Reports why start-up stopped and returns the exit status: `EXIT_LAYER`
+/// for a layer, else `other`.
+fn fatal(rep: &mut Reporter, stop: Stop, other: i32) -> i32 {
+    let code = if stop.layer.is_some() {
+        EXIT_LAYER
+    } else {
+        other
+    };
+    rep.send(&Message::Fatal {
+        layer: stop.layer,
+        message: stop.message,
+        unavailable: stop.unavailable,
+    });
+    code
+}
+
 /// Records a layer's outcome: enforced, dropped (best-effort) or fatal.
 struct Layers<'a> {
     rep: &'a mut Reporter,
@@ -110,16 +126,7 @@ pub fn main() -> ! {
     match outer(&plan, &mut rep) {
         Ok(code) => std::process::exit(code),
         Err(stop) => {
-            rep.send(&Message::Fatal {
-                layer: stop.layer,
-                message: stop.message,
-                unavailable: stop.unavailable,
-            });
-            std::process::exit(if stop.layer.is_some() {
-                EXIT_LAYER
-            } else {
-                EXIT_INTERNAL
-            });
+            std::process::exit(fatal(&mut rep, stop, EXIT_INTERNAL));
         }
     }
 }
@@ -203,18 +210,7 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
         ForkResult::Child => {
             let code = match pid1(plan, &ns, layers.rep) {
                 Ok(c) => c,
-                Err(stop) => {
-                    layers.rep.send(&Message::Fatal {
-                        layer: stop.layer,
-                        message: stop.message,
-                        unavailable: stop.unavailable,
-                    });
-                    if stop.layer.is_some() {
-                        EXIT_LAYER
-                    } else {
-                        EXIT_INTERNAL
-                    }
-                }
+                Err(stop) => fatal(layers.rep, stop, EXIT_INTERNAL),
             };
             std::process::exit(code)
         }
@@ -412,18 +408,7 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
                     &mut layers,
                 ) {
                     Ok(never) => match never {},
-                    Err(stop) => {
-                        layers.rep.send(&Message::Fatal {
-                            layer: stop.layer,
-                            message: stop.message,
-                            unavailable: stop.unavailable,
-                        });
-                        if stop.layer.is_some() {
-                            EXIT_LAYER
-                        } else {
-                            127
-                        }
-                    }
+                    Err(stop) => fatal(layers.rep, stop, 127),
                 };
                 // SAFETY: _exit in a forked child skips the parent's atexit handlers.
                 unsafe { libc::_exit(code) }

@@ -313,3 +313,19 @@ pub fn runtime_base() -> PathBuf {
         .filter(|p| p.exists())
         .unwrap_or_else(|| std::env::temp_dir().join(format!("sandmux-{}", uid())))
 }
+
+/// Asserts that no runtime directory owned by supervisor `sup` is left.
+pub fn assert_no_rundir_of(sup: u32) {
+    for e in std::fs::read_dir(runtime_base())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let owner = std::fs::read_to_string(e.path().join("owner")).unwrap_or_default();
+        assert!(
+            !owner.starts_with(&format!("{sup} ")),
+            "runtime dir {} left behind",
+            e.path().display()
+        );
+    }
+}
