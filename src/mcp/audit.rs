@@ -213,9 +213,12 @@ impl Audit {
         });
         let body = rec.to_string();
         let hash = hash_line(&st.prev, &body);
+        // The record is the body with "hash" added as its last key (`verify`
+        // parses the line and re-serialises it without that key).
+        let mut line = body;
+        line.pop();
+        line.push_str(&format!(",\"hash\":\"{hash}\"}}\n"));
         rec["hash"] = Value::String(hash.clone());
-        let mut line = rec.to_string();
-        line.push('\n');
         st.file
             .write_all(line.as_bytes())
             .map_err(|e| format!("writing the audit log: {e}"))?;

@@ -82,22 +82,27 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
     v
 }
 
-/// Parses arguments after checking that every key is one the schema names.
+/// The argument names a schema declares (its top-level `properties`).
+pub fn property_names(schema: &Value) -> Vec<String> {
+    schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Parses arguments after checking that every key is one of `known` (the
+/// names the tool's input schema declares).
 pub fn parse_args<T: serde::de::DeserializeOwned>(
     v: Value,
-    schema: fn() -> Value,
+    known: &[String],
 ) -> Result<T, ToolError> {
     let v = if v.is_null() {
         Value::Object(Default::default())
     } else {
         v
     };
-    if let (Value::Object(args), Value::Object(s)) = (&v, schema()) {
-        let known: Vec<String> = s
-            .get("properties")
-            .and_then(Value::as_object)
-            .map(|p| p.keys().cloned().collect())
-            .unwrap_or_default();
+    if let Value::Object(args) = &v {
         for k in args.keys() {
             if !known.contains(k) {
                 let hint = if k.starts_with("socket") {
@@ -130,8 +135,11 @@ macro_rules! tool {
             output_schema: schema_of::<$out>,
             handler: {
                 fn h<'a>(c: &'a Call<'a>, v: Value) -> BoxFut<'a> {
+                    // The schema is built once; every call checks names against it.
+                    static KNOWN: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+                    let known = KNOWN.get_or_init(|| property_names(&schema_of::<$args>()));
                     Box::pin(async move {
-                        let a: $args = parse_args(v, schema_of::<$args>)?;
+                        let a: $args = parse_args(v, known)?;
                         let o: $out = $f(c, a).await?;
                         serde_json::to_value(o).map_err(|e| ToolError::Internal(e.to_string()))
                     })

@@ -37,7 +37,7 @@ pub struct State {
     /// The audit log.
     pub audit: Arc<Audit>,
     /// Configuration baseline for drift detection.
-    pub drift: super::drift::Drift,
+    pub drift: Arc<super::drift::Drift>,
     /// Cancelled to end the instance (kill_server, drift on a fatal scale, signals).
     pub shutdown: CancellationToken,
     /// Largest text input per call.

@@ -1,70 +1,167 @@
 //! Drift detection (P3): sandmux records the server's hooks, aliases, shells
-//! and status line at start, and compares before every tool call and after
-//! every mutating one. No tool can change them, so any difference means
-//! something else reconfigured the server; sandmux then refuses every further
-//! call and says why, rather than let a hint (an inspect tool is read-only)
-//! silently become false.
+//! and status line at start and keeps comparing. No tool can change them, so
+//! any difference means something else reconfigured the server (an operator's
+//! read-write client, or a bug); sandmux then refuses every further call and
+//! says why, rather than let a hint (an inspect tool is read-only) silently
+//! become false.
+//!
+//! Two checks, so that the common call pays for little:
+//! - the *global* check (hooks and watched options at server, session and
+//!   window scope: five commands in one round trip) runs right before every
+//!   call;
+//! - the *full* scan adds every session, window and pane's own hooks and
+//!   watched options (a `set-hook -p` or `set -t main default-shell …` is
+//!   local and invisible globally). It runs in the background after every
+//!   call that can change something, and the next call waits for it; and
+//!   every two seconds besides, so a local change made while the agent only
+//!   reads is caught within about that time.
 
 use super::error::ToolError;
 use crate::tmux::hub::{Cmd, Hub};
 use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::watch;
 
-/// The commands whose output must not change.
-fn probes() -> Vec<Cmd> {
+/// Options with one value, all read by one `display-message` (a format looks
+/// options up by name). `#{q:…}` escapes spaces, so the reply splits back into
+/// `name=value` words and a change can be named.
+const SCALARS: &[&str] = &[
+    "default-shell",
+    "default-command",
+    "status",
+    "lock-command",
+    "lock-after-time",
+    "allow-passthrough",
+    "set-clipboard",
+];
+
+/// Array options watched besides hooks (formats do not show arrays).
+const ARRAYS: &[&str] = &["command-alias", "update-environment"];
+
+/// The global probes, whose output must not change: session and window hooks
+/// (pane hooks live with window options globally), the array options, and the
+/// scalar options at once.
+fn probes() -> &'static [Cmd] {
+    static PROBES: std::sync::LazyLock<Vec<Cmd>> = std::sync::LazyLock::new(build_probes);
+    &PROBES
+}
+
+fn build_probes() -> Vec<Cmd> {
+    let scalars: Vec<String> = SCALARS.iter().map(|n| format!("{n}=#{{q:{n}}}")).collect();
     vec![
         Cmd::new("show-hooks").flag("-g"),
         Cmd::new("show-hooks").flag("-gw"),
-        Cmd::new("show-hooks").flag("-gp"),
         Cmd::new("show-options").flag("-s").arg("command-alias"),
-        Cmd::new("show-options").flag("-g").arg("default-shell"),
-        Cmd::new("show-options").flag("-g").arg("default-command"),
-        Cmd::new("show-options").flag("-g").arg("status"),
-        Cmd::new("show-options").flag("-g").arg("lock-command"),
-        Cmd::new("show-options").flag("-g").arg("lock-after-time"),
-        Cmd::new("show-options")
-            .flag("-gw")
-            .arg("allow-passthrough"),
-        Cmd::new("show-options").flag("-s").arg("set-clipboard"),
         Cmd::new("show-options")
             .flag("-g")
             .arg("update-environment"),
+        Cmd::new("display-message")
+            .flag("-p")
+            .arg(scalars.join(" ")),
     ]
 }
 
-/// The baseline and whether drift was seen.
-#[derive(Default)]
+/// Lists every session, window and pane (for the full scan).
+fn targets_cmd() -> Cmd {
+    Cmd::new("list-panes")
+        .flag("-a")
+        .flag("-F")
+        .arg("#{session_id} #{window_id} #{pane_id}")
+}
+
+/// Says what changed between two replies to probe `i`.
+fn describe(i: usize, before: &str, after: &str) -> String {
+    let words = |s: &str| -> Vec<String> { s.split(' ').map(str::to_string).collect() };
+    if i == probes().len() - 1 {
+        for (a, b) in words(before).iter().zip(words(after)) {
+            if *a != b {
+                let name = a.split('=').next().unwrap_or_default();
+                let value = |w: &str| {
+                    w.split_once('=')
+                        .map(|x| x.1.to_string())
+                        .unwrap_or_default()
+                };
+                return format!(
+                    "option `{name}` changed from {:?} to {:?}",
+                    value(a),
+                    value(&b)
+                );
+            }
+        }
+    }
+    format!(
+        "`{}` changed from {before:?} to {after:?}",
+        probes()[i].line()
+    )
+}
+
+/// The option or hook name a `show-options` line is about (`name[3] value`).
+fn key_of(line: &str) -> &str {
+    line.split([' ', '[']).next().unwrap_or_default()
+}
+
+/// The baseline, whether drift was seen, and the background scan's progress.
 pub struct Drift {
     baseline: Mutex<Vec<String>>,
+    hooks: Mutex<Vec<String>>,
     tripped: Mutex<Option<String>>,
+    /// Counts calls that finished (each asks for a full scan).
+    asked: watch::Sender<u64>,
+    /// The highest request the last finished scan covered.
+    scanned: watch::Sender<u64>,
+}
+
+impl Default for Drift {
+    fn default() -> Drift {
+        Drift {
+            baseline: Mutex::default(),
+            hooks: Mutex::default(),
+            tripped: Mutex::default(),
+            asked: watch::channel(0).0,
+            scanned: watch::channel(0).0,
+        }
+    }
 }
 
 async fn snapshot(hub: &Hub) -> Result<Vec<String>, ToolError> {
-    let replies = hub.run_many(&probes()).await?;
-    Ok(replies
-        .iter()
-        .map(|r| {
-            r.iter()
-                .map(|l| String::from_utf8_lossy(l).into_owned())
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .collect())
+    let replies = hub.run_many(probes()).await?;
+    Ok(replies.iter().map(|r| joined(r)).collect())
 }
 
+fn joined(reply: &[Vec<u8>]) -> String {
+    reply
+        .iter()
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A full scan runs at least this often.
+const IDLE_SCAN: Duration = Duration::from_secs(2);
+
+/// How long a call waits for the scan the previous call asked for.
+const SCAN_WAIT: Duration = Duration::from_secs(10);
+
 impl Drift {
-    /// Records the baseline (at start).
+    /// Records the baseline (at start) and runs the first full scan.
     pub async fn record(&self, hub: &Hub) -> Result<(), ToolError> {
         let s = snapshot(hub).await?;
         // Unset hooks are listed by name alone; a set one shows `name[N] command`.
-        if let Some(h) = s[..3]
+        if let Some(h) = s[..2]
             .iter()
             .flat_map(|x| x.lines())
             .find(|l| l.contains('['))
         {
             return Err(ToolError::Drift(format!("a hook is set at start: {h}")));
         }
+        let hooks = s[..2]
+            .iter()
+            .flat_map(|x| x.lines())
+            .map(|l| key_of(l).to_string())
+            .collect();
+        *self.hooks.lock().unwrap_or_else(|p| p.into_inner()) = hooks;
         *self.baseline.lock().unwrap_or_else(|p| p.into_inner()) = s;
-        Ok(())
+        self.local(hub).await
     }
 
     /// Why calls are refused, if they are.
@@ -75,7 +172,54 @@ impl Drift {
             .clone()
     }
 
-    /// Compares with the baseline; on a difference, trips for good.
+    fn trip(&self, why: String) -> ToolError {
+        let mut t = self.tripped.lock().unwrap_or_else(|p| p.into_inner());
+        // The first reason stays the reason.
+        let why = t.get_or_insert(why).clone();
+        ToolError::Drift(why)
+    }
+
+    /// Before a call: waits for the full scan the previous call asked for,
+    /// then runs the global check.
+    pub async fn before_call(&self, hub: &Hub) -> Result<(), ToolError> {
+        let want = *self.asked.borrow();
+        let mut done = self.scanned.subscribe();
+        if tokio::time::timeout(SCAN_WAIT, done.wait_for(|d| *d >= want))
+            .await
+            .is_err()
+        {
+            return Err(ToolError::Internal(
+                "the drift scan after the previous call did not finish (is the tmux server stopped?)"
+                    .into(),
+            ));
+        }
+        self.check(hub).await
+    }
+
+    /// After a call: asks the background scanner for a full scan.
+    pub fn after_call(&self) {
+        self.asked.send_modify(|n| *n += 1);
+    }
+
+    /// The background scanner; runs for the life of the instance.
+    pub async fn scanner(&self, hub: std::sync::Arc<Hub>) {
+        let mut asked = self.asked.subscribe();
+        loop {
+            tokio::select! {
+                r = asked.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep(IDLE_SCAN) => {}
+            }
+            let n = *asked.borrow_and_update();
+            if self.tripped().is_none() {
+                // tmux errors are left to the calls, which report them.
+                let _ = self.full(&hub).await;
+            }
+            self.scanned.send_replace(n);
+        }
+    }
+
+    /// The global check: compares with the baseline; on a difference, trips
+    /// for good.
     pub async fn check(&self, hub: &Hub) -> Result<(), ToolError> {
         if let Some(why) = self.tripped() {
             return Err(ToolError::Drift(why));
@@ -88,9 +232,60 @@ impl Drift {
             .clone();
         for (i, (a, b)) in base.iter().zip(&now).enumerate() {
             if a != b {
-                let why = format!("`{}` changed from {a:?} to {b:?}", probes()[i].line());
-                *self.tripped.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
-                return Err(ToolError::Drift(why));
+                return Err(self.trip(describe(i, a, b)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The global check and every session's, window's and pane's own hooks
+    /// and watched options.
+    pub async fn full(&self, hub: &Hub) -> Result<(), ToolError> {
+        self.check(hub).await?;
+        self.local(hub).await
+    }
+
+    async fn local(&self, hub: &Hub) -> Result<(), ToolError> {
+        let listing = hub.run(&targets_cmd()).await?;
+        let (mut sessions, mut windows, mut panes) = (vec![], vec![], vec![]);
+        for line in &listing {
+            let line = String::from_utf8_lossy(line);
+            let mut w = line.split(' ');
+            let (Some(s), Some(win), Some(p)) = (w.next(), w.next(), w.next()) else {
+                continue;
+            };
+            for (list, id) in [(&mut sessions, s), (&mut windows, win), (&mut panes, p)] {
+                if !list.iter().any(|x: &String| x == id) {
+                    list.push(id.to_string());
+                }
+            }
+        }
+        let cmds: Vec<Cmd> = sessions
+            .iter()
+            .map(|s| Cmd::new("show-options").flag("-H").flag("-t").arg(s))
+            .chain(
+                windows
+                    .iter()
+                    .map(|w| Cmd::new("show-options").flag("-wH").flag("-t").arg(w)),
+            )
+            .chain(
+                panes
+                    .iter()
+                    .map(|p| Cmd::new("show-options").flag("-pH").flag("-t").arg(p)),
+            )
+            .collect();
+        let replies = hub.run_many(&cmds).await?;
+        let hooks = self.hooks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (cmd, reply) in cmds.iter().zip(&replies) {
+            let text = joined(reply);
+            for line in text.lines() {
+                let k = key_of(line);
+                if SCALARS.contains(&k) || ARRAYS.contains(&k) || hooks.iter().any(|h| h == k) {
+                    return Err(self.trip(format!(
+                        "`{}` shows `{line}` (set on that one target)",
+                        cmd.line()
+                    )));
+                }
             }
         }
         Ok(())

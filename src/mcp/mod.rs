@@ -19,6 +19,7 @@ pub mod prompts;
 pub mod record;
 pub mod resources;
 pub mod server;
+pub mod stdio;
 pub mod targets;
 pub mod text;
 pub mod tools;
@@ -191,8 +192,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         layers: inst.layers(),
         init_pid: inst.init_pid(),
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -231,7 +231,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             policy,
             info,
             audit,
-            drift: drift::Drift::default(),
+            drift: Arc::new(drift::Drift::default()),
             shutdown: shutdown.clone(),
             enabled: std::sync::RwLock::new(enabled),
             ceiling,
@@ -243,6 +243,8 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             eprintln!("sandmux: {e}");
             return crate::sandbox::EXIT_INTERNAL;
         }
+        let (d, h) = (state.drift.clone(), hub.clone());
+        tokio::spawn(async move { d.scanner(h).await });
         // Termination: signals, the server's death.
         let sd = shutdown.clone();
         tokio::spawn(async move {
@@ -280,7 +282,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         }
         let server = server::Server { s: state.clone() };
         let running = tokio::select! {
-            r = server.serve_with_ct(rmcp::transport::stdio(), shutdown.clone()) => match r {
+            r = server.serve_with_ct(stdio::transport(), shutdown.clone()) => match r {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("sandmux: MCP start-up: {e}");

@@ -93,7 +93,9 @@ impl Server {
         }
     }
 
-    /// Runs one enabled tool: drift check, handler, drift check after changes.
+    /// Runs one enabled tool: drift check, handler, then (after a call that
+    /// can change something) a full drift scan in the background that the next
+    /// call waits for (see `drift`).
     async fn run(
         &self,
         def: &'static ToolDef,
@@ -102,13 +104,13 @@ impl Server {
     ) -> Result<Value, ToolError> {
         // Ending the instance stays possible whatever happened to the server.
         if def.name != "kill_server" {
-            self.s.drift.check(&self.s.hub).await?;
+            self.s.drift.before_call(&self.s.hub).await?;
         }
         let r = (def.handler)(call, args).await;
         if !matches!(def.class, Class::MetadataRead | Class::ContentRead)
             && !self.s.shutdown.is_cancelled()
         {
-            self.s.drift.check(&self.s.hub).await?;
+            self.s.drift.after_call();
         }
         r
     }

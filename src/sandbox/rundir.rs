@@ -18,12 +18,35 @@ pub struct Rundir {
     pub cgroup: Option<super::cgroup::Cgroup>,
 }
 
-/// 16 random bytes as hex.
+/// 16 random bytes from the kernel (getrandom(2)), as 32 hex digits.
+///
+/// These name instances and make the separators and sentinels that tmux output
+/// is framed with unguessable, so there is no fallback to a weak source: if the
+/// kernel cannot give randomness, sandmux stops here.
 pub fn random_hex() -> String {
     let mut b = [0u8; 16];
-    let _ = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    let mut filled = 0;
+    while filled < b.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `b`.
+        let n = unsafe { libc::getrandom(b[filled..].as_mut_ptr().cast(), b.len() - filled, 0) };
+        match n {
+            n if n > 0 => filled += n as usize,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => panic!(
+                "getrandom(2) failed: {} (sandmux needs kernel randomness)",
+                std::io::Error::last_os_error()
+            ),
+        }
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    b.iter()
+        .flat_map(|x| {
+            [
+                HEX[usize::from(x >> 4)] as char,
+                HEX[usize::from(x & 15)] as char,
+            ]
+        })
+        .collect()
 }
 
 /// The base directory for this user's instances, created 0700 and checked.

@@ -212,7 +212,10 @@ pub fn quote(arg: &[u8]) -> String {
         if safe(b) {
             s.push(b as char);
         } else {
-            s.push_str(&format!("\\{b:03o}"));
+            s.push('\\');
+            for shift in [6, 3, 0] {
+                s.push(char::from(b'0' + ((b >> shift) & 7)));
+            }
         }
     }
     s.push('"');

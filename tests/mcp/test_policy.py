@@ -96,6 +96,60 @@ async def test_drift_stops_further_calls(ws):
     assert recs[-1]["outcome"] == "refused" and recs[-1]["error_type"] == "drift"
 
 
+# Every setting the drift check watches, changed from the host side the way an
+# operator's tmux client could; the refusal must name it. A typo in a probe (a
+# format that looks up no option reads as empty for ever) makes its case fail.
+# Global settings are caught by the check before the very next call; settings
+# local to one session, window or pane by the full scan that runs after each
+# call that can change something (here send_keys), so the second call after
+# the change is refused at the latest.
+DRIFTS = [
+    ("global", ["set-hook", "-g", "after-new-window", "display-message x"], "show-hooks -g"),
+    ("global", ["set-hook", "-gw", "pane-exited", "display-message x"], "show-hooks -gw"),
+    ("global", ["set-option", "-s", "command-alias[99]", "zz=display-message x"], "command-alias"),
+    ("global", ["set-option", "-g", "update-environment[0]", "FOO"], "update-environment"),
+    ("global", ["set-option", "-g", "default-shell", "/bin/sh"], "default-shell"),
+    ("global", ["set-option", "-g", "default-command", "id"], "default-command"),
+    ("global", ["set-option", "-g", "status", "on"], "status"),
+    ("global", ["set-option", "-g", "lock-command", "id"], "lock-command"),
+    ("global", ["set-option", "-g", "lock-after-time", "5"], "lock-after-time"),
+    ("global", ["set-option", "-gw", "allow-passthrough", "on"], "allow-passthrough"),
+    ("global", ["set-option", "-s", "set-clipboard", "on"], "set-clipboard"),
+    ("local", ["set-hook", "-p", "-t", "main:", "pane-focus-in", "display-message x"], "pane-focus-in"),
+    ("local", ["set-hook", "-w", "-t", "main:", "window-renamed", "display-message x"], "window-renamed"),
+    ("local", ["set-hook", "-t", "main", "session-renamed", "display-message x"], "session-renamed"),
+    ("local", ["set-option", "-t", "main", "default-shell", "/bin/sh"], "default-shell"),
+    ("local", ["set-option", "-p", "-t", "main:", "allow-passthrough", "on"], "allow-passthrough"),
+    ("local", ["set-option", "-t", "main", "update-environment[3]", "FOO"], "update-environment"),
+]
+
+
+@pytest.mark.parametrize("scope,change,named", DRIFTS, ids=[f"{d[0]}:{d[2]}:{d[1][-2]}" for d in DRIFTS])
+async def test_drift_names_each_watched_setting(ws, scope, change, named):
+    async with connect(ws) as c:
+        assert (await call(c, "get_server_info"))["drift"] == "none"
+        await call(c, "list_panes")
+        sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
+        r = tmux_host(sock, *change)
+        assert r.returncode == 0, r.stderr
+        r = await c.call_tool("send_keys", {"text": ""})
+        if scope == "local" and not r.is_error:
+            r = await c.call_tool("list_panes", {})
+        assert r.is_error, f"{change} went unnoticed"
+        err = r.content[0].text
+        assert "drift" in err and named in err, err
+
+
+async def test_local_drift_is_caught_while_the_agent_only_reads(ws):
+    async with connect(ws) as c:
+        await call(c, "list_panes")
+        sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
+        assert tmux_host(sock, "set-hook", "-p", "-t", "main:", "pane-focus-in", "display-message x").returncode == 0
+        await anyio.sleep(2.5)  # the idle scan runs every 2 s
+        err = await call(c, "capture_pane", ok=False)
+        assert "drift" in err and "pane-focus-in" in err, err
+
+
 async def test_audit_log_chain_and_tamper_detection(ws):
     secret = "hunter2-very-secret"
     async with connect(ws) as c:
