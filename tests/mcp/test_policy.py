@@ -336,3 +336,31 @@ async def test_malformed_tool_call_is_audited(ws):
     recs = audit_records(ws)
     bad = [r for r in recs if r["outcome"] == "malformed"]
     assert bad and "secret-args-value" not in json.dumps(recs)
+
+
+def test_stdio_over_a_socket_pair(ws):
+    """Clients built on libuv (Node) give the server a socket pair, not pipes,
+    as stdin/stdout; both kinds are served, and EOF ends the instance."""
+    import socket
+
+    work, host = ws
+    a, b = socket.socketpair()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    p = subprocess.Popen([BIN, "serve", "-w", str(work), "--audit-log", str(host / "audit.jsonl")], stdin=b.fileno(), stdout=b.fileno(), env=env)
+    b.close()
+    f = a.makefile("rwb")
+
+    def send(m):
+        f.write((json.dumps(m) + "\n").encode())
+        f.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    assert json.loads(f.readline())["id"] == 1
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "list_sessions", "arguments": {}}})
+    r = json.loads(f.readline())
+    assert r["id"] == 2 and not r["result"].get("isError"), r
+    a.shutdown(socket.SHUT_WR)
+    assert p.wait(timeout=10) == 0
+    f.close()
+    a.close()
