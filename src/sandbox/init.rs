@@ -430,17 +430,33 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
 
     // 11. PID 1 itself: no capabilities, no new privileges, the same syscall filter.
     // A failure here ends the sandbox like any other (PID 1 outlives everything inside).
+    // A layer the profile lets go (best_effort) was already reported dropped by
+    // the payload, which met the same kernel; PID 1 goes without it too.
     let harden = if pre_confined {
         Ok(())
     } else {
-        caps::drop_all()
-            .and_then(|_| caps::set_no_new_privs())
-            .and_then(|_| caps::set_nondumpable())
-            .and_then(|_| seccomp::install(&filters).map_err(|e| e.to_string()))
+        let optional = |l: Layer, r: Result<(), String>| match r {
+            Err(_) if layers.best_effort.contains(&l) => Ok(()),
+            Err(e) => Err((l, e)),
+            Ok(()) => Ok(()),
+        };
+        optional(Layer::Caps, caps::drop_all().map(drop))
+            .and_then(|_| optional(Layer::NoNewPrivs, caps::set_no_new_privs()))
+            .and_then(|_| caps::set_nondumpable().map_err(|e| (Layer::Caps, e)))
+            .and_then(|_| {
+                optional(
+                    Layer::Seccomp,
+                    seccomp::install(&filters).map_err(|e| e.to_string()),
+                )
+            })
     };
-    if let Err(e) = harden {
+    if let Err((layer, e)) = harden {
         let _ = kill(payload, Signal::SIGKILL);
-        return Err(internal("confining PID 1")(e));
+        return Err(Stop {
+            unavailable: true,
+            layer: Some(layer),
+            message: format!("confining PID 1: {e}"),
+        });
     }
     if let Payload::Tmux { .. } = &plan.payload {
         layers.rep.send(&Message::Ready {

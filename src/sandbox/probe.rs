@@ -32,8 +32,7 @@ pub fn kernel() -> Kernel {
         release,
         landlock_abi: super::landlock::kernel_abi(),
         userns: try_userns(),
-        // SAFETY: prctl(PR_GET_SECCOMP) takes no pointers.
-        seccomp: unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } >= 0
+        seccomp: super::seccomp::probe().is_ok()
             && std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
                 .map(|s| s.contains("errno"))
                 .unwrap_or(true),

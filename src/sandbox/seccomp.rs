@@ -493,6 +493,23 @@ fn compile(filter: SeccompFilter) -> Result<BpfProgram, SeccompError> {
         .map_err(|e: seccompiler::BackendError| SeccompError::Compile(e.to_string()))
 }
 
+/// Whether this kernel lets a process install a filter: tried for real, on a
+/// short-lived thread (a filter and `no_new_privs` set without TSYNC bind only
+/// the calling thread), with a one-instruction program that allows everything.
+pub fn probe() -> Result<(), String> {
+    std::thread::spawn(|| {
+        let allow: BpfProgram = vec![seccompiler::sock_filter {
+            code: 0x06, // BPF_RET | BPF_K
+            jt: 0,
+            jf: 0,
+            k: 0x7fff_0000, // SECCOMP_RET_ALLOW
+        }];
+        apply_filter(&allow).map_err(|e| e.to_string())
+    })
+    .join()
+    .map_err(|_| "the probe thread panicked".to_string())?
+}
+
 /// The x32 guard: kill on any syscall number with bit 30 set.
 fn x32_guard() -> BpfProgram {
     use seccompiler::sock_filter as I;
