@@ -532,6 +532,7 @@ ROWS = [
     ("wait", "wait reaction (pane prints → wait_for_text returns)", ("≤", 5)),
     ("wait_fast", "wait reaction, libtmux-mcp with interval=0.01 (its minimum)", None),
 ]
+RSS_GOAL_MB = 20  # sandmux goal for the peak RSS of its process tree (VmRSS sum)
 
 
 def build_report(s: Samples, rss: dict, args, meta: dict) -> tuple[str, dict]:
@@ -585,7 +586,7 @@ def build_report(s: Samples, rss: dict, args, meta: dict) -> tuple[str, dict]:
             g = f"≤ {goal} MB: {'met' if a <= goal else 'missed'}"
         lines.append(f"| {label} | {fmt(a)} MB | — | {fmt(b)} MB | — | {ratio} | — | — | {g} |")
     A_, B_ = "sandmux tree", "libtmux-mcp tree"
-    rrow("peak RSS, server process tree (VmRSS of server pid + descendants, summed)", rss[f"{A_}|rss_peak"], rss[f"{B_}|rss_peak"], 20)
+    rrow("peak RSS, server process tree (VmRSS of server pid + descendants, summed)", rss[f"{A_}|rss_peak"], rss[f"{B_}|rss_peak"], RSS_GOAL_MB)
     rrow("median RSS over the samples, server process tree", rss[f"{A_}|rss_median"], rss[f"{B_}|rss_median"])
     rrow("median PSS over the samples, server process tree (shared pages split, not double-counted)", rss[f"{A_}|pss_median"], rss[f"{B_}|pss_median"])
     rrow("peak RSS, server process alone", rss["sandmux alone|rss_peak"], rss["libtmux-mcp alone|rss_peak"])
@@ -639,6 +640,34 @@ Versions: {meta['versions']}.
   between two reads can count the same pages twice even in PSS. The last RSS row adds the private tmux server tree libtmux-mcp drives, for a like-for-like total.
 """
     return doc, chart
+
+
+def build_json(s: Samples, rss: dict, args, meta: dict) -> dict:
+    """The report's figures, machine-readable (bench/out/mcp-latency.json, read by bench/run)."""
+    ms: dict[str, dict] = {}
+    for key, _, _ in ROWS:
+        for who in ("sandmux", "libtmux-mcp", "tmux -C", "tmux CLI"):
+            xs = s.get(f"{key}/{who}")
+            if xs:
+                ms.setdefault(key, {})[who] = {"median": statistics.median(xs), "p99": pct(xs, 99), "n": len(xs)}
+    mem: dict[str, dict] = {}
+    for k, v in rss.items():
+        if "|" in k:
+            group, fig = k.split("|")
+            mem.setdefault(group, {})[fig] = v
+    return {
+        "benchmark": "mcp-latency",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "rounds": args.rounds, "spawn_rounds": args.spawn_rounds,
+        "machine": meta["machine"], "versions": meta["versions"],
+        "labels": {key: label for key, label, _ in ROWS},
+        "ms": ms,
+        "goals_ms": {key: {"op": goal[0], "value": goal[1]} for key, _, goal in ROWS if goal},
+        "mem_mb": mem, "mem_samples": rss["_samples"],
+        "goals_mb": {"sandmux tree|rss_peak": {"op": "≤", "value": RSS_GOAL_MB}},
+        "wait_late": {k: len(v) for k, v in s.items() if "_late" in k},
+        "chart": os.path.abspath(args.out_png),
+    }
 
 
 def plot(chart: dict, path: str, title: str) -> None:
@@ -785,6 +814,11 @@ async def main_async(args, meta: dict) -> int:
     log(f"wrote {args.out_md}")
     plot(chart, args.out_png, f"MCP tool-call medians, {args.rounds} rounds (lower is better)")
     log(f"wrote {args.out_png}")
+    out_json = os.path.splitext(args.out_md)[0] + ".json"
+    with open(out_json, "w") as fh:
+        json.dump(build_json(s, rss, args, meta), fh, indent=1)
+        fh.write("\n")
+    log(f"wrote {out_json}")
     return 0
 
 

@@ -563,6 +563,34 @@ CPU use of the instance's processes during each phase (% of one core, from /proc
 """
 
 
+def summary(runs: list[dict], fl: dict, a, meta: dict) -> dict:
+    """The report's headline figures (the same reductions as its tables), for bench/run."""
+    out: dict = {"benchmark": "scale", "sizes": a.sizes, "reps": a.reps, "calls": a.calls,
+                 "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                 "machine": meta["machine"], "versions": meta["versions"], "startup": {}, "memory": {}, "flood": {}}
+    for n in a.sizes:
+        rs = [r for r in runs if r["n"] == n]
+        out["startup"][str(n)] = {
+            # medians over the reps of: the last / first / median instance's list_panes answer, s
+            "all_answered_s": statistics.median(max(r["first"]) for r in rs) / 1000,
+            "first_answered_s": statistics.median(min(r["first"]) for r in rs) / 1000,
+            "median_answered_s": statistics.median(statistics.median(r["first"]) for r in rs) / 1000,
+            "teardown_s": statistics.median(r["teardown_ms"] for r in rs) / 1000,
+        }
+        last = rs[-1]  # memory: the last rep of this N, as in the table
+        out["memory"][str(n)] = {
+            "rss_mib_per_instance": statistics.median(last["rss"]) / 1024,
+            "pss_mib_per_instance": statistics.median(last["pss"]) / 1024,
+            "rss_mib_sum": sum(last["rss"]) / 1024, "pss_mib_sum": sum(last["pss"]) / 1024,
+            "avail_drop_mib": last["avail_drop"] / 1024,
+        }
+    for k, ph in fl["phases"].items():
+        lat = ph["lat"]
+        out["flood"][k] = {"p50": q(lat, 50), "p90": q(lat, 90), "p99": q(lat, 99), "max": max(lat), "n": len(lat),
+                           "peak_tree_rss_mib": ph["peak_kb"] / 1024, "flood_mb_s": ph["rate"]}
+    return out
+
+
 # --------------------------------------------------------------------------
 
 async def amain(a) -> int:
@@ -604,7 +632,7 @@ async def amain(a) -> int:
         fh.write(doc)
     log(f"wrote {a.out_md}")
     with open(os.path.splitext(a.out_md)[0] + ".json", "w") as fh:
-        json.dump(dict(runs=runs, flood=fl["phases"]), fh)
+        json.dump(dict(runs=runs, flood=fl["phases"], summary=summary(runs, fl, a, meta)), fh)
     return 0
 
 

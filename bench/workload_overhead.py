@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import random
 import resource
@@ -391,16 +392,39 @@ Commands:
 - start: `{q(cmds['sandmux-true'])}` and `{q(cmds['true'])}`
 """
     print(doc)
-    try:
-        os.makedirs(os.path.dirname(args.out_md), exist_ok=True)
-        with open(args.out_md, "w") as fh:
+
+    # The same figures, machine-readable, beside the tables (bench/run reads it).
+    def stats(v: list[float]) -> dict:
+        return {"median": statistics.median(v), "p90": pct(90, v), "min": min(v), "max": max(v), "n": len(v)}
+    data = {
+        "benchmark": "workload-overhead", "date": now, "rounds": args.rounds, "uid": os.getuid(),
+        "elapsed_s": elapsed, "cpu_pressure": psi_note,
+        "machine": os.environ.get("BENCH_MACHINE", "?"), "versions": os.environ.get("BENCH_VERSIONS", "?"),
+        "commands": {n: q(c) for n, c in cmds.items()},
+        "wall_ms": {n: stats(v) for n, v in wall.items()},
+        "start_ms": {n: stats(v) for n, v in starts.items()},
+        "cpu_ms": {n: stats(v) for n, v in cpu.items()},
+        "ratio": med["sandmux"] / med["plain"],  # sandmux / plain, ratio of medians
+        "overhead": overhead, "overhead_paired": paired, "overhead_net_of_start": net,
+        "start_cost_ms": start_cost,
+        "round_ratios": ratios,
+        "phases_ms": {n: {ph: statistics.median(v) for ph, v in phs.items()} for n, phs in phases.items()},
+    }
+
+    def write_both(md_path: str) -> None:
+        os.makedirs(os.path.dirname(md_path), exist_ok=True)
+        with open(md_path, "w") as fh:
             fh.write(doc)
-        log(f"wrote {args.out_md}")
+        with open(os.path.splitext(md_path)[0] + ".json", "w") as fh:
+            json.dump(data, fh, indent=1)
+            fh.write("\n")
+    try:
+        write_both(args.out_md)
+        log(f"wrote {args.out_md} and {os.path.splitext(args.out_md)[0]}.json")
     except OSError as e:
         alt = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"workload-overhead.{os.getuid()}.md")
         log(f"cannot write {args.out_md} ({e.strerror}); writing {alt} instead")
-        with open(alt, "w") as fh:
-            fh.write(doc)
+        write_both(alt)
     return 0
 
 
