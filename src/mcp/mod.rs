@@ -154,8 +154,21 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         GATE_PATH,
         "--exec",
         "--",
-        "sleep",
-        "infinity",
+        "cat",
+        // The control pane needs no process: it is kept once dead, and ^D ends
+        // `cat` (the line discipline holds it until `cat` reads).
+        ";",
+        "set-option",
+        "-w",
+        "-t",
+        CONTROL_SESSION,
+        "remain-on-exit",
+        "on",
+        ";",
+        "send-keys",
+        "-t",
+        CONTROL_SESSION,
+        "C-d",
     ]) {
         Ok(id) => id.trim().to_string(),
         Err(e) => {
