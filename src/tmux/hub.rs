@@ -4,7 +4,7 @@
 //! is attached to), and kept per pane in a bounded ring that waits read from.
 //!
 //! The command client is attached to a hidden session, `_sandmux`, whose only
-//! pane sleeps; tools never list or target it, so the agent cannot close the
+//! pane is kept dead (no process); tools never list or target it, so the agent cannot close the
 //! connection the supervisor lives on. Watchers use tmux flow control
 //! (`pause-after`), and each ring holds at most [`RING_BYTES`], so a pane that
 //! floods output costs bounded memory.
