@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("SANDMUX_BIN", str(ROOT / "target" / "debug" / "sandmux"))
+BIN = os.path.abspath(os.environ.get("SANDMUX_BIN", str(ROOT / "target" / "debug" / "sandmux")))
 
 
 @pytest.fixture

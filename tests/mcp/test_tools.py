@@ -3,8 +3,10 @@ Structured results are validated against the output schema each tool
 publishes in tools/list."""
 
 import json
+import time
 import subprocess
 
+import anyio
 import jsonschema
 import pytest
 
@@ -241,3 +243,21 @@ async def test_invalid_arguments_get_tool_errors_with_hints(ws):
     recs = audit_records(ws)
     assert sum(1 for r in recs if r["outcome"] == "malformed") >= 5
     assert not any("x" * 300 in json.dumps(r) for r in recs)
+
+
+async def test_short_lived_commands_in_new_panes_are_not_reported_as_failures(ws):
+    """A command that ends at once closes its pane before the reply is read:
+    the call still succeeds (the ids come from tmux at creation), so an agent
+    has no reason to run the command twice."""
+    async with connect(ws) as c:
+        s = await call(c, "create_session", {"session_name": "quick"})
+        for i in range(20):
+            r = await call(c, "split_window", {"pane_id": s["pane_id"], "shell": "true"})
+            assert r["pane_id"].startswith("%") and r["window_id"] == s["window_id"], r
+            r = await call(c, "create_window", {"session_name": "quick", "shell": f"echo {i} > w{i}"})
+            assert r["session_name"] == "quick" and r["session_id"] == s["session_id"], r
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all((ws[0] / f"w{i}").exists() for i in range(20)):
+            await anyio.sleep(0.05)
+        for i in range(20):
+            assert (ws[0] / f"w{i}").read_text().strip() == str(i)

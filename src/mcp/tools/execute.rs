@@ -106,18 +106,32 @@ fn shell_arg(c: &Call<'_>, cmd: Cmd, shell: &Option<String>) -> Result<Cmd, Tool
     }
 }
 
+/// What `new-session`, `new-window` and `split-window` print with `-P -F`:
+/// the ids of the new pane, and the session's name (`#{q:}`-escaped) last.
+const CREATED_FORMAT: &str = "#{pane_id} #{window_id} #{session_id} #{q:session_name}";
+
+/// Reads the `-P` reply. The ids come from tmux at creation, not from a
+/// later lookup: a short-lived command may have ended (and its pane closed)
+/// before the reply is read, and the call must not report a failure then.
 async fn created(c: &Call<'_>, reply: Vec<Vec<u8>>) -> Result<Created, ToolError> {
-    let pane_id = reply
-        .first()
-        .map(|l| String::from_utf8_lossy(l).trim().to_string())
-        .unwrap_or_default();
+    let line = reply.first().cloned().unwrap_or_default();
+    let mut f = line.splitn(4, |b| *b == b' ');
+    let mut next = || f.next().map(|x| String::from_utf8_lossy(x).into_owned());
+    let (Some(pane_id), Some(window_id), Some(session_id), Some(name)) =
+        (next(), next(), next(), next())
+    else {
+        return Err(ToolError::Internal(format!(
+            "tmux printed no ids for the new pane: {:?}",
+            String::from_utf8_lossy(&line)
+        )));
+    };
     c.s.hub.sync_watchers().await.map_err(ToolError::Internal)?;
-    let p = targets::explicit_pane(c, &pane_id).await?;
     Ok(Created {
-        session_id: p.session_id,
-        session_name: p.session_name,
-        window_id: p.window_id,
-        pane_id: p.pane_id,
+        session_id,
+        session_name: String::from_utf8_lossy(&crate::tmux::control::unquote_q(name.as_bytes()))
+            .into_owned(),
+        window_id,
+        pane_id,
     })
 }
 
@@ -144,7 +158,7 @@ pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, T
         .flag("-d")
         .flag("-P")
         .flag("-F")
-        .arg("#{pane_id}");
+        .arg(CREATED_FORMAT);
     if let Some(n) = &a.session_name {
         text::session_name("session_name", n)?;
         cmd = cmd.opt("-s", text::fmt_literal(n));
@@ -190,7 +204,7 @@ pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, Too
     let mut cmd = Cmd::new("new-window")
         .flag("-P")
         .flag("-F")
-        .arg("#{pane_id}");
+        .arg(CREATED_FORMAT);
     if !a.attach {
         cmd = cmd.flag("-d");
     }
@@ -242,7 +256,7 @@ pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolE
         .flag("-d")
         .flag("-P")
         .flag("-F")
-        .arg("#{pane_id}")
+        .arg(CREATED_FORMAT)
         .opt("-t", &p.pane_id);
     cmd = match a.direction.as_deref() {
         None | Some("below") => cmd.flag("-v"),
