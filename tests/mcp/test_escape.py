@@ -1594,3 +1594,102 @@ async def test_t6_every_spawn_path_runs_through_the_gate(ws):
         assert r["signal_server"] == "EPERM", (t, r)  # the gate's nested Landlock domain
     assert canary not in json.dumps(got)
     assert ungated["signal_server"] == 0 and "TMUX" in ungated["env"], ungated
+
+
+# ---------------------------------------------------------------- E14
+
+E14_PROBE = r'''
+for path in sys.argv[2].split(","):
+    def w():
+        fd = os.open(path, os.O_WRONLY)
+        os.write(fd, b"\x00")  # only reached where the open worked
+        os.close(fd)
+        return "written"
+    R[path] = tr(w)
+'''
+
+
+async def test_e14_launcher_and_gate_binaries_cannot_be_overwritten(ws):
+    """Open for writing, and write, every sandmux-owned executable a pane can
+    name: PID 1's and the tmux server's `/proc/<pid>/exe`, the pane's own,
+    the gate binary, and the host path of the sandmux binary."""
+    before = hashlib.sha256(open(BIN, "rb").read()).hexdigest()
+    async with launch(ws, *ALL) as c:
+        server = (await call(c, "display_message", {"format_string": "#{pid}"}))["text"]
+        targets = ["/proc/1/exe", f"/proc/{server}/exe", "/proc/self/exe", "/run/sandmux/bin/sandmux-pane", BIN]
+        r, _ = await run_probe(c, ws, "e14", E14_PROBE, ",".join(targets))
+    assert r["/proc/1/exe"] == "EACCES" and r[f"/proc/{server}/exe"] == "EACCES", r  # Landlock ptrace scope
+    assert r["/proc/self/exe"] in ("ETXTBSY", "EROFS", "EACCES"), r  # python3: read-only /usr, root-owned
+    assert r["/run/sandmux/bin/sandmux-pane"] in ("ETXTBSY", "EROFS", "EACCES"), r
+    assert r[BIN] in ("ENOENT", "EROFS", "EACCES"), r  # the host path is not even in the view
+    assert "written" not in r.values(), r
+    assert hashlib.sha256(open(BIN, "rb").read()).hexdigest() == before
+    # Positive control (a): the same probe on the host, aimed at a copy of the
+    # binary that is not running, writes it, and the hash check sees it.
+    copy = ws[1] / "sandmux-copy"
+    copy.write_bytes(open(BIN, "rb").read())
+    hp = host_probe(ws, "e14", E14_PROBE, str(copy))
+    assert hp[str(copy)] == "written", hp
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() != before
+
+
+# ---------------------------------------------------------------- E24
+
+E24_TABLE_PROBE = r'''
+NEWUSER = 0x10000000
+R["unknown_nr_1000"] = sc(1000)
+R["clone3"] = sc(435, 0, 0)
+R["unshare_newuser"] = sc(272, NEWUSER)
+R["unshare_newuser_high_bits"] = sc(272, NEWUSER | (1 << 32))
+R["io_uring_setup"] = sc(425, 1, 0)
+R["fsopen"] = sc(430, 0, 0)
+R["pidfd_getfd"] = sc(438, 0, 0, 0)
+R["keyctl"] = sc(250, 0, 0)
+R["bpf"] = sc(321, 0, 0, 0)
+R["perf_event_open"] = sc(298, 0, 0, -1, -1, 0)
+R["kexec_load"] = sc(246, 0, 0, 0, 0)
+R["init_module"] = sc(175, 0, 0, 0)
+'''
+
+# x32 and i386 entry points: a marker, then the foreign call. Under the
+# sandbox's filter the process is killed (SIGSYS) before it can print again.
+E24_FOREIGN_PROBE = r'''
+import mmap
+print("BEFORE", flush=True)
+if sys.argv[2] == "x32":
+    R["x32_getpid"] = sc(0x40000000 | 39)
+else:
+    # mov eax, 20 (i386 getpid) ; int 0x80 ; ret
+    code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])
+    buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(code)
+    fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+    R["int80_getpid"] = fn()
+print("AFTER", flush=True)
+'''
+
+
+async def test_e24_seccomp_filter_pitfalls(ws):
+    """Syscalls a deny-list misses (new ones, unknown numbers), a 64-bit
+    argument with high bits set, and the x32 and i386 entry points."""
+    async with launch(ws, *ALL) as c:
+        r, _ = await run_probe(c, ws, "e24", E24_TABLE_PROBE)
+        assert r["unknown_nr_1000"] == "ENOSYS" and r["clone3"] == "ENOSYS", r  # allowlist default
+        for k in ("unshare_newuser", "unshare_newuser_high_bits", "io_uring_setup", "fsopen", "pidfd_getfd", "keyctl", "bpf", "perf_event_open", "kexec_load", "init_module"):
+            assert r[k] in ("EPERM", "ENOSYS"), (k, r)
+        foreign = {}
+        for mode in ("x32", "int80"):
+            p = write_probe(ws, f"e24{mode}", E24_FOREIGN_PROBE)
+            out = ws[0] / f"out_e24{mode}.json"
+            res = await call(c, "run_command", {"command": f"python3 {p} {out} {mode}", "timeout": 20})
+            foreign[mode] = res
+            assert res["status"] == "completed" and res["exit_status"] == 128 + signal.SIGSYS, res
+            assert "BEFORE" in res["output"] and "AFTER" not in res["output"] and not out.exists(), res
+    # Positive control (a): on the host the same calls return (x32 is ENOSYS
+    # or works; the i386 getpid gives a pid), and the process goes on.
+    hx = host_probe(ws, "e24x32", E24_FOREIGN_PROBE, "x32")
+    assert "x32_getpid" in hx, hx
+    hi = host_probe(ws, "e24int80", E24_FOREIGN_PROBE, "int80")
+    assert isinstance(hi["int80_getpid"], int) and hi["int80_getpid"] > 0, hi
+    ht = host_probe(ws, "e24", E24_TABLE_PROBE)
+    assert ht["unknown_nr_1000"] == "ENOSYS" and ht["clone3"] != "ENOSYS", ht  # clone3 exists on the host
