@@ -1693,3 +1693,22 @@ async def test_e24_seccomp_filter_pitfalls(ws):
     assert isinstance(hi["int80_getpid"], int) and hi["int80_getpid"] > 0, hi
     ht = host_probe(ws, "e24", E24_TABLE_PROBE)
     assert ht["unknown_nr_1000"] == "ENOSYS" and ht["clone3"] != "ENOSYS", ht  # clone3 exists on the host
+
+
+# ---------------------------------------------------------------- E18
+
+async def test_e18_execute_permission_is_not_a_boundary(ws):
+    """E18 is a documented non-boundary: a file without the execute bit still
+    runs through the dynamic loader or an interpreter. The test pins that
+    down, so the docs can never come to claim otherwise unnoticed."""
+    (ws[0] / "mytrue").write_bytes(open("/usr/bin/true", "rb").read())
+    (ws[0] / "s.sh").write_text("echo script-ran\n")
+    for f in ("mytrue", "s.sh"):
+        os.chmod(ws[0] / f, 0o644)
+    async with launch(ws, *ALL) as c:
+        direct = await call(c, "run_command", {"command": "./mytrue"})
+        ldso = await call(c, "run_command", {"command": "/lib64/ld-linux-x86-64.so.2 ./mytrue && echo loader-ran"})
+        interp = await call(c, "run_command", {"command": "bash s.sh"})
+    assert direct["exit_status"] == 126, direct  # execve refuses the file
+    assert ldso["exit_status"] == 0 and "loader-ran" in ldso["output"], ldso
+    assert interp["exit_status"] == 0 and "script-ran" in interp["output"], interp
