@@ -81,7 +81,10 @@ impl Call<'_> {
                 "e.g. 10",
             ));
         }
-        Ok(Duration::from_secs_f64(want).min(self.s.wait_max))
+        // Clamp before converting: a huge number does not fit a Duration.
+        Ok(Duration::from_secs_f64(
+            want.min(self.s.wait_max.as_secs_f64()),
+        ))
     }
 
     /// Sends a progress notification if the client gave a token.

@@ -65,8 +65,7 @@ fn build_probes() -> Vec<Cmd> {
 fn targets_cmd() -> Cmd {
     Cmd::new("list-panes")
         .flag("-a")
-        .flag("-F")
-        .arg("#{session_id} #{window_id} #{pane_id}")
+        .opt("-F", "#{session_id} #{window_id} #{pane_id}")
 }
 
 /// Says what changed between two replies to probe `i`.
@@ -262,16 +261,16 @@ impl Drift {
         }
         let cmds: Vec<Cmd> = sessions
             .iter()
-            .map(|s| Cmd::new("show-options").flag("-H").flag("-t").arg(s))
+            .map(|s| Cmd::new("show-options").flag("-H").opt("-t", s))
             .chain(
                 windows
                     .iter()
-                    .map(|w| Cmd::new("show-options").flag("-wH").flag("-t").arg(w)),
+                    .map(|w| Cmd::new("show-options").flag("-wH").opt("-t", w)),
             )
             .chain(
                 panes
                     .iter()
-                    .map(|p| Cmd::new("show-options").flag("-pH").flag("-t").arg(p)),
+                    .map(|p| Cmd::new("show-options").flag("-pH").opt("-t", p)),
             )
             .collect();
         let replies = hub.run_many(&cmds).await?;

@@ -80,8 +80,7 @@ pub async fn start(hub: &Arc<Hub>, path: &Path, control_id: &str) -> Result<(), 
         .run(
             &Cmd::new("list-panes")
                 .flag("-a")
-                .flag("-F")
-                .arg("#{session_id} #{pane_id}"),
+                .opt("-F", "#{session_id} #{pane_id}"),
         )
         .await
         .map_err(|e| e.to_string())?;

@@ -127,7 +127,7 @@ pub async fn listing(
         }
     }
     fmt.push_str(&end);
-    let reply = c.s.hub.run(&cmd.flag("-F").arg(fmt)).await?;
+    let reply = c.s.hub.run(&cmd.opt("-F", fmt)).await?;
     let joined: Vec<u8> = reply.join(&b'\n');
     let text = String::from_utf8_lossy(&joined).into_owned();
     let mut rows = Vec::new();

@@ -86,6 +86,12 @@ struct Held {
 pub const FORGED: &str =
     "pane output tried to forge control-mode framing; the connection was reset";
 
+/// Why a client was closed after a command outlived its deadline: whatever
+/// held it (a stopped server, or a prompt a key binding opened on this
+/// client, which blocks its command queue) goes with the connection, and the
+/// next command gets a fresh one.
+pub const WEDGED: &str = "tmux did not answer in time; the connection was replaced";
+
 /// A running control-mode client.
 pub struct Client {
     name: String,
@@ -246,6 +252,17 @@ impl Client {
             if let Some(h) = held.take() {
                 let _ = h.tx.send(Err(TmuxError::Closed(reason.clone())));
             }
+            // A connection given up on ends with that reason, not its EOF.
+            let reason = match reader_shared
+                .q
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .closed
+                .as_deref()
+            {
+                Some(WEDGED) => WEDGED.to_string(),
+                _ => reason,
+            };
             reader_shared.fail_all(&reason);
             sink.closed(&cname, &reason);
         });
@@ -286,8 +303,18 @@ impl Client {
         match tokio::time::timeout(deadline, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(TmuxError::Closed("reader ended".into())),
-            Err(_) => Err(TmuxError::Timeout(deadline)),
+            Err(_) => {
+                self.abandon();
+                Err(TmuxError::Timeout(deadline))
+            }
         }
+    }
+
+    /// Gives the connection up after a deadline passed: every waiter fails
+    /// and the process ends, so the next command starts a fresh client.
+    fn abandon(&self) {
+        self.shared.fail_all(WEDGED);
+        self.kill();
     }
 
     /// Sends several command lines in one write and waits for all replies
@@ -328,7 +355,10 @@ impl Client {
             out.push(match tokio::time::timeout_at(end, rx).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(_)) => Err(TmuxError::Closed("reader ended".into())),
-                Err(_) => Err(TmuxError::Timeout(deadline)),
+                Err(_) => {
+                    self.abandon();
+                    Err(TmuxError::Timeout(deadline))
+                }
             });
         }
         out

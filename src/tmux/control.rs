@@ -67,10 +67,22 @@ fn guard(line: &[u8], word: &[u8]) -> Option<Guard> {
     let rest = line.strip_prefix(word)?.strip_prefix(b" ")?;
     let s = std::str::from_utf8(rest).ok()?;
     let mut parts = s.split(' ');
+    // Only tmux's own spelling: digits, no sign, no leading zero.
+    fn num<T: std::str::FromStr>(p: Option<&str>) -> Option<T> {
+        let p = p?;
+        let canonical = !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && (p == "0" || !p.starts_with('0'));
+        if canonical {
+            p.parse().ok()
+        } else {
+            None
+        }
+    }
     let g = Guard {
-        time: parts.next()?.parse().ok()?,
-        number: parts.next()?.parse().ok()?,
-        flags: parts.next()?.parse().ok()?,
+        time: num(parts.next())?,
+        number: num(parts.next())?,
+        flags: num(parts.next())?,
     };
     if parts.next().is_some() {
         return None;
@@ -139,10 +151,9 @@ impl Parser {
         self.buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
-    fn line(&mut self, mut line: Vec<u8>) -> Option<Event> {
-        if line.last() == Some(&b'\r') {
-            line.pop();
-        }
+    // tmux ends lines with `\n` alone; a `\r` before it is data (a value that
+    // ends in CR) and is kept.
+    fn line(&mut self, line: Vec<u8>) -> Option<Event> {
         if let Some((g, lines)) = &mut self.block {
             for (word, error) in [(&b"%end"[..], false), (&b"%error"[..], true)] {
                 if guard(&line, word) == Some(*g) {

@@ -97,7 +97,10 @@ impl Sink for Streams {
     }
 
     fn closed(&self, client: &str, reason: &str) {
-        if client == self.command_client && reason != super::client::FORGED {
+        if client == self.command_client
+            && reason != super::client::FORGED
+            && reason != super::client::WEDGED
+        {
             let _ = self.events.send(HubEvent::ServerGone(reason.to_string()));
         }
     }
@@ -132,18 +135,27 @@ impl Cmd {
         self.words.push(f.to_string());
         self
     }
-    /// An argument, quoted for tmux's parser.
+    /// A positional argument, quoted for tmux's parser. tmux reads flags after
+    /// unquoting, so one that starts with `-` is put after a `--`.
     pub fn arg(mut self, a: impl AsRef<[u8]>) -> Cmd {
+        let a = a.as_ref();
+        if a.first() == Some(&b'-') && !self.words.iter().any(|w| w == "--") {
+            self.words.push("--".into());
+        }
+        self.words.push(quote(a));
+        self
+    }
+    /// A flag followed by its value (taken as the value whatever it starts with).
+    pub fn opt(mut self, f: &'static str, a: impl AsRef<[u8]>) -> Cmd {
+        self.words.push(f.to_string());
         self.words.push(quote(a.as_ref()));
         self
     }
-    /// A flag followed by its argument.
-    pub fn opt(self, f: &'static str, a: impl AsRef<[u8]>) -> Cmd {
-        self.flag(f).arg(a)
-    }
     /// `--` then the rest as arguments.
     pub fn rest<I: IntoIterator<Item = S>, S: AsRef<[u8]>>(mut self, args: I) -> Cmd {
-        self.words.push("--".into());
+        if !self.words.iter().any(|w| w == "--") {
+            self.words.push("--".into());
+        }
         for a in args {
             self.words.push(quote(a.as_ref()));
         }
@@ -325,7 +337,7 @@ impl Hub {
     /// sessions that are gone.
     pub async fn sync_watchers(&self) -> Result<(), String> {
         let rows = self
-            .run(&Cmd::new("list-sessions").flag("-F").arg("#{session_id}"))
+            .run(&Cmd::new("list-sessions").opt("-F", "#{session_id}"))
             .await
             .map_err(|e| e.to_string())?;
         let ids: Vec<String> = rows

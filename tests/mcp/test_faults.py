@@ -98,3 +98,182 @@ async def test_stopped_server_gives_timeouts_not_hangs(ws):
         await anyio.sleep(0.5)
         r = await call(c, "run_command", {"command": "echo resumed"})
         assert r["output"] == "resumed"
+
+
+# --- resource exhaustion inside, and start/stop cycles -----------------------
+
+import json  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+
+from conftest import BIN, alive, runtime_dir_of, server_params  # noqa: E402
+
+
+def limited_profile(ws, best_effort=None, **limits):
+    """The default profile with [limits] overrides (and optionally another
+    best_effort list), written beside the audit log, outside the workspace."""
+    text = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    for k, v in limits.items():
+        text, n = re.subn(rf"^{k} = .*$", f"{k} = {json.dumps(v)}", text, flags=re.M)
+        assert n == 1, k
+    if best_effort is not None:
+        text, n = re.subn(r"^best_effort = .*$", f"best_effort = {json.dumps(best_effort)}", text, flags=re.M)
+        assert n == 1
+    p = ws[1] / "limits.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def host_ok():
+    """A host command answers promptly (the host is not starved)."""
+    t0 = time.monotonic()
+    subprocess.run(["true"], check=True, timeout=10)
+    return time.monotonic() - t0
+
+
+async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
+    prof = limited_profile(ws, best_effort=[], memory="256MiB")
+    # The memory limit is a cgroup limit: with the cgroup layer required, an
+    # instance either has it or refuses to start (P5). Only that refusal skips.
+    probe = subprocess.run([BIN, "serve", "-w", str(ws[0]), "--audit-log", str(ws[1] / "probe.jsonl"), "-p", prof], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, env={k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")})
+    # (Without a client it stops at the missing initialize request; a
+    # refusal to start names the layer.)
+    if probe.returncode != 0 and "initialize request" not in probe.stderr:
+        assert "cgroup" in probe.stderr, probe.stderr
+        pytest.skip(f"no delegated cgroup here, so no memory limit to test: {probe.stderr.strip()[:300]}")
+    async with connect(ws, "-p", prof) as c:
+        st = await call(c, "sandbox_status")
+        assert any(l["layer"] == "cgroup" and l["enforced"] for l in st["layers"]), st["layers"]
+        s = await call(c, "create_session", {"session_name": "bomb"})
+        # Allocates and touches 16 MiB at a time, reporting progress; stops by
+        # itself at 1 GiB so that a broken limit cannot take the host down.
+        bomb = (
+            "python3 -c \"import sys\nb=[]\nfor i in range(64):\n  b.append(bytearray(16<<20))\n"
+            "  print('MiB', (i+1)*16, flush=True)\nprint('survived')\"; echo status=$?"
+        )
+        t0 = time.monotonic()
+        r = await call(c, "run_command", {"pane_id": s["pane_id"], "command": bomb, "timeout": 25})
+        took = time.monotonic() - t0
+        out = r["output"]
+        assert "survived" not in out, out[-500:]
+        reached = max([int(m) for m in re.findall(r"MiB (\d+)", out)] or [0])
+        assert reached <= 256, out[-500:]
+        assert re.search(r"status=(137|1)\b", out), out[-500:]
+        # The supervisor and the server go on; the host stayed responsive.
+        assert host_ok() < 2
+        assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"
+        await call(c, "list_panes")
+        print(f"\nmemory bomb: stopped at {reached} MiB of 1024 ({out.splitlines()[-1]}) in {took:.1f}s")
+
+
+async def test_disk_fill_hits_the_tmpfs_and_file_size_limits(ws):
+    prof = limited_profile(ws, tmpfs_size="32MiB", file_size="8MiB")
+    host_tmp = os.statvfs(tempfile_dir())
+    free_before = host_tmp.f_bavail * host_tmp.f_frsize
+    async with connect(ws, "-p", prof) as c:
+        s = await call(c, "create_session", {"session_name": "fill"})
+        p = s["pane_id"]
+        # The sandbox's /tmp is a 32 MiB tmpfs: filling it ends in ENOSPC
+        # (each write stays under the 8 MiB file size limit).
+        fill = (
+            "python3 -c \"import errno\nn=0\ntry:\n  for i in range(100):\n"
+            "    with open('/tmp/fill%d' % i, 'wb') as f:\n      for j in range(4):\n        f.write(b'x' * (1<<20)); f.flush(); n += 1\n"
+            "except OSError as e:\n  print('errno', errno.errorcode[e.errno], 'MiB', n)\n\"; df -k /tmp | tail -1"
+        )
+        r = await call(c, "run_command", {"pane_id": p, "command": fill, "timeout": 25})
+        m = re.search(r"errno (\w+) MiB (\d+)", r["output"])
+        assert m and m.group(1) == "ENOSPC", r["output"]
+        assert 16 <= int(m.group(2)) <= 32, r["output"]
+        # In the workspace, the file size rlimit: EFBIG (SIGXFSZ ignored so
+        # the error is seen rather than the signal).
+        big = (
+            "python3 -c \"import signal, errno\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nn=0\n"
+            "try:\n  with open('big.bin', 'wb') as f:\n    for j in range(64):\n      f.write(b'y' * (1<<20)); f.flush(); n += 1\n"
+            "except OSError as e:\n  print('errno', errno.errorcode[e.errno], 'MiB', n)\n\""
+        )
+        r = await call(c, "run_command", {"pane_id": p, "command": big, "timeout": 25})
+        assert "errno EFBIG MiB 8" in r["output"], r["output"]
+        assert (ws[0] / "big.bin").stat().st_size == 8 << 20
+        # A plain writer is stopped by the signal at the same size.
+        r = await call(c, "run_command", {"pane_id": p, "command": "head -c 20000000 /dev/zero > big2.bin; echo status=$?", "timeout": 25})
+        assert "status=153" in r["output"], r["output"]  # 128 + SIGXFSZ (25)
+        assert (ws[0] / "big2.bin").stat().st_size == 8 << 20
+        assert (await call(c, "run_command", {"pane_id": p, "command": "rm -f /tmp/fill*; echo ok"}))["output"] == "ok"
+    host_tmp = os.statvfs(tempfile_dir())
+    free_after = host_tmp.f_bavail * host_tmp.f_frsize
+    # The host's /tmp lost at most the workspace files (16 MiB) plus slack
+    # for other activity: the 32 MiB tmpfs is not host disk.
+    assert free_before - free_after < 48 << 20, (free_before, free_after)
+
+
+def tempfile_dir():
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def open_fds():
+    """This process's descriptors and what they point to."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def mentions(needle):
+    """Host pids whose command line mentions `needle`."""
+    out = []
+    for p in pathlib.Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if needle.encode() in (p / "cmdline").read_bytes():
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
+CYCLES = 100
+
+
+async def test_serve_start_stop_cycles_leak_nothing(ws):
+    mounts_before = pathlib.Path("/proc/self/mountinfo").read_text()
+    fds_before = open_fds()
+    kids_before = set(descendants(os.getpid()))
+    rundirs, pids = [], []
+    t0 = time.monotonic()
+    for i in range(CYCLES):
+        async with connect(ws) as c:
+            r = await c.call_tool("list_panes", {})
+            assert not r.is_error, r
+            pid = serve_pids(ws[0])
+            assert len(pid) == 1, pid
+            pids.append(pid[0])
+            d = runtime_dir_of(pid[0])
+            assert d is not None and d.exists()
+            rundirs.append(d)
+    elapsed = time.monotonic() - t0
+    # Everything ends within a short grace period after the last close.
+    t1 = time.monotonic()
+    while time.monotonic() - t1 < 5:
+        left = [p for p in pids if alive(p)] + [p for d in rundirs for p in mentions(str(d))]
+        if not left and not any(d.exists() for d in rundirs) and set(descendants(os.getpid())) <= kids_before:
+            break
+        await anyio.sleep(0.1)
+    print(f"\n{CYCLES} serve cycles in {elapsed:.1f}s ({elapsed / CYCLES * 1000:.0f} ms each)")
+    assert not [p for p in pids if alive(p)], "a sandmux serve outlived its client"
+    leaked = {str(d): mentions(str(d)) for d in rundirs if mentions(str(d))}
+    assert not leaked, leaked
+    assert set(descendants(os.getpid())) <= kids_before, set(descendants(os.getpid())) - kids_before
+    assert not [d for d in rundirs if d.exists()], "runtime directories left behind"
+    assert len(set(rundirs)) == CYCLES
+    base = rundirs[0].parent
+    assert not (set(base.iterdir()) & set(rundirs))
+    assert pathlib.Path("/proc/self/mountinfo").read_text() == mounts_before
+    # No descriptor opened during the cycles stays open (one that pytest or
+    # the event loop closed meanwhile is not a leak).
+    new = {fd: t for fd, t in open_fds().items() if fds_before.get(fd) != t}
+    assert not new, new

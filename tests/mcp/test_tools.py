@@ -261,3 +261,19 @@ async def test_short_lived_commands_in_new_panes_are_not_reported_as_failures(ws
             await anyio.sleep(0.05)
         for i in range(20):
             assert (ws[0] / f"w{i}").read_text().strip() == str(i)
+
+
+async def test_select_layout_refuses_what_would_crash_tmux(ws):
+    """tmux 3.3a's server exits on `select-layout -- -x`: layouts are names or
+    checksummed layout strings, nothing else reaches tmux."""
+    async with connect(ws) as c:
+        s = await call(c, "create_session", {"session_name": "lay"})
+        await call(c, "split_window", {"pane_id": s["pane_id"]})
+        for bad in ["--", "-x", "-", "tiled;kill-server", "1234"]:
+            err = await call(c, "select_layout", {"window_id": s["window_id"], "layout": bad}, ok=False)
+            assert "layout" in err, err
+        layout = (await call(c, "display_message", {"pane_id": s["pane_id"], "format_string": "#{window_layout}"}))["text"]
+        await call(c, "select_layout", {"window_id": s["window_id"], "layout": "even-vertical"})
+        await call(c, "select_layout", {"window_id": s["window_id"], "layout": layout})
+        assert (await call(c, "display_message", {"pane_id": s["pane_id"], "format_string": "#{window_layout}"}))["text"] == layout
+        await call(c, "list_panes")

@@ -157,8 +157,7 @@ pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, T
     let mut cmd = Cmd::new("new-session")
         .flag("-d")
         .flag("-P")
-        .flag("-F")
-        .arg(CREATED_FORMAT);
+        .opt("-F", CREATED_FORMAT);
     if let Some(n) = &a.session_name {
         text::session_name("session_name", n)?;
         cmd = cmd.opt("-s", text::fmt_literal(n));
@@ -201,10 +200,7 @@ pub struct CreateWindow {
 /// Creates a window.
 pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, ToolError> {
     let s = targets::session(c, &a.session_name, &a.session_id).await?;
-    let mut cmd = Cmd::new("new-window")
-        .flag("-P")
-        .flag("-F")
-        .arg(CREATED_FORMAT);
+    let mut cmd = Cmd::new("new-window").flag("-P").opt("-F", CREATED_FORMAT);
     if !a.attach {
         cmd = cmd.flag("-d");
     }
@@ -255,8 +251,7 @@ pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolE
     let mut cmd = Cmd::new("split-window")
         .flag("-d")
         .flag("-P")
-        .flag("-F")
-        .arg(CREATED_FORMAT)
+        .opt("-F", CREATED_FORMAT)
         .opt("-t", &p.pane_id);
     cmd = match a.direction.as_deref() {
         None | Some("below") => cmd.flag("-v"),
@@ -403,6 +398,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
         };
         bytes = t.len();
         if !t.is_empty() {
+            leave_modes(c, pane).await?;
             c.s.hub
                 .run(
                     &Cmd::new("send-keys")
@@ -435,6 +431,18 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
         keys: sent_keys,
         cursor,
     })
+}
+
+/// Text is meant for the program in the pane: a pane in copy mode (or any
+/// mode) would instead take each character as a mode command, so the mode is
+/// left first. Key names are still delivered to the mode (`q`, `Up`, ...).
+async fn leave_modes(c: &Call<'_>, pane: &PaneRow) -> Result<(), ToolError> {
+    if pane.in_mode {
+        c.s.hub
+            .run(&Cmd::new("copy-mode").flag("-q").opt("-t", &pane.pane_id))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Types text and/or presses keys.
@@ -693,6 +701,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
             p.pane_id
         )));
     }
+    leave_modes(c, &p).await?;
     let nonce = crate::sandbox::rundir::random_hex();
     let begin = format!("SANDMUX_B{nonce}");
     let end = format!("SANDMUX_E{nonce}:");

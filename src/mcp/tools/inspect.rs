@@ -666,6 +666,7 @@ const FORMAT_VARS: &[&str] = &[
     "window_panes",
     "window_width",
     "window_height",
+    "window_layout",
     "pane_id",
     "pane_index",
     "pane_title",
@@ -1097,8 +1098,8 @@ pub fn scope_cmd(
     }
     if let Some(t) = target {
         let ok = t.len() > 1
-            && t[1..].chars().all(|c| c.is_ascii_digit())
-            && t.starts_with(['$', '@', '%']);
+            && t.starts_with(['$', '@', '%'])
+            && t[1..].chars().all(|c| c.is_ascii_digit());
         if !ok {
             return Err(ToolError::invalid(
                 "target",

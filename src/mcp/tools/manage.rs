@@ -137,7 +137,7 @@ pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolEr
 /// `select_layout`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SelectLayout {
-    /// even-horizontal, even-vertical, main-horizontal, main-vertical or tiled (or a layout string from list_windows).
+    /// even-horizontal, even-vertical, main-horizontal, main-vertical or tiled, or a layout string as `display_message` shows `#{window_layout}`.
     pub layout: String,
     #[serde(flatten)]
     #[allow(missing_docs)]
@@ -146,10 +146,25 @@ pub struct SelectLayout {
 
 /// Applies a layout.
 pub async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done, ToolError> {
-    let ok = a.layout.len() <= 4096
-        && a.layout
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || ",-x[]{}".contains(ch));
+    // A name, or a layout string as list_windows shows it (four hex digits of
+    // checksum, a comma, then sizes). Anything else is refused here: tmux 3.3a
+    // crashes on some malformed layouts (e.g. one starting with `-`).
+    const NAMES: [&str; 5] = [
+        "even-horizontal",
+        "even-vertical",
+        "main-horizontal",
+        "main-vertical",
+        "tiled",
+    ];
+    let l = a.layout.as_bytes();
+    let custom = l.len() > 5
+        && l.len() <= 4096
+        && l[..4].iter().all(u8::is_ascii_hexdigit)
+        && l[4] == b','
+        && l[5..]
+            .iter()
+            .all(|b| b.is_ascii_digit() || b",x[]{}".contains(b));
+    let ok = NAMES.contains(&a.layout.as_str()) || custom;
     if !ok {
         return Err(ToolError::invalid(
             "layout",
