@@ -93,6 +93,24 @@ impl Server {
         }
     }
 
+    /// Audits a line that did not parse (no tool, no arguments: its size,
+    /// a digest and the parser's complaint).
+    fn audit_unparseable(&self, raw: &Value, request_id: String) {
+        let e = ToolError::invalid("message", "is not JSON", "send valid JSON");
+        self.audit(
+            &Audited {
+                tool: "(unparseable)",
+                def: None,
+                t0: Instant::now(),
+                request_id,
+                client: None,
+                args: raw,
+            },
+            Some(&e),
+            Some("malformed"),
+        );
+    }
+
     /// Runs one enabled tool: drift check, handler, then (after a call that
     /// can change something) a full drift scan in the background that the next
     /// call waits for (see `drift`).
@@ -300,11 +318,37 @@ impl ServerHandler for Server {
         .into())
     }
 
+    async fn on_custom_notification(
+        &self,
+        n: CustomNotification,
+        _: rmcp::service::NotificationContext<RoleServer>,
+    ) {
+        if n.method == format!("notifications/{}", super::stdio::UNPARSEABLE) {
+            self.audit_unparseable(&n.params.unwrap_or(Value::Null), "none".into());
+        }
+    }
+
     async fn on_custom_request(
         &self,
         req: CustomRequest,
         cx: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
+        // A line that was not JSON at all (see `stdio`): answered with a parse
+        // error under its own id, and audited.
+        if req.method == super::stdio::UNPARSEABLE {
+            let raw = req.params.clone().unwrap_or(Value::Null);
+            self.audit_unparseable(&raw, format!("{:?}", cx.id));
+            return Err(McpError::new(
+                ErrorCode::PARSE_ERROR,
+                format!(
+                    "parse error: {}",
+                    raw.get("error")
+                        .and_then(Value::as_str)
+                        .unwrap_or("not JSON")
+                ),
+                Some(json!({"hint": "send one JSON-RPC message per line, as UTF-8 JSON"})),
+            ));
+        }
         // Known methods land here only when their parameters did not parse:
         // a malformed call, recorded as one (P7) with its parameters digested.
         if req.method == "tools/call" {

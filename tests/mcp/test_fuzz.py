@@ -360,23 +360,44 @@ def test_unparseable_tool_calls_leave_the_server_serving(ws):
     print(f"\nfuzz: {len(UNPARSEABLE)} unparseable tool calls sent on the wire")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a tools/call line that is not valid JSON (lone surrogate, invalid UTF-8, nesting > 128) gets no JSON-RPC reply (not even -32700 with id null) and no audit record (P7)")
 def test_unparseable_tool_calls_are_answered_and_audited(ws):
+    """Lines that are not JSON get a JSON-RPC parse error (-32700) under the
+    id they carried, and one audit record each (P7); lines with no readable
+    id get no reply (there is nothing to answer to) but are audited too."""
     raw = Raw(ws)
     missing = []
+    overlong = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"send_keys","arguments":{"text":"' + b"x" * (9 << 20) + b'"}}}'
+    cases = UNPARSEABLE + [("overlong-9MiB", overlong)]
     try:
-        for i, (what, line) in enumerate(UNPARSEABLE):
+        for i, (what, line) in enumerate(cases):
             raw.send(line % (100 + i))
-            reply = raw.recv(2)
+            reply = raw.recv(5)
             if reply is None:
                 missing.append(f"{what}: no reply")
-            else:
-                msg = json.loads(reply)
-                if "error" not in msg or msg.get("id") not in (100 + i, None):
-                    missing.append(f"{what}: {msg}")
+                continue
+            msg = json.loads(reply)
+            if msg.get("id") != 100 + i or msg.get("error", {}).get("code") != -32700:
+                missing.append(f"{what}: {msg}")
+        for garbage in [b"{not json", b"\xff\xfe garbage", b'{"method": "tools/call", "params": '] :
+            raw.send(garbage)
+        raw.send(json.dumps({"jsonrpc": "2.0", "id": 999, "method": "tools/call", "params": {"name": "list_panes", "arguments": {}}}).encode())
+        while True:
+            line_ = raw.recv(10)
+            assert line_, "no reply to the call after the garbage"
+            msg = json.loads(line_)
+            assert msg.get("id") in (999, None) or "error" not in msg, f"a garbage line was answered: {msg}"
+            if msg.get("id") == 999:
+                assert not msg["result"].get("isError"), msg
+                break
     finally:
-        raw.close()
+        assert raw.close() == 0
     recs = audit_records(ws)
-    if len(recs) != len(UNPARSEABLE):
-        missing.append(f"{len(recs)} audit records for {len(UNPARSEABLE)} calls")
+    bad = [r for r in recs if r["tool"] == "(unparseable)"]
+    if len(bad) != len(cases) + 3 or any(r["outcome"] != "malformed" for r in bad):
+        missing.append(f"{len(bad)} unparseable records for {len(cases) + 3} lines: {bad[:3]}")
+    if [r["tool"] for r in recs if r["tool"] != "(unparseable)"] != ["list_panes"]:
+        missing.append(f"other records: {[r['tool'] for r in recs]}")
+    v = subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True, text=True)
+    if v.returncode != 0:
+        missing.append(v.stdout + v.stderr)
     assert not missing, missing
