@@ -24,6 +24,8 @@ pub struct InstanceInfo {
     pub layers: Vec<LayerStatus>,
     /// Host pid of the sandbox init (for status).
     pub init_pid: u32,
+    /// The instance's cgroup, when it has one (for OOM counts).
+    pub cgroup: Option<crate::sandbox::cgroup::Cgroup>,
 }
 
 /// State shared by all calls.

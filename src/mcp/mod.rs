@@ -204,6 +204,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         tmux_version,
         layers: inst.layers(),
         init_pid: inst.init_pid(),
+        cgroup: inst.rundir.cgroup.clone(),
     };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -161,14 +161,46 @@ impl Cgroup {
                 ("memory.oom_control", "oom_kill"),
             ] {
                 if let Ok(t) = std::fs::read_to_string(d.join(f)) {
+                    // Whole keys only: `oom_kill_disable` and `oom_group_kill`
+                    // share the prefix.
                     for l in t.lines() {
-                        if let Some(v) = l.strip_prefix(key).map(str::trim) {
-                            return v.parse().unwrap_or(0);
+                        if let Some((k, v)) = l.split_once(' ') {
+                            if k == key {
+                                return v.trim().parse().unwrap_or(0);
+                            }
                         }
                     }
                 }
             }
         }
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oom_kills_reads_whole_keys() {
+        let d = tempfile::tempdir().unwrap();
+        let cg = Cgroup {
+            dirs: vec![d.path().to_path_buf()],
+            version: "v1".into(),
+        };
+        // v1 lists oom_kill_disable before oom_kill.
+        std::fs::write(
+            d.path().join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+        )
+        .unwrap();
+        assert_eq!(cg.oom_kills(), 3);
+        // v2 has oom_group_kill beside oom_kill, and wins when present.
+        std::fs::write(
+            d.path().join("memory.events"),
+            "low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\noom_group_kill 0\n",
+        )
+        .unwrap();
+        assert_eq!(cg.oom_kills(), 2);
     }
 }

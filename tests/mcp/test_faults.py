@@ -144,6 +144,7 @@ async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
     async with connect(ws, "-p", prof) as c:
         st = await call(c, "sandbox_status")
         assert any(l["layer"] == "cgroup" and l["enforced"] for l in st["layers"]), st["layers"]
+        assert st["oom_kills"] == 0, st
         s = await call(c, "create_session", {"session_name": "bomb"})
         # Allocates and touches 16 MiB at a time, reporting progress; stops by
         # itself at 1 GiB so that a broken limit cannot take the host down.
@@ -163,6 +164,9 @@ async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
         assert host_ok() < 2
         assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"
         await call(c, "list_panes")
+        # The kill is reported, from the instance's cgroup.
+        if "status=137" in out:
+            assert (await call(c, "sandbox_status"))["oom_kills"] >= 1
         print(f"\nmemory bomb: stopped at {reached} MiB of 1024 ({out.splitlines()[-1]}) in {took:.1f}s")
 
 

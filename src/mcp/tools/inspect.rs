@@ -1445,6 +1445,9 @@ pub struct Status {
     pub drift: String,
     /// Bytes of pane output buffered by sandmux.
     pub buffered_output_bytes: usize,
+    /// Processes the kernel killed for exceeding the memory limit (from the
+    /// instance's cgroup; null without one).
+    pub oom_kills: Option<u64>,
 }
 
 /// A layer in the status.
@@ -1485,6 +1488,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         audit_log: c.s.audit.path().display().to_string(),
         drift: c.s.drift.tripped().unwrap_or_else(|| "none".into()),
         buffered_output_bytes: c.s.hub.buffered_bytes(),
+        oom_kills: c.s.info.cgroup.as_ref().map(|cg| cg.oom_kills()),
     })
 }
 
