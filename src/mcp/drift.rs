@@ -17,6 +17,7 @@
 //!   reads is caught within about that time.
 
 use super::error::ToolError;
+use crate::tmux::client::TmuxError;
 use crate::tmux::hub::{Cmd, Hub};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -209,9 +210,21 @@ impl Drift {
                 _ = tokio::time::sleep(IDLE_SCAN) => {}
             }
             let n = *asked.borrow_and_update();
-            if self.tripped().is_none() {
-                // tmux errors are left to the calls, which report them.
-                let _ = self.full(&hub).await;
+            // A scan that could not finish (the server stopped or the
+            // connection was being replaced) is retried: calls keep waiting
+            // (at most SCAN_WAIT) rather than go on unchecked.
+            let give_up = tokio::time::Instant::now() + SCAN_WAIT;
+            while self.tripped().is_none() {
+                match self.full(&hub).await {
+                    Err(ToolError::Tmux(TmuxError::Timeout(_) | TmuxError::Closed(_)))
+                        if tokio::time::Instant::now() < give_up =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    // Done, drift found, or the server is gone for good (each
+                    // call's own global check then fails as well).
+                    _ => break,
+                }
             }
             self.scanned.send_replace(n);
         }
@@ -273,10 +286,16 @@ impl Drift {
                     .map(|p| Cmd::new("show-options").flag("-pH").opt("-t", p)),
             )
             .collect();
-        let replies = hub.run_many(&cmds).await?;
+        let replies = hub.run_each(&cmds).await?;
         let hooks = self.hooks.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (cmd, reply) in cmds.iter().zip(&replies) {
-            let text = joined(reply);
+        for (cmd, reply) in cmds.iter().zip(replies) {
+            let reply = match reply {
+                Ok(r) => r,
+                // The target went away since the listing: nothing to check.
+                Err(TmuxError::Command(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let text = joined(&reply);
             for line in text.lines() {
                 let k = key_of(line);
                 if SCALARS.contains(&k) || ARRAYS.contains(&k) || hooks.iter().any(|h| h == k) {

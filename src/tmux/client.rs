@@ -92,6 +92,9 @@ pub const FORGED: &str =
 /// next command gets a fresh one.
 pub const WEDGED: &str = "tmux did not answer in time; the connection was replaced";
 
+/// Why a client sandmux itself let go of (replaced or dropped) was closed.
+pub const DROPPED: &str = "the connection was closed by sandmux";
+
 /// A running control-mode client.
 pub struct Client {
     name: String,
@@ -252,17 +255,15 @@ impl Client {
             if let Some(h) = held.take() {
                 let _ = h.tx.send(Err(TmuxError::Closed(reason.clone())));
             }
-            // A connection given up on ends with that reason, not its EOF.
-            let reason = match reader_shared
+            // A connection already closed (given up on, dropped, or failed on
+            // a write) ends with that reason, not with its EOF.
+            let reason = reader_shared
                 .q
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .closed
-                .as_deref()
-            {
-                Some(WEDGED) => WEDGED.to_string(),
-                _ => reason,
-            };
+                .clone()
+                .unwrap_or(reason);
             reader_shared.fail_all(&reason);
             sink.closed(&cname, &reason);
         });
@@ -387,8 +388,19 @@ impl Client {
             .is_some()
     }
 
-    /// Ends the client process.
+    /// Ends the client process (a connection not closed yet is marked as
+    /// closed by sandmux, so its end is not taken for the server's).
     pub fn kill(&self) {
+        let open = self
+            .shared
+            .q
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed
+            .is_none();
+        if open {
+            self.shared.fail_all(DROPPED);
+        }
         if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = c.start_kill();
             // Reap it, so no zombie lingers until sandmux itself exits.

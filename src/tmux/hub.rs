@@ -100,6 +100,7 @@ impl Sink for Streams {
         if client == self.command_client
             && reason != super::client::FORGED
             && reason != super::client::WEDGED
+            && reason != super::client::DROPPED
         {
             let _ = self.events.send(HubEvent::ServerGone(reason.to_string()));
         }
@@ -121,6 +122,8 @@ pub struct Chunk {
 #[derive(Debug, Clone)]
 pub struct Cmd {
     words: Vec<String>,
+    /// A positional argument (or `--`) was pushed: tmux reads no flags after it.
+    positional: bool,
 }
 
 impl Cmd {
@@ -128,6 +131,7 @@ impl Cmd {
     pub fn new(name: &str) -> Cmd {
         Cmd {
             words: vec![name.to_string()],
+            positional: false,
         }
     }
     /// A flag, unquoted (`-t`, `-p`): only ever a literal from sandmux's code.
@@ -139,9 +143,10 @@ impl Cmd {
     /// unquoting, so one that starts with `-` is put after a `--`.
     pub fn arg(mut self, a: impl AsRef<[u8]>) -> Cmd {
         let a = a.as_ref();
-        if a.first() == Some(&b'-') && !self.words.iter().any(|w| w == "--") {
+        if !self.positional && a.first() == Some(&b'-') {
             self.words.push("--".into());
         }
+        self.positional = true;
         self.words.push(quote(a));
         self
     }
@@ -153,8 +158,9 @@ impl Cmd {
     }
     /// `--` then the rest as arguments.
     pub fn rest<I: IntoIterator<Item = S>, S: AsRef<[u8]>>(mut self, args: I) -> Cmd {
-        if !self.words.iter().any(|w| w == "--") {
+        if !self.positional {
             self.words.push("--".into());
+            self.positional = true;
         }
         for a in args {
             self.words.push(quote(a.as_ref()));
@@ -176,6 +182,8 @@ pub struct Hub {
     tmux: PathBuf,
     socket: PathBuf,
     cmd: Mutex<Arc<Client>>,
+    /// One reconnect at a time (concurrent callers wait and share it).
+    reconnect: tokio::sync::Mutex<()>,
     watchers: Mutex<HashMap<String, Arc<Client>>>,
     streams: Arc<Streams>,
     /// Hub-wide events.
@@ -222,6 +230,7 @@ impl Hub {
             tmux: tmux.to_path_buf(),
             socket: socket.to_path_buf(),
             cmd: Mutex::new(Arc::new(cmd)),
+            reconnect: tokio::sync::Mutex::new(()),
             watchers: Mutex::new(HashMap::new()),
             streams,
             events,
@@ -278,13 +287,16 @@ impl Hub {
 
     /// Runs several commands in one round trip.
     pub async fn run_many(&self, cmds: &[Cmd]) -> Result<Vec<Vec<Vec<u8>>>, TmuxError> {
+        self.run_each(cmds).await?.into_iter().collect()
+    }
+
+    /// Like [`run_many`](Self::run_many), with each command's own result.
+    pub async fn run_each(
+        &self,
+        cmds: &[Cmd],
+    ) -> Result<Vec<Result<Vec<Vec<u8>>, TmuxError>>, TmuxError> {
         let lines: Vec<String> = cmds.iter().map(Cmd::line).collect();
-        self.client()
-            .await?
-            .run_many(&lines, DEADLINE)
-            .await
-            .into_iter()
-            .collect()
+        Ok(self.client().await?.run_many(&lines, DEADLINE).await)
     }
 
     /// Runs a command whose reply carries pane-controlled text (see
@@ -303,6 +315,11 @@ impl Hub {
         if !c.is_closed() {
             return Ok(c);
         }
+        let _one = self.reconnect.lock().await;
+        let c = self.cmd.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if !c.is_closed() {
+            return Ok(c); // another caller reconnected meanwhile
+        }
         let fresh = Client::attach(
             "command",
             &self.tmux,
@@ -315,12 +332,21 @@ impl Hub {
         .map_err(|e| TmuxError::Closed(format!("reconnecting: {e}")))?;
         let fresh = Arc::new(fresh);
         // A server that is gone refuses the attach; the first command tells.
-        fresh
+        // (A timeout only means it is stopped or busy: the next call retries.)
+        if let Err(e) = fresh
             .run(
                 &Cmd::new("display-message").flag("-p").arg("ok").line(),
                 DEADLINE,
             )
-            .await?;
+            .await
+        {
+            if matches!(e, TmuxError::Closed(_)) {
+                let _ = self
+                    .events
+                    .send(HubEvent::ServerGone(format!("reconnecting: {e}")));
+            }
+            return Err(e);
+        }
         *self.cmd.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
     }

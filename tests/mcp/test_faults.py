@@ -281,3 +281,31 @@ async def test_serve_start_stop_cycles_leak_nothing(ws):
     # the event loop closed meanwhile is not a leak).
     new = {fd: t for fd, t in open_fds().items() if fds_before.get(fd) != t}
     assert not new, new
+
+
+async def test_concurrent_calls_after_a_timeout_share_one_reconnect(ws):
+    """After a call times out on a stopped server, its connection is replaced.
+    Several calls arriving together must share one new connection: a second
+    one, thrown away, must not be taken for the server's death."""
+    async with connect(ws) as c:
+        await call(c, "create_session")
+        pid = serve_pids(ws[0])[0]
+        srv = tmux_server_pid(pid)
+        os.kill(srv, signal.SIGSTOP)
+        try:
+            r = await c.call_tool("list_panes", {})
+            assert r.is_error and "did not answer" in r.content[0].text, r
+        finally:
+            os.kill(srv, signal.SIGCONT)
+        results = []
+
+        async def one():
+            results.append(await c.call_tool("list_panes", {}))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(one)
+        assert all(not r.is_error for r in results), [r.content[0].text for r in results if r.is_error]
+        await anyio.sleep(1)
+        assert alive(pid), "sandmux ended a healthy instance"
+        assert (await call(c, "run_command", {"command": "echo still-here"}))["output"] == "still-here"

@@ -264,16 +264,27 @@ async def test_short_lived_commands_in_new_panes_are_not_reported_as_failures(ws
 
 
 async def test_select_layout_refuses_what_would_crash_tmux(ws):
-    """tmux 3.3a's server exits on `select-layout -- -x`: layouts are names or
-    checksummed layout strings, nothing else reaches tmux."""
+    """tmux 3.3a's server exits on `select-layout -- -x` and on some layout
+    strings that carry a valid checksum: only the five names reach tmux."""
     async with connect(ws) as c:
         s = await call(c, "create_session", {"session_name": "lay"})
         await call(c, "split_window", {"pane_id": s["pane_id"]})
-        for bad in ["--", "-x", "-", "tiled;kill-server", "1234"]:
+        await call(c, "split_window", {"pane_id": s["pane_id"]})
+        crash = "a526,200x50,0,0[200x4294967295,0,0,1,200x20,0,21,2,200x8,0,42,3]"
+        for bad in ["--", "-x", "-", "tiled;kill-server", "1234", crash]:
             err = await call(c, "select_layout", {"window_id": s["window_id"], "layout": bad}, ok=False)
             assert "layout" in err, err
-        layout = (await call(c, "display_message", {"pane_id": s["pane_id"], "format_string": "#{window_layout}"}))["text"]
-        await call(c, "select_layout", {"window_id": s["window_id"], "layout": "even-vertical"})
-        await call(c, "select_layout", {"window_id": s["window_id"], "layout": layout})
-        assert (await call(c, "display_message", {"pane_id": s["pane_id"], "format_string": "#{window_layout}"}))["text"] == layout
+        for name in ["even-horizontal", "even-vertical", "main-horizontal", "main-vertical", "tiled"]:
+            await call(c, "select_layout", {"window_id": s["window_id"], "layout": name})
         await call(c, "list_panes")
+
+
+async def test_values_starting_with_a_dash_stay_values(ws):
+    """A `--` goes only before the first positional argument: a value such as
+    -O2 after a name is passed as it is."""
+    async with connect(ws) as c:
+        await call(c, "set_environment", {"name": "CFLAGS", "value": "-O2"})
+        r = await call(c, "show_environment", {})
+        assert "-O2" in json.dumps(r), r
+        await call(c, "rename_session", {"session_name": "main", "new_name": "-dash"})
+        assert any(s["session_name"] == "-dash" for s in (await call(c, "list_sessions"))["sessions"])
