@@ -145,8 +145,15 @@ async def test_local_drift_is_caught_while_the_agent_only_reads(ws):
         await call(c, "list_panes")
         sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
         assert tmux_host(sock, "set-hook", "-p", "-t", "main:", "pane-focus-in", "display-message x").returncode == 0
-        await anyio.sleep(2.5)  # the idle scan runs every 2 s
-        err = await call(c, "capture_pane", ok=False)
+        # Only reads from here on: the idle scan (every 2 s) must catch it.
+        err = None
+        deadline = time.monotonic() + 15
+        while err is None and time.monotonic() < deadline:
+            await anyio.sleep(0.5)
+            r = await c.call_tool("capture_pane", {})
+            if r.is_error:
+                err = r.content[0].text
+        assert err is not None, "a local hook went unnoticed for 15 s"
         assert "drift" in err and "pane-focus-in" in err, err
 
 
