@@ -121,13 +121,20 @@ pub fn clean_stale(base: &Path) -> Vec<PathBuf> {
         {
             continue; // another start is still preparing it
         }
+        // Claimed by an atomic rename first: of several starts cleaning at
+        // once, exactly one removes each directory (two `remove_dir_all`s on
+        // one tree can both stop half-way on each other's ENOENTs).
+        let claimed = base.join(format!(".del-{}", &random_hex()[..12]));
+        if std::fs::rename(&p, &claimed).is_err() {
+            continue; // someone else claimed it
+        }
         // Recorded cgroup directories go first (they are empty once the sandbox died).
-        if let Ok(t) = std::fs::read_to_string(p.join("cgroup.json")) {
+        if let Ok(t) = std::fs::read_to_string(claimed.join("cgroup.json")) {
             if let Ok(cg) = serde_json::from_str::<super::cgroup::Cgroup>(&t) {
                 cg.remove();
             }
         }
-        if std::fs::remove_dir_all(&p).is_ok() {
+        if std::fs::remove_dir_all(&claimed).is_ok() {
             removed.push(p);
         }
     }
