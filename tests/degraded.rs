@@ -296,24 +296,29 @@ fn assert_case(c: &Case<'_>, ws: &Ws, tmp: &Path) -> (Value, Value) {
     assert_opt_in_reports(c, ws, tmp)
 }
 
-/// The required layer refuses start-up of `run` and of a tmux instance.
-fn assert_refuses(c: &Case<'_>, ws: &Ws, tmp: &Path) {
-    let env = c.env;
+/// `run -p PROFILE -- touch ran` refuses naming `layer`, and `ran` never appears.
+fn assert_run_refused(env: Env, tmp: &Path, profile: &str, ws: &Ws, what: &str, layer: Layer) {
     let wsp = ws.path();
     let w = wsp.to_str().unwrap();
-
-    // The required layer refuses start-up, before anything runs.
-    let marker = ws.join("ran");
     let o = sandmux_in(
         env,
         tmp,
-        &["run", "-p", c.required, "-w", w, "--", "touch", "ran"],
+        &["run", "-p", profile, "-w", w, "--", "touch", "ran"],
     );
-    assert_refused(&format!("run -p {} in {env:?}", c.required), &o, c.layer);
+    assert_refused(what, &o, layer);
     assert!(
-        !marker.exists(),
-        "{env:?}: the command ran without a required layer"
+        !ws.join("ran").exists(),
+        "{what}: the command ran without a required layer"
     );
+}
+
+/// The required layer refuses start-up of `run` and of a tmux instance.
+fn assert_refuses(c: &Case<'_>, ws: &Ws, tmp: &Path) {
+    let env = c.env;
+
+    // The required layer refuses start-up, before anything runs.
+    let what = format!("run -p {} in {env:?}", c.required);
+    assert_run_refused(env, tmp, c.required, ws, &what, c.layer);
     // The same for a tmux instance (what `serve` and `shell` start).
     let (code, v) = check_json(env, tmp, c.required, ws);
     assert_eq!(code, Some(3), "check -p {} in {env:?}: {v:#}", c.required);
@@ -438,22 +443,15 @@ fn no_landlock_fails_closed_and_the_opt_in_reports_it() {
 
     // Dropping "landlock" alone is not enough: its scopes are a layer of their own.
     let half = profile_with(dir.path(), "half", "default", &be(&["landlock"]), None);
-    let o = sandmux_in(
+    let half = half.to_str().unwrap();
+    assert_run_refused(
         Env::NoLandlock,
         tmp.path(),
-        &[
-            "run",
-            "-p",
-            half.to_str().unwrap(),
-            "-w",
-            ws.path().to_str().unwrap(),
-            "--",
-            "touch",
-            "ran",
-        ],
+        half,
+        &ws,
+        "landlock without landlock-scope",
+        Layer::LandlockScope,
     );
-    assert_refused("landlock without landlock-scope", &o, Layer::LandlockScope);
-    assert!(!ws.join("ran").exists());
 }
 
 /// No user namespaces: a user namespace whose max_user_namespaces is 0.
@@ -669,22 +667,15 @@ fn old_landlock_abi_fails_closed_and_the_opt_in_reports_it() {
         &["cgroup", "landlock-net"],
         Some(3),
     );
-    let o = sandmux_in(
+    let half = half.to_str().unwrap();
+    assert_run_refused(
         Env::Plain,
         tmp.path(),
-        &[
-            "run",
-            "-p",
-            half.to_str().unwrap(),
-            "-w",
-            ws.path().to_str().unwrap(),
-            "--",
-            "touch",
-            "ran",
-        ],
+        half,
+        &ws,
+        "ABI 3 without landlock-scope",
+        Layer::LandlockScope,
     );
-    assert_refused("ABI 3 without landlock-scope", &o, Layer::LandlockScope);
-    assert!(!ws.join("ran").exists());
 }
 
 /// No seccomp filtering: installing a filter fails with EINVAL.
