@@ -111,3 +111,14 @@ def descendants(root):
             out.append(k)
             todo.append(k)
     return out
+
+
+def tmux_server_pid(serve_pid):
+    """Host pid of the sandboxed tmux server (a descendant named 'tmux: server')."""
+    for k in descendants(serve_pid):
+        try:
+            if pathlib.Path(f"/proc/{k}/comm").read_text().strip() == "tmux: server":
+                return k
+        except OSError:
+            pass
+    return None

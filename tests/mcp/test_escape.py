@@ -45,7 +45,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from conftest import BIN, alive, call, descendants, runtime_dir_of, serve_pids, server_params, tmux_host
+from conftest import BIN, alive, call, descendants, runtime_dir_of, serve_pids, server_params, tmux_host, tmux_server_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -186,16 +186,6 @@ def wait_file(path, seconds=15, needle=None):
             pass
         time.sleep(0.05)
     raise AssertionError(f"{path} never appeared")
-
-
-def tmux_server_host_pid(serve_pid):
-    for k in descendants(serve_pid):
-        try:
-            if pathlib.Path(f"/proc/{k}/comm").read_text().strip() == "tmux: server":
-                return k
-        except OSError:
-            pass
-    return None
 
 
 def proc_state(pid):
@@ -1410,7 +1400,7 @@ async def test_t1_own_tmux_socket_unreachable_from_panes(ws):
         # Positive control (a): the same probe on the host, given the host path
         # of that socket and the server's host pid, creates a session there
         # (its socket search walks the runtime directory, not the whole host).
-        h = host_probe(ws, "t1", T1_PROBE, sock, name, tmux_server_host_pid(pid), sock.parent.parent)
+        h = host_probe(ws, "t1", T1_PROBE, sock, name, tmux_server_pid(pid), sock.parent.parent)
         assert h["tmux"][0] == 0 and h["connect"] == 0 and str(sock) in h["sockets"] and h["server_root"] == 0, h
         assert any(f.startswith("socket:") for f in h["server_fd"]), h
         assert name in state()[0]
@@ -1502,7 +1492,7 @@ for target, s in [(server, "SIGSTOP"), (1, "SIGSTOP"), (server, "SIGTERM"), (1, 
 async def test_t5_pane_cannot_signal_or_stop_server_or_pid1(ws):
     async with launch(ws, *ALL) as c:
         pid = serve_pids(ws[0])[0]
-        host_server = tmux_server_host_pid(pid)
+        host_server = tmux_server_pid(pid)
         server = int((await call(c, "display_message", {"format_string": "#{pid}"}))["text"])
         r, _ = await run_probe(c, ws, "t5", T5_PROBE, server)
         await call(c, "create_window", {"shell": "sleep 0.3; kill -STOP 1; kill -STOP -1; kill -KILL -1"})
@@ -1527,7 +1517,7 @@ async def test_t5_pane_cannot_signal_or_stop_server_or_pid1(ws):
     with contextlib.suppress(Exception):  # the instance ends with its server
         async with launch(ws, *ALL, "-p", prof) as c:
             pid = serve_pids(ws[0])[0]
-            host_server = tmux_server_host_pid(pid)
+            host_server = tmux_server_pid(pid)
             server = int((await call(c, "display_message", {"format_string": "#{pid}"}))["text"])
             p = write_probe(ws, "t5", T5_PROBE)
             out = ws[0] / "out_t5.json"

@@ -9,7 +9,7 @@ import time
 import anyio
 import pytest
 
-from conftest import call, connect, descendants, serve_pids
+from conftest import call, connect, descendants, serve_pids, tmux_server_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -19,17 +19,6 @@ def rss_kib(pid):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def tmux_server_pid(serve_pid):
-    """Host pid of the sandboxed tmux server (a descendant named 'tmux: server')."""
-    for k in descendants(serve_pid):
-        try:
-            if pathlib.Path(f"/proc/{k}/comm").read_text().strip() == "tmux: server":
-                return k
-        except OSError:
-            pass
-    return None
 
 
 async def test_output_flood_keeps_memory_bounded_and_calls_answering(ws):
@@ -80,21 +69,26 @@ async def test_server_sigkill_fails_pending_calls_and_ends_the_instance(ws):
     assert not pathlib.Path(f"/proc/{pid}").exists(), "sandmux outlived its tmux server"
 
 
+async def a_call_times_out_while_stopped(c, srv):
+    """SIGSTOPs the tmux server, checks one call fails in bounded time, resumes it."""
+    os.kill(srv, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = await c.call_tool("list_panes", {})
+        # The call's own command times out, or (if the stop caught the drift
+        # scan the previous call asked for) its wait for that scan.
+        text = r.content[0].text if r.content else ""
+        assert r.is_error and ("did not answer" in text or "did not finish" in text), r
+        assert time.monotonic() - t0 < 15
+    finally:
+        os.kill(srv, signal.SIGCONT)
+
+
 async def test_stopped_server_gives_timeouts_not_hangs(ws):
     async with connect(ws) as c:
         await call(c, "create_session")
         pid = serve_pids(ws[0])[0]
-        srv = tmux_server_pid(pid)
-        os.kill(srv, signal.SIGSTOP)
-        try:
-            t0 = time.monotonic()
-            r = await c.call_tool("list_panes", {})
-            # The call's own command times out, or (if the stop caught the
-            # drift scan the previous call asked for) its wait for that scan.
-            assert r.is_error and ("did not answer" in r.content[0].text or "did not finish" in r.content[0].text), r
-            assert time.monotonic() - t0 < 15
-        finally:
-            os.kill(srv, signal.SIGCONT)
+        await a_call_times_out_while_stopped(c, tmux_server_pid(pid))
         # Replies to the timed-out command arrive late and are matched to it,
         # not to the next call.
         await anyio.sleep(0.5)
@@ -292,15 +286,7 @@ async def test_concurrent_calls_after_a_timeout_share_one_reconnect(ws):
     async with connect(ws) as c:
         await call(c, "create_session")
         pid = serve_pids(ws[0])[0]
-        srv = tmux_server_pid(pid)
-        os.kill(srv, signal.SIGSTOP)
-        try:
-            r = await c.call_tool("list_panes", {})
-            # The call's own command times out, or (if the stop caught the
-            # drift scan the previous call asked for) its wait for that scan.
-            assert r.is_error and ("did not answer" in r.content[0].text or "did not finish" in r.content[0].text), r
-        finally:
-            os.kill(srv, signal.SIGCONT)
+        await a_call_times_out_while_stopped(c, tmux_server_pid(pid))
         results = []
 
         async def one():
