@@ -117,11 +117,29 @@ pub fn parse_args<T: serde::de::DeserializeOwned>(
             }
         }
     }
-    serde_json::from_value(v).map_err(|e| {
+    T::deserialize(&v).map_err(|e| {
         let msg = e.to_string();
-        let arg = msg.split('`').nth(1).unwrap_or("arguments").to_string();
+        // The argument whose removal changes the outcome; else the name in
+        // serde's message (a missing field); else the arguments as a whole.
+        let arg = culprit::<T>(&v, &msg)
+            .or_else(|| msg.split('`').nth(1).map(str::to_string))
+            .unwrap_or_else(|| "arguments".into());
         ToolError::invalid(&arg, &msg, "see the tool's input schema")
     })
+}
+
+/// The argument a type error is about: the one whose removal changes the
+/// outcome (serde's message loses the name for flattened target fields, and
+/// quotes the bad value rather than the key). Only runs on the error path.
+fn culprit<T: serde::de::DeserializeOwned>(v: &Value, msg: &str) -> Option<String> {
+    let args = v.as_object()?;
+    args.keys()
+        .find(|k| {
+            let mut less = args.clone();
+            less.remove(*k);
+            T::deserialize(&Value::Object(less)).map_or_else(|e| e.to_string() != msg, |_| true)
+        })
+        .cloned()
 }
 
 macro_rules! tool {
