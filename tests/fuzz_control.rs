@@ -376,6 +376,9 @@ impl Tmux {
         let dir = d.path().canonicalize().unwrap();
         let mut child = Command::new(tmux)
             .args([
+                // UTF-8 whatever the caller's locale, as sandmux's own client:
+                // with no LANG (as in CI) tmux 3.3a ends this client mid-run.
+                "-u",
                 "-L",
                 "fuzz",
                 "-f",

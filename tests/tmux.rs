@@ -45,14 +45,21 @@ fn pane_cannot_reach_host_tmux() {
             .arg(&name)
             .args(args)
             .env_remove("TMUX")
+            .env("SHELL", "/bin/sh")
             .output()
             .unwrap()
     };
-    assert!(
-        host(&["-f", "/dev/null", "new-session", "-d", "-s", "hostsess"])
-            .status
-            .success()
-    );
+    assert!(host(&[
+        "-f",
+        "/dev/null",
+        "new-session",
+        "-d",
+        "-s",
+        "hostsess",
+        "sleep 3600"
+    ])
+    .status
+    .success());
     let sock = String::from_utf8(host(&["display-message", "-p", "#{socket_path}"]).stdout)
         .unwrap()
         .trim()

@@ -1433,12 +1433,15 @@ R["env"] = sorted(k for k in os.environ if k.startswith("TMUX"))
 async def test_t2_users_own_tmux_server_unreachable(ws):
     with tempfile.TemporaryDirectory(prefix="sandmux-esc-t2-") as d:
         d = os.path.realpath(d)
-        henv = {**{k: v for k, v in os.environ.items() if not k.startswith("TMUX")}, "TMUX_TMPDIR": d}
+        henv = {**{k: v for k, v in os.environ.items() if not k.startswith("TMUX")}, "TMUX_TMPDIR": d,
+                # The user's server takes its default-shell from SHELL; without it
+                # tmux falls back to the passwd shell (nologin for 65534).
+                "SHELL": "/bin/sh"}
 
         def user_tmux(*a):
             return subprocess.run(["tmux", *a], capture_output=True, text=True, env=henv, timeout=10)
 
-        assert user_tmux("-f", "/dev/null", "new-session", "-d", "-s", "usersess", "-x", "80", "-y", "24").returncode == 0
+        assert user_tmux("-f", "/dev/null", "new-session", "-d", "-s", "usersess", "-x", "80", "-y", "24", "sleep 3600").returncode == 0
         try:
             sock = user_tmux("display-message", "-p", "#{socket_path}").stdout.strip()
             assert sock == f"{d}/tmux-{UID}/default", sock
