@@ -4,6 +4,8 @@
 //! ([`profile`]), the sandbox and its start-up order ([`sandbox`]), the tmux
 //! server it owns ([`tmux`]), and the live enforcement check ([`check`]).
 
+#![warn(missing_docs)]
+
 pub mod check;
 pub mod mcp;
 pub mod operator;
