@@ -1,5 +1,6 @@
 //! The audit log (P7): one JSON line per tool call and resource read —
-//! allowed, refused and malformed alike — appended outside the sandbox and
+//! allowed, refused and malformed alike — and per sandbox event (OOM kills,
+//! [`super::oom`]), appended outside the sandbox and
 //! hash-chained: each record carries `seq`, the previous record's hash and its
 //! own, so `sandmux audit verify` finds any edited, removed or reordered line.
 //!
@@ -46,7 +47,7 @@ pub struct Entry<'a> {
     pub tool: &'a str,
     /// The tool's toolset, if it has one.
     pub toolset: Option<&'a str>,
-    /// ok | error | refused | malformed.
+    /// ok | error | refused | malformed | event.
     pub outcome: &'a str,
     /// Error kind, if any.
     pub error_type: Option<&'a str>,

@@ -15,6 +15,7 @@ pub mod ctx;
 pub mod drift;
 pub mod endpoint;
 pub mod error;
+pub mod oom;
 pub mod prompts;
 pub mod record;
 pub mod resources;
@@ -259,6 +260,9 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         }
         let (d, h) = (state.drift.clone(), hub.clone());
         tokio::spawn(async move { d.scanner(h).await });
+        if let Some(cg) = state.info.cgroup.clone() {
+            tokio::spawn(oom::watch(state.audit.clone(), cg));
+        }
         // Termination: signals, the server's death.
         let sd = shutdown.clone();
         tokio::spawn(async move {

@@ -102,7 +102,7 @@ import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-from conftest import BIN, alive, runtime_dir_of, server_params  # noqa: E402
+from conftest import BIN, alive, audit_records, runtime_dir_of, server_params  # noqa: E402
 
 
 def limited_profile(ws, best_effort=None, **limits):
@@ -162,8 +162,16 @@ async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
         await call(c, "list_panes")
         # The kill is reported, from the instance's cgroup.
         if "status=137" in out:
-            assert (await call(c, "sandbox_status"))["oom_kills"] >= 1
+            kills = (await call(c, "sandbox_status"))["oom_kills"]
+            assert kills >= 1
+            # ... and journaled as an event of its own (read once a second).
+            deadline = time.monotonic() + 5
+            while not (ev := [r for r in audit_records(ws) if r["tool"] == "(oom-kill)"]) and time.monotonic() < deadline:
+                await anyio.sleep(0.2)
+            assert ev and ev[-1]["outcome"] == "event" and ev[-1]["error_type"] == "oom_kill", ev
+            assert 1 <= ev[-1]["args"]["oom_kills"] <= kills and ev[0]["args"]["new"] >= 1, ev
         print(f"\nmemory bomb: stopped at {reached} MiB of 1024 ({out.splitlines()[-1]}) in {took:.1f}s")
+    assert subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True).returncode == 0
 
 
 async def test_disk_fill_hits_the_tmpfs_and_file_size_limits(ws):

@@ -282,6 +282,26 @@ async def test_kill_server_ends_the_instance(ws):
     assert not alive(pid)
 
 
+async def test_killing_the_last_session_says_so_and_keeps_the_instance(ws):
+    """The agent's last session can go; sandmux's own control session cannot,
+    so the instance stays up, says so, and takes a new session."""
+    async with connect(ws, *ALL) as c:
+        pid = serve_pids(ws[0])[0]
+        extra = await call(c, "create_session", {"session_name": "extra"})
+        r = await call(c, "kill_session", {"session_id": extra["session_id"]})
+        assert "last session" not in r["done"], r
+        main = [s for s in (await call(c, "list_sessions"))["sessions"] if s["session_name"] == "main"]
+        assert len(main) == 1, main
+        r = await call(c, "kill_session", {"session_id": main[0]["session_id"]})
+        assert "that was the last session" in r["done"] and "create_session" in r["done"], r
+        assert (await call(c, "list_sessions"))["sessions"] == [] and alive(pid)
+        s = await call(c, "create_session", {"session_name": "again"})
+        assert (await call(c, "run_command", {"pane_id": s["pane_id"], "command": "echo back"}))["output"] == "back"
+        r = await call(c, "kill_pane", {"pane_id": s["pane_id"]})
+        assert "that was the last session" in r["done"], r
+        assert alive(pid)
+
+
 async def test_forged_control_mode_framing_is_harmless(ws):
     """T7: a pane prints lines that look like control-mode guards and
     notifications for many plausible command numbers, then the agent captures

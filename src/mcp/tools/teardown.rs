@@ -13,6 +13,19 @@ fn done(s: impl Into<String>) -> Result<Done, ToolError> {
     Ok(Done { done: s.into() })
 }
 
+/// The result of a kill: says so when no session of the agent's is left.
+/// The instance stays up then (its own control session is sandmux's, and
+/// `--no-session` starts the same way), so the agent learns both ways on.
+async fn killed(c: &Call<'_>, what: String) -> Result<Done, ToolError> {
+    if targets::panes(c).await?.is_empty() {
+        return done(format!(
+            "{what}; that was the last session: the instance stays up with none \
+             (create_session starts one, kill_server ends the instance)"
+        ));
+    }
+    done(what)
+}
+
 /// `kill_session`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct KillSession {
@@ -35,7 +48,7 @@ pub async fn kill_session(c: &Call<'_>, a: KillSession) -> Result<Done, ToolErro
     c.s.hub
         .run(&Cmd::new("kill-session").opt("-t", &s.session_id))
         .await?;
-    done(format!("session {} killed", s.session_id))
+    killed(c, format!("session {} killed", s.session_id)).await
 }
 
 /// `kill_window`.
@@ -58,7 +71,7 @@ pub async fn kill_window(c: &Call<'_>, a: KillWindow) -> Result<Done, ToolError>
     c.s.hub
         .run(&Cmd::new("kill-window").opt("-t", &w.window_id))
         .await?;
-    done(format!("window {} killed", w.window_id))
+    killed(c, format!("window {} killed", w.window_id)).await
 }
 
 /// `kill_pane`.
@@ -74,7 +87,7 @@ pub async fn kill_pane(c: &Call<'_>, a: KillPane) -> Result<Done, ToolError> {
     c.s.hub
         .run(&Cmd::new("kill-pane").opt("-t", &p.pane_id))
         .await?;
-    done(format!("pane {} killed", p.pane_id))
+    killed(c, format!("pane {} killed", p.pane_id)).await
 }
 
 /// Resets a pane and clears its history.
