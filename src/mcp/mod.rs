@@ -52,6 +52,32 @@ pub struct Options {
 /// The session `serve` creates at start, so a client can run commands at once.
 pub const FIRST_SESSION: &str = "main";
 
+/// The absolute form of a host-side file sandmux writes (audit log,
+/// recording), refused when it would be inside the workspace, where the agent
+/// could rewrite it. Relative paths and symlinked parents are resolved first.
+fn outside_workspace(
+    path: &std::path::Path,
+    workspace: &std::path::Path,
+    what: &str,
+    flag: &str,
+) -> Result<PathBuf, String> {
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or_else(|_| path.to_path_buf())
+    };
+    let resolved_parent = path.parent().and_then(|d| std::fs::canonicalize(d).ok());
+    if path.starts_with(workspace) || resolved_parent.is_some_and(|d| d.starts_with(workspace)) {
+        return Err(format!(
+            "{what} {} is inside the workspace, where the agent could change it; choose another {flag}",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
 /// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
 /// (or `~/.local/state/...`).
 pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
@@ -106,22 +132,23 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    // Compare resolved paths: a relative or symlinked --audit-log must not land in the workspace.
-    let audit_path = if audit_path.is_absolute() {
-        audit_path
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(&audit_path))
-            .unwrap_or(audit_path)
+    let audit_path = match outside_workspace(
+        &audit_path,
+        &policy.workspace,
+        "the audit log",
+        "--audit-log",
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sandmux: {e}");
+            return crate::sandbox::EXIT_USAGE;
+        }
     };
-    let resolved_parent = audit_path
-        .parent()
-        .and_then(|d| std::fs::canonicalize(d).ok());
-    if audit_path.starts_with(&policy.workspace)
-        || resolved_parent.is_some_and(|d| d.starts_with(&policy.workspace))
-    {
-        eprintln!("sandmux: the audit log {} is inside the workspace, where the agent could change it; choose another --audit-log", audit_path.display());
-        return crate::sandbox::EXIT_USAGE;
+    if let Some(r) = &opts.record {
+        if let Err(e) = outside_workspace(r, &policy.workspace, "the recording", "--record") {
+            eprintln!("sandmux: {e}");
+            return crate::sandbox::EXIT_USAGE;
+        }
     }
     let audit = match audit::Audit::open(&audit_path) {
         Ok(a) => Arc::new(a),

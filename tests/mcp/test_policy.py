@@ -49,6 +49,29 @@ def test_unknown_names_fail_startup(ws):
     assert not any(serve_pids(work))
 
 
+def test_host_files_are_refused_inside_the_workspace(ws, tmp_path):
+    """The audit log and the recording are the human's evidence: the agent can
+    write the workspace, so neither may be placed there, however the path is
+    spelled (absolute, relative to the cwd, through a symlinked directory)."""
+    work, host = ws
+    (tmp_path / "link").symlink_to(work)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    for flag, what in [("--audit-log", "the audit log"), ("--record", "the recording")]:
+        for path, cwd in [(str(work / "x.out"), None), ("x.out", work), (str(tmp_path / "link" / "x.out"), None)]:
+            args = [BIN, "serve", "-w", str(work), flag, path]
+            if flag == "--record":
+                args += ["--audit-log", str(host / "a.jsonl")]
+            p = subprocess.run(args, env=e, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+            assert p.returncode == 2 and f"{what} " in p.stderr and "inside the workspace" in p.stderr, (flag, path, p.stderr)
+            assert not (work / "x.out").exists()
+    assert not any(serve_pids(work))
+    # Control: the same flags outside the workspace start (and stop at the
+    # missing initialize request, since no client speaks).
+    p = subprocess.run([BIN, "serve", "-w", str(work), "--audit-log", str(host / "a.jsonl"), "--record", str(host / "r.cast")],
+                       env=e, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+    assert "inside the workspace" not in p.stderr and (host / "a.jsonl").exists(), p.stderr
+
+
 async def test_reconfiguration_is_refused(ws, tmp_path):
     canary = tmp_path / "canary"
     async with connect(ws, *ALL) as c:
