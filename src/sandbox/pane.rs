@@ -1,7 +1,8 @@
 //! The pane gate: `/run/sandmux/bin/sandmux-pane`, tmux's `default-shell`.
 //!
 //! tmux runs the gate for every pane it spawns: as a login shell
-//! (`-sandmux-pane`), with a shell command (`sandmux-pane -c CMD`), or — when
+//! (`-sandmux-pane`, answered with an interactive shell), with a shell command
+//! (`sandmux-pane -c CMD`), or — when
 //! sandmux itself routes an argv-form command through it —
 //! `sandmux-pane --exec -- ARGV...`. The gate:
 //!
@@ -13,7 +14,9 @@
 //! 3. adds a Landlock layer nested under the server's, with the signal and
 //!    abstract-socket scopes, so the pane can neither signal nor ptrace the tmux
 //!    server or PID 1, and sees nothing of `/run/sandmux` but this binary;
-//! 4. execs the shell or command.
+//! 4. execs the shell or command. The interactive shell is not a login shell:
+//!    a login shell would read `/etc/profile`, which replaces the profile's
+//!    `PATH` and can export more than its allowlist.
 //!
 //! The socket directory is already covered for every process inside (PID 1 hid
 //! it once the server listened), and the sandbox seccomp filter already forbids
@@ -40,8 +43,9 @@ pub struct GateConfig {
 /// What the gate was asked to run.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request {
-    /// An interactive login shell.
-    Login,
+    /// An interactive shell (tmux asks for a login shell; the pane gets the
+    /// profile's environment instead of `/etc/profile`'s).
+    Interactive,
     /// `shell -c CMD`.
     Command(OsString),
     /// An argv, exec'd directly (after the gate).
@@ -54,7 +58,7 @@ pub enum Request {
 pub fn parse(args: &[OsString]) -> Result<Request, String> {
     let rest = &args[1.min(args.len())..];
     match rest.first().map(|a| a.as_bytes()) {
-        None => Ok(Request::Login),
+        None => Ok(Request::Interactive),
         Some(b"-c") if rest.len() == 2 => Ok(Request::Command(rest[1].clone())),
         Some(b"--exec") if rest.len() >= 3 && rest[1] == "--" => {
             Ok(Request::Exec(rest[2..].to_vec()))
@@ -99,14 +103,12 @@ pub fn main(args: Vec<OsString>) -> ! {
 
     let shell = OsString::from(&policy.sandbox.shell);
     let (prog, argv): (OsString, Vec<OsString>) = match req {
-        Request::Login => {
+        Request::Interactive => {
             let base = std::path::Path::new(&shell)
                 .file_name()
                 .unwrap_or_default()
                 .to_os_string();
-            let mut a0 = OsString::from("-");
-            a0.push(base);
-            (shell.clone(), vec![a0])
+            (shell.clone(), vec![base, "-i".into()])
         }
         Request::Command(cmd) => (shell.clone(), vec![shell.clone(), "-c".into(), cmd]),
         Request::Exec(argv) => (argv[0].clone(), argv),
@@ -165,7 +167,7 @@ mod tests {
 
     #[test]
     fn parses() {
-        assert_eq!(parse(&v(&["-sandmux-pane"])).unwrap(), Request::Login);
+        assert_eq!(parse(&v(&["-sandmux-pane"])).unwrap(), Request::Interactive);
         assert_eq!(
             parse(&v(&["sandmux-pane", "-c", "ls"])).unwrap(),
             Request::Command("ls".into())

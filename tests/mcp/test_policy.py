@@ -3,6 +3,7 @@ audit, protocol versions, malformed JSON-RPC, resources, prompts, teardown."""
 
 import json
 import os
+import re
 import pathlib
 import subprocess
 import time
@@ -365,6 +366,12 @@ async def test_tool_environment_reaches_panes(ws):
         w = await call(c, "create_window", {"session_name": "env"})
         r = await call(c, "run_command", {"pane_id": w["pane_id"], "command": "echo \"[$LATER_VAR]\""})
         assert r["output"] == "[later]"
+        # The interactive shell has the profile's PATH, not /etc/profile's
+        # (a login shell would read it and replace PATH, dropping the sbin dirs).
+        prof = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+        path = re.search(r'PATH = "([^"]+)"', prof).group(1)
+        r = await call(c, "run_command", {"pane_id": w["pane_id"], "command": "echo \"[$PATH]\"; shopt -q login_shell; echo login=$?"})
+        assert r["output"].splitlines() == [f"[{path}]", "login=1"], (r, path)
 
 
 async def test_malformed_tool_call_is_audited(ws):
