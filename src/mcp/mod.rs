@@ -52,30 +52,70 @@ pub struct Options {
 /// The session `serve` creates at start, so a client can run commands at once.
 pub const FIRST_SESSION: &str = "main";
 
-/// The absolute form of a host-side file sandmux writes (audit log,
-/// recording), refused when it would be inside the workspace, where the agent
-/// could rewrite it. Relative paths and symlinked parents are resolved first.
-fn outside_workspace(
+/// The path to open for a host-side file sandmux writes (audit log,
+/// recording), refused when the agent could rewrite it: inside the workspace
+/// or another read-write tree of the profile. The longest existing ancestor
+/// is resolved (symlinks, `..`) and the rest appended, so neither a relative
+/// spelling, a symlinked parent nor a parent that does not exist yet gets
+/// around the check; a `..` below a missing directory is refused.
+fn outside_agent_writable(
     path: &std::path::Path,
-    workspace: &std::path::Path,
+    policy: &Policy,
     what: &str,
     flag: &str,
 ) -> Result<PathBuf, String> {
-    let path = if path.is_absolute() {
+    let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
         std::env::current_dir()
-            .map(|d| d.join(path))
-            .unwrap_or_else(|_| path.to_path_buf())
+            .map_err(|e| {
+                format!(
+                    "{what}: no current directory to resolve {}: {e}",
+                    path.display()
+                )
+            })?
+            .join(path)
     };
-    let resolved_parent = path.parent().and_then(|d| std::fs::canonicalize(d).ok());
-    if path.starts_with(workspace) || resolved_parent.is_some_and(|d| d.starts_with(workspace)) {
-        return Err(format!(
-            "{what} {} is inside the workspace, where the agent could change it; choose another {flag}",
-            path.display()
-        ));
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    let resolved = loop {
+        if let Ok(c) = std::fs::canonicalize(existing) {
+            break rest.iter().rev().fold(c, |p: PathBuf, n| p.join(n));
+        }
+        match (existing.file_name(), existing.parent()) {
+            (Some(n), Some(parent)) => {
+                rest.push(n.to_os_string());
+                existing = parent;
+            }
+            _ => {
+                return Err(format!(
+                    "{what} {} cannot be resolved (`..` below a directory that does not exist); give a plain path to {flag}",
+                    abs.display()
+                ))
+            }
+        }
+    };
+    let writable = std::iter::once(policy.workspace.clone()).chain(
+        policy
+            .fs
+            .iter()
+            .filter(|e| e.kind == crate::profile::MountKind::ReadWrite)
+            .map(|e| std::fs::canonicalize(&e.path).unwrap_or_else(|_| e.path.clone())),
+    );
+    for root in writable {
+        if resolved.starts_with(&root) {
+            return Err(format!(
+                "{what} {} is inside {}, which the agent can write; choose another {flag}",
+                abs.display(),
+                if root == policy.workspace {
+                    "the workspace".to_string()
+                } else {
+                    format!("the read-write tree {}", root.display())
+                }
+            ));
+        }
     }
-    Ok(path)
+    Ok(resolved)
 }
 
 /// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
@@ -132,24 +172,26 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    let audit_path = match outside_workspace(
-        &audit_path,
-        &policy.workspace,
-        "the audit log",
-        "--audit-log",
-    ) {
-        Ok(p) => p,
+    let audit_path =
+        match outside_agent_writable(&audit_path, &policy, "the audit log", "--audit-log") {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("sandmux: {e}");
+                return crate::sandbox::EXIT_USAGE;
+            }
+        };
+    let record = match opts
+        .record
+        .as_deref()
+        .map(|r| outside_agent_writable(r, &policy, "the recording", "--record"))
+        .transpose()
+    {
+        Ok(r) => r,
         Err(e) => {
             eprintln!("sandmux: {e}");
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    if let Some(r) = &opts.record {
-        if let Err(e) = outside_workspace(r, &policy.workspace, "the recording", "--record") {
-            eprintln!("sandmux: {e}");
-            return crate::sandbox::EXIT_USAGE;
-        }
-    }
     let audit = match audit::Audit::open(&audit_path) {
         Ok(a) => Arc::new(a),
         Err(e) => {
@@ -247,7 +289,6 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     let socket = inst.socket();
     let tmux = inst.tmux.clone();
     let rundir = inst.rundir.path.clone();
-    let record = opts.record.clone();
     inst.rundir.write_meta(&serde_json::json!({
         "kind": "serve",
         "id": inst.rundir.id,
@@ -257,6 +298,11 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         "pid": std::process::id(),
         "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     }));
+    let oom = info
+        .cgroup
+        .clone()
+        .map(|cg| oom::Watch::new(audit.clone(), cg));
+    let last_oom = oom.clone();
     let code = rt.block_on(async move {
         let hub = match Hub::connect(&tmux, &socket, &control_id).await {
             Ok(h) => h,
@@ -287,8 +333,8 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         }
         let (d, h) = (state.drift.clone(), hub.clone());
         tokio::spawn(async move { d.scanner(h).await });
-        if let Some(cg) = state.info.cgroup.clone() {
-            tokio::spawn(oom::watch(state.audit.clone(), cg));
+        if let Some(w) = &oom {
+            tokio::spawn(w.clone().run());
         }
         // Termination: signals, the server's death.
         let sd = shutdown.clone();
@@ -350,6 +396,11 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     // stdin's reader is a blocking thread that only ends when the client
     // writes or closes: never wait for it (the process exits right after).
     rt.shutdown_background();
+    // A kill in the last second, or the one that ended the instance, is
+    // recorded while the cgroup still exists.
+    if let Some(w) = last_oom {
+        w.check();
+    }
     inst.stop();
     code
 }

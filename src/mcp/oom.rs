@@ -4,11 +4,15 @@
 //! (`memory.events` `oom_kill` on v2, `memory.oom_control` on v1). A kill is
 //! no tool call, so it gets a record of its own: `tool` `(oom-kill)`,
 //! `outcome` `event`, and `args` `{"oom_kills": TOTAL, "new": N}`. The count is
-//! read once a second; kills within one second share one record.
+//! read once a second and once more when the instance ends (the kill that
+//! matters most may be the one that ended it); kills between two reads share
+//! one record.
 
 use super::audit::{Audit, Entry};
 use crate::sandbox::cgroup::Cgroup;
 use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the count is read.
@@ -17,28 +21,51 @@ const EVERY: Duration = Duration::from_secs(1);
 /// Tool name of the records this writes.
 pub const TOOL: &str = "(oom-kill)";
 
-/// Records every rise of the cgroup's OOM-kill count until the task is
-/// dropped with the runtime. An instance without a cgroup has nothing to
-/// watch (`sandbox_status` then says `oom_kills: null`).
-pub async fn watch(audit: std::sync::Arc<Audit>, cgroup: Cgroup) {
-    let mut seen = cgroup.oom_kills();
-    loop {
-        tokio::time::sleep(EVERY).await;
-        let now = cgroup.oom_kills();
-        if now > seen {
-            if let Err(e) = audit.record(Entry {
-                tool: TOOL,
-                toolset: None,
-                outcome: "event",
-                error_type: Some("oom_kill"),
-                duration_ms: 0,
-                request_id: String::new(),
-                client_id: None,
-                args: &json!({"oom_kills": now, "new": now - seen}),
-            }) {
-                eprintln!("sandmux: {e}");
-            }
-            seen = now;
+/// The OOM-kill count of one instance's cgroup, and what was recorded of it.
+pub struct Watch {
+    audit: Arc<Audit>,
+    cgroup: Cgroup,
+    /// Kills already recorded. The cgroup is new with the instance, so this
+    /// starts at 0 and a kill during start-up is recorded too.
+    seen: AtomicU64,
+}
+
+impl Watch {
+    /// A watch over `cgroup`, recording into `audit`.
+    pub fn new(audit: Arc<Audit>, cgroup: Cgroup) -> Arc<Watch> {
+        Arc::new(Watch {
+            audit,
+            cgroup,
+            seen: AtomicU64::new(0),
+        })
+    }
+
+    /// Reads the count and records a rise since the last read.
+    pub fn check(&self) {
+        let now = self.cgroup.oom_kills();
+        let seen = self.seen.fetch_max(now, Ordering::SeqCst);
+        if now <= seen {
+            return;
+        }
+        if let Err(e) = self.audit.record(Entry {
+            tool: TOOL,
+            toolset: None,
+            outcome: "event",
+            error_type: Some("oom_kill"),
+            duration_ms: 0,
+            request_id: String::new(),
+            client_id: None,
+            args: &json!({"oom_kills": now, "new": now - seen}),
+        }) {
+            eprintln!("sandmux: {e}");
+        }
+    }
+
+    /// Checks once a second until the task is dropped with the runtime.
+    pub async fn run(self: Arc<Watch>) {
+        loop {
+            tokio::time::sleep(EVERY).await;
+            self.check();
         }
     }
 }

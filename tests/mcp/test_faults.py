@@ -127,7 +127,9 @@ def host_ok():
     return time.monotonic() - t0
 
 
-async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
+def memory_limited_profile(ws):
+    """The default profile with a required 256 MiB cgroup memory limit; skips
+    (quoting sandmux's own refusal) where no delegated cgroup exists."""
     prof = limited_profile(ws, best_effort=[], memory="256MiB")
     # The memory limit is a cgroup limit: with the cgroup layer required, an
     # instance either has it or refuses to start (P5). Only that refusal skips.
@@ -137,6 +139,17 @@ async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
     if probe.returncode != 0 and "initialize request" not in probe.stderr:
         assert "cgroup" in probe.stderr, probe.stderr
         pytest.skip(f"no delegated cgroup here, so no memory limit to test: {probe.stderr.strip()[:300]}")
+    return prof
+
+
+BOMB = (
+    "python3 -c \"import sys\nb=[]\nfor i in range(64):\n  b.append(bytearray(16<<20))\n"
+    "  print('MiB', (i+1)*16, flush=True)\nprint('survived')\"; echo status=$?"
+)
+
+
+async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
+    prof = memory_limited_profile(ws)
     async with connect(ws, "-p", prof) as c:
         st = await call(c, "sandbox_status")
         assert any(l["layer"] == "cgroup" and l["enforced"] for l in st["layers"]), st["layers"]
@@ -144,10 +157,7 @@ async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
         s = await call(c, "create_session", {"session_name": "bomb"})
         # Allocates and touches 16 MiB at a time, reporting progress; stops by
         # itself at 1 GiB so that a broken limit cannot take the host down.
-        bomb = (
-            "python3 -c \"import sys\nb=[]\nfor i in range(64):\n  b.append(bytearray(16<<20))\n"
-            "  print('MiB', (i+1)*16, flush=True)\nprint('survived')\"; echo status=$?"
-        )
+        bomb = BOMB
         t0 = time.monotonic()
         r = await call(c, "run_command", {"pane_id": s["pane_id"], "command": bomb, "timeout": 25})
         took = time.monotonic() - t0
@@ -171,6 +181,25 @@ async def test_memory_bomb_is_contained_by_the_memory_limit(ws):
             assert ev and ev[-1]["outcome"] == "event" and ev[-1]["error_type"] == "oom_kill", ev
             assert 1 <= ev[-1]["args"]["oom_kills"] <= kills and ev[0]["args"]["new"] >= 1, ev
         print(f"\nmemory bomb: stopped at {reached} MiB of 1024 ({out.splitlines()[-1]}) in {took:.1f}s")
+    assert subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True).returncode == 0
+
+
+async def test_an_oom_kill_just_before_the_end_is_audited(ws):
+    """The count is read once a second, and once more as the instance ends:
+    a kill right before the client leaves (or the one that ended the
+    instance) still gets its record."""
+    prof = memory_limited_profile(ws)
+    async with connect(ws, "-p", prof) as c:
+        pid = serve_pids(ws[0])[0]
+        r = await call(c, "run_command", {"command": BOMB, "timeout": 25})
+        if "status=137" not in r["output"]:
+            pytest.skip(f"the bomb ended without an OOM kill: {r['output'][-200:]}")
+    t0 = time.monotonic()
+    while alive(pid) and time.monotonic() - t0 < 10:
+        await anyio.sleep(0.05)
+    assert not alive(pid)
+    ev = [r for r in audit_records(ws) if r["tool"] == "(oom-kill)"]
+    assert len(ev) == 1 and ev[0]["outcome"] == "event" and ev[0]["args"]["oom_kills"] >= 1, ev
     assert subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True).returncode == 0
 
 

@@ -52,25 +52,47 @@ def test_unknown_names_fail_startup(ws):
 
 def test_host_files_are_refused_inside_the_workspace(ws, tmp_path):
     """The audit log and the recording are the human's evidence: the agent can
-    write the workspace, so neither may be placed there, however the path is
-    spelled (absolute, relative to the cwd, through a symlinked directory)."""
+    write the workspace and the profile's other read_write trees, so neither
+    file may be placed there, however the path is spelled (absolute, relative
+    to the cwd, through a symlinked directory, below directories that do not
+    exist yet, with `..`)."""
     work, host = ws
     (tmp_path / "link").symlink_to(work)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    base = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    prof = host / "extra-rw.toml"
+    prof.write_text(base.replace('read_write = ["{workspace}"]', f'read_write = ["{{workspace}}", "{extra}"]'))
+    assert prof.read_text() != base
     e = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    spellings = [
+        ([], str(work / "x.out"), None, "the workspace"),
+        ([], "x.out", work, "the workspace"),
+        ([], str(tmp_path / "link" / "x.out"), None, "the workspace"),
+        ([], str(tmp_path / "link" / "new" / "deeper" / "x.out"), None, "the workspace"),
+        ([], str(work / ".." / work.name / "y.out"), None, "the workspace"),
+        (["-p", str(prof)], str(extra / "x.out"), None, f"the read-write tree {extra}"),
+    ]
     for flag, what in [("--audit-log", "the audit log"), ("--record", "the recording")]:
-        for path, cwd in [(str(work / "x.out"), None), ("x.out", work), (str(tmp_path / "link" / "x.out"), None)]:
-            args = [BIN, "serve", "-w", str(work), flag, path]
+        for pre, path, cwd, where in spellings:
+            args = [BIN, "serve", "-w", str(work), *pre, flag, path]
             if flag == "--record":
                 args += ["--audit-log", str(host / "a.jsonl")]
             p = subprocess.run(args, env=e, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
-            assert p.returncode == 2 and f"{what} " in p.stderr and "inside the workspace" in p.stderr, (flag, path, p.stderr)
-            assert not (work / "x.out").exists()
+            assert p.returncode == 2 and f"{what} " in p.stderr and f"inside {where}," in p.stderr, (flag, path, p.stderr)
+    # Nothing was created in either tree, and nothing started.
+    assert sorted(x.name for x in work.iterdir()) == [] and list(extra.iterdir()) == [], list(work.iterdir())
     assert not any(serve_pids(work))
-    # Control: the same flags outside the workspace start (and stop at the
-    # missing initialize request, since no client speaks).
-    p = subprocess.run([BIN, "serve", "-w", str(work), "--audit-log", str(host / "a.jsonl"), "--record", str(host / "r.cast")],
+    # `..` below a directory that does not exist cannot be resolved: refused.
+    p = subprocess.run([BIN, "serve", "-w", str(work), "--audit-log", str(tmp_path / "nope" / ".." / "link" / "b.jsonl")],
                        env=e, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
-    assert "inside the workspace" not in p.stderr and (host / "a.jsonl").exists(), p.stderr
+    assert p.returncode == 2 and "cannot be resolved" in p.stderr, p.stderr
+    # Control: the same flags outside the agent's trees start (and stop at the
+    # missing initialize request, since no client speaks), even below a new
+    # directory.
+    p = subprocess.run([BIN, "serve", "-w", str(work), "-p", str(prof), "--audit-log", str(host / "new" / "a.jsonl"), "--record", str(host / "r.cast")],
+                       env=e, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+    assert "inside" not in p.stderr and (host / "new" / "a.jsonl").exists() and (host / "r.cast").exists(), p.stderr
 
 
 async def test_reconfiguration_is_refused(ws, tmp_path):
