@@ -30,12 +30,12 @@ pub struct InstanceInfo {
 
 /// State shared by all calls.
 pub struct State {
-    /// The connection to the server.
-    pub hub: Arc<Hub>,
+    /// The connection to the server (replaced when a new generation starts).
+    pub hub_now: std::sync::RwLock<Arc<Hub>>,
     /// The resolved profile.
     pub policy: Policy,
-    /// Instance facts.
-    pub info: InstanceInfo,
+    /// Instance facts (replaced when a new generation starts).
+    pub info_now: std::sync::RwLock<InstanceInfo>,
     /// The audit log.
     pub audit: Arc<Audit>,
     /// Configuration baseline for drift detection.
@@ -56,6 +56,30 @@ pub struct State {
     pub peer: std::sync::OnceLock<Peer<RoleServer>>,
     /// Open capture_since cursors are keyed by this instance.
     pub started: Instant,
+}
+
+impl State {
+    /// The connection to the current server generation.
+    pub fn hub(&self) -> Arc<Hub> {
+        self.hub_now
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Facts about the current server generation.
+    pub fn info(&self) -> InstanceInfo {
+        self.info_now
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Switches to a new server generation.
+    pub fn replace(&self, hub: Arc<Hub>, info: InstanceInfo) {
+        *self.hub_now.write().unwrap_or_else(|p| p.into_inner()) = hub;
+        *self.info_now.write().unwrap_or_else(|p| p.into_inner()) = info;
+    }
 }
 
 /// One tool call.

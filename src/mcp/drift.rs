@@ -202,7 +202,8 @@ impl Drift {
     }
 
     /// The background scanner; runs for the life of the instance.
-    pub async fn scanner(&self, hub: std::sync::Arc<Hub>) {
+    /// `hub` gives the connection to the current server generation.
+    pub async fn scanner(&self, hub: impl Fn() -> std::sync::Arc<Hub>) {
         let mut asked = self.asked.subscribe();
         loop {
             tokio::select! {
@@ -215,7 +216,7 @@ impl Drift {
             // (at most SCAN_WAIT) rather than go on unchecked.
             let give_up = tokio::time::Instant::now() + SCAN_WAIT;
             while self.tripped().is_none() {
-                match self.full(&hub).await {
+                match self.full(&hub()).await {
                     Err(ToolError::Tmux(TmuxError::Timeout(_) | TmuxError::Closed(_)))
                         if tokio::time::Instant::now() < give_up =>
                     {

@@ -39,6 +39,13 @@ pub enum ToolError {
 }
 
 impl ToolError {
+    /// A pane's output stream closed under a wait: that server generation is gone.
+    pub fn stream_closed() -> ToolError {
+        ToolError::Tmux(TmuxError::Closed(
+            "the tmux server is gone (the pane's output stream closed)".into(),
+        ))
+    }
+
     /// An invalid argument.
     pub fn invalid(arg: &str, message: &str, hint: &str) -> ToolError {
         ToolError::Invalid {

@@ -26,7 +26,7 @@ pub mod text;
 pub mod tools;
 pub mod toolsets;
 
-use crate::profile::Policy;
+use crate::profile::{Policy, ServerExit, MAX_RESTARTS};
 use crate::sandbox::pane::GATE_PATH;
 use crate::tmux::hub::{Hub, HubEvent, CONTROL_SESSION};
 use crate::tmux::Instance;
@@ -51,6 +51,75 @@ pub struct Options {
 
 /// The session `serve` creates at start, so a client can run commands at once.
 pub const FIRST_SESSION: &str = "main";
+
+/// Creates the hidden control session and, unless `no_session`, the first
+/// session; returns the control session's id.
+fn sessions(inst: &Instance, no_session: bool) -> Result<String, String> {
+    let ws = inst.policy.workspace.display().to_string();
+    let control_id = inst
+        .cmd(&[
+            "new-session",
+            "-d",
+            "-P",
+            "-F",
+            "#{session_id}",
+            "-s",
+            CONTROL_SESSION,
+            "-x",
+            "80",
+            "-y",
+            "24",
+            "-c",
+            &ws,
+            GATE_PATH,
+            "--exec",
+            "--",
+            "cat",
+            // The control pane needs no process: it is kept once dead, and ^D
+            // ends `cat` (the line discipline holds it until `cat` reads).
+            ";",
+            "set-option",
+            "-w",
+            "-t",
+            CONTROL_SESSION,
+            "remain-on-exit",
+            "on",
+            ";",
+            "send-keys",
+            "-t",
+            CONTROL_SESSION,
+            "C-d",
+        ])
+        .map_err(|e| format!("creating the control session: {e}"))?;
+    if !no_session {
+        inst.cmd(&[
+            "new-session",
+            "-d",
+            "-s",
+            FIRST_SESSION,
+            "-x",
+            "200",
+            "-y",
+            "50",
+            "-c",
+            &ws,
+        ])
+        .map_err(|e| format!("creating the first session: {e}"))?;
+    }
+    Ok(control_id.trim().to_string())
+}
+
+/// The facts tools report about the current server generation.
+fn info_of(inst: &Instance, tmux_version: String) -> ctx::InstanceInfo {
+    ctx::InstanceInfo {
+        generation: inst.generation.clone(),
+        server_pid: inst.server_pid,
+        tmux_version,
+        layers: inst.layers(),
+        init_pid: inst.init_pid(),
+        cgroup: inst.rundir.cgroup.clone(),
+    }
+}
 
 /// The path to open for a host-side file sandmux writes (audit log,
 /// recording), refused when the agent could rewrite it: inside the workspace
@@ -206,76 +275,19 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             return e.exit_code();
         }
     };
-    let ws = policy.workspace.display().to_string();
-    let control_id = match inst.cmd(&[
-        "new-session",
-        "-d",
-        "-P",
-        "-F",
-        "#{session_id}",
-        "-s",
-        CONTROL_SESSION,
-        "-x",
-        "80",
-        "-y",
-        "24",
-        "-c",
-        &ws,
-        GATE_PATH,
-        "--exec",
-        "--",
-        "cat",
-        // The control pane needs no process: it is kept once dead, and ^D ends
-        // `cat` (the line discipline holds it until `cat` reads).
-        ";",
-        "set-option",
-        "-w",
-        "-t",
-        CONTROL_SESSION,
-        "remain-on-exit",
-        "on",
-        ";",
-        "send-keys",
-        "-t",
-        CONTROL_SESSION,
-        "C-d",
-    ]) {
-        Ok(id) => id.trim().to_string(),
+    let control_id = match sessions(&inst, opts.no_session) {
+        Ok(id) => id,
         Err(e) => {
-            eprintln!("sandmux: creating the control session: {e}");
+            eprintln!("sandmux: {e}");
             return crate::sandbox::EXIT_INTERNAL;
         }
     };
-    if !opts.no_session {
-        if let Err(e) = inst.cmd(&[
-            "new-session",
-            "-d",
-            "-s",
-            FIRST_SESSION,
-            "-x",
-            "200",
-            "-y",
-            "50",
-            "-c",
-            &ws,
-        ]) {
-            eprintln!("sandmux: creating the first session: {e}");
-            return crate::sandbox::EXIT_INTERNAL;
-        }
-    }
     let tmux_version = std::process::Command::new(&inst.tmux)
         .arg("-V")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let info = ctx::InstanceInfo {
-        generation: inst.generation.clone(),
-        server_pid: inst.server_pid,
-        tmux_version,
-        layers: inst.layers(),
-        init_pid: inst.init_pid(),
-        cgroup: inst.rundir.cgroup.clone(),
-    };
+    let info = info_of(&inst, tmux_version.clone());
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -303,6 +315,9 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         .clone()
         .map(|cg| oom::Watch::new(audit.clone(), cg));
     let last_oom = oom.clone();
+    let no_session = opts.no_session;
+    let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
+    let cell = inst.clone();
     let code = rt.block_on(async move {
         let hub = match Hub::connect(&tmux, &socket, &control_id).await {
             Ok(h) => h,
@@ -313,11 +328,11 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         };
         let shutdown = CancellationToken::new();
         let state = Arc::new(ctx::State {
-            hub: hub.clone(),
+            hub_now: std::sync::RwLock::new(hub.clone()),
             max_input: policy.mcp.max_input_bytes as usize,
             wait_max: Duration::from_secs(policy.mcp.wait_max_seconds),
             policy,
-            info,
+            info_now: std::sync::RwLock::new(info),
             audit,
             drift: Arc::new(drift::Drift::default()),
             shutdown: shutdown.clone(),
@@ -331,8 +346,8 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             eprintln!("sandmux: {e}");
             return crate::sandbox::EXIT_INTERNAL;
         }
-        let (d, h) = (state.drift.clone(), hub.clone());
-        tokio::spawn(async move { d.scanner(h).await });
+        let st = state.clone();
+        tokio::spawn(async move { st.drift.scanner(|| st.hub()).await });
         if let Some(w) = &oom {
             tokio::spawn(w.clone().run());
         }
@@ -344,17 +359,35 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {}, _ = hup.recv() => {} }
             sd.cancel();
         });
-        let sd = shutdown.clone();
-        let mut events = hub.events.subscribe();
+        // The server's death: end the instance, or restart as the profile says.
+        let (st, sd, w) = (state.clone(), shutdown.clone(), oom.clone());
         tokio::spawn(async move {
-            while let Ok(ev) = events.recv().await {
-                if let HubEvent::ServerGone(why) = ev {
-                    if !sd.is_cancelled() {
-                        eprintln!("sandmux: the sandboxed tmux server is gone ({why}); ending the instance");
+            let mut restarts = 0;
+            loop {
+                let mut events = st.hub().events.subscribe();
+                let why = loop {
+                    match events.recv().await {
+                        Ok(HubEvent::ServerGone(why)) => break why,
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(_) => return,
                     }
-                    sd.cancel();
-                    break;
+                };
+                if sd.is_cancelled() {
+                    return;
                 }
+                if st.policy.mcp.on_server_exit == ServerExit::Restart && restarts < MAX_RESTARTS {
+                    restarts += 1;
+                    match restart(&st, &cell, w.as_ref(), no_session, &why, restarts).await {
+                        Ok(()) => {
+                            eprintln!("sandmux: the sandboxed tmux server is gone ({why}); restarted it ({restarts} of {MAX_RESTARTS})");
+                            continue;
+                        }
+                        Err(e) => eprintln!("sandmux: restarting the tmux server failed: {e}"),
+                    }
+                }
+                eprintln!("sandmux: the sandboxed tmux server is gone ({why}); ending the instance");
+                sd.cancel();
+                return;
             }
         });
         // The operator endpoint, beside the socket in the private runtime directory.
@@ -378,16 +411,16 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
                 Err(e) => {
                     eprintln!("sandmux: MCP start-up: {e}");
                     shutdown.cancel();
-                    hub.shutdown();
+                    state.hub().shutdown();
                     return 1;
                 }
             },
-            _ = shutdown.cancelled() => { hub.shutdown(); return 0; }
+            _ = shutdown.cancelled() => { state.hub().shutdown(); return 0; }
         };
         let _ = state.peer.set(running.peer().clone());
         let reason = running.waiting().await;
         shutdown.cancel();
-        hub.shutdown();
+        state.hub().shutdown();
         match reason {
             Ok(_) => 0,
             Err(_) => 1,
@@ -401,6 +434,61 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     if let Some(w) = last_oom {
         w.check();
     }
-    inst.stop();
+    let last = inst.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(inst) = last {
+        inst.stop();
+    }
     code
+}
+
+/// Replaces a dead tmux server with a fresh generation (`on_server_exit =
+/// "restart"`): a new sandbox in the same runtime directory, the control and
+/// first sessions, a new hub, a new drift baseline (drift found earlier
+/// stays found), and an audit record. Pending calls on the old server have
+/// already failed.
+async fn restart(
+    state: &ctx::State,
+    inst: &std::sync::Mutex<Option<Instance>>,
+    oom: Option<&Arc<oom::Watch>>,
+    no_session: bool,
+    why: &str,
+    n: u32,
+) -> Result<(), String> {
+    state.hub().shutdown();
+    if let Some(w) = oom {
+        w.check();
+    }
+    let (tmux, socket, control_id, info) = {
+        let mut g = inst.lock().unwrap_or_else(|p| p.into_inner());
+        let i = g.as_mut().ok_or("the instance is ending")?;
+        i.restart().map_err(|e| e.to_string())?;
+        let control_id = sessions(i, no_session)?;
+        (
+            i.tmux.clone(),
+            i.socket(),
+            control_id,
+            info_of(i, state.info().tmux_version),
+        )
+    };
+    let hub = Hub::connect(&tmux, &socket, &control_id).await?;
+    state.drift.record(&hub).await.map_err(|e| e.to_string())?;
+    if let (Some(w), Some(cg)) = (oom, info.cgroup.clone()) {
+        w.replace(cg);
+    }
+    let generation = info.generation.clone();
+    let server_pid = info.server_pid;
+    state.replace(hub, info);
+    state
+        .audit
+        .record(audit::Entry {
+            tool: "(server-restart)",
+            toolset: None,
+            outcome: "event",
+            error_type: Some("server_gone"),
+            duration_ms: 0,
+            request_id: String::new(),
+            client_id: None,
+            args: &serde_json::json!({"reason": why, "restart": n, "generation": generation, "server_pid": server_pid}),
+        })
+        .map_err(|e| e.to_string())
 }

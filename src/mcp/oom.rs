@@ -24,7 +24,7 @@ pub const TOOL: &str = "(oom-kill)";
 /// The OOM-kill count of one instance's cgroup, and what was recorded of it.
 pub struct Watch {
     audit: Arc<Audit>,
-    cgroup: Cgroup,
+    cgroup: std::sync::Mutex<Cgroup>,
     /// Kills already recorded. The cgroup is new with the instance, so this
     /// starts at 0 and a kill during start-up is recorded too.
     seen: AtomicU64,
@@ -35,14 +35,26 @@ impl Watch {
     pub fn new(audit: Arc<Audit>, cgroup: Cgroup) -> Arc<Watch> {
         Arc::new(Watch {
             audit,
-            cgroup,
+            cgroup: std::sync::Mutex::new(cgroup),
             seen: AtomicU64::new(0),
         })
     }
 
+    /// Records what the old cgroup still holds, then watches a new server
+    /// generation's cgroup from 0.
+    pub fn replace(&self, cgroup: Cgroup) {
+        self.check();
+        *self.cgroup.lock().unwrap_or_else(|p| p.into_inner()) = cgroup;
+        self.seen.store(0, Ordering::SeqCst);
+    }
+
     /// Reads the count and records a rise since the last read.
     pub fn check(&self) {
-        let now = self.cgroup.oom_kills();
+        let now = self
+            .cgroup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .oom_kills();
         let seen = self.seen.fetch_max(now, Ordering::SeqCst);
         if now <= seen {
             return;

@@ -122,7 +122,7 @@ impl Server {
     ) -> Result<Value, ToolError> {
         // Ending the instance stays possible whatever happened to the server.
         if def.name != "kill_server" {
-            self.s.drift.before_call(&self.s.hub).await?;
+            self.s.drift.before_call(&self.s.hub()).await?;
         }
         let r = (def.handler)(call, args).await;
         if !matches!(def.class, Class::MetadataRead | Class::ContentRead)
@@ -150,7 +150,7 @@ impl Server {
         .collect();
         let dropped: Vec<String> = self
             .s
-            .info
+            .info()
             .layers
             .iter()
             .filter(|l| !l.enforced)

@@ -127,7 +127,7 @@ pub async fn listing(
         }
     }
     fmt.push_str(&end);
-    let reply = c.s.hub.run(&cmd.opt("-F", fmt)).await?;
+    let reply = c.s.hub().run(&cmd.opt("-F", fmt)).await?;
     let joined: Vec<u8> = reply.join(&b'\n');
     let text = String::from_utf8_lossy(&joined).into_owned();
     let mut rows = Vec::new();
@@ -171,7 +171,7 @@ pub async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
     let rows = listing(c, Cmd::new("list-panes").flag("-a"), PANE_FIELDS).await?;
     let mut out: Vec<PaneRow> = rows
         .into_iter()
-        .filter(|r| r[0] != c.s.hub.control_session_id)
+        .filter(|r| r[0] != c.s.hub().control_session_id)
         .map(|r| PaneRow {
             session_id: r[0].clone(),
             session_name: r[1].clone(),

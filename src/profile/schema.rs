@@ -275,6 +275,25 @@ pub struct McpSettings {
     /// a human runs `sandmux grant ID --toolset execute`).
     #[serde(default)]
     pub act: Act,
+    /// What happens when the sandboxed tmux server dies: "end" the instance,
+    /// or "restart" a fresh generation (at most [`MAX_RESTARTS`] times).
+    #[serde(default)]
+    pub on_server_exit: ServerExit,
+}
+
+/// Most restarts one `serve` instance makes before it ends anyway.
+pub const MAX_RESTARTS: u32 = 3;
+
+/// What `serve` does when its tmux server dies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerExit {
+    /// End the instance (the client sees the connection end).
+    #[default]
+    End,
+    /// Start a fresh server generation in a fresh sandbox, under the same MCP
+    /// session; pending calls still fail.
+    Restart,
 }
 
 /// When the execute toolset is live.
@@ -305,6 +324,7 @@ impl Default for McpSettings {
             max_input_bytes: d_max_input(),
             wait_max_seconds: d_wait_max(),
             act: Act::Always,
+            on_server_exit: ServerExit::End,
         }
     }
 }

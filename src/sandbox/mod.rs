@@ -121,6 +121,15 @@ impl StartError {
         }
     }
 
+    /// An error of sandmux itself (no layer), exit status 125.
+    pub fn internal(message: String) -> Self {
+        StartError {
+            layer: None,
+            code: None,
+            message,
+        }
+    }
+
     /// Builds the error for a layer, naming the fix.
     pub fn layer(layer: Layer, reason: &str) -> Self {
         StartError {

@@ -471,8 +471,13 @@ impl Hub {
             .len()
     }
 
-    /// Ends every client.
+    /// Ends every client. Pending waits see their pane's stream close.
     pub fn shutdown(&self) {
+        self.streams
+            .panes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.cmd.lock().unwrap_or_else(|p| p.into_inner()).kill();
         for c in self
             .watchers

@@ -138,45 +138,65 @@ pub fn plan(
 impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
     pub fn start(policy: Policy) -> Result<Instance, StartError> {
-        let internal = |m: String| StartError {
-            code: None,
-            layer: None,
-            message: m,
-        };
-        let tmux = find_tmux().map_err(internal)?;
-        check_visible(&policy, &tmux).map_err(internal)?;
-        let mut rundir = Rundir::create().map_err(internal)?;
-        let cg = make_cgroup(&policy, &mut rundir)?;
-        let generation = random_hex();
-        let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {generation}\n");
-        let plan = plan(
-            &policy,
-            &rundir,
-            cg,
-            Payload::Tmux { tmux: tmux.clone() },
-            Some(conf),
-        );
-        let started = sandbox::start(&plan, Stdio3::Null)?;
-        let server_pid = started.messages.iter().find_map(|m| match m {
-            Message::Ready { server_pid } => Some(*server_pid),
-            _ => None,
-        });
-        let inst = Instance {
+        let tmux = find_tmux().map_err(StartError::internal)?;
+        check_visible(&policy, &tmux).map_err(StartError::internal)?;
+        let rundir = Rundir::create().map_err(StartError::internal)?;
+        let mut inst = Instance {
             rundir,
-            init: Some(started.child),
-            messages: started.messages,
-            server_pid: server_pid.unwrap_or(0),
-            generation,
+            init: None,
+            messages: Vec::new(),
+            server_pid: 0,
+            generation: String::new(),
             tmux,
             policy,
         };
-        if server_pid.is_none() {
-            return Err(internal(
-                "the sandbox ended before the tmux server was ready".into(),
-            ));
-        }
-        inst.verify().map_err(internal)?;
+        inst.launch()?;
         Ok(inst)
+    }
+
+    /// Replaces the server with a fresh generation in the same runtime
+    /// directory (same id, socket path and operator endpoint): the old sandbox
+    /// and its cgroup are ended first, then a new sandbox, cgroup and
+    /// generation id are made exactly as at start.
+    pub fn restart(&mut self) -> Result<(), StartError> {
+        self.shutdown();
+        if let Some(cg) = self.rundir.cgroup.take() {
+            cg.remove();
+        }
+        let _ = std::fs::remove_file(self.socket());
+        self.messages.clear();
+        self.server_pid = 0;
+        self.launch()
+    }
+
+    /// Makes the cgroup and the sandbox, starts tmux in it and proves it.
+    fn launch(&mut self) -> Result<(), StartError> {
+        let cg = make_cgroup(&self.policy, &mut self.rundir)?;
+        self.generation = random_hex();
+        let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {}\n", self.generation);
+        let plan = plan(
+            &self.policy,
+            &self.rundir,
+            cg,
+            Payload::Tmux {
+                tmux: self.tmux.clone(),
+            },
+            Some(conf),
+        );
+        let started = sandbox::start(&plan, Stdio3::Null)?;
+        self.init = Some(started.child);
+        self.messages = started.messages;
+        self.server_pid = self
+            .messages
+            .iter()
+            .find_map(|m| match m {
+                Message::Ready { server_pid } => Some(*server_pid),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                StartError::internal("the sandbox ended before the tmux server was ready".into())
+            })?;
+        self.verify().map_err(StartError::internal)
     }
 
     /// The socket, host side.

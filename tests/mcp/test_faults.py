@@ -203,6 +203,57 @@ async def test_an_oom_kill_just_before_the_end_is_audited(ws):
     assert subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True).returncode == 0
 
 
+async def test_restart_profile_starts_fresh_generations_then_ends(ws):
+    """`on_server_exit = "restart"`: each SIGKILL of the tmux server fails the
+    pending call at once, then a fresh generation (new sandbox, new server,
+    same runtime directory and MCP session) answers; the fourth death is past
+    the budget and ends the instance, leaving nothing behind."""
+    prof = limited_profile(ws, on_server_exit="restart")
+    async with connect(ws, "-p", prof) as c:
+        pid = serve_pids(ws[0])[0]
+        rundir = runtime_dir_of(pid)
+        seen = [await call(c, "get_server_info")]
+        for n in (1, 2, 3):
+            srv = tmux_server_pid(pid)
+            assert srv and srv != seen[-1].get("host_pid")
+
+            async def kill_soon():
+                await anyio.sleep(0.3)
+                os.kill(srv, signal.SIGKILL)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_soon)
+                t0 = time.monotonic()
+                r = await c.call_tool("wait_for_text", {"patterns": ["never-printed"], "timeout": 20})
+                elapsed = time.monotonic() - t0
+            assert elapsed < 10 and (r.is_error or r.structured_content["outcome"] != "matched"), (elapsed, r)
+            # The fresh generation answers (calls made while it starts may fail).
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 15:
+                r = await c.call_tool("get_server_info", {})
+                if not r.is_error and r.structured_content["generation"] != seen[-1]["generation"]:
+                    break
+                await anyio.sleep(0.1)
+            info = r.structured_content
+            assert not r.is_error and info["generation"] not in [i["generation"] for i in seen], r
+            seen.append(info)
+            assert alive(srv) is False and tmux_server_pid(pid) not in (None, srv)
+            assert [s["session_name"] for s in (await call(c, "list_sessions"))["sessions"]] == ["main"]
+            assert (await call(c, "run_command", {"command": f"echo gen{n}"}))["output"] == f"gen{n}"
+            assert runtime_dir_of(pid) == rundir and rundir.exists()
+        ev = [r for r in audit_records(ws) if r["tool"] == "(server-restart)"]
+        assert [e["args"]["restart"] for e in ev] == [1, 2, 3], ev
+        assert [e["args"]["generation"] for e in ev] == [i["generation"] for i in seen[1:]], ev
+        # Past the budget: the next death ends the instance.
+        os.kill(tmux_server_pid(pid), signal.SIGKILL)
+        t0 = time.monotonic()
+        while alive(pid) and time.monotonic() - t0 < 10:
+            await anyio.sleep(0.05)
+        assert not alive(pid), "sandmux went on past its restart budget"
+    assert not rundir.exists()
+    assert subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True).returncode == 0
+
+
 async def test_disk_fill_hits_the_tmpfs_and_file_size_limits(ws):
     prof = limited_profile(ws, tmpfs_size="32MiB", file_size="8MiB")
     host_tmp = os.statvfs(tempfile_dir())

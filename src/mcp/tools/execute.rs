@@ -125,7 +125,10 @@ async fn created(c: &Call<'_>, reply: Vec<Vec<u8>>) -> Result<Created, ToolError
             String::from_utf8_lossy(&line)
         )));
     };
-    c.s.hub.sync_watchers().await.map_err(ToolError::Internal)?;
+    c.s.hub()
+        .sync_watchers()
+        .await
+        .map_err(ToolError::Internal)?;
     Ok(Created {
         session_id,
         session_name: String::from_utf8_lossy(&crate::tmux::control::unquote_q(name.as_bytes()))
@@ -171,7 +174,7 @@ pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, T
         .opt("-x", a.x.unwrap_or(200).clamp(10, 1000).to_string())
         .opt("-y", a.y.unwrap_or(50).clamp(5, 1000).to_string());
     cmd = env_args(c, cmd, &a.environment)?;
-    let r = c.s.hub.run(&cmd).await?;
+    let r = c.s.hub().run(&cmd).await?;
     created(c, r).await
 }
 
@@ -223,7 +226,7 @@ pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, Too
     cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
     cmd = env_args(c, cmd, &a.environment)?;
     cmd = shell_arg(c, cmd, &a.shell)?;
-    let r = c.s.hub.run(&cmd).await?;
+    let r = c.s.hub().run(&cmd).await?;
     created(c, r).await
 }
 
@@ -285,7 +288,7 @@ pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolE
     cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
     cmd = env_args(c, cmd, &a.environment)?;
     cmd = shell_arg(c, cmd, &a.shell)?;
-    let r = c.s.hub.run(&cmd).await?;
+    let r = c.s.hub().run(&cmd).await?;
     created(c, r).await
 }
 
@@ -314,7 +317,7 @@ pub async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, ToolError
     cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
     cmd = env_args(c, cmd, &a.environment)?;
     cmd = shell_arg(c, cmd, &a.shell)?;
-    c.s.hub.run(&cmd).await?;
+    c.s.hub().run(&cmd).await?;
     Ok(Created {
         session_id: p.session_id,
         session_name: p.session_name,
@@ -387,7 +390,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
     }
     let mut sent_keys = Vec::new();
     let mut bytes = 0;
-    let (offset, _) = c.s.hub.subscribe(pane.pane_id[1..].parse().unwrap_or(0));
+    let (offset, _) = c.s.hub().subscribe(pane.pane_id[1..].parse().unwrap_or(0));
     let cursor = inspect::cursor_for(c, &pane.pane_id, offset);
     if let Some(t) = &text_in {
         text::input("text", t, c.s.max_input)?;
@@ -399,7 +402,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
         bytes = t.len();
         if !t.is_empty() {
             leave_modes(c, pane).await?;
-            c.s.hub
+            c.s.hub()
                 .run(
                     &Cmd::new("send-keys")
                         .flag("-l")
@@ -410,7 +413,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
         }
     }
     if !keys.is_empty() {
-        c.s.hub
+        c.s.hub()
             .run(
                 &Cmd::new("send-keys")
                     .opt("-t", &pane.pane_id)
@@ -420,7 +423,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
         sent_keys.extend(keys);
     }
     if text_in.is_some() && a.enter.unwrap_or(true) {
-        c.s.hub
+        c.s.hub()
             .run(&Cmd::new("send-keys").opt("-t", &pane.pane_id).arg("Enter"))
             .await?;
         sent_keys.push("Enter".into());
@@ -438,7 +441,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
 /// left first. Key names are still delivered to the mode (`q`, `Up`, ...).
 async fn leave_modes(c: &Call<'_>, pane: &PaneRow) -> Result<(), ToolError> {
     if pane.in_mode {
-        c.s.hub
+        c.s.hub()
             .run(&Cmd::new("copy-mode").flag("-q").opt("-t", &pane.pane_id))
             .await?;
     }
@@ -565,9 +568,9 @@ pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
         super::manage::BUFFER_PREFIX,
         &crate::sandbox::rundir::random_hex()[..8]
     );
-    let (offset, _) = c.s.hub.subscribe(p.pane_id[1..].parse().unwrap_or(0));
+    let (offset, _) = c.s.hub().subscribe(p.pane_id[1..].parse().unwrap_or(0));
     let cursor = inspect::cursor_for(c, &p.pane_id, offset);
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.text))
         .await?;
     let mut cmd = Cmd::new("paste-buffer")
@@ -577,10 +580,10 @@ pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
     if a.bracket.unwrap_or(true) {
         cmd = cmd.flag("-p");
     }
-    let r = c.s.hub.run(&cmd).await;
+    let r = c.s.hub().run(&cmd).await;
     if r.is_err() {
         let _ =
-            c.s.hub
+            c.s.hub()
                 .run(&Cmd::new("delete-buffer").opt("-b", &name))
                 .await;
     }
@@ -609,7 +612,7 @@ pub struct PasteBuffer {
 pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolError> {
     inspect::buffer_name(&a.buffer_name)?;
     let p = targets::pane(c, &a.p).await?;
-    let (offset, _) = c.s.hub.subscribe(p.pane_id[1..].parse().unwrap_or(0));
+    let (offset, _) = c.s.hub().subscribe(p.pane_id[1..].parse().unwrap_or(0));
     let cursor = inspect::cursor_for(c, &p.pane_id, offset);
     let mut cmd = Cmd::new("paste-buffer")
         .opt("-b", &a.buffer_name)
@@ -617,7 +620,7 @@ pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolErro
     if a.bracket.unwrap_or(true) {
         cmd = cmd.flag("-p");
     }
-    c.s.hub.run(&cmd).await?;
+    c.s.hub().run(&cmd).await?;
     Ok(Sent {
         pane_id: p.pane_id,
         text_bytes: 0,
@@ -707,9 +710,9 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
     let end = format!("SANDMUX_E{nonce}:");
     let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
     // Watch from before the keys are sent.
-    let (start, mut rx) = c.s.hub.subscribe(num);
+    let (start, mut rx) = c.s.hub().subscribe(num);
     let line = wrap(&a.command, &nonce, a.suppress_history.unwrap_or(true));
-    c.s.hub
+    c.s.hub()
         .run(
             &Cmd::new("send-keys")
                 .flag("-l")
@@ -717,7 +720,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
                 .rest([line.as_bytes()]),
         )
         .await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("Enter"))
         .await?;
     let t0 = Instant::now();
@@ -726,7 +729,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
     tick.tick().await;
     let max_lines = a.max_lines.unwrap_or(inspect::MAX_LINES).min(100_000);
     loop {
-        let chunk = c.s.hub.read_since(num, start);
+        let chunk = c.s.hub().read_since(num, start);
         let raw = String::from_utf8_lossy(&chunk.data).into_owned();
         let b = raw.find(&begin);
         if let Some(e) = raw.find(&end) {
@@ -762,15 +765,15 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
             }
         }
         tokio::select! {
-            r = rx.changed() => { if r.is_err() { return Err(ToolError::Internal("output stream closed".into())); } }
+            r = rx.changed() => { if r.is_err() { return Err(ToolError::stream_closed()); } }
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command may still be running".into())),
             _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
             _ = tick.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
             _ = tokio::time::sleep_until(deadline) => {
                 if a.interrupt_on_timeout {
-                    c.s.hub.run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c")).await?;
+                    c.s.hub().run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c")).await?;
                 }
-                let chunk = c.s.hub.read_since(num, start);
+                let chunk = c.s.hub().read_since(num, start);
                 let raw = String::from_utf8_lossy(&chunk.data).into_owned();
                 let body = raw.find(&begin).map(|b| raw[b + begin.len()..].to_string()).unwrap_or_default();
                 let out = text::clean(body.as_bytes());
@@ -855,7 +858,7 @@ pub async fn set_option(c: &Call<'_>, a: SetOption) -> Result<Done, ToolError> {
     let cmd = inspect::scope_cmd(Cmd::new("set-option"), a.scope, &a.target, a.global_)?
         .arg(&a.option)
         .arg(&a.value);
-    c.s.hub.run(&cmd).await?;
+    c.s.hub().run(&cmd).await?;
     Ok(Done {
         done: format!("{} set to {}", a.option, a.value),
     })
@@ -884,7 +887,7 @@ pub async fn set_environment(c: &Call<'_>, a: SetEnv) -> Result<Done, ToolError>
         let s = targets::session(c, &a.session_name, &a.session_id).await?;
         Cmd::new("set-environment").opt("-t", &s.session_id)
     };
-    c.s.hub.run(&cmd.arg(&a.name).arg(&a.value)).await?;
+    c.s.hub().run(&cmd.arg(&a.name).arg(&a.value)).await?;
     Ok(Done {
         done: format!("{} set", a.name),
     })

@@ -319,9 +319,9 @@ pub async fn get_server_info(c: &Call<'_>, _: NoArgs) -> Result<ServerInfo, Tool
     let panes = targets::panes(c).await?;
     Ok(ServerInfo {
         alive: true,
-        version: c.s.info.tmux_version.clone(),
-        pid: c.s.info.server_pid,
-        generation: c.s.info.generation.clone(),
+        version: c.s.info().tmux_version.clone(),
+        pid: c.s.info().server_pid,
+        generation: c.s.info().generation.clone(),
         sessions: sessions_of(&panes).len(),
         drift: c.s.drift.tripped().unwrap_or_else(|| "none".into()),
         socket: "private to this sandmux instance (not reachable from inside the sandbox)".into(),
@@ -372,7 +372,7 @@ pub async fn capture_text(
     if let Some(e) = end {
         cmd = cmd.opt("-E", e.to_string());
     }
-    let lines = c.s.hub.run_checked(&cmd).await?;
+    let lines = c.s.hub().run_checked(&cmd).await?;
     let mut out = String::new();
     for l in lines {
         out.push_str(&text::clean(&l));
@@ -442,7 +442,7 @@ pub fn cursor_for(c: &Call<'_>, pane: &str, offset: u64) -> String {
         "sc1.{}.{}.{}",
         pane.trim_start_matches('%'),
         offset,
-        &c.s.info.generation[..8]
+        &c.s.info().generation[..8]
     )
 }
 
@@ -456,7 +456,7 @@ pub fn parse_cursor(c: &Call<'_>, cur: &str) -> Result<(u32, u64), ToolError> {
             "call capture_since without a cursor to start over",
         )
     };
-    if parts.len() != 4 || parts[0] != "sc1" || parts[3] != &c.s.info.generation[..8] {
+    if parts.len() != 4 || parts[0] != "sc1" || parts[3] != &c.s.info().generation[..8] {
         return Err(bad());
     }
     Ok((
@@ -471,7 +471,7 @@ pub async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult,
     let Some(cur) = a.cursor else {
         let p = targets::pane(c, &a.p).await?;
         let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
-        let (offset, _) = c.s.hub.subscribe(num);
+        let (offset, _) = c.s.hub().subscribe(num);
         let t = capture_text(c, &p.pane_id, None, None).await?;
         return Ok(SinceResult {
             cursor: cursor_for(c, &p.pane_id, offset),
@@ -493,7 +493,7 @@ pub async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult,
         }
     }
     targets::explicit_pane(c, &pane_id).await?;
-    let chunk = c.s.hub.read_since(num, offset);
+    let chunk = c.s.hub().read_since(num, offset);
     let t = text::clean(&chunk.data);
     Ok(SinceResult {
         cursor: cursor_for(c, &pane_id, chunk.end),
@@ -761,7 +761,7 @@ pub async fn display_message(c: &Call<'_>, a: Display) -> Result<Displayed, Tool
     let fmt = safe_format(&a.format_string)?;
     let p = targets::pane(c, &a.p).await?;
     let r =
-        c.s.hub
+        c.s.hub()
             .run(
                 &Cmd::new("display-message")
                     .flag("-p")
@@ -831,20 +831,20 @@ where
     F: FnMut(&str) -> Option<(String, Vec<String>)>,
 {
     let num: u32 = pane.pane_id[1..].parse().unwrap_or(0);
-    let (now, mut rx) = c.s.hub.subscribe(num);
+    let (now, mut rx) = c.s.hub().subscribe(num);
     let start = from.unwrap_or(now).min(now);
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     tick.tick().await;
     loop {
-        let chunk = c.s.hub.read_since(num, start);
+        let chunk = c.s.hub().read_since(num, start);
         let text = text::clean(&chunk.data);
         if let Some(found) = check(&text) {
             return Ok((Some(found), tail(&text), t0.elapsed().as_secs_f64()));
         }
         tokio::select! {
-            r = rx.changed() => { if r.is_err() { return Err(ToolError::Internal("output stream closed".into())); } }
+            r = rx.changed() => { if r.is_err() { return Err(ToolError::stream_closed()); } }
             _ = tokio::time::sleep_until(deadline) => return Ok((None, tail(&text), t0.elapsed().as_secs_f64())),
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
             _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
@@ -933,19 +933,19 @@ pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, 
     let quiet = Duration::from_millis(a.quiet_ms.unwrap_or(400).clamp(10, 60_000));
     let p = targets::pane(c, &a.p).await?;
     let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
-    let (start, mut rx) = c.s.hub.subscribe(num);
+    let (start, mut rx) = c.s.hub().subscribe(num);
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let outcome = loop {
         tokio::select! {
-            r = rx.changed() => if r.is_err() { break "timeout" },
+            r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()) },
             _ = tokio::time::sleep(quiet) => break "stable",
             _ = tokio::time::sleep_until(deadline) => break "timeout",
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
             _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
         }
     };
-    let text = text::clean(&c.s.hub.read_since(num, start).data);
+    let text = text::clean(&c.s.hub().read_since(num, start).data);
     Ok(WaitResult {
         outcome: outcome.into(),
         pane_id: p.pane_id,
@@ -991,7 +991,7 @@ pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, Tool
     }
     let p = targets::pane(c, &a.p).await?;
     let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
-    let (_, mut rx) = c.s.hub.subscribe(num);
+    let (_, mut rx) = c.s.hub().subscribe(num);
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -1007,7 +1007,7 @@ pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, Tool
             });
         }
         tokio::select! {
-            _ = rx.changed() => {}
+            r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()) },
             _ = tokio::time::sleep_until(deadline) => {
                 let still: Vec<String> = screen.lines().filter(|l| pats.iter().any(|r| r.is_match(l))).map(str::to_string).collect();
                 return Ok(WaitResult { outcome: "timeout".into(), pane_id: p.pane_id, matched_lines: still, tail: tail(&screen), elapsed: t0.elapsed().as_secs_f64(), effective_timeout: timeout.as_secs_f64() });
@@ -1122,7 +1122,7 @@ pub async fn show_option(c: &Call<'_>, a: ShowOption) -> Result<OptionValue, Too
         a.global_,
     )?
     .arg(&a.option);
-    let r = c.s.hub.run(&cmd).await?;
+    let r = c.s.hub().run(&cmd).await?;
     let v = r
         .iter()
         .map(|l| String::from_utf8_lossy(l).into_owned())
@@ -1158,7 +1158,7 @@ pub async fn show_environment(c: &Call<'_>, a: ShowEnv) -> Result<EnvList, ToolE
         let s = targets::session(c, &a.session_name, &a.session_id).await?;
         Cmd::new("show-environment").opt("-t", &s.session_id)
     };
-    let r = c.s.hub.run_checked(&cmd).await?;
+    let r = c.s.hub().run_checked(&cmd).await?;
     let mut env = std::collections::BTreeMap::new();
     for l in r {
         let l = String::from_utf8_lossy(&l).into_owned();
@@ -1198,7 +1198,7 @@ pub async fn show_hooks(c: &Call<'_>, a: ShowHooks) -> Result<Hooks, ToolError> 
         &a.target,
         a.global_,
     )?;
-    let r = c.s.hub.run(&cmd).await?;
+    let r = c.s.hub().run(&cmd).await?;
     Ok(Hooks {
         hooks: r
             .iter()
@@ -1232,7 +1232,7 @@ pub async fn show_hook(c: &Call<'_>, a: ShowHook) -> Result<Hooks, ToolError> {
         a.global_,
     )?
     .arg(&a.hook_name);
-    let r = c.s.hub.run(&cmd).await?;
+    let r = c.s.hub().run(&cmd).await?;
     Ok(Hooks {
         hooks: r
             .iter()
@@ -1270,7 +1270,7 @@ pub fn buffer_name(n: &str) -> Result<(), ToolError> {
 pub async fn show_buffer(c: &Call<'_>, a: ShowBuffer) -> Result<Captured, ToolError> {
     buffer_name(&a.buffer_name)?;
     let r =
-        c.s.hub
+        c.s.hub()
             .run_checked(&Cmd::new("show-buffer").opt("-b", &a.buffer_name))
             .await?;
     let t: String = r.iter().map(|l| text::clean(l) + "\n").collect();
@@ -1407,7 +1407,7 @@ pub async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResult, Tool
         });
     }
     let p = targets::pane(c, &a.p).await?;
-    let (snap, w, h) = crate::mcp::record::snapshot(&c.s.hub, &p.pane_id)
+    let (snap, w, h) = crate::mcp::record::snapshot(&c.s.hub(), &p.pane_id)
         .await
         .map_err(ToolError::Internal)?;
     let cast = format!(
@@ -1464,7 +1464,7 @@ pub struct LayerView {
 /// The status.
 pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError> {
     let layers: Vec<LayerView> =
-        c.s.info
+        c.s.info()
             .layers
             .iter()
             .map(|l| LayerView {
@@ -1487,8 +1487,8 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         tools_enabled: c.s.enabled.read().map(|e| e.len()).unwrap_or(0),
         audit_log: c.s.audit.path().display().to_string(),
         drift: c.s.drift.tripped().unwrap_or_else(|| "none".into()),
-        buffered_output_bytes: c.s.hub.buffered_bytes(),
-        oom_kills: c.s.info.cgroup.as_ref().map(|cg| cg.oom_kills()),
+        buffered_output_bytes: c.s.hub().buffered_bytes(),
+        oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),
     })
 }
 

@@ -37,7 +37,7 @@ pub struct RenameSession {
 pub async fn rename_session(c: &Call<'_>, a: RenameSession) -> Result<Done, ToolError> {
     text::session_name("new_name", &a.new_name)?;
     let s = targets::session(c, &a.session_name, &a.session_id).await?;
-    c.s.hub
+    c.s.hub()
         .run(
             &Cmd::new("rename-session")
                 .opt("-t", &s.session_id)
@@ -61,7 +61,7 @@ pub struct RenameWindow {
 pub async fn rename_window(c: &Call<'_>, a: RenameWindow) -> Result<Done, ToolError> {
     text::name("new_name", &a.new_name)?;
     let w = targets::window(c, &a.w).await?;
-    c.s.hub
+    c.s.hub()
         .run(
             &Cmd::new("rename-window")
                 .opt("-t", &w.window_id)
@@ -102,7 +102,7 @@ pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolEr
             }
         };
         let s = targets::session(c, &a.session_name, &a.session_id).await?;
-        c.s.hub
+        c.s.hub()
             .run(
                 &Cmd::new("select-window")
                     .flag(flag)
@@ -128,7 +128,7 @@ pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolEr
         },
     )
     .await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("select-window").opt("-t", &w.window_id))
         .await?;
     done(format!("window {} selected", w.window_id))
@@ -166,7 +166,7 @@ pub async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done, ToolEr
         ));
     }
     let w = targets::window(c, &a.w).await?;
-    c.s.hub
+    c.s.hub()
         .run(
             &Cmd::new("select-layout")
                 .opt("-t", &w.window_id)
@@ -206,7 +206,7 @@ pub async fn resize_window(c: &Call<'_>, a: ResizeWindow) -> Result<Done, ToolEr
     if let Some(wd) = a.width {
         cmd = cmd.opt("-x", dim("width", wd)?);
     }
-    c.s.hub.run(&cmd).await?;
+    c.s.hub().run(&cmd).await?;
     done(format!("window {} resized", w.window_id))
 }
 
@@ -239,7 +239,7 @@ pub async fn move_window(c: &Call<'_>, a: MoveWindow) -> Result<Done, ToolError>
         ));
     }
     let target = format!("{}:{}", dest.session_id, a.destination_index);
-    c.s.hub
+    c.s.hub()
         .run(
             &Cmd::new("move-window")
                 .opt("-s", &w.window_id)
@@ -265,7 +265,7 @@ pub struct SelectPane {
 pub async fn select_pane(c: &Call<'_>, a: SelectPane) -> Result<Done, ToolError> {
     if let Some(id) = &a.pane_id {
         let p = targets::explicit_pane(c, id).await?;
-        c.s.hub
+        c.s.hub()
             .run(&Cmd::new("select-pane").opt("-t", &p.pane_id))
             .await?;
         return done(format!("pane {} selected", p.pane_id));
@@ -299,7 +299,7 @@ pub async fn select_pane(c: &Call<'_>, a: SelectPane) -> Result<Done, ToolError>
     } else {
         cmd.opt("-t", &w.window_id)
     };
-    c.s.hub.run(&cmd).await?;
+    c.s.hub().run(&cmd).await?;
     done(format!("moved {d}"))
 }
 
@@ -316,7 +316,7 @@ pub struct SwapPane {
 pub async fn swap_pane(c: &Call<'_>, a: SwapPane) -> Result<Done, ToolError> {
     let s = targets::explicit_pane(c, &a.source_pane_id).await?;
     let t = targets::explicit_pane(c, &a.target_pane_id).await?;
-    c.s.hub
+    c.s.hub()
         .run(
             &Cmd::new("swap-pane")
                 .opt("-s", &s.pane_id)
@@ -360,7 +360,7 @@ pub async fn resize_pane(c: &Call<'_>, a: ResizePane) -> Result<Done, ToolError>
     if let Some(w) = a.width {
         cmd = cmd.opt("-x", dim("width", w)?);
     }
-    c.s.hub.run(&cmd).await?;
+    c.s.hub().run(&cmd).await?;
     done(format!("pane {} resized", p.pane_id))
 }
 
@@ -378,7 +378,7 @@ pub struct SetTitle {
 pub async fn set_pane_title(c: &Call<'_>, a: SetTitle) -> Result<Done, ToolError> {
     text::name("title", &a.title)?;
     let p = targets::pane(c, &a.p).await?;
-    c.s.hub
+    c.s.hub()
         .run(
             &Cmd::new("select-pane")
                 .opt("-t", &p.pane_id)
@@ -401,11 +401,11 @@ pub struct CopyMode {
 /// Enters copy mode.
 pub async fn enter_copy_mode(c: &Call<'_>, a: CopyMode) -> Result<Done, ToolError> {
     let p = targets::pane(c, &a.p).await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("copy-mode").opt("-t", &p.pane_id))
         .await?;
     if let Some(n) = a.scroll_up {
-        c.s.hub
+        c.s.hub()
             .run(
                 &Cmd::new("send-keys")
                     .flag("-X")
@@ -430,7 +430,7 @@ pub struct PaneOnly {
 pub async fn exit_copy_mode(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     if p.in_mode {
-        c.s.hub
+        c.s.hub()
             .run(
                 &Cmd::new("send-keys")
                     .flag("-X")
@@ -481,7 +481,7 @@ pub async fn load_buffer(c: &Call<'_>, a: LoadBuffer) -> Result<BufferRef, ToolE
         if label.is_empty() { "" } else { "_" },
         &crate::sandbox::rundir::random_hex()[..8]
     );
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.content))
         .await?;
     Ok(BufferRef {

@@ -46,7 +46,7 @@ pub async fn kill_session(c: &Call<'_>, a: KillSession) -> Result<Done, ToolErro
         ));
     }
     let s = targets::session(c, &a.session_name, &a.session_id).await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("kill-session").opt("-t", &s.session_id))
         .await?;
     killed(c, format!("session {} killed", s.session_id)).await
@@ -69,7 +69,7 @@ pub async fn kill_window(c: &Call<'_>, a: KillWindow) -> Result<Done, ToolError>
         },
     )
     .await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("kill-window").opt("-t", &w.window_id))
         .await?;
     killed(c, format!("window {} killed", w.window_id)).await
@@ -85,7 +85,7 @@ pub struct KillPane {
 /// Kills a pane.
 pub async fn kill_pane(c: &Call<'_>, a: KillPane) -> Result<Done, ToolError> {
     let p = targets::explicit_pane(c, &a.pane_id).await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("kill-pane").opt("-t", &p.pane_id))
         .await?;
     killed(c, format!("pane {} killed", p.pane_id)).await
@@ -94,10 +94,10 @@ pub async fn kill_pane(c: &Call<'_>, a: KillPane) -> Result<Done, ToolError> {
 /// Resets a pane and clears its history.
 pub async fn clear_pane(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError> {
     let p = targets::pane(c, &a.p).await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("send-keys").flag("-R").opt("-t", &p.pane_id))
         .await?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("clear-history").opt("-t", &p.pane_id))
         .await?;
     done(format!("pane {} cleared", p.pane_id))
@@ -113,7 +113,7 @@ pub struct DeleteBuffer {
 /// Deletes a buffer.
 pub async fn delete_buffer(c: &Call<'_>, a: DeleteBuffer) -> Result<Done, ToolError> {
     super::inspect::buffer_name(&a.buffer_name)?;
-    c.s.hub
+    c.s.hub()
         .run(&Cmd::new("delete-buffer").opt("-b", &a.buffer_name))
         .await?;
     done(format!("buffer {} deleted", a.buffer_name))
