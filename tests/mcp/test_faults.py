@@ -44,22 +44,28 @@ async def test_output_flood_keeps_memory_bounded_and_calls_answering(ws):
         assert st["buffered_output_bytes"] <= 3 * 256 * 1024
 
 
+async def wait_while_the_server_is_killed(c, srv, delay):
+    """Starts a 20 s wait_for_text and SIGKILLs the tmux server `delay` s in;
+    returns (seconds the wait took, its result)."""
+
+    async def kill_soon():
+        await anyio.sleep(delay)
+        os.kill(srv, signal.SIGKILL)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(kill_soon)
+        t0 = time.monotonic()
+        r = await c.call_tool("wait_for_text", {"patterns": ["never-printed"], "timeout": 20})
+        return time.monotonic() - t0, r
+
+
 async def test_server_sigkill_fails_pending_calls_and_ends_the_instance(ws):
     async with connect(ws) as c:
         await call(c, "create_session")
         pid = serve_pids(ws[0])[0]
         srv = tmux_server_pid(pid)
         assert srv
-
-        async def kill_soon():
-            await anyio.sleep(0.5)
-            os.kill(srv, signal.SIGKILL)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(kill_soon)
-            t0 = time.monotonic()
-            r = await c.call_tool("wait_for_text", {"patterns": ["never-printed"], "timeout": 20})
-            elapsed = time.monotonic() - t0
+        elapsed, r = await wait_while_the_server_is_killed(c, srv, 0.5)
         # The wait ends with the server, not at its own deadline.
         assert elapsed < 10, elapsed
         assert r.is_error or r.structured_content["outcome"] != "matched"
@@ -215,17 +221,8 @@ async def test_restart_profile_starts_fresh_generations_then_ends(ws):
         seen = [await call(c, "get_server_info")]
         for n in (1, 2, 3):
             srv = tmux_server_pid(pid)
-            assert srv and srv != seen[-1].get("host_pid")
-
-            async def kill_soon():
-                await anyio.sleep(0.3)
-                os.kill(srv, signal.SIGKILL)
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(kill_soon)
-                t0 = time.monotonic()
-                r = await c.call_tool("wait_for_text", {"patterns": ["never-printed"], "timeout": 20})
-                elapsed = time.monotonic() - t0
+            assert srv
+            elapsed, r = await wait_while_the_server_is_killed(c, srv, 0.3)
             assert elapsed < 10 and (r.is_error or r.structured_content["outcome"] != "matched"), (elapsed, r)
             # The fresh generation answers (calls made while it starts may fail).
             t0 = time.monotonic()
