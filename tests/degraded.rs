@@ -522,6 +522,17 @@ fn writable_cgroups(env: Env, tmp: &Path) -> String {
 }
 
 /// No writable cgroup, for a profile that requires the cgroup layer.
+/// `/proc/self/cgroup` as a command run by `profile` in `env` sees it.
+fn cgroup_inside(env: Env, tmp: &Path, profile: &Path, ws: &Ws) -> Output {
+    let wp = ws.path();
+    let (p, w) = (profile.to_str().unwrap(), wp.to_str().unwrap());
+    sandmux_in(
+        env,
+        tmp,
+        &["run", "-p", p, "-w", w, "--", "cat", "/proc/self/cgroup"],
+    )
+}
+
 #[test]
 fn no_cgroup_fails_closed_and_the_opt_in_reports_it() {
     let (ws, dir, tmp) = scratch();
@@ -532,20 +543,7 @@ fn no_cgroup_fails_closed_and_the_opt_in_reports_it() {
     if uid() == 0 {
         // Positive control: root can create a cgroup here, and the sandbox joins it.
         assert!(!plain.is_empty(), "no writable cgroup even for root");
-        let o = sandmux_in(
-            Env::Plain,
-            tmp.path(),
-            &[
-                "run",
-                "-p",
-                required.to_str().unwrap(),
-                "-w",
-                ws.path().to_str().unwrap(),
-                "--",
-                "cat",
-                "/proc/self/cgroup",
-            ],
-        );
+        let o = cgroup_inside(Env::Plain, tmp.path(), &required, &ws);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         assert!(
             String::from_utf8_lossy(&o.stdout).contains("/sandmux-"),
@@ -579,20 +577,7 @@ fn no_cgroup_fails_closed_and_the_opt_in_reports_it() {
         assert!(v["kernel"]["cgroup"]["Err"].is_string(), "{env:?}: {v:#}");
         assert!(dropped(&v).contains("cgroup"), "{env:?}: {v:#}");
         // Observed from inside: the command is in no cgroup of sandmux's.
-        let o = sandmux_in(
-            env,
-            tmp.path(),
-            &[
-                "run",
-                "-p",
-                opt.to_str().unwrap(),
-                "-w",
-                ws.path().to_str().unwrap(),
-                "--",
-                "cat",
-                "/proc/self/cgroup",
-            ],
-        );
+        let o = cgroup_inside(env, tmp.path(), &opt, &ws);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         assert!(
             !String::from_utf8_lossy(&o.stdout).contains("/sandmux-"),
