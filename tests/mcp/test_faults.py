@@ -237,6 +237,12 @@ async def test_restart_profile_starts_fresh_generations_then_ends(ws):
             assert alive(srv) is False and tmux_server_pid(pid) not in (None, srv)
             assert [s["session_name"] for s in (await call(c, "list_sessions"))["sessions"]] == ["main"]
             assert (await call(c, "run_command", {"command": f"echo gen{n}"}))["output"] == f"gen{n}"
+            # The new generation is confined like the first: a pane of it has
+            # no privileges, cannot see the socket and cannot signal its server.
+            probe = ("grep -E '^(NoNewPrivs|Seccomp|CapEff):' /proc/self/status | tr -s '\\t ' ' '; "
+                     f"ls /run/sandmux/sock >/dev/null 2>&1; echo ls=$?; kill -0 {info['pid']} 2>/dev/null; echo kill=$?")
+            out = (await call(c, "run_command", {"command": probe}))["output"].splitlines()
+            assert out == ["CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2", "ls=2", "kill=1"], out
             assert runtime_dir_of(pid) == rundir and rundir.exists()
         ev = [r for r in audit_records(ws) if r["tool"] == "(server-restart)"]
         assert [e["args"]["restart"] for e in ev] == [1, 2, 3], ev
