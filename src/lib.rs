@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod guard;
 pub mod mcp;
 pub mod operator;
 pub mod profile;

@@ -356,6 +356,10 @@ fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
         set.add(s);
     }
     let _ = set.thread_block();
+    let guard = match sandmux::guard::watch::start_for(&policy, &rundir.id) {
+        Ok(g) => g,
+        Err(e) => return fail(e.exit_code(), e),
+    };
     let started = match sandbox::start(&plan, Stdio3::Inherit) {
         Ok(s) => s,
         Err(e) => return fail(e.exit_code(), e),
@@ -369,6 +373,7 @@ fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
     let mut child = started.child;
     let status = child.wait();
     drop(rundir);
+    sandmux::guard::watch::finish_and_say(guard);
     match status {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;

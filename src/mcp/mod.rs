@@ -19,6 +19,7 @@ pub mod oom;
 pub mod prompts;
 pub mod record;
 pub mod resources;
+pub mod reverts;
 pub mod server;
 pub mod stdio;
 pub mod targets;
@@ -315,6 +316,11 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         .clone()
         .map(|cg| oom::Watch::new(audit.clone(), cg));
     let last_oom = oom.clone();
+    let reverts = inst
+        .guard
+        .as_ref()
+        .map(|g| reverts::Reverts::new(audit.clone(), g.taken()));
+    let last_reverts = reverts.clone();
     let no_session = opts.no_session;
     let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
     let cell = inst.clone();
@@ -350,6 +356,9 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         tokio::spawn(async move { st.drift.scanner(|| st.hub()).await });
         if let Some(w) = &oom {
             tokio::spawn(w.clone().run());
+        }
+        if let Some(r) = &reverts {
+            tokio::spawn(r.clone().run());
         }
         // Termination: signals, the server's death.
         let sd = shutdown.clone();
@@ -436,7 +445,10 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     }
     let last = inst.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some(inst) = last {
-        inst.stop();
+        let taken = inst.stop();
+        if let Some(r) = last_reverts {
+            r.record(&taken);
+        }
     }
     code
 }

@@ -11,6 +11,8 @@ pub enum Layer {
     Userns,
     /// Mount namespace, new root, masks, protected paths.
     Mount,
+    /// The workspace guard's git part: git's control plane read-only (P8).
+    Git,
     /// PID namespace with sandmux as PID 1.
     Pid,
     /// IPC namespace.
@@ -39,9 +41,10 @@ pub enum Layer {
 
 impl Layer {
     /// Every layer, in start-up order.
-    pub const ALL: [Layer; 14] = [
+    pub const ALL: [Layer; 15] = [
         Layer::Userns,
         Layer::Mount,
+        Layer::Git,
         Layer::Pid,
         Layer::Ipc,
         Layer::Uts,
@@ -61,6 +64,7 @@ impl Layer {
         match self {
             Layer::Userns => "userns",
             Layer::Mount => "mount",
+            Layer::Git => "git",
             Layer::Pid => "pid",
             Layer::Ipc => "ipc",
             Layer::Uts => "uts",
@@ -81,6 +85,7 @@ impl Layer {
         match self {
             Layer::Userns => "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces>0, or an AppArmor profile allowing userns), or use the 'container' profile",
             Layer::Mount | Layer::Pid | Layer::Ipc | Layer::Uts | Layer::Net => "this namespace needs user namespaces or CAP_SYS_ADMIN; enable user namespaces, or use the 'container' profile",
+            Layer::Git => "git's control plane is made read-only by the mount namespace; enable user namespaces, or set [workspace] git = \"unguarded\" in a profile of your own (host git then obeys what the agent writes)",
             Layer::Landlock => "boot a kernel with Landlock enabled (CONFIG_SECURITY_LANDLOCK=y and 'landlock' in the lsm= boot parameter)",
             Layer::LandlockNet => "Landlock TCP rules need ABI 4 (Linux 6.7+); use network mode 'none' or 'loopback' instead of 'host'",
             Layer::LandlockScope => "Landlock scopes need ABI 6 (Linux 6.12+); upgrade the kernel or add \"landlock-scope\" to [enforcement] best_effort (pid/net namespaces then cover signals and abstract sockets)",

@@ -13,7 +13,7 @@ pub use layer::Layer;
 pub use schema::{
     is_forbidden_env as schema_is_forbidden_env, parse_size, Act, Enforcement, Environment,
     Filesystem, Limits, McpSettings, NetMode, Network, Profile, SandboxSettings, ServerExit, Size,
-    Toolset, MAX_RESTARTS,
+    Toolset, WorkspaceSettings, MAX_RESTARTS,
 };
 
 use std::collections::BTreeSet;
@@ -274,8 +274,9 @@ pub struct Policy {
     pub fs: Vec<FsEntry>,
     /// Paths (absolute) that stay read-only inside read-write roots.
     pub protected: Vec<PathBuf>,
-    /// Protected paths that did not exist, so nothing could be mounted over them.
-    pub protected_absent: Vec<PathBuf>,
+    /// The workspace guard (P8): what kind of checkout each read-write tree
+    /// is, what is bound read-only, and what is watched.
+    pub guard: crate::guard::Guard,
     /// Directories between a read-write root and a protected path, bound onto
     /// themselves so they cannot be renamed away, parents first.
     pub pinned: Vec<PathBuf>,
@@ -404,35 +405,8 @@ impl Loaded {
         // Parents before children; stable for equal depth.
         fs.sort_by_key(|e| e.path.components().count());
 
-        let mut protected = Vec::new();
-        let mut protected_absent = Vec::new();
-        let mut pinned = BTreeSet::new();
-        for root in fs.iter().filter(|e| e.kind == MountKind::ReadWrite) {
-            for rel in &p.filesystem.protected {
-                let full = root.path.join(rel);
-                // Existence is checked again, without following symlinks, at mount time.
-                match std::fs::symlink_metadata(&full) {
-                    Ok(_) => {
-                        // Every directory between the root and the protected path is
-                        // pinned (bound onto itself): a mount point cannot be renamed,
-                        // so `mv .git .git-old` cannot move the protection away.
-                        let mut a = full.parent();
-                        while let Some(dir) = a {
-                            if dir == root.path || !dir.starts_with(&root.path) {
-                                break;
-                            }
-                            pinned.insert(dir.to_path_buf());
-                            a = dir.parent();
-                        }
-                        protected.push(full)
-                    }
-                    Err(_) => protected_absent.push(full),
-                }
-            }
-        }
-        let mut pinned: Vec<PathBuf> = pinned.into_iter().collect();
-        pinned.sort_by_key(|p| p.components().count());
-        for (i, rel) in p.filesystem.protected.iter().enumerate() {
+        let mut names = Vec::new();
+        for rel in &p.filesystem.protected {
             let rp = Path::new(rel);
             if rp.is_absolute()
                 || rel.is_empty()
@@ -440,13 +414,20 @@ impl Loaded {
                     .components()
                     .any(|c| !matches!(c, std::path::Component::Normal(_)))
             {
-                let _ = i;
                 return Err(invalid(
                     "filesystem.protected",
                     format!("{rel:?} must be a relative path without '..' (it is taken inside each read-write root)"),
                 ));
             }
+            names.push(rp.to_path_buf());
         }
+        let roots: Vec<PathBuf> = fs
+            .iter()
+            .filter(|e| e.kind == MountKind::ReadWrite)
+            .map(|e| e.path.clone())
+            .collect();
+        let (guard, ro) = crate::guard::plan(&roots, &names, p.workspace.git)
+            .map_err(|reason| invalid("workspace.git", reason))?;
 
         let mut environment = p.environment.clone();
         for v in environment.set.values_mut() {
@@ -457,9 +438,9 @@ impl Loaded {
             source: self.source.clone(),
             description: p.description.clone(),
             fs,
-            protected,
-            protected_absent,
-            pinned,
+            protected: ro.protected,
+            guard,
+            pinned: ro.pinned,
             network: p.network.clone(),
             limits: p.limits.clone(),
             environment,

@@ -33,6 +33,19 @@ pub struct Profile {
     /// MCP server settings.
     #[serde(default)]
     pub mcp: McpSettings,
+    /// How the workspace is guarded against becoming a way back to the host (P8).
+    #[serde(default)]
+    pub workspace: WorkspaceSettings,
+}
+
+/// `[workspace]`: the workspace guard (P8).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSettings {
+    /// `read-only` (default: git's control plane is read-only inside, new
+    /// repositories are quarantined) or `unguarded` (no git guard).
+    #[serde(default)]
+    pub git: crate::guard::GitMode,
 }
 
 /// `[filesystem]`: paths are absolute; `{workspace}` and `{home}` are substituted;
@@ -52,7 +65,9 @@ pub struct Filesystem {
     /// Covered with an empty file or directory.
     #[serde(default)]
     pub masked: Vec<String>,
-    /// Relative paths kept read-only inside every read-write root.
+    /// Tool configuration that host programs obey: relative paths kept
+    /// read-only inside every read-write root, at any depth, when present, and
+    /// watched and reverted when absent.
     #[serde(default)]
     pub protected: Vec<String>,
 }

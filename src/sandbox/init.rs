@@ -287,19 +287,30 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
         layers.ok(
             Layer::Mount,
             format!(
-                "fresh root; {} entries, {} masked, {} protected paths read-only ({} parents pinned){}",
+                "fresh root; {} entries, {} masked, {} protected paths read-only ({} parents pinned), {} git directories outside bound read-only",
                 policy.fs.len(),
                 built.masked.len(),
                 built.protected.len(),
                 policy.pinned.len(),
-                if policy.protected_absent.is_empty() {
-                    String::new()
-                } else {
-                    let names: Vec<String> = policy.protected_absent.iter().map(|p| p.display().to_string()).collect();
-                    format!("; absent, so creatable inside: {}", names.join(", "))
-                }
+                policy.guard.git_outside.len(),
             ),
         );
+    }
+    // 4b. The git guard rides on the mount view (P8).
+    if policy.guard.git == crate::guard::GitMode::Unguarded {
+        layers.rep.send(&Message::Dropped {
+            layer: Layer::Git,
+            reason: "UNGUARDED by the profile ([workspace] git = \"unguarded\"): the agent can change what host git obeys".into(),
+        });
+    } else {
+        if ns.has(Layer::Mount) {
+            layers.ok(Layer::Git, policy.guard.describe(true).join(" | "));
+        } else {
+            layers.missing(
+                Layer::Git,
+                "no mount namespace: git's control plane cannot be made read-only inside a writable workspace (only watched and reverted)",
+            )?;
+        }
     }
 
     // 5. Hostname and loopback.

@@ -503,6 +503,16 @@ pub fn build_and_pivot(
         }
     }
 
+    // Git directories outside every read-write tree that a `.git` file names
+    // (linked worktrees, submodules): read-only at the same path (P8).
+    for p in &policy.guard.git_outside {
+        let host_root = open_host(Path::new("/"))?;
+        let src = beneath(&host_root, &rel(p), OFlag::O_PATH | OFlag::O_DIRECTORY)
+            .map_err(merr("open the git directory (no symlinks) at", p))?;
+        let dst = root.ensure_dir(p)?;
+        bind(&src, &dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, "bind the git directory read-only onto", p)?;
+    }
+
     // /dev
     let dev_p = Path::new("/dev");
     let dev = root.tmpfs(

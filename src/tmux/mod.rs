@@ -35,6 +35,8 @@ pub struct Instance {
     pub tmux: PathBuf,
     /// The resolved policy.
     pub policy: Policy,
+    /// The workspace guard's watch (P8); it outlives server restarts.
+    pub guard: Option<crate::guard::watch::Watch>,
 }
 
 /// Finds tmux on PATH and checks its version.
@@ -141,6 +143,7 @@ impl Instance {
         let tmux = find_tmux().map_err(StartError::internal)?;
         check_visible(&policy, &tmux).map_err(StartError::internal)?;
         let rundir = Rundir::create().map_err(StartError::internal)?;
+        let guard = crate::guard::watch::start_for(&policy, &rundir.id)?;
         let mut inst = Instance {
             rundir,
             init: None,
@@ -149,6 +152,7 @@ impl Instance {
             generation: String::new(),
             tmux,
             policy,
+            guard: Some(guard),
         };
         inst.launch()?;
         Ok(inst)
@@ -274,8 +278,12 @@ impl Instance {
     }
 
     /// Stops the instance: the server, every process inside, the runtime directory.
-    pub fn stop(mut self) {
+    pub fn stop(mut self) -> Vec<crate::guard::quarantine::Taken> {
         self.shutdown();
+        self.guard
+            .take()
+            .map(crate::guard::watch::finish_and_say)
+            .unwrap_or_default()
     }
 
     fn shutdown(&mut self) {

@@ -1,0 +1,210 @@
+//! Git's repository layout, as far as the guard needs it: what kind of
+//! checkout a tree is, and where the directories git reads as control plane
+//! live (gitrepository-layout(5), git-worktree(1), gitsubmodules(7)).
+//!
+//! Everything git reads from a git directory is treated as control plane
+//! (config, hooks, `commondir`, `gitdir`, alternates, worktrees, modules): the
+//! guard binds the whole directory read-only instead of naming its parts.
+
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// How git is guarded: `[workspace] git` in a profile.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GitMode {
+    /// Git's control plane is read-only inside (kernel-enforced by mounts);
+    /// repositories created during the instance are quarantined at its end.
+    #[default]
+    ReadOnly,
+    /// No git guard at all (the behaviour before it existed), reported loudly.
+    Unguarded,
+}
+
+impl GitMode {
+    /// The spelling used in profiles and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            GitMode::ReadOnly => "read-only",
+            GitMode::Unguarded => "unguarded",
+        }
+    }
+}
+
+/// What kind of checkout a read-write tree is, at its root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Shape {
+    /// Not inside any git repository.
+    Plain,
+    /// A repository: `.git` is a directory.
+    Repository,
+    /// `.git` is a file naming a git directory elsewhere (`gitdir:`).
+    Linked {
+        /// `worktree` (the git directory has a `commondir`) or `separate`
+        /// (a submodule checkout, or `git init --separate-git-dir`).
+        link: String,
+        /// The git directory the file names.
+        gitdir: PathBuf,
+        /// The common directory (config, hooks, objects): `gitdir` itself
+        /// when there is no `commondir`.
+        common: PathBuf,
+    },
+    /// A subdirectory of a repository whose `.git` is above the tree.
+    Inside {
+        /// The directory holding that `.git`.
+        toplevel: PathBuf,
+    },
+}
+
+impl Shape {
+    /// One phrase for reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Shape::Plain => "plain directory (no git repository)".into(),
+            Shape::Repository => "git repository (.git is a directory)".into(),
+            Shape::Linked {
+                link,
+                gitdir,
+                common,
+            } => {
+                let what = if link == "worktree" {
+                    "linked worktree"
+                } else {
+                    "checkout with a separate git directory (submodule or --separate-git-dir)"
+                };
+                format!(
+                    "{what}: .git is a file naming {} (common directory {})",
+                    gitdir.display(),
+                    common.display()
+                )
+            }
+            Shape::Inside { toplevel } => format!(
+                "subdirectory of the repository at {} (its .git is outside the view)",
+                toplevel.display()
+            ),
+        }
+    }
+}
+
+/// Reads a small file without following a symlink at its last component.
+fn read_small(p: &Path) -> std::io::Result<String> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)?;
+    let mut s = String::new();
+    f.take(4096).read_to_string(&mut s)?;
+    Ok(s)
+}
+
+/// Resolves a path written in a git file, relative to the file's directory.
+fn resolve_in(base: &Path, written: &str) -> std::io::Result<PathBuf> {
+    let p = Path::new(written.trim_end_matches(['\n', '\r']));
+    std::fs::canonicalize(base.join(p))
+}
+
+/// Classifies the tree at `root` (a real, canonical directory).
+pub fn shape(root: &Path) -> Result<Shape, String> {
+    let dotgit = root.join(".git");
+    match std::fs::symlink_metadata(&dotgit) {
+        Ok(m) if m.is_dir() => return Ok(Shape::Repository),
+        Ok(m) if m.is_file() => return linked(root, &dotgit),
+        Ok(_) => {
+            return Err(format!(
+                "{} is neither a directory nor a file (a symlink?): remove it, or set [workspace] git = \"unguarded\"",
+                dotgit.display()
+            ))
+        }
+        Err(_) => {}
+    }
+    let mut up = root.parent();
+    while let Some(d) = up {
+        if std::fs::symlink_metadata(d.join(".git")).is_ok() {
+            return Ok(Shape::Inside {
+                toplevel: d.to_path_buf(),
+            });
+        }
+        up = d.parent();
+    }
+    Ok(Shape::Plain)
+}
+
+fn linked(root: &Path, dotgit: &Path) -> Result<Shape, String> {
+    let bad = |why: String| format!("{}: {why}", dotgit.display());
+    let text = read_small(dotgit).map_err(|e| bad(e.to_string()))?;
+    let written = text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("gitdir:"))
+        .map(str::trim)
+        .ok_or_else(|| bad("not a 'gitdir:' file".into()))?;
+    let gitdir = resolve_in(root, written)
+        .map_err(|e| bad(format!("the git directory it names ({written}): {e}")))?;
+    if !gitdir.is_dir() {
+        return Err(bad(format!("{} is not a directory", gitdir.display())));
+    }
+    let (link, common) = match read_small(&gitdir.join("commondir")) {
+        Ok(c) => (
+            "worktree",
+            resolve_in(&gitdir, c.trim())
+                .map_err(|e| bad(format!("its commondir ({}): {e}", c.trim())))?,
+        ),
+        Err(_) => ("separate", gitdir.clone()),
+    };
+    Ok(Shape::Linked {
+        link: link.into(),
+        gitdir,
+        common,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes() {
+        let t = tempfile::tempdir().unwrap();
+        let r = std::fs::canonicalize(t.path()).unwrap();
+        let plain = r.join("plain");
+        std::fs::create_dir(&plain).unwrap();
+        assert_eq!(shape(&plain).unwrap(), Shape::Plain);
+        std::fs::create_dir_all(r.join("repo/.git/worktrees/wt")).unwrap();
+        std::fs::create_dir_all(r.join("repo/sub")).unwrap();
+        assert_eq!(shape(&r.join("repo")).unwrap(), Shape::Repository);
+        assert_eq!(
+            shape(&r.join("repo/sub")).unwrap(),
+            Shape::Inside {
+                toplevel: r.join("repo")
+            }
+        );
+        std::fs::write(r.join("repo/.git/worktrees/wt/commondir"), "../..\n").unwrap();
+        std::fs::create_dir(r.join("wt")).unwrap();
+        std::fs::write(
+            r.join("wt/.git"),
+            format!("gitdir: {}\n", r.join("repo/.git/worktrees/wt").display()),
+        )
+        .unwrap();
+        match shape(&r.join("wt")).unwrap() {
+            Shape::Linked { link, common, .. } => {
+                assert_eq!(link, "worktree");
+                assert_eq!(common, r.join("repo/.git"));
+            }
+            s => panic!("{s:?}"),
+        }
+        std::fs::create_dir_all(r.join("repo/.git/modules/m")).unwrap();
+        std::fs::write(r.join("repo/sub/.git"), "gitdir: ../.git/modules/m\n").unwrap();
+        match shape(&r.join("repo/sub")).unwrap() {
+            Shape::Linked { link, common, .. } => {
+                assert_eq!(link, "separate");
+                assert_eq!(common, r.join("repo/.git/modules/m"));
+            }
+            s => panic!("{s:?}"),
+        }
+        std::fs::write(r.join("plain/.git"), "nonsense").unwrap();
+        assert!(shape(&plain).is_err());
+    }
+}

@@ -1,0 +1,214 @@
+//! The workspace guard (P8): the workspace carries data, not control.
+//!
+//! Host programs obey files they find in the workspace without being asked:
+//! git its control plane, direnv `.envrc`, editors their folder settings,
+//! build tools and coding agents their project configuration. The guard works
+//! from what those programs read, in two parts:
+//!
+//! - **At start, by the kernel** ([`plan`], applied by the mount layer): every
+//!   git control plane found in a read-write tree (the `.git` directory or
+//!   file, nested repositories and bare-repository directories at any depth,
+//!   the git directory a worktree or submodule `.git` file names) and every
+//!   guarded name that exists is bound read-only, its parents pinned.
+//! - **During and after the instance, by the supervisor** ([`watch`]): guarded
+//!   names and `.git` that did not exist are watched with inotify at the top of
+//!   each tree and moved into a quarantine in sandmux's state directory the
+//!   moment they appear ([`quarantine`]); when the instance ends, a bounded
+//!   sweep finds what appeared deeper down (new repositories, nested names).
+//!   A manifest written at start lets the next start sweep after an unclean end.
+
+pub mod git;
+pub mod quarantine;
+pub mod scan;
+pub mod watch;
+
+pub use git::{GitMode, Shape};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The guard of one read-write tree, as planned at start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeGuard {
+    /// The tree's root (absolute, canonical).
+    pub root: PathBuf,
+    /// What kind of checkout it is.
+    pub shape: Shape,
+    /// What the walk at start found (relative paths).
+    pub at_start: scan::Found,
+    /// Guarded paths (relative) that did not exist: watched and reverted.
+    pub watched: Vec<PathBuf>,
+}
+
+/// The whole guard of an instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guard {
+    /// How git is guarded.
+    pub git: GitMode,
+    /// The guarded tool-configuration names (relative paths).
+    pub names: Vec<PathBuf>,
+    /// One entry per read-write tree.
+    pub trees: Vec<TreeGuard>,
+    /// Git directories outside every read-write tree that a `.git` file names,
+    /// bound read-only at the same path so git keeps working inside.
+    pub git_outside: Vec<PathBuf>,
+}
+
+/// What the mount layer must make read-only, computed with the guard.
+#[derive(Debug, Default)]
+pub struct ReadOnly {
+    /// Absolute paths inside read-write trees, bound read-only onto themselves.
+    pub protected: Vec<PathBuf>,
+    /// Their parents below each tree's root, pinned (parents first).
+    pub pinned: Vec<PathBuf>,
+}
+
+/// Plans the guard for the read-write trees `roots`.
+pub fn plan(roots: &[PathBuf], names: &[PathBuf], git: GitMode) -> Result<(Guard, ReadOnly), String> {
+    let guard_git = git == GitMode::ReadOnly;
+    let mut trees = Vec::new();
+    let mut outside: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut protected: BTreeSet<PathBuf> = BTreeSet::new();
+    for root in roots {
+        let shape = if guard_git {
+            git::shape(root)?
+        } else {
+            Shape::Plain
+        };
+        let found = scan::walk(root, names, guard_git)
+            .map_err(|e| format!("scanning {} for control files: {e}", root.display()))?;
+        if let Shape::Linked { gitdir, common, .. } = &shape {
+            for d in [common, gitdir] {
+                if d.starts_with(common) && d != common {
+                    continue; // covered by the common directory
+                }
+                match roots.iter().find(|r| d.starts_with(r)) {
+                    Some(_) => {
+                        protected.insert(d.clone());
+                    }
+                    None => {
+                        outside.insert(d.clone());
+                    }
+                }
+            }
+        }
+        for rel in found.repos.iter().chain(found.names.iter()) {
+            protected.insert(root.join(rel));
+        }
+        let mut watched: Vec<PathBuf> = names
+            .iter()
+            .filter(|n| !found.names.contains(*n))
+            .cloned()
+            .collect();
+        if guard_git && !found.repos.contains(Path::new(".git")) {
+            watched.push(PathBuf::from(".git"));
+        }
+        trees.push(TreeGuard {
+            root: root.clone(),
+            shape,
+            at_start: found,
+            watched,
+        });
+    }
+    let mut pinned = BTreeSet::new();
+    for p in &protected {
+        let Some(root) = roots.iter().find(|r| p.starts_with(r)) else {
+            continue;
+        };
+        let mut a = p.parent();
+        while let Some(dir) = a {
+            if dir == root || !dir.starts_with(root) {
+                break;
+            }
+            pinned.insert(dir.to_path_buf());
+            a = dir.parent();
+        }
+    }
+    let mut pinned: Vec<PathBuf> = pinned.into_iter().collect();
+    pinned.sort_by_key(|p| p.components().count());
+    let guard = Guard {
+        git,
+        names: names.to_vec(),
+        trees,
+        git_outside: outside.into_iter().collect(),
+    };
+    Ok((
+        guard,
+        ReadOnly {
+            protected: protected.into_iter().collect(),
+            pinned,
+        },
+    ))
+}
+
+impl Guard {
+    /// One line per tree for reports: its kind and how each part is guarded.
+    pub fn describe(&self, kernel: bool) -> Vec<String> {
+        let how_ro = if kernel {
+            "read-only (kernel: bind mount)"
+        } else {
+            "NOT kernel-enforced (no mount namespace)"
+        };
+        let mut out = Vec::new();
+        for t in &self.trees {
+            let mut parts = vec![format!("{}: {}", printable(&t.root.to_string_lossy()), t.shape.describe())];
+            match self.git {
+                GitMode::Unguarded => parts.push("git: UNGUARDED (the profile opts out: the agent can change what host git obeys)".into()),
+                GitMode::ReadOnly => {
+                    if !t.at_start.repos.is_empty() {
+                        parts.push(format!("git control plane {how_ro}: {}", list(&t.at_start.repos)));
+                    }
+                    if !self.git_outside.is_empty() {
+                        parts.push(format!("git directories outside the tree {how_ro}: {}", list(&self.git_outside)));
+                    }
+                    parts.push("new repositories: quarantined when the instance ends; .git at the top: watched and reverted".into());
+                }
+            }
+            if !t.at_start.names.is_empty() {
+                parts.push(format!("tool configuration {how_ro}: {}", list(&t.at_start.names)));
+            }
+            if !t.watched.is_empty() {
+                parts.push(format!(
+                    "{} guarded names absent: watched and reverted when created (at the top at once, deeper when the instance ends)",
+                    t.watched.len()
+                ));
+            }
+            if !t.at_start.complete {
+                parts.push(format!(
+                    "the walk stopped after {} entries: deeper paths are not guarded",
+                    scan::MAX_ENTRIES
+                ));
+            }
+            out.push(parts.join("; "));
+        }
+        out
+    }
+}
+
+fn list<'a>(it: impl IntoIterator<Item = &'a PathBuf>) -> String {
+    let v: Vec<String> = it
+        .into_iter()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                ".".into()
+            } else {
+                printable(&p.to_string_lossy())
+            }
+        })
+        .collect();
+    v.join(", ")
+}
+
+/// Control characters escaped (`\x1b`): names found in the workspace are the
+/// agent's, and they reach terminals and logs.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -1,0 +1,286 @@
+//! The quarantine: where the guard moves what the agent planted, in sandmux's
+//! state directory (`$XDG_STATE_HOME/sandmux`, `~/.local/state/sandmux`, or
+//! `/tmp/sandmux-state-<uid>` when neither can be used), never inside a tree
+//! the agent can write.
+//!
+//! Every operation on the agent's tree is relative to a directory descriptor
+//! and never follows a link: a planted entry is moved with `renameat2`, or, when
+//! that would cross file systems, copied (symlinks as symlinks, bounded) and
+//! removed. This is the one host-side file operation sandmux does on the
+//! agent's behalf (trust boundary 5 of the threat model).
+
+use super::scan::beneath;
+use nix::fcntl::{openat, renameat2, AtFlags, OFlag, RenameFlags};
+use nix::sys::stat::{fstatat, mkdirat, Mode};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// Bytes a quarantine keeps per instance; past it, planted entries are still
+/// removed from the workspace, but not kept.
+pub const MAX_KEPT_BYTES: u64 = 64 << 20;
+/// Entries a quarantine keeps per instance.
+pub const MAX_KEPT_ITEMS: usize = 1000;
+/// Depth of a planted directory tree that is copied and removed entry by entry.
+const MAX_DEPTH: usize = 64;
+
+/// One planted entry the guard took out of a workspace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Taken {
+    /// Where it was (host path).
+    pub path: PathBuf,
+    /// Where it is kept now, if it was kept.
+    pub kept: Option<PathBuf>,
+    /// `rename`, `copy` (across file systems), or `removed` (over the budget).
+    pub how: String,
+    /// Why it was taken: the guarded name or "new repository".
+    pub why: String,
+    /// Milliseconds between the guard noticing it and having taken it.
+    pub took_ms: f64,
+}
+
+/// sandmux's state directory, created 0700, outside every tree in `forbidden`.
+pub fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let xdg = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")));
+    let mut tried = Vec::new();
+    for cand in xdg
+        .map(|b| b.join("sandmux"))
+        .into_iter()
+        .chain([PathBuf::from(format!("/tmp/sandmux-state-{uid}"))])
+    {
+        match usable(&cand, uid, forbidden) {
+            Ok(p) => return Ok(p),
+            Err(e) => tried.push(format!("{}: {e}", cand.display())),
+        }
+    }
+    Err(format!(
+        "no usable state directory for the workspace guard's quarantine ({}); set XDG_STATE_HOME to a directory of yours outside the workspace",
+        tried.join("; ")
+    ))
+}
+
+fn usable(p: &Path, uid: u32, forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+    if !p.is_absolute() {
+        return Err("not absolute".into());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(p)
+        .map_err(|e| e.to_string())?;
+    let m = std::fs::symlink_metadata(p).map_err(|e| e.to_string())?;
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
+        return Err("not a directory of this user that only it can write".into());
+    }
+    let real = std::fs::canonicalize(p).map_err(|e| e.to_string())?;
+    if let Some(t) = forbidden.iter().find(|t| real.starts_with(t)) {
+        return Err(format!("inside {}, which the agent can write", t.display()));
+    }
+    Ok(real)
+}
+
+/// The quarantine of one instance: `<state>/quarantine/<id>/`.
+pub struct Quarantine {
+    /// Its directory.
+    pub dir: PathBuf,
+    fd: OwnedFd,
+    kept_bytes: u64,
+    kept_items: usize,
+    seq: usize,
+}
+
+impl Quarantine {
+    /// Opens (creating) the quarantine for instance `id` under `state`.
+    pub fn open(state: &Path, id: &str) -> Result<Quarantine, String> {
+        let dir = state.join("quarantine").join(id);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let fd = super::scan::open_root(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
+        Ok(Quarantine {
+            dir,
+            fd,
+            kept_bytes: 0,
+            kept_items: 0,
+            seq: 0,
+        })
+    }
+
+    /// Takes `rel` (relative to the tree `root_fd` opened at `root`) out of
+    /// the tree. `None` when there was nothing there.
+    pub fn take(&mut self, root_fd: &OwnedFd, root: &Path, rel: &Path, why: &str) -> Option<Taken> {
+        let t0 = std::time::Instant::now();
+        let parent = beneath(
+            root_fd,
+            rel.parent().unwrap_or(Path::new("")),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        )
+        .ok()?;
+        let name = rel.file_name()?;
+        fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        self.seq += 1;
+        let flat: String = rel
+            .to_string_lossy()
+            .chars()
+            .map(|c| if c == '/' || c.is_control() { '_' } else { c })
+            .collect();
+        let kept_name = format!("{:04}-{flat}", self.seq);
+        let over = self.kept_items >= MAX_KEPT_ITEMS || self.kept_bytes >= MAX_KEPT_BYTES;
+        let how = if over {
+            remove_tree(&parent, Path::new(name), 0);
+            "removed"
+        } else {
+            match renameat2(&parent, name, &self.fd, kept_name.as_str(), RenameFlags::RENAME_NOREPLACE) {
+                Ok(()) => "rename",
+                Err(nix::Error::EXDEV) => {
+                    let mut budget = MAX_KEPT_BYTES.saturating_sub(self.kept_bytes);
+                    let _ = copy_tree(&parent, Path::new(name), &self.fd, Path::new(&kept_name), &mut budget, 0);
+                    self.kept_bytes = MAX_KEPT_BYTES - budget;
+                    remove_tree(&parent, Path::new(name), 0);
+                    "copy"
+                }
+                Err(_) => {
+                    remove_tree(&parent, Path::new(name), 0);
+                    "removed"
+                }
+            }
+        };
+        if how != "removed" {
+            self.kept_items += 1;
+        }
+        Some(Taken {
+            path: root.join(rel),
+            kept: (how != "removed").then(|| self.dir.join(&kept_name)),
+            how: how.into(),
+            why: why.into(),
+            took_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        })
+    }
+}
+
+/// Copies `name` under `src` to `to` under `dst` without following links;
+/// stops copying file contents once `budget` bytes are used.
+fn copy_tree(
+    src: &impl AsFd,
+    name: &Path,
+    dst: &impl AsFd,
+    to: &Path,
+    budget: &mut u64,
+    depth: usize,
+) -> nix::Result<()> {
+    let st = fstatat(src, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR if depth < MAX_DEPTH => {
+            mkdirat(dst, to, Mode::from_bits_truncate(0o700))?;
+            let sd = beneath(src, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+            let dd = beneath(dst, to, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+            let mut dir = nix::dir::Dir::from_fd(sd.try_clone().map_err(|_| nix::Error::EBADF)?)?;
+            let names = entries(&mut dir);
+            for n in names {
+                let _ = copy_tree(&sd, Path::new(&n), &dd, Path::new(&n), budget, depth + 1);
+            }
+            Ok(())
+        }
+        libc::S_IFLNK => {
+            let target = nix::fcntl::readlinkat(src, name)?;
+            nix::unistd::symlinkat(target.as_os_str(), dst, to)
+        }
+        libc::S_IFREG => {
+            let f = openat(src, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())?;
+            let o = openat(
+                dst,
+                to,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )?;
+            let mut r = std::fs::File::from(f).take(*budget);
+            let mut w = std::fs::File::from(o);
+            let n = std::io::copy(&mut r, &mut w).unwrap_or(0);
+            let _ = w.flush();
+            *budget = budget.saturating_sub(n);
+            Ok(())
+        }
+        _ => Ok(()), // devices, fifos, sockets, too deep: not kept
+    }
+}
+
+fn entries(d: &mut nix::dir::Dir) -> Vec<std::ffi::OsString> {
+    d.iter()
+        .flatten()
+        .map(|e| e.file_name().to_bytes().to_vec())
+        .filter(|n| n != b"." && n != b"..")
+        .map(std::os::unix::ffi::OsStringExt::from_vec)
+        .collect()
+}
+
+/// Removes `name` under `dir` (a whole tree), never following a link.
+pub(crate) fn remove_tree(dir: &impl AsFd, name: &Path, depth: usize) {
+    let Ok(st) = fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) else {
+        return;
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        let _ = unlinkat(dir, name, UnlinkatFlags::NoRemoveDir);
+        return;
+    }
+    if depth < MAX_DEPTH {
+        if let Ok(sd) = beneath(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+            let names = match sd.try_clone().ok().and_then(|d| nix::dir::Dir::from_fd(d).ok()) {
+                Some(mut d) => entries(&mut d),
+                None => Vec::new(),
+            };
+            for n in names {
+                remove_tree(&sd, Path::new(&n), depth + 1);
+            }
+        }
+    }
+    let _ = unlinkat(dir, name, UnlinkatFlags::RemoveDir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_without_following_links() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = t.path().join("ws");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(ws.join(".vscode")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "host").unwrap();
+        std::fs::write(ws.join(".vscode/tasks.json"), "{}").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join(".vscode/link")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join(".envrc")).unwrap();
+        let state = t.path().join("state");
+        let mut q = Quarantine::open(&state, "i1").unwrap();
+        let fd = super::super::scan::open_root(&ws).unwrap();
+        let a = q.take(&fd, &ws, Path::new(".vscode"), ".vscode").unwrap();
+        assert_eq!(a.how, "rename");
+        let b = q.take(&fd, &ws, Path::new(".envrc"), ".envrc").unwrap();
+        assert_eq!(b.how, "rename");
+        assert!(q.take(&fd, &ws, Path::new(".absent"), "x").is_none());
+        assert!(!ws.join(".vscode").exists() && std::fs::symlink_metadata(ws.join(".envrc")).is_err());
+        assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "host");
+        assert!(a.kept.unwrap().join("tasks.json").is_file());
+        // The copy-and-remove path, as used across file systems.
+        std::fs::create_dir_all(ws.join("d/e")).unwrap();
+        std::fs::write(ws.join("d/e/f"), "12345").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("d/l")).unwrap();
+        let mut budget = 3;
+        copy_tree(&fd, Path::new("d"), &q.fd, Path::new("copy"), &mut budget, 0).unwrap();
+        remove_tree(&fd, Path::new("d"), 0);
+        assert!(!ws.join("d").exists());
+        assert_eq!(std::fs::read_to_string(q.dir.join("copy/e/f")).unwrap(), "123");
+        assert!(std::fs::symlink_metadata(q.dir.join("copy/l")).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "host");
+    }
+}

@@ -1,0 +1,174 @@
+//! A bounded walk of one read-write tree that finds what host programs obey:
+//! git control planes (`.git` entries and bare-repository directories) and
+//! guarded tool-configuration names, at any depth.
+//!
+//! The walk never follows a symlink: every directory is opened with `openat2`
+//! (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`) relative to the tree's root, so a
+//! link planted by an agent cannot point it elsewhere on the host.
+
+use nix::dir::{Dir, Type};
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Entries visited before a walk stops (and says it stopped).
+pub const MAX_ENTRIES: usize = 200_000;
+
+/// What a walk found, every path relative to the tree's root.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Found {
+    /// `.git` entries (directories or files) and bare-repository directories.
+    pub repos: BTreeSet<PathBuf>,
+    /// Guarded names that exist.
+    pub names: BTreeSet<PathBuf>,
+    /// Entries visited.
+    pub entries: usize,
+    /// False when the walk stopped at [`MAX_ENTRIES`].
+    pub complete: bool,
+}
+
+pub(crate) fn beneath(dir: &impl AsFd, path: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
+    let how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC).resolve(
+        ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+    );
+    let p = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path
+    };
+    openat2(dir, p, how)
+}
+
+/// Opens a tree's root as a directory, refusing a symlink at its last component.
+pub(crate) fn open_root(root: &Path) -> nix::Result<OwnedFd> {
+    nix::fcntl::open(
+        root,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Whether `rel` exists under `dir` without following any symlink; a symlink
+/// on the way or at the end counts as existing (the caller refuses it later).
+fn exists_beneath(dir: &impl AsFd, rel: &Path) -> bool {
+    match beneath(dir, rel, OFlag::O_PATH | OFlag::O_NOFOLLOW) {
+        Ok(_) => true,
+        Err(nix::Error::ELOOP) => true,
+        Err(_) => false,
+    }
+}
+
+/// Walks the tree at `root`. `guarded` are relative paths (their first
+/// component is matched at every depth); `git` adds `.git` entries and
+/// bare-repository directories.
+pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
+    let root_fd = open_root(root)?;
+    let mut found = Found {
+        complete: true,
+        ..Found::default()
+    };
+    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let fd = match beneath(&root_fd, &rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+            Ok(fd) => fd,
+            // Vanished or replaced by a link since it was listed: not a directory of the tree.
+            Err(_) => continue,
+        };
+        let Ok(mut dir) = Dir::from_fd(fd) else {
+            continue;
+        };
+        let mut names: Vec<(Vec<u8>, Option<Type>)> = Vec::new();
+        for e in dir.iter().flatten() {
+            let n = e.file_name().to_bytes();
+            if n == b"." || n == b".." {
+                continue;
+            }
+            names.push((n.to_vec(), e.file_type()));
+        }
+        found.entries += names.len();
+        if found.entries > MAX_ENTRIES {
+            found.complete = false;
+            break;
+        }
+        let has = |n: &[u8]| names.iter().any(|(x, _)| x == n);
+        if git && !rel.as_os_str().is_empty() && has(b"HEAD") && has(b"objects") && has(b"refs") {
+            // A bare-repository shape: git discovers it as a repository.
+            found.repos.insert(rel.clone());
+            continue;
+        }
+        let dirfd = dir.as_fd();
+        for (n, ty) in &names {
+            let name = OsStr::from_bytes(n);
+            let child = rel.join(name);
+            if git && n == b".git" {
+                found.repos.insert(child);
+                continue;
+            }
+            for g in guarded {
+                let mut comps = g.components();
+                if comps.next().map(|c| c.as_os_str()) == Some(name)
+                    && exists_beneath(&dirfd, g)
+                {
+                    found.names.insert(rel.join(g));
+                }
+            }
+            let is_dir = match ty {
+                Some(Type::Directory) => true,
+                Some(_) => false,
+                None => nix::sys::stat::fstatat(&dirfd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                    .unwrap_or(false),
+            };
+            if is_dir {
+                stack.push(child);
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_repos_and_names_at_depth_without_following_links() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        std::fs::create_dir_all(r.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(r.join("a/b/.git")).unwrap();
+        std::fs::write(r.join("a/sub.git"), "x").unwrap();
+        std::fs::create_dir_all(r.join("c/.git")).unwrap();
+        std::fs::write(r.join("a/.envrc"), "x").unwrap();
+        std::fs::create_dir_all(r.join("bare/objects")).unwrap();
+        std::fs::create_dir_all(r.join("bare/refs")).unwrap();
+        std::fs::write(r.join("bare/HEAD"), "ref: refs/heads/main\n").unwrap();
+        std::fs::create_dir_all(r.join("d/.cargo")).unwrap();
+        std::fs::write(r.join("d/.cargo/config.toml"), "").unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("deep/.git")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), r.join("link")).unwrap();
+        let g = [PathBuf::from(".envrc"), PathBuf::from(".cargo/config.toml")];
+        let f = walk(r, &g, true).unwrap();
+        let want: BTreeSet<PathBuf> = [".git", "a/b/.git", "c/.git", "bare"]
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(f.repos, want);
+        let names: BTreeSet<PathBuf> = ["a/.envrc", "d/.cargo/config.toml"]
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(f.names, names);
+        assert!(f.complete);
+        let f = walk(r, &g, false).unwrap();
+        assert!(f.repos.is_empty());
+    }
+}

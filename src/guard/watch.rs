@@ -1,0 +1,384 @@
+//! Watch and revert (W2, W3): guarded names and `.git` that did not exist at
+//! start are watched with inotify (on the top of each tree and on the
+//! directories leading to a deeper guarded path) and moved into the
+//! quarantine the moment they appear. When the instance ends, a bounded walk
+//! ([`super::scan`]) finds what appeared deeper down: new repositories and
+//! guarded names at any depth.
+//!
+//! A manifest (`<state>/guard/<id>.json`, flock-held while the instance
+//! lives) records the guard as planned; a start that finds one no live
+//! instance holds sweeps its trees before anything else (unclean end).
+
+use super::quarantine::{state_dir, Quarantine, Taken};
+use super::{scan, Guard, GitMode};
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// What the manifest holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Manifest {
+    id: String,
+    pid: u32,
+    guard: Guard,
+}
+
+/// A running watch; [`Watch::finish`] ends it with the end sweep.
+pub struct Watch {
+    taken: Arc<Mutex<Vec<Taken>>>,
+    quarantine: Arc<Mutex<Quarantine>>,
+    guard: Guard,
+    stop: Option<OwnedFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    manifest: Option<(PathBuf, Flock<std::fs::File>)>,
+    /// What a sweep after an earlier unclean end took, for the caller to say.
+    pub swept_stale: Vec<Taken>,
+}
+
+impl Watch {
+    /// Sweeps stale manifests, writes this instance's, and starts watching.
+    /// `None` when there is nothing to guard.
+    pub fn start(guard: &Guard, id: &str) -> Result<Watch, String> {
+        let roots: Vec<PathBuf> = guard.trees.iter().map(|t| t.root.clone()).collect();
+        let state = state_dir(&roots)?;
+        let swept_stale = sweep_stale(&state);
+        let q = Quarantine::open(&state, id)?;
+        let gdir = state.join("guard");
+        std::fs::create_dir_all(&gdir).map_err(|e| format!("creating {}: {e}", gdir.display()))?;
+        let mpath = gdir.join(format!("{id}.json"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&mpath)
+            .map_err(|e| format!("creating {}: {e}", mpath.display()))?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| format!("locking {}: {e}", mpath.display()))?;
+        let m = Manifest {
+            id: id.into(),
+            pid: std::process::id(),
+            guard: guard.clone(),
+        };
+        serde_json::to_writer(&*lock, &m).map_err(|e| format!("writing {}: {e}", mpath.display()))?;
+        let (stop_r, stop_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let quarantine = Arc::new(Mutex::new(q));
+        let mut armed = Armed::new(guard, quarantine.clone(), taken.clone())?;
+        // The first pass runs here, before the sandbox starts: nothing the
+        // agent does can come before the watches.
+        armed.arm_all();
+        let thread = std::thread::Builder::new()
+            .name("sandmux-guard".into())
+            .spawn(move || armed.run(stop_r))
+            .map_err(|e| e.to_string())?;
+        Ok(Watch {
+            taken,
+            quarantine,
+            guard: guard.clone(),
+            stop: Some(stop_w),
+            thread: Some(thread),
+            manifest: Some((mpath, lock)),
+            swept_stale,
+        })
+    }
+
+    /// What the watch took so far (shared with the audit ticker).
+    pub fn taken(&self) -> Arc<Mutex<Vec<Taken>>> {
+        self.taken.clone()
+    }
+
+    /// The quarantine directory of this instance.
+    pub fn quarantine_dir(&self) -> PathBuf {
+        lock(&self.quarantine).dir.clone()
+    }
+
+    /// Stops watching, sweeps the trees (call it once the sandbox is gone),
+    /// removes the manifest, and returns everything taken during the instance.
+    pub fn finish(mut self) -> Vec<Taken> {
+        self.end()
+    }
+
+    fn end(&mut self) -> Vec<Taken> {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let swept = sweep(&self.guard, &mut lock(&self.quarantine));
+        let mut all = lock(&self.taken);
+        all.extend(swept);
+        if let Some((p, l)) = self.manifest.take() {
+            let _ = std::fs::remove_file(&p);
+            drop(l);
+        }
+        let dir = lock(&self.quarantine).dir.clone();
+        let _ = std::fs::remove_dir(&dir); // only when nothing was kept
+        all.clone()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if self.manifest.is_some() {
+            self.end();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The inotify side: one watch per directory on the way to a watched path.
+struct Armed {
+    ino: Inotify,
+    trees: Vec<(PathBuf, OwnedFd, BTreeSet<PathBuf>)>,
+    dirs: HashMap<WatchDescriptor, (usize, PathBuf)>,
+    quarantine: Arc<Mutex<Quarantine>>,
+    taken: Arc<Mutex<Vec<Taken>>>,
+}
+
+const MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_MOVE_SELF)
+    .union(AddWatchFlags::IN_DELETE_SELF)
+    .union(AddWatchFlags::IN_ONLYDIR);
+
+impl Armed {
+    fn new(guard: &Guard, quarantine: Arc<Mutex<Quarantine>>, taken: Arc<Mutex<Vec<Taken>>>) -> Result<Armed, String> {
+        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| format!("inotify: {e}"))?;
+        let mut trees = Vec::new();
+        for t in &guard.trees {
+            if t.watched.is_empty() {
+                continue;
+            }
+            let fd = scan::open_root(&t.root).map_err(|e| format!("opening {}: {e}", t.root.display()))?;
+            trees.push((t.root.clone(), fd, t.watched.iter().cloned().collect()));
+        }
+        Ok(Armed {
+            ino,
+            trees,
+            dirs: HashMap::new(),
+            quarantine,
+            taken,
+        })
+    }
+
+    fn arm_all(&mut self) {
+        for i in 0..self.trees.len() {
+            self.arm(i, PathBuf::new());
+        }
+    }
+
+    /// Watches `dir` (relative to tree `i`) and handles what is already in it.
+    fn arm(&mut self, i: usize, dir: PathBuf) {
+        let depth = dir.components().count();
+        let next: BTreeSet<PathBuf> = self.trees[i]
+            .2
+            .iter()
+            .filter(|t| t.starts_with(&dir) && t.components().count() > depth)
+            .filter_map(|t| t.components().nth(depth).map(|c| dir.join(c)))
+            .collect();
+        if next.is_empty() {
+            return;
+        }
+        let Ok(fd) = scan::beneath(&self.trees[i].1, &dir, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
+            return;
+        };
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)));
+        if let Ok(wd) = self.ino.add_watch(&proc, MASK) {
+            self.dirs.insert(wd, (i, dir));
+        }
+        for child in next {
+            self.check(i, child);
+        }
+    }
+
+    /// `rel` appeared (or may have): take it if it is watched, follow it if
+    /// it leads to a watched path.
+    fn check(&mut self, i: usize, rel: PathBuf) {
+        if self.trees[i].2.contains(&rel) {
+            let (root, fd, _) = &self.trees[i];
+            let why = rel.display().to_string();
+            if let Some(t) = lock(&self.quarantine).take(fd, root, &rel, &why) {
+                lock(&self.taken).push(t);
+            }
+        } else if self.trees[i].2.iter().any(|t| t.starts_with(&rel)) {
+            self.arm(i, rel);
+        }
+    }
+
+    fn run(mut self, stop: OwnedFd) {
+        loop {
+            let mut fds = [
+                PollFd::new(self.ino.as_fd(), PollFlags::POLLIN),
+                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::Error::EINTR) => continue,
+                Err(_) => return,
+            }
+            if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                return;
+            }
+            let events = match self.ino.read_events() {
+                Ok(e) => e,
+                Err(nix::Error::EAGAIN) => continue,
+                Err(_) => return,
+            };
+            for e in events {
+                if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    self.dirs.clear();
+                    self.arm_all();
+                    continue;
+                }
+                if e.mask.intersects(AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_IGNORED) {
+                    if let Some((i, dir)) = self.dirs.remove(&e.wd) {
+                        let _ = self.ino.rm_watch(e.wd);
+                        if dir.as_os_str().is_empty() {
+                            continue;
+                        }
+                        // It moved away: whatever now stands at its path is checked afresh.
+                        self.check(i, dir);
+                    }
+                    continue;
+                }
+                let (Some((i, dir)), Some(name)) = (self.dirs.get(&e.wd).cloned(), e.name) else {
+                    continue;
+                };
+                self.check(i, dir.join(name));
+            }
+        }
+    }
+}
+
+/// The end sweep: what the guard planned against what is there now.
+fn sweep(guard: &Guard, q: &mut Quarantine) -> Vec<Taken> {
+    let mut out = Vec::new();
+    for t in &guard.trees {
+        let Ok(fd) = scan::open_root(&t.root) else {
+            continue;
+        };
+        let mut new: BTreeSet<(usize, PathBuf, &str)> = BTreeSet::new();
+        if t.at_start.complete {
+            if let Ok(now) = scan::walk(&t.root, &guard.names, guard.git == GitMode::ReadOnly) {
+                for r in now.repos.difference(&t.at_start.repos) {
+                    new.insert((r.components().count(), r.clone(), "new repository"));
+                }
+                for n in now.names.difference(&t.at_start.names) {
+                    new.insert((n.components().count(), n.clone(), "guarded name"));
+                }
+            }
+        }
+        for w in &t.watched {
+            new.insert((w.components().count(), w.clone(), "guarded name"));
+        }
+        let mut done: Vec<PathBuf> = Vec::new();
+        for (_, rel, why) in new {
+            if done.iter().any(|d| rel.starts_with(d)) {
+                continue;
+            }
+            let why = if why == "guarded name" {
+                rel.display().to_string()
+            } else {
+                why.to_string()
+            };
+            if let Some(taken) = q.take(&fd, &t.root, &rel, &why) {
+                done.push(rel);
+                out.push(taken);
+            }
+        }
+    }
+    out
+}
+
+/// Sweeps the trees of every manifest that no live instance holds.
+fn sweep_stale(state: &Path) -> Vec<Taken> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(state.join("guard")) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(&p) else {
+            continue;
+        };
+        let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+            continue; // a live instance holds it
+        };
+        let m: Option<Manifest> = serde_json::from_reader(std::io::Read::take(&*lock, 16 << 20)).ok();
+        if let Some(m) = m {
+            if let Ok(mut q) = Quarantine::open(state, &m.id) {
+                out.extend(sweep(&m.guard, &mut q));
+                let _ = std::fs::remove_dir(&q.dir);
+            }
+        }
+        let _ = std::fs::remove_file(&p);
+    }
+    out
+}
+
+/// Lines for a human: what was taken and where it is kept.
+pub fn summary(taken: &[Taken]) -> Vec<String> {
+    taken
+        .iter()
+        .map(|t| {
+            format!(
+                "{} ({}): {}",
+                super::printable(&t.path.to_string_lossy()),
+                super::printable(&t.why),
+                match &t.kept {
+                    Some(k) => format!("moved to {}", super::printable(&k.to_string_lossy())),
+                    None => "removed (quarantine budget spent)".into(),
+                }
+            )
+        })
+        .collect()
+}
+
+/// Starts the watch for a resolved policy and says what a stale sweep took;
+/// a guard that cannot start refuses the instance (fail closed).
+pub fn start_for(
+    policy: &crate::profile::Policy,
+    id: &str,
+) -> Result<Watch, crate::sandbox::StartError> {
+    let w = Watch::start(&policy.guard, id).map_err(|e| crate::sandbox::StartError {
+        layer: None,
+        message: format!("the workspace guard cannot start: {e}"),
+        code: Some(crate::sandbox::EXIT_USAGE),
+    })?;
+    if !w.swept_stale.is_empty() {
+        eprintln!(
+            "sandmux: an earlier instance ended uncleanly; the workspace guard took what its agent planted:"
+        );
+        for l in summary(&w.swept_stale) {
+            eprintln!("sandmux:   {l}");
+        }
+    }
+    Ok(w)
+}
+
+/// Ends a watch and says on stderr what it took during the instance.
+pub fn finish_and_say(w: Watch) -> Vec<Taken> {
+    let taken = w.finish();
+    if !taken.is_empty() {
+        eprintln!(
+            "sandmux: the workspace guard took {} planted entr{} out of the workspace (host programs would have obeyed them):",
+            taken.len(),
+            if taken.len() == 1 { "y" } else { "ies" }
+        );
+        for l in summary(&taken) {
+            eprintln!("sandmux:   {l}");
+        }
+    }
+    taken
+}

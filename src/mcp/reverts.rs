@@ -1,0 +1,71 @@
+//! The workspace guard's reverts in the audit log (P7, P8).
+//!
+//! When the guard takes a planted entry out of the workspace (a guarded name
+//! or `.git` that appeared, a repository created during the instance), that is
+//! no tool call, so it gets a record of its own: `tool` `(workspace-revert)`,
+//! `outcome` `event`, and `args` with the path, the reason and where the entry
+//! is kept. Reverts are read four times a second and once more after the end
+//! sweep.
+
+use super::audit::{Audit, Entry};
+use crate::guard::quarantine::Taken;
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Tool name of the records this writes.
+pub const TOOL: &str = "(workspace-revert)";
+
+/// Reverts already recorded, out of the guard's list.
+pub struct Reverts {
+    audit: Arc<Audit>,
+    taken: Arc<Mutex<Vec<Taken>>>,
+    seen: Mutex<usize>,
+}
+
+impl Reverts {
+    /// Records what `taken` gains into `audit`.
+    pub fn new(audit: Arc<Audit>, taken: Arc<Mutex<Vec<Taken>>>) -> Arc<Reverts> {
+        Arc::new(Reverts {
+            audit,
+            taken,
+            seen: Mutex::new(0),
+        })
+    }
+
+    /// Records the entries of `all` (the guard's list, or the final one
+    /// including the end sweep) not recorded yet.
+    pub fn record(&self, all: &[Taken]) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for t in all.iter().skip(*seen) {
+            let args = json!({
+                "path": t.path,
+                "why": t.why,
+                "how": t.how,
+                "kept": t.kept,
+            });
+            if let Err(e) = self.audit.record(Entry {
+                tool: TOOL,
+                toolset: None,
+                outcome: "event",
+                error_type: Some("workspace_revert"),
+                duration_ms: 0,
+                request_id: String::new(),
+                client_id: None,
+                args: &args,
+            }) {
+                eprintln!("sandmux: {e}");
+            }
+        }
+        *seen = (*seen).max(all.len());
+    }
+
+    /// Records new reverts four times a second until dropped with the runtime.
+    pub async fn run(self: Arc<Reverts>) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = self.taken.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            self.record(&now);
+        }
+    }
+}
