@@ -103,9 +103,14 @@ fn protected_paths_are_read_only() {
     assert!(!ws.join(".git/hooks/post-checkout").exists());
     assert!(ws.join(".git/hooks").is_dir());
     // The whole of .git is read-only now (P8), HEAD included.
-    assert!(!std::fs::read_to_string(ws.join(".git/HEAD")).unwrap_or_default().contains("ok"));
+    assert!(!std::fs::read_to_string(ws.join(".git/HEAD"))
+        .unwrap_or_default()
+        .contains("ok"));
     // Positive control: the rest of the workspace is writable.
-    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "ok\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
+        "ok\n"
+    );
 }
 
 /// E11: renaming a parent away and recreating the protected path fails too

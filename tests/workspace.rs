@@ -18,7 +18,16 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     Command::new("git")
         .arg("-C")
         .arg(dir)
-        .args(["-c", "safe.directory=*", "-c", "user.name=h", "-c", "user.email=h@example.invalid", "-c", "protocol.file.allow=always"])
+        .args([
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "user.name=h",
+            "-c",
+            "user.email=h@example.invalid",
+            "-c",
+            "protocol.file.allow=always",
+        ])
         .args(args)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("HOME", "/nonexistent")
@@ -30,7 +39,12 @@ fn git(dir: &Path, args: &[&str]) -> Output {
 
 fn git_ok(dir: &Path, args: &[&str]) -> String {
     let o = git(dir, args);
-    assert!(o.status.success(), "git {args:?} in {}: {}", dir.display(), text(&o));
+    assert!(
+        o.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        text(&o)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -46,11 +60,21 @@ fn repo(dir: &Path) {
 /// `sandmux run` with its own state directory (so the quarantine and the
 /// manifests of one test never meet another's).
 fn run_in(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
-    sandmux(&["run", "-p", profile, "-w", ws.to_str().unwrap(), "--", "bash", "-c", script])
-        .env("XDG_STATE_HOME", state)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn sandmux")
+    sandmux(&[
+        "run",
+        "-p",
+        profile,
+        "-w",
+        ws.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        script,
+    ])
+    .env("XDG_STATE_HOME", state)
+    .stdin(Stdio::null())
+    .output()
+    .expect("spawn sandmux")
 }
 
 /// A profile derived from `base` with one edit, in `dir`.
@@ -89,7 +113,13 @@ echo attacks-done
 #[test]
 fn git_control_plane_is_read_only_in_a_repository() {
     let cfg = host_dir();
-    let unguarded = variant(cfg.path(), "unguarded", "default", "git = \"read-only\"", "git = \"unguarded\"");
+    let unguarded = variant(
+        cfg.path(),
+        "unguarded",
+        "default",
+        "git = \"read-only\"",
+        "git = \"unguarded\"",
+    );
     for profile in PROFILES.iter().copied().chain([unguarded.as_str()]) {
         let guarded = profile != unguarded;
         let ws = Ws::new();
@@ -105,30 +135,68 @@ fn git_control_plane_is_read_only_in_a_repository() {
         let t = text(&o);
         assert!(t.contains("attacks-done"), "{profile}: {t}");
         // The host user's next git commands, where a prompt would run them.
-        for d in [w.clone(), w.join("lib/inner"), w.join("fresh"), w.join("other/sub"), w.join("vendor/mirror.git")] {
+        for d in [
+            w.clone(),
+            w.join("lib/inner"),
+            w.join("fresh"),
+            w.join("other/sub"),
+            w.join("vendor/mirror.git"),
+        ] {
             if d.exists() {
                 let _ = git(&d, &["status"]);
             }
         }
         let _ = git(&w, &["commit", "-q", "--allow-empty", "-m", "host commit"]);
         if guarded {
-            assert!(!marker.exists(), "{profile}: agent code ran on the host\n{t}");
-            assert_eq!(std::fs::read(w.join(".git/config")).unwrap(), config_before, "{profile}");
+            assert!(
+                !marker.exists(),
+                "{profile}: agent code ran on the host\n{t}"
+            );
+            assert_eq!(
+                std::fs::read(w.join(".git/config")).unwrap(),
+                config_before,
+                "{profile}"
+            );
             assert!(t.contains("Read-only file system"), "{profile}: {t}");
             assert!(t.contains("Device or resource busy"), "{profile}: {t}");
-            assert!(w.join("lib/inner/.git").is_dir() && !w.join("lib2").exists(), "{profile}");
+            assert!(
+                w.join("lib/inner/.git").is_dir() && !w.join("lib2").exists(),
+                "{profile}"
+            );
             for planted in ["fresh/.git", "other/sub/.git", "evil/gd"] {
-                assert!(std::fs::symlink_metadata(w.join(planted)).is_err(), "{profile}: {planted} left in the workspace\n{t}");
-                assert!(t.contains(planted.split('/').next_back().unwrap()), "{profile}: {planted} not reported\n{t}");
+                assert!(
+                    std::fs::symlink_metadata(w.join(planted)).is_err(),
+                    "{profile}: {planted} left in the workspace\n{t}"
+                );
+                assert!(
+                    t.contains(planted.split('/').next_back().unwrap()),
+                    "{profile}: {planted} not reported\n{t}"
+                );
             }
             // Reading history inside works.
-            let o = run_in(&w, profile, host.path(), "git log --oneline; git status --short | head -1; git -C lib/inner log --oneline");
-            assert_eq!(text(&o).matches("first commit").count(), 2, "{profile}: {}", text(&o));
+            let o = run_in(
+                &w,
+                profile,
+                host.path(),
+                "git log --oneline; git status --short | head -1; git -C lib/inner log --oneline",
+            );
+            assert_eq!(
+                text(&o).matches("first commit").count(),
+                2,
+                "{profile}: {}",
+                text(&o)
+            );
             let quarantine = host.path().join("sandmux/quarantine");
             let kept: Vec<String> = walk_names(&quarantine);
-            assert!(kept.iter().any(|n| n.ends_with("fresh_.git")), "{profile}: {kept:?}");
+            assert!(
+                kept.iter().any(|n| n.ends_with("fresh_.git")),
+                "{profile}: {kept:?}"
+            );
         } else {
-            assert!(marker.exists(), "positive control: the unguarded profile should let host git run agent code\n{t}");
+            assert!(
+                marker.exists(),
+                "positive control: the unguarded profile should let host git run agent code\n{t}"
+            );
             assert!(t.contains("UNGUARDED") || o.status.success(), "{t}");
         }
     }
@@ -153,7 +221,13 @@ fn walk_names(dir: &Path) -> Vec<String> {
 #[test]
 fn git_control_plane_is_read_only_in_worktrees_and_submodules() {
     let cfg = host_dir();
-    let unguarded = variant(cfg.path(), "unguarded", "default", "git = \"read-only\"", "git = \"unguarded\"");
+    let unguarded = variant(
+        cfg.path(),
+        "unguarded",
+        "default",
+        "git = \"read-only\"",
+        "git = \"unguarded\"",
+    );
     for profile in ["default", "container", unguarded.as_str()] {
         let guarded = profile != unguarded;
         let host = host_dir();
@@ -164,7 +238,10 @@ fn git_control_plane_is_read_only_in_worktrees_and_submodules() {
         git_ok(&main, &["worktree", "add", "-q", wt.to_str().unwrap()]);
         let sup = ws.path().join("super");
         repo(&sup);
-        git_ok(&sup, &["submodule", "add", "-q", main.to_str().unwrap(), "sub"]);
+        git_ok(
+            &sup,
+            &["submodule", "add", "-q", main.to_str().unwrap(), "sub"],
+        );
         git_ok(&sup, &["commit", "-q", "-m", "add sub"]);
         std::fs::create_dir_all(sup.join("dir")).unwrap();
         let marker = host.path().join("MARKER");
@@ -195,21 +272,43 @@ echo attacks-done"#,
             &sup.join("dir"),
             profile,
             host.path(),
-            &format!("git init -q . && git config core.fsmonitor 'touch {}'; echo made=$?", marker.display()),
+            &format!(
+                "git init -q . && git config core.fsmonitor 'touch {}'; echo made=$?",
+                marker.display()
+            ),
         );
         let t3 = text(&o3);
         let _ = git(&sup.join("dir"), &["status"]);
         if guarded {
-            assert!(!marker.exists(), "{profile}: agent code ran on the host\n{t}\n{t2}\n{t3}");
-            assert!(t.contains("first commit") && t2.contains("first commit"), "{profile}: history not readable inside\n{t}\n{t2}");
-            assert_eq!(std::fs::read(main.join(".git/config")).unwrap(), main_cfg, "{profile}");
-            assert!(wt.join(".git").is_file() && sub.join(".git").is_file(), "{profile}");
+            assert!(
+                !marker.exists(),
+                "{profile}: agent code ran on the host\n{t}\n{t2}\n{t3}"
+            );
+            assert!(
+                t.contains("first commit") && t2.contains("first commit"),
+                "{profile}: history not readable inside\n{t}\n{t2}"
+            );
+            assert_eq!(
+                std::fs::read(main.join(".git/config")).unwrap(),
+                main_cfg,
+                "{profile}"
+            );
+            assert!(
+                wt.join(".git").is_file() && sub.join(".git").is_file(),
+                "{profile}"
+            );
             // The watch may take .git out while `git init` still writes it.
             assert!(t3.contains("made="), "{profile}: {t3}");
-            assert!(!sup.join("dir/.git").exists(), "{profile}: the agent's repository stayed\n{t3}");
+            assert!(
+                !sup.join("dir/.git").exists(),
+                "{profile}: the agent's repository stayed\n{t3}"
+            );
             assert!(t3.contains("dir/.git"), "{profile}: not reported\n{t3}");
         } else {
-            assert!(marker.exists(), "positive control: unguarded, host git should obey the agent\n{t}\n{t2}\n{t3}");
+            assert!(
+                marker.exists(),
+                "positive control: unguarded, host git should obey the agent\n{t}\n{t2}\n{t3}"
+            );
         }
     }
 }
@@ -226,7 +325,8 @@ fn tool_configuration_is_read_only_or_reverted() {
         format!("{}protected = []\n{}", &t[..start], &t[end..])
     });
     let open = open.to_str().unwrap().to_string();
-    let direnv = which("direnv").expect("direnv is needed for this test (apt-get install direnv; .ci/run installs it)");
+    let direnv = which("direnv")
+        .expect("direnv is needed for this test (apt-get install direnv; .ci/run installs it)");
     for profile in PROFILES.iter().copied().chain([open.as_str()]) {
         let guarded = profile != open;
         let ws = Ws::new();
@@ -236,12 +336,21 @@ fn tool_configuration_is_read_only_or_reverted() {
         std::fs::create_dir_all(&home).unwrap();
         let marker = host.path().join("MARKER");
         // A common .envrc: it loads a local, untracked companion if present.
-        put(&w.join(".envrc"), "export FROM_ENVRC=1\nsource_env_if_exists .envrc.local\n");
+        put(
+            &w.join(".envrc"),
+            "export FROM_ENVRC=1\nsource_env_if_exists .envrc.local\n",
+        );
         put(&w.join(".vscode/settings.json"), "{}\n");
         std::fs::create_dir_all(w.join(".cargo")).unwrap();
         std::fs::create_dir_all(w.join("sub")).unwrap();
         // The human trusted this folder's .envrc before the agent came.
-        let allow = Command::new(&direnv).arg("allow").arg(&w).env("HOME", &home).env("XDG_DATA_HOME", home.join("data")).output().unwrap();
+        let allow = Command::new(&direnv)
+            .arg("allow")
+            .arg(&w)
+            .env("HOME", &home)
+            .env("XDG_DATA_HOME", home.join("data"))
+            .output()
+            .unwrap();
         assert!(allow.status.success(), "{}", text(&allow));
         let script = format!(
             r#"echo "touch {m}" > .envrc.local
@@ -260,13 +369,42 @@ echo attacks-done"#,
         let o = run_in(&w, profile, host.path(), &script);
         let t = text(&o);
         assert!(t.contains("attacks-done"), "{profile}: {t}");
-        let _ = Command::new(&direnv).arg("exec").arg(&w).arg("true").env("HOME", &home).env("XDG_DATA_HOME", home.join("data")).output();
-        let _ = Command::new(&direnv).arg("exec").arg(w.join("sub")).arg("true").env("HOME", &home).env("XDG_DATA_HOME", home.join("data")).output();
+        let _ = Command::new(&direnv)
+            .arg("exec")
+            .arg(&w)
+            .arg("true")
+            .env("HOME", &home)
+            .env("XDG_DATA_HOME", home.join("data"))
+            .output();
+        let _ = Command::new(&direnv)
+            .arg("exec")
+            .arg(w.join("sub"))
+            .arg("true")
+            .env("HOME", &home)
+            .env("XDG_DATA_HOME", home.join("data"))
+            .output();
         if guarded {
             assert!(!marker.exists(), "{profile}: direnv ran agent code\n{t}");
-            assert!(!std::fs::read_to_string(w.join(".envrc")).unwrap().contains("touch"), "{profile}");
-            for planted in [".envrc.local", ".vscode/tasks.json", ".cargo/config.toml", "CLAUDE.md", ".claude", "sub/.envrc", ".npmrc", ".mise.toml"] {
-                assert!(std::fs::symlink_metadata(w.join(planted)).is_err(), "{profile}: {planted} left in the workspace\n{t}");
+            assert!(
+                !std::fs::read_to_string(w.join(".envrc"))
+                    .unwrap()
+                    .contains("touch"),
+                "{profile}"
+            );
+            for planted in [
+                ".envrc.local",
+                ".vscode/tasks.json",
+                ".cargo/config.toml",
+                "CLAUDE.md",
+                ".claude",
+                "sub/.envrc",
+                ".npmrc",
+                ".mise.toml",
+            ] {
+                assert!(
+                    std::fs::symlink_metadata(w.join(planted)).is_err(),
+                    "{profile}: {planted} left in the workspace\n{t}"
+                );
             }
             let window: u64 = t
                 .split("window_ns=")
@@ -274,18 +412,31 @@ echo attacks-done"#,
                 .and_then(|s| s.split_whitespace().next())
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(u64::MAX);
-            assert!(window < 2_000_000_000, "{profile}: .mise.toml was never reverted\n{t}");
-            eprintln!("{profile}: revert window for a created .mise.toml: {:.2} ms", window as f64 / 1e6);
+            assert!(
+                window < 2_000_000_000,
+                "{profile}: .mise.toml was never reverted\n{t}"
+            );
+            eprintln!(
+                "{profile}: revert window for a created .mise.toml: {:.2} ms",
+                window as f64 / 1e6
+            );
             assert!(t.contains("moved to"), "{profile}: {t}");
         } else {
-            assert!(marker.exists(), "positive control: with protected = [] direnv runs the agent's .envrc.local\n{t}");
+            assert!(
+                marker.exists(),
+                "positive control: with protected = [] direnv runs the agent's .envrc.local\n{t}"
+            );
         }
     }
 }
 
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
         .unwrap_or(None)
 }
 
@@ -297,13 +448,21 @@ fn unclean_end_is_swept_at_the_next_start() {
     let w = ws.path();
     repo(&w);
     let state = host_dir();
-    let mut child = sandmux(&["run", "-w", w.to_str().unwrap(), "--", "bash", "-c", "mkdir -p a && echo x > a/.envrc && git init -q a/fresh && touch READY && sleep 60"])
-        .env("XDG_STATE_HOME", state.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = sandmux(&[
+        "run",
+        "-w",
+        w.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "mkdir -p a && echo x > a/.envrc && git init -q a/fresh && touch READY && sleep 60",
+    ])
+    .env("XDG_STATE_HOME", state.path())
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     let t0 = std::time::Instant::now();
     while !w.join("READY").exists() {
         assert!(t0.elapsed().as_secs() < 20, "the command never started");
@@ -311,13 +470,19 @@ fn unclean_end_is_swept_at_the_next_start() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(w.join("a/.envrc").exists() && w.join("a/fresh/.git").exists(), "nothing planted: the test proves nothing");
+    assert!(
+        w.join("a/.envrc").exists() && w.join("a/fresh/.git").exists(),
+        "nothing planted: the test proves nothing"
+    );
     let other = Ws::new();
     let o = run_in(&other.path(), "default", state.path(), "true");
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("ended uncleanly"), "{t}");
-    assert!(!w.join("a/.envrc").exists() && !w.join("a/fresh/.git").exists(), "{t}");
+    assert!(
+        !w.join("a/.envrc").exists() && !w.join("a/fresh/.git").exists(),
+        "{t}"
+    );
     assert!(w.join("README").exists(), "the human's files stay");
     // Swept once: the next start has nothing to say.
     let o = run_in(&other.path(), "default", state.path(), "true");
@@ -335,22 +500,156 @@ fn check_reports_the_workspace_kind_and_guard() {
     std::fs::create_dir_all(&plain).unwrap();
     let wt = ws.path().join("wt");
     git_ok(&main, &["worktree", "add", "-q", wt.to_str().unwrap()]);
-    let unguarded = variant(host.path(), "unguarded", "default", "git = \"read-only\"", "git = \"unguarded\"");
+    let unguarded = variant(
+        host.path(),
+        "unguarded",
+        "default",
+        "git = \"read-only\"",
+        "git = \"unguarded\"",
+    );
     for (dir, profile, want) in [
         (&main, "default", "git repository"),
         (&plain, "default", "plain directory"),
         (&wt, "default", "linked worktree"),
         (&main, unguarded.as_str(), "UNGUARDED"),
     ] {
-        let o = sandmux(&["check", "--json", "-p", profile, "-w", dir.to_str().unwrap()])
-            .env("XDG_STATE_HOME", host.path())
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+        let o = sandmux(&[
+            "check",
+            "--json",
+            "-p",
+            profile,
+            "-w",
+            dir.to_str().unwrap(),
+        ])
+        .env("XDG_STATE_HOME", host.path())
+        .output()
+        .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
         let git = v["layers"]
             .as_array()
             .and_then(|a| a.iter().find(|l| l["layer"] == "git"))
             .unwrap_or_else(|| panic!("no git layer: {v}"));
-        assert!(git["detail"].as_str().unwrap_or_default().contains(want), "{want}: {git}");
+        assert!(
+            git["detail"].as_str().unwrap_or_default().contains(want),
+            "{want}: {git}"
+        );
     }
+}
+
+/// Gap 7: the user's own sandmux config dir inside the workspace (here through
+/// XDG_CONFIG_HOME) is guarded like a listed name: a planted profile is taken
+/// out before a later `-p NAME` could load it.
+#[test]
+fn config_dir_inside_the_workspace_is_guarded() {
+    let ws = Ws::new();
+    let w = ws.path();
+    let state = host_dir();
+    let cfg = w.join("conf");
+    std::fs::create_dir_all(&cfg).unwrap();
+    let planted = cfg.join("sandmux/profiles/wide.toml");
+    let o = sandmux(&["run", "-w", w.to_str().unwrap(), "--", "bash", "-c",
+        "mkdir -p conf/sandmux/profiles && printf 'version = 1\\ndescription = \"x\"\\n' > conf/sandmux/profiles/wide.toml; echo planted=$?"])
+        .env("XDG_STATE_HOME", state.path())
+        .env("XDG_CONFIG_HOME", &cfg)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(t.contains("planted="), "{t}");
+    assert!(!planted.exists() && !cfg.join("sandmux").exists(), "{t}");
+    // Positive control: without the config dir in the workspace, the same path is data.
+    let o = sandmux(&[
+        "run",
+        "-w",
+        w.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "mkdir -p conf/sandmux/profiles && echo x > conf/sandmux/profiles/wide.toml",
+    ])
+    .env("XDG_STATE_HOME", state.path())
+    .env("XDG_CONFIG_HOME", state.path())
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    assert!(planted.exists(), "{}", text(&o));
+}
+
+/// Shapes found by attacking the guard itself: a planted directory its owner
+/// cannot write (so it cannot be moved without being unlocked), a symlink on
+/// the way to a guarded path, a bare repository split with `commondir`, and a
+/// hooks directory the human's own git config names in the worktree.
+#[test]
+fn planted_entries_are_taken_however_they_are_shaped() {
+    let cfg = host_dir();
+    let open = profile_file(cfg.path(), "open", "default", |t| {
+        let start = t.find("protected = [").expect("protected list");
+        let end = start + t[start..].find("\n]\n").expect("end of the protected list") + 3;
+        format!("{}protected = []\n{}", &t[..start], &t[end..])
+            .replace("git = \"read-only\"", "git = \"unguarded\"")
+    });
+    let open = open.to_str().unwrap().to_string();
+    for profile in ["default", open.as_str()] {
+        let guarded = profile == "default";
+        let ws = Ws::new();
+        let w = ws.path();
+        repo(&w);
+        git_ok(&w, &["config", "core.hooksPath", "tools/hooks"]);
+        let host = host_dir();
+        let marker = host.path().join("MARKER");
+        let script = format!(
+            r#"M={m}
+mkdir y && echo '{{}}' > y/tasks.json && chmod 555 y && mv y .vscode
+mkdir cfg && printf '[build]\nrustc-wrapper = "/bin/evil"\n' > cfg/config.toml && ln -s cfg .cargo
+mkdir -p docs .cache/c && cp -r .git/objects .git/refs .cache/c/ && cp .git/HEAD docs/ && echo ../.cache/c > docs/commondir
+mkdir -p tools/hooks && printf '#!/bin/sh\ntouch %s\n' "$M" > tools/hooks/pre-commit && chmod +x tools/hooks/pre-commit
+echo attacks-done"#,
+            m = marker.display()
+        );
+        let o = run_in(&w, profile, host.path(), &script);
+        let t = text(&o);
+        assert!(t.contains("attacks-done"), "{profile}: {t}");
+        let _ = git(&w, &["commit", "-q", "--allow-empty", "-m", "host commit"]);
+        let exists = |p: &str| std::fs::symlink_metadata(w.join(p)).is_ok();
+        if guarded {
+            assert!(
+                !marker.exists(),
+                "the hook in the delegated hooksPath ran\n{t}"
+            );
+            assert!(
+                !exists(".vscode") && !exists(".cargo") && !exists("docs/HEAD"),
+                "{t}"
+            );
+            assert!(!exists("tools/hooks/pre-commit"), "{t}");
+            assert!(!t.contains("COULD NOT BE REMOVED"), "{t}");
+        } else {
+            assert!(
+                marker.exists(),
+                "positive control: the hook in tools/hooks runs when unguarded\n{t}"
+            );
+            assert!(exists(".vscode") && exists(".cargo") && exists("docs/HEAD"));
+            let _ = Command::new("chmod").arg("-R").arg("u+w").arg(&w).status();
+        }
+    }
+}
+
+/// H3 at start-up: a refused start names the agent's path with its control
+/// characters escaped, never raw.
+#[test]
+fn refusal_messages_escape_planted_names() {
+    let ws = Ws::new();
+    let w = ws.path();
+    let evil = w.join("x\u{1b}[2J\u{1b}]0;OWNED\u{7}");
+    std::fs::create_dir_all(&evil).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", evil.join(".envrc")).unwrap();
+    let state = host_dir();
+    let o = run_in(&w, "default", state.path(), "echo should-not-run");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        !t.contains('\u{1b}') && !t.contains('\u{7}'),
+        "raw control bytes reached stderr: {t:?}"
+    );
+    assert!(t.contains("\\x1b[2J"), "{t}");
 }

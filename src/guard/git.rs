@@ -161,6 +161,68 @@ fn linked(root: &Path, dotgit: &Path) -> Result<Shape, String> {
     })
 }
 
+/// Lexically normal form of an absolute path (`.` and `..` resolved
+/// without touching the file system: the path may not exist).
+fn normal(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Paths a repository's config hands control to (`core.hooksPath`,
+/// `include.path`, `includeIf.*.path`), absolute: the guard treats them as
+/// control plane too, wherever they point. `worktree` is where hooks run
+/// (`None` for a bare repository). Read with the host's git, which only parses
+/// the one file (`--file` does not follow includes); without git on the host
+/// there is nothing to obey them.
+pub fn delegated(config: &Path, worktree: Option<&Path>) -> Vec<PathBuf> {
+    if !config.is_file() {
+        return Vec::new();
+    }
+    let Ok(out) = std::process::Command::new("git")
+        .args(["config", "--null", "--file"])
+        .arg(config)
+        .args([
+            "--get-regexp",
+            r"^(core\.hookspath|include\.path|includeif\..*\.path)$",
+        ])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    let dir = config.parent().unwrap_or(Path::new("/"));
+    let mut paths = Vec::new();
+    for item in out.stdout.split(|b| *b == 0) {
+        let text = String::from_utf8_lossy(item);
+        let Some((key, value)) = text.split_once('\n') else {
+            continue;
+        };
+        if value.is_empty() || value.starts_with('~') {
+            continue; // empty, or in the user's home: not the agent's
+        }
+        let base = if key == "core.hookspath" {
+            worktree.unwrap_or(dir)
+        } else {
+            dir
+        };
+        paths.push(normal(&base.join(value)));
+    }
+    paths
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +268,25 @@ mod tests {
         }
         std::fs::write(r.join("plain/.git"), "nonsense").unwrap();
         assert!(shape(&plain).is_err());
+    }
+
+    #[test]
+    fn delegated_paths_are_read_with_git() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = t.path().join("config");
+        std::fs::write(
+            &cfg,
+            "[core]\n\thooksPath = tools/hooks\n[include]\n\tpath = ../shared.cfg\n\tpath = ~/x\n",
+        )
+        .unwrap();
+        let wt = Path::new("/w");
+        let got = delegated(&cfg, Some(wt));
+        assert_eq!(
+            got,
+            vec![
+                PathBuf::from("/w/tools/hooks"),
+                normal(&t.path().join("../shared.cfg"))
+            ]
+        );
     }
 }

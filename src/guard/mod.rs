@@ -64,7 +64,11 @@ pub struct ReadOnly {
 }
 
 /// Plans the guard for the read-write trees `roots`.
-pub fn plan(roots: &[PathBuf], names: &[PathBuf], git: GitMode) -> Result<(Guard, ReadOnly), String> {
+pub fn plan(
+    roots: &[PathBuf],
+    names: &[PathBuf],
+    git: GitMode,
+) -> Result<(Guard, ReadOnly), String> {
     let guard_git = git == GitMode::ReadOnly;
     let mut trees = Vec::new();
     let mut outside: BTreeSet<PathBuf> = BTreeSet::new();
@@ -100,6 +104,25 @@ pub fn plan(roots: &[PathBuf], names: &[PathBuf], git: GitMode) -> Result<(Guard
             .filter(|n| !found.names.contains(*n))
             .cloned()
             .collect();
+        // What the repositories' own config hands control to (hooksPath,
+        // includes) is control plane too, when it lies in this tree.
+        if guard_git {
+            for p in configs(root, &shape, &found)
+                .iter()
+                .flat_map(|(c, w)| git::delegated(c, w.as_deref()))
+            {
+                match p.strip_prefix(root) {
+                    Ok(rel) if !rel.as_os_str().is_empty() => {
+                        if std::fs::symlink_metadata(&p).is_ok() {
+                            protected.insert(p.clone());
+                        } else if !watched.iter().any(|w| w == rel) {
+                            watched.push(rel.to_path_buf());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
         if guard_git && !found.repos.contains(Path::new(".git")) {
             watched.push(PathBuf::from(".git"));
         }
@@ -141,6 +164,32 @@ pub fn plan(roots: &[PathBuf], names: &[PathBuf], git: GitMode) -> Result<(Guard
     ))
 }
 
+/// The config files of the repositories in a tree (at most 64), each with
+/// the directory its hooks run in.
+fn configs(root: &Path, shape: &Shape, found: &scan::Found) -> Vec<(PathBuf, Option<PathBuf>)> {
+    let mut out = Vec::new();
+    match shape {
+        Shape::Linked { gitdir, common, .. } => {
+            out.push((common.join("config"), Some(root.to_path_buf())));
+            out.push((gitdir.join("config.worktree"), Some(root.to_path_buf())));
+        }
+        Shape::Repository => out.push((root.join(".git/config"), Some(root.to_path_buf()))),
+        _ => {}
+    }
+    for rel in &found.repos {
+        let dir = root.join(rel);
+        if rel == Path::new(".git") || !dir.is_dir() {
+            continue;
+        }
+        let worktree = (rel.file_name() == Some(std::ffi::OsStr::new(".git")))
+            .then(|| dir.parent().map(Path::to_path_buf))
+            .flatten();
+        out.push((dir.join("config"), worktree));
+    }
+    out.truncate(64);
+    out
+}
+
 impl Guard {
     /// One line per tree for reports: its kind and how each part is guarded.
     pub fn describe(&self, kernel: bool) -> Vec<String> {
@@ -151,7 +200,11 @@ impl Guard {
         };
         let mut out = Vec::new();
         for t in &self.trees {
-            let mut parts = vec![format!("{}: {}", printable(&t.root.to_string_lossy()), t.shape.describe())];
+            let mut parts = vec![format!(
+                "{}: {}",
+                printable(&t.root.to_string_lossy()),
+                t.shape.describe()
+            )];
             match self.git {
                 GitMode::Unguarded => parts.push("git: UNGUARDED (the profile opts out: the agent can change what host git obeys)".into()),
                 GitMode::ReadOnly => {
@@ -165,7 +218,10 @@ impl Guard {
                 }
             }
             if !t.at_start.names.is_empty() {
-                parts.push(format!("tool configuration {how_ro}: {}", list(&t.at_start.names)));
+                parts.push(format!(
+                    "tool configuration {how_ro}: {}",
+                    list(&t.at_start.names)
+                ));
             }
             if !t.watched.is_empty() {
                 parts.push(format!(
@@ -182,6 +238,80 @@ impl Guard {
             out.push(parts.join("; "));
         }
         out
+    }
+}
+
+/// The guard as `sandbox_status` and `sandmux://status` show it.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct View {
+    /// `read-only` or `unguarded` (`[workspace] git`).
+    pub git: String,
+    /// Whether git's control plane is read-only by the kernel (the `git`
+    /// layer is in force), rather than only watched.
+    pub git_kernel_enforced: bool,
+    /// One entry per read-write tree.
+    pub trees: Vec<TreeView>,
+    /// Entries the guard took out of the workspace so far.
+    pub reverted: usize,
+    /// Where they are kept (sandmux's state directory, outside the sandbox).
+    pub quarantine: String,
+}
+
+/// One read-write tree in [`View`].
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct TreeView {
+    /// The tree (the workspace, or another read-write root).
+    pub root: String,
+    /// What kind of checkout it is.
+    pub kind: String,
+    /// Control files found at start, read-only inside (relative paths; at most 64 listed).
+    pub read_only: Vec<String>,
+    /// Guarded names that were absent: watched, and reverted when created.
+    pub watched: usize,
+    /// False when the walk at start stopped at its bound (deeper paths unguarded).
+    pub walk_complete: bool,
+}
+
+impl Guard {
+    /// The view for status reports.
+    pub fn view(&self, git_kernel_enforced: bool, reverted: usize, quarantine: &Path) -> View {
+        let trees = self
+            .trees
+            .iter()
+            .map(|t| {
+                let all: Vec<&PathBuf> = match self.git {
+                    GitMode::ReadOnly => t
+                        .at_start
+                        .repos
+                        .iter()
+                        .chain(t.at_start.names.iter())
+                        .collect(),
+                    GitMode::Unguarded => t.at_start.names.iter().collect(),
+                };
+                let mut read_only: Vec<String> = all
+                    .iter()
+                    .take(64)
+                    .map(|p| printable(&p.to_string_lossy()))
+                    .collect();
+                if all.len() > 64 {
+                    read_only.push(format!("... and {} more", all.len() - 64));
+                }
+                TreeView {
+                    root: printable(&t.root.to_string_lossy()),
+                    kind: t.shape.describe(),
+                    read_only,
+                    watched: t.watched.len(),
+                    walk_complete: t.at_start.complete,
+                }
+            })
+            .collect();
+        View {
+            git: self.git.name().into(),
+            git_kernel_enforced,
+            trees,
+            reverted,
+            quarantine: quarantine.display().to_string(),
+        }
     }
 }
 

@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 pub const MAX_KEPT_BYTES: u64 = 64 << 20;
 /// Entries a quarantine keeps per instance.
 pub const MAX_KEPT_ITEMS: usize = 1000;
+/// Entries (files, directories, links) a quarantine copies per instance.
+pub const MAX_KEPT_ENTRIES: usize = 100_000;
 /// Depth of a planted directory tree that is copied and removed entry by entry.
 const MAX_DEPTH: usize = 64;
 
@@ -91,7 +93,7 @@ pub struct Quarantine {
     /// Its directory.
     pub dir: PathBuf,
     fd: OwnedFd,
-    kept_bytes: u64,
+    budget: Budget,
     kept_items: usize,
     seq: usize,
 }
@@ -105,20 +107,28 @@ impl Quarantine {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let fd = super::scan::open_root(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
+        let fd =
+            super::scan::open_root(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
         Ok(Quarantine {
             dir,
             fd,
-            kept_bytes: 0,
+            budget: Budget {
+                bytes: MAX_KEPT_BYTES,
+                entries: MAX_KEPT_ENTRIES,
+            },
             kept_items: 0,
             seq: 0,
         })
     }
 
     /// Takes `rel` (relative to the tree `root_fd` opened at `root`) out of
-    /// the tree. `None` when there was nothing there.
+    /// the tree. When a directory on the way is a symlink, that link is what
+    /// redirects the guarded path, and it is taken instead. `None` when there
+    /// was nothing there.
     pub fn take(&mut self, root_fd: &OwnedFd, root: &Path, rel: &Path, why: &str) -> Option<Taken> {
         let t0 = std::time::Instant::now();
+        let rel = redirect_or_self(root_fd, rel)?;
+        let rel = rel.as_path();
         let parent = beneath(
             root_fd,
             rel.parent().unwrap_or(Path::new("")),
@@ -134,17 +144,31 @@ impl Quarantine {
             .map(|c| if c == '/' || c.is_control() { '_' } else { c })
             .collect();
         let kept_name = format!("{:04}-{flat}", self.seq);
-        let over = self.kept_items >= MAX_KEPT_ITEMS || self.kept_bytes >= MAX_KEPT_BYTES;
-        let how = if over {
+        // A directory the agent made unwritable cannot be moved to another
+        // parent (its `..` changes) nor emptied: the user owns it, so unlock it.
+        unlock_dir(&parent, Path::new(name));
+        let over = self.kept_items >= MAX_KEPT_ITEMS || self.budget.bytes == 0;
+        let mut how = if over {
             remove_tree(&parent, Path::new(name), 0);
             "removed"
         } else {
-            match renameat2(&parent, name, &self.fd, kept_name.as_str(), RenameFlags::RENAME_NOREPLACE) {
+            match renameat2(
+                &parent,
+                name,
+                &self.fd,
+                kept_name.as_str(),
+                RenameFlags::RENAME_NOREPLACE,
+            ) {
                 Ok(()) => "rename",
                 Err(nix::Error::EXDEV) => {
-                    let mut budget = MAX_KEPT_BYTES.saturating_sub(self.kept_bytes);
-                    let _ = copy_tree(&parent, Path::new(name), &self.fd, Path::new(&kept_name), &mut budget, 0);
-                    self.kept_bytes = MAX_KEPT_BYTES - budget;
+                    let _ = copy_tree(
+                        &parent,
+                        Path::new(name),
+                        &self.fd,
+                        Path::new(&kept_name),
+                        &mut self.budget,
+                        0,
+                    );
                     remove_tree(&parent, Path::new(name), 0);
                     "copy"
                 }
@@ -154,12 +178,20 @@ impl Quarantine {
                 }
             }
         };
-        if how != "removed" {
+        if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+            // Still there (it grew while being removed?): one more try, then say so.
+            remove_tree(&parent, Path::new(name), 0);
+            if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                how = "FAILED";
+            }
+        }
+        let kept = matches!(how, "rename" | "copy");
+        if kept {
             self.kept_items += 1;
         }
         Some(Taken {
             path: root.join(rel),
-            kept: (how != "removed").then(|| self.dir.join(&kept_name)),
+            kept: kept.then(|| self.dir.join(&kept_name)),
             how: how.into(),
             why: why.into(),
             took_ms: t0.elapsed().as_secs_f64() * 1000.0,
@@ -167,25 +199,79 @@ impl Quarantine {
     }
 }
 
-/// Copies `name` under `src` to `to` under `dst` without following links;
-/// stops copying file contents once `budget` bytes are used.
+/// What is really at `rel` under `root`, walking one component at a time
+/// without following links: the first symlink on the way (it redirects the
+/// guarded path), `rel` itself if it exists, or `None`.
+pub(crate) fn redirect_or_self(root: &OwnedFd, rel: &Path) -> Option<PathBuf> {
+    let comps: Vec<&std::ffi::OsStr> = rel.iter().collect();
+    let mut cur = beneath(root, Path::new(""), OFlag::O_PATH | OFlag::O_DIRECTORY).ok()?;
+    let mut so_far = PathBuf::new();
+    for (i, c) in comps.iter().enumerate() {
+        so_far.push(c);
+        let st = fstatat(&cur, *c, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        let fmt = st.st_mode & libc::S_IFMT;
+        if fmt == libc::S_IFLNK || i + 1 == comps.len() {
+            return Some(so_far);
+        }
+        if fmt != libc::S_IFDIR {
+            return None; // a file on the way: the guarded path cannot exist
+        }
+        cur = match beneath(&cur, Path::new(c), OFlag::O_PATH | OFlag::O_DIRECTORY) {
+            Ok(fd) => fd,
+            Err(nix::Error::ELOOP) => return Some(so_far), // swapped for a link meanwhile
+            Err(_) => return None,
+        };
+    }
+    None
+}
+
+/// Gives the owner rwx on the directory `name` under `dir` (never through a
+/// link: the directory is opened first, then changed through its descriptor).
+fn unlock_dir(dir: &impl AsFd, name: &Path) {
+    if let Ok(fd) = beneath(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+    ) {
+        if let Ok(st) = nix::sys::stat::fstat(&fd) {
+            let mode = (st.st_mode & 0o7777) | 0o700;
+            let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+            // The magic link names the opened inode itself, not a path.
+            let _ =
+                std::fs::set_permissions(proc, std::os::unix::fs::PermissionsExt::from_mode(mode));
+        }
+    }
+}
+
+/// What a copy may still use: bytes of file content and entries.
+pub(crate) struct Budget {
+    bytes: u64,
+    entries: usize,
+}
+
+/// Copies `name` under `src` to `to` under `dst` without following links,
+/// within `budget`.
 fn copy_tree(
     src: &impl AsFd,
     name: &Path,
     dst: &impl AsFd,
     to: &Path,
-    budget: &mut u64,
+    budget: &mut Budget,
     depth: usize,
 ) -> nix::Result<()> {
+    if budget.entries == 0 {
+        return Ok(());
+    }
+    budget.entries -= 1;
     let st = fstatat(src, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
     match st.st_mode & libc::S_IFMT {
         libc::S_IFDIR if depth < MAX_DEPTH => {
+            unlock_dir(src, name);
             mkdirat(dst, to, Mode::from_bits_truncate(0o700))?;
             let sd = beneath(src, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
             let dd = beneath(dst, to, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
             let mut dir = nix::dir::Dir::from_fd(sd.try_clone().map_err(|_| nix::Error::EBADF)?)?;
-            let names = entries(&mut dir);
-            for n in names {
+            for n in entries(&mut dir) {
                 let _ = copy_tree(&sd, Path::new(&n), &dd, Path::new(&n), budget, depth + 1);
             }
             Ok(())
@@ -195,18 +281,31 @@ fn copy_tree(
             nix::unistd::symlinkat(target.as_os_str(), dst, to)
         }
         libc::S_IFREG => {
-            let f = openat(src, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())?;
+            // O_NONBLOCK: a file swapped for a FIFO must not block the guard.
+            let f = openat(
+                src,
+                name,
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            if nix::sys::stat::fstat(&f)?.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return Ok(());
+            }
             let o = openat(
                 dst,
                 to,
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
                 Mode::from_bits_truncate(0o600),
             )?;
-            let mut r = std::fs::File::from(f).take(*budget);
+            let mut r = std::fs::File::from(f).take(budget.bytes);
             let mut w = std::fs::File::from(o);
             let n = std::io::copy(&mut r, &mut w).unwrap_or(0);
             let _ = w.flush();
-            *budget = budget.saturating_sub(n);
+            budget.bytes = budget.bytes.saturating_sub(n);
             Ok(())
         }
         _ => Ok(()), // devices, fifos, sockets, too deep: not kept
@@ -232,8 +331,13 @@ pub(crate) fn remove_tree(dir: &impl AsFd, name: &Path, depth: usize) {
         return;
     }
     if depth < MAX_DEPTH {
+        unlock_dir(dir, name);
         if let Ok(sd) = beneath(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
-            let names = match sd.try_clone().ok().and_then(|d| nix::dir::Dir::from_fd(d).ok()) {
+            let names = match sd
+                .try_clone()
+                .ok()
+                .and_then(|d| nix::dir::Dir::from_fd(d).ok())
+            {
                 Some(mut d) => entries(&mut d),
                 None => Vec::new(),
             };
@@ -268,19 +372,44 @@ mod tests {
         let b = q.take(&fd, &ws, Path::new(".envrc"), ".envrc").unwrap();
         assert_eq!(b.how, "rename");
         assert!(q.take(&fd, &ws, Path::new(".absent"), "x").is_none());
-        assert!(!ws.join(".vscode").exists() && std::fs::symlink_metadata(ws.join(".envrc")).is_err());
-        assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "host");
+        assert!(
+            !ws.join(".vscode").exists() && std::fs::symlink_metadata(ws.join(".envrc")).is_err()
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.join("keep")).unwrap(),
+            "host"
+        );
         assert!(a.kept.unwrap().join("tasks.json").is_file());
         // The copy-and-remove path, as used across file systems.
         std::fs::create_dir_all(ws.join("d/e")).unwrap();
         std::fs::write(ws.join("d/e/f"), "12345").unwrap();
         std::os::unix::fs::symlink(&outside, ws.join("d/l")).unwrap();
-        let mut budget = 3;
-        copy_tree(&fd, Path::new("d"), &q.fd, Path::new("copy"), &mut budget, 0).unwrap();
+        let mut budget = Budget {
+            bytes: 3,
+            entries: 100,
+        };
+        copy_tree(
+            &fd,
+            Path::new("d"),
+            &q.fd,
+            Path::new("copy"),
+            &mut budget,
+            0,
+        )
+        .unwrap();
         remove_tree(&fd, Path::new("d"), 0);
         assert!(!ws.join("d").exists());
-        assert_eq!(std::fs::read_to_string(q.dir.join("copy/e/f")).unwrap(), "123");
-        assert!(std::fs::symlink_metadata(q.dir.join("copy/l")).unwrap().file_type().is_symlink());
-        assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "host");
+        assert_eq!(
+            std::fs::read_to_string(q.dir.join("copy/e/f")).unwrap(),
+            "123"
+        );
+        assert!(std::fs::symlink_metadata(q.dir.join("copy/l"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("keep")).unwrap(),
+            "host"
+        );
     }
 }

@@ -17,7 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Entries visited before a walk stops (and says it stopped).
-pub const MAX_ENTRIES: usize = 200_000;
+pub const MAX_ENTRIES: usize = 1_000_000;
 
 /// What a walk found, every path relative to the tree's root.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +70,14 @@ fn exists_beneath(dir: &impl AsFd, rel: &Path) -> bool {
 /// bare-repository directories.
 pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
     let root_fd = open_root(root)?;
+    // Guarded paths by their first component: one lookup per entry.
+    let mut by_first: std::collections::HashMap<&OsStr, Vec<&PathBuf>> =
+        std::collections::HashMap::new();
+    for g in guarded {
+        if let Some(c) = g.components().next() {
+            by_first.entry(c.as_os_str()).or_default().push(g);
+        }
+    }
     let mut found = Found {
         complete: true,
         ..Found::default()
@@ -98,8 +106,13 @@ pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
             break;
         }
         let has = |n: &[u8]| names.iter().any(|(x, _)| x == n);
-        if git && !rel.as_os_str().is_empty() && has(b"HEAD") && has(b"objects") && has(b"refs") {
-            // A bare-repository shape: git discovers it as a repository.
+        if git
+            && !rel.as_os_str().is_empty()
+            && has(b"HEAD")
+            && (has(b"commondir") || (has(b"objects") && has(b"refs")))
+        {
+            // A bare-repository shape (objects and refs here, or in the
+            // directory `commondir` names): git discovers it as a repository.
             found.repos.insert(rel.clone());
             continue;
         }
@@ -111,20 +124,19 @@ pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
                 found.repos.insert(child);
                 continue;
             }
-            for g in guarded {
-                let mut comps = g.components();
-                if comps.next().map(|c| c.as_os_str()) == Some(name)
-                    && exists_beneath(&dirfd, g)
-                {
+            for g in by_first.get(name).into_iter().flatten() {
+                if exists_beneath(&dirfd, g) {
                     found.names.insert(rel.join(g));
                 }
             }
             let is_dir = match ty {
                 Some(Type::Directory) => true,
                 Some(_) => false,
-                None => nix::sys::stat::fstatat(&dirfd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                    .map(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
-                    .unwrap_or(false),
+                None => {
+                    nix::sys::stat::fstatat(dirfd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .map(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                        .unwrap_or(false)
+                }
             };
             if is_dir {
                 stack.push(child);

@@ -10,7 +10,7 @@
 //! instance holds sweeps its trees before anything else (unclean end).
 
 use super::quarantine::{state_dir, Quarantine, Taken};
-use super::{scan, Guard, GitMode};
+use super::{scan, GitMode, Guard};
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
@@ -38,6 +38,8 @@ pub struct Watch {
     manifest: Option<(PathBuf, Flock<std::fs::File>)>,
     /// What a sweep after an earlier unclean end took, for the caller to say.
     pub swept_stale: Vec<Taken>,
+    /// What the end sweep could not check (said when the instance ends).
+    pub warnings: Vec<String>,
 }
 
 impl Watch {
@@ -64,7 +66,8 @@ impl Watch {
             pid: std::process::id(),
             guard: guard.clone(),
         };
-        serde_json::to_writer(&*lock, &m).map_err(|e| format!("writing {}: {e}", mpath.display()))?;
+        serde_json::to_writer(&*lock, &m)
+            .map_err(|e| format!("writing {}: {e}", mpath.display()))?;
         let (stop_r, stop_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
         let taken = Arc::new(Mutex::new(Vec::new()));
         let quarantine = Arc::new(Mutex::new(q));
@@ -84,6 +87,7 @@ impl Watch {
             thread: Some(thread),
             manifest: Some((mpath, lock)),
             swept_stale,
+            warnings: Vec::new(),
         })
     }
 
@@ -99,8 +103,9 @@ impl Watch {
 
     /// Stops watching, sweeps the trees (call it once the sandbox is gone),
     /// removes the manifest, and returns everything taken during the instance.
-    pub fn finish(mut self) -> Vec<Taken> {
-        self.end()
+    pub fn finish(mut self) -> (Vec<Taken>, Vec<String>) {
+        let taken = self.end();
+        (taken, std::mem::take(&mut self.warnings))
     }
 
     fn end(&mut self) -> Vec<Taken> {
@@ -108,7 +113,8 @@ impl Watch {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let swept = sweep(&self.guard, &mut lock(&self.quarantine));
+        let (swept, warnings) = sweep(&self.guard, &mut lock(&self.quarantine));
+        self.warnings = warnings;
         let mut all = lock(&self.taken);
         all.extend(swept);
         if let Some((p, l)) = self.manifest.take() {
@@ -149,7 +155,11 @@ const MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_ONLYDIR);
 
 impl Armed {
-    fn new(guard: &Guard, quarantine: Arc<Mutex<Quarantine>>, taken: Arc<Mutex<Vec<Taken>>>) -> Result<Armed, String> {
+    fn new(
+        guard: &Guard,
+        quarantine: Arc<Mutex<Quarantine>>,
+        taken: Arc<Mutex<Vec<Taken>>>,
+    ) -> Result<Armed, String> {
         let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| format!("inotify: {e}"))?;
         let mut trees = Vec::new();
@@ -157,7 +167,8 @@ impl Armed {
             if t.watched.is_empty() {
                 continue;
             }
-            let fd = scan::open_root(&t.root).map_err(|e| format!("opening {}: {e}", t.root.display()))?;
+            let fd = scan::open_root(&t.root)
+                .map_err(|e| format!("opening {}: {e}", t.root.display()))?;
             trees.push((t.root.clone(), fd, t.watched.iter().cloned().collect()));
         }
         Ok(Armed {
@@ -187,10 +198,14 @@ impl Armed {
         if next.is_empty() {
             return;
         }
-        let Ok(fd) = scan::beneath(&self.trees[i].1, &dir, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
+        let Ok(fd) = scan::beneath(&self.trees[i].1, &dir, OFlag::O_PATH | OFlag::O_DIRECTORY)
+        else {
             return;
         };
-        let proc = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)));
+        let proc = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&fd)
+        ));
         if let Ok(wd) = self.ino.add_watch(&proc, MASK) {
             self.dirs.insert(wd, (i, dir));
         }
@@ -209,7 +224,20 @@ impl Armed {
                 lock(&self.taken).push(t);
             }
         } else if self.trees[i].2.iter().any(|t| t.starts_with(&rel)) {
-            self.arm(i, rel);
+            // A link on the way to a guarded path redirects it: take the link.
+            let (root, fd, _) = &self.trees[i];
+            let is_link = super::quarantine::redirect_or_self(fd, &rel).is_some()
+                && scan::beneath(fd, &rel, OFlag::O_PATH | OFlag::O_NOFOLLOW)
+                    .and_then(|f| nix::sys::stat::fstat(&f))
+                    .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
+            if is_link {
+                let why = format!("a link on the way to a guarded name ({})", rel.display());
+                if let Some(t) = lock(&self.quarantine).take(fd, root, &rel, &why) {
+                    lock(&self.taken).push(t);
+                }
+            } else {
+                self.arm(i, rel);
+            }
         }
     }
 
@@ -238,7 +266,11 @@ impl Armed {
                     self.arm_all();
                     continue;
                 }
-                if e.mask.intersects(AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_IGNORED) {
+                if e.mask.intersects(
+                    AddWatchFlags::IN_MOVE_SELF
+                        | AddWatchFlags::IN_DELETE_SELF
+                        | AddWatchFlags::IN_IGNORED,
+                ) {
                     if let Some((i, dir)) = self.dirs.remove(&e.wd) {
                         let _ = self.ino.rm_watch(e.wd);
                         if dir.as_os_str().is_empty() {
@@ -258,16 +290,31 @@ impl Armed {
     }
 }
 
-/// The end sweep: what the guard planned against what is there now.
-fn sweep(guard: &Guard, q: &mut Quarantine) -> Vec<Taken> {
+/// The end sweep: what the guard planned against what is there now. Returns
+/// what it took, and warnings for what it could not check.
+fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
     let mut out = Vec::new();
+    let mut warnings = Vec::new();
     for t in &guard.trees {
         let Ok(fd) = scan::open_root(&t.root) else {
             continue;
         };
         let mut new: BTreeSet<(usize, PathBuf, &str)> = BTreeSet::new();
-        if t.at_start.complete {
+        if !t.at_start.complete {
+            warnings.push(format!(
+                "{}: the walk at start stopped after {} entries, so the end sweep could not tell new repositories and guarded names below the top from old ones; check the tree yourself",
+                super::printable(&t.root.to_string_lossy()),
+                scan::MAX_ENTRIES
+            ));
+        } else {
             if let Ok(now) = scan::walk(&t.root, &guard.names, guard.git == GitMode::ReadOnly) {
+                if !now.complete {
+                    warnings.push(format!(
+                        "{}: the end sweep stopped after {} entries; repositories and guarded names deeper down were not checked",
+                        super::printable(&t.root.to_string_lossy()),
+                        scan::MAX_ENTRIES
+                    ));
+                }
                 for r in now.repos.difference(&t.at_start.repos) {
                     new.insert((r.components().count(), r.clone(), "new repository"));
                 }
@@ -295,7 +342,7 @@ fn sweep(guard: &Guard, q: &mut Quarantine) -> Vec<Taken> {
             }
         }
     }
-    out
+    (out, warnings)
 }
 
 /// Sweeps the trees of every manifest that no live instance holds.
@@ -315,10 +362,11 @@ fn sweep_stale(state: &Path) -> Vec<Taken> {
         let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
             continue; // a live instance holds it
         };
-        let m: Option<Manifest> = serde_json::from_reader(std::io::Read::take(&*lock, 16 << 20)).ok();
+        let m: Option<Manifest> =
+            serde_json::from_reader(std::io::Read::take(&*lock, 16 << 20)).ok();
         if let Some(m) = m {
             if let Ok(mut q) = Quarantine::open(state, &m.id) {
-                out.extend(sweep(&m.guard, &mut q));
+                out.extend(sweep(&m.guard, &mut q).0);
                 let _ = std::fs::remove_dir(&q.dir);
             }
         }
@@ -336,9 +384,12 @@ pub fn summary(taken: &[Taken]) -> Vec<String> {
                 "{} ({}): {}",
                 super::printable(&t.path.to_string_lossy()),
                 super::printable(&t.why),
-                match &t.kept {
-                    Some(k) => format!("moved to {}", super::printable(&k.to_string_lossy())),
-                    None => "removed (quarantine budget spent)".into(),
+                match (&t.kept, t.how.as_str()) {
+                    (Some(k), _) => format!("moved to {}", super::printable(&k.to_string_lossy())),
+                    (None, "FAILED") =>
+                        "COULD NOT BE REMOVED: remove it yourself before a host program reads it"
+                            .into(),
+                    (None, _) => "removed, not kept (the quarantine's budget is spent)".into(),
                 }
             )
         })
@@ -369,7 +420,10 @@ pub fn start_for(
 
 /// Ends a watch and says on stderr what it took during the instance.
 pub fn finish_and_say(w: Watch) -> Vec<Taken> {
-    let taken = w.finish();
+    let (taken, warnings) = w.finish();
+    for w in &warnings {
+        eprintln!("sandmux: WARNING: workspace guard: {w}");
+    }
     if !taken.is_empty() {
         eprintln!(
             "sandmux: the workspace guard took {} planted entr{} out of the workspace (host programs would have obeyed them):",

@@ -56,6 +56,8 @@ pub struct State {
     pub peer: std::sync::OnceLock<Peer<RoleServer>>,
     /// Open capture_since cursors are keyed by this instance.
     pub started: Instant,
+    /// The workspace guard's reverts (counted in the status, audited).
+    pub reverts: Option<Arc<super::reverts::Reverts>>,
 }
 
 impl State {

@@ -319,7 +319,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     let reverts = inst
         .guard
         .as_ref()
-        .map(|g| reverts::Reverts::new(audit.clone(), g.taken()));
+        .map(|g| reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir()));
     let last_reverts = reverts.clone();
     let no_session = opts.no_session;
     let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
@@ -347,6 +347,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             record: record.clone(),
             peer: std::sync::OnceLock::new(),
             started: Instant::now(),
+            reverts: reverts.clone(),
         });
         if let Err(e) = state.drift.record(&hub).await {
             eprintln!("sandmux: {e}");

@@ -18,6 +18,8 @@ pub const TOOL: &str = "(workspace-revert)";
 
 /// Reverts already recorded, out of the guard's list.
 pub struct Reverts {
+    /// The quarantine directory of the instance.
+    pub quarantine: std::path::PathBuf,
     audit: Arc<Audit>,
     taken: Arc<Mutex<Vec<Taken>>>,
     seen: Mutex<usize>,
@@ -25,8 +27,13 @@ pub struct Reverts {
 
 impl Reverts {
     /// Records what `taken` gains into `audit`.
-    pub fn new(audit: Arc<Audit>, taken: Arc<Mutex<Vec<Taken>>>) -> Arc<Reverts> {
+    pub fn new(
+        audit: Arc<Audit>,
+        taken: Arc<Mutex<Vec<Taken>>>,
+        quarantine: std::path::PathBuf,
+    ) -> Arc<Reverts> {
         Arc::new(Reverts {
+            quarantine,
             audit,
             taken,
             seen: Mutex::new(0),
@@ -58,6 +65,11 @@ impl Reverts {
             }
         }
         *seen = (*seen).max(all.len());
+    }
+
+    /// How many entries the guard has taken so far.
+    pub fn count(&self) -> usize {
+        self.taken.lock().map(|t| t.len()).unwrap_or(0)
     }
 
     /// Records new reverts four times a second until dropped with the runtime.

@@ -426,6 +426,17 @@ impl Loaded {
             .filter(|e| e.kind == MountKind::ReadWrite)
             .map(|e| e.path.clone())
             .collect();
+        // The user's own sandmux config dir, wherever it is (gap 7): when it
+        // lies in a read-write tree, it is guarded there like a listed name.
+        if let Some(sandmux_dir) = config_dir().parent() {
+            for r in &roots {
+                if let Ok(rel) = sandmux_dir.strip_prefix(r) {
+                    if !rel.as_os_str().is_empty() && !names.iter().any(|n| n == rel) {
+                        names.push(rel.to_path_buf());
+                    }
+                }
+            }
+        }
         let (guard, ro) = crate::guard::plan(&roots, &names, p.workspace.git)
             .map_err(|reason| invalid("workspace.git", reason))?;
 

@@ -41,7 +41,8 @@ pub struct MountError {
 }
 
 fn merr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(nix::Error) -> MountError {
-    let path = path.as_ref().display().to_string();
+    // Paths can be the agent's (names in the workspace): escaped for terminals.
+    let path = crate::guard::printable(&path.as_ref().to_string_lossy());
     move |e| MountError {
         what,
         path,
@@ -50,7 +51,7 @@ fn merr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(nix::Error) -
 }
 
 fn ierr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> MountError {
-    let path = path.as_ref().display().to_string();
+    let path = crate::guard::printable(&path.as_ref().to_string_lossy());
     move |source| MountError { what, path, source }
 }
 
@@ -469,7 +470,7 @@ pub fn build_and_pivot(
             Err(nix::Error::ELOOP) => {
                 return Err(MountError {
                     what: "a parent of a protected path is a symlink (remove it, or take the path off the profile's protected list)",
-                    path: p.display().to_string(),
+                    path: crate::guard::printable(&p.to_string_lossy()),
                     source: std::io::Error::from_raw_os_error(libc::ELOOP),
                 })
             }
@@ -484,7 +485,7 @@ pub fn build_and_pivot(
                 if fstat(&dst).map_err(merr("stat", p))?.st_mode & libc::S_IFMT == libc::S_IFLNK {
                     return Err(MountError {
                         what: "protected path is a symlink (remove it, or take it off the profile's protected list)",
-                        path: p.display().to_string(),
+                        path: crate::guard::printable(&p.to_string_lossy()),
                         source: std::io::Error::from_raw_os_error(libc::ELOOP),
                     });
                 }
@@ -495,7 +496,7 @@ pub fn build_and_pivot(
             Err(nix::Error::ELOOP) => {
                 return Err(MountError {
                     what: "protected path goes through a symlink (remove it, or take it off the profile's protected list)",
-                    path: p.display().to_string(),
+                    path: crate::guard::printable(&p.to_string_lossy()),
                     source: std::io::Error::from_raw_os_error(libc::ELOOP),
                 })
             }
@@ -510,7 +511,13 @@ pub fn build_and_pivot(
         let src = beneath(&host_root, &rel(p), OFlag::O_PATH | OFlag::O_DIRECTORY)
             .map_err(merr("open the git directory (no symlinks) at", p))?;
         let dst = root.ensure_dir(p)?;
-        bind(&src, &dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, "bind the git directory read-only onto", p)?;
+        bind(
+            &src,
+            &dst,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            "bind the git directory read-only onto",
+            p,
+        )?;
     }
 
     // /dev

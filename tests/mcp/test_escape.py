@@ -100,6 +100,12 @@ def add_read_write(*dirs):
     return lambda t: t.replace('read_write = ["{workspace}"]', f'read_write = ["{{workspace}}"{extra}]')
 
 
+def _no_protected(t):
+    out = re.sub(r"(?ms)^protected = \[.*?^\]$", "protected = []", t)
+    assert out != t, "no protected list in the profile"
+    return out
+
+
 def chain(*edits):
     def f(t):
         for e in edits:
@@ -107,6 +113,9 @@ def chain(*edits):
         return t
     return f
 
+
+# The workspace guard off (P8): no guarded names, git unguarded.
+UNGUARDED = lambda t: _no_protected(t).replace('git = "read-only"', 'git = "unguarded"')
 
 NO_SCOPE = chain(
     lambda t: t.replace("[enforcement]\n", "[enforcement]\nlandlock_abi = 5\n"),
@@ -925,7 +934,7 @@ async def test_e9_e11_files_outside_and_protected_paths_inside_the_workspace(ws)
         assert not list(work.glob("hardlink-*")) and not list(work.rglob("*.sandmux-new"))
         # Positive control (b): a profile that makes the host directory writable
         # and protects nothing; the same probe changes every file.
-        prof = profile(ws, "e9-open", chain(add_read_write(h), lambda t: re.sub(r"(?m)^protected = \[.*\]$", "protected = []", t)))
+        prof = profile(ws, "e9-open", chain(add_read_write(h), UNGUARDED))
         async with launch(ws, "-p", prof, env={"HOME": str(home)}) as c:
             r, _ = await run_probe(c, ws, "e9", E9_PROBE, json.dumps(existing), json.dumps(create), work)
         assert r[f"e:{h / 'secret.txt'}"]["read"] == "ok:E9-SECRET-CANARY\n", r

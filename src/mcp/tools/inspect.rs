@@ -1448,6 +1448,9 @@ pub struct Status {
     /// Processes the kernel killed for exceeding the memory limit (from the
     /// instance's cgroup; null without one).
     pub oom_kills: Option<u64>,
+    /// The workspace guard (P8): what kind of checkout the workspace is, what
+    /// is read-only, what is watched, what was reverted.
+    pub workspace_guard: crate::guard::View,
 }
 
 /// A layer in the status.
@@ -1473,6 +1476,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
                 detail: l.detail.clone(),
             })
             .collect();
+    let git_kernel = layers.iter().any(|l| l.layer == "git" && l.enforced);
     Ok(Status {
         profile: c.s.policy.name.clone(),
         description: c.s.policy.description.clone(),
@@ -1489,6 +1493,14 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         drift: c.s.drift.tripped().unwrap_or_else(|| "none".into()),
         buffered_output_bytes: c.s.hub().buffered_bytes(),
         oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),
+        workspace_guard: c.s.policy.guard.view(
+            git_kernel,
+            c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
+            &c.s.reverts
+                .as_ref()
+                .map(|r| r.quarantine.clone())
+                .unwrap_or_default(),
+        ),
     })
 }
 

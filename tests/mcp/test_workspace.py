@@ -1,0 +1,102 @@
+"""P8 through MCP: the agent attacks what host programs obey from its panes
+(run_command in the first pane, a shell command in a split pane), then the
+host runs real git in the workspace. A positive control shows the same calls
+reach the host when the guard is off."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from conftest import BIN, audit_records, call, connect
+
+pytestmark = pytest.mark.anyio
+
+
+def host_git(d, *args):
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+    return subprocess.run(["git", "-C", str(d), "-c", "safe.directory=*", "-c", "user.name=h", "-c", "user.email=h@example.invalid", *args],
+                          capture_output=True, text=True, env=env)
+
+
+def make_repo(d):
+    d.mkdir(parents=True, exist_ok=True)
+    for a in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "first commit"]):
+        r = host_git(d, *a)
+        assert r.returncode == 0, r.stderr
+
+
+def unguarded_profile(ws):
+    base = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    text = re.sub(r"(?ms)^protected = \[.*?^\]$", "protected = []", base).replace('git = "read-only"', 'git = "unguarded"')
+    assert text != base
+    p = ws[1] / "unguarded.toml"
+    p.write_text(text)
+    return str(p)
+
+
+ATTACK = (
+    'P="touch {m}"; git config core.fsmonitor "$P"; printf "[core]\\n\\tfsmonitor = %s\\n" "$P" >> .git/config; '
+    'git -C lib/inner config core.fsmonitor "$P"; git init -q newrepo && git -C newrepo config core.fsmonitor "$P"; '
+    'echo "$P" > .envrc.local; echo attacked'
+)
+
+
+async def attack(c, marker):
+    r = await call(c, "run_command", {"command": ATTACK.format(m=marker), "timeout": 20})
+    assert "attacked" in r["output"], r
+    # A second spawn path: a split pane running a shell command.
+    await call(c, "split_window", {"shell": f"git config core.hooksPath /tmp/h; printf '#!/bin/sh\\ntouch {marker}\\n' > .git/hooks/pre-commit"})
+    status = await call(c, "sandbox_status")
+    return r, status
+
+
+async def test_p8_git_and_tool_configuration_through_mcp(ws):
+    work, host = ws
+    make_repo(work)
+    make_repo(work / "lib" / "inner")
+    marker = host / "MARKER"
+    config = (work / ".git" / "config").read_bytes()
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, env=env) as c:
+        r, status = await attack(c, marker)
+        assert "Read-only file system" in r["output"], r
+        g = status["workspace_guard"]
+        assert g["git"] == "read-only" and g["git_kernel_enforced"], g
+        assert "git repository" in g["trees"][0]["kind"], g
+        assert ".git" in g["trees"][0]["read_only"] and "lib/inner/.git" in g["trees"][0]["read_only"], g
+        assert g["reverted"] >= 1, g  # .envrc.local, taken the moment it appeared
+        layer = next(l for l in status["layers"] if l["layer"] == "git")
+        assert layer["enforced"], layer
+    # The client is gone: the instance ended and its end sweep ran.
+    for d in (work, work / "lib" / "inner", work / "newrepo"):
+        host_git(d, "status")
+    host_git(work, "commit", "-q", "--allow-empty", "-m", "host")
+    assert not marker.exists(), "agent code ran on the host"
+    assert (work / ".git" / "config").read_bytes() == config
+    assert not (work / "newrepo" / ".git").exists() and not (work / ".envrc.local").exists()
+    kept = [str(p) for p in (host / "state" / "sandmux" / "quarantine").rglob("*")]
+    assert any(k.endswith("newrepo_.git") for k in kept) and any(k.endswith(".envrc.local") for k in kept), kept
+    reverts = [x for x in audit_records(ws) if x.get("tool") == "(workspace-revert)"]
+    paths = json.dumps(reverts)
+    assert "newrepo/.git" in paths and ".envrc.local" in paths, reverts
+    v = subprocess.run([BIN, "audit", "verify", str(host / "audit.jsonl")], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+async def test_p8_positive_control_unguarded(ws):
+    work, host = ws
+    make_repo(work)
+    make_repo(work / "lib" / "inner")
+    marker = host / "MARKER"
+    async with connect(ws, "-p", unguarded_profile(ws), env={"XDG_STATE_HOME": str(host / "state")}) as c:
+        r, status = await attack(c, marker)
+        assert status["workspace_guard"]["git"] == "unguarded", status
+        layer = next(l for l in status["layers"] if l["layer"] == "git")
+        assert not layer["enforced"] and "UNGUARDED" in layer["detail"], layer
+    host_git(work, "status")
+    assert marker.exists(), f"positive control: host git should obey the agent here\n{r}"
+    assert (work / "newrepo" / ".git").is_dir()
