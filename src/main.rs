@@ -110,6 +110,11 @@ enum Cmd {
         /// Instance id.
         id: String,
     },
+    /// Commit mode (`[workspace] git = "commit"`): the agent's commits.
+    Git {
+        #[command(subcommand)]
+        cmd: GitCmd,
+    },
     /// Audit log tools.
     Audit {
         #[command(subcommand)]
@@ -156,6 +161,19 @@ struct Selection {
     /// Every tool.
     #[arg(long)]
     all: bool,
+}
+
+#[derive(Subcommand)]
+enum GitCmd {
+    /// Fetch an instance's branches into refs/sandmux/ID/* of its workspace's
+    /// repository (refused if its repository is not as sandmux made it).
+    Fetch {
+        /// The instance id (printed at its end; see `sandmux ps`).
+        id: String,
+        /// Remove the instance's repository after a successful fetch.
+        #[arg(long)]
+        prune: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -312,6 +330,17 @@ fn main() -> ExitCode {
             }
             Err(c) => c,
         },
+        Cmd::Git {
+            cmd: GitCmd::Fetch { id, prune },
+        } => match sandmux::guard::commit::fetch(&id, prune) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(1, e),
+        },
         Cmd::Audit {
             cmd: AuditCmd::Verify { path },
         } => match sandmux::mcp::audit::verify(&path) {
@@ -328,7 +357,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
+fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
     use nix::sys::signal::{SigSet, Signal};
     let mut rundir = match Rundir::create() {
         Ok(r) => r,
@@ -343,6 +372,10 @@ fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
         .ok()
         .filter(|d| d.starts_with(&policy.workspace))
         .unwrap_or_else(|| policy.workspace.clone());
+    let guard = match sandmux::guard::watch::start_for(&mut policy, &rundir.id) {
+        Ok(g) => g,
+        Err(e) => return fail(e.exit_code(), e),
+    };
     let plan = tmux::plan(
         &policy,
         &rundir,
@@ -356,10 +389,6 @@ fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
         set.add(s);
     }
     let _ = set.thread_block();
-    let guard = match sandmux::guard::watch::start_for(&policy, &rundir.id) {
-        Ok(g) => g,
-        Err(e) => return fail(e.exit_code(), e),
-    };
     let started = match sandbox::start(&plan, Stdio3::Inherit) {
         Ok(s) => s,
         Err(e) => return fail(e.exit_code(), e),

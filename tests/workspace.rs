@@ -653,3 +653,160 @@ fn refusal_messages_escape_planted_names() {
     );
     assert!(t.contains("\\x1b[2J"), "{t}");
 }
+
+fn fetch_id(stderr: &str) -> String {
+    stderr
+        .split("sandmux git fetch ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no fetch line in: {stderr}"))
+        .to_string()
+}
+
+/// Commit mode: the agent commits into its own repository; the workspace's
+/// `.git` is never written; the human fetches, and nothing the agent wrote
+/// into its repository's config or hooks runs on the host. A repository the
+/// agent reshaped is refused; a live instance is refused.
+#[test]
+fn commit_mode_agent_commits_and_the_human_fetches() {
+    let cfg = host_dir();
+    let commit = variant(
+        cfg.path(),
+        "commit",
+        "default",
+        "git = \"read-only\"",
+        "git = \"commit\"",
+    );
+    let unguarded = variant(
+        cfg.path(),
+        "unguarded",
+        "default",
+        "git = \"read-only\"",
+        "git = \"unguarded\"",
+    );
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    let host = host_dir();
+    let marker = host.path().join("MARKER");
+    let main_before = git_ok(&w, &["rev-parse", "main"]);
+    let config_before = std::fs::read(w.join(".git/config")).unwrap();
+    let script = format!(
+        r#"P="touch {m}"
+echo change >> README && git add README && git commit -qm "agent change" && echo committed
+git config core.fsmonitor "$P"; git config core.hooksPath /tmp
+printf '#!/bin/sh\n%s\n' "$P" > .git/hooks/post-commit; chmod +x .git/hooks/post-commit
+mv .git/config cfg; rm -rf .git/hooks; mv .git/objects .git/o2
+echo /nonexistent > .git/objects/info/alternates
+echo attacks-done"#,
+        m = marker.display()
+    );
+    let o = run_in(&w, &commit, host.path(), &script);
+    let t = text(&o);
+    assert!(t.contains("committed") && t.contains("attacks-done"), "{t}");
+    assert_eq!(
+        git_ok(&w, &["rev-parse", "main"]),
+        main_before,
+        "the workspace's own refs moved"
+    );
+    assert_eq!(std::fs::read(w.join(".git/config")).unwrap(), config_before);
+    let id = fetch_id(&t);
+    let f = sandmux(&["git", "fetch", &id])
+        .env("XDG_STATE_HOME", host.path())
+        .output()
+        .unwrap();
+    assert!(f.status.success(), "{}", text(&f));
+    let log = git_ok(
+        &w,
+        &["log", "--format=%s", &format!("refs/sandmux/{id}/main")],
+    );
+    assert!(
+        log.contains("agent change") && log.contains("first commit"),
+        "{log}"
+    );
+    let _ = git(&w, &["status"]);
+    let _ = git(&w, &["commit", "-q", "--allow-empty", "-m", "host"]);
+    assert!(!marker.exists(), "agent code ran on the host\n{t}");
+    // --prune removes the agent's repository after fetching.
+    let f = sandmux(&["git", "fetch", &id, "--prune"])
+        .env("XDG_STATE_HOME", host.path())
+        .output()
+        .unwrap();
+    assert!(
+        f.status.success() && text(&f).contains("removed"),
+        "{}",
+        text(&f)
+    );
+    assert!(!host.path().join(format!("sandmux/git/{id}")).exists());
+
+    // A reshaped repository (commondir redirect to a config of the agent's) is refused.
+    let o = run_in(&w, &commit, host.path(), &format!(
+        "mkdir -p evil && printf '[core]\\n\\tfsmonitor = touch {}\\n' > evil/config && echo \"$PWD/evil\" > .git/commondir; echo planted=$?",
+        marker.display()
+    ));
+    let t = text(&o);
+    assert!(t.contains("planted=0"), "{t}");
+    let id = fetch_id(&t);
+    let f = sandmux(&["git", "fetch", &id])
+        .env("XDG_STATE_HOME", host.path())
+        .output()
+        .unwrap();
+    assert_eq!(f.status.code(), Some(1), "{}", text(&f));
+    assert!(text(&f).contains("commondir"), "{}", text(&f));
+    assert!(!marker.exists());
+
+    // A live instance is refused (the agent could still change its repository).
+    let mut live = sandmux(&[
+        "run",
+        "-p",
+        &commit,
+        "-w",
+        w.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "touch LIVE; sleep 30",
+    ])
+    .env("XDG_STATE_HOME", host.path())
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    while !w.join("LIVE").exists() {
+        assert!(t0.elapsed().as_secs() < 20);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let ids: Vec<String> = std::fs::read_dir(host.path().join("sandmux/guard"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .trim_end_matches(".json")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let f = sandmux(&["git", "fetch", &ids[0]])
+        .env("XDG_STATE_HOME", host.path())
+        .output()
+        .unwrap();
+    assert!(text(&f).contains("still running"), "{}", text(&f));
+    live.kill().unwrap();
+    live.wait().unwrap();
+
+    // Positive control: unguarded, the same hook runs on the host's next commit.
+    let hook = format!(
+        "printf '#!/bin/sh\\ntouch {}\\n' > .git/hooks/post-commit; chmod +x .git/hooks/post-commit",
+        marker.display()
+    );
+    let o = run_in(&w, &unguarded, host.path(), &hook);
+    let _ = git(&w, &["commit", "-q", "--allow-empty", "-m", "host again"]);
+    assert!(
+        marker.exists(),
+        "positive control: the agent's hook should run unguarded\n{}",
+        text(&o)
+    );
+}

@@ -19,6 +19,10 @@ pub enum GitMode {
     /// repositories created during the instance are quarantined at its end.
     #[default]
     ReadOnly,
+    /// The agent commits into a repository of its own in sandmux's state
+    /// directory (mounted over `.git` inside); the workspace's `.git` stays
+    /// read-only and the human fetches with `sandmux git fetch ID`.
+    Commit,
     /// No git guard at all (the behaviour before it existed), reported loudly.
     Unguarded,
 }
@@ -28,6 +32,7 @@ impl GitMode {
     pub fn name(self) -> &'static str {
         match self {
             GitMode::ReadOnly => "read-only",
+            GitMode::Commit => "commit",
             GitMode::Unguarded => "unguarded",
         }
     }

@@ -17,6 +17,7 @@
 //!   sweep finds what appeared deeper down (new repositories, nested names).
 //!   A manifest written at start lets the next start sweep after an unclean end.
 
+pub mod commit;
 pub mod git;
 pub mod quarantine;
 pub mod scan;
@@ -52,6 +53,9 @@ pub struct Guard {
     /// Git directories outside every read-write tree that a `.git` file names,
     /// bound read-only at the same path so git keeps working inside.
     pub git_outside: Vec<PathBuf>,
+    /// Commit mode: the agent's own repository, made when the instance starts.
+    #[serde(default)]
+    pub commit: Option<commit::CommitRepo>,
 }
 
 /// What the mount layer must make read-only, computed with the guard.
@@ -69,7 +73,7 @@ pub fn plan(
     names: &[PathBuf],
     git: GitMode,
 ) -> Result<(Guard, ReadOnly), String> {
-    let guard_git = git == GitMode::ReadOnly;
+    let guard_git = git != GitMode::Unguarded;
     let mut trees = Vec::new();
     let mut outside: BTreeSet<PathBuf> = BTreeSet::new();
     let mut protected: BTreeSet<PathBuf> = BTreeSet::new();
@@ -81,6 +85,13 @@ pub fn plan(
         };
         let found = scan::walk(root, names, guard_git)
             .map_err(|e| format!("scanning {} for control files: {e}", root.display()))?;
+        if git == GitMode::Commit && root == &roots[0] && shape != Shape::Repository {
+            return Err(format!(
+                "git = \"commit\" needs a workspace whose .git is a directory; {} is a {}",
+                root.display(),
+                shape.describe()
+            ));
+        }
         if let Shape::Linked { gitdir, common, .. } = &shape {
             for d in [common, gitdir] {
                 if d.starts_with(common) && d != common {
@@ -97,7 +108,11 @@ pub fn plan(
             }
         }
         for rel in found.repos.iter().chain(found.names.iter()) {
-            protected.insert(root.join(rel));
+            // In commit mode the workspace's own .git is covered by the agent's
+            // repository inside (the real one is bound read-only elsewhere).
+            if !(git == GitMode::Commit && root == &roots[0] && rel == Path::new(".git")) {
+                protected.insert(root.join(rel));
+            }
         }
         let mut watched: Vec<PathBuf> = names
             .iter()
@@ -154,6 +169,7 @@ pub fn plan(
         names: names.to_vec(),
         trees,
         git_outside: outside.into_iter().collect(),
+        commit: None,
     };
     Ok((
         guard,
@@ -207,7 +223,14 @@ impl Guard {
             )];
             match self.git {
                 GitMode::Unguarded => parts.push("git: UNGUARDED (the profile opts out: the agent can change what host git obeys)".into()),
-                GitMode::ReadOnly => {
+                GitMode::Commit | GitMode::ReadOnly => {
+                    if let Some(c) = self.commit.as_ref().filter(|_| t.root == self.trees[0].root) {
+                        parts.push(format!(
+                            "commit mode: the agent commits into {} (its config, hooks and info read-only); {} {how_ro}; bring commits in with `sandmux git fetch ID`",
+                            printable(&c.agent.to_string_lossy()),
+                            printable(&c.real.to_string_lossy())
+                        ));
+                    }
                     if !t.at_start.repos.is_empty() {
                         parts.push(format!("git control plane {how_ro}: {}", list(&t.at_start.repos)));
                     }
@@ -280,7 +303,7 @@ impl Guard {
             .iter()
             .map(|t| {
                 let all: Vec<&PathBuf> = match self.git {
-                    GitMode::ReadOnly => t
+                    GitMode::ReadOnly | GitMode::Commit => t
                         .at_start
                         .repos
                         .iter()

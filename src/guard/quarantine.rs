@@ -1,6 +1,6 @@
 //! The quarantine: where the guard moves what the agent planted, in sandmux's
 //! state directory (`$XDG_STATE_HOME/sandmux`, `~/.local/state/sandmux`, or
-//! `/tmp/sandmux-state-<uid>` when neither can be used), never inside a tree
+//! `$TMPDIR/sandmux-state-<uid>` when neither can be used), never inside a tree
 //! the agent can write.
 //!
 //! Every operation on the agent's tree is relative to a directory descriptor
@@ -55,7 +55,7 @@ pub fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
     for cand in xdg
         .map(|b| b.join("sandmux"))
         .into_iter()
-        .chain([PathBuf::from(format!("/tmp/sandmux-state-{uid}"))])
+        .chain([std::env::temp_dir().join(format!("sandmux-state-{uid}"))])
     {
         match usable(&cand, uid, forbidden) {
             Ok(p) => return Ok(p),

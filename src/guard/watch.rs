@@ -40,6 +40,8 @@ pub struct Watch {
     pub swept_stale: Vec<Taken>,
     /// What the end sweep could not check (said when the instance ends).
     pub warnings: Vec<String>,
+    /// Commit mode: the line that tells the human how to fetch.
+    pub commit_note: Option<String>,
 }
 
 impl Watch {
@@ -88,6 +90,7 @@ impl Watch {
             manifest: Some((mpath, lock)),
             swept_stale,
             warnings: Vec::new(),
+            commit_note: None,
         })
     }
 
@@ -307,7 +310,7 @@ fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
                 scan::MAX_ENTRIES
             ));
         } else {
-            if let Ok(now) = scan::walk(&t.root, &guard.names, guard.git == GitMode::ReadOnly) {
+            if let Ok(now) = scan::walk(&t.root, &guard.names, guard.git != GitMode::Unguarded) {
                 if !now.complete {
                     warnings.push(format!(
                         "{}: the end sweep stopped after {} entries; repositories and guarded names deeper down were not checked",
@@ -399,14 +402,32 @@ pub fn summary(taken: &[Taken]) -> Vec<String> {
 /// Starts the watch for a resolved policy and says what a stale sweep took;
 /// a guard that cannot start refuses the instance (fail closed).
 pub fn start_for(
-    policy: &crate::profile::Policy,
+    policy: &mut crate::profile::Policy,
     id: &str,
 ) -> Result<Watch, crate::sandbox::StartError> {
-    let w = Watch::start(&policy.guard, id).map_err(|e| crate::sandbox::StartError {
+    let refuse = |e: String| crate::sandbox::StartError {
         layer: None,
         message: format!("the workspace guard cannot start: {e}"),
         code: Some(crate::sandbox::EXIT_USAGE),
-    })?;
+    };
+    let mut w = Watch::start(&policy.guard, id).map_err(refuse)?;
+    if policy.guard.git == GitMode::Commit {
+        let t = &policy.guard.trees[0];
+        let roots: Vec<PathBuf> = policy.guard.trees.iter().map(|t| t.root.clone()).collect();
+        let state = state_dir(&roots).map_err(refuse)?;
+        let c = super::commit::prepare(&state, id, &t.root, &t.shape).map_err(refuse)?;
+        let at = t.root.join(".git");
+        for p in ["config", "hooks", "info", "objects/info"] {
+            policy.protected.push(at.join(p));
+        }
+        policy.pinned.push(at.join("objects"));
+        policy.pinned.sort_by_key(|p| p.components().count());
+        w.commit_note = Some(format!(
+            "the agent's commits are in {}; bring them in with: sandmux git fetch {id}",
+            c.agent.display()
+        ));
+        policy.guard.commit = Some(c);
+    }
     if !w.swept_stale.is_empty() {
         eprintln!(
             "sandmux: an earlier instance ended uncleanly; the workspace guard took what its agent planted:"
@@ -418,9 +439,22 @@ pub fn start_for(
     Ok(w)
 }
 
+/// Whether instance `id`'s manifest is held by a live instance.
+pub fn is_live(state: &Path, id: &str) -> bool {
+    let p = state.join("guard").join(format!("{id}.json"));
+    match std::fs::OpenOptions::new().read(true).open(&p) {
+        Ok(f) => Flock::lock(f, FlockArg::LockSharedNonblock).is_err(),
+        Err(_) => false,
+    }
+}
+
 /// Ends a watch and says on stderr what it took during the instance.
 pub fn finish_and_say(w: Watch) -> Vec<Taken> {
+    let note = w.commit_note.clone();
     let (taken, warnings) = w.finish();
+    if let Some(n) = note {
+        eprintln!("sandmux: {n}");
+    }
     for w in &warnings {
         eprintln!("sandmux: WARNING: workspace guard: {w}");
     }

@@ -461,6 +461,48 @@ pub fn build_and_pivot(
         }
     }
 
+    // Commit mode (P8): the agent's own repository over the workspace's .git,
+    // and the real one read-only where the agent's alternates name it.
+    if let Some(c) = &policy.guard.commit {
+        let host_root = open_host(Path::new("/"))?;
+        let src = beneath(
+            &host_root,
+            &rel(&c.agent),
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+        )
+        .map_err(merr(
+            "open the agent's repository (no symlinks) at",
+            &c.agent,
+        ))?;
+        let dst = beneath(
+            &root.fd,
+            &rel(&c.real),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+        )
+        .map_err(merr("open the workspace's .git at", &c.real))?;
+        bind(
+            &src,
+            &dst,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            "bind the agent's repository onto",
+            &c.real,
+        )?;
+        let real = beneath(
+            &host_root,
+            &rel(&c.real),
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+        )
+        .map_err(merr("open the git directory (no symlinks) at", &c.real))?;
+        let dst = root.ensure_dir(&c.origin)?;
+        bind(
+            &real,
+            &dst,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            "bind the workspace's git directory read-only onto",
+            &c.origin,
+        )?;
+    }
+
     // Pinned directories: the parents of protected paths, bound onto themselves
     // so that renaming a parent cannot carry a protected path away.
     for p in &policy.pinned {

@@ -139,11 +139,11 @@ pub fn plan(
 
 impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
-    pub fn start(policy: Policy) -> Result<Instance, StartError> {
+    pub fn start(mut policy: Policy) -> Result<Instance, StartError> {
         let tmux = find_tmux().map_err(StartError::internal)?;
         check_visible(&policy, &tmux).map_err(StartError::internal)?;
         let rundir = Rundir::create().map_err(StartError::internal)?;
-        let guard = crate::guard::watch::start_for(&policy, &rundir.id)?;
+        let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
         let mut inst = Instance {
             rundir,
             init: None,

@@ -1,0 +1,310 @@
+//! Commit mode (`[workspace] git = "commit"`): the agent commits, and the
+//! workspace's own git directory stays read-only.
+//!
+//! At start sandmux makes a separate repository for the instance in its state
+//! directory, `<state>/git/<id>/agent.git`: HEAD, refs and the index copied
+//! from the workspace's repository, an object store of its own that borrows
+//! the real objects through `objects/info/alternates` (via `<id>/origin`, a
+//! link to the real git directory on the host and a read-only bind of it
+//! inside), and a config and hooks that sandmux writes. Inside the sandbox it
+//! is mounted over the workspace's `.git`, with `config`, `hooks`, `info` and
+//! `objects/info` read-only. The human brings the work in with
+//! `sandmux git fetch ID`, which refuses a repository whose shape or config
+//! is not what sandmux made, then fetches (objects checked) into
+//! `refs/sandmux/<id>/*` of the real repository. The repository survives the
+//! instance; `--prune` removes it after a successful fetch.
+
+use super::git::Shape;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The agent's repository of one instance, as the mount layer needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRepo {
+    /// The agent's git directory on the host (`<state>/git/<id>/agent.git`).
+    pub agent: PathBuf,
+    /// The real git directory (`<workspace>/.git`).
+    pub real: PathBuf,
+    /// Where the real git directory is seen read-only, inside and (as a link)
+    /// outside: the path the alternates file names.
+    pub origin: PathBuf,
+}
+
+/// What `git fetch ID` checks against.
+#[derive(Debug, Serialize, Deserialize)]
+struct Meta {
+    id: String,
+    workspace: PathBuf,
+    real: PathBuf,
+    config_sha256: String,
+    alternates: String,
+}
+
+/// Top-level entries git may leave in a git directory as data.
+const DATA: &[&str] = &[
+    "HEAD",
+    "ORIG_HEAD",
+    "FETCH_HEAD",
+    "MERGE_HEAD",
+    "MERGE_MSG",
+    "MERGE_MODE",
+    "MERGE_RR",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "BISECT_LOG",
+    "AUTO_MERGE",
+    "COMMIT_EDITMSG",
+    "SQUASH_MSG",
+    "index",
+    "index.lock",
+    "packed-refs",
+    "refs",
+    "objects",
+    "logs",
+    "config",
+    "hooks",
+    "info",
+    "description",
+    "shallow",
+    "rebase-merge",
+    "rebase-apply",
+    "sequencer",
+    "rr-cache",
+];
+
+fn sha(b: &[u8]) -> String {
+    Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+fn git_out(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("GIT_DIR")
+        .output()
+        .map_err(|e| format!("git: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// Makes the agent's repository for instance `id` of the tree at `root`.
+pub fn prepare(state: &Path, id: &str, root: &Path, shape: &Shape) -> Result<CommitRepo, String> {
+    if *shape != Shape::Repository {
+        return Err(format!(
+            "[workspace] git = \"commit\" needs a workspace whose .git is a directory; {} is a {}",
+            root.display(),
+            shape.describe()
+        ));
+    }
+    let real = root.join(".git");
+    let dir = state.join("git").join(id);
+    let mk = |p: &Path| {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(p)
+            .map_err(|e| format!("creating {}: {e}", p.display()))
+    };
+    let agent = dir.join("agent.git");
+    for d in [
+        "objects/info",
+        "objects/pack",
+        "refs/heads",
+        "refs/tags",
+        "hooks",
+        "info",
+    ] {
+        mk(&agent.join(d))?;
+    }
+    let origin = dir.join("origin");
+    std::os::unix::fs::symlink(&real, &origin)
+        .map_err(|e| format!("linking {}: {e}", origin.display()))?;
+    let write = |p: &str, b: &[u8]| {
+        std::fs::write(agent.join(p), b).map_err(|e| format!("writing {p}: {e}"))
+    };
+    let head = std::fs::read(real.join("HEAD"))
+        .map_err(|e| format!("reading {}/HEAD: {e}", real.display()))?;
+    write("HEAD", &head)?;
+    let refs = git_out(root, &["for-each-ref", "--format=%(objectname) %(refname)"])?;
+    write(
+        "packed-refs",
+        format!("# pack-refs with: sorted\n{refs}").as_bytes(),
+    )?;
+    if let Ok(index) = std::fs::read(real.join("index")) {
+        write("index", &index)?;
+    }
+    let alternates = format!("{}\n", origin.join("objects").display());
+    write("objects/info/alternates", alternates.as_bytes())?;
+    // The repository format and extensions the real objects need; nothing else.
+    let ext = git_out(
+        root,
+        &[
+            "config",
+            "--local",
+            "--get-regexp",
+            r"^(core\.repositoryformatversion|extensions\..*)$",
+        ],
+    )
+    .unwrap_or_default();
+    let mut config = String::from("[core]\n\tbare = false\n\tlogallrefupdates = true\n");
+    for l in ext.lines() {
+        if let Some((k, v)) = l.split_once(' ') {
+            let (sec, key) = k.split_once('.').unwrap_or((k, ""));
+            if v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+            {
+                config.push_str(&format!("[{sec}]\n\t{key} = {v}\n"));
+            }
+        }
+    }
+    config.push_str(&format!(
+        "[user]\n\tname = sandmux agent {id}\n\temail = agent@sandmux.invalid\n"
+    ));
+    write("config", config.as_bytes())?;
+    let meta = Meta {
+        id: id.into(),
+        workspace: root.to_path_buf(),
+        real: real.clone(),
+        config_sha256: sha(config.as_bytes()),
+        alternates,
+    };
+    std::fs::write(
+        dir.join("meta.json"),
+        serde_json::to_vec(&meta).unwrap_or_default(),
+    )
+    .map_err(|e| format!("writing meta.json: {e}"))?;
+    Ok(CommitRepo {
+        agent,
+        real,
+        origin,
+    })
+}
+
+/// Refuses an agent repository whose shape is not what sandmux made: an
+/// unknown top-level entry (`commondir`, `gitdir`, `worktrees`, …), a config
+/// or alternates file that changed, a hook, or a symlink where a directory
+/// must be.
+fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
+    let mut bad = Vec::new();
+    let rd = std::fs::read_dir(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if !DATA.contains(&n.as_str()) {
+            bad.push(format!("unexpected entry {}", super::printable(&n)));
+        }
+    }
+    for d in ["refs", "objects", "hooks", "info", "objects/info"] {
+        match std::fs::symlink_metadata(agent.join(d)) {
+            Ok(m) if m.is_dir() => {}
+            _ => bad.push(format!("{d} is not a directory")),
+        }
+    }
+    let config = std::fs::read(agent.join("config")).unwrap_or_default();
+    if sha(&config) != meta.config_sha256 {
+        bad.push("config is not the one sandmux wrote".into());
+    }
+    if std::fs::read_to_string(agent.join("objects/info/alternates")).unwrap_or_default()
+        != meta.alternates
+    {
+        bad.push("objects/info/alternates changed".into());
+    }
+    if std::fs::read_dir(agent.join("hooks"))
+        .map(|mut r| r.next().is_some())
+        .unwrap_or(true)
+    {
+        bad.push("hooks/ is not empty".into());
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing to fetch from {}: {} (sandmux made this repository; only the agent could have changed it)",
+            agent.display(),
+            bad.join("; ")
+        ))
+    }
+}
+
+/// `sandmux git fetch ID [--prune]`: the instance's commits into
+/// `refs/sandmux/<id>/*` of the workspace's repository. Returns the lines to print.
+pub fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!(
+            "{:?} is not an instance id (see sandmux ps)",
+            super::printable(id)
+        ));
+    }
+    let state = super::quarantine::state_dir(&[])?;
+    let dir = state.join("git").join(id);
+    let meta: Meta = std::fs::read(dir.join("meta.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| {
+            format!(
+                "no commit-mode repository for instance {id} in {}",
+                dir.display()
+            )
+        })?;
+    if super::watch::is_live(&state, id) {
+        return Err(format!(
+            "instance {id} is still running: stop it first (sandmux stop {id}), then fetch"
+        ));
+    }
+    let agent = dir.join("agent.git");
+    check(&agent, &meta)?;
+    let spec = format!("+refs/heads/*:refs/sandmux/{id}/*");
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(&meta.workspace)
+        .args([
+            "-c",
+            "transfer.fsckObjects=true",
+            "-c",
+            "protocol.file.allow=always",
+            "fetch",
+            "--no-tags",
+            "--no-write-fetch-head",
+        ])
+        .arg(&agent)
+        .arg(&spec)
+        .env_remove("GIT_DIR")
+        .output()
+        .map_err(|e| format!("git fetch: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "git fetch: {}",
+            super::printable(String::from_utf8_lossy(&o.stderr).trim())
+        ));
+    }
+    let refs = git_out(
+        &meta.workspace,
+        &[
+            "for-each-ref",
+            "--format=%(refname) %(objectname:short) %(subject)",
+            &format!("refs/sandmux/{id}/"),
+        ],
+    )?;
+    let mut lines: Vec<String> = refs.lines().map(super::printable).collect();
+    if lines.is_empty() {
+        lines.push(format!("instance {id} made no branch"));
+    }
+    if prune {
+        std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+        lines.push(format!("removed {}", dir.display()));
+    }
+    Ok(lines)
+}
