@@ -393,6 +393,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCod
         Ok(s) => s,
         Err(e) => return fail(e.exit_code(), e),
     };
+    guard.mount_in_force(mount_in_force(&started.messages));
     let pid = nix::unistd::Pid::from_raw(started.child.id() as i32);
     std::thread::spawn(move || loop {
         if let Ok(sig) = set.wait() {
@@ -411,6 +412,12 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCod
         }
         Err(e) => fail(EXIT_INTERNAL, e),
     }
+}
+
+fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {
+    sandbox::report::layers(messages)
+        .iter()
+        .any(|l| l.layer == profile::Layer::Mount && l.enforced)
 }
 
 fn shell(policy: profile::Policy) -> ExitCode {

@@ -75,6 +75,13 @@ const DATA: &[&str] = &[
     "rr-cache",
 ];
 
+/// Whether git writes `name` at the top of a git directory as data.
+pub fn is_git_data(name: &str) -> bool {
+    (DATA.contains(&name) && !matches!(name, "config" | "hooks" | "info"))
+        || name.ends_with(".lock")
+        || matches!(name, "gc.pid" | "gc.log")
+}
+
 fn sha(b: &[u8]) -> String {
     Sha256::digest(b)
         .iter()

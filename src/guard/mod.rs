@@ -20,6 +20,7 @@
 pub mod commit;
 pub mod git;
 pub mod quarantine;
+pub mod restore;
 pub mod scan;
 pub mod watch;
 

@@ -34,7 +34,7 @@ pub struct Watch {
     quarantine: Arc<Mutex<Quarantine>>,
     guard: Guard,
     stop: Option<OwnedFd>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<Armed>>,
     manifest: Option<(PathBuf, Flock<std::fs::File>)>,
     /// What a sweep after an earlier unclean end took, for the caller to say.
     pub swept_stale: Vec<Taken>,
@@ -42,12 +42,17 @@ pub struct Watch {
     pub warnings: Vec<String>,
     /// Commit mode: the line that tells the human how to fetch.
     pub commit_note: Option<String>,
+    restore_mode: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl Watch {
     /// Sweeps stale manifests, writes this instance's, and starts watching.
     /// `None` when there is nothing to guard.
-    pub fn start(guard: &Guard, id: &str) -> Result<Watch, String> {
+    pub fn start(
+        guard: &Guard,
+        snapshots: Vec<super::restore::Snapshot>,
+        id: &str,
+    ) -> Result<Watch, String> {
         let roots: Vec<PathBuf> = guard.trees.iter().map(|t| t.root.clone()).collect();
         let state = state_dir(&roots)?;
         let swept_stale = sweep_stale(&state);
@@ -73,13 +78,17 @@ impl Watch {
         let (stop_r, stop_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
         let taken = Arc::new(Mutex::new(Vec::new()));
         let quarantine = Arc::new(Mutex::new(q));
-        let mut armed = Armed::new(guard, quarantine.clone(), taken.clone())?;
+        let mut armed = Armed::new(guard, snapshots, quarantine.clone(), taken.clone())?;
         // The first pass runs here, before the sandbox starts: nothing the
         // agent does can come before the watches.
         armed.arm_all();
+        let restore_mode = armed.restore_mode.clone();
         let thread = std::thread::Builder::new()
             .name("sandmux-guard".into())
-            .spawn(move || armed.run(stop_r))
+            .spawn(move || {
+                armed.run(stop_r);
+                armed
+            })
             .map_err(|e| e.to_string())?;
         Ok(Watch {
             taken,
@@ -91,7 +100,17 @@ impl Watch {
             swept_stale,
             warnings: Vec::new(),
             commit_note: None,
+            restore_mode,
         })
+    }
+
+    /// Tells the watch how the sandbox started: with the mount layer in
+    /// force, guarded files are read-only and snapshot-and-restore stays off;
+    /// without it, it starts restoring (and checks everything once).
+    pub fn mount_in_force(&self, yes: bool) {
+        let v = if yes { RESTORE_OFF } else { RESTORE_ON };
+        self.restore_mode
+            .store(v, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// What the watch took so far (shared with the audit ticker).
@@ -114,7 +133,9 @@ impl Watch {
     fn end(&mut self) -> Vec<Taken> {
         drop(self.stop.take());
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if let Ok(mut armed) = t.join() {
+                armed.restore(None); // the last word: what changed since
+            }
         }
         let (swept, warnings) = sweep(&self.guard, &mut lock(&self.quarantine));
         self.warnings = warnings;
@@ -147,9 +168,26 @@ struct Armed {
     ino: Inotify,
     trees: Vec<(PathBuf, OwnedFd, BTreeSet<PathBuf>)>,
     dirs: HashMap<WatchDescriptor, (usize, PathBuf)>,
+    /// Snapshot and restore, where the mount layer may be missing; acts
+    /// only once the sandbox reported the mount layer dropped.
+    snapshots: Vec<super::restore::Snapshot>,
+    restore_mode: Arc<std::sync::atomic::AtomicU8>,
+    restore_dirs: HashMap<WatchDescriptor, (usize, PathBuf)>,
     quarantine: Arc<Mutex<Quarantine>>,
     taken: Arc<Mutex<Vec<Taken>>>,
 }
+
+const RESTORE_UNKNOWN: u8 = 0;
+const RESTORE_ON: u8 = 1;
+const RESTORE_OFF: u8 = 2;
+
+const RESTORE_MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_CLOSE_WRITE)
+    .union(AddWatchFlags::IN_ATTRIB)
+    .union(AddWatchFlags::IN_ONLYDIR);
 
 const MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_MOVED_TO)
@@ -160,6 +198,7 @@ const MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
 impl Armed {
     fn new(
         guard: &Guard,
+        snapshots: Vec<super::restore::Snapshot>,
         quarantine: Arc<Mutex<Quarantine>>,
         taken: Arc<Mutex<Vec<Taken>>>,
     ) -> Result<Armed, String> {
@@ -178,6 +217,9 @@ impl Armed {
             ino,
             trees,
             dirs: HashMap::new(),
+            snapshots,
+            restore_mode: Arc::new(std::sync::atomic::AtomicU8::new(RESTORE_UNKNOWN)),
+            restore_dirs: HashMap::new(),
             quarantine,
             taken,
         })
@@ -187,6 +229,45 @@ impl Armed {
         for i in 0..self.trees.len() {
             self.arm(i, PathBuf::new());
         }
+        for (i, s) in self.snapshots.iter().enumerate() {
+            for d in s.dirs() {
+                let Ok(fd) = scan::beneath(&s.fd(), &d, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
+                    continue;
+                };
+                let proc = PathBuf::from(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&fd)
+                ));
+                if let Ok(wd) = self.ino.add_watch(&proc, RESTORE_MASK) {
+                    self.restore_dirs.insert(wd, (i, d));
+                }
+            }
+        }
+        self.restore(None);
+    }
+
+    /// Restores what changed in the snapshots (one directory, or all),
+    /// once the mount layer is known to be missing.
+    fn restore(&mut self, which: Option<&(usize, PathBuf)>) {
+        use std::sync::atomic::Ordering;
+        match self.restore_mode.load(Ordering::SeqCst) {
+            RESTORE_ON => {}
+            RESTORE_OFF => {
+                self.snapshots.clear();
+                return;
+            }
+            _ => return,
+        }
+        let mut q = lock(&self.quarantine);
+        let mut out = Vec::new();
+        for (i, s) in self.snapshots.iter().enumerate() {
+            match which {
+                Some((j, d)) if *j == i => out.extend(s.check(Some(d), &mut q)),
+                Some(_) => {}
+                None => out.extend(s.check(None, &mut q)),
+            }
+        }
+        lock(&self.taken).extend(out);
     }
 
     /// Watches `dir` (relative to tree `i`) and handles what is already in it.
@@ -244,13 +325,28 @@ impl Armed {
         }
     }
 
-    fn run(mut self, stop: OwnedFd) {
+    fn run(&mut self, stop: OwnedFd) {
         loop {
             let mut fds = [
                 PollFd::new(self.ino.as_fd(), PollFlags::POLLIN),
                 PollFd::new(stop.as_fd(), PollFlags::POLLIN),
             ];
-            match poll(&mut fds, PollTimeout::NONE) {
+            let mode = self.restore_mode.load(std::sync::atomic::Ordering::SeqCst);
+            let waiting = !self.snapshots.is_empty() && mode == RESTORE_UNKNOWN;
+            let timeout = if waiting {
+                PollTimeout::from(50u8)
+            } else {
+                PollTimeout::NONE
+            };
+            match poll(&mut fds, timeout) {
+                Ok(0) => {
+                    // Woken to see whether the sandbox has said how it started.
+                    let now = self.restore_mode.load(std::sync::atomic::Ordering::SeqCst);
+                    if now != RESTORE_UNKNOWN {
+                        self.restore(None);
+                    }
+                    continue;
+                }
                 Ok(_) => {}
                 Err(nix::Error::EINTR) => continue,
                 Err(_) => return,
@@ -283,6 +379,12 @@ impl Armed {
                         self.check(i, dir);
                     }
                     continue;
+                }
+                if let Some(w) = self.restore_dirs.get(&e.wd).cloned() {
+                    self.restore(Some(&w));
+                    if !self.dirs.contains_key(&e.wd) {
+                        continue;
+                    }
                 }
                 let (Some((i, dir)), Some(name)) = (self.dirs.get(&e.wd).cloned(), e.name) else {
                     continue;
@@ -388,7 +490,12 @@ pub fn summary(taken: &[Taken]) -> Vec<String> {
                 super::printable(&t.path.to_string_lossy()),
                 super::printable(&t.why),
                 match (&t.kept, t.how.as_str()) {
+                    (Some(k), how) if how.contains("restored") => format!(
+                        "moved to {}; the original restored",
+                        super::printable(&k.to_string_lossy())
+                    ),
                     (Some(k), _) => format!("moved to {}", super::printable(&k.to_string_lossy())),
+                    (None, how) if how.contains("restored") => "the original restored".into(),
                     (None, "FAILED") =>
                         "COULD NOT BE REMOVED: remove it yourself before a host program reads it"
                             .into(),
@@ -410,7 +517,24 @@ pub fn start_for(
         message: format!("the workspace guard cannot start: {e}"),
         code: Some(crate::sandbox::EXIT_USAGE),
     };
-    let mut w = Watch::start(&policy.guard, id).map_err(refuse)?;
+    // Where the mount layer may be missing, keep copies to restore from.
+    let snapshots = if policy.best_effort.contains(&crate::profile::Layer::Mount) {
+        policy
+            .guard
+            .trees
+            .iter()
+            .filter_map(|t| {
+                let repos = match policy.guard.git {
+                    GitMode::Unguarded => BTreeSet::new(),
+                    _ => t.at_start.repos.clone(),
+                };
+                super::restore::Snapshot::take(&t.root, &policy.protected, &repos)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut w = Watch::start(&policy.guard, snapshots, id).map_err(refuse)?;
     if policy.guard.git == GitMode::Commit {
         let t = &policy.guard.trees[0];
         let roots: Vec<PathBuf> = policy.guard.trees.iter().map(|t| t.root.clone()).collect();

@@ -190,6 +190,12 @@ impl Instance {
         let started = sandbox::start(&plan, Stdio3::Null)?;
         self.init = Some(started.child);
         self.messages = started.messages;
+        if let Some(g) = &self.guard {
+            let mount = report::layers(&self.messages)
+                .iter()
+                .any(|l| l.layer == crate::profile::Layer::Mount && l.enforced);
+            g.mount_in_force(mount);
+        }
         self.server_pid = self
             .messages
             .iter()

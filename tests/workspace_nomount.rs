@@ -1,0 +1,134 @@
+//! P8 where the kernel cannot make control files read-only: the `container`
+//! profile started where `unshare(2)` is refused (as under a container
+//! runtime's default seccomp profile), so there is no mount namespace. The
+//! supervisor's snapshot-and-restore must then revert what the agent changes
+//! in `.git` and in guarded tool configuration; host git and direnv run
+//! afterwards. Positive control: the same attack with the guard off.
+
+mod common;
+use common::*;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// A filter that makes `unshare(2)` fail with EPERM, allowing everything else.
+fn no_unshare() -> seccompiler::BpfProgram {
+    use seccompiler::{SeccompAction, SeccompFilter};
+    let filter = SeccompFilter::new(
+        [(libc::SYS_unshare, vec![])].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        std::env::consts::ARCH.try_into().expect("seccompiler arch"),
+    )
+    .expect("filter");
+    filter.try_into().expect("compile filter")
+}
+
+fn run_without_namespaces(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
+    let prog = no_unshare();
+    let mut c = sandmux(&[
+        "run",
+        "-p",
+        profile,
+        "-w",
+        ws.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        script,
+    ]);
+    c.env("XDG_STATE_HOME", state).stdin(Stdio::null());
+    // SAFETY: between fork and exec only prctl and seccomp(2) run, on a
+    // program compiled before the fork.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            seccompiler::apply_filter(&prog)
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))
+        });
+    }
+    c.output().expect("spawn sandmux")
+}
+
+fn git(dir: &Path, args: &[&str]) -> Output {
+    Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "user.name=h",
+            "-c",
+            "user.email=h@example.invalid",
+        ])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .expect("git")
+}
+
+#[test]
+fn without_a_mount_namespace_changes_are_restored() {
+    let cfg = host_dir();
+    let open = profile_file(cfg.path(), "open", "container", |t| {
+        let start = t.find("protected = [").expect("protected list");
+        let end = start + t[start..].find("\n]\n").expect("end of the protected list") + 3;
+        format!("{}protected = []\n{}", &t[..start], &t[end..])
+            .replace("git = \"read-only\"", "git = \"unguarded\"")
+    });
+    for profile in ["container", open.to_str().unwrap()] {
+        let guarded = profile == "container";
+        let ws = Ws::new();
+        let w = ws.path();
+        for a in [
+            &["init", "-q", "-b", "main"][..],
+            &["commit", "-q", "--allow-empty", "-m", "first"],
+        ] {
+            assert!(git(&w, a).status.success());
+        }
+        put(&w.join(".envrc"), "export A=1\n");
+        let config = std::fs::read(w.join(".git/config")).unwrap();
+        let host = host_dir();
+        let marker = host.path().join("MARKER");
+        let script = format!(
+            r#"P="touch {m}"
+printf '[core]\n\tfsmonitor = %s\n' "$P" >> .git/config && echo wrote-config
+printf '#!/bin/sh\n%s\n' "$P" > .git/hooks/post-commit && chmod +x .git/hooks/post-commit
+echo "$P" >> .envrc
+sleep 0.3
+echo attacks-done"#,
+            m = marker.display()
+        );
+        let o = run_without_namespaces(&w, profile, host.path(), &script);
+        let t = text(&o);
+        assert!(t.contains("attacks-done"), "{profile}: {t}");
+        // The premise: no mount namespace, so the writes themselves succeeded.
+        assert!(
+            t.contains("wrote-config"),
+            "{profile}: the mount layer held; this test proves nothing\n{t}"
+        );
+        let _ = git(&w, &["status"]);
+        let _ = git(&w, &["commit", "-q", "--allow-empty", "-m", "host"]);
+        if guarded {
+            assert!(!marker.exists(), "agent code ran on the host\n{t}");
+            assert_eq!(std::fs::read(w.join(".git/config")).unwrap(), config, "{t}");
+            assert!(!w.join(".git/hooks/post-commit").exists(), "{t}");
+            assert_eq!(
+                std::fs::read_to_string(w.join(".envrc")).unwrap(),
+                "export A=1\n",
+                "{t}"
+            );
+            assert!(t.contains("original restored"), "{t}");
+        } else {
+            assert!(
+                marker.exists(),
+                "positive control: unguarded, host git obeys the agent\n{t}"
+            );
+        }
+    }
+}
