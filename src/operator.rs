@@ -102,14 +102,15 @@ pub fn ps(json_out: bool) -> String {
             "pid": f.meta["pid"],
             "toolsets": st.as_ref().map(|s| s["toolsets"].clone()),
             "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
+            "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
         }));
     }
     if json_out {
         return serde_json::to_string_pretty(&rows).unwrap_or_default();
     }
     let mut out = format!(
-        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {}\n",
-        "ID", "KIND", "PROFILE", "PID", "CLIENT", "TOOLSETS", "WORKSPACE"
+        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {}\n",
+        "ID", "KIND", "PROFILE", "PID", "CLIENT", "TOOLSETS", "REVERTED", "WORKSPACE"
     );
     for r in rows {
         let ts = r["toolsets"]
@@ -126,14 +127,19 @@ pub fn ps(json_out: bool) -> String {
             Some(false) => "none",
             None => "-",
         };
+        let reverted = r["workspace_reverted"]
+            .as_u64()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "-".into());
         out.push_str(&format!(
-            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {}\n",
+            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {}\n",
             r["id"].as_str().unwrap_or(""),
             r["kind"].as_str().unwrap_or("?"),
             r["profile"].as_str().unwrap_or("?"),
             r["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
             client,
             ts,
+            reverted,
             r["workspace"].as_str().unwrap_or("")
         ));
     }

@@ -474,11 +474,15 @@ fn unclean_end_is_swept_at_the_next_start() {
         w.join("a/.envrc").exists() && w.join("a/fresh/.git").exists(),
         "nothing planted: the test proves nothing"
     );
+    // A guarded file that changed during the instance (as it can without a
+    // mount namespace) is named from the digest recorded at start.
+    std::fs::write(w.join(".git/config"), "[core]\n\tbare = false\n").unwrap();
     let other = Ws::new();
     let o = run_in(&other.path(), "default", state.path(), "true");
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("ended uncleanly"), "{t}");
+    assert!(t.contains(".git/config changed while instance"), "{t}");
     assert!(
         !w.join("a/.envrc").exists() && !w.join("a/fresh/.git").exists(),
         "{t}"
@@ -809,4 +813,40 @@ echo attacks-done"#,
         "positive control: the agent's hook should run unguarded\n{}",
         text(&o)
     );
+}
+
+/// `[workspace] new_repositories = "allow"`: a repository the agent creates
+/// stays, and the end of the instance says so; the default takes it.
+#[test]
+fn new_repositories_can_be_allowed_and_are_listed() {
+    let cfg = host_dir();
+    let allow = variant(
+        cfg.path(),
+        "allow",
+        "default",
+        "new_repositories = \"quarantine\"",
+        "new_repositories = \"allow\"",
+    );
+    for (profile, stays) in [(allow.as_str(), true), ("default", false)] {
+        let ws = Ws::new();
+        let w = ws.path();
+        let state = host_dir();
+        let o = run_in(
+            &w,
+            profile,
+            state.path(),
+            "git init -q lib/made && echo made",
+        );
+        let t = text(&o);
+        assert!(t.contains("made"), "{t}");
+        assert_eq!(w.join("lib/made/.git").is_dir(), stays, "{profile}: {t}");
+        if stays {
+            assert!(
+                t.contains("left in place") && t.contains("lib/made/.git"),
+                "{t}"
+            );
+        } else {
+            assert!(t.contains("new repository"), "{t}");
+        }
+    }
 }

@@ -29,6 +29,17 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+/// What happens to repositories the agent creates (`[workspace] new_repositories`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NewRepos {
+    /// Moved into the quarantine when the instance ends (`.git` at the top at once).
+    #[default]
+    Quarantine,
+    /// Left where they are, and listed when the instance ends.
+    Allow,
+}
+
 /// The guard of one read-write tree, as planned at start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeGuard {
@@ -54,6 +65,9 @@ pub struct Guard {
     /// Git directories outside every read-write tree that a `.git` file names,
     /// bound read-only at the same path so git keeps working inside.
     pub git_outside: Vec<PathBuf>,
+    /// What happens to repositories created during the instance.
+    #[serde(default)]
+    pub new_repositories: NewRepos,
     /// Commit mode: the agent's own repository, made when the instance starts.
     #[serde(default)]
     pub commit: Option<commit::CommitRepo>,
@@ -73,6 +87,7 @@ pub fn plan(
     roots: &[PathBuf],
     names: &[PathBuf],
     git: GitMode,
+    new_repositories: NewRepos,
 ) -> Result<(Guard, ReadOnly), String> {
     let guard_git = git != GitMode::Unguarded;
     let mut trees = Vec::new();
@@ -139,7 +154,10 @@ pub fn plan(
                 }
             }
         }
-        if guard_git && !found.repos.contains(Path::new(".git")) {
+        if guard_git
+            && new_repositories == NewRepos::Quarantine
+            && !found.repos.contains(Path::new(".git"))
+        {
             watched.push(PathBuf::from(".git"));
         }
         trees.push(TreeGuard {
@@ -170,6 +188,7 @@ pub fn plan(
         names: names.to_vec(),
         trees,
         git_outside: outside.into_iter().collect(),
+        new_repositories,
         commit: None,
     };
     Ok((
@@ -238,7 +257,10 @@ impl Guard {
                     if !self.git_outside.is_empty() {
                         parts.push(format!("git directories outside the tree {how_ro}: {}", list(&self.git_outside)));
                     }
-                    parts.push("new repositories: quarantined when the instance ends; .git at the top: watched and reverted".into());
+                    parts.push(match self.new_repositories {
+                        NewRepos::Quarantine => "new repositories: quarantined when the instance ends; .git at the top: watched and reverted".into(),
+                        NewRepos::Allow => "new repositories: ALLOWED by the profile (left in place, listed at the end; host git obeys their config)".into(),
+                    });
                 }
             }
             if !t.at_start.names.is_empty() {

@@ -26,6 +26,54 @@ struct Manifest {
     id: String,
     pid: u32,
     guard: Guard,
+    /// SHA-256 of each guarded file that existed at start (git configs
+    /// included): after an unclean end, what changed is named.
+    #[serde(default)]
+    digests: std::collections::BTreeMap<PathBuf, String>,
+}
+
+/// Digests of the guarded files that exist at start (regular files up to 1 MiB).
+fn digests(guard: &Guard) -> std::collections::BTreeMap<PathBuf, String> {
+    use sha2::Digest;
+    let mut out = std::collections::BTreeMap::new();
+    for t in &guard.trees {
+        let Ok(fd) = scan::open_root(&t.root) else {
+            continue;
+        };
+        let configs = t.at_start.repos.iter().map(|r| r.join("config"));
+        for rel in t.at_start.names.iter().cloned().chain(configs).take(4096) {
+            let Ok(f) = scan::beneath(
+                &fd,
+                &rel,
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+            ) else {
+                continue;
+            };
+            let mut b = Vec::new();
+            let file = std::fs::File::from(f);
+            if file.metadata().map(|m| m.is_file()).unwrap_or(false)
+                && std::io::Read::read_to_end(&mut std::io::Read::take(file, 1 << 20), &mut b)
+                    .is_ok()
+            {
+                let d: String = sha2::Sha256::digest(&b)
+                    .iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect();
+                out.insert(t.root.join(rel), d);
+            }
+        }
+    }
+    out
+}
+
+/// Guarded files whose digest differs from the manifest's (or that are gone).
+fn changed_since(m: &Manifest) -> Vec<String> {
+    let now = digests(&m.guard);
+    m.digests
+        .iter()
+        .filter(|(p, d)| now.get(*p) != Some(*d))
+        .map(|(p, _)| super::printable(&p.to_string_lossy()))
+        .collect()
 }
 
 /// A running watch; [`Watch::finish`] ends it with the end sweep.
@@ -72,6 +120,7 @@ impl Watch {
             id: id.into(),
             pid: std::process::id(),
             guard: guard.clone(),
+            digests: digests(guard),
         };
         serde_json::to_writer(&*lock, &m)
             .map_err(|e| format!("writing {}: {e}", mpath.display()))?;
@@ -421,7 +470,14 @@ fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
                     ));
                 }
                 for r in now.repos.difference(&t.at_start.repos) {
-                    new.insert((r.components().count(), r.clone(), "new repository"));
+                    if guard.new_repositories == super::NewRepos::Allow {
+                        warnings.push(format!(
+                            "left in place, as the profile allows new repositories: {} (host git obeys its config and hooks)",
+                            super::printable(&t.root.join(r).to_string_lossy())
+                        ));
+                    } else {
+                        new.insert((r.components().count(), r.clone(), "new repository"));
+                    }
                 }
                 for n in now.names.difference(&t.at_start.names) {
                     new.insert((n.components().count(), n.clone(), "guarded name"));
@@ -470,6 +526,9 @@ fn sweep_stale(state: &Path) -> Vec<Taken> {
         let m: Option<Manifest> =
             serde_json::from_reader(std::io::Read::take(&*lock, 16 << 20)).ok();
         if let Some(m) = m {
+            for p in changed_since(&m) {
+                eprintln!("sandmux: WARNING: workspace guard: {p} changed while instance {} ran and it ended uncleanly; check it before a host program reads it", super::printable(&m.id));
+            }
             if let Ok(mut q) = Quarantine::open(state, &m.id) {
                 out.extend(sweep(&m.guard, &mut q).0);
                 let _ = std::fs::remove_dir(&q.dir);

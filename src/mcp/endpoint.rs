@@ -91,6 +91,7 @@ pub fn status(s: &State) -> Value {
         "client_connected": s.peer.get().is_some_and(|p| !p.is_transport_closed()),
         "audit_log": s.audit.path(),
         "drift": s.drift.tripped(),
+        "workspace_reverted": s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
     })
 }
 

@@ -437,8 +437,13 @@ impl Loaded {
                 }
             }
         }
-        let (guard, ro) = crate::guard::plan(&roots, &names, p.workspace.git)
-            .map_err(|reason| invalid("workspace.git", reason))?;
+        let (guard, ro) = crate::guard::plan(
+            &roots,
+            &names,
+            p.workspace.git,
+            p.workspace.new_repositories,
+        )
+        .map_err(|reason| invalid("workspace.git", reason))?;
 
         let mut environment = p.environment.clone();
         for v in environment.set.values_mut() {

@@ -46,6 +46,10 @@ pub struct WorkspaceSettings {
     /// repositories are quarantined) or `unguarded` (no git guard).
     #[serde(default)]
     pub git: crate::guard::GitMode,
+    /// Repositories the agent creates during the instance: `quarantine`
+    /// (default: moved out when it ends) or `allow` (left, and listed).
+    #[serde(default)]
+    pub new_repositories: crate::guard::NewRepos,
 }
 
 /// `[filesystem]`: paths are absolute; `{workspace}` and `{home}` are substituted;
