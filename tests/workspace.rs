@@ -608,6 +608,7 @@ mkdir y && echo '{{}}' > y/tasks.json && chmod 555 y && mv y .vscode
 mkdir cfg && printf '[build]\nrustc-wrapper = "/bin/evil"\n' > cfg/config.toml && ln -s cfg .cargo
 mkdir -p docs .cache/c && cp -r .git/objects .git/refs .cache/c/ && cp .git/HEAD docs/ && echo ../.cache/c > docs/commondir
 mkdir -p tools/hooks && printf '#!/bin/sh\ntouch %s\n' "$M" > tools/hooks/pre-commit && chmod +x tools/hooks/pre-commit
+mkdir -p hid/y && git init -q hid/y && echo x > hid/y/.envrc && chmod 311 hid
 echo attacks-done"#,
             m = marker.display()
         );
@@ -626,13 +627,20 @@ echo attacks-done"#,
                 "{t}"
             );
             assert!(!exists("tools/hooks/pre-commit"), "{t}");
+            // A directory made unreadable does not hide what is below it.
+            assert!(!exists("hid/y/.envrc") && !exists("hid/y/.git"), "{t}");
             assert!(!t.contains("COULD NOT BE REMOVED"), "{t}");
         } else {
             assert!(
                 marker.exists(),
                 "positive control: the hook in tools/hooks runs when unguarded\n{t}"
             );
-            assert!(exists(".vscode") && exists(".cargo") && exists("docs/HEAD"));
+            assert!(
+                exists(".vscode")
+                    && exists(".cargo")
+                    && exists("docs/HEAD")
+                    && exists("hid/y/.envrc")
+            );
             let _ = Command::new("chmod").arg("-R").arg("u+w").arg(&w).status();
         }
     }
@@ -758,6 +766,51 @@ echo attacks-done"#,
     assert_eq!(f.status.code(), Some(1), "{}", text(&f));
     assert!(text(&f).contains("commondir"), "{}", text(&f));
     assert!(!marker.exists());
+
+    // Links and FIFOs in the agent's repository are refused: the host-side
+    // upload-pack would follow a link to another repository of the host.
+    let secret = host.path().join("secret");
+    repo(&secret);
+    let o = run_in(&w, &commit, host.path(), &format!(
+        "rm -f .git/packed-refs && ln -s {}/.git/packed-refs .git/packed-refs; mkfifo .git/objects/fifo; echo planted=$?",
+        secret.display()
+    ));
+    let t = text(&o);
+    assert!(t.contains("planted=0"), "{t}");
+    let id = fetch_id(&t);
+    let f = sandmux(&["git", "fetch", &id])
+        .env("XDG_STATE_HOME", host.path())
+        .output()
+        .unwrap();
+    assert_eq!(f.status.code(), Some(1), "{}", text(&f));
+    assert!(
+        text(&f).contains("packed-refs is neither a plain file nor a directory")
+            && text(&f).contains("fifo"),
+        "{}",
+        text(&f)
+    );
+    // Positive control: a plain git fetch from that repository (the FIFO
+    // removed) follows the link and brings the other repository's commit in.
+    let agent = host.path().join(format!("sandmux/git/{id}/agent.git"));
+    std::fs::remove_file(agent.join("objects/fifo")).unwrap();
+    std::fs::remove_dir_all(agent.join("objects/pack")).unwrap();
+    std::os::unix::fs::symlink(secret.join(".git/objects/pack"), agent.join("objects/pack"))
+        .unwrap();
+    git_ok(&secret, &["gc", "-q"]);
+    let _ = git(
+        &w,
+        &[
+            "fetch",
+            "-q",
+            agent.to_str().unwrap(),
+            "+refs/heads/*:refs/leak/*",
+        ],
+    );
+    assert_eq!(
+        git(&w, &["rev-parse", "refs/leak/main"]).stdout,
+        git_ok(&secret, &["rev-parse", "main"]).into_bytes(),
+        "positive control: the unchecked fetch should have followed the links"
+    );
 
     // A live instance is refused (the agent could still change its repository).
     let mut live = sandmux(&[

@@ -220,6 +220,38 @@ fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
             _ => bad.push(format!("{d} is not a directory")),
         }
     }
+    // Everything git may read in the fetch: plain files and directories only.
+    // A link would let the unconfined upload-pack read another repository
+    // (or any file) of the host; a FIFO would hang it.
+    let mut stack = vec![agent.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            bad.push(format!(
+                "{} cannot be read",
+                super::printable(&d.to_string_lossy())
+            ));
+            continue;
+        };
+        for e in rd.flatten() {
+            seen += 1;
+            if seen > 1_000_000 {
+                bad.push("more than 1,000,000 entries".into());
+                stack.clear();
+                break;
+            }
+            let p = e.path();
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => stack.push(p),
+                Ok(m) if m.is_file() => {}
+                _ => bad.push(format!(
+                    "{} is neither a plain file nor a directory",
+                    super::printable(&p.strip_prefix(agent).unwrap_or(&p).to_string_lossy())
+                )),
+            }
+        }
+    }
+    bad.truncate(20);
     let config = std::fs::read(agent.join("config")).unwrap_or_default();
     if sha(&config) != meta.config_sha256 {
         bad.push("config is not the one sandmux wrote".into());
@@ -244,6 +276,57 @@ fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
             bad.join("; ")
         ))
     }
+}
+
+/// Waits for `child`, killing it past `limit`; its output is drained by
+/// threads so a chatty child cannot block on a full pipe.
+fn wait_bounded(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+) -> Result<std::process::Output, String> {
+    use std::io::Read;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(1 << 20).read_to_end(&mut b);
+            }
+            b
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if t0.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "git fetch did not finish within {} s; killed",
+                    limit.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(e) => return Err(format!("git fetch: {e}")),
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
 }
 
 /// `sandmux git fetch ID [--prune]`: the instance's commits into
@@ -274,7 +357,7 @@ pub fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
     let agent = dir.join("agent.git");
     check(&agent, &meta)?;
     let spec = format!("+refs/heads/*:refs/sandmux/{id}/*");
-    let o = Command::new("git")
+    let child = Command::new("git")
         .arg("-C")
         .arg(&meta.workspace)
         .args([
@@ -289,8 +372,12 @@ pub fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
         .arg(&agent)
         .arg(&spec)
         .env_remove("GIT_DIR")
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .map_err(|e| format!("git fetch: {e}"))?;
+    let o = wait_bounded(child, std::time::Duration::from_secs(600))?;
     if !o.status.success() {
         return Err(format!(
             "git fetch: {}",

@@ -275,6 +275,12 @@ impl Guard {
                     t.watched.len()
                 ));
             }
+            if !t.at_start.unreadable.is_empty() {
+                parts.push(format!(
+                    "directories that could not be read (not guarded below): {}",
+                    list(t.at_start.unreadable.iter())
+                ));
+            }
             if !t.at_start.complete {
                 parts.push(format!(
                     "the walk stopped after {} entries: deeper paths are not guarded",

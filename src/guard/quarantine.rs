@@ -227,7 +227,7 @@ pub(crate) fn redirect_or_self(root: &OwnedFd, rel: &Path) -> Option<PathBuf> {
 
 /// Gives the owner rwx on the directory `name` under `dir` (never through a
 /// link: the directory is opened first, then changed through its descriptor).
-fn unlock_dir(dir: &impl AsFd, name: &Path) {
+pub(crate) fn unlock_dir(dir: &impl AsFd, name: &Path) {
     if let Ok(fd) = beneath(
         dir,
         name,

@@ -30,6 +30,10 @@ pub struct Found {
     pub entries: usize,
     /// False when the walk stopped at [`MAX_ENTRIES`].
     pub complete: bool,
+    /// Directories the walk could not open (their owner took the read or
+    /// search bit away): nothing below them was seen.
+    #[serde(default)]
+    pub unreadable: BTreeSet<PathBuf>,
 }
 
 pub(crate) fn beneath(dir: &impl AsFd, path: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
@@ -69,6 +73,16 @@ fn exists_beneath(dir: &impl AsFd, rel: &Path) -> bool {
 /// component is matched at every depth); `git` adds `.git` entries and
 /// bare-repository directories.
 pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
+    walk_with(root, guarded, git, false)
+}
+
+/// [`walk`], giving the owner read and search rights back on a directory it
+/// cannot open (the end sweep: the agent's directories, which the user owns).
+pub fn walk_unlocking(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
+    walk_with(root, guarded, git, true)
+}
+
+fn walk_with(root: &Path, guarded: &[PathBuf], git: bool, unlock: bool) -> nix::Result<Found> {
     let root_fd = open_root(root)?;
     // Guarded paths by their first component: one lookup per entry.
     let mut by_first: std::collections::HashMap<&OsStr, Vec<&PathBuf>> =
@@ -84,8 +98,27 @@ pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
     };
     let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
-        let fd = match beneath(&root_fd, &rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+        let open = || beneath(&root_fd, &rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY);
+        let fd = match open() {
             Ok(fd) => fd,
+            Err(nix::Error::EACCES) => {
+                let retried = unlock
+                    .then(|| {
+                        let parent =
+                            beneath(&root_fd, rel.parent()?, OFlag::O_PATH | OFlag::O_DIRECTORY)
+                                .ok()?;
+                        super::quarantine::unlock_dir(&parent, Path::new(rel.file_name()?));
+                        open().ok()
+                    })
+                    .flatten();
+                match retried {
+                    Some(fd) => fd,
+                    None => {
+                        found.unreadable.insert(rel);
+                        continue;
+                    }
+                }
+            }
             // Vanished or replaced by a link since it was listed: not a directory of the tree.
             Err(_) => continue,
         };

@@ -461,7 +461,16 @@ fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
                 scan::MAX_ENTRIES
             ));
         } else {
-            if let Ok(now) = scan::walk(&t.root, &guard.names, guard.git != GitMode::Unguarded) {
+            if let Ok(now) =
+                scan::walk_unlocking(&t.root, &guard.names, guard.git != GitMode::Unguarded)
+            {
+                for u in t.at_start.unreadable.iter().chain(now.unreadable.iter()) {
+                    warnings.push(format!(
+                        "{}: a directory that could not be read; repositories and guarded names below it were not checked",
+                        super::printable(&t.root.join(u).to_string_lossy())
+                    ));
+                }
+                let unknown = |p: &PathBuf| t.at_start.unreadable.iter().any(|u| p.starts_with(u));
                 if !now.complete {
                     warnings.push(format!(
                         "{}: the end sweep stopped after {} entries; repositories and guarded names deeper down were not checked",
@@ -469,7 +478,11 @@ fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
                         scan::MAX_ENTRIES
                     ));
                 }
-                for r in now.repos.difference(&t.at_start.repos) {
+                for r in now
+                    .repos
+                    .difference(&t.at_start.repos)
+                    .filter(|p| !unknown(p))
+                {
                     if guard.new_repositories == super::NewRepos::Allow {
                         warnings.push(format!(
                             "left in place, as the profile allows new repositories: {} (host git obeys its config and hooks)",
@@ -479,7 +492,11 @@ fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
                         new.insert((r.components().count(), r.clone(), "new repository"));
                     }
                 }
-                for n in now.names.difference(&t.at_start.names) {
+                for n in now
+                    .names
+                    .difference(&t.at_start.names)
+                    .filter(|p| !unknown(p))
+                {
                     new.insert((n.components().count(), n.clone(), "guarded name"));
                 }
             }
@@ -634,7 +651,7 @@ pub fn is_live(state: &Path, id: &str) -> bool {
 /// Ends a watch and says on stderr what it took during the instance.
 pub fn finish_and_say(w: Watch) -> Vec<Taken> {
     let note = w.commit_note.clone();
-    let (taken, warnings) = w.finish();
+    let (mut taken, warnings) = w.finish();
     if let Some(n) = note {
         eprintln!("sandmux: {n}");
     }
@@ -651,5 +668,13 @@ pub fn finish_and_say(w: Watch) -> Vec<Taken> {
             eprintln!("sandmux:   {l}");
         }
     }
+    // Warnings travel with the reverts (to the audit log in `serve`).
+    taken.extend(warnings.into_iter().map(|w| Taken {
+        path: PathBuf::new(),
+        kept: None,
+        how: "warning".into(),
+        why: w,
+        took_ms: 0.0,
+    }));
     taken
 }

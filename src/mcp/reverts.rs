@@ -8,6 +8,7 @@
 //! sweep.
 
 use super::audit::{Audit, Entry};
+use crate::guard::printable;
 use crate::guard::quarantine::Taken;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
@@ -45,12 +46,19 @@ impl Reverts {
     pub fn record(&self, all: &[Taken]) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         for t in all.iter().skip(*seen) {
-            let args = json!({
-                "path": t.path,
-                "why": t.why,
-                "how": t.how,
-                "kept": t.kept,
-            });
+            // Paths are the agent's bytes: escaped text, never raw (and
+            // never a serialization that fails on invalid UTF-8).
+            let esc = |p: &std::path::Path| printable(&p.to_string_lossy());
+            let args = if t.how == "warning" {
+                json!({"warning": printable(&t.why)})
+            } else {
+                json!({
+                    "path": esc(&t.path),
+                    "why": printable(&t.why),
+                    "how": t.how,
+                    "kept": t.kept.as_deref().map(esc),
+                })
+            };
             if let Err(e) = self.audit.record(Entry {
                 tool: TOOL,
                 toolset: None,
