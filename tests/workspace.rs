@@ -903,3 +903,55 @@ fn new_repositories_can_be_allowed_and_are_listed() {
         }
     }
 }
+
+/// The same attacks in a workspace the caller can write but does not own: as
+/// root, a directory of uid 65534 (mode 0777); as another user, the
+/// root-owned 0777 directory `.ci/run` names in SMX_TEST_FOREIGN_WS.
+#[test]
+fn a_workspace_the_caller_only_has_write_access_to() {
+    use std::os::unix::fs::PermissionsExt;
+    let mine = tempfile::Builder::new()
+        .prefix("sandmux-test-foreign-")
+        .tempdir()
+        .unwrap();
+    let w = if nix_uid() == 0 {
+        std::os::unix::fs::chown(mine.path(), Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(mine.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::canonicalize(mine.path()).unwrap()
+    } else if let Some(p) = std::env::var_os("SMX_TEST_FOREIGN_WS") {
+        std::fs::canonicalize(p).unwrap()
+    } else {
+        eprintln!("skipped: not root and SMX_TEST_FOREIGN_WS unset (.ci/run sets it for the uid 65534 run)");
+        return;
+    };
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(
+        std::fs::metadata(&w).unwrap().uid(),
+        nix_uid(),
+        "the caller owns the workspace: the test proves nothing"
+    );
+    repo(&w);
+    let host = host_dir();
+    let marker = host.path().join("MARKER");
+    let o = run_in(&w, "default", host.path(), &format!(
+        "git config core.fsmonitor 'touch {m}'; echo 'touch {m}' > .envrc.local; git init -q sub && git -C sub config core.fsmonitor 'touch {m}'; echo done",
+        m = marker.display()
+    ));
+    let t = text(&o);
+    assert!(t.contains("done"), "{t}");
+    for d in [w.clone(), w.join("sub")] {
+        if d.exists() {
+            let _ = git(&d, &["status"]);
+        }
+    }
+    assert!(!marker.exists(), "agent code ran on the host\n{t}");
+    assert!(
+        !w.join(".envrc.local").exists() && !w.join("sub/.git").exists(),
+        "{t}"
+    );
+}
+
+fn nix_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
