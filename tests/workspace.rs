@@ -37,6 +37,16 @@ fn git(dir: &Path, args: &[&str]) -> Output {
         .expect("git")
 }
 
+/// A host directory outside every tree the sandbox's view contains (`/tmp`
+/// is a tmpfs inside): paths here are reachable only through what the guard
+/// itself binds and grants.
+fn outside_view() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("sandmux-test-outside-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir in /var/tmp")
+}
+
 fn git_ok(dir: &Path, args: &[&str]) -> String {
     let o = git(dir, args);
     assert!(
@@ -231,7 +241,8 @@ fn git_control_plane_is_read_only_in_worktrees_and_submodules() {
     for profile in ["default", "container", unguarded.as_str()] {
         let guarded = profile != unguarded;
         let host = host_dir();
-        let main = host.path().join("main");
+        let far = outside_view();
+        let main = far.path().join("main");
         repo(&main);
         let ws = Ws::new();
         let wt = ws.path().join("wt");
@@ -699,7 +710,8 @@ fn commit_mode_agent_commits_and_the_human_fetches() {
     let ws = Ws::new();
     let w = ws.path();
     repo(&w);
-    let host = host_dir();
+    // The state directory outside the view, as ~/.local/state is.
+    let host = outside_view();
     let marker = host.path().join("MARKER");
     let main_before = git_ok(&w, &["rev-parse", "main"]);
     let config_before = std::fs::read(w.join(".git/config")).unwrap();

@@ -302,6 +302,12 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
             layer: Layer::Git,
             reason: "UNGUARDED by the profile ([workspace] git = \"unguarded\"): the agent can change what host git obeys".into(),
         });
+    } else if policy.guard.commit.is_some() && !ns.has(Layer::Mount) {
+        return Err(Stop {
+            unavailable: true,
+            layer: Some(Layer::Git),
+            message: "git = \"commit\" needs a mount namespace (the agent's repository is mounted over .git); use git = \"read-only\" here".into(),
+        });
     } else {
         if ns.has(Layer::Mount) {
             layers.ok(Layer::Git, policy.guard.describe(true).join(" | "));

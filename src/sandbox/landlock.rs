@@ -120,6 +120,14 @@ pub fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
             MountKind::Masked | MountKind::Symlink(_) => {}
         }
     }
+    // The workspace guard's read-only git directories (P8): the one a
+    // worktree's `.git` file names, and commit mode's view of the real one.
+    for p in &policy.guard.git_outside {
+        r.push((p.clone(), Grant::Read));
+    }
+    if let Some(c) = &policy.guard.commit {
+        r.push((c.origin.clone(), Grant::Read));
+    }
     for dev in [
         "/dev/null",
         "/dev/zero",
