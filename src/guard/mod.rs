@@ -22,6 +22,7 @@ pub mod git;
 pub mod quarantine;
 pub mod restore;
 pub mod scan;
+pub mod sweep;
 pub mod watch;
 
 pub use git::{GitMode, Shape};

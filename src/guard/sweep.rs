@@ -1,0 +1,204 @@
+//! Sweeps (W3): what the guard planned at start against what is there now —
+//! at the end of an instance, and at the next start after an unclean end
+//! (a manifest no live instance holds). Also the lines said to the human.
+
+use super::quarantine::{Quarantine, Taken};
+use super::{scan, GitMode, Guard};
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// What the manifest holds.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Manifest {
+    pub(crate) id: String,
+    pub(crate) pid: u32,
+    pub(crate) guard: Guard,
+    /// SHA-256 of each guarded file that existed at start (git configs
+    /// included): after an unclean end, what changed is named.
+    #[serde(default)]
+    pub(crate) digests: std::collections::BTreeMap<PathBuf, String>,
+}
+
+/// Digests of the guarded files that exist at start (regular files up to 1 MiB).
+pub(crate) fn digests(guard: &Guard) -> std::collections::BTreeMap<PathBuf, String> {
+    use sha2::Digest;
+    let mut out = std::collections::BTreeMap::new();
+    for t in &guard.trees {
+        let Ok(fd) = scan::open_root(&t.root) else {
+            continue;
+        };
+        let configs = t.at_start.repos.iter().map(|r| r.join("config"));
+        for rel in t.at_start.names.iter().cloned().chain(configs).take(4096) {
+            let Ok(f) = scan::beneath(
+                &fd,
+                &rel,
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+            ) else {
+                continue;
+            };
+            let mut b = Vec::new();
+            let file = std::fs::File::from(f);
+            if file.metadata().map(|m| m.is_file()).unwrap_or(false)
+                && std::io::Read::read_to_end(&mut std::io::Read::take(file, 1 << 20), &mut b)
+                    .is_ok()
+            {
+                let d: String = sha2::Sha256::digest(&b)
+                    .iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect();
+                out.insert(t.root.join(rel), d);
+            }
+        }
+    }
+    out
+}
+
+/// Guarded files whose digest differs from the manifest's (or that are gone).
+fn changed_since(m: &Manifest) -> Vec<String> {
+    let now = digests(&m.guard);
+    m.digests
+        .iter()
+        .filter(|(p, d)| now.get(*p) != Some(*d))
+        .map(|(p, _)| super::printable(&p.to_string_lossy()))
+        .collect()
+}
+
+/// The end sweep: what the guard planned against what is there now. Returns
+/// what it took, and warnings for what it could not check.
+pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut warnings = Vec::new();
+    for t in &guard.trees {
+        let Ok(fd) = scan::open_root(&t.root) else {
+            continue;
+        };
+        let mut new: BTreeSet<(usize, PathBuf, &str)> = BTreeSet::new();
+        if !t.at_start.complete {
+            warnings.push(format!(
+                "{}: the walk at start stopped after {} entries, so the end sweep could not tell new repositories and guarded names below the top from old ones; check the tree yourself",
+                super::printable(&t.root.to_string_lossy()),
+                scan::MAX_ENTRIES
+            ));
+        } else {
+            if let Ok(now) =
+                scan::walk_unlocking(&t.root, &guard.names, guard.git != GitMode::Unguarded)
+            {
+                for u in t.at_start.unreadable.iter().chain(now.unreadable.iter()) {
+                    warnings.push(format!(
+                        "{}: a directory that could not be read; repositories and guarded names below it were not checked",
+                        super::printable(&t.root.join(u).to_string_lossy())
+                    ));
+                }
+                let unknown = |p: &PathBuf| t.at_start.unreadable.iter().any(|u| p.starts_with(u));
+                if !now.complete {
+                    warnings.push(format!(
+                        "{}: the end sweep stopped after {} entries; repositories and guarded names deeper down were not checked",
+                        super::printable(&t.root.to_string_lossy()),
+                        scan::MAX_ENTRIES
+                    ));
+                }
+                for r in now
+                    .repos
+                    .difference(&t.at_start.repos)
+                    .filter(|p| !unknown(p))
+                {
+                    if guard.new_repositories == super::NewRepos::Allow {
+                        warnings.push(format!(
+                            "left in place, as the profile allows new repositories: {} (host git obeys its config and hooks)",
+                            super::printable(&t.root.join(r).to_string_lossy())
+                        ));
+                    } else {
+                        new.insert((r.components().count(), r.clone(), "new repository"));
+                    }
+                }
+                for n in now
+                    .names
+                    .difference(&t.at_start.names)
+                    .filter(|p| !unknown(p))
+                {
+                    new.insert((n.components().count(), n.clone(), "guarded name"));
+                }
+            }
+        }
+        for w in &t.watched {
+            new.insert((w.components().count(), w.clone(), "guarded name"));
+        }
+        let mut done: Vec<PathBuf> = Vec::new();
+        for (_, rel, why) in new {
+            if done.iter().any(|d| rel.starts_with(d)) {
+                continue;
+            }
+            let why = if why == "guarded name" {
+                rel.display().to_string()
+            } else {
+                why.to_string()
+            };
+            if let Some(taken) = q.take(&fd, &t.root, &rel, &why) {
+                done.push(rel);
+                out.push(taken);
+            }
+        }
+    }
+    (out, warnings)
+}
+
+/// Sweeps the trees of every manifest that no live instance holds.
+pub(crate) fn sweep_stale(state: &Path) -> Vec<Taken> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(state.join("guard")) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(&p) else {
+            continue;
+        };
+        let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+            continue; // a live instance holds it
+        };
+        let m: Option<Manifest> =
+            serde_json::from_reader(std::io::Read::take(&*lock, 16 << 20)).ok();
+        if let Some(m) = m {
+            for p in changed_since(&m) {
+                eprintln!("sandmux: WARNING: workspace guard: {p} changed while instance {} ran and it ended uncleanly; check it before a host program reads it", super::printable(&m.id));
+            }
+            if let Ok(mut q) = Quarantine::open(state, &m.id) {
+                out.extend(sweep(&m.guard, &mut q).0);
+                let _ = std::fs::remove_dir(&q.dir);
+            }
+        }
+        let _ = std::fs::remove_file(&p);
+    }
+    out
+}
+
+/// Lines for a human: what was taken and where it is kept.
+pub fn summary(taken: &[Taken]) -> Vec<String> {
+    taken
+        .iter()
+        .map(|t| {
+            format!(
+                "{} ({}): {}",
+                super::printable(&t.path.to_string_lossy()),
+                super::printable(&t.why),
+                match (&t.kept, t.how.as_str()) {
+                    (Some(k), how) if how.contains("restored") => format!(
+                        "moved to {}; the original restored",
+                        super::printable(&k.to_string_lossy())
+                    ),
+                    (Some(k), _) => format!("moved to {}", super::printable(&k.to_string_lossy())),
+                    (None, how) if how.contains("restored") => "the original restored".into(),
+                    (None, "FAILED") =>
+                        "COULD NOT BE REMOVED: remove it yourself before a host program reads it"
+                            .into(),
+                    (None, _) => "removed, not kept (the quarantine's budget is spent)".into(),
+                }
+            )
+        })
+        .collect()
+}
