@@ -12,29 +12,8 @@ use std::process::{Command, Output, Stdio};
 
 const PROFILES: [&str; 4] = ["default", "ci", "dev", "container"];
 
-/// Host-side git, as the user runs it: no system or global config of the
-/// machine, any owner accepted (the workspace may belong to another uid).
 fn git(dir: &Path, args: &[&str]) -> Output {
-    Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args([
-            "-c",
-            "safe.directory=*",
-            "-c",
-            "user.name=h",
-            "-c",
-            "user.email=h@example.invalid",
-            "-c",
-            "protocol.file.allow=always",
-        ])
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("HOME", "/nonexistent")
-        .env_remove("GIT_DIR")
-        .stdin(Stdio::null())
-        .output()
-        .expect("git")
+    host_git(dir, args)
 }
 
 /// A host directory outside every tree the sandbox's view contains (`/tmp`
@@ -330,11 +309,7 @@ echo attacks-done"#,
 #[test]
 fn tool_configuration_is_read_only_or_reverted() {
     let cfg = host_dir();
-    let open = profile_file(cfg.path(), "open", "default", |t| {
-        let start = t.find("protected = [").expect("protected list");
-        let end = start + t[start..].find("\n]\n").expect("end of the protected list") + 3;
-        format!("{}protected = []\n{}", &t[..start], &t[end..])
-    });
+    let open = profile_file(cfg.path(), "open", "default", unguard);
     let open = open.to_str().unwrap().to_string();
     let direnv = which("direnv")
         .expect("direnv is needed for this test (apt-get install direnv; .ci/run installs it)");
@@ -474,11 +449,7 @@ fn unclean_end_is_swept_at_the_next_start() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let t0 = std::time::Instant::now();
-    while !w.join("READY").exists() {
-        assert!(t0.elapsed().as_secs() < 20, "the command never started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for_file(&w.join("READY"));
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
@@ -598,12 +569,7 @@ fn config_dir_inside_the_workspace_is_guarded() {
 #[test]
 fn planted_entries_are_taken_however_they_are_shaped() {
     let cfg = host_dir();
-    let open = profile_file(cfg.path(), "open", "default", |t| {
-        let start = t.find("protected = [").expect("protected list");
-        let end = start + t[start..].find("\n]\n").expect("end of the protected list") + 3;
-        format!("{}protected = []\n{}", &t[..start], &t[end..])
-            .replace("git = \"read-only\"", "git = \"unguarded\"")
-    });
+    let open = profile_file(cfg.path(), "open", "default", unguard);
     let open = open.to_str().unwrap().to_string();
     for profile in ["default", open.as_str()] {
         let guarded = profile == "default";
@@ -842,11 +808,7 @@ echo attacks-done"#,
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    let t0 = std::time::Instant::now();
-    while !w.join("LIVE").exists() {
-        assert!(t0.elapsed().as_secs() < 20);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for_file(&w.join("LIVE"));
     let ids: Vec<String> = std::fs::read_dir(host.path().join("sandmux/guard"))
         .unwrap()
         .flatten()

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 /// A filter that makes `unshare(2)` fail with EPERM, allowing everything else.
 fn no_unshare() -> seccompiler::BpfProgram {
@@ -53,34 +53,13 @@ fn run_without_namespaces(ws: &Path, profile: &str, state: &Path, script: &str) 
 }
 
 fn git(dir: &Path, args: &[&str]) -> Output {
-    Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args([
-            "-c",
-            "safe.directory=*",
-            "-c",
-            "user.name=h",
-            "-c",
-            "user.email=h@example.invalid",
-        ])
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("HOME", "/nonexistent")
-        .stdin(Stdio::null())
-        .output()
-        .expect("git")
+    host_git(dir, args)
 }
 
 #[test]
 fn without_a_mount_namespace_changes_are_restored() {
     let cfg = host_dir();
-    let open = profile_file(cfg.path(), "open", "container", |t| {
-        let start = t.find("protected = [").expect("protected list");
-        let end = start + t[start..].find("\n]\n").expect("end of the protected list") + 3;
-        format!("{}protected = []\n{}", &t[..start], &t[end..])
-            .replace("git = \"read-only\"", "git = \"unguarded\"")
-    });
+    let open = profile_file(cfg.path(), "open", "container", unguard);
     for profile in ["container", open.to_str().unwrap()] {
         let guarded = profile == "container";
         let ws = Ws::new();

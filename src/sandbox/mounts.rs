@@ -18,14 +18,15 @@
 //!   (the tmux socket directory, hidden once the server listens), the tmux
 //!   config, the gate config, and the `/etc/passwd`/`/etc/group` shown inside.
 
+use crate::guard::scan::beneath;
 use crate::profile::{MountKind, Policy};
-use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{openat, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{fstat, mkdirat, Mode};
 use nix::unistd::{fchdir, pivot_root, symlinkat};
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 /// An error while building the view; always names the path.
@@ -102,20 +103,6 @@ fn rel(p: &Path) -> PathBuf {
     p.components()
         .filter(|c| matches!(c, Component::Normal(_)))
         .collect()
-}
-
-fn beneath(dir: &impl AsFd, path: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
-    let how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC).resolve(
-        ResolveFlag::RESOLVE_BENEATH
-            | ResolveFlag::RESOLVE_NO_SYMLINKS
-            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-    );
-    let p = if path.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        path
-    };
-    openat2(dir, p, how)
 }
 
 fn open_host(path: &Path) -> Result<OwnedFd, MountError> {

@@ -329,3 +329,49 @@ pub fn assert_no_rundir_of(sup: u32) {
         );
     }
 }
+
+/// Host-side git, as the user runs it: no system or global config of the
+/// machine, any owner accepted (the workspace may belong to another uid).
+pub fn host_git(dir: &Path, args: &[&str]) -> Output {
+    Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "user.name=h",
+            "-c",
+            "user.email=h@example.invalid",
+            "-c",
+            "protocol.file.allow=always",
+        ])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", "/nonexistent")
+        .env_remove("GIT_DIR")
+        .stdin(Stdio::null())
+        .output()
+        .expect("git")
+}
+
+/// A profile text with the workspace guard off: no guarded names, git unguarded.
+pub fn unguard(t: String) -> String {
+    let start = t.find("protected = [").expect("protected list");
+    let end = start + t[start..].find("\n]\n").expect("end of the protected list") + 3;
+    format!("{}protected = []\n{}", &t[..start], &t[end..])
+        .replace("git = \"read-only\"", "git = \"unguarded\"")
+}
+
+/// Waits (at most 20 s) until `p` exists.
+pub fn wait_for_file(p: &Path) {
+    let t0 = Instant::now();
+    while !p.exists() {
+        assert!(
+            t0.elapsed().as_secs() < 20,
+            "{} never appeared",
+            p.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
