@@ -49,7 +49,14 @@ fn repo(dir: &Path) {
 /// `sandmux run` with its own state directory (so the quarantine and the
 /// manifests of one test never meet another's).
 fn run_in(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
-    sandmux(&[
+    run_cmd(ws, profile, state, script)
+        .output()
+        .expect("spawn sandmux")
+}
+
+/// The `sandmux run -p PROFILE -w WS -- bash -c SCRIPT` command, stdin closed.
+fn run_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
+    let mut c = sandmux(&[
         "run",
         "-p",
         profile,
@@ -59,11 +66,26 @@ fn run_in(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
         "bash",
         "-c",
         script,
-    ])
-    .env("XDG_STATE_HOME", state)
-    .stdin(Stdio::null())
-    .output()
-    .expect("spawn sandmux")
+    ]);
+    c.env("XDG_STATE_HOME", state).stdin(Stdio::null());
+    c
+}
+
+/// [`run_cmd`] started in the background once `ready` (a file it makes) exists.
+fn run_background(
+    ws: &Path,
+    profile: &str,
+    state: &Path,
+    script: &str,
+    ready: &str,
+) -> std::process::Child {
+    let child = run_cmd(ws, profile, state, script)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn sandmux");
+    wait_for_file(&ws.join(ready));
+    child
 }
 
 /// A profile derived from `base` with one edit, in `dir`.
@@ -434,22 +456,13 @@ fn unclean_end_is_swept_at_the_next_start() {
     let w = ws.path();
     repo(&w);
     let state = host_dir();
-    let mut child = sandmux(&[
-        "run",
-        "-w",
-        w.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
+    let mut child = run_background(
+        &w,
+        "default",
+        state.path(),
         "mkdir -p a && echo x > a/.envrc && git init -q a/fresh && touch READY && sleep 60",
-    ])
-    .env("XDG_STATE_HOME", state.path())
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    wait_for_file(&w.join("READY"));
+        "READY",
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
@@ -534,29 +547,22 @@ fn config_dir_inside_the_workspace_is_guarded() {
     let cfg = w.join("conf");
     std::fs::create_dir_all(&cfg).unwrap();
     let planted = cfg.join("sandmux/profiles/wide.toml");
-    let o = sandmux(&["run", "-w", w.to_str().unwrap(), "--", "bash", "-c",
-        "mkdir -p conf/sandmux/profiles && printf 'version = 1\\ndescription = \"x\"\\n' > conf/sandmux/profiles/wide.toml; echo planted=$?"])
-        .env("XDG_STATE_HOME", state.path())
+    let o = run_cmd(&w, "default", state.path(),
+        "mkdir -p conf/sandmux/profiles && printf 'version = 1\\ndescription = \"x\"\\n' > conf/sandmux/profiles/wide.toml; echo planted=$?")
         .env("XDG_CONFIG_HOME", &cfg)
-        .stdin(Stdio::null())
         .output()
         .unwrap();
     let t = text(&o);
     assert!(t.contains("planted="), "{t}");
     assert!(!planted.exists() && !cfg.join("sandmux").exists(), "{t}");
     // Positive control: without the config dir in the workspace, the same path is data.
-    let o = sandmux(&[
-        "run",
-        "-w",
-        w.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
+    let o = run_cmd(
+        &w,
+        "default",
+        state.path(),
         "mkdir -p conf/sandmux/profiles && echo x > conf/sandmux/profiles/wide.toml",
-    ])
-    .env("XDG_STATE_HOME", state.path())
+    )
     .env("XDG_CONFIG_HOME", state.path())
-    .stdin(Stdio::null())
     .output()
     .unwrap();
     assert!(planted.exists(), "{}", text(&o));
@@ -643,6 +649,26 @@ fn refusal_messages_escape_planted_names() {
     assert!(t.contains("\\x1b[2J"), "{t}");
 }
 
+/// `sandmux git fetch ID [extra]` with the test's state directory.
+fn fetch(state: &Path, id: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["git", "fetch", id];
+    args.extend_from_slice(extra);
+    sandmux(&args)
+        .env("XDG_STATE_HOME", state)
+        .output()
+        .unwrap()
+}
+
+/// Runs `script` in commit mode (it must print `planted=0`), then fetches
+/// the instance's repository: the id and the fetch's output.
+fn plant_and_fetch(w: &Path, profile: &str, state: &Path, script: &str) -> (String, Output) {
+    let t = text(&run_in(w, profile, state, script));
+    assert!(t.contains("planted=0"), "{t}");
+    let id = fetch_id(&t);
+    let f = fetch(state, &id, &[]);
+    (id, f)
+}
+
 fn fetch_id(stderr: &str) -> String {
     stderr
         .split("sandmux git fetch ")
@@ -701,10 +727,7 @@ echo attacks-done"#,
     );
     assert_eq!(std::fs::read(w.join(".git/config")).unwrap(), config_before);
     let id = fetch_id(&t);
-    let f = sandmux(&["git", "fetch", &id])
-        .env("XDG_STATE_HOME", host.path())
-        .output()
-        .unwrap();
+    let f = fetch(host.path(), &id, &[]);
     assert!(f.status.success(), "{}", text(&f));
     let log = git_ok(
         &w,
@@ -718,10 +741,7 @@ echo attacks-done"#,
     let _ = git(&w, &["commit", "-q", "--allow-empty", "-m", "host"]);
     assert!(!marker.exists(), "agent code ran on the host\n{t}");
     // --prune removes the agent's repository after fetching.
-    let f = sandmux(&["git", "fetch", &id, "--prune"])
-        .env("XDG_STATE_HOME", host.path())
-        .output()
-        .unwrap();
+    let f = fetch(host.path(), &id, &["--prune"]);
     assert!(
         f.status.success() && text(&f).contains("removed"),
         "{}",
@@ -730,17 +750,10 @@ echo attacks-done"#,
     assert!(!host.path().join(format!("sandmux/git/{id}")).exists());
 
     // A reshaped repository (commondir redirect to a config of the agent's) is refused.
-    let o = run_in(&w, &commit, host.path(), &format!(
+    let (_, f) = plant_and_fetch(&w, &commit, host.path(), &format!(
         "mkdir -p evil && printf '[core]\\n\\tfsmonitor = touch {}\\n' > evil/config && echo \"$PWD/evil\" > .git/commondir; echo planted=$?",
         marker.display()
     ));
-    let t = text(&o);
-    assert!(t.contains("planted=0"), "{t}");
-    let id = fetch_id(&t);
-    let f = sandmux(&["git", "fetch", &id])
-        .env("XDG_STATE_HOME", host.path())
-        .output()
-        .unwrap();
     assert_eq!(f.status.code(), Some(1), "{}", text(&f));
     assert!(text(&f).contains("commondir"), "{}", text(&f));
     assert!(!marker.exists());
@@ -749,17 +762,10 @@ echo attacks-done"#,
     // upload-pack would follow a link to another repository of the host.
     let secret = host.path().join("secret");
     repo(&secret);
-    let o = run_in(&w, &commit, host.path(), &format!(
+    let (id, f) = plant_and_fetch(&w, &commit, host.path(), &format!(
         "rm -f .git/packed-refs && ln -s {}/.git/packed-refs .git/packed-refs; mkfifo .git/objects/fifo; echo planted=$?",
         secret.display()
     ));
-    let t = text(&o);
-    assert!(t.contains("planted=0"), "{t}");
-    let id = fetch_id(&t);
-    let f = sandmux(&["git", "fetch", &id])
-        .env("XDG_STATE_HOME", host.path())
-        .output()
-        .unwrap();
     assert_eq!(f.status.code(), Some(1), "{}", text(&f));
     assert!(
         text(&f).contains("packed-refs is neither a plain file nor a directory")
@@ -791,24 +797,7 @@ echo attacks-done"#,
     );
 
     // A live instance is refused (the agent could still change its repository).
-    let mut live = sandmux(&[
-        "run",
-        "-p",
-        &commit,
-        "-w",
-        w.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        "touch LIVE; sleep 30",
-    ])
-    .env("XDG_STATE_HOME", host.path())
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
-    wait_for_file(&w.join("LIVE"));
+    let mut live = run_background(&w, &commit, host.path(), "touch LIVE; sleep 30", "LIVE");
     let ids: Vec<String> = std::fs::read_dir(host.path().join("sandmux/guard"))
         .unwrap()
         .flatten()
@@ -820,10 +809,7 @@ echo attacks-done"#,
         })
         .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
-    let f = sandmux(&["git", "fetch", &ids[0]])
-        .env("XDG_STATE_HOME", host.path())
-        .output()
-        .unwrap();
+    let f = fetch(host.path(), &ids[0], &[]);
     assert!(text(&f).contains("still running"), "{}", text(&f));
     live.kill().unwrap();
     live.wait().unwrap();
