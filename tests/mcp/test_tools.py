@@ -146,6 +146,36 @@ async def test_run_command_statuses_quoting_and_truncation(ws):
         assert r["status"] == "interrupted"
         r = await call(c, "run_command", {"command": "echo after-interrupt"})
         assert r["output"] == "after-interrupt"
+        assert r["timeout"] == 30 and "timeout_note" not in r, r
+        # A timeout above the profile's ceiling is not cut silently.
+        r = await call(c, "run_command", {"command": "true", "timeout": 1000})
+        assert r["timeout"] == 30 and "wait_max_seconds" in r["timeout_note"], r
+
+
+async def test_run_command_completes_after_output_larger_than_the_buffer(ws):
+    """Regression (issue 10): output past the pane's output ring used to lose
+    the begin marker, and the call waited its whole timeout."""
+    async with connect(ws) as c:
+        r = await call(c, "run_command", {"command": "seq 1 300000; echo tail-here", "timeout": 25, "max_lines": 5})
+        assert r["status"] == "completed" and r["exit_status"] == 0, {k: v for k, v in r.items() if k != "output"}
+        assert r["truncated"] and r["output"].splitlines()[-1] == "tail-here", r["output"][-200:]
+        r = await call(c, "run_command", {"command": "head -c 3000000 /dev/zero | tr '\\0' x; echo; exit_code_check() { return 4; }; exit_code_check", "timeout": 25, "max_lines": 2})
+        assert r["status"] == "completed" and r["exit_status"] == 4, {k: v for k, v in r.items() if k != "output"}
+        assert (await call(c, "run_command", {"command": "echo next"}))["output"] == "next"
+
+
+async def test_run_command_reports_a_shell_that_exited(ws):
+    """Regression (issue 10): `exit` or `set -e` ending the pane's shell used
+    to be reported as a timeout about a pane that no longer existed."""
+    async with connect(ws) as c:
+        for cmd, want in [("echo bye; exit 3", "bye"), ("set -e; echo before; false; echo never", "before")]:
+            sp = await call(c, "split_window", {})
+            r = await call(c, "run_command", {"pane_id": sp["pane_id"], "command": cmd, "timeout": 30})
+            assert r["status"] == "pane_exited", r
+            assert want in r["output"] and "never" not in r["output"], r
+            assert r["elapsed"] < 30, r
+        # The instance and its first pane are fine.
+        assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"
 
 
 async def test_run_command_sends_progress(ws):

@@ -651,9 +651,10 @@ pub struct RunCommand {
 /// A command's result.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct RunResult {
-    /// completed | timeout | interrupted.
+    /// completed | timeout | interrupted | pane_exited (the command ended the
+    /// pane's shell: `exit`, `set -e` and a failure).
     pub status: String,
-    /// Exit status (when completed).
+    /// Exit status (when completed; for pane_exited, tmux's when it kept the pane).
     pub exit_status: Option<i32>,
     /// What the command printed (plain text; tail kept).
     pub output: String,
@@ -669,6 +670,11 @@ pub struct RunResult {
     pub pane_id: String,
     /// Seconds.
     pub elapsed: f64,
+    /// The timeout that applied, in seconds.
+    pub timeout: f64,
+    /// Why it is not the one asked for (the profile's ceiling); absent when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_note: Option<String>,
 }
 
 /// The shell line typed for a command: begin marker, the command as data
@@ -697,6 +703,12 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
         return Err(ToolError::invalid("command", "is empty", "give a command"));
     }
     let timeout = c.clamp(a.timeout, 30.0)?;
+    let note = a.timeout.filter(|t| *t > timeout.as_secs_f64()).map(|t| {
+        format!(
+            "asked for {t} s; the profile's ceiling ([mcp] wait_max_seconds) is {} s",
+            timeout.as_secs_f64()
+        )
+    });
     let p = targets::pane(c, &a.p).await?;
     if p.dead {
         return Err(ToolError::refused(format!(
@@ -727,48 +739,54 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
     let deadline = tokio::time::Instant::now() + timeout;
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     tick.tick().await;
+    // Whether the pane still exists (a command that ends the shell ends it).
+    let mut alive = tokio::time::interval(Duration::from_millis(250));
+    alive.tick().await;
     let max_lines = a.max_lines.unwrap_or(inspect::MAX_LINES).min(100_000);
+    let result = |status: &str, exit: Option<i32>, body: &str, head_lost: bool, missed: bool| {
+        let out = text::clean(body.as_bytes());
+        let out = out.strip_prefix('\n').unwrap_or(&out);
+        let out = out.strip_suffix('\n').unwrap_or(out);
+        let capped = text::cap(out, max_lines, 1_000_000);
+        RunResult {
+            status: status.into(),
+            exit_status: exit,
+            bytes: out.len(),
+            output: capped.text,
+            truncated: capped.truncated || head_lost,
+            truncated_lines: capped.truncated_lines,
+            missed,
+            pane_id: p.pane_id.clone(),
+            elapsed: t0.elapsed().as_secs_f64(),
+            timeout: timeout.as_secs_f64(),
+            timeout_note: note.clone(),
+        }
+    };
     loop {
         let chunk = c.s.hub().read_since(num, start);
         let raw = String::from_utf8_lossy(&chunk.data).into_owned();
-        let b = raw.find(&begin);
-        if let Some(e) = raw.find(&end) {
-            let status: String = raw[e + end.len()..]
-                .chars()
-                .take_while(|ch| ch.is_ascii_digit())
-                .collect();
-            if let (Some(b), false) = (
-                b,
-                status.is_empty() || !raw[e + end.len() + status.len()..].starts_with(['\r', '\n']),
-            ) {
-                let body_start = b + begin.len();
-                let body = if body_start <= e {
-                    &raw[body_start..e]
-                } else {
-                    ""
-                };
-                let out = text::clean(body.as_bytes());
-                let out = out.strip_prefix('\n').unwrap_or(&out);
-                let out = out.strip_suffix('\n').unwrap_or(out);
-                let capped = text::cap(out, max_lines, 1_000_000);
-                return Ok(RunResult {
-                    status: "completed".into(),
-                    exit_status: status.parse().ok(),
-                    bytes: out.len(),
-                    output: capped.text,
-                    truncated: capped.truncated,
-                    truncated_lines: capped.truncated_lines,
-                    missed: chunk.missed > 0,
-                    pane_id: p.pane_id,
-                    elapsed: t0.elapsed().as_secs_f64(),
-                });
-            }
+        if let Some(done) = finished(&raw, &begin, &end, chunk.missed > 0) {
+            return Ok(result(
+                "completed",
+                done.exit,
+                done.body,
+                done.head_lost,
+                chunk.missed > 0,
+            ));
         }
         tokio::select! {
             r = rx.changed() => { if r.is_err() { return Err(ToolError::stream_closed()); } }
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command may still be running".into())),
             _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
             _ = tick.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
+            _ = alive.tick() => {
+                if let Some(dead) = pane_exited(c, &p.pane_id).await? {
+                    let chunk = c.s.hub().read_since(num, start);
+                    let raw = String::from_utf8_lossy(&chunk.data).into_owned();
+                    let body = raw.find(&begin).map(|b| raw[b + begin.len()..].to_string()).unwrap_or_default();
+                    return Ok(result("pane_exited", dead, &body, false, chunk.missed > 0));
+                }
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 if a.interrupt_on_timeout {
                     c.s.hub().run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c")).await?;
@@ -776,21 +794,66 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
                 let chunk = c.s.hub().read_since(num, start);
                 let raw = String::from_utf8_lossy(&chunk.data).into_owned();
                 let body = raw.find(&begin).map(|b| raw[b + begin.len()..].to_string()).unwrap_or_default();
-                let out = text::clean(body.as_bytes());
-                let capped = text::cap(out.trim_start_matches('\n'), max_lines, 1_000_000);
-                return Ok(RunResult {
-                    status: if a.interrupt_on_timeout { "interrupted" } else { "timeout" }.into(),
-                    exit_status: None,
-                    bytes: out.len(),
-                    output: capped.text,
-                    truncated: capped.truncated,
-                    truncated_lines: capped.truncated_lines,
-                    missed: chunk.missed > 0,
-                    pane_id: p.pane_id,
-                    elapsed: t0.elapsed().as_secs_f64(),
-                });
+                let status = if a.interrupt_on_timeout { "interrupted" } else { "timeout" };
+                return Ok(result(status, None, &body, false, chunk.missed > 0));
             }
         }
+    }
+}
+
+/// A finished command found in a pane's output.
+struct Ended<'a> {
+    body: &'a str,
+    exit: Option<i32>,
+    /// The begin marker scrolled out of sandmux's buffer: the head is lost.
+    head_lost: bool,
+}
+
+/// Finds the end marker (`END<digits>` then a newline) in `raw`, and the
+/// body since the begin marker — or, when the begin marker was lost because
+/// the output outgrew the buffer (`missed`), everything kept before the end.
+fn finished<'a>(raw: &'a str, begin: &str, end: &str, missed: bool) -> Option<Ended<'a>> {
+    let e = raw.find(end)?;
+    let after = &raw[e + end.len()..];
+    let digits: String = after.chars().take_while(|ch| ch.is_ascii_digit()).collect();
+    if digits.is_empty() || !after[digits.len()..].starts_with(['\r', '\n']) {
+        return None;
+    }
+    let (body, head_lost) = match raw[..e].find(begin) {
+        Some(b) => (&raw[b + begin.len()..e], false),
+        None if missed => (&raw[..e], true),
+        None => return None,
+    };
+    Some(Ended {
+        body,
+        exit: digits.parse().ok(),
+        head_lost,
+    })
+}
+
+/// `Some(status)` when the pane has exited: it is gone (its shell ended and
+/// tmux closed it) or dead under `remain-on-exit` (with tmux's exit status).
+async fn pane_exited(c: &Call<'_>, pane: &str) -> Result<Option<Option<i32>>, ToolError> {
+    let cmd = Cmd::new("display-message")
+        .flag("-p")
+        .opt("-t", pane)
+        .arg("#{pane_id} #{pane_dead} #{pane_dead_status}");
+    match c.s.hub().run(&cmd).await {
+        Ok(lines) => {
+            // tmux 3.3 answers a target that no longer exists with empty
+            // fields, not an error: the pane id tells.
+            let l = lines
+                .first()
+                .map(|l| String::from_utf8_lossy(l).into_owned())
+                .unwrap_or_default();
+            let mut it = l.split_whitespace();
+            if it.next() != Some(pane) {
+                return Ok(Some(None));
+            }
+            Ok((it.next() == Some("1")).then(|| it.next().and_then(|s| s.parse().ok())))
+        }
+        Err(crate::tmux::client::TmuxError::Command(_)) => Ok(Some(None)),
+        Err(e) => Err(ToolError::Tmux(e)),
     }
 }
 
@@ -896,6 +959,24 @@ pub async fn set_environment(c: &Call<'_>, a: SetEnv) -> Result<Done, ToolError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn end_marker_completes_even_when_the_begin_marker_was_lost() {
+        let (b, e) = ("SANDMUX_Bn", "SANDMUX_En:");
+        let ok = finished("x\nSANDMUX_Bn\nhello\nSANDMUX_En:0\n", b, e, false).unwrap();
+        assert_eq!(
+            (ok.body, ok.exit, ok.head_lost),
+            ("\nhello\n", Some(0), false)
+        );
+        let lost = finished("...tail\nSANDMUX_En:3\r\n", b, e, true).unwrap();
+        assert_eq!(
+            (lost.body, lost.exit, lost.head_lost),
+            ("...tail\n", Some(3), true)
+        );
+        assert!(finished("...tail\nSANDMUX_En:3\n", b, e, false).is_none());
+        assert!(finished("SANDMUX_Bn\nSANDMUX_En:", b, e, false).is_none());
+        assert!(finished("SANDMUX_Bn\nSANDMUX_En:1", b, e, false).is_none());
+    }
 
     #[test]
     fn wrapped_command_never_contains_its_markers() {
