@@ -142,6 +142,10 @@ async def test_run_command_statuses_quoting_and_truncation(ws):
         assert r["output"] == "a\nb\nred", repr(r["output"])
         r = await call(c, "run_command", {"command": "sleep 5", "timeout": 0.5})
         assert r["status"] == "timeout" and r["exit_status"] is None
+        # The sleep still runs: the pane is busy until it is interrupted.
+        await call(c, "run_command", {"command": "true"}, ok=False)
+        await call(c, "send_keys", {"keys": ["C-c"]})
+        await call(c, "wait_for_stable", {"timeout": 5})
         r = await call(c, "run_command", {"command": "sleep 5", "timeout": 0.5, "interrupt_on_timeout": True})
         assert r["status"] == "interrupted"
         r = await call(c, "run_command", {"command": "echo after-interrupt"})
@@ -176,6 +180,38 @@ async def test_run_command_reports_a_shell_that_exited(ws):
             assert r["elapsed"] < 30, r
         # The instance and its first pane are fine.
         assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"
+
+
+async def test_run_command_refuses_a_pane_that_is_not_at_its_prompt(ws):
+    """Regression (issue 10): keystrokes used to be typed into a REPL or
+    queue behind a running job."""
+    async with connect(ws) as c:
+        sp = await call(c, "split_window", {})
+        pane = sp["pane_id"]
+        k = await call(c, "send_keys", {"pane_id": pane, "text": "python3 -q", "enter": True})
+        w = await call(c, "wait_for_text", {"pane_id": pane, "patterns": [">>>"], "cursor": k["cursor"], "timeout": 10})
+        assert w["outcome"] == "matched", w
+        msg = await call(c, "run_command", {"pane_id": pane, "command": "echo hi"}, ok=False)
+        assert "python3" in msg and "when_busy" in msg and "send_keys" in msg, msg
+        # Nothing was typed into the REPL.
+        cap = await call(c, "capture_pane", {"pane_id": pane})
+        assert "echo hi" not in json.dumps(cap), cap
+        k = await call(c, "send_keys", {"pane_id": pane, "text": "exit()", "enter": True})
+        await call(c, "wait_for_stable", {"pane_id": pane, "timeout": 5})
+        # Back at the prompt, run_command works again.
+        r = await call(c, "run_command", {"pane_id": pane, "command": "echo back"})
+        assert r["output"] == "back", r
+        # A job still running in the foreground is refused the same way.
+        r = await call(c, "run_command", {"pane_id": pane, "command": "sleep 30", "timeout": 0.5})
+        assert r["status"] == "timeout", r
+        msg = await call(c, "run_command", {"pane_id": pane, "command": "echo queued"}, ok=False)
+        assert "sleep" in msg, msg
+        # Asked for explicitly, the keys are typed anyway (here: queued behind the job).
+        await call(c, "send_keys", {"pane_id": pane, "keys": ["C-c"]})
+        await call(c, "wait_for_stable", {"pane_id": pane, "timeout": 5})
+        await call(c, "run_command", {"pane_id": pane, "command": "sleep 2", "timeout": 0.3})
+        r = await call(c, "run_command", {"pane_id": pane, "command": "echo typed", "when_busy": "type", "timeout": 15})
+        assert r["status"] == "completed" and r["output"] == "typed", r
 
 
 async def test_run_command_sends_progress(ws):

@@ -646,6 +646,21 @@ pub struct RunCommand {
     /// On timeout, press C-c (default false: the command keeps running).
     #[serde(default)]
     pub interrupt_on_timeout: bool,
+    /// When the pane is not at its shell prompt (a REPL, pager, editor or
+    /// running job is in the foreground): `refuse` (default) or `type` the
+    /// command into that program anyway.
+    pub when_busy: Option<WhenBusy>,
+}
+
+/// What `run_command` does with a pane that is not at its prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenBusy {
+    /// Refuse, naming the foreground program.
+    #[default]
+    Refuse,
+    /// Type the command into whatever is in the foreground.
+    Type,
 }
 
 /// A command's result.
@@ -715,6 +730,9 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
             "pane {} is dead; respawn_pane it first",
             p.pane_id
         )));
+    }
+    if a.when_busy.unwrap_or_default() == WhenBusy::Refuse {
+        refuse_if_busy(c, &p.pane_id).await?;
     }
     leave_modes(c, &p).await?;
     let nonce = crate::sandbox::rundir::random_hex();
@@ -829,6 +847,34 @@ fn finished<'a>(raw: &'a str, begin: &str, end: &str, missed: bool) -> Option<En
         exit: digits.parse().ok(),
         head_lost,
     })
+}
+
+/// Refuses when the pane's foreground program is not its shell: the
+/// command's keys would go to that program (a REPL, a pager, an editor) or
+/// queue behind a running job. A nested shell of the same name counts as the
+/// prompt.
+async fn refuse_if_busy(c: &Call<'_>, pane: &str) -> Result<(), ToolError> {
+    let cmd = Cmd::new("display-message")
+        .flag("-p")
+        .opt("-t", pane)
+        .arg("#{pane_id} #{pane_current_command}");
+    let lines = c.s.hub().run(&cmd).await?;
+    let l = lines
+        .first()
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .unwrap_or_default();
+    let (id, fg) = l.split_once(' ').unwrap_or((l.as_str(), ""));
+    let shell = std::path::Path::new(&c.s.policy.sandbox.shell)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if id != pane || fg.is_empty() || fg == shell {
+        return Ok(());
+    }
+    let fg = text::clean(fg.as_bytes());
+    Err(ToolError::refused(format!(
+        "pane {pane} is not at its shell prompt: its foreground program is {fg:?}, not {shell}, so the command's keys would go to {fg:?} (or wait behind it). Use another pane (split_window), talk to {fg:?} with send_keys, wait for it to end (wait_for_stable), or pass when_busy = \"type\" to type the command anyway"
+    )))
 }
 
 /// `Some(status)` when the pane has exited: it is gone (its shell ended and
