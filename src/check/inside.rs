@@ -373,7 +373,10 @@ fn tcp_probe(policy: &Policy) -> Observation {
     obs(
         "tcp_connect",
         passed,
-        format!("mode {:?}: 127.0.0.1:9: {observed}", policy.network.mode),
+        format!(
+            "mode {}: 127.0.0.1:9: {observed}",
+            policy.network.mode.name()
+        ),
     )
 }
 

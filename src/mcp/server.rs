@@ -157,17 +157,27 @@ impl Server {
             .map(|l| l.layer.name().to_string())
             .collect();
         let mut s = format!(
-            "sandmux: a confined terminal. One private tmux server inside a sandbox (profile '{}': {}). Workspace {} is writable; the rest of the system is read-only or absent; network: {:?}. Toolsets: {}. Layers dropped: {}. \
+            "sandmux: a confined terminal. One private tmux server inside a sandbox (profile '{}': {}). Workspace {} is writable; the rest of the system is read-only or absent; network: {}. Toolsets: {}. Layers dropped: {}. \
 Start with list_panes (or create_session); run commands with run_command (returns output and exit status); type with send_keys (text is literal, keys are key names like C-c); wait with wait_for_text / wait_for_stable instead of sleeping; read with capture_pane or capture_since. sandbox_status shows what confines you. Every call is audited.",
             self.s.policy.name,
             self.s.policy.description,
             self.s.policy.workspace.display(),
-            self.s.policy.network.mode,
+            self.s.policy.network.mode.name(),
             if enabled.is_empty() { "none".to_string() } else { enabled.join(", ") },
             if dropped.is_empty() { "none".to_string() } else { dropped.join(", ") },
         );
         s.truncate(2048);
         s
+    }
+}
+
+/// A JSON-RPC request id as text: `2` or `abc`, never a Rust spelling
+/// such as `Number(2)`.
+fn request_id_text(id: &impl serde::Serialize) -> String {
+    match serde_json::to_value(id) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(v) => v.to_string(),
+        Err(_) => String::new(),
     }
 }
 
@@ -270,7 +280,7 @@ impl ServerHandler for Server {
         let t0 = Instant::now();
         let name = req.name.to_string();
         let args = req.arguments.map(Value::Object).unwrap_or(Value::Null);
-        let rid = format!("{:?}", cx.id);
+        let rid = request_id_text(&cx.id);
         let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
         let def = catalog::find(&name).filter(|d| self.enabled(d.name));
         let Some(def) = def else {
@@ -337,7 +347,7 @@ impl ServerHandler for Server {
         // error under its own id, and audited.
         if req.method == super::stdio::UNPARSEABLE {
             let raw = req.params.clone().unwrap_or(Value::Null);
-            self.audit_unparseable(&raw, format!("{:?}", cx.id));
+            self.audit_unparseable(&raw, request_id_text(&cx.id));
             return Err(McpError::new(
                 ErrorCode::PARSE_ERROR,
                 format!(
@@ -368,7 +378,7 @@ impl ServerHandler for Server {
                     tool: &name,
                     def: None,
                     t0: Instant::now(),
-                    request_id: format!("{:?}", cx.id),
+                    request_id: request_id_text(&cx.id),
                     client: None,
                     args: &raw,
                 },
@@ -467,7 +477,7 @@ impl ServerHandler for Server {
                 tool: &tool,
                 def: None,
                 t0,
-                request_id: format!("{:?}", cx.id),
+                request_id: request_id_text(&cx.id),
                 client: None,
                 args: &args,
             },

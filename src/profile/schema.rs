@@ -89,6 +89,17 @@ pub enum NetMode {
     Host,
 }
 
+impl NetMode {
+    /// The spelling used in profiles and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            NetMode::None => "none",
+            NetMode::Loopback => "loopback",
+            NetMode::Host => "host",
+        }
+    }
+}
+
 /// `[network]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -218,6 +218,9 @@ async def test_audit_log_chain_and_tamper_detection(ws):
     assert set(send["args"]["text"]) == {"len", "sha256"} and send["args"]["text"]["len"] == len(f"echo {secret}")
     assert {r["outcome"] for r in recs} >= {"ok", "error"}
     assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))
+    # Request ids as the client sent them, never a Rust spelling (issue 10).
+    ids = [r["request_id"] for r in recs if r["tool"] == "send_keys"]
+    assert ids and all(i.isdigit() for i in ids), ids
     ok = subprocess.run([BIN, "audit", "verify", str(log)], capture_output=True, text=True)
     assert ok.returncode == 0 and "chain intact" in ok.stdout
     lines = text.splitlines()

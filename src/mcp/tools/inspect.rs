@@ -1481,7 +1481,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         profile: c.s.policy.name.clone(),
         description: c.s.policy.description.clone(),
         workspace: c.s.policy.workspace.display().to_string(),
-        network: format!("{:?}", c.s.policy.network.mode).to_lowercase(),
+        network: c.s.policy.network.mode.name().into(),
         dropped: layers
             .iter()
             .filter(|l| !l.enforced)
