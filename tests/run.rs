@@ -193,3 +193,24 @@ fn nothing_left_after_run() {
     );
     assert_no_rundir_of(sup);
 }
+
+/// Without host network, the names files inside say why names do not
+/// resolve (issue 10); `host` mode keeps the host's own.
+#[test]
+fn name_files_explain_the_network_policy() {
+    let ws = Ws::new();
+    for (profile, want) in [
+        ("default", "mode = \"none\""),
+        ("ci", "mode = \"loopback\""),
+    ] {
+        let o = run_script(&ws, profile, "cat /etc/resolv.conf /etc/hosts; getent hosts localhost >/dev/null && echo localhost-ok");
+        let t = text(&o);
+        assert!(
+            t.contains("no DNS here") && t.contains(want),
+            "{profile}: {t}"
+        );
+        assert!(t.contains("localhost-ok"), "{profile}: {t}");
+    }
+    let o = run_script(&ws, "dev", "cat /etc/resolv.conf 2>&1; true");
+    assert!(!text(&o).contains("sandmux: no DNS"), "{}", text(&o));
+}

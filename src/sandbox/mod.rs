@@ -151,6 +151,32 @@ fn internal(e: impl std::fmt::Display) -> StartError {
     }
 }
 
+/// The `/etc/resolv.conf` and `/etc/hosts` shown inside when the sandbox
+/// has no host network: they say why names do not resolve.
+pub fn name_files(policy: &Policy) -> Option<(String, String)> {
+    use crate::profile::NetMode;
+    let mode = policy.network.mode;
+    if mode == NetMode::Host {
+        return None;
+    }
+    let why = match mode {
+        NetMode::Loopback => "only loopback (127.0.0.1, ::1) is reachable",
+        _ => "there is no network at all",
+    };
+    let resolv = format!(
+        "# sandmux: no DNS here. The profile '{}' sets [network] mode = \"{}\": {why}.\n# Names other than localhost do not resolve, by policy; this is not a fault.\n# A profile with another network mode decides otherwise (sandmux profile show {}).\n",
+        policy.name,
+        mode.name(),
+        policy.name
+    );
+    let hosts = format!(
+        "# sandmux: [network] mode = \"{}\" ({why}); only these names resolve.\n127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        mode.name(),
+        host = policy.sandbox.hostname
+    );
+    Some((resolv, hosts))
+}
+
 /// The `/etc/passwd` and `/etc/group` shown inside.
 pub fn identity_files(policy: &Policy) -> (String, String) {
     let uid = policy.sandbox.uid;

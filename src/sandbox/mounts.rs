@@ -84,6 +84,10 @@ pub struct RunFiles {
     pub passwd: String,
     /// `/etc/group` shown inside.
     pub group: String,
+    /// `/etc/resolv.conf` and `/etc/hosts` shown inside, explaining the
+    /// network policy (none in `host` mode: the host's files stay).
+    #[serde(default)]
+    pub names: Option<(String, String)>,
 }
 
 /// What the view ended up with, for the report.
@@ -345,6 +349,10 @@ pub fn build_and_pivot(
     write_file(&run_rw, "passwd", files.passwd.as_bytes(), 0o444)?;
     write_file(&run_rw, "group", files.group.as_bytes(), 0o444)?;
     write_file(&run_rw, "gate.json", files.gate_json.as_bytes(), 0o444)?;
+    if let Some((resolv, hosts)) = &files.names {
+        write_file(&run_rw, "resolv.conf", resolv.as_bytes(), 0o444)?;
+        write_file(&run_rw, "hosts", hosts.as_bytes(), 0o444)?;
+    }
     if let Some(conf) = &files.tmux_conf {
         write_file(&run_rw, "tmux.conf", conf.as_bytes(), 0o444)?;
     }
@@ -644,8 +652,14 @@ pub fn build_and_pivot(
         }
     }
 
-    // /etc/passwd and /etc/group: the sandbox's identity only, no host accounts.
-    for n in ["passwd", "group"] {
+    // /etc/passwd and /etc/group: the sandbox's identity only, no host
+    // accounts; /etc/resolv.conf and /etc/hosts: the network policy in words.
+    let names: &[&str] = if files.names.is_some() {
+        &["passwd", "group", "resolv.conf", "hosts"]
+    } else {
+        &["passwd", "group"]
+    };
+    for n in names.iter().copied() {
         let p = Path::new("/etc").join(n);
         if let Ok(dst) = beneath(&root.fd, &rel(&p), OFlag::O_PATH | OFlag::O_NOFOLLOW) {
             let src = beneath(&root.fd, &Path::new("run/sandmux").join(n), OFlag::O_PATH)

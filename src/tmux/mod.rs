@@ -132,6 +132,7 @@ pub fn plan(
             gate_json,
             passwd,
             group,
+            names: sandbox::name_files(policy),
         },
         payload,
     }

@@ -71,6 +71,12 @@ async def test_p8_git_and_tool_configuration_through_mcp(ws):
         assert g["reverted"] >= 1, g  # .envrc.local, taken the moment it appeared
         layer = next(l for l in status["layers"] if l["layer"] == "git")
         assert layer["enforced"], layer
+        # The agent learns its limits where it looks (issue 10).
+        lim = status["limits"]
+        assert lim["writable"] == [str(work)] and "/tmp" in lim["vanishes_at_end"], lim
+        assert lim["wait_max_seconds"] == 30 and lim["output_ring_bytes"] > 0, lim
+        assert any("network" in x for x in lim["impossible"]) and any("git" in x for x in lim["impossible"]), lim
+        assert status["network"] == "none", status["network"]
     # The client is gone: the instance ended and its end sweep ran.
     for d in (work, work / "lib" / "inner", work / "newrepo"):
         host_git(d, "status")

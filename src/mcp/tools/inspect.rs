@@ -1451,6 +1451,25 @@ pub struct Status {
     /// The workspace guard (P8): what kind of checkout the workspace is, what
     /// is read-only, what is watched, what was reverted.
     pub workspace_guard: crate::guard::View,
+    /// What the agent can rely on, and what it cannot do here.
+    pub limits: Limits,
+}
+
+/// The limits an agent meets, in one place.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Limits {
+    /// Paths that persist after the instance (read-write trees).
+    pub writable: Vec<String>,
+    /// Paths that are writable but vanish when the instance ends (tmpfs).
+    pub vanishes_at_end: Vec<String>,
+    /// Longest wait any call may ask for, in seconds.
+    pub wait_max_seconds: u64,
+    /// Largest text a call may send, in bytes.
+    pub max_input_bytes: u64,
+    /// Output kept per pane by sandmux (older output is dropped; captures of the screen still work).
+    pub output_ring_bytes: usize,
+    /// What is impossible here, by policy.
+    pub impossible: Vec<String>,
 }
 
 /// A layer in the status.
@@ -1462,6 +1481,40 @@ pub struct LayerView {
     pub enforced: bool,
     /// Detail or reason.
     pub detail: String,
+}
+
+fn limits(p: &crate::profile::Policy) -> Limits {
+    use crate::profile::{MountKind, NetMode};
+    let of = |k: MountKind| -> Vec<String> {
+        p.fs.iter()
+            .filter(|e| e.kind == k)
+            .map(|e| e.path.display().to_string())
+            .collect()
+    };
+    let mut impossible = vec![
+        "reaching the host's tmux servers or any other tmux socket".to_string(),
+        "gaining privileges (no capabilities, no_new_privs, no setuid)".into(),
+    ];
+    if p.guard.git != crate::guard::GitMode::Unguarded {
+        impossible
+            .push("changing git's control plane in the workspace (history is readable)".into());
+    }
+    if !p.guard.names.is_empty() {
+        impossible.push("leaving tool configuration host programs obey (.envrc, .vscode, …): it is read-only or reverted".into());
+    }
+    impossible.push(match p.network.mode {
+        NetMode::None => "any network, DNS included".into(),
+        NetMode::Loopback => "any network beyond loopback, DNS included".into(),
+        NetMode::Host => "TCP to ports the profile does not list".into(),
+    });
+    Limits {
+        writable: of(MountKind::ReadWrite),
+        vanishes_at_end: of(MountKind::Tmpfs),
+        wait_max_seconds: p.mcp.wait_max_seconds,
+        max_input_bytes: p.mcp.max_input_bytes as u64,
+        output_ring_bytes: crate::tmux::hub::RING_BYTES,
+        impossible,
+    }
 }
 
 /// The status.
@@ -1493,6 +1546,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         drift: c.s.drift.tripped().unwrap_or_else(|| "none".into()),
         buffered_output_bytes: c.s.hub().buffered_bytes(),
         oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),
+        limits: limits(&c.s.policy),
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
