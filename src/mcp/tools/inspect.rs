@@ -1511,7 +1511,7 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         writable: of(MountKind::ReadWrite),
         vanishes_at_end: of(MountKind::Tmpfs),
         wait_max_seconds: p.mcp.wait_max_seconds,
-        max_input_bytes: p.mcp.max_input_bytes as u64,
+        max_input_bytes: p.mcp.max_input_bytes,
         output_ring_bytes: crate::tmux::hub::RING_BYTES,
         impossible,
     }
