@@ -858,19 +858,29 @@ async fn refuse_if_busy(c: &Call<'_>, pane: &str) -> Result<(), ToolError> {
         .flag("-p")
         .opt("-t", pane)
         .arg("#{pane_id} #{pane_current_command}");
-    let lines = c.s.hub().run(&cmd).await?;
-    let l = lines
-        .first()
-        .map(|l| String::from_utf8_lossy(l).into_owned())
-        .unwrap_or_default();
-    let (id, fg) = l.split_once(' ').unwrap_or((l.as_str(), ""));
     let shell = std::path::Path::new(&c.s.policy.sandbox.shell)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if id != pane || fg.is_empty() || fg == shell {
-        return Ok(());
-    }
+    // A pane that is still starting shows tmux's fork, then the gate, before
+    // its shell: give it a moment (bounded) rather than call it busy.
+    let t0 = Instant::now();
+    let fg = loop {
+        let lines = c.s.hub().run(&cmd).await?;
+        let l = lines
+            .first()
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .unwrap_or_default();
+        let (id, fg) = l.split_once(' ').unwrap_or((l.as_str(), ""));
+        if id != pane || fg.is_empty() || fg == shell {
+            return Ok(());
+        }
+        let starting = fg == "tmux" || fg.starts_with(crate::sandbox::pane::GATE_NAME);
+        if !starting || t0.elapsed() > Duration::from_secs(3) {
+            break fg.to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let fg = text::clean(fg.as_bytes());
     Err(ToolError::refused(format!(
         "pane {pane} is not at its shell prompt: its foreground program is {fg:?}, not {shell}, so the command's keys would go to {fg:?} (or wait behind it). Use another pane (split_window), talk to {fg:?} with send_keys, wait for it to end (wait_for_stable), or pass when_busy = \"type\" to type the command anyway"
