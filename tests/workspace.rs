@@ -915,3 +915,44 @@ fn nix_uid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
 }
+
+/// P9 for the guard: an agent that plants in a loop cannot grow what the
+/// supervisor lists (memory, stderr, audit records); every planted entry is
+/// still taken, the rest counted. And a directory the human locked before
+/// the instance keeps its mode (only the agent's locked directories are
+/// opened by the end sweep).
+#[test]
+fn reverts_are_bounded_and_the_humans_locked_directories_stay_locked() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = Ws::new();
+    let w = ws.path();
+    let state = host_dir();
+    std::fs::create_dir_all(w.join("private")).unwrap();
+    std::fs::set_permissions(w.join("private"), std::fs::Permissions::from_mode(0o300)).unwrap();
+    let o = run_in(
+        &w,
+        "default",
+        state.path(),
+        "for i in $(seq 1200); do echo x > .envrc; while [ -e .envrc ]; do :; done; done; echo looped",
+    );
+    let t = text(&o);
+    assert!(t.contains("looped"), "{t}");
+    assert!(!w.join(".envrc").exists(), "{t}");
+    let listed = t.lines().filter(|l| l.contains("(.envrc)")).count();
+    assert_eq!(listed, 1000, "listed entries: {listed}");
+    let more: Vec<&str> = t
+        .lines()
+        .filter(|l| l.contains("more planted entries"))
+        .collect();
+    assert!(more.len() == 1 && more[0].contains(" 200 more"), "{more:?}");
+    let mode = std::fs::metadata(w.join("private"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    std::fs::set_permissions(w.join("private"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(
+        mode, 0o300,
+        "the end sweep changed a directory the human had locked"
+    );
+}

@@ -136,7 +136,7 @@ impl Quarantine {
         )
         .ok()?;
         let name = rel.file_name()?;
-        fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        let before = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
         self.seq += 1;
         let flat: String = rel
             .to_string_lossy()
@@ -178,10 +178,14 @@ impl Quarantine {
                 }
             }
         };
-        if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
-            // Still there (it grew while being removed?): one more try, then say so.
+        // Still the same entry there (a directory that grew while it was being
+        // removed)? One more try, then say so. A new entry at the name (the
+        // agent planted again at once) is not this one: its own event takes it.
+        let same =
+            |st: nix::sys::stat::FileStat| st.st_ino == before.st_ino && st.st_dev == before.st_dev;
+        if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(same) {
             remove_tree(&parent, Path::new(name), 0);
-            if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+            if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(same) {
                 how = "FAILED";
             }
         }

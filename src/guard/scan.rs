@@ -73,16 +73,28 @@ fn exists_beneath(dir: &impl AsFd, rel: &Path) -> bool {
 /// component is matched at every depth); `git` adds `.git` entries and
 /// bare-repository directories.
 pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
-    walk_with(root, guarded, git, false)
+    walk_with(root, guarded, git, None)
 }
 
 /// [`walk`], giving the owner read and search rights back on a directory it
-/// cannot open (the end sweep: the agent's directories, which the user owns).
-pub fn walk_unlocking(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
-    walk_with(root, guarded, git, true)
+/// cannot open (the end sweep: the agent's directories, which the user owns)
+/// — except those that were already unreadable at start (`keep`): the
+/// human's own locked directories stay as they are.
+pub fn walk_unlocking(
+    root: &Path,
+    guarded: &[PathBuf],
+    git: bool,
+    keep: &BTreeSet<PathBuf>,
+) -> nix::Result<Found> {
+    walk_with(root, guarded, git, Some(keep))
 }
 
-fn walk_with(root: &Path, guarded: &[PathBuf], git: bool, unlock: bool) -> nix::Result<Found> {
+fn walk_with(
+    root: &Path,
+    guarded: &[PathBuf],
+    git: bool,
+    unlock: Option<&BTreeSet<PathBuf>>,
+) -> nix::Result<Found> {
     let root_fd = open_root(root)?;
     // Guarded paths by their first component: one lookup per entry.
     let mut by_first: std::collections::HashMap<&OsStr, Vec<&PathBuf>> =
@@ -102,15 +114,13 @@ fn walk_with(root: &Path, guarded: &[PathBuf], git: bool, unlock: bool) -> nix::
         let fd = match open() {
             Ok(fd) => fd,
             Err(nix::Error::EACCES) => {
-                let retried = unlock
-                    .then(|| {
-                        let parent =
-                            beneath(&root_fd, rel.parent()?, OFlag::O_PATH | OFlag::O_DIRECTORY)
-                                .ok()?;
-                        super::quarantine::unlock_dir(&parent, Path::new(rel.file_name()?));
-                        open().ok()
-                    })
-                    .flatten();
+                let retried = unlock.filter(|keep| !keep.contains(&rel)).and_then(|_| {
+                    let parent =
+                        beneath(&root_fd, rel.parent()?, OFlag::O_PATH | OFlag::O_DIRECTORY)
+                            .ok()?;
+                    super::quarantine::unlock_dir(&parent, Path::new(rel.file_name()?));
+                    open().ok()
+                });
                 match retried {
                     Some(fd) => fd,
                     None => {

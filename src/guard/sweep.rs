@@ -82,10 +82,13 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
                 scan::MAX_ENTRIES
             ));
         } else {
-            if let Ok(now) =
-                scan::walk_unlocking(&t.root, &guard.names, guard.git != GitMode::Unguarded)
-            {
-                for u in t.at_start.unreadable.iter().chain(now.unreadable.iter()) {
+            if let Ok(now) = scan::walk_unlocking(
+                &t.root,
+                &guard.names,
+                guard.git != GitMode::Unguarded,
+                &t.at_start.unreadable,
+            ) {
+                for u in now.unreadable.iter() {
                     warnings.push(format!(
                         "{}: a directory that could not be read; repositories and guarded names below it were not checked",
                         super::printable(&t.root.join(u).to_string_lossy())

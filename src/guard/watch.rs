@@ -18,6 +18,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A running watch; [`Watch::finish`] ends it with the end sweep.
@@ -35,6 +36,7 @@ pub struct Watch {
     /// Commit mode: the line that tells the human how to fetch.
     pub commit_note: Option<String>,
     restore_mode: Arc<std::sync::atomic::AtomicU8>,
+    unlisted: Arc<AtomicUsize>,
 }
 
 impl Watch {
@@ -71,7 +73,14 @@ impl Watch {
         let (stop_r, stop_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
         let taken = Arc::new(Mutex::new(Vec::new()));
         let quarantine = Arc::new(Mutex::new(q));
-        let mut armed = Armed::new(guard, snapshots, quarantine.clone(), taken.clone())?;
+        let unlisted = Arc::new(AtomicUsize::new(0));
+        let mut armed = Armed::new(
+            guard,
+            snapshots,
+            quarantine.clone(),
+            taken.clone(),
+            unlisted.clone(),
+        )?;
         // The first pass runs here, before the sandbox starts: nothing the
         // agent does can come before the watches.
         armed.arm_all();
@@ -94,6 +103,7 @@ impl Watch {
             warnings: Vec::new(),
             commit_note: None,
             restore_mode,
+            unlisted,
         })
     }
 
@@ -132,8 +142,14 @@ impl Watch {
         }
         let (swept, warnings) = sweep(&self.guard, &mut lock(&self.quarantine));
         self.warnings = warnings;
-        let mut all = lock(&self.taken);
-        all.extend(swept);
+        push_bounded(&self.taken, &self.unlisted, swept);
+        let n = self.unlisted.load(Ordering::SeqCst);
+        if n > 0 {
+            self.warnings.push(format!(
+                "{n} more planted entries were taken out and are not listed (the list keeps {MAX_LISTED}; the quarantine has what was kept)"
+            ));
+        }
+        let all = lock(&self.taken);
         if let Some((p, l)) = self.manifest.take() {
             let _ = std::fs::remove_file(&p);
             drop(l);
@@ -148,6 +164,27 @@ impl Drop for Watch {
     fn drop(&mut self) {
         if self.manifest.is_some() {
             self.end();
+        }
+    }
+}
+
+/// Entries listed (in memory, on stderr, in the audit log) per instance;
+/// past that, reverts still happen and are only counted, so an agent that
+/// plants in a loop cannot grow the supervisor or the log (P9).
+pub const MAX_LISTED: usize = 1000;
+
+/// Appends `new` to `list` up to [`MAX_LISTED`], counting the rest.
+fn push_bounded(
+    list: &Mutex<Vec<Taken>>,
+    unlisted: &AtomicUsize,
+    new: impl IntoIterator<Item = Taken>,
+) {
+    let mut l = lock(list);
+    for t in new {
+        if l.len() < MAX_LISTED {
+            l.push(t);
+        } else {
+            unlisted.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -168,13 +205,15 @@ struct Armed {
     restore_dirs: HashMap<WatchDescriptor, (usize, PathBuf)>,
     quarantine: Arc<Mutex<Quarantine>>,
     taken: Arc<Mutex<Vec<Taken>>>,
+    unlisted: Arc<AtomicUsize>,
 }
 
 const RESTORE_UNKNOWN: u8 = 0;
 const RESTORE_ON: u8 = 1;
 const RESTORE_OFF: u8 = 2;
 
-const RESTORE_MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
+const RESTORE_MASK: AddWatchFlags = AddWatchFlags::from_bits_retain(libc::IN_MASK_ADD)
+    .union(AddWatchFlags::IN_CREATE)
     .union(AddWatchFlags::IN_MOVED_TO)
     .union(AddWatchFlags::IN_MOVED_FROM)
     .union(AddWatchFlags::IN_DELETE)
@@ -182,7 +221,11 @@ const RESTORE_MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_ATTRIB)
     .union(AddWatchFlags::IN_ONLYDIR);
 
-const MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
+// Every watch is added with IN_MASK_ADD: one directory can be watched for
+// both purposes (the top of a tree is), and a second add must not replace the
+// first one's mask.
+const MASK: AddWatchFlags = AddWatchFlags::from_bits_retain(libc::IN_MASK_ADD)
+    .union(AddWatchFlags::IN_CREATE)
     .union(AddWatchFlags::IN_MOVED_TO)
     .union(AddWatchFlags::IN_MOVE_SELF)
     .union(AddWatchFlags::IN_DELETE_SELF)
@@ -194,6 +237,7 @@ impl Armed {
         snapshots: Vec<super::restore::Snapshot>,
         quarantine: Arc<Mutex<Quarantine>>,
         taken: Arc<Mutex<Vec<Taken>>>,
+        unlisted: Arc<AtomicUsize>,
     ) -> Result<Armed, String> {
         let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| format!("inotify: {e}"))?;
@@ -215,6 +259,7 @@ impl Armed {
             restore_dirs: HashMap::new(),
             quarantine,
             taken,
+            unlisted,
         })
     }
 
@@ -260,7 +305,7 @@ impl Armed {
                 None => out.extend(s.check(None, &mut q)),
             }
         }
-        lock(&self.taken).extend(out);
+        push_bounded(&self.taken, &self.unlisted, out);
     }
 
     /// Watches `dir` (relative to tree `i`) and handles what is already in it.
@@ -297,9 +342,8 @@ impl Armed {
         if self.trees[i].2.contains(&rel) {
             let (root, fd, _) = &self.trees[i];
             let why = rel.display().to_string();
-            if let Some(t) = lock(&self.quarantine).take(fd, root, &rel, &why) {
-                lock(&self.taken).push(t);
-            }
+            let t = lock(&self.quarantine).take(fd, root, &rel, &why);
+            push_bounded(&self.taken, &self.unlisted, t);
         } else if self.trees[i].2.iter().any(|t| t.starts_with(&rel)) {
             // A link on the way to a guarded path redirects it: take the link.
             let (root, fd, _) = &self.trees[i];
@@ -309,9 +353,8 @@ impl Armed {
                     .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
             if is_link {
                 let why = format!("a link on the way to a guarded name ({})", rel.display());
-                if let Some(t) = lock(&self.quarantine).take(fd, root, &rel, &why) {
-                    lock(&self.taken).push(t);
-                }
+                let t = lock(&self.quarantine).take(fd, root, &rel, &why);
+                push_bounded(&self.taken, &self.unlisted, t);
             } else {
                 self.arm(i, rel);
             }
