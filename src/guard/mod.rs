@@ -368,9 +368,15 @@ impl Guard {
     }
 }
 
+/// At most this many paths named in one report line (a monorepo can hold
+/// thousands of nested repositories; `sandbox_status` lists 64).
+const LISTED_IN_LINE: usize = 20;
+
 fn list<'a>(it: impl IntoIterator<Item = &'a PathBuf>) -> String {
-    let v: Vec<String> = it
-        .into_iter()
+    let all: Vec<&PathBuf> = it.into_iter().collect();
+    let mut v: Vec<String> = all
+        .iter()
+        .take(LISTED_IN_LINE)
         .map(|p| {
             if p.as_os_str().is_empty() {
                 ".".into()
@@ -379,6 +385,9 @@ fn list<'a>(it: impl IntoIterator<Item = &'a PathBuf>) -> String {
             }
         })
         .collect();
+    if all.len() > LISTED_IN_LINE {
+        v.push(format!("and {} more", all.len() - LISTED_IN_LINE));
+    }
     v.join(", ")
 }
 
