@@ -136,7 +136,7 @@ impl Quarantine {
         )
         .ok()?;
         let name = rel.file_name()?;
-        let before = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
         self.seq += 1;
         let flat: String = rel
             .to_string_lossy()
@@ -148,9 +148,20 @@ impl Quarantine {
         // parent (its `..` changes) nor emptied: the user owns it, so unlock it.
         unlock_dir(&parent, Path::new(name));
         let over = self.kept_items >= MAX_KEPT_ITEMS || self.budget.bytes == 0;
-        let mut how = if over {
-            remove_tree(&parent, Path::new(name), 0);
-            "removed"
+        // Whether the entry is out: a rename moves it at once; a removal may
+        // fail (a directory that grew meanwhile), gets one more try, and is
+        // then reported FAILED. Whatever stands at the name afterwards is a
+        // new entry (the agent planted again at once, maybe on a reused
+        // inode): its own event takes it.
+        let remove = |parent: &OwnedFd| {
+            remove_tree(parent, Path::new(name), 0) || remove_tree(parent, Path::new(name), 0)
+        };
+        let how = if over {
+            if remove(&parent) {
+                "removed"
+            } else {
+                "FAILED"
+            }
         } else {
             match renameat2(
                 &parent,
@@ -169,26 +180,21 @@ impl Quarantine {
                         &mut self.budget,
                         0,
                     );
-                    remove_tree(&parent, Path::new(name), 0);
-                    "copy"
+                    if remove(&parent) {
+                        "copy"
+                    } else {
+                        "FAILED"
+                    }
                 }
                 Err(_) => {
-                    remove_tree(&parent, Path::new(name), 0);
-                    "removed"
+                    if remove(&parent) {
+                        "removed"
+                    } else {
+                        "FAILED"
+                    }
                 }
             }
         };
-        // Still the same entry there (a directory that grew while it was being
-        // removed)? One more try, then say so. A new entry at the name (the
-        // agent planted again at once) is not this one: its own event takes it.
-        let same =
-            |st: nix::sys::stat::FileStat| st.st_ino == before.st_ino && st.st_dev == before.st_dev;
-        if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(same) {
-            remove_tree(&parent, Path::new(name), 0);
-            if fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(same) {
-                how = "FAILED";
-            }
-        }
         let kept = matches!(how, "rename" | "copy");
         if kept {
             self.kept_items += 1;
@@ -326,13 +332,12 @@ fn entries(d: &mut nix::dir::Dir) -> Vec<std::ffi::OsString> {
 }
 
 /// Removes `name` under `dir` (a whole tree), never following a link.
-pub(crate) fn remove_tree(dir: &impl AsFd, name: &Path, depth: usize) {
+pub(crate) fn remove_tree(dir: &impl AsFd, name: &Path, depth: usize) -> bool {
     let Ok(st) = fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) else {
-        return;
+        return true; // gone already
     };
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-        let _ = unlinkat(dir, name, UnlinkatFlags::NoRemoveDir);
-        return;
+        return unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).is_ok();
     }
     if depth < MAX_DEPTH {
         unlock_dir(dir, name);
@@ -350,7 +355,7 @@ pub(crate) fn remove_tree(dir: &impl AsFd, name: &Path, depth: usize) {
             }
         }
     }
-    let _ = unlinkat(dir, name, UnlinkatFlags::RemoveDir);
+    unlinkat(dir, name, UnlinkatFlags::RemoveDir).is_ok()
 }
 
 #[cfg(test)]
