@@ -62,6 +62,8 @@ struct Queue {
 
 struct Shared {
     q: Mutex<Queue>,
+    /// Set once the client's output has ended (its process is gone).
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -163,6 +165,7 @@ impl Client {
             .ok_or_else(|| std::io::Error::other("no stdout"))?;
         let shared = Arc::new(Shared {
             q: Mutex::new(Queue::default()),
+            ended: tokio::sync::watch::channel(false).0,
         });
         let reader_shared = shared.clone();
         let cname = name.to_string();
@@ -266,6 +269,7 @@ impl Client {
                 .unwrap_or(reason);
             reader_shared.fail_all(&reason);
             sink.closed(&cname, &reason);
+            reader_shared.ended.send_replace(true);
         });
         Ok(Client {
             name: name.to_string(),
@@ -386,6 +390,13 @@ impl Client {
             .unwrap_or_else(|p| p.into_inner())
             .closed
             .is_some()
+    }
+
+    /// Waits until the client's output has ended (its process exited and the
+    /// server saw its connection close), at most `limit`.
+    pub async fn ended(&self, limit: Duration) {
+        let mut rx = self.shared.ended.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|e| *e)).await;
     }
 
     /// Ends the client process (a connection not closed yet is marked as

@@ -8,6 +8,20 @@
 //! connection the supervisor lives on. Watchers use tmux flow control
 //! (`pause-after`), and each ring holds at most [`RING_BYTES`], so a pane that
 //! floods output costs bounded memory.
+//!
+//! **Control clients connect in quiet.** tmux 3.3 marks a connecting client as
+//! a control client before it has the state control clients write through,
+//! and several notifications (`%sessions-changed`, `%client-detached`,
+//! `%session-window-changed`, ...) are written to every control client
+//! unchecked: one that fires while a control client is still identifying kills
+//! the server (a NULL read in `control_write`). So a client is attached only
+//! under the write side of [`Hub::quiet`], which every command holds the read
+//! side of: no command of sandmux runs, and none is half-done, while a client
+//! identifies; a watcher that is let go is waited for (its connection closed
+//! and the server past it) before the next one attaches; and one task at a
+//! time attaches watchers, so a session never gets two. What sandmux cannot
+//! hold still is the panes' own life (a pane that exits at that very moment)
+//! and a human's terminal detaching: see `docs/architecture.md`.
 
 use super::client::{Client, Sink, TmuxError};
 use super::control::quote;
@@ -23,6 +37,8 @@ pub const RING_BYTES: usize = 256 * 1024;
 pub const CONTROL_SESSION: &str = "_sandmux";
 /// Default bound for one tmux command.
 pub const DEADLINE: Duration = Duration::from_secs(5);
+/// How long a client that was let go is waited for before the next attach.
+const ENDED_WAIT: Duration = Duration::from_secs(2);
 
 /// Something every tool may want to know about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +201,11 @@ pub struct Hub {
     /// One reconnect at a time (concurrent callers wait and share it).
     reconnect: tokio::sync::Mutex<()>,
     watchers: Mutex<HashMap<String, Arc<Client>>>,
+    /// Held for reading by every command, for writing while a control client
+    /// attaches (see the module's documentation).
+    quiet: tokio::sync::RwLock<()>,
+    /// One watcher sync at a time.
+    syncing: tokio::sync::Mutex<()>,
     streams: Arc<Streams>,
     /// Hub-wide events.
     pub events: broadcast::Sender<HubEvent>,
@@ -232,6 +253,8 @@ impl Hub {
             cmd: Mutex::new(Arc::new(cmd)),
             reconnect: tokio::sync::Mutex::new(()),
             watchers: Mutex::new(HashMap::new()),
+            quiet: tokio::sync::RwLock::new(()),
+            syncing: tokio::sync::Mutex::new(()),
             streams,
             events,
             control_session_id,
@@ -282,7 +305,9 @@ impl Hub {
 
     /// Runs one command with a given deadline.
     pub async fn run_for(&self, cmd: &Cmd, deadline: Duration) -> Result<Vec<Vec<u8>>, TmuxError> {
-        self.client().await?.run(&cmd.line(), deadline).await
+        let c = self.client().await?;
+        let _q = self.quiet.read().await;
+        c.run(&cmd.line(), deadline).await
     }
 
     /// Runs several commands in one round trip.
@@ -296,16 +321,17 @@ impl Hub {
         cmds: &[Cmd],
     ) -> Result<Vec<Result<Vec<Vec<u8>>, TmuxError>>, TmuxError> {
         let lines: Vec<String> = cmds.iter().map(Cmd::line).collect();
-        Ok(self.client().await?.run_many(&lines, DEADLINE).await)
+        let c = self.client().await?;
+        let _q = self.quiet.read().await;
+        Ok(c.run_many(&lines, DEADLINE).await)
     }
 
     /// Runs a command whose reply carries pane-controlled text (see
     /// [`Client::run_checked`]).
     pub async fn run_checked(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
-        self.client()
-            .await?
-            .run_checked(&cmd.line(), DEADLINE)
-            .await
+        let c = self.client().await?;
+        let _q = self.quiet.read().await;
+        c.run_checked(&cmd.line(), DEADLINE).await
     }
 
     /// The command client; if it was closed (not because the server is gone)
@@ -320,6 +346,8 @@ impl Hub {
         if !c.is_closed() {
             return Ok(c); // another caller reconnected meanwhile
         }
+        let _quiet = self.quiet.write().await;
+        c.ended(ENDED_WAIT).await;
         let fresh = Client::attach(
             "command",
             &self.tmux,
@@ -360,8 +388,9 @@ impl Hub {
     }
 
     /// Attaches a watcher to every session that has none; drops those of
-    /// sessions that are gone.
+    /// sessions that are gone. One sync at a time; every attach in quiet.
     pub async fn sync_watchers(&self) -> Result<(), String> {
+        let _one = self.syncing.lock().await;
         let rows = self
             .run(&Cmd::new("list-sessions").opt("-F", "#{session_id}"))
             .await
@@ -371,38 +400,53 @@ impl Hub {
             .map(|l| String::from_utf8_lossy(l).into_owned())
             .filter(|id| *id != self.control_session_id)
             .collect();
-        let missing: Vec<String> = {
+        let (gone, missing): (Vec<Arc<Client>>, Vec<String>) = {
             let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            let gone = w
+                .iter()
+                .filter(|(id, c)| !ids.contains(id) || c.is_closed())
+                .map(|(_, c)| c.clone())
+                .collect();
             w.retain(|id, c| ids.contains(id) && !c.is_closed());
-            ids.iter()
-                .filter(|id| !w.contains_key(*id))
-                .cloned()
-                .collect()
+            let missing = ids.iter().filter(|id| !w.contains_key(*id)).cloned();
+            (gone, missing.collect())
         };
+        for c in gone {
+            c.kill();
+            c.ended(ENDED_WAIT).await;
+        }
         for id in missing {
-            let c = Client::attach(
-                &format!("watch{id}"),
-                &self.tmux,
-                &self.socket,
-                &id,
-                "ignore-size,pause-after=2",
-                self.streams.clone(),
-            )
-            .await
-            .map_err(|e| format!("watching session {id}: {e}"))?;
-            // Wait for the attach to complete, so no later output is missed.
-            let _ = c
-                .run(
-                    &Cmd::new("display-message").flag("-p").arg("ok").line(),
-                    DEADLINE,
-                )
-                .await;
+            let c = self.attach_watcher(&id).await?;
             self.watchers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, Arc::new(c));
         }
         Ok(())
+    }
+
+    /// Attaches one watcher to session `id`, in quiet: no command runs until
+    /// its first reply (its identification is over, and no output of the
+    /// session after that is missed).
+    async fn attach_watcher(&self, id: &str) -> Result<Client, String> {
+        let _quiet = self.quiet.write().await;
+        // One round trip first: the server has handled every connection that
+        // closed before it (a watcher let go, a command client replaced).
+        let cmd = self.cmd.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let ok = Cmd::new("display-message").flag("-p").arg("ok").line();
+        let _ = cmd.run(&ok, DEADLINE).await;
+        let c = Client::attach(
+            &format!("watch{id}"),
+            &self.tmux,
+            &self.socket,
+            id,
+            "ignore-size,pause-after=2",
+            self.streams.clone(),
+        )
+        .await
+        .map_err(|e| format!("watching session {id}: {e}"))?;
+        let _ = c.run(&ok, DEADLINE).await;
+        Ok(c)
     }
 
     /// The current end offset of a pane's output, and a receiver that changes
