@@ -337,5 +337,5 @@ fn docs_tool_table_matches_the_catalogue() {
         table,
         "regenerate with: sandmux __tools-doc"
     );
-    assert_eq!(table.lines().count(), 2 + 54);
+    assert_eq!(table.lines().count(), 2 + 55);
 }

@@ -5,7 +5,7 @@
 
 use super::ctx::Call;
 use super::error::ToolError;
-use super::tools::{execute, inspect, manage, teardown};
+use super::tools::{commands, execute, inspect, manage, teardown};
 use crate::profile::Toolset;
 use serde_json::Value;
 use std::future::Future;
@@ -220,7 +220,8 @@ pub static TOOLS: &[ToolDef] = &[
     tool!("send_keys_batch", Execute, PaneInput, execute::SendBatch, execute::BatchSent, execute::send_keys_batch, "Several send_keys operations in order (at most 100), with one deadline."),
     tool!("paste_text", Execute, PaneInput, execute::PasteText, execute::Sent, execute::paste_text, "Paste multi-line text through a temporary buffer, with bracketed paste by default, so the shell does not run it line by line."),
     tool!("paste_buffer", Execute, PaneInput, execute::PasteBuffer, execute::Sent, execute::paste_buffer, "Paste a buffer made by load_buffer into a pane."),
-    tool!("run_command", Execute, PaneInput, execute::RunCommand, execute::RunResult, execute::run_command, "Run a shell command in the pane's interactive shell and return its output and exit status (`cd` and `export` persist; `exit` or `set -e` with a failure end the pane: status pane_exited, at once). A pane whose foreground program is not its shell (a REPL, pager, editor or running job) is refused unless when_busy = \"type\". Completion is seen on the output stream (a per-call marker), however much the command prints (the tail is kept, truncated says so); on timeout the command keeps running (or is interrupted with interrupt_on_timeout). Sends progress while it runs."),
+    tool!("run_command", Execute, PaneInput, execute::RunCommand, execute::RunResult, execute::run_command, "Run a shell command in the pane's interactive shell and return its output and exit status (`cd` and `export` persist; `exit` or `set -e` with a failure end the pane: status pane_exited, at once). The pane shows the command as written. A pane whose foreground program is not its shell (a REPL, pager, editor or running job) is refused unless when_busy = \"type\". Completion does not depend on how much the command prints (the tail is kept; truncated says so). On timeout the command keeps running and the result has a command_id: collect it later with wait_for_command (or pass interrupt_on_timeout to press C-c). Sends progress while it runs."),
+    tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, execute::RunResult, commands::wait_for_command, "Wait for a command that outlived its run_command call (by its command_id) and return the same result as run_command: exit status, output tail, truncation flags. Times out again with the same id if it is still running. Ids of the 64 most recent long commands are kept; they end with their tmux server."),
     tool!("set_option", Execute, ChangeInPlace, execute::SetOption, manage::Done, execute::set_option, "Set one of a short list of harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...)."),
     tool!("set_environment", Execute, ChangeInPlace, execute::SetEnv, manage::Done, execute::set_environment, "Set a variable in the global or a session's environment (for panes started later). tmux, sandmux and loader variables are refused."),
     // teardown
@@ -268,9 +269,11 @@ mod tests {
         for t in TOOLS {
             assert!(names.insert(t.name), "{} declared twice", t.name);
             let (ro, destructive, ..) = t.class.hints();
+            // Inspect tools are read-only; outside inspect only
+            // wait_for_command is (it collects what run_command started).
             assert_eq!(
                 ro,
-                t.toolset == Toolset::Inspect,
+                t.toolset == Toolset::Inspect || t.name == "wait_for_command",
                 "{}: read-only hint must match the inspect toolset",
                 t.name
             );

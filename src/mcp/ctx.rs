@@ -56,6 +56,8 @@ pub struct State {
     pub peer: std::sync::OnceLock<Peer<RoleServer>>,
     /// Open capture_since cursors are keyed by this instance.
     pub started: Instant,
+    /// Long commands (`command_id`s for `wait_for_command`).
+    pub commands: super::tools::commands::Commands,
     /// The workspace guard's reverts (counted in the status, audited).
     pub reverts: Option<Arc<super::reverts::Reverts>>,
 }

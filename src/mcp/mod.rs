@@ -348,6 +348,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             peer: std::sync::OnceLock::new(),
             started: Instant::now(),
             reverts: reverts.clone(),
+            commands: Default::default(),
         });
         if let Err(e) = state.drift.record(&hub).await {
             eprintln!("sandmux: {e}");

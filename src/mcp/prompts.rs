@@ -64,7 +64,7 @@ pub fn get(
                 .and_then(|t| t.parse().ok())
                 .unwrap_or(ceiling)
                 .min(ceiling);
-            let mut s = format!("Call run_command with pane_id={pane}, timeout={t} and command:\n\n{cmd}\n\nIt returns the output and the exit status. If status is \"timeout\", the command is still running: use wait_for_text or capture_since to follow it, or send_keys with keys=[\"C-c\"] to stop it.");
+            let mut s = format!("Call run_command with pane_id={pane}, timeout={t} and command:\n\n{cmd}\n\nIt returns the output and the exit status. If status is \"timeout\", the command is still running: collect it with wait_for_command and the result's command_id, or send_keys with keys=[\"C-c\"] to stop it.");
             if cmd.contains('\n') {
                 s.push_str(
                     "\n\nThe command has several lines; each runs in turn in the same shell.",

@@ -40,6 +40,42 @@ pub struct GateConfig {
     pub policy: Policy,
 }
 
+/// The shell function `run_command` types its commands through, exported to
+/// bash (and the bash shells it starts) through the environment. It runs the
+/// command as data in the interactive shell (`eval`, so `cd` and `export`
+/// persist and no quote in it can swallow what follows) between two markers
+/// that are OSC sequences: they reach sandmux's `%output` stream, and tmux
+/// draws nothing for them, so neither the screen nor a capture shows them.
+pub const RUN_FUNCTION: &str = r#"() { printf '\033]6973;B%s;%s\007' "$1" "$$"; __sandmux_n=$1; __sandmux_c=$2; shift 2; eval "$__sandmux_c"; set -- "$?"; printf '\033]6973;E%s;%s\007' "$__sandmux_n" "$1"; unset __sandmux_n __sandmux_c; return "$1"; }"#;
+/// The environment variable bash imports [`RUN_FUNCTION`] from, as `__sandmux_run`.
+pub const RUN_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_run%%";
+/// Run from `PROMPT_COMMAND`: a marker with the shell's pid and `$?` before
+/// every prompt, so a command that never printed its end marker (C-c aborts
+/// the whole function) is seen to be over when its shell prompts again.
+pub const PROMPT_FUNCTION: &str =
+    r#"() { set -- "$?"; printf '\033]6973;P%s;%s\007' "$$" "$1"; return "$1"; }"#;
+/// The environment variable bash imports [`PROMPT_FUNCTION`] from.
+pub const PROMPT_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_prompt%%";
+
+/// Adds the functions above to a pane's environment (`PROMPT_COMMAND` runs
+/// `__sandmux_prompt` first, then whatever the profile set).
+fn add_run_functions(env: &mut Vec<(OsString, OsString)>) {
+    let prompt = env
+        .iter()
+        .find(|(k, _)| k == "PROMPT_COMMAND")
+        .map(|(_, v)| v.to_string_lossy().into_owned())
+        .filter(|v| !v.contains("__sandmux_prompt"));
+    let names = [RUN_FUNCTION_ENV, PROMPT_FUNCTION_ENV, "PROMPT_COMMAND"];
+    env.retain(|(k, _)| !names.iter().any(|n| k.as_bytes() == n.as_bytes()));
+    env.push((RUN_FUNCTION_ENV.into(), RUN_FUNCTION.into()));
+    env.push((PROMPT_FUNCTION_ENV.into(), PROMPT_FUNCTION.into()));
+    let pc = match prompt {
+        Some(p) if !p.is_empty() => format!("__sandmux_prompt; {p}"),
+        _ => "__sandmux_prompt".into(),
+    };
+    env.push(("PROMPT_COMMAND".into(), pc.into()));
+}
+
 /// What the gate was asked to run.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request {
@@ -82,7 +118,10 @@ pub fn main(args: Vec<OsString>) -> ! {
         serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {CONFIG}: {e}")));
     let policy = &cfg.policy;
 
-    let env = env::gate(&policy.environment, std::env::vars_os());
+    let mut env = env::gate(&policy.environment, std::env::vars_os());
+    if !matches!(req, Request::Probe) {
+        add_run_functions(&mut env);
+    }
     // TCP rules, when needed, are already in the server's layer, which panes inherit.
     match landlock::restrict(policy, landlock::Role::Pane, true) {
         Ok(o) => {

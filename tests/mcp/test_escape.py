@@ -59,6 +59,10 @@ def nonce():
     return uuid.uuid4().hex[:12]
 
 
+# What the pane gate adds for run_command: its two bash functions and the
+# prompt hook (src/sandbox/pane.rs).
+GATE_SHELL_ENV = {"BASH_FUNC___sandmux_run%%", "BASH_FUNC___sandmux_prompt%%", "PROMPT_COMMAND"}
+
 # ---------------------------------------------------------------- harness
 
 @contextlib.asynccontextmanager
@@ -1344,9 +1348,10 @@ async def test_e31_launch_environment_secrets_never_appear(ws):
         assert v not in everything, f"{k} leaked"
         assert k not in "".join(files) and k not in json.dumps(outs[1:]), f"{k} present"
     assert "Permission denied" in outs[0]["output"], outs[0]  # /proc/1 and /proc/2 environ
-    allowed = {"PATH", "TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "HOME", "SHELL", "USER", "LOGNAME", "HISTCONTROL", "PWD", "SHLVL", "_", "OLDPWD"}
+    allowed = {"PATH", "TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "HOME", "SHELL", "USER", "LOGNAME", "HISTCONTROL", "PWD", "SHLVL", "_", "OLDPWD"} | GATE_SHELL_ENV
     for f in files:
-        names = {l.split("=", 1)[0] for l in f.splitlines() if "=" in l}
+        # (Lines of an exported function's body are not variables.)
+        names = {l.split("=", 1)[0] for l in f.splitlines() if "=" in l and not l[:1].isspace()}
         assert names <= allowed | {n for n in names if n.startswith("LC_")}, names - allowed
     # Positive control (b): a profile keeping CANARY_KEPT; the same calls show it.
     prof = profile(ws, "e31-keep", lambda t: t.replace('keep = ["TERM"', 'keep = ["CANARY_KEPT", "TERM"'))
@@ -1588,7 +1593,7 @@ async def test_t6_every_spawn_path_runs_through_the_gate(ws):
         sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
         assert tmux_host(sock, "new-window", "-d", "-t", "t6", "python3", str(p), str(ws[0] / "out_t6_ungated.json"), server, "ungated").returncode == 0
         ungated = json.loads(wait_file(ws[0] / "out_t6_ungated.json", needle="}"))
-    allowed = {"PATH", "TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "HOME", "SHELL", "USER", "LOGNAME", "HISTCONTROL", "PWD", "SHLVL", "_", "OLDPWD"}
+    allowed = {"PATH", "TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "HOME", "SHELL", "USER", "LOGNAME", "HISTCONTROL", "PWD", "SHLVL", "_", "OLDPWD"} | GATE_SHELL_ENV
     for t, r in got.items():
         assert r["Seccomp"] == "2" and r["NoNewPrivs"] == "1" and r["CapEff"] == "0000000000000000", (t, r)
         assert r["sock_dir"] == "EACCES" and r["sock_stat"] == "EACCES", (t, r)

@@ -20,7 +20,7 @@ ALL = ["--toolsets", "inspect,manage,execute,teardown"]
 async def test_every_tool_once_with_schema_checked_results(ws):
     async with connect(ws, *ALL) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
-        assert len(tools) == 54
+        assert len(tools) == 55
         called = set()
 
         async def run(name, args=None, ok=True):
@@ -49,6 +49,10 @@ async def test_every_tool_once_with_schema_checked_results(ws):
         assert info["drift"] == "none" and info["version"].startswith("tmux")
         r = await run("run_command", {"pane_id": pane, "command": "echo hello-$((40+2))"})
         assert r["status"] == "completed" and r["exit_status"] == 0 and r["output"] == "hello-42"
+        long = await run("run_command", {"pane_id": pane, "command": "sleep 1; echo late-$((6*7))", "timeout": 0.2})
+        assert long["status"] == "timeout" and long["command_id"], long
+        got = await run("wait_for_command", {"command_id": long["command_id"], "timeout": 10})
+        assert got["status"] == "completed" and got["exit_status"] == 0 and got["output"] == "late-42", got
         cap = await run("capture_pane", {"pane_id": pane})
         assert "hello-42" in cap["text"]
         first = await run("capture_since", {"pane_id": pane})

@@ -3,6 +3,7 @@
 //! one shell string (tmux then runs `default-shell -c STRING`, and
 //! `default-shell` is the gate), never as argv words tmux would exec directly.
 
+use super::commands;
 use super::inspect::{self, Scope};
 use super::manage::Done;
 use crate::mcp::ctx::Call;
@@ -10,11 +11,12 @@ use crate::mcp::error::ToolError;
 use crate::mcp::targets::{self, PaneRow, PaneSel};
 use crate::mcp::text;
 use crate::profile::MountKind;
-use crate::tmux::hub::Cmd;
+use crate::tmux::hub::{Cmd, Hub};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Where a spawn landed.
@@ -690,13 +692,40 @@ pub struct RunResult {
     /// Why it is not the one asked for (the profile's ceiling); absent when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_note: Option<String>,
+    /// On timeout, the id `wait_for_command` collects the still-running
+    /// command with; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command_id: Option<String>,
 }
 
-/// The shell line typed for a command: begin marker, the command as data
-/// (`eval` of a printf of octal escapes, so no quote in it can swallow what
-/// follows), end marker with `$?`. Markers are printed from two pieces, so
-/// the echo of the typed line never contains them.
+/// The line typed for a command: the pane's `__sandmux_run` (exported to
+/// bash by the pane gate, see [`crate::sandbox::pane::RUN_FUNCTION`]) with
+/// the command single-quoted, so the screen shows the command as written
+/// (`'` as `'\''`; control characters other than newline, which would act as
+/// keys in the line editor, as `$(printf '\ooo')`). The markers are printed by
+/// the function as OSC sequences nothing draws.
 pub fn wrap(command: &str, nonce: &str, quiet: bool) -> String {
+    let mut q = String::with_capacity(command.len() + 16);
+    for ch in command.chars() {
+        match ch {
+            '\'' => q.push_str("'\\''"),
+            '\n' => q.push('\n'),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                q.push_str(&format!("'\"$(printf '\\{:03o}')\"'", c as u32))
+            }
+            c => q.push(c),
+        }
+    }
+    format!(
+        "{}__sandmux_run {nonce} '{q}'",
+        if quiet { " " } else { "" }
+    )
+}
+
+/// The same for a shell without `__sandmux_run` (not bash, or the function
+/// was removed): one POSIX line, the command as octal escapes for `eval`, so
+/// no quote in it can swallow the end marker; longer on screen.
+pub fn wrap_posix(command: &str, nonce: &str, quiet: bool) -> String {
     let mut oct = String::new();
     for &b in command.as_bytes() {
         if b.is_ascii_alphanumeric() {
@@ -706,12 +735,28 @@ pub fn wrap(command: &str, nonce: &str, quiet: bool) -> String {
         }
     }
     format!(
-        "{}printf '\\n%s%s\\n' SANDMUX_B {nonce}; eval \"$(printf '{oct}')\"; printf '\\n%s%s:%s\\n' SANDMUX_E {nonce} \"$?\"",
+        "{}printf '\\033]6973;B%s;%s\\007' {nonce} \"$$\"; eval \"$(printf '{oct}')\"; printf '\\033]6973;E%s;%s\\007' {nonce} \"$?\"",
         if quiet { " " } else { "" }
     )
 }
 
-/// Runs a command and waits for its end marker on the output stream.
+/// Types `line` and Enter into a pane.
+async fn type_line(c: &Call<'_>, pane: &str, line: &str) -> Result<(), ToolError> {
+    c.s.hub()
+        .run(
+            &Cmd::new("send-keys")
+                .flag("-l")
+                .opt("-t", pane)
+                .rest([line.as_bytes()]),
+        )
+        .await?;
+    c.s.hub()
+        .run(&Cmd::new("send-keys").opt("-t", pane).arg("Enter"))
+        .await?;
+    Ok(())
+}
+
+/// Runs a command and follows its output until its end marker.
 pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolError> {
     text::input("command", &a.command, c.s.max_input)?;
     if a.command.trim().is_empty() {
@@ -724,6 +769,9 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
             timeout.as_secs_f64()
         )
     });
+    if !c.s.commands.has_room() {
+        return Err(ToolError::refused(format!("{} long commands are still running in this instance (each run_command that timed out keeps one until it ends); collect them with wait_for_command or stop them (send_keys C-c) first", commands::MAX_COMMANDS)));
+    }
     let p = targets::pane(c, &a.p).await?;
     if p.dead {
         return Err(ToolError::refused(format!(
@@ -731,156 +779,111 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
             p.pane_id
         )));
     }
+    let fg = foreground(c, &p.pane_id).await?;
     if a.when_busy.unwrap_or_default() == WhenBusy::Refuse {
-        refuse_if_busy(c, &p.pane_id).await?;
+        refuse_if_busy(c, &p.pane_id, &fg)?;
     }
     leave_modes(c, &p).await?;
-    let nonce = crate::sandbox::rundir::random_hex();
-    let begin = format!("SANDMUX_B{nonce}");
-    let end = format!("SANDMUX_E{nonce}:");
+    let nonce = crate::sandbox::rundir::random_hex()[..12].to_string();
     let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
-    // Watch from before the keys are sent.
-    let (start, mut rx) = c.s.hub().subscribe(num);
-    let line = wrap(&a.command, &nonce, a.suppress_history.unwrap_or(true));
-    c.s.hub()
-        .run(
-            &Cmd::new("send-keys")
-                .flag("-l")
-                .opt("-t", &p.pane_id)
-                .rest([line.as_bytes()]),
-        )
-        .await?;
-    c.s.hub()
-        .run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("Enter"))
-        .await?;
-    let t0 = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
-    tick.tick().await;
-    // Whether the pane still exists (a command that ends the shell ends it).
-    let mut alive = tokio::time::interval(Duration::from_millis(250));
-    alive.tick().await;
-    let max_lines = a.max_lines.unwrap_or(inspect::MAX_LINES).min(100_000);
-    let result = |status: &str, exit: Option<i32>, body: &str, head_lost: bool, missed: bool| {
-        let out = text::clean(body.as_bytes());
-        let out = out.strip_prefix('\n').unwrap_or(&out);
-        let out = out.strip_suffix('\n').unwrap_or(out);
-        let capped = text::cap(out, max_lines, 1_000_000);
-        RunResult {
-            status: status.into(),
-            exit_status: exit,
-            bytes: out.len(),
-            output: capped.text,
-            truncated: capped.truncated || head_lost,
-            truncated_lines: capped.truncated_lines,
-            missed,
-            pane_id: p.pane_id.clone(),
-            elapsed: t0.elapsed().as_secs_f64(),
-            timeout: timeout.as_secs_f64(),
-            timeout_note: note.clone(),
-        }
+    let hub = c.s.hub();
+    // Follow from before the keys are sent.
+    let (start, _) = hub.subscribe(num);
+    let quiet = a.suppress_history.unwrap_or(true);
+    let bash = fg == "bash" || fg.is_empty();
+    let line = if bash {
+        wrap(&a.command, &nonce, quiet)
+    } else {
+        wrap_posix(&a.command, &nonce, quiet)
     };
-    loop {
-        let chunk = c.s.hub().read_since(num, start);
-        let raw = String::from_utf8_lossy(&chunk.data).into_owned();
-        if let Some(done) = finished(&raw, &begin, &end, chunk.missed > 0) {
-            return Ok(result(
-                "completed",
-                done.exit,
-                done.body,
-                done.head_lost,
-                chunk.missed > 0,
-            ));
-        }
-        tokio::select! {
-            r = rx.changed() => { if r.is_err() { return Err(ToolError::stream_closed()); } }
+    type_line(c, &p.pane_id, &line).await?;
+    let follow = Mutex::new(commands::Follow::new(&p.pane_id, &nonce, start));
+    let deadline = tokio::time::Instant::now() + timeout;
+    let max_lines = a.max_lines.unwrap_or(inspect::MAX_LINES).min(100_000);
+    let total = timeout.as_secs_f64();
+    let mut retyped = !bash;
+    let ended = loop {
+        let r = tokio::select! {
+            r = commands::follow_until(&hub, &follow, deadline, Box::new(|t| Box::pin(c.progress(t, Some(total), "command running")))) => r?,
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command may still be running".into())),
             _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
-            _ = tick.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
-            _ = alive.tick() => {
-                if let Some(dead) = pane_exited(c, &p.pane_id).await? {
-                    let chunk = c.s.hub().read_since(num, start);
-                    let raw = String::from_utf8_lossy(&chunk.data).into_owned();
-                    let body = raw.find(&begin).map(|b| raw[b + begin.len()..].to_string()).unwrap_or_default();
-                    return Ok(result("pane_exited", dead, &body, false, chunk.missed > 0));
-                }
+        };
+        match r {
+            commands::Until::NoFunction if !retyped => {
+                // The shell has no __sandmux_run: the command did not run.
+                retyped = true;
+                let (pos, _) = hub.subscribe(num);
+                *follow.lock().unwrap_or_else(|p| p.into_inner()) =
+                    commands::Follow::new(&p.pane_id, &nonce, pos);
+                type_line(c, &p.pane_id, &wrap_posix(&a.command, &nonce, quiet)).await?;
             }
-            _ = tokio::time::sleep_until(deadline) => {
-                if a.interrupt_on_timeout {
-                    c.s.hub().run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c")).await?;
-                }
-                let chunk = c.s.hub().read_since(num, start);
-                let raw = String::from_utf8_lossy(&chunk.data).into_owned();
-                let body = raw.find(&begin).map(|b| raw[b + begin.len()..].to_string()).unwrap_or_default();
-                let status = if a.interrupt_on_timeout { "interrupted" } else { "timeout" };
-                return Ok(result(status, None, &body, false, chunk.missed > 0));
-            }
+            commands::Until::Ended => break true,
+            _ => break false,
         }
-    }
-}
-
-/// A finished command found in a pane's output.
-struct Ended<'a> {
-    body: &'a str,
-    exit: Option<i32>,
-    /// The begin marker scrolled out of sandmux's buffer: the head is lost.
-    head_lost: bool,
-}
-
-/// Finds the end marker (`END<digits>` then a newline) in `raw`, and the
-/// body since the begin marker — or, when the begin marker was lost because
-/// the output outgrew the buffer (`missed`), everything kept before the end.
-fn finished<'a>(raw: &'a str, begin: &str, end: &str, missed: bool) -> Option<Ended<'a>> {
-    let e = raw.find(end)?;
-    let after = &raw[e + end.len()..];
-    let digits: String = after.chars().take_while(|ch| ch.is_ascii_digit()).collect();
-    if digits.is_empty() || !after[digits.len()..].starts_with(['\r', '\n']) {
-        return None;
-    }
-    let (body, head_lost) = match raw[..e].find(begin) {
-        Some(b) => (&raw[b + begin.len()..e], false),
-        None if missed => (&raw[..e], true),
-        None => return None,
     };
-    Some(Ended {
-        body,
-        exit: digits.parse().ok(),
-        head_lost,
-    })
+    let f = follow.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut r = if ended {
+        f.result(f.status(), max_lines, total)
+    } else {
+        if a.interrupt_on_timeout {
+            hub.run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c"))
+                .await?;
+        }
+        let status = if a.interrupt_on_timeout {
+            "interrupted"
+        } else {
+            "timeout"
+        };
+        let mut r = f.result(status, max_lines, total);
+        if !a.interrupt_on_timeout {
+            r.command_id =
+                c.s.commands
+                    .keep(hub.clone(), &c.s.info().generation, f, max_lines);
+        }
+        r
+    };
+    r.timeout_note = note;
+    Ok(r)
 }
 
-/// Refuses when the pane's foreground program is not its shell: the
-/// command's keys would go to that program (a REPL, a pager, an editor) or
-/// queue behind a running job. A nested shell of the same name counts as the
-/// prompt.
-async fn refuse_if_busy(c: &Call<'_>, pane: &str) -> Result<(), ToolError> {
+/// The pane's foreground program (`#{pane_current_command}`), waiting (at
+/// most 3 s) while the pane is still starting (tmux's fork, then the gate).
+async fn foreground(c: &Call<'_>, pane: &str) -> Result<String, ToolError> {
     let cmd = Cmd::new("display-message")
         .flag("-p")
         .opt("-t", pane)
         .arg("#{pane_id} #{pane_current_command}");
-    let shell = std::path::Path::new(&c.s.policy.sandbox.shell)
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // A pane that is still starting shows tmux's fork, then the gate, before
-    // its shell: give it a moment (bounded) rather than call it busy.
     let t0 = Instant::now();
-    let fg = loop {
+    loop {
         let lines = c.s.hub().run(&cmd).await?;
         let l = lines
             .first()
             .map(|l| String::from_utf8_lossy(l).into_owned())
             .unwrap_or_default();
         let (id, fg) = l.split_once(' ').unwrap_or((l.as_str(), ""));
-        if id != pane || fg.is_empty() || fg == shell {
-            return Ok(());
+        if id != pane {
+            return Ok(String::new());
         }
         let starting = fg == "tmux" || fg.starts_with(crate::sandbox::pane::GATE_NAME);
         if !starting || t0.elapsed() > Duration::from_secs(3) {
-            break fg.to_string();
+            return Ok(fg.to_string());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+}
+
+/// Refuses when the pane's foreground program is not its shell: the
+/// command's keys would go to that program (a REPL, a pager, an editor) or
+/// queue behind a running job. A nested shell of the same name counts as the
+/// prompt.
+fn refuse_if_busy(c: &Call<'_>, pane: &str, fg: &str) -> Result<(), ToolError> {
+    let shell = std::path::Path::new(&c.s.policy.sandbox.shell)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if fg.is_empty() || fg == shell {
+        return Ok(());
+    }
     let fg = text::clean(fg.as_bytes());
     Err(ToolError::refused(format!(
         "pane {pane} is not at its shell prompt: its foreground program is {fg:?}, not {shell}, so the command's keys would go to {fg:?} (or wait behind it). Use another pane (split_window), talk to {fg:?} with send_keys, wait for it to end (wait_for_stable), or pass when_busy = \"type\" to type the command anyway"
@@ -889,12 +892,12 @@ async fn refuse_if_busy(c: &Call<'_>, pane: &str) -> Result<(), ToolError> {
 
 /// `Some(status)` when the pane has exited: it is gone (its shell ended and
 /// tmux closed it) or dead under `remain-on-exit` (with tmux's exit status).
-async fn pane_exited(c: &Call<'_>, pane: &str) -> Result<Option<Option<i32>>, ToolError> {
+pub(crate) async fn pane_exited(hub: &Hub, pane: &str) -> Result<Option<Option<i32>>, ToolError> {
     let cmd = Cmd::new("display-message")
         .flag("-p")
         .opt("-t", pane)
         .arg("#{pane_id} #{pane_dead} #{pane_dead_status}");
-    match c.s.hub().run(&cmd).await {
+    match hub.run(&cmd).await {
         Ok(lines) => {
             // tmux 3.3 answers a target that no longer exists with empty
             // fields, not an error: the pane id tells.
@@ -1016,31 +1019,42 @@ pub async fn set_environment(c: &Call<'_>, a: SetEnv) -> Result<Done, ToolError>
 mod tests {
     use super::*;
 
+    const NASTY: &[&str] = &[
+        "echo 'unbalanced",
+        "a'b\"c$d`e\\f",
+        "tab\there\x01\x7f",
+        "line one\nline two!\n",
+        "héllo ✓ '' '\\''",
+    ];
+
+    /// Bash reads the typed line back to exactly the command (a stub
+    /// `__sandmux_run` prints its second argument).
     #[test]
-    fn end_marker_completes_even_when_the_begin_marker_was_lost() {
-        let (b, e) = ("SANDMUX_Bn", "SANDMUX_En:");
-        let ok = finished("x\nSANDMUX_Bn\nhello\nSANDMUX_En:0\n", b, e, false).unwrap();
-        assert_eq!(
-            (ok.body, ok.exit, ok.head_lost),
-            ("\nhello\n", Some(0), false)
-        );
-        let lost = finished("...tail\nSANDMUX_En:3\r\n", b, e, true).unwrap();
-        assert_eq!(
-            (lost.body, lost.exit, lost.head_lost),
-            ("...tail\n", Some(3), true)
-        );
-        assert!(finished("...tail\nSANDMUX_En:3\n", b, e, false).is_none());
-        assert!(finished("SANDMUX_Bn\nSANDMUX_En:", b, e, false).is_none());
-        assert!(finished("SANDMUX_Bn\nSANDMUX_En:1", b, e, false).is_none());
+    fn typed_line_carries_the_command_exactly() {
+        for cmd in NASTY {
+            let line = wrap(cmd, "abc123", true);
+            assert!(line.starts_with(' ') && !line.contains('\x1b'), "{line:?}");
+            let script = format!("__sandmux_run() {{ printf %s \"$2\"; }}\n{line}\n");
+            let out = std::process::Command::new("bash")
+                .args(["-c", &script])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), *cmd, "{line:?}");
+        }
     }
 
+    /// The POSIX line runs the command as data between its markers, whatever
+    /// quotes it holds, and its echo holds no marker.
     #[test]
-    fn wrapped_command_never_contains_its_markers() {
-        let w = wrap("echo 'unbalanced", "abc123", true);
-        assert!(w.starts_with(' '));
-        assert!(!w.contains("SANDMUX_Babc123"));
-        assert!(!w.contains("SANDMUX_Eabc123"));
-        assert!(!w.contains('\''.to_string().repeat(3).as_str()));
-        assert!(w.contains("\\047"), "{w}");
+    fn posix_line_never_loses_its_end_marker() {
+        let line = wrap_posix("echo 'unbalanced", "abc123", false);
+        assert!(!line.contains('\x1b'));
+        let out = std::process::Command::new("bash")
+            .args(["-c", &line])
+            .output()
+            .unwrap();
+        let o = String::from_utf8_lossy(&out.stdout);
+        assert!(o.starts_with("\x1b]6973;Babc123;"), "{o:?}");
+        assert!(o.ends_with("\x1b]6973;Eabc123;2\x07"), "{o:?}");
     }
 }

@@ -1,5 +1,6 @@
 //! Tool implementations, one file per toolset.
 
+pub mod commands;
 pub mod execute;
 pub mod inspect;
 pub mod manage;

@@ -1,0 +1,404 @@
+//! Commands typed by `run_command`, followed on the output stream until their
+//! end marker; a command that outlives its call keeps a `command_id`, and
+//! `wait_for_command` collects it later, from any pane, after any calls.
+//!
+//! A [`Follow`] reads its pane's ring incrementally and keeps the command's
+//! own output (a bounded tail), so neither completion nor the exit status
+//! depends on how much it printed or on how long ago it ended. Ids are
+//! bounded ([`MAX_COMMANDS`] per instance): finished ones are evicted oldest
+//! first, running ones never; ids belong to one server generation.
+
+use super::super::ctx::Call;
+use super::super::error::ToolError;
+use super::execute::{pane_exited, RunResult};
+use crate::mcp::text;
+use crate::tmux::hub::Hub;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Long commands kept per instance.
+pub const MAX_COMMANDS: usize = 64;
+/// Output kept per command (the tail).
+const BODY_CAP: usize = 1 << 20;
+/// The OSC number sandmux's markers use (tmux draws nothing for it).
+const OSC: &str = "\x1b]6973;";
+
+/// How a followed command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Its end marker arrived, with this exit status.
+    Completed(i32),
+    /// The pane's shell ended (with tmux's status when it kept the pane).
+    PaneExited(Option<i32>),
+    /// The shell prompted again without the end marker (C-c aborted the
+    /// command), with the status it had then.
+    Interrupted(i32),
+}
+
+/// One command's output, read from its pane's ring as it arrives.
+pub struct Follow {
+    /// The pane (`%N`).
+    pub pane_id: String,
+    num: u32,
+    begin: Vec<u8>,
+    end: Vec<u8>,
+    /// `OSC P<pid>;` of the shell that printed the begin marker.
+    prompt: Option<Vec<u8>>,
+    pos: u64,
+    before: Vec<u8>,
+    seen_begin: bool,
+    body: Vec<u8>,
+    head_lost: bool,
+    missed: bool,
+    /// When the command was typed.
+    pub t0: Instant,
+    /// Set once it ended.
+    pub ended: Option<End>,
+}
+
+impl Follow {
+    /// Follows the command with `nonce` in pane `pane_id` from ring offset `pos`.
+    pub fn new(pane_id: &str, nonce: &str, pos: u64) -> Follow {
+        Follow {
+            pane_id: pane_id.to_string(),
+            num: pane_id[1..].parse().unwrap_or(0),
+            begin: format!("{OSC}B{nonce};").into_bytes(),
+            end: format!("{OSC}E{nonce};").into_bytes(),
+            prompt: None,
+            pos,
+            before: Vec::new(),
+            seen_begin: false,
+            body: Vec::new(),
+            head_lost: false,
+            missed: false,
+            t0: Instant::now(),
+            ended: None,
+        }
+    }
+
+    /// Whether output before the begin marker says the shell has no
+    /// `__sandmux_run` (another shell, or the agent removed it).
+    pub fn no_function(&self) -> bool {
+        !self.seen_begin
+            && find(&self.before, b"__sandmux_run: ").is_some_and(|i| {
+                let rest = &self.before[i..];
+                find(rest, b"not found").is_some()
+            })
+    }
+
+    /// Reads what arrived; true once the end marker has.
+    pub fn poll(&mut self, hub: &Hub) -> bool {
+        if self.ended.is_some() {
+            return true;
+        }
+        let chunk = hub.read_since(self.num, self.pos);
+        self.pos = chunk.end;
+        if chunk.missed > 0 {
+            self.missed = true;
+        }
+        let mut data = chunk.data;
+        if !self.seen_begin {
+            self.before.extend_from_slice(&data);
+            match marker(&self.before, &self.begin) {
+                Some((i, len, pid)) => {
+                    self.prompt = Some(format!("{OSC}P{pid};").into_bytes());
+                    data = self.before.split_off(i + len);
+                    self.before.clear();
+                }
+                // Its pid has not arrived yet.
+                None if find(&self.before, &self.begin).is_some() => return false,
+                // The marker scrolled out of the ring, or never came in a
+                // bound: what is kept is all there is of the command.
+                None if self.missed || self.before.len() > BODY_CAP => {
+                    data = std::mem::take(&mut self.before);
+                    self.head_lost = true;
+                }
+                None => return false,
+            }
+            self.seen_begin = true;
+        }
+        let from = self.body.len().saturating_sub(self.end.len() + 12);
+        self.body.extend_from_slice(&data);
+        if let Some((at, _, code)) = marker(&self.body[from..], &self.end) {
+            self.body.truncate(from + at);
+            self.ended = Some(End::Completed(code as i32));
+            return true;
+        }
+        let p = self.prompt.as_deref().unwrap_or(b"\x1b]6973;P-");
+        if let Some((at, _, code)) = marker(&self.body[from..], p) {
+            self.body.truncate(from + at);
+            self.ended = Some(End::Interrupted(code as i32));
+            return true;
+        }
+        if self.body.len() > BODY_CAP {
+            let cut = self.body.len() - BODY_CAP;
+            self.body.drain(..cut);
+            self.head_lost = true;
+        }
+        false
+    }
+
+    /// The result as it stands.
+    pub fn result(&self, status: &str, max_lines: usize, timeout: f64) -> RunResult {
+        let exit = match self.ended {
+            Some(End::Completed(c)) => Some(c),
+            Some(End::PaneExited(c)) => c,
+            Some(End::Interrupted(c)) => Some(c),
+            None => None,
+        };
+        let body = if self.seen_begin {
+            &self.body[..]
+        } else {
+            &[][..]
+        };
+        let out = text::clean(body);
+        let out = out.strip_prefix('\n').unwrap_or(&out);
+        let out = out.strip_suffix('\n').unwrap_or(out);
+        let capped = text::cap(out, max_lines, 1_000_000);
+        RunResult {
+            status: status.into(),
+            exit_status: exit,
+            bytes: out.len(),
+            output: capped.text,
+            truncated: capped.truncated || self.head_lost,
+            truncated_lines: capped.truncated_lines,
+            missed: self.missed,
+            pane_id: self.pane_id.clone(),
+            elapsed: self.t0.elapsed().as_secs_f64(),
+            timeout,
+            timeout_note: None,
+            command_id: None,
+        }
+    }
+
+    /// The status word for how it ended (`running` while it has not).
+    pub fn status(&self) -> &'static str {
+        match self.ended {
+            Some(End::Completed(_)) => "completed",
+            Some(End::PaneExited(_)) => "pane_exited",
+            Some(End::Interrupted(_)) => "interrupted",
+            None => "running",
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Finds `head` followed by digits and BEL: (offset, length, the number).
+fn marker(hay: &[u8], head: &[u8]) -> Option<(usize, usize, u64)> {
+    let mut from = 0;
+    while let Some(i) = find(&hay[from..], head) {
+        let at = from + i;
+        let rest = &hay[at + head.len()..];
+        let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if (1..=10).contains(&n) && rest.get(n) == Some(&0x07) {
+            let v = std::str::from_utf8(&rest[..n]).ok()?.parse().ok()?;
+            return Some((at, head.len() + n + 1, v));
+        }
+        from = at + 1;
+    }
+    None
+}
+
+/// Why [`follow_until`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The command ended (see [`Follow::ended`]).
+    Ended,
+    /// The deadline passed first.
+    Deadline,
+    /// The shell said it has no `__sandmux_run`: the command never ran.
+    NoFunction,
+}
+
+/// A progress callback: seconds elapsed in, a notification out.
+pub type Tick<'a> = Box<
+    dyn FnMut(f64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>
+        + Send
+        + 'a,
+>;
+
+/// Follows `f` until it ends (its marker, or its pane exits), the server
+/// generation ends, or `until` passes. Calls `tick` every 2 s.
+pub async fn follow_until(
+    hub: &Hub,
+    f: &Mutex<Follow>,
+    until: tokio::time::Instant,
+    mut tick: Tick<'_>,
+) -> Result<Until, ToolError> {
+    let (pane, num) = {
+        let g = f.lock().unwrap_or_else(|p| p.into_inner());
+        (g.pane_id.clone(), g.num)
+    };
+    let (_, mut rx) = hub.subscribe(num);
+    let mut progress = tokio::time::interval(Duration::from_secs(2));
+    progress.tick().await;
+    let mut alive = tokio::time::interval(Duration::from_millis(250));
+    alive.tick().await;
+    loop {
+        let t0 = {
+            let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
+            if g.poll(hub) {
+                return Ok(Until::Ended);
+            }
+            if g.no_function() {
+                return Ok(Until::NoFunction);
+            }
+            g.t0
+        };
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()); },
+            _ = progress.tick() => tick(t0.elapsed().as_secs_f64()).await,
+            _ = alive.tick() => {
+                if let Some(status) = pane_exited(hub, &pane).await? {
+                    let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
+                    if !g.poll(hub) {
+                        g.ended = Some(End::PaneExited(status));
+                    }
+                    return Ok(Until::Ended);
+                }
+            }
+            _ = tokio::time::sleep_until(until) => return Ok(Until::Deadline),
+        }
+    }
+}
+
+struct Entry {
+    id: String,
+    generation: String,
+    follow: Arc<Mutex<Follow>>,
+    done: watch::Receiver<bool>,
+    max_lines: usize,
+}
+
+/// The instance's long commands.
+#[derive(Default)]
+pub struct Commands {
+    entries: Mutex<Vec<Entry>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Commands {
+    /// Whether a new long command can be kept (a finished one can be evicted,
+    /// or there is room).
+    pub fn has_room(&self) -> bool {
+        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        e.len() < MAX_COMMANDS || e.iter().any(|x| *x.done.borrow())
+    }
+
+    /// Keeps a command that outlived its call, following it in the
+    /// background; returns its id, or None when every slot holds a running one.
+    pub fn keep(
+        &self,
+        hub: Arc<Hub>,
+        generation: &str,
+        follow: Follow,
+        max_lines: usize,
+    ) -> Option<String> {
+        let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if e.len() >= MAX_COMMANDS {
+            let oldest_done = e.iter().position(|x| *x.done.borrow())?;
+            e.remove(oldest_done);
+        }
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = format!("cmd-{n}");
+        let follow = Arc::new(Mutex::new(follow));
+        let (tx, done) = watch::channel(false);
+        let f = follow.clone();
+        tokio::spawn(async move {
+            let forever = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+            let _ = follow_until(&hub, &f, forever, Box::new(|_| Box::pin(async {}))).await;
+            tx.send_replace(true);
+        });
+        e.push(Entry {
+            id: id.clone(),
+            generation: generation.to_string(),
+            follow,
+            done,
+            max_lines,
+        });
+        Some(id)
+    }
+}
+
+/// `wait_for_command`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WaitCommand {
+    /// The `command_id` a `run_command` result gave.
+    pub command_id: String,
+    /// Seconds to wait (default 30, clamped to the profile's ceiling).
+    pub timeout: Option<f64>,
+}
+
+/// Waits for a long command to end; the same result shape as `run_command`.
+pub async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult, ToolError> {
+    let timeout = c.clamp(a.timeout, 30.0)?;
+    let generation = c.s.info().generation;
+    let (follow, mut done, max_lines) = {
+        let e =
+            c.s.commands
+                .entries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+        let Some(x) = e.iter().find(|x| x.id == a.command_id) else {
+            return Err(ToolError::invalid(
+                "command_id",
+                &format!("{:?} is not a command this instance knows", a.command_id),
+                "use the command_id of a run_command result that timed out (ids are kept for the 64 most recent long commands)",
+            ));
+        };
+        if x.generation != generation {
+            return Err(ToolError::refused(format!(
+                "{} belonged to an earlier tmux server of this instance (it was restarted); its pane is gone",
+                x.id
+            )));
+        }
+        (x.follow.clone(), x.done.clone(), x.max_lines)
+    };
+    let t0 = Instant::now();
+    let mut progress = tokio::time::interval(Duration::from_secs(2));
+    progress.tick().await;
+    let until = tokio::time::Instant::now() + timeout;
+    let finished = loop {
+        if *done.borrow() {
+            break true;
+        }
+        tokio::select! {
+            r = done.changed() => if r.is_err() { break *done.borrow() },
+            _ = progress.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
+            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command is still followed".into())),
+            _ = tokio::time::sleep_until(until) => break false,
+        }
+    };
+    let g = follow.lock().unwrap_or_else(|p| p.into_inner());
+    let status = match (finished, g.ended) {
+        (_, Some(_)) => g.status(),
+        (true, None) => "expired",
+        (false, None) => "timeout",
+    };
+    let mut r = g.result(status, max_lines, timeout.as_secs_f64());
+    r.command_id = Some(a.command_id);
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_need_digits_and_bel() {
+        let end = b"\x1b]6973;Eab;";
+        assert_eq!(marker(b"x\x1b]6973;Eab;7\x07y", end), Some((1, 13, 7)));
+        assert_eq!(marker(b"\x1b]6973;Eab;\x07", end), None);
+        assert_eq!(marker(b"\x1b]6973;Eab;12", end), None);
+        assert_eq!(
+            marker(b"\x1b]6973;Eab;x\x1b]6973;Eab;0\x07", end),
+            Some((12, 13, 0))
+        );
+    }
+}
