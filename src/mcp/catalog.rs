@@ -70,16 +70,20 @@ pub struct ToolDef {
     pub handler: Handler,
 }
 
-/// JSON schema of a type, as a plain object.
+/// JSON schema of a type, as a plain object (see [`super::schema`]).
 pub fn schema_of<T: schemars::JsonSchema>() -> Value {
-    let mut v = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
-    if let Value::Object(m) = &mut v {
-        m.remove("$schema");
-        m.remove("title");
-        m.entry("type")
-            .or_insert_with(|| Value::String("object".into()));
+    super::schema::plain(serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default())
+}
+
+/// JSON schema of a result type (see [`super::schema::plain_output`]), or
+/// null for [`Done`](super::tools::manage::Done): a sentence saying what was
+/// done needs no schema, and fourteen copies of one would cost every
+/// conversation a kilobyte.
+pub fn output_schema_of<T: schemars::JsonSchema>() -> Value {
+    if T::schema_name() == "Done" {
+        return Value::Null;
     }
-    v
+    super::schema::plain_output(serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default())
 }
 
 /// The argument names a schema declares (its top-level `properties`).
@@ -150,7 +154,7 @@ macro_rules! tool {
             class: Class::$class,
             description: $desc,
             input_schema: schema_of::<$args>,
-            output_schema: schema_of::<$out>,
+            output_schema: output_schema_of::<$out>,
             handler: {
                 fn h<'a>(c: &'a Call<'a>, v: Value) -> BoxFut<'a> {
                     // The schema is built once; every call checks names against it.
@@ -159,7 +163,10 @@ macro_rules! tool {
                     Box::pin(async move {
                         let a: $args = parse_args(v, known)?;
                         let o: $out = $f(c, a).await?;
-                        serde_json::to_value(o).map_err(|e| ToolError::Internal(e.to_string()))
+                        let mut v = serde_json::to_value(o)
+                            .map_err(|e| ToolError::Internal(e.to_string()))?;
+                        super::schema::strip_nulls(&mut v);
+                        Ok(v)
                     })
                 }
                 h
@@ -174,19 +181,19 @@ macro_rules! tool {
 pub static TOOLS: &[ToolDef] = &[
     // inspect
     tool!("list_sessions", Inspect, MetadataRead, inspect::ListSessions, inspect::Sessions, inspect::list_sessions, "List tmux sessions (id, name, windows, attached). Optional `filters` such as {\"session_name__contains\": \"dev\"}."),
-    tool!("get_session_info", Inspect, MetadataRead, inspect::SessionArgs, inspect::SessionRow, inspect::get_session_info, "Metadata of one session (by session_id or session_name; default: the first session)."),
+    tool!("get_session_info", Inspect, MetadataRead, inspect::SessionArgs, inspect::SessionRow, inspect::get_session_info, "Metadata of one session (default: the first)."),
     tool!("list_windows", Inspect, MetadataRead, inspect::ListWindows, inspect::Windows, inspect::list_windows, "List windows, of one session or of all. Optional `filters`."),
-    tool!("get_window_info", Inspect, MetadataRead, inspect::WindowArgs, inspect::WindowRow, inspect::get_window_info, "Metadata of one window (window_id, or session + window_index; default: the first window)."),
+    tool!("get_window_info", Inspect, MetadataRead, inspect::WindowArgs, inspect::WindowRow, inspect::get_window_info, "Metadata of one window (window_id, or session + window_index; default: the first)."),
     tool!("list_panes", Inspect, MetadataRead, inspect::ListPanes, inspect::Panes, inspect::list_panes, "List panes with id, size, current command and path, dead flag. Optional `filters`."),
-    tool!("get_pane_info", Inspect, MetadataRead, inspect::PaneArgs, inspect::PaneRow, inspect::get_pane_info, "Metadata of one pane (pane_id, or window/session; default: the first pane of the first window of the first session)."),
+    tool!("get_pane_info", Inspect, MetadataRead, inspect::PaneArgs, inspect::PaneRow, inspect::get_pane_info, "Metadata of one pane."),
     tool!("find_pane_by_position", Inspect, MetadataRead, inspect::FindPane, inspect::PaneRow, inspect::find_pane_by_position, "The pane at a corner of a window: top-left, top-right, bottom-left or bottom-right."),
-    tool!("get_server_info", Inspect, MetadataRead, inspect::NoArgs, inspect::ServerInfo, inspect::get_server_info, "The sandboxed tmux server: version, pid inside the sandbox, the generation sandmux started, session count, drift status, profile."),
+    tool!("get_server_info", Inspect, MetadataRead, inspect::NoArgs, inspect::ServerInfo, inspect::get_server_info, "The sandboxed tmux server: version, pid, generation, sessions, drift status, profile."),
     tool!("capture_pane", Inspect, ContentRead, inspect::Capture, inspect::Captured, inspect::capture_pane, "A pane's text (no escape sequences). Keeps the last `max_lines` lines (default 500) and at most `max_bytes`; says when it cut."),
-    tool!("capture_since", Inspect, ContentRead, inspect::CaptureSince, inspect::SinceResult, inspect::capture_since, "Incremental read: without `cursor`, the visible screen and a cursor; with one, only the output written since, and `lines_missed` if some was lost."),
-    tool!("snapshot_pane", Inspect, ContentRead, inspect::Snapshot, inspect::SnapshotResult, inspect::snapshot_pane, "Pane state and content in one call: cursor, size, mode, scroll position, alternate screen, pid, dead flag, and the captured text."),
+    tool!("capture_since", Inspect, ContentRead, inspect::CaptureSince, inspect::SinceResult, inspect::capture_since, "Incremental read: without `cursor`, the screen and a cursor; with one, only the output written since (and `lines_missed` if some was lost)."),
+    tool!("snapshot_pane", Inspect, ContentRead, inspect::Snapshot, inspect::SnapshotResult, inspect::snapshot_pane, "A pane's state (cursor, size, mode, scroll position, alternate screen, pid, dead) and text in one call."),
     tool!("search_panes", Inspect, ContentRead, inspect::Search, inspect::SearchResult, inspect::search_panes, "Search the text of every pane (or one session's) for a literal or regular expression (linear-time engine). Paged."),
     tool!("display_message", Inspect, ContentRead, inspect::Display, inspect::Displayed, inspect::display_message, "Expand a format against a pane. Only literal text and plain #{variable} lookups of known variables are accepted."),
-    tool!("wait_for_text", Inspect, ContentRead, inspect::WaitText, inspect::WaitResult, inspect::wait_for_text, "Wait until one of `patterns` appears in output written after the call began (or a `stop` pattern, or any output when patterns is null). Event-driven; bounded by the wait ceiling."),
+    tool!("wait_for_text", Inspect, ContentRead, inspect::WaitText, inspect::WaitResult, inspect::wait_for_text, "Wait until one of `patterns` (or a `stop` pattern; with no patterns, any output) appears in output written after `cursor` or the call's start. Event-driven."),
     tool!("wait_for_stable", Inspect, ContentRead, inspect::WaitStable, inspect::WaitResult, inspect::wait_for_stable, "Wait until a pane has written nothing for `quiet_ms` milliseconds (default 400)."),
     tool!("wait_for_gone", Inspect, ContentRead, inspect::WaitGone, inspect::WaitResult, inspect::wait_for_gone, "Wait until none of `patterns` is on the pane's visible screen."),
     tool!("show_option", Inspect, MetadataRead, inspect::ShowOption, inspect::OptionValue, inspect::show_option, "Show a tmux option's value (scope server, session, window or pane)."),
@@ -194,9 +201,9 @@ pub static TOOLS: &[ToolDef] = &[
     tool!("show_hooks", Inspect, MetadataRead, inspect::ShowHooks, inspect::Hooks, inspect::show_hooks, "List hooks. sandmux installs none and stops on any that appear (drift)."),
     tool!("show_hook", Inspect, MetadataRead, inspect::ShowHook, inspect::Hooks, inspect::show_hook, "Show one hook."),
     tool!("show_buffer", Inspect, ContentRead, inspect::ShowBuffer, inspect::Captured, inspect::show_buffer, "Show a buffer made by load_buffer (tail-capped)."),
-    tool!("call_read_tools_batch", Inspect, ContentRead, inspect::Batch, inspect::BatchResult, inspect::call_read_tools_batch, "Run several inspect tools in order (at most 100, one overall deadline); each result or error is returned in place."),
-    tool!("export_replay", Inspect, ContentRead, inspect::Replay, inspect::ReplayResult, inspect::export_replay, "The terminal output as an asciicast v2 recording that `asciinema play` replays: the running recording when serve has --record, else a snapshot of a pane's screen. Typed input is never recorded."),
-    tool!("sandbox_status", Inspect, MetadataRead, inspect::NoArgs, inspect::Status, inspect::sandbox_status, "What confines this terminal: every layer and whether it is in force, as the sandbox reported it when it started; the profile; the audit log."),
+    tool!("call_read_tools_batch", Inspect, ContentRead, inspect::Batch, inspect::BatchResult, inspect::call_read_tools_batch, "Run up to 100 inspect tools in order under one deadline; each result or error in place."),
+    tool!("export_replay", Inspect, ContentRead, inspect::Replay, inspect::ReplayResult, inspect::export_replay, "Terminal output as an asciicast v2 recording (`asciinema play`): the recording when serve has --record, else a snapshot of a pane. Typed input is never recorded."),
+    tool!("sandbox_status", Inspect, MetadataRead, inspect::NoArgs, inspect::Status, inspect::sandbox_status, "What confines this terminal: each layer and whether it is in force (as observed at start), the profile, network, writable paths, limits, the workspace guard, the audit log."),
     // manage
     tool!("rename_session", Manage, ChangeInPlace, manage::RenameSession, manage::Done, manage::rename_session, "Rename a session; the name is stored as text, never expanded."),
     tool!("rename_window", Manage, ChangeInPlace, manage::RenameWindow, manage::Done, manage::rename_window, "Rename a window; the name is stored as text."),
@@ -220,8 +227,8 @@ pub static TOOLS: &[ToolDef] = &[
     tool!("send_keys_batch", Execute, PaneInput, execute::SendBatch, execute::BatchSent, execute::send_keys_batch, "Several send_keys operations in order (at most 100), with one deadline."),
     tool!("paste_text", Execute, PaneInput, execute::PasteText, execute::Sent, execute::paste_text, "Paste multi-line text through a temporary buffer, with bracketed paste by default, so the shell does not run it line by line."),
     tool!("paste_buffer", Execute, PaneInput, execute::PasteBuffer, execute::Sent, execute::paste_buffer, "Paste a buffer made by load_buffer into a pane."),
-    tool!("run_command", Execute, PaneInput, execute::RunCommand, execute::RunResult, execute::run_command, "Run a shell command in the pane's interactive shell and return its output and exit status (`cd` and `export` persist; `exit` or `set -e` with a failure end the pane: status pane_exited, at once). The pane shows the command as written. A pane whose foreground program is not its shell (a REPL, pager, editor or running job) is refused unless when_busy = \"type\". Completion does not depend on how much the command prints (the tail is kept; truncated says so). On timeout the command keeps running and the result has a command_id: collect it later with wait_for_command (or pass interrupt_on_timeout to press C-c). Sends progress while it runs."),
-    tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, execute::RunResult, commands::wait_for_command, "Wait for a command that outlived its run_command call (by its command_id) and return the same result as run_command: exit status, output tail, truncation flags. Times out again with the same id if it is still running. Ids of the 64 most recent long commands are kept; they end with their tmux server."),
+    tool!("run_command", Execute, PaneInput, execute::RunCommand, execute::RunResult, execute::run_command, "Run a command in the pane's interactive shell; returns its output tail and exit status (`cd`/`export` persist; `exit` or `set -e` plus a failure end the pane: status pane_exited). A pane not at its shell prompt (REPL, pager, editor, running job) is refused unless when_busy=\"type\". On timeout the command keeps running and the result has a command_id for wait_for_command (or interrupt_on_timeout presses C-c). Sends progress."),
+    tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, execute::RunResult, commands::wait_for_command, "Wait for a run_command that timed out (by its command_id); returns the same result as run_command once it ends, or timeout again. Ids of the 64 latest long commands are kept."),
     tool!("set_option", Execute, ChangeInPlace, execute::SetOption, manage::Done, execute::set_option, "Set one of a short list of harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...)."),
     tool!("set_environment", Execute, ChangeInPlace, execute::SetEnv, manage::Done, execute::set_environment, "Set a variable in the global or a session's environment (for panes started later). tmux, sandmux and loader variables are refused."),
     // teardown
@@ -280,9 +287,14 @@ mod tests {
             if t.toolset == Toolset::Teardown {
                 assert!(destructive, "{}", t.name);
             }
-            for s in [(t.input_schema)(), (t.output_schema)()] {
-                assert_eq!(s["type"], "object", "{}: {s}", t.name);
-            }
+            let out = (t.output_schema)();
+            assert!(
+                out.is_null() || out["type"] == "object",
+                "{}: {out}",
+                t.name
+            );
+            let input = (t.input_schema)();
+            assert_eq!(input["type"], "object", "{}: {input}", t.name);
             assert!(!t.description.is_empty());
         }
         for gone in [

@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod catalog;
+pub mod choices;
 pub mod ctx;
 pub mod drift;
 pub mod endpoint;
@@ -20,6 +21,7 @@ pub mod prompts;
 pub mod record;
 pub mod resources;
 pub mod reverts;
+pub(crate) mod schema;
 pub mod server;
 pub mod stdio;
 pub mod targets;
@@ -209,7 +211,8 @@ pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
 /// Runs the server; returns the process exit status.
 pub fn serve(policy: Policy, opts: Options) -> i32 {
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let ceiling = match toolsets::select(&policy.mcp.toolsets, &opts.flags, &env) {
+    let ceiling = match toolsets::select(&policy.mcp.toolsets, policy.mcp.preset, &opts.flags, &env)
+    {
         Ok(e) => e,
         Err(e) => {
             eprintln!("sandmux: {e}");

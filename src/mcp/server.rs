@@ -41,15 +41,32 @@ fn obj(v: Value) -> Arc<JsonObject> {
 /// The MCP description of a tool.
 pub fn tool_of(t: &ToolDef) -> Tool {
     let (ro, destructive, idempotent, open) = t.class.hints();
-    Tool::new(t.name, t.description, obj((t.input_schema)()))
-        .with_raw_output_schema(obj((t.output_schema)()))
-        .with_annotations(
-            ToolAnnotations::new()
-                .read_only(ro)
-                .destructive(destructive)
-                .idempotent(idempotent)
-                .open_world(open),
-        )
+    let tool = Tool::new(t.name, t.description, obj((t.input_schema)()))
+        .with_annotations(annotations(ro, destructive, idempotent, open));
+    match (t.output_schema)() {
+        Value::Null => tool,
+        out => tool.with_raw_output_schema(obj(out)),
+    }
+}
+
+/// The hints, each only where it differs from the spec's default
+/// (readOnly false, destructive true, idempotent false, openWorld true).
+fn annotations(ro: bool, destructive: bool, idempotent: bool, open: bool) -> ToolAnnotations {
+    let mut a = ToolAnnotations::new();
+    if ro {
+        a = a.read_only(true);
+    }
+    // destructive is meaningful only when the tool is not read-only.
+    if !ro && !destructive {
+        a = a.destructive(false);
+    }
+    if idempotent {
+        a = a.idempotent(true);
+    }
+    if !open {
+        a = a.open_world(false);
+    }
+    a
 }
 
 fn toolset_name(t: Toolset) -> &'static str {
@@ -62,6 +79,21 @@ fn toolset_name(t: Toolset) -> &'static str {
 }
 
 impl Server {
+    /// Why a call names a tool that is not in `tools/list` (P4): it does not
+    /// exist, a human revoked it at runtime, or this instance never enabled
+    /// it. Starts with "Unknown tool: NAME", as clients expect.
+    fn why_absent(&self, name: &str) -> String {
+        let Some(def) = catalog::find(name) else {
+            return format!("Unknown tool: {name}");
+        };
+        let set = toolset_name(def.toolset);
+        if self.s.ceiling.contains(def.name) {
+            format!("Unknown tool: {name} (revoked at runtime by the operator; `sandmux grant ID --toolset {set}` or `--tool {name}` gives it back)")
+        } else {
+            format!("Unknown tool: {name} (not enabled for this instance: it is in the {set} toolset, which this instance's profile ({}) and flags did not enable; start serve with --toolsets including {set}, or --tools {name})", self.s.policy.name)
+        }
+    }
+
     fn enabled(&self, name: &str) -> bool {
         self.s
             .enabled
@@ -158,7 +190,7 @@ impl Server {
             .collect();
         let mut s = format!(
             "sandmux: a confined terminal. One private tmux server inside a sandbox (profile '{}': {}). Workspace {} is writable; the rest of the system is read-only or absent; network: {}. Toolsets: {}. Layers dropped: {}. \
-Start with list_panes (or create_session); run commands with run_command (returns output and exit status; on timeout, collect it later with wait_for_command); type with send_keys (text is literal, keys are key names like C-c); wait with wait_for_text / wait_for_stable instead of sleeping; read with capture_pane or capture_since. sandbox_status shows what confines you. Every call is audited.",
+Targets: pane_id (%N), window_id (@N), session_id ($N) or session_name; with none, a tool acts on the first pane of the first window of the first session. Every wait is clamped to the profile's ceiling (sandbox_status.limits); results say which timeout applied. Start with list_panes (or create_session); run commands with run_command (returns output and exit status; on timeout, collect it later with wait_for_command); type with send_keys (text is literal, keys are key names like C-c); wait with wait_for_text / wait_for_stable instead of sleeping; read with capture_pane or capture_since. sandbox_status shows what confines you. Every call is audited.",
             self.s.policy.name,
             self.s.policy.description,
             self.s.policy.workspace.display(),
@@ -284,7 +316,8 @@ impl ServerHandler for Server {
         let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
         let def = catalog::find(&name).filter(|d| self.enabled(d.name));
         let Some(def) = def else {
-            let e = ToolError::refused(format!("Unknown tool: {name}"));
+            let why = self.why_absent(&name);
+            let e = ToolError::refused(why.clone());
             self.audit(
                 &Audited {
                     tool: &name,
@@ -298,7 +331,7 @@ impl ServerHandler for Server {
                 Some("refused"),
             );
             return Err(McpError::invalid_params(
-                format!("Unknown tool: {name}"),
+                why,
                 Some(json!({"hint": "call tools/list for the enabled tools"})),
             ));
         };

@@ -206,29 +206,28 @@ pub async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
     Ok(out)
 }
 
-/// Which pane a call means.
+/// Which pane a call means: `pane_id` (`%N`), or the active pane of
+/// `window_id` (`@N`) or of a session (`session_name`, `session_id` `$N`);
+/// nothing: the first pane of the first window of the first session. (The
+/// fields carry no schema descriptions: the server's instructions say this
+/// once, rather than every tool's schema.)
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[allow(missing_docs)]
 pub struct PaneSel {
-    /// Pane id such as "%3".
     pub pane_id: Option<String>,
-    /// Session name (exact).
     pub session_name: Option<String>,
-    /// Session id such as "$1".
     pub session_id: Option<String>,
-    /// Window id such as "@2".
     pub window_id: Option<String>,
 }
 
-/// Which window a call means.
+/// Which window a call means: `window_id` (`@N`), or `window_index` in a
+/// session (`session_name` or `session_id`); see [`PaneSel`].
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[allow(missing_docs)]
 pub struct WindowSel {
-    /// Window id such as "@2".
     pub window_id: Option<String>,
-    /// Window index within the session.
     pub window_index: Option<String>,
-    /// Session name (exact).
     pub session_name: Option<String>,
-    /// Session id such as "$1".
     pub session_id: Option<String>,
 }
 

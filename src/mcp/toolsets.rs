@@ -21,6 +21,22 @@ pub struct Flags {
 
 const KNOWN_ENV: &[&str] = &["SANDMUX_TOOLSETS", "SANDMUX_TOOLS", "SANDMUX_EXCLUDE_TOOLS"];
 
+/// The `core` preset: the ten tools of an agent's daily work, for clients
+/// that pay per token. A preset is a list of tools, not a toolset: each tool
+/// stays in its own toolset, which remains the unit of revoke and grant.
+pub const CORE: &[&str] = &[
+    "list_panes",
+    "capture_pane",
+    "capture_since",
+    "wait_for_text",
+    "wait_for_stable",
+    "sandbox_status",
+    "split_window",
+    "send_keys",
+    "run_command",
+    "wait_for_command",
+];
+
 fn list(s: &str) -> Vec<String> {
     s.split(',')
         .map(str::trim)
@@ -29,14 +45,21 @@ fn list(s: &str) -> Vec<String> {
         .collect()
 }
 
-fn toolset(name: &str) -> Result<Toolset, String> {
+/// A name in a toolset list: a toolset, or the `core` preset.
+enum SetName {
+    Set(Toolset),
+    Core,
+}
+
+fn toolset(name: &str) -> Result<SetName, String> {
     match name {
-        "inspect" => Ok(Toolset::Inspect),
-        "manage" => Ok(Toolset::Manage),
-        "execute" => Ok(Toolset::Execute),
-        "teardown" => Ok(Toolset::Teardown),
+        "inspect" => Ok(SetName::Set(Toolset::Inspect)),
+        "manage" => Ok(SetName::Set(Toolset::Manage)),
+        "execute" => Ok(SetName::Set(Toolset::Execute)),
+        "teardown" => Ok(SetName::Set(Toolset::Teardown)),
+        "core" => Ok(SetName::Core),
         other => Err(format!(
-            "unknown toolset {other:?}; valid toolsets: inspect, manage, execute, teardown"
+            "unknown toolset {other:?}; valid toolsets: inspect, manage, execute, teardown, and the preset core"
         )),
     }
 }
@@ -54,9 +77,12 @@ fn tool(name: &str) -> Result<&'static str, String> {
         })
 }
 
-/// Computes the enabled tools.
+/// Computes the enabled tools. `preset`: the profile's `[mcp] preset`
+/// (narrows the profile's toolsets to the preset's tools); `core` in
+/// `--toolsets` or `SANDMUX_TOOLSETS` adds the preset's tools.
 pub fn select(
     profile: &[Toolset],
+    preset: Option<crate::profile::Preset>,
     flags: &Flags,
     env: &[(String, String)],
 ) -> Result<BTreeSet<&'static str>, String> {
@@ -72,13 +98,23 @@ pub fn select(
         flag.clone()
             .or_else(|| env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone()))
     };
+    let mut core = false;
     let sets: Vec<Toolset> = match get(&flags.toolsets, "SANDMUX_TOOLSETS") {
-        Some(s) => list(&s)
-            .iter()
-            .map(|n| toolset(n))
-            .collect::<Result<_, _>>()?,
+        Some(s) => {
+            let mut v = Vec::new();
+            for n in list(&s) {
+                match toolset(&n)? {
+                    SetName::Set(t) => v.push(t),
+                    SetName::Core => core = true,
+                }
+            }
+            v
+        }
         None => profile.to_vec(),
     };
+    let narrowed = preset.is_some()
+        && flags.toolsets.is_none()
+        && !env.iter().any(|(k, _)| k == "SANDMUX_TOOLSETS");
     let extra: Vec<&'static str> = get(&flags.tools, "SANDMUX_TOOLS")
         .map(|s| list(&s))
         .unwrap_or_default()
@@ -94,8 +130,12 @@ pub fn select(
     let mut on: BTreeSet<&'static str> = TOOLS
         .iter()
         .filter(|t| sets.contains(&t.toolset))
+        .filter(|t| !narrowed || CORE.contains(&t.name))
         .map(|t| t.name)
         .collect();
+    if core {
+        on.extend(CORE.iter().filter_map(|n| tool(n).ok()));
+    }
     on.extend(extra);
     for x in exclude {
         on.remove(x);
@@ -111,17 +151,17 @@ mod tests {
     fn precedence_and_errors() {
         let prof = [Toolset::Inspect];
         let none = Flags::default();
-        let on = select(&prof, &none, &[]).unwrap();
+        let on = select(&prof, None, &none, &[]).unwrap();
         assert!(on.contains("list_panes") && !on.contains("send_keys"));
         let env = vec![("SANDMUX_TOOLSETS".to_string(), "execute".to_string())];
-        let on = select(&prof, &none, &env).unwrap();
+        let on = select(&prof, None, &none, &env).unwrap();
         assert!(on.contains("send_keys") && !on.contains("list_panes"));
         let flags = Flags {
             toolsets: Some("inspect,teardown".into()),
             tools: Some("send_keys".into()),
             exclude_tools: Some("kill_server,send_keys".into()),
         };
-        let on = select(&prof, &flags, &env).unwrap();
+        let on = select(&prof, None, &flags, &env).unwrap();
         assert!(
             on.contains("kill_pane") && !on.contains("kill_server") && !on.contains("send_keys")
         );
@@ -131,7 +171,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            select(&prof, &empty, &[])
+            select(&prof, None, &empty, &[])
                 .unwrap()
                 .into_iter()
                 .collect::<Vec<_>>(),
@@ -139,6 +179,7 @@ mod tests {
         );
         assert!(select(
             &prof,
+            None,
             &Flags {
                 toolsets: Some("evrything".into()),
                 ..Default::default()
@@ -149,6 +190,7 @@ mod tests {
         .contains("valid toolsets"));
         assert!(select(
             &prof,
+            None,
             &Flags {
                 tools: Some("list_servers".into()),
                 ..Default::default()
@@ -158,9 +200,44 @@ mod tests {
         .unwrap_err()
         .contains("valid tools"));
         assert!(
-            select(&prof, &none, &[("SANDMUX_SAFETY".into(), "x".into())])
+            select(&prof, None, &none, &[("SANDMUX_SAFETY".into(), "x".into())])
                 .unwrap_err()
                 .contains("SANDMUX_SAFETY")
+        );
+    }
+
+    #[test]
+    fn the_core_preset_is_tools_of_the_real_toolsets() {
+        use crate::profile::Preset;
+        let all = [Toolset::Inspect, Toolset::Manage, Toolset::Execute];
+        let flags = Flags {
+            toolsets: Some("core".into()),
+            ..Default::default()
+        };
+        let on = select(&all, None, &flags, &[]).unwrap();
+        assert_eq!(on.len(), CORE.len());
+        assert!((8..=10).contains(&CORE.len()));
+        for n in CORE {
+            assert!(TOOLS.iter().any(|t| t.name == *n), "{n}");
+        }
+        let on = select(&all, Some(Preset::Core), &Flags::default(), &[]).unwrap();
+        assert_eq!(on.len(), CORE.len());
+        // A profile without execute keeps only core's other tools.
+        let on = select(
+            &[Toolset::Inspect],
+            Some(Preset::Core),
+            &Flags::default(),
+            &[],
+        )
+        .unwrap();
+        assert!(on.contains("capture_pane") && !on.contains("run_command"));
+        let both = Flags {
+            toolsets: Some("core,teardown".into()),
+            ..Default::default()
+        };
+        let on = select(&all, None, &both, &[]).unwrap();
+        assert!(
+            on.contains("kill_pane") && on.contains("run_command") && !on.contains("rename_window")
         );
     }
 }

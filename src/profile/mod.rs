@@ -12,8 +12,8 @@ mod schema;
 pub use layer::Layer;
 pub use schema::{
     is_forbidden_env as schema_is_forbidden_env, parse_size, Act, Enforcement, Environment,
-    Filesystem, Limits, McpSettings, NetMode, Network, Profile, SandboxSettings, ServerExit, Size,
-    Toolset, WorkspaceSettings, MAX_RESTARTS,
+    Filesystem, Limits, McpSettings, NetMode, Network, Preset, Profile, SandboxSettings,
+    ServerExit, Size, Toolset, WorkspaceSettings, MAX_RESTARTS,
 };
 
 use std::collections::BTreeSet;

@@ -288,6 +288,14 @@ pub enum Toolset {
     Teardown,
 }
 
+/// A named selection of tools (see `mcp::toolsets::CORE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    /// Ten tools that cover an agent's daily work.
+    Core,
+}
+
 /// `[mcp]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -295,6 +303,9 @@ pub struct McpSettings {
     /// Toolsets enabled by default.
     #[serde(default = "d_toolsets")]
     pub toolsets: Vec<Toolset>,
+    /// A preset that narrows them (`"core"`: ten tools of daily work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<Preset>,
     /// Largest text input per call, in bytes.
     #[serde(default = "d_max_input")]
     pub max_input_bytes: u64,
@@ -351,6 +362,7 @@ impl Default for McpSettings {
     fn default() -> Self {
         McpSettings {
             toolsets: d_toolsets(),
+            preset: None,
             max_input_bytes: d_max_input(),
             wait_max_seconds: d_wait_max(),
             act: Act::Always,

@@ -331,7 +331,7 @@ impl Commands {
 pub struct WaitCommand {
     /// The `command_id` a `run_command` result gave.
     pub command_id: String,
-    /// Seconds to wait (default 30, clamped to the profile's ceiling).
+    /// Seconds (default 30).
     pub timeout: Option<f64>,
 }
 

@@ -149,9 +149,9 @@ pub struct CreateSession {
     pub window_name: Option<String>,
     /// Working directory (inside the sandbox; default: the workspace).
     pub start_directory: Option<String>,
-    /// Columns.
+    /// Width in columns.
     pub x: Option<u32>,
-    /// Rows.
+    /// Height in rows.
     pub y: Option<u32>,
     /// Extra variables for the session's panes.
     pub environment: Option<Value>,
@@ -185,18 +185,18 @@ pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, T
 pub struct CreateWindow {
     /// Session name.
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
-    /// Window name.
+    /// The new window's name.
     pub window_name: Option<String>,
     /// Working directory (inside the sandbox).
     pub start_directory: Option<String>,
     /// Make it the current window.
     #[serde(default)]
     pub attach: bool,
-    /// before or after the current window.
-    pub direction: Option<String>,
-    /// A command string to run instead of the shell (through the pane gate).
+    /// Before or after the current window (default: the next free index).
+    pub direction: Option<crate::mcp::choices::Beside>,
+    /// A command to run instead of the shell.
     pub shell: Option<String>,
     /// Extra variables.
     pub environment: Option<Value>,
@@ -209,17 +209,11 @@ pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, Too
     if !a.attach {
         cmd = cmd.flag("-d");
     }
-    match a.direction.as_deref() {
+    use crate::mcp::choices::Beside;
+    match a.direction {
         None => cmd = cmd.opt("-t", format!("{}:", s.session_id)),
-        Some("after") => cmd = cmd.flag("-a").opt("-t", &s.window_id),
-        Some("before") => cmd = cmd.flag("-b").opt("-t", &s.window_id),
-        Some(d) => {
-            return Err(ToolError::invalid(
-                "direction",
-                &format!("{d:?}"),
-                "use before or after",
-            ))
-        }
+        Some(Beside::After) => cmd = cmd.flag("-a").opt("-t", &s.window_id),
+        Some(Beside::Before) => cmd = cmd.flag("-b").opt("-t", &s.window_id),
     }
     if let Some(n) = &a.window_name {
         text::name("window_name", n)?;
@@ -238,13 +232,13 @@ pub struct SplitWindow {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
-    /// above, below, left or right (default below).
-    pub direction: Option<String>,
+    /// Where the new pane goes (default below).
+    pub direction: Option<crate::mcp::choices::Split>,
     /// Size: lines/columns, or a percentage like "30%".
     pub size: Option<Value>,
     /// Working directory (inside the sandbox).
     pub start_directory: Option<String>,
-    /// A command string to run instead of the shell (through the pane gate).
+    /// A command to run instead of the shell.
     pub shell: Option<String>,
     /// Extra variables.
     pub environment: Option<Value>,
@@ -258,18 +252,12 @@ pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolE
         .flag("-P")
         .opt("-F", CREATED_FORMAT)
         .opt("-t", &p.pane_id);
-    cmd = match a.direction.as_deref() {
-        None | Some("below") => cmd.flag("-v"),
-        Some("above") => cmd.flag("-v").flag("-b"),
-        Some("right") => cmd.flag("-h"),
-        Some("left") => cmd.flag("-h").flag("-b"),
-        Some(d) => {
-            return Err(ToolError::invalid(
-                "direction",
-                &format!("{d:?}"),
-                "use above, below, left or right",
-            ))
-        }
+    use crate::mcp::choices::Split;
+    cmd = match a.direction.unwrap_or_default() {
+        Split::Below => cmd.flag("-v"),
+        Split::Above => cmd.flag("-v").flag("-b"),
+        Split::Right => cmd.flag("-h"),
+        Split::Left => cmd.flag("-h").flag("-b"),
     };
     if let Some(sz) = &a.size {
         let s = match sz {
@@ -328,32 +316,31 @@ pub async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, ToolError
     })
 }
 
-/// Keys: one name or a list.
+/// Keys: one name (or several separated by spaces), or a list of names.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
+#[allow(missing_docs)]
 pub enum Keys {
-    /// One key name, or several separated by spaces.
     One(String),
-    /// Key names.
     Many(Vec<String>),
 }
 
 /// `send_keys`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SendKeys {
-    /// Literal text to type (never interpreted as key names).
+    /// Text typed literally.
     pub text: Option<String>,
-    /// Key names to press after the text, e.g. ["C-c"] or "Escape". Unknown names are refused.
+    /// Key names pressed after the text, e.g. ["C-c"] or "Escape".
     pub keys: Option<Keys>,
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
-    /// Press Enter after `text` (default true; ignored without text).
+    /// Press Enter after `text` (default true).
     pub enter: Option<bool>,
-    /// Compatibility: when true, a string `keys` is typed as text.
+    /// Type a string `keys` as text (compatibility).
     #[serde(default)]
     pub literal: bool,
-    /// Start the text with a space so the shell keeps it out of history.
+    /// Prefix a space (keeps the text out of shell history).
     #[serde(default)]
     pub suppress_history: bool,
 }
@@ -461,9 +448,9 @@ pub async fn send_keys(c: &Call<'_>, a: SendKeys) -> Result<Sent, ToolError> {
 pub struct SendBatch {
     /// 1–100 send_keys operations.
     pub operations: Vec<SendKeys>,
-    /// stop (default) or continue.
-    pub on_error: Option<String>,
-    /// Seconds for the whole batch (clamped to the ceiling).
+    /// After an error: stop (default) or continue.
+    pub on_error: Option<crate::mcp::choices::OnError>,
+    /// Seconds for the whole batch.
     pub timeout: Option<f64>,
 }
 
@@ -506,7 +493,7 @@ pub async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, To
             "split the batch",
         ));
     }
-    let stop = super::batch_rules(a.operations.len(), &a.on_error)?;
+    let stop = super::batch_rules(a.operations.len(), a.on_error)?;
     let limit = c.clamp(a.timeout, c.s.wait_max.as_secs_f64())?;
     let t0 = Instant::now();
     let mut results = Vec::new();
@@ -557,7 +544,7 @@ pub struct PasteText {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
-    /// Bracketed paste (default true): the shell sees one paste, not typed lines.
+    /// Bracketed paste (default true).
     pub bracket: Option<bool>,
 }
 
@@ -639,18 +626,17 @@ pub struct RunCommand {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
-    /// Seconds to wait (default 30, clamped to the profile's ceiling).
+    /// Seconds (default 30).
     pub timeout: Option<f64>,
-    /// Keep at most this many output lines, from the end (default 500).
+    /// Keep the last N output lines (default 500).
     pub max_lines: Option<usize>,
-    /// Keep the command out of shell history (default true).
+    /// Keep it out of shell history (default true).
     pub suppress_history: Option<bool>,
-    /// On timeout, press C-c (default false: the command keeps running).
+    /// On timeout, press C-c.
     #[serde(default)]
     pub interrupt_on_timeout: bool,
-    /// When the pane is not at its shell prompt (a REPL, pager, editor or
-    /// running job is in the foreground): `refuse` (default) or `type` the
-    /// command into that program anyway.
+    /// If the pane is not at its shell prompt: refuse (default), or type
+    /// into the foreground program anyway.
     pub when_busy: Option<WhenBusy>,
 }
 
@@ -991,11 +977,11 @@ pub async fn set_option(c: &Call<'_>, a: SetOption) -> Result<Done, ToolError> {
 pub struct SetEnv {
     /// Variable name.
     pub name: String,
-    /// Value.
+    /// The value to set.
     pub value: String,
     /// Session name (global when omitted).
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 

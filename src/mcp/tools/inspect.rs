@@ -23,7 +23,7 @@ pub struct NoArgs {}
 /// `list_sessions`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ListSessions {
-    /// Lookups such as {"session_name__contains": "dev"} (object or JSON string).
+    /// Lookups such as {"session_name__contains": "dev"}.
     pub filters: Option<Value>,
 }
 
@@ -104,7 +104,7 @@ pub async fn get_session_info(c: &Call<'_>, a: SessionArgs) -> Result<SessionRow
 pub struct ListWindows {
     /// Session name (all sessions when omitted).
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
     /// Lookups such as {"window_name": "build"}.
     pub filters: Option<Value>,
@@ -127,7 +127,7 @@ pub struct WindowRow {
     pub panes: usize,
     /// Columns (of the window's panes' extent).
     pub width: u32,
-    /// Rows.
+    /// Height in rows.
     pub height: u32,
 }
 
@@ -200,9 +200,9 @@ pub async fn get_window_info(c: &Call<'_>, a: WindowArgs) -> Result<WindowRow, T
 pub struct ListPanes {
     /// Session name.
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
-    /// Window id.
+    /// Window id (`@N`).
     pub window_id: Option<String>,
     /// Window index (with a session).
     pub window_index: Option<String>,
@@ -257,8 +257,8 @@ pub async fn get_pane_info(c: &Call<'_>, a: PaneArgs) -> Result<PaneRow, ToolErr
 /// `find_pane_by_position`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct FindPane {
-    /// top-left, top-right, bottom-left or bottom-right.
-    pub corner: String,
+    /// Which corner.
+    pub corner: crate::mcp::choices::Corner,
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: WindowSel,
@@ -272,21 +272,15 @@ pub async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<PaneRow,
         .into_iter()
         .filter(|p| p.window_id == w.window_id)
         .collect();
+    use crate::mcp::choices::Corner;
     let key = |p: &PaneRow| -> (i64, i64) {
-        match a.corner.as_str() {
-            "top-left" => (p.top as i64, p.left as i64),
-            "top-right" => (p.top as i64, -(p.right as i64)),
-            "bottom-left" => (-(p.bottom as i64), p.left as i64),
-            _ => (-(p.bottom as i64), -(p.right as i64)),
+        match a.corner {
+            Corner::TopLeft => (p.top as i64, p.left as i64),
+            Corner::TopRight => (p.top as i64, -(p.right as i64)),
+            Corner::BottomLeft => (-(p.bottom as i64), p.left as i64),
+            Corner::BottomRight => (-(p.bottom as i64), -(p.right as i64)),
         }
     };
-    if !["top-left", "top-right", "bottom-left", "bottom-right"].contains(&a.corner.as_str()) {
-        return Err(ToolError::invalid(
-            "corner",
-            &format!("{:?} is not a corner", a.corner),
-            "use top-left, top-right, bottom-left or bottom-right",
-        ));
-    }
     panes
         .into_iter()
         .min_by_key(key)
@@ -337,11 +331,11 @@ pub struct Capture {
     pub p: PaneSel,
     /// First line (0 = top of the visible screen, negative = scrollback).
     pub start: Option<i64>,
-    /// Last line.
+    /// Last line (default: the bottom of the screen).
     pub end: Option<i64>,
-    /// Keep at most this many lines, from the end (default 500).
+    /// Keep the last N lines (default 500).
     pub max_lines: Option<usize>,
-    /// Keep at most this many bytes, from the end (default 128000).
+    /// Keep the last N bytes (default 128000).
     pub max_bytes: Option<usize>,
 }
 
@@ -539,21 +533,21 @@ pub async fn snapshot_pane(c: &Call<'_>, a: Snapshot) -> Result<SnapshotResult, 
 pub struct Search {
     /// Text or regular expression.
     pub pattern: String,
-    /// Treat `pattern` as a regular expression (linear-time engine, no backreferences).
+    /// `pattern` is a regular expression (no backreferences).
     #[serde(default)]
     pub regex: bool,
     /// Only this session.
     pub session_name: Option<String>,
     /// Only this session.
     pub session_id: Option<String>,
-    /// Case-sensitive (default false).
+    /// Case-sensitive.
     #[serde(default)]
     pub match_case: bool,
     /// First line to search (negative = scrollback).
     pub content_start: Option<i64>,
     /// Last line to search.
     pub content_end: Option<i64>,
-    /// At most this many matching lines per pane (default 50).
+    /// Matching lines per pane (default 50).
     pub max_matched_lines_per_pane: Option<usize>,
     /// Panes per page (default 500).
     pub limit: Option<usize>,
@@ -782,21 +776,20 @@ pub struct WaitText {
     pub patterns: Option<Vec<String>>,
     /// Patterns that end the wait early with outcome "stopped".
     pub stop: Option<Vec<String>>,
-    /// Treat patterns as regular expressions.
+    /// Patterns are regular expressions.
     #[serde(default)]
     pub regex: bool,
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
-    /// Seconds (default 8, clamped to the profile's ceiling).
+    /// Seconds (default 8).
     pub timeout: Option<f64>,
-    /// Accepted for compatibility and ignored: waits are event-driven.
+    /// Ignored (waits are event-driven).
     pub interval: Option<f64>,
-    /// Case-sensitive (default false).
+    /// Case-sensitive.
     #[serde(default)]
     pub match_case: bool,
-    /// Count output from this cursor on (send_keys returns one taken just
-    /// before it typed), so output that came before this call is not missed.
+    /// Count output from this cursor (from send_keys or capture_since) on.
     pub cursor: Option<String>,
 }
 
@@ -923,7 +916,7 @@ pub struct WaitStable {
     pub p: PaneSel,
     /// Quiet time in milliseconds (default 400).
     pub quiet_ms: Option<u64>,
-    /// Seconds (default 10, clamped to the ceiling).
+    /// Seconds (default 10).
     pub timeout: Option<f64>,
 }
 
@@ -961,15 +954,15 @@ pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, 
 pub struct WaitGone {
     /// Patterns that must disappear from the visible screen.
     pub patterns: Vec<String>,
-    /// Treat patterns as regular expressions.
+    /// Patterns are regular expressions.
     #[serde(default)]
     pub regex: bool,
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
-    /// Seconds (default 8, clamped to the ceiling).
+    /// Seconds (default 8).
     pub timeout: Option<f64>,
-    /// Case-sensitive (default false).
+    /// Case-sensitive.
     #[serde(default)]
     pub match_case: bool,
 }
@@ -1139,7 +1132,7 @@ pub async fn show_option(c: &Call<'_>, a: ShowOption) -> Result<OptionValue, Too
 pub struct ShowEnv {
     /// Session name (global environment when omitted).
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 
@@ -1216,7 +1209,7 @@ pub struct ShowHook {
     pub scope: Option<Scope>,
     /// A session, window or pane id.
     pub target: Option<String>,
-    /// Global hook.
+    /// The global hook.
     #[serde(default)]
     pub global_: bool,
 }
@@ -1296,8 +1289,8 @@ pub struct BatchOp {
 pub struct Batch {
     /// 1–100 operations.
     pub operations: Vec<BatchOp>,
-    /// stop (default) or continue after an error.
-    pub on_error: Option<String>,
+    /// After an error: stop (default) or continue.
+    pub on_error: Option<crate::mcp::choices::OnError>,
 }
 
 /// One result of a batch.
@@ -1324,7 +1317,7 @@ pub struct BatchResult {
 
 /// Runs several inspect tools (each checked and audited on its own by the server).
 pub async fn call_read_tools_batch(c: &Call<'_>, a: Batch) -> Result<BatchResult, ToolError> {
-    let stop = super::batch_rules(a.operations.len(), &a.on_error)?;
+    let stop = super::batch_rules(a.operations.len(), a.on_error)?;
     let deadline = Instant::now() + c.s.wait_max;
     let mut results = Vec::new();
     for (index, op) in a.operations.into_iter().enumerate() {

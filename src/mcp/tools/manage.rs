@@ -29,7 +29,7 @@ pub struct RenameSession {
     pub new_name: String,
     /// Session name.
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 
@@ -74,32 +74,26 @@ pub async fn rename_window(c: &Call<'_>, a: RenameWindow) -> Result<Done, ToolEr
 /// `select_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SelectWindow {
-    /// Window id.
+    /// Window id (`@N`).
     pub window_id: Option<String>,
     /// Window index.
     pub window_index: Option<String>,
-    /// next, previous or last.
-    pub direction: Option<String>,
+    /// Move to the next, previous or last window of the session instead.
+    pub direction: Option<crate::mcp::choices::WindowStep>,
     /// Session name.
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 
 /// Selects a window.
 pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolError> {
-    if let Some(d) = &a.direction {
-        let flag = match d.as_str() {
-            "next" => "-n",
-            "previous" => "-p",
-            "last" => "-l",
-            _ => {
-                return Err(ToolError::invalid(
-                    "direction",
-                    &format!("{d:?}"),
-                    "use next, previous or last",
-                ))
-            }
+    if let Some(d) = a.direction {
+        use crate::mcp::choices::WindowStep;
+        let flag = match d {
+            WindowStep::Next => "-n",
+            WindowStep::Previous => "-p",
+            WindowStep::Last => "-l",
         };
         let s = targets::session(c, &a.session_name, &a.session_id).await?;
         c.s.hub()
@@ -137,8 +131,8 @@ pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolEr
 /// `select_layout`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SelectLayout {
-    /// even-horizontal, even-vertical, main-horizontal, main-vertical or tiled.
-    pub layout: String,
+    /// A preset layout.
+    pub layout: crate::mcp::choices::Layout,
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: WindowSel,
@@ -146,34 +140,20 @@ pub struct SelectLayout {
 
 /// Applies a layout.
 pub async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done, ToolError> {
-    // Names only. tmux 3.3a's server crashes on some layout strings that pass
-    // its own checksum (a caller can compute it) but not its geometry, and on
-    // a layout starting with `-`; a custom layout would need a full geometry
-    // check against the window's panes first.
-    const NAMES: [&str; 5] = [
-        "even-horizontal",
-        "even-vertical",
-        "main-horizontal",
-        "main-vertical",
-        "tiled",
-    ];
-    let ok = NAMES.contains(&a.layout.as_str());
-    if !ok {
-        return Err(ToolError::invalid(
-            "layout",
-            "is not a layout name",
-            "use even-horizontal, even-vertical, main-horizontal, main-vertical or tiled",
-        ));
-    }
+    // Names only (an enum). tmux 3.3a's server crashes on some layout
+    // strings that pass its own checksum (a caller can compute it) but not
+    // its geometry, and on a layout starting with `-`; a custom layout would
+    // need a full geometry check against the window's panes first.
+    let layout = a.layout.name();
     let w = targets::window(c, &a.w).await?;
     c.s.hub()
         .run(
             &Cmd::new("select-layout")
                 .opt("-t", &w.window_id)
-                .arg(&a.layout),
+                .arg(layout),
         )
         .await?;
-    done(format!("layout {} applied to {}", a.layout, w.window_id))
+    done(format!("layout {layout} applied to {}", w.window_id))
 }
 
 /// `resize_window`.
@@ -182,9 +162,9 @@ pub struct ResizeWindow {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: WindowSel,
-    /// Rows.
+    /// Height in rows.
     pub height: Option<u32>,
-    /// Columns.
+    /// Width in columns.
     pub width: Option<u32>,
 }
 
@@ -252,10 +232,10 @@ pub async fn move_window(c: &Call<'_>, a: MoveWindow) -> Result<Done, ToolError>
 /// `select_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SelectPane {
-    /// Pane id.
+    /// The pane to select.
     pub pane_id: Option<String>,
-    /// up, down, left, right, last, next or previous.
-    pub direction: Option<String>,
+    /// Move from the active pane instead of naming one.
+    pub direction: Option<crate::mcp::choices::PaneStep>,
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: WindowSel,
@@ -270,7 +250,7 @@ pub async fn select_pane(c: &Call<'_>, a: SelectPane) -> Result<Done, ToolError>
             .await?;
         return done(format!("pane {} selected", p.pane_id));
     }
-    let Some(d) = &a.direction else {
+    let Some(d) = a.direction else {
         return Err(ToolError::invalid(
             "pane_id",
             "no pane given",
@@ -278,23 +258,17 @@ pub async fn select_pane(c: &Call<'_>, a: SelectPane) -> Result<Done, ToolError>
         ));
     };
     let w = targets::window(c, &a.w).await?;
-    let cmd = match d.as_str() {
-        "up" => Cmd::new("select-pane").flag("-U"),
-        "down" => Cmd::new("select-pane").flag("-D"),
-        "left" => Cmd::new("select-pane").flag("-L"),
-        "right" => Cmd::new("select-pane").flag("-R"),
-        "last" => Cmd::new("last-pane"),
-        "next" => Cmd::new("select-pane").opt("-t", format!("{}.+", w.window_id)),
-        "previous" => Cmd::new("select-pane").opt("-t", format!("{}.-", w.window_id)),
-        _ => {
-            return Err(ToolError::invalid(
-                "direction",
-                &format!("{d:?}"),
-                "use up, down, left, right, last, next or previous",
-            ))
-        }
+    use crate::mcp::choices::PaneStep;
+    let cmd = match d {
+        PaneStep::Up => Cmd::new("select-pane").flag("-U"),
+        PaneStep::Down => Cmd::new("select-pane").flag("-D"),
+        PaneStep::Left => Cmd::new("select-pane").flag("-L"),
+        PaneStep::Right => Cmd::new("select-pane").flag("-R"),
+        PaneStep::Last => Cmd::new("last-pane"),
+        PaneStep::Next => Cmd::new("select-pane").opt("-t", format!("{}.+", w.window_id)),
+        PaneStep::Previous => Cmd::new("select-pane").opt("-t", format!("{}.-", w.window_id)),
     };
-    let cmd = if ["next", "previous"].contains(&d.as_str()) {
+    let cmd = if matches!(d, PaneStep::Next | PaneStep::Previous) {
         cmd
     } else {
         cmd.opt("-t", &w.window_id)
@@ -332,9 +306,9 @@ pub struct ResizePane {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
-    /// Rows.
+    /// Height in rows.
     pub height: Option<u32>,
-    /// Columns.
+    /// Width in columns.
     pub width: Option<u32>,
     /// Toggle zoom (not with a size).
     pub zoom: Option<bool>,
@@ -367,7 +341,7 @@ pub async fn resize_pane(c: &Call<'_>, a: ResizePane) -> Result<Done, ToolError>
 /// `set_pane_title`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SetTitle {
-    /// The title.
+    /// The new title.
     pub title: String,
     #[serde(flatten)]
     #[allow(missing_docs)]
@@ -445,7 +419,7 @@ pub async fn exit_copy_mode(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError
 /// `load_buffer`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct LoadBuffer {
-    /// The text.
+    /// The text to store.
     pub content: String,
     /// A label ([A-Za-z0-9_.-], at most 64) that becomes part of the name.
     pub logical_name: Option<String>,

@@ -8,7 +8,10 @@ pub mod teardown;
 
 /// The rules every batch follows: 1–100 operations, and `on_error` is `stop`
 /// (the default) or `continue`. Returns whether to stop at the first error.
-pub fn batch_rules(len: usize, on_error: &Option<String>) -> Result<bool, super::error::ToolError> {
+pub fn batch_rules(
+    len: usize,
+    on_error: Option<super::choices::OnError>,
+) -> Result<bool, super::error::ToolError> {
     use super::error::ToolError;
     if len == 0 || len > 100 {
         return Err(ToolError::invalid(
@@ -17,13 +20,5 @@ pub fn batch_rules(len: usize, on_error: &Option<String>) -> Result<bool, super:
             "split it into several batches",
         ));
     }
-    match on_error.as_deref() {
-        None | Some("stop") => Ok(true),
-        Some("continue") => Ok(false),
-        Some(o) => Err(ToolError::invalid(
-            "on_error",
-            &format!("{o:?}"),
-            "use stop or continue",
-        )),
-    }
+    Ok(on_error.unwrap_or_default() == super::choices::OnError::Stop)
 }

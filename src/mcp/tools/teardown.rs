@@ -32,7 +32,7 @@ async fn killed(c: &Call<'_>, what: String) -> Result<Done, ToolError> {
 pub struct KillSession {
     /// Session name.
     pub session_name: Option<String>,
-    /// Session id.
+    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 
