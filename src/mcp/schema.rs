@@ -102,8 +102,11 @@ fn simplify(m: &mut Map<String, Value>) {
             }
         }
     }
-    // schemars' formats (uint32, double, ...) are not JSON Schema's.
-    m.remove("format");
+    // schemars' formats (uint32, double, ...) are not JSON Schema's. (A
+    // property called `format` would be an object, and stays.)
+    if m.get("format").is_some_and(Value::is_string) {
+        m.remove("format");
+    }
     // A type's doc that only names it ("`send_keys`.") says nothing.
     if let Some(Value::String(d)) = m.get("description") {
         let inner = d.strip_prefix('`').and_then(|x| x.strip_suffix("`."));
