@@ -106,6 +106,14 @@ fn sessions(inst: &Instance, no_session: bool) -> Result<String, String> {
             "50",
             "-c",
             &ws,
+            // Its window keeps this size (see tools::execute::fixed_size).
+            ";",
+            "set-option",
+            "-w",
+            "-t",
+            FIRST_SESSION,
+            "window-size",
+            "manual",
         ])
         .map_err(|e| format!("creating the first session: {e}"))?;
     }

@@ -170,6 +170,36 @@ async def test_attach_read_only_cannot_type_and_osc52_never_arrives(ws):
         assert "typed-by-the-watcher" not in cap["text"]
 
 
+async def test_attach_read_only_leaves_the_agents_window_sizes(ws):
+    """Regression (issue 10): a human's read-only attach resized the agent's
+    windows to the human's terminal, and they stayed so after the detach."""
+    import fcntl
+    import struct
+    import termios
+    async with connect(ws) as c:
+        made = await call(c, "create_window", {})
+        iid = instance_id(ws)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+        env["TERM"] = "xterm-256color"
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execve(BIN, [BIN, "attach", iid], env)
+        try:
+            fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+            _read_pty(fd, 1.5)
+            during = [(p["width"], p["height"]) for p in (await call(c, "list_panes"))["panes"]]
+        finally:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        await anyio.sleep(0.5)
+        after = [(p["width"], p["height"]) for p in (await call(c, "list_panes"))["panes"]]
+        assert during == after == [(200, 50), (200, 50)], (during, after)
+        # resize_window still resizes (the agent's own choice).
+        await call(c, "resize_window", {"window_id": made["window_id"], "width": 120, "height": 40})
+        sizes = {(p["width"], p["height"]) for p in (await call(c, "list_panes"))["panes"]}
+        assert sizes == {(200, 50), (120, 40)}, sizes
+
+
 async def test_recording_replays_to_the_same_screen(ws):
     cast = ws[1] / "session.cast"
     async with connect(ws, "--record", str(cast)) as c:

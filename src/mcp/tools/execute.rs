@@ -177,7 +177,28 @@ pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, T
         .opt("-y", a.y.unwrap_or(50).clamp(5, 1000).to_string());
     cmd = env_args(c, cmd, &a.environment)?;
     let r = c.s.hub().run(&cmd).await?;
-    created(c, r).await
+    let made = created(c, r).await?;
+    fixed_size(c, &made.window_id).await?;
+    Ok(made)
+}
+
+/// Keeps a window at the size sandmux gave it: no client's terminal changes
+/// it (a human's `attach --read-only` resized the agent's window to the
+/// human's terminal, and it stayed so after the detach, because every other
+/// client of the server ignores its size); `resize_window` still does.
+/// Per window: tmux 3.3a's server crashes on `new-session -x/-y` while the
+/// global `window-size` is `manual`.
+/// (A window whose command already ended is gone: nothing to keep.)
+pub(crate) async fn fixed_size(c: &Call<'_>, window_id: &str) -> Result<(), ToolError> {
+    let set = Cmd::new("set-option")
+        .flag("-w")
+        .opt("-t", window_id)
+        .arg("window-size")
+        .arg("manual");
+    match c.s.hub().run(&set).await {
+        Ok(_) | Err(crate::tmux::client::TmuxError::Command(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `create_window`.
@@ -223,7 +244,9 @@ pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, Too
     cmd = env_args(c, cmd, &a.environment)?;
     cmd = shell_arg(c, cmd, &a.shell)?;
     let r = c.s.hub().run(&cmd).await?;
-    created(c, r).await
+    let made = created(c, r).await?;
+    fixed_size(c, &made.window_id).await?;
+    Ok(made)
 }
 
 /// `split_window`.
