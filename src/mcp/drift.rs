@@ -12,7 +12,8 @@
 //! - the *full* scan adds every session, window and pane's own hooks and
 //!   watched options (a `set-hook -p` or `set -t main default-shell …` is
 //!   local and invisible globally). It runs in the background after every
-//!   call that can change something, and the next call waits for it; and
+//!   call that creates, changes or destroys tmux objects or options (not
+//!   after reads or typing), and the next call waits for it; and
 //!   every two seconds besides, so a local change made while the agent only
 //!   reads is caught within about that time.
 

@@ -144,8 +144,8 @@ impl Server {
     }
 
     /// Runs one enabled tool: drift check, handler, then (after a call that
-    /// can change something) a full drift scan in the background that the next
-    /// call waits for (see `drift`).
+    /// can change tmux's objects or options) a full drift scan in the
+    /// background that the next call waits for (see `drift`).
     async fn run(
         &self,
         def: &'static ToolDef,
@@ -157,8 +157,14 @@ impl Server {
             self.s.drift.before_call(&self.s.hub()).await?;
         }
         let r = (def.handler)(call, args).await;
-        if !matches!(def.class, Class::MetadataRead | Class::ContentRead)
-            && !self.s.shutdown.is_cancelled()
+        // Typing into a pane changes no tmux configuration (panes cannot
+        // reach the server, P2, and copy-mode keys run no command that
+        // could): only the calls that create, change or destroy tmux
+        // objects ask for a full scan before the next call.
+        if !matches!(
+            def.class,
+            Class::MetadataRead | Class::ContentRead | Class::PaneInput
+        ) && !self.s.shutdown.is_cancelled()
         {
             self.s.drift.after_call();
         }

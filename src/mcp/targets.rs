@@ -113,6 +113,16 @@ pub async fn listing(
     cmd: Cmd,
     fields: &[Field],
 ) -> Result<Vec<Vec<String>>, ToolError> {
+    listing_by(c, |fmt| cmd.opt("-F", fmt), fields).await
+}
+
+/// Like [`listing`], the format given to `with` (e.g. as display-message's
+/// argument).
+pub async fn listing_by(
+    c: &Call<'_>,
+    with: impl FnOnce(String) -> Cmd,
+    fields: &[Field],
+) -> Result<Vec<Vec<String>>, ToolError> {
     let sep = format!("<{}>", &crate::sandbox::rundir::random_hex()[..12]);
     let end = format!("<{}>", &crate::sandbox::rundir::random_hex()[..12]);
     let mut fmt = String::new();
@@ -127,7 +137,7 @@ pub async fn listing(
         }
     }
     fmt.push_str(&end);
-    let reply = c.s.hub().run(&cmd.opt("-F", fmt)).await?;
+    let reply = c.s.hub().run(&with(fmt)).await?;
     let joined: Vec<u8> = reply.join(&b'\n');
     let text = String::from_utf8_lossy(&joined).into_owned();
     let mut rows = Vec::new();
@@ -169,8 +179,35 @@ fn id_num(s: &str) -> u64 {
 /// Every pane (except sandmux's own), sorted by session id, window index, pane index.
 pub async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
     let rows = listing(c, Cmd::new("list-panes").flag("-a"), PANE_FIELDS).await?;
-    let mut out: Vec<PaneRow> = rows
-        .into_iter()
+    let mut out = rows_of(c, rows);
+    out.sort_by_key(|p| (id_num(&p.session_id), p.window_index, p.pane_index));
+    Ok(out)
+}
+
+/// One pane by id, asked for alone (one pane's fields, not every pane's).
+async fn one_pane(c: &Call<'_>, id: &str) -> Result<Option<PaneRow>, ToolError> {
+    let rows = listing_by(
+        c,
+        |fmt| {
+            Cmd::new("display-message")
+                .flag("-p")
+                .opt("-t", id)
+                .arg(fmt)
+        },
+        PANE_FIELDS,
+    )
+    .await;
+    let rows = match rows {
+        Ok(r) => r,
+        Err(ToolError::Tmux(crate::tmux::client::TmuxError::Command(_))) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // tmux 3.3 answers a target that does not exist with empty fields.
+    Ok(rows_of(c, rows).into_iter().find(|p| p.pane_id == id))
+}
+
+fn rows_of(c: &Call<'_>, rows: Vec<Vec<String>>) -> Vec<PaneRow> {
+    rows.into_iter()
         .filter(|r| r[0] != c.s.hub().control_session_id)
         .map(|r| PaneRow {
             session_id: r[0].clone(),
@@ -201,9 +238,7 @@ pub async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
             bottom: num(&r[25]),
             is_caller: false,
         })
-        .collect();
-    out.sort_by_key(|p| (id_num(&p.session_id), p.window_index, p.pane_index));
-    Ok(out)
+        .collect()
 }
 
 /// Which pane a call means: `pane_id` (`%N`), or the active pane of
@@ -252,13 +287,13 @@ fn session_matches(p: &PaneRow, name: &Option<String>, id: &Option<String>) -> b
 /// Resolves a pane. With nothing given: the first session's first window's
 /// first pane (by index). Anything given must exist.
 pub async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolError> {
-    let all = panes(c).await?;
     if let Some(id) = &sel.pane_id {
         check_id("pane_id", id, '%')?;
-        return all.into_iter().find(|p| &p.pane_id == id).ok_or_else(|| {
+        return one_pane(c, id).await?.ok_or_else(|| {
             ToolError::not_found(format!("pane {id}"), "call list_panes for the current ids")
         });
     }
+    let all = panes(c).await?;
     if let Some(id) = &sel.session_id {
         check_id("session_id", id, '$')?;
     }
