@@ -22,9 +22,10 @@ CHOICES = {  # every argument that picks one of a few words is an enum
 
 def tools_list(*args):
     """The `result` of tools/list from a fresh `sandmux serve`, over raw stdio."""
-    with tempfile.TemporaryDirectory() as ws:
+    with tempfile.TemporaryDirectory() as ws, tempfile.TemporaryDirectory() as host:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
-        p = subprocess.Popen([BIN, "serve", "-w", ws, "--no-session", *args], stdin=subprocess.PIPE,
+        # (An explicit audit log: as uid 65534 there is no home to default to.)
+        p = subprocess.Popen([BIN, "serve", "-w", ws, "--no-session", "--audit-log", f"{host}/audit.jsonl", *args], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
         def ask(i, method, params=None):

@@ -256,6 +256,17 @@ pub async fn follow_until(
             _ = progress.tick() => tick(t0.elapsed().as_secs_f64()).await,
             _ = alive.tick() => {
                 if let Some(status) = pane_exited(hub, &pane).await? {
+                    // The pane's last output travels on its watcher's
+                    // connection, and may arrive after the command client's
+                    // answer that the pane is gone: take what still comes
+                    // (until 100 ms of quiet, at most 1 s).
+                    let settle = tokio::time::Instant::now() + Duration::from_secs(1);
+                    while let Ok(Ok(())) = tokio::time::timeout_at(
+                        settle.min(tokio::time::Instant::now() + Duration::from_millis(100)),
+                        rx.changed(),
+                    )
+                    .await
+                    {}
                     let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
                     if !g.poll(hub) {
                         g.ended = Some(End::PaneExited(status));
