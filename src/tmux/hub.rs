@@ -272,6 +272,9 @@ impl Hub {
                     .find(|c| c.name() == client)
                     .cloned();
                 if let Some(w) = w {
+                    // A deadline that passes here ends the watcher: not while
+                    // a client identifies.
+                    let _q = hub.quiet.read().await;
                     let _ = w
                         .run(
                             &Cmd::new("refresh-client")
@@ -411,9 +414,13 @@ impl Hub {
             let missing = ids.iter().filter(|id| !w.contains_key(*id)).cloned();
             (gone, missing.collect())
         };
-        for c in gone {
-            c.kill();
-            c.ended(ENDED_WAIT).await;
+        if !gone.is_empty() {
+            // Letting a watcher go detaches a client: in quiet, too.
+            let _quiet = self.quiet.write().await;
+            for c in gone {
+                c.kill();
+                c.ended(ENDED_WAIT).await;
+            }
         }
         for id in missing {
             let c = self.attach_watcher(&id).await?;

@@ -101,3 +101,10 @@ async def test_long_command_ids_are_bounded(ws):
         assert got["status"] == "interrupted" and got["exit_status"] == 130, got
         r = await call(c, "run_command", {"pane_id": w["pane_id"], "command": "echo room-again", "timeout": 10})
         assert r["output"] == "room-again", r
+
+
+async def test_a_command_that_mentions_the_missing_function_message_runs_once(ws):
+    async with connect(ws) as c:
+        r = await call(c, "run_command", {"command": "echo x >> /tmp/count; echo 'bash: __sandmux_run: command not found'; wc -l < /tmp/count"})
+        assert r["status"] == "completed" and r["output"].splitlines()[-1] == "1", r
+

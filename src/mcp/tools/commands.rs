@@ -21,8 +21,8 @@ use tokio::sync::watch;
 
 /// Long commands kept per instance.
 pub const MAX_COMMANDS: usize = 64;
-/// Output kept per command (the tail).
-const BODY_CAP: usize = 1 << 20;
+/// Output kept per command (the tail; the same as a pane's ring).
+const BODY_CAP: usize = crate::tmux::hub::RING_BYTES;
 /// The OSC number sandmux's markers use (tmux draws nothing for it).
 const OSC: &str = "\x1b]6973;";
 
@@ -80,13 +80,16 @@ impl Follow {
     }
 
     /// Whether output before the begin marker says the shell has no
-    /// `__sandmux_run` (another shell, or the agent removed it).
+    /// `__sandmux_run` (another shell, or the agent removed it): a line of
+    /// the shell's own, `SHELL: [line N: ]__sandmux_run: [command ]not found`
+    /// — never the echo of the typed line, which starts otherwise (a command
+    /// that mentions the message must not be typed, and run, twice).
     pub fn no_function(&self) -> bool {
         !self.seen_begin
-            && find(&self.before, b"__sandmux_run: ").is_some_and(|i| {
-                let rest = &self.before[i..];
-                find(rest, b"not found").is_some()
-            })
+            && self
+                .before
+                .split(|b| *b == b'\n')
+                .any(shell_says_no_function)
     }
 
     /// Reads what arrived; true once the end marker has.
@@ -95,6 +98,11 @@ impl Follow {
             return true;
         }
         let chunk = hub.read_since(self.num, self.pos);
+        self.take(chunk)
+    }
+
+    /// Takes one chunk of the pane's output; true once the end marker came.
+    fn take(&mut self, chunk: crate::tmux::hub::Chunk) -> bool {
         self.pos = chunk.end;
         if chunk.missed > 0 {
             self.missed = true;
@@ -108,8 +116,15 @@ impl Follow {
                     data = self.before.split_off(i + len);
                     self.before.clear();
                 }
-                // Its pid has not arrived yet.
-                None if find(&self.before, &self.begin).is_some() => return false,
+                // Its pid has not arrived yet: only a head at the very end
+                // can still become a marker (anything else is not one, and
+                // must not stop the bound below).
+                None if self.before.len() <= BODY_CAP
+                    && find(&self.before, &self.begin)
+                        .is_some_and(|i| self.before.len() - i < self.begin.len() + 12) =>
+                {
+                    return false
+                }
                 // The marker scrolled out of the ring, or never came in a
                 // bound: what is kept is all there is of the command.
                 None if self.missed || self.before.len() > BODY_CAP => {
@@ -185,6 +200,22 @@ impl Follow {
     }
 }
 
+fn shell_says_no_function(line: &[u8]) -> bool {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(at) = find(line, b"__sandmux_run: ") else {
+        return false;
+    };
+    let (who, rest) = (&line[..at], &line[at..]);
+    let Some(shell) = who.strip_suffix(b": ") else {
+        return false;
+    };
+    // "bash" or "bash: line 1" (a shell's name, and a line number).
+    let name = shell.split(|b| *b == b':').next().unwrap_or_default();
+    !name.is_empty()
+        && !name.iter().any(|b| b.is_ascii_whitespace() || *b == b'\'')
+        && rest.ends_with(b"not found")
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
@@ -229,6 +260,7 @@ pub async fn follow_until(
     hub: &Hub,
     f: &Mutex<Follow>,
     until: tokio::time::Instant,
+    alive_every: Duration,
     mut tick: Tick<'_>,
 ) -> Result<Until, ToolError> {
     let (pane, num) = {
@@ -238,7 +270,7 @@ pub async fn follow_until(
     let (_, mut rx) = hub.subscribe(num);
     let mut progress = tokio::time::interval(Duration::from_secs(2));
     progress.tick().await;
-    let mut alive = tokio::time::interval(Duration::from_millis(250));
+    let mut alive = tokio::time::interval(alive_every);
     alive.tick().await;
     loop {
         let t0 = {
@@ -323,7 +355,10 @@ impl Commands {
         let f = follow.clone();
         tokio::spawn(async move {
             let forever = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-            let _ = follow_until(&hub, &f, forever, Box::new(|_| Box::pin(async {}))).await;
+            // In the background the pane is checked once a second (64 of
+            // them must not keep tmux busy).
+            let every = Duration::from_secs(1);
+            let _ = follow_until(&hub, &f, forever, every, Box::new(|_| Box::pin(async {}))).await;
             tx.send_replace(true);
         });
         e.push(Entry {
@@ -400,6 +435,46 @@ pub async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_shell_says_the_function_is_missing() {
+        assert!(shell_says_no_function(
+            b"bash: __sandmux_run: command not found\r"
+        ));
+        assert!(shell_says_no_function(b"sh: 1: __sandmux_run: not found"));
+        assert!(!shell_says_no_function(
+            b"$  __sandmux_run ab 'grep \"bash: __sandmux_run: command not found\" log'"
+        ));
+        assert!(!shell_says_no_function(
+            b"> bash: __sandmux_run: command not found"
+        ));
+    }
+
+    /// A head of a begin marker that never completes does not hold the
+    /// bound: the follow moves on, and keeps at most BODY_CAP.
+    #[test]
+    fn a_false_begin_marker_cannot_grow_the_buffer() {
+        use crate::tmux::hub::Chunk;
+        let mut f = Follow::new("%1", "ab", 0);
+        let mut end = 0;
+        let mut feed = |f: &mut Follow, data: Vec<u8>| {
+            end += data.len() as u64;
+            f.take(Chunk {
+                data,
+                end,
+                missed: 0,
+            })
+        };
+        assert!(!feed(&mut f, format!("{OSC}Bab;x").into_bytes()));
+        for _ in 0..40 {
+            assert!(!feed(&mut f, vec![b'0'; 64 * 1024]));
+            assert!(f.before.len() <= BODY_CAP + 64 * 1024 && f.body.len() <= BODY_CAP);
+        }
+        assert!(f.seen_begin && f.head_lost);
+        // A real marker after that still ends it.
+        assert!(feed(&mut f, format!("{OSC}Eab;3\x07").into_bytes()));
+        assert_eq!(f.ended, Some(End::Completed(3)));
+    }
 
     #[test]
     fn markers_need_digits_and_bel() {

@@ -789,6 +789,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
         )));
     }
     let fg = foreground(c, &p.pane_id).await?;
+    let at_prompt = refuse_if_busy(c, &p.pane_id, &fg).is_ok();
     if a.when_busy.unwrap_or_default() == WhenBusy::Refuse {
         refuse_if_busy(c, &p.pane_id, &fg)?;
     }
@@ -813,7 +814,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
     let mut retyped = !bash;
     let ended = loop {
         let r = tokio::select! {
-            r = commands::follow_until(&hub, &follow, deadline, Box::new(|t| Box::pin(c.progress(t, Some(total), "command running")))) => r?,
+            r = commands::follow_until(&hub, &follow, deadline, Duration::from_millis(250), Box::new(|t| Box::pin(c.progress(t, Some(total), "command running")))) => r?,
             _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command may still be running".into())),
             _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
         };
@@ -844,7 +845,9 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
             "timeout"
         };
         let mut r = f.result(status, max_lines, total);
-        if !a.interrupt_on_timeout {
+        // Kept only when it was typed at a shell prompt: typed into another
+        // program (when_busy = "type"), no marker may ever come.
+        if !a.interrupt_on_timeout && at_prompt {
             r.command_id =
                 c.s.commands
                     .keep(hub.clone(), &c.s.info().generation, f, max_lines);
