@@ -37,6 +37,9 @@ pub const RING_BYTES: usize = 256 * 1024;
 pub const CONTROL_SESSION: &str = "_sandmux";
 /// Default bound for one tmux command.
 pub const DEADLINE: Duration = Duration::from_secs(5);
+/// How often the output of closed panes is looked for (and dropped one
+/// interval later).
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
 /// How long a client that was let go is waited for before the next attach.
 const ENDED_WAIT: Duration = Duration::from_secs(2);
 
@@ -297,6 +300,7 @@ impl Hub {
                 let _ = hub.sync_watchers().await;
             }
         });
+        tokio::spawn(Hub::prune(Arc::downgrade(&hub), PRUNE_EVERY));
         hub.sync_watchers().await?;
         Ok(hub)
     }
@@ -485,13 +489,35 @@ impl Hub {
         }
     }
 
-    /// Forgets the output of panes that no longer exist.
-    pub fn forget_panes(&self, alive: &[u32]) {
-        self.streams
-            .panes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|p, _| alive.contains(p));
+    /// Forgets the output of panes missing from this listing and the one
+    /// before (`absent` carries the first from call to call): a pane is
+    /// forgotten only after a whole interval gone, so a wait that saw it exit
+    /// still reads its last output, and a pane made after a listing is not
+    /// forgotten for it.
+    pub fn forget_panes(&self, alive: &[u32], absent: &mut Vec<u32>) {
+        let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
+        let now: Vec<u32> = map.keys().filter(|p| !alive.contains(p)).copied().collect();
+        map.retain(|p, _| !(now.contains(p) && absent.contains(p)));
+        *absent = now;
+    }
+
+    /// Every `every`, forgets the output of panes that are gone (rings of
+    /// closed panes held memory for the instance's life otherwise).
+    async fn prune(weak: std::sync::Weak<Hub>, every: Duration) {
+        let mut absent = Vec::new();
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(hub) = weak.upgrade() else { break };
+            let cmd = Cmd::new("list-panes").flag("-a").opt("-F", "#{pane_id}");
+            let Ok(rows) = hub.run(&cmd).await else {
+                continue;
+            };
+            let alive: Vec<u32> = rows
+                .iter()
+                .filter_map(|r| std::str::from_utf8(r).ok()?.strip_prefix('%')?.parse().ok())
+                .collect();
+            hub.forget_panes(&alive, &mut absent);
+        }
     }
 
     /// Total bytes held in rings (for the status report and tests).
