@@ -52,7 +52,7 @@ async def test_a_long_command_that_ends_its_shell_reports_pane_exited(ws):
         assert got["status"] == "pane_exited", got
         # What the shell printed last can be lost: tmux sends its control
         # clients nothing more for a pane it has destroyed (docs/mcp.md).
-        assert got["output"] in ("", "going"), got
+        assert got["output"] == "" or got["output"].startswith("going"), got
 
 
 async def test_unknown_command_ids_are_clear_errors(ws):
