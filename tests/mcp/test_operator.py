@@ -144,16 +144,22 @@ def _read_pty(fd, seconds):
     return out
 
 
+def _attach_in_pty(iid):
+    """`sandmux attach ID` (read-only) in a fresh pty: (pid, master fd)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    env["TERM"] = "xterm-256color"
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(BIN, [BIN, "attach", iid], env)
+    return pid, fd
+
+
 async def test_attach_read_only_cannot_type_and_osc52_never_arrives(ws):
     async with connect(ws) as c:
         s = await call(c, "list_panes")
         p = s["panes"][0]["pane_id"]
         iid = instance_id(ws)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
-        env["TERM"] = "xterm-256color"
-        pid, fd = pty.fork()
-        if pid == 0:
-            os.execve(BIN, [BIN, "attach", iid], env)
+        pid, fd = _attach_in_pty(iid)
         try:
             _read_pty(fd, 1.0)
             os.write(fd, b"echo typed-by-the-watcher\r")
@@ -179,11 +185,7 @@ async def test_attach_read_only_leaves_the_agents_window_sizes(ws):
     async with connect(ws) as c:
         made = await call(c, "create_window", {})
         iid = instance_id(ws)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
-        env["TERM"] = "xterm-256color"
-        pid, fd = pty.fork()
-        if pid == 0:
-            os.execve(BIN, [BIN, "attach", iid], env)
+        pid, fd = _attach_in_pty(iid)
         try:
             fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
             _read_pty(fd, 1.5)
