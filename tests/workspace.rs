@@ -54,23 +54,6 @@ fn run_in(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
         .expect("spawn sandmux")
 }
 
-/// The `sandmux run -p PROFILE -w WS -- bash -c SCRIPT` command, stdin closed.
-fn run_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
-    let mut c = sandmux(&[
-        "run",
-        "-p",
-        profile,
-        "-w",
-        ws.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        script,
-    ]);
-    c.env("XDG_STATE_HOME", state).stdin(Stdio::null());
-    c
-}
-
 /// [`run_cmd`] started in the background once `ready` (a file it makes) exists.
 fn run_background(
     ws: &Path,
@@ -95,6 +78,17 @@ fn variant(dir: &Path, name: &str, base: &str, from: &str, to: &str) -> String {
         t.replace(from, to)
     });
     p.to_str().unwrap().to_string()
+}
+
+/// The default profile with `[workspace] git = MODE`, saved as NAME.
+fn git_variant(dir: &Path, name: &str, mode: &str) -> String {
+    variant(
+        dir,
+        name,
+        "default",
+        "git = \"read-only\"",
+        &format!("git = \"{mode}\""),
+    )
 }
 
 /// Every way the agent could change what host git obeys in `.git` or a
@@ -124,13 +118,7 @@ echo attacks-done
 #[test]
 fn git_control_plane_is_read_only_in_a_repository() {
     let cfg = host_dir();
-    let unguarded = variant(
-        cfg.path(),
-        "unguarded",
-        "default",
-        "git = \"read-only\"",
-        "git = \"unguarded\"",
-    );
+    let unguarded = git_variant(cfg.path(), "unguarded", "unguarded");
     for profile in PROFILES.iter().copied().chain([unguarded.as_str()]) {
         let guarded = profile != unguarded;
         let ws = Ws::new();
@@ -232,13 +220,7 @@ fn walk_names(dir: &Path) -> Vec<String> {
 #[test]
 fn git_control_plane_is_read_only_in_worktrees_and_submodules() {
     let cfg = host_dir();
-    let unguarded = variant(
-        cfg.path(),
-        "unguarded",
-        "default",
-        "git = \"read-only\"",
-        "git = \"unguarded\"",
-    );
+    let unguarded = git_variant(cfg.path(), "unguarded", "unguarded");
     for profile in ["default", "container", unguarded.as_str()] {
         let guarded = profile != unguarded;
         let host = host_dir();
@@ -685,20 +667,8 @@ fn fetch_id(stderr: &str) -> String {
 #[test]
 fn commit_mode_agent_commits_and_the_human_fetches() {
     let cfg = host_dir();
-    let commit = variant(
-        cfg.path(),
-        "commit",
-        "default",
-        "git = \"read-only\"",
-        "git = \"commit\"",
-    );
-    let unguarded = variant(
-        cfg.path(),
-        "unguarded",
-        "default",
-        "git = \"read-only\"",
-        "git = \"unguarded\"",
-    );
+    let commit = git_variant(cfg.path(), "commit", "commit");
+    let unguarded = git_variant(cfg.path(), "unguarded", "unguarded");
     let ws = Ws::new();
     let w = ws.path();
     repo(&w);

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 /// A filter that makes `unshare(2)` fail with EPERM, allowing everything else.
 fn no_unshare() -> seccompiler::BpfProgram {
@@ -26,18 +26,7 @@ fn no_unshare() -> seccompiler::BpfProgram {
 
 fn run_without_namespaces(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
     let prog = no_unshare();
-    let mut c = sandmux(&[
-        "run",
-        "-p",
-        profile,
-        "-w",
-        ws.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        script,
-    ]);
-    c.env("XDG_STATE_HOME", state).stdin(Stdio::null());
+    let mut c = run_cmd(ws, profile, state, script);
     // SAFETY: between fork and exec only prctl and seccomp(2) run, on a
     // program compiled before the fork.
     unsafe {

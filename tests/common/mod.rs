@@ -375,3 +375,21 @@ pub fn wait_for_file(p: &Path) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The `sandmux run -p PROFILE -w WS -- bash -c SCRIPT` command, stdin closed.
+#[allow(dead_code)]
+pub fn run_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
+    let mut c = sandmux(&[
+        "run",
+        "-p",
+        profile,
+        "-w",
+        ws.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        script,
+    ]);
+    c.env("XDG_STATE_HOME", state).stdin(Stdio::null());
+    c
+}
