@@ -84,19 +84,6 @@ pub enum Layout {
     Tiled,
 }
 
-impl Layout {
-    /// The name tmux takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Layout::EvenHorizontal => "even-horizontal",
-            Layout::EvenVertical => "even-vertical",
-            Layout::MainHorizontal => "main-horizontal",
-            Layout::MainVertical => "main-vertical",
-            Layout::Tiled => "tiled",
-        }
-    }
-}
-
 /// Each choice prints as the word the agent wrote.
 macro_rules! words {
     ($($t:ty),*) => {$(

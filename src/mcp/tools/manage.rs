@@ -144,13 +144,13 @@ pub async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done, ToolEr
     // strings that pass its own checksum (a caller can compute it) but not
     // its geometry, and on a layout starting with `-`; a custom layout would
     // need a full geometry check against the window's panes first.
-    let layout = a.layout.name();
+    let layout = a.layout.to_string();
     let w = targets::window(c, &a.w).await?;
     c.s.hub()
         .run(
             &Cmd::new("select-layout")
                 .opt("-t", &w.window_id)
-                .arg(layout),
+                .arg(&layout),
         )
         .await?;
     done(format!("layout {layout} applied to {}", w.window_id))
