@@ -12,4 +12,5 @@ pub mod mcp;
 pub mod operator;
 pub mod profile;
 pub mod sandbox;
+pub mod term;
 pub mod tmux;

@@ -207,8 +207,9 @@ enum ProfileCmd {
     },
 }
 
+/// Prints an error (through `term`: it may quote what the agent chose).
 fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("sandmux: {msg}");
+    eprintln!("sandmux: {}", sandmux::term::lines(&msg.to_string()));
     ExitCode::from(code as u8)
 }
 
@@ -454,14 +455,16 @@ fn operator_change(op: &str, sel: Selection) -> ExitCode {
                 })
                 .unwrap_or_default();
             println!(
-                "{op}: {} tools enabled now (toolsets: {ts})",
-                v["tools_enabled"]
+                "{op}: {} tools enabled now (toolsets: {})",
+                v["tools_enabled"],
+                sandmux::term::printable(&ts)
             );
             if let Some(n) = v["not_granted"].as_array().filter(|a| !a.is_empty()) {
                 println!(
                     "not granted (the instance did not start with them): {}",
                     n.iter()
                         .filter_map(|x| x.as_str())
+                        .map(sandmux::term::printable)
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
@@ -499,7 +502,7 @@ fn check(policy: profile::Policy, json: bool) -> ExitCode {
         let _ = serde_json::to_writer_pretty(&mut out, &r);
         let _ = std::io::Write::write_all(&mut out, b"\n");
     } else {
-        let _ = sandmux::check::print_human(&r, &mut out);
+        let _ = sandmux::check::print_human(&r, &mut sandmux::term::Safe(&mut out));
     }
     if !r.enforceable {
         ExitCode::from(sandbox::EXIT_LAYER as u8)

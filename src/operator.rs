@@ -3,6 +3,7 @@
 //! each `serve` instance through its operator endpoint (`mcp::endpoint`).
 
 use crate::sandbox::rundir;
+use crate::term;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -106,7 +107,7 @@ pub fn ps(json_out: bool) -> String {
         }));
     }
     if json_out {
-        return serde_json::to_string_pretty(&rows).unwrap_or_default();
+        return format!("{}\n", term::json_text(&Value::Array(rows)));
     }
     let mut out = format!(
         "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {}\n",
@@ -118,6 +119,7 @@ pub fn ps(json_out: bool) -> String {
             .map(|a| {
                 a.iter()
                     .filter_map(Value::as_str)
+                    .map(term::printable)
                     .collect::<Vec<_>>()
                     .join(",")
             })
@@ -133,14 +135,14 @@ pub fn ps(json_out: bool) -> String {
             .unwrap_or_else(|| "-".into());
         out.push_str(&format!(
             "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {}\n",
-            r["id"].as_str().unwrap_or(""),
-            r["kind"].as_str().unwrap_or("?"),
-            r["profile"].as_str().unwrap_or("?"),
+            term::field(&r["id"], ""),
+            term::field(&r["kind"], "?"),
+            term::field(&r["profile"], "?"),
             r["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
             client,
             ts,
             reverted,
-            r["workspace"].as_str().unwrap_or("")
+            term::field(&r["workspace"], "")
         ));
     }
     out
@@ -173,20 +175,7 @@ pub fn journal(
         file.read_to_string(&mut buf).map_err(|e| e.to_string())?;
         let complete = buf.rfind('\n').map(|i| i + 1).unwrap_or(0);
         for line in buf[..complete].lines() {
-            if json_out {
-                let _ = writeln!(out, "{line}");
-            } else if let Ok(v) = serde_json::from_str::<Value>(line) {
-                let _ = writeln!(
-                    out,
-                    "{:>5} {} {:<24} {:<9} {:<16} {:>5} ms",
-                    v["seq"],
-                    v["ts"].as_str().unwrap_or(""),
-                    v["tool"].as_str().unwrap_or(""),
-                    v["outcome"].as_str().unwrap_or(""),
-                    v["error_type"].as_str().unwrap_or("-"),
-                    v["duration_ms"]
-                );
-            }
+            print_record(line, json_out, out);
         }
         let _ = out.flush();
         pos += complete as u64;
@@ -195,6 +184,35 @@ pub fn journal(
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// One audit line for a terminal: agent-chosen strings never act on it
+/// (`term`), and `--json` output stays one valid JSON value per line.
+fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
+    let Ok(v) = serde_json::from_str::<Value>(line) else {
+        if json_out {
+            let _ = writeln!(
+                out,
+                "{}",
+                json!({"journal": "a line that is not a JSON record (sandmux audit verify says more)"})
+            );
+        }
+        return;
+    };
+    if json_out {
+        let _ = writeln!(out, "{}", term::json_text(&v));
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{:>5} {} {:<24} {:<9} {:<16} {:>5} ms",
+        v["seq"],
+        term::field(&v["ts"], ""),
+        term::field(&v["tool"], ""),
+        term::field(&v["outcome"], ""),
+        term::field(&v["error_type"], "-"),
+        v["duration_ms"]
+    );
 }
 
 /// Attaches this terminal to an instance's tmux server (read-only unless

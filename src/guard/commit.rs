@@ -211,7 +211,7 @@ fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
     for e in rd.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
         if !DATA.contains(&n.as_str()) {
-            bad.push(format!("unexpected entry {}", super::printable(&n)));
+            bad.push(format!("unexpected entry {}", crate::term::printable(&n)));
         }
     }
     for d in ["refs", "objects", "hooks", "info", "objects/info"] {
@@ -229,7 +229,7 @@ fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
         let Ok(rd) = std::fs::read_dir(&d) else {
             bad.push(format!(
                 "{} cannot be read",
-                super::printable(&d.to_string_lossy())
+                crate::term::printable(&d.to_string_lossy())
             ));
             continue;
         };
@@ -246,7 +246,7 @@ fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
                 Ok(m) if m.is_file() => {}
                 _ => bad.push(format!(
                     "{} is neither a plain file nor a directory",
-                    super::printable(&p.strip_prefix(agent).unwrap_or(&p).to_string_lossy())
+                    crate::term::printable(&p.strip_prefix(agent).unwrap_or(&p).to_string_lossy())
                 )),
             }
         }
@@ -335,7 +335,7 @@ pub fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!(
             "{:?} is not an instance id (see sandmux ps)",
-            super::printable(id)
+            crate::term::printable(id)
         ));
     }
     let state = super::quarantine::state_dir(&[])?;
@@ -381,7 +381,7 @@ pub fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
     if !o.status.success() {
         return Err(format!(
             "git fetch: {}",
-            super::printable(String::from_utf8_lossy(&o.stderr).trim())
+            crate::term::printable(String::from_utf8_lossy(&o.stderr).trim())
         ));
     }
     let refs = git_out(
@@ -392,7 +392,7 @@ pub fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
             &format!("refs/sandmux/{id}/"),
         ],
     )?;
-    let mut lines: Vec<String> = refs.lines().map(super::printable).collect();
+    let mut lines: Vec<String> = refs.lines().map(crate::term::printable).collect();
     if lines.is_empty() {
         lines.push(format!("instance {id} made no branch"));
     }

@@ -391,16 +391,4 @@ fn list<'a>(it: impl IntoIterator<Item = &'a PathBuf>) -> String {
     v.join(", ")
 }
 
-/// Control characters escaped (`\x1b`): names found in the workspace are the
-/// agent's, and they reach terminals and logs.
-pub fn printable(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            out.push_str(&format!("\\x{:02x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+use crate::term::printable;

@@ -61,7 +61,7 @@ fn changed_since(m: &Manifest) -> Vec<String> {
     m.digests
         .iter()
         .filter(|(p, d)| now.get(*p) != Some(*d))
-        .map(|(p, _)| super::printable(&p.to_string_lossy()))
+        .map(|(p, _)| crate::term::printable(&p.to_string_lossy()))
         .collect()
 }
 
@@ -78,7 +78,7 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
         if !t.at_start.complete {
             warnings.push(format!(
                 "{}: the walk at start stopped after {} entries, so the end sweep could not tell new repositories and guarded names below the top from old ones; check the tree yourself",
-                super::printable(&t.root.to_string_lossy()),
+                crate::term::printable(&t.root.to_string_lossy()),
                 scan::MAX_ENTRIES
             ));
         } else {
@@ -91,14 +91,14 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
                 for u in now.unreadable.iter() {
                     warnings.push(format!(
                         "{}: a directory that could not be read; repositories and guarded names below it were not checked",
-                        super::printable(&t.root.join(u).to_string_lossy())
+                        crate::term::printable(&t.root.join(u).to_string_lossy())
                     ));
                 }
                 let unknown = |p: &PathBuf| t.at_start.unreadable.iter().any(|u| p.starts_with(u));
                 if !now.complete {
                     warnings.push(format!(
                         "{}: the end sweep stopped after {} entries; repositories and guarded names deeper down were not checked",
-                        super::printable(&t.root.to_string_lossy()),
+                        crate::term::printable(&t.root.to_string_lossy()),
                         scan::MAX_ENTRIES
                     ));
                 }
@@ -110,7 +110,7 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
                     if guard.new_repositories == super::NewRepos::Allow {
                         warnings.push(format!(
                             "left in place, as the profile allows new repositories: {} (host git obeys its config and hooks)",
-                            super::printable(&t.root.join(r).to_string_lossy())
+                            crate::term::printable(&t.root.join(r).to_string_lossy())
                         ));
                     } else {
                         new.insert((r.components().count(), r.clone(), "new repository"));
@@ -168,7 +168,7 @@ pub(crate) fn sweep_stale(state: &Path) -> Vec<Taken> {
             serde_json::from_reader(std::io::Read::take(&*lock, 16 << 20)).ok();
         if let Some(m) = m {
             for p in changed_since(&m) {
-                eprintln!("sandmux: WARNING: workspace guard: {p} changed while instance {} ran and it ended uncleanly; check it before a host program reads it", super::printable(&m.id));
+                eprintln!("sandmux: WARNING: workspace guard: {p} changed while instance {} ran and it ended uncleanly; check it before a host program reads it", crate::term::printable(&m.id));
             }
             if let Ok(mut q) = Quarantine::open(state, &m.id) {
                 out.extend(sweep(&m.guard, &mut q).0);
@@ -187,14 +187,15 @@ pub fn summary(taken: &[Taken]) -> Vec<String> {
         .map(|t| {
             format!(
                 "{} ({}): {}",
-                super::printable(&t.path.to_string_lossy()),
-                super::printable(&t.why),
+                crate::term::printable(&t.path.to_string_lossy()),
+                crate::term::printable(&t.why),
                 match (&t.kept, t.how.as_str()) {
                     (Some(k), how) if how.contains("restored") => format!(
                         "moved to {}; the original restored",
-                        super::printable(&k.to_string_lossy())
+                        crate::term::printable(&k.to_string_lossy())
                     ),
-                    (Some(k), _) => format!("moved to {}", super::printable(&k.to_string_lossy())),
+                    (Some(k), _) =>
+                        format!("moved to {}", crate::term::printable(&k.to_string_lossy())),
                     (None, how) if how.contains("restored") => "the original restored".into(),
                     (None, "FAILED") =>
                         "COULD NOT BE REMOVED: remove it yourself before a host program reads it"

@@ -8,8 +8,8 @@
 //! sweep.
 
 use super::audit::{Audit, Entry};
-use crate::guard::printable;
 use crate::guard::quarantine::Taken;
+use crate::term::printable;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

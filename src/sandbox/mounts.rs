@@ -43,7 +43,7 @@ pub struct MountError {
 
 fn merr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(nix::Error) -> MountError {
     // Paths can be the agent's (names in the workspace): escaped for terminals.
-    let path = crate::guard::printable(&path.as_ref().to_string_lossy());
+    let path = crate::term::printable(&path.as_ref().to_string_lossy());
     move |e| MountError {
         what,
         path,
@@ -52,7 +52,7 @@ fn merr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(nix::Error) -
 }
 
 fn ierr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> MountError {
-    let path = crate::guard::printable(&path.as_ref().to_string_lossy());
+    let path = crate::term::printable(&path.as_ref().to_string_lossy());
     move |source| MountError { what, path, source }
 }
 
@@ -507,7 +507,7 @@ pub fn build_and_pivot(
             Err(nix::Error::ELOOP) => {
                 return Err(MountError {
                     what: "a parent of a protected path is a symlink (remove it, or take the path off the profile's protected list)",
-                    path: crate::guard::printable(&p.to_string_lossy()),
+                    path: crate::term::printable(&p.to_string_lossy()),
                     source: std::io::Error::from_raw_os_error(libc::ELOOP),
                 })
             }
@@ -522,7 +522,7 @@ pub fn build_and_pivot(
                 if fstat(&dst).map_err(merr("stat", p))?.st_mode & libc::S_IFMT == libc::S_IFLNK {
                     return Err(MountError {
                         what: "protected path is a symlink (remove it, or take it off the profile's protected list)",
-                        path: crate::guard::printable(&p.to_string_lossy()),
+                        path: crate::term::printable(&p.to_string_lossy()),
                         source: std::io::Error::from_raw_os_error(libc::ELOOP),
                     });
                 }
@@ -533,7 +533,7 @@ pub fn build_and_pivot(
             Err(nix::Error::ELOOP) => {
                 return Err(MountError {
                     what: "protected path goes through a symlink (remove it, or take it off the profile's protected list)",
-                    path: crate::guard::printable(&p.to_string_lossy()),
+                    path: crate::term::printable(&p.to_string_lossy()),
                     source: std::io::Error::from_raw_os_error(libc::ELOOP),
                 })
             }
