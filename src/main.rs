@@ -178,7 +178,9 @@ enum GitCmd {
 
 #[derive(Subcommand)]
 enum AuditCmd {
-    /// Check a log's hash chain; exit status 1 names the first bad line.
+    /// Check a log's hash chain and seal: exit status 0 intact and sealed,
+    /// 1 names the first bad (edited, removed, reordered, torn) line, 3
+    /// intact but not sealed.
     Verify {
         /// The log.
         path: PathBuf,
@@ -345,9 +347,17 @@ fn main() -> ExitCode {
         Cmd::Audit {
             cmd: AuditCmd::Verify { path },
         } => match sandmux::mcp::audit::verify(&path) {
-            Ok(n) => {
-                println!("{}: {n} records, chain intact", path.display());
+            Ok(v) if v.sealed => {
+                println!(
+                    "{}: {} records, chain intact, sealed",
+                    path.display(),
+                    v.records
+                );
                 ExitCode::SUCCESS
+            }
+            Ok(v) => {
+                println!("{}: {} records, chain intact, NOT sealed: it does not end with the record a clean stop writes (the instance still runs, was killed, or records after the last one shown were removed)", path.display(), v.records);
+                ExitCode::from(3)
             }
             Err(e) => fail(1, format!("{}: {e}", path.display())),
         },

@@ -104,14 +104,27 @@ pub fn ps(json_out: bool) -> String {
             "toolsets": st.as_ref().map(|s| s["toolsets"].clone()),
             "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
             "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
+            "audit": st.as_ref().map(|s| s["audit"].clone()),
         }));
     }
     if json_out {
         return format!("{}\n", term::json_text(&Value::Array(rows)));
     }
+    let down: Vec<String> = rows
+        .iter()
+        .filter(|r| r["audit"]["reason"].is_string())
+        .map(|r| {
+            format!(
+                "{}: audit log {}: {}\n",
+                term::field(&r["id"], ""),
+                term::field(&r["audit"]["state"], ""),
+                term::field(&r["audit"]["reason"], "")
+            )
+        })
+        .collect();
     let mut out = format!(
-        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {}\n",
-        "ID", "KIND", "PROFILE", "PID", "CLIENT", "TOOLSETS", "REVERTED", "WORKSPACE"
+        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {:<8} {}\n",
+        "ID", "KIND", "PROFILE", "PID", "CLIENT", "TOOLSETS", "REVERTED", "AUDIT", "WORKSPACE"
     );
     for r in rows {
         let ts = r["toolsets"]
@@ -133,8 +146,9 @@ pub fn ps(json_out: bool) -> String {
             .as_u64()
             .map(|n| n.to_string())
             .unwrap_or_else(|| "-".into());
+        let audit = term::field(&r["audit"]["state"], "-");
         out.push_str(&format!(
-            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {}\n",
+            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {:<8} {}\n",
             term::field(&r["id"], ""),
             term::field(&r["kind"], "?"),
             term::field(&r["profile"], "?"),
@@ -142,9 +156,11 @@ pub fn ps(json_out: bool) -> String {
             client,
             ts,
             reverted,
+            audit,
             term::field(&r["workspace"], "")
         ));
     }
+    out.extend(down);
     out
 }
 
@@ -180,9 +196,26 @@ pub fn journal(
         let _ = out.flush();
         pos += complete as u64;
         if !follow || !rundir::owner_alive(&f.dir) {
+            say_audit_state(f);
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Tells the human (on stderr, so `--json` stays records only) when the
+/// instance cannot record calls and refuses them.
+fn say_audit_state(f: &Found) {
+    let Ok(st) = request(&f.dir, json!({"v": 1, "op": "status"})) else {
+        return;
+    };
+    if let Some(why) = st["audit"]["reason"].as_str() {
+        eprintln!(
+            "sandmux: audit log {}: {} ({} calls refused so far)",
+            term::field(&st["audit"]["state"], "?"),
+            term::printable(why),
+            st["audit"]["refused_calls"]
+        );
     }
 }
 

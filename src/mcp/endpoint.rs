@@ -90,6 +90,7 @@ pub fn status(s: &State) -> Value {
         "tools_ceiling": s.ceiling.len(),
         "client_connected": s.peer.get().is_some_and(|p| !p.is_transport_closed()),
         "audit_log": s.audit.path(),
+        "audit": s.audit.status(),
         "drift": s.drift.tripped(),
         "workspace_reverted": s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
     })

@@ -27,6 +27,9 @@ pub enum ToolError {
     /// sandmux's policy refuses this (P3, P4).
     #[error("refused: {0}")]
     Refused(String),
+    /// The call's audit record could not be written, so it did not run (P7).
+    #[error("refused: {0}")]
+    Unaudited(String),
     /// tmux failed the command.
     #[error("{0}")]
     Tmux(#[from] TmuxError),
@@ -71,6 +74,7 @@ impl ToolError {
             ToolError::Invalid { .. } => "invalid_argument",
             ToolError::NotFound { .. } => "not_found",
             ToolError::Refused(_) => "refused",
+            ToolError::Unaudited(_) => "audit_unavailable",
             ToolError::Tmux(TmuxError::Timeout(_)) => "timeout",
             ToolError::Tmux(TmuxError::Closed(_)) => "server_gone",
             ToolError::Tmux(_) => "tmux_error",
@@ -82,7 +86,7 @@ impl ToolError {
     pub fn outcome(&self) -> &'static str {
         match self {
             ToolError::Invalid { .. } => "malformed",
-            ToolError::Refused(_) | ToolError::Drift(_) => "refused",
+            ToolError::Refused(_) | ToolError::Unaudited(_) | ToolError::Drift(_) => "refused",
             _ => "error",
         }
     }

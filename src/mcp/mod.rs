@@ -273,13 +273,19 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    let audit = match audit::Audit::open(&audit_path) {
+    let audit = match audit::Audit::open(&audit_path, policy.mcp.audit_max_bytes.0) {
         Ok(a) => Arc::new(a),
         Err(e) => {
             eprintln!("sandmux: {e} (pass --audit-log PATH)");
             return crate::sandbox::EXIT_USAGE;
         }
     };
+    if opts.audit_log.is_none() {
+        if let Err(e) = retain(&audit) {
+            eprintln!("sandmux: {e}");
+            return crate::sandbox::EXIT_USAGE;
+        }
+    }
     let inst = match Instance::start(policy.clone()) {
         Ok(i) => i,
         Err(e) => {
@@ -327,6 +333,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         .clone()
         .map(|cg| oom::Watch::new(audit.clone(), cg));
     let last_oom = oom.clone();
+    let sealer = audit.clone();
     let reverts = inst
         .guard
         .as_ref()
@@ -463,7 +470,31 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             r.record(&taken);
         }
     }
+    sealer.seal(code);
     code
+}
+
+/// Applies the user's retention to the default audit directory (where
+/// `audit` was opened), and records what it removed.
+fn retain(audit: &audit::Audit) -> Result<(), String> {
+    let keep = crate::profile::user::load()?.audit.keep_days;
+    let Some(dir) = audit.path().parent() else {
+        return Ok(());
+    };
+    let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())?;
+    if n > 0 {
+        audit.record(audit::Entry {
+            tool: "(audit-retention)",
+            toolset: None,
+            outcome: "event",
+            error_type: Some("retention"),
+            duration_ms: 0,
+            request_id: String::new(),
+            client_id: None,
+            args: &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()}),
+        });
+    }
+    Ok(())
 }
 
 /// Replaces a dead tmux server with a fresh generation (`on_server_exit =
@@ -514,6 +545,6 @@ async fn restart(
             request_id: String::new(),
             client_id: None,
             args: &serde_json::json!({"reason": why, "restart": n, "generation": generation, "server_pid": server_pid}),
-        })
-        .map_err(|e| e.to_string())
+        });
+    Ok(())
 }

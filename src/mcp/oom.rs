@@ -59,7 +59,7 @@ impl Watch {
         if now <= seen {
             return;
         }
-        if let Err(e) = self.audit.record(Entry {
+        self.audit.record(Entry {
             tool: TOOL,
             toolset: None,
             outcome: "event",
@@ -68,9 +68,7 @@ impl Watch {
             request_id: String::new(),
             client_id: None,
             args: &json!({"oom_kills": now, "new": now - seen}),
-        }) {
-            eprintln!("sandmux: {e}");
-        }
+        });
     }
 
     /// Checks once a second until the task is dropped with the runtime.

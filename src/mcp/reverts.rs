@@ -59,7 +59,7 @@ impl Reverts {
                     "kept": t.kept.as_deref().map(esc),
                 })
             };
-            if let Err(e) = self.audit.record(Entry {
+            self.audit.record(Entry {
                 tool: TOOL,
                 toolset: None,
                 outcome: "event",
@@ -68,9 +68,7 @@ impl Reverts {
                 request_id: String::new(),
                 client_id: None,
                 args: &args,
-            }) {
-                eprintln!("sandmux: {e}");
-            }
+            });
         }
         *seen = (*seen).max(all.len());
     }

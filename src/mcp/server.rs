@@ -2,7 +2,7 @@
 //! call is checked against the enabled set at call time, checked for drift,
 //! and recorded in the audit log whatever its outcome.
 
-use super::audit::Entry;
+use super::audit::{Admission, Entry};
 use super::catalog::{self, Class, ToolDef};
 use super::ctx::{Call, State};
 use super::error::ToolError;
@@ -109,8 +109,19 @@ impl Server {
     }
 
     fn audit(&self, a: &Audited<'_>, err: Option<&ToolError>, outcome_override: Option<&str>) {
+        self.audit_admitted(None, a, err, outcome_override)
+    }
+
+    /// Records a call; an admitted one into the room its admission holds.
+    fn audit_admitted(
+        &self,
+        ticket: Option<Admission<'_>>,
+        a: &Audited<'_>,
+        err: Option<&ToolError>,
+        outcome_override: Option<&str>,
+    ) {
         let outcome = outcome_override.unwrap_or_else(|| err.map_or("ok", ToolError::outcome));
-        let r = self.s.audit.record(Entry {
+        let e = Entry {
             tool: a.tool,
             toolset: a.def.map(|d| toolset_name(d.toolset)),
             outcome,
@@ -119,9 +130,12 @@ impl Server {
             request_id: a.request_id.clone(),
             client_id: a.client.clone(),
             args: a.args,
-        });
-        if let Err(e) = r {
-            eprintln!("sandmux: {e}");
+        };
+        match ticket {
+            Some(t) => t.record(e),
+            None => {
+                self.s.audit.record(e);
+            }
         }
     }
 
@@ -244,6 +258,7 @@ fn success(v: Value) -> CallToolResult {
 /// recursion, each audited on its own.
 pub async fn dispatch_nested(c: &Call<'_>, name: &str, args: Value) -> Result<Value, ToolError> {
     let t0 = Instant::now();
+    let ticket = c.s.audit.admit().map_err(ToolError::Unaudited)?;
     let def = catalog::find(name).filter(|d| {
         c.s.enabled
             .read()
@@ -264,7 +279,7 @@ pub async fn dispatch_nested(c: &Call<'_>, name: &str, args: Value) -> Result<Va
         Some(d) => (d.handler)(c, args.clone()).await,
     };
     let err = res.as_ref().err();
-    let _ = c.s.audit.record(Entry {
+    ticket.record(Entry {
         tool: name,
         toolset: def.map(|d| toolset_name(d.toolset)),
         outcome: err.map_or("ok", ToolError::outcome),
@@ -341,6 +356,11 @@ impl ServerHandler for Server {
                 Some(json!({"hint": "call tools/list for the enabled tools"})),
             ));
         };
+        // Nothing runs unless its record can be written (P7: fail closed).
+        let ticket = match self.s.audit.admit() {
+            Ok(t) => t,
+            Err(why) => return Ok(error_result(&ToolError::Unaudited(why)).into()),
+        };
         let progress = cx.meta.get_progress_token().map(|t| (cx.peer.clone(), t));
         let call = Call {
             s: &self.s,
@@ -348,7 +368,8 @@ impl ServerHandler for Server {
             ct: cx.ct.clone(),
         };
         let r = self.run(def, &call, args.clone()).await;
-        self.audit(
+        self.audit_admitted(
+            Some(ticket),
             &Audited {
                 tool: &name,
                 def: Some(def),
@@ -499,6 +520,10 @@ impl ServerHandler for Server {
             }
         }
         let t0 = Instant::now();
+        let ticket =
+            self.s.audit.admit().map_err(|why| {
+                McpError::invalid_params(ToolError::Unaudited(why).to_string(), None)
+            })?;
         let uri = req.uri.clone();
         let call = Call {
             s: &self.s,
@@ -511,7 +536,8 @@ impl ServerHandler for Server {
             "resource:{}",
             uri.split('/').take(3).collect::<Vec<_>>().join("/")
         );
-        self.audit(
+        self.audit_admitted(
+            Some(ticket),
             &Audited {
                 tool: &tool,
                 def: None,

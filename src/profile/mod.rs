@@ -8,6 +8,7 @@
 
 mod layer;
 mod schema;
+pub mod user;
 
 pub use layer::Layer;
 pub use schema::{
@@ -187,7 +188,7 @@ pub fn parse(file: &str, text: &str) -> Result<Profile, ProfileError> {
 }
 
 /// Formats a TOML error as "line N, column C: message" plus the offending line.
-fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+pub(crate) fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
     let msg = e.message().trim().to_string();
     match e.span() {
         Some(span) => {

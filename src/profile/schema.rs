@@ -312,6 +312,10 @@ pub struct McpSettings {
     /// Ceiling for every wait, in seconds (1–120).
     #[serde(default = "d_wait_max")]
     pub wait_max_seconds: u64,
+    /// The audit log's budget for one instance (64 KiB-1 TiB); when it is
+    /// spent, calls are refused.
+    #[serde(default = "d_audit_max")]
+    pub audit_max_bytes: Size,
     /// When execute-class tools are live: "always", or "on-grant" (only after
     /// a human runs `sandmux grant ID --toolset execute`).
     #[serde(default)]
@@ -357,6 +361,9 @@ fn d_max_input() -> u64 {
 fn d_wait_max() -> u64 {
     30
 }
+fn d_audit_max() -> Size {
+    Size(256 << 20)
+}
 
 impl Default for McpSettings {
     fn default() -> Self {
@@ -365,6 +372,7 @@ impl Default for McpSettings {
             preset: None,
             max_input_bytes: d_max_input(),
             wait_max_seconds: d_wait_max(),
+            audit_max_bytes: d_audit_max(),
             act: Act::Always,
             on_server_exit: ServerExit::End,
         }
@@ -480,6 +488,12 @@ impl Profile {
             return bad(
                 "mcp.wait_max_seconds",
                 format!("{} is outside 1-120", m.wait_max_seconds),
+            );
+        }
+        if !(64 << 10..=1 << 40).contains(&m.audit_max_bytes.0) {
+            return bad(
+                "mcp.audit_max_bytes",
+                format!("{} bytes is outside 64 KiB-1 TiB", m.audit_max_bytes.0),
             );
         }
         if !(1024..=1 << 20).contains(&m.max_input_bytes) {

@@ -1415,6 +1415,20 @@ pub async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResult, Tool
     })
 }
 
+/// One line for `sandbox_status`: the state, its reason, the bytes used.
+fn audit_state(st: &Value) -> String {
+    let mut s = format!(
+        "{}: {} of {} bytes",
+        st["state"].as_str().unwrap_or("?"),
+        st["bytes"],
+        st["budget"]
+    );
+    if let Some(r) = st["reason"].as_str() {
+        s.push_str(&format!("; {r}"));
+    }
+    s
+}
+
 /// `sandbox_status` result.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct Status {
@@ -1434,6 +1448,9 @@ pub struct Status {
     pub tools_enabled: usize,
     /// Where the audit log is.
     pub audit_log: String,
+    /// Whether calls can be recorded: `ok`, or `full`/`failing` and why
+    /// (then every call is refused).
+    pub audit_state: String,
     /// Drift status.
     pub drift: String,
     /// Bytes of pane output buffered by sandmux.
@@ -1536,6 +1553,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         layers,
         tools_enabled: c.s.enabled.read().map(|e| e.len()).unwrap_or(0),
         audit_log: c.s.audit.path().display().to_string(),
+        audit_state: audit_state(&c.s.audit.status()),
         drift: c.s.drift.tripped().unwrap_or_else(|| "none".into()),
         buffered_output_bytes: c.s.hub().buffered_bytes(),
         oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),

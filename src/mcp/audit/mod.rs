@@ -1,0 +1,638 @@
+//! The audit log (P7): one JSON line per tool call and resource read —
+//! allowed, refused and malformed alike — and per sandbox event (OOM kills,
+//! [`super::oom`]; reverts, [`super::reverts`]), appended outside the sandbox
+//! and hash-chained: each record carries `seq`, the previous record's hash
+//! and its own, so `sandmux audit verify` finds any edited, removed or
+//! reordered line, a torn last line, and a log whose end is not the seal a
+//! clean stop writes.
+//!
+//! Bounded ([`redact`]): strings at 1 KiB, records at [`RECORD_MAX`], the
+//! in-memory window at [`WINDOW_MAX`], the file at the profile's
+//! `[mcp] audit_max_bytes`. Fail closed: a tool call runs only once
+//! [`Audit::admit`] has room for its record — inside the budget, and on disk
+//! (the room is preallocated, so a disk the agent fills afterwards cannot
+//! refuse the record). A call that cannot be admitted is refused, counted,
+//! and the human is told (stderr once; `ps`, the operator endpoint and
+//! `sandbox_status` report [`Audit::status`]). Nothing is dropped in silence:
+//! what could not be written is counted in the seal.
+
+mod redact;
+pub mod retention;
+mod verify;
+
+pub use redact::STRING_MAX;
+pub use verify::{verify, Verified};
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Largest record, in bytes.
+pub const RECORD_MAX: usize = 8192;
+/// The in-memory window of recent records (the journal resource), in bytes.
+pub const WINDOW_MAX: usize = 1 << 20;
+/// The tool name of the final record a clean stop writes.
+pub const SEAL: &str = "(sealed)";
+const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Whether records can be written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Health {
+    Ok,
+    /// The budget is spent; calls are refused until the instance ends.
+    Full,
+    /// A write or the room for one failed; calls are refused until the room
+    /// can be had again.
+    Failing(String),
+}
+
+struct State {
+    /// Locked while this instance runs: no second writer, and retention
+    /// leaves it alone.
+    file: nix::fcntl::Flock<std::fs::File>,
+    seq: u64,
+    prev: String,
+    /// Bytes of whole records in the file.
+    len: u64,
+    health: Health,
+    /// Admitted calls whose records are not written yet.
+    inflight: u64,
+    /// Calls refused because no record could be written.
+    refused: u64,
+    /// Records that could not be written (events, refusals) since the last one that was.
+    unrecorded: u64,
+    sealed: bool,
+}
+
+struct Window {
+    records: std::collections::VecDeque<(Value, usize)>,
+    bytes: usize,
+}
+
+/// An open audit log.
+pub struct Audit {
+    path: PathBuf,
+    key: [u8; 16],
+    /// The profile's budget for this instance's records.
+    budget: u64,
+    /// The file's size the budget ends at (a continued log's earlier
+    /// records do not count).
+    limit: u64,
+    state: Mutex<State>,
+    recent: Mutex<Window>,
+}
+
+/// One call to record.
+pub struct Entry<'a> {
+    /// Tool name (or `resource:<uri>`).
+    pub tool: &'a str,
+    /// The tool's toolset, if it has one.
+    pub toolset: Option<&'a str>,
+    /// ok | error | refused | malformed | event.
+    pub outcome: &'a str,
+    /// Error kind, if any.
+    pub error_type: Option<&'a str>,
+    /// Duration in milliseconds.
+    pub duration_ms: u64,
+    /// JSON-RPC request id.
+    pub request_id: String,
+    /// The client's name, if it said.
+    pub client_id: Option<String>,
+    /// The raw arguments (redacted here).
+    pub args: &'a Value,
+}
+
+/// Room for one call's record, held from before the call runs until its
+/// record is written ([`Admission::record`]).
+pub struct Admission<'a>(&'a Audit);
+
+impl Admission<'_> {
+    /// Writes the admitted call's record (into the room kept for it).
+    pub fn record(self, e: Entry<'_>) {
+        self.0.write(e, Kind::Admitted);
+    }
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.inflight = st.inflight.saturating_sub(1);
+    }
+}
+
+fn hash_line(prev: &str, body: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(prev.as_bytes());
+    h.update(body.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+fn now_rfc3339() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let dd = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{dd:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// What a record is, for the room it may use.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// An admitted call's record: its room was kept at admission.
+    Admitted,
+    /// An event, a refusal, a malformed line: written if there is room
+    /// beyond what admitted calls and the seal hold, else counted.
+    Other,
+    /// The final record: the room kept since the start.
+    Seal,
+}
+
+/// Keeps `need` bytes after `at` allocated to the file (`fallocate` with
+/// KEEP_SIZE), so appends into them cannot fail for want of space; where the
+/// file system cannot preallocate, at least that much must be free.
+fn room(file: &std::fs::File, at: u64, need: u64) -> Result<(), String> {
+    use nix::errno::Errno;
+    use nix::fcntl::{fallocate, FallocateFlags};
+    let (at, need) = (at as i64, need as i64);
+    match fallocate(file.as_fd(), FallocateFlags::FALLOC_FL_KEEP_SIZE, at, need) {
+        Ok(()) => Ok(()),
+        Err(Errno::EOPNOTSUPP | Errno::ENOSYS) => {
+            let s = nix::sys::statvfs::fstatvfs(file.as_fd()).map_err(|e| e.desc().to_string())?;
+            let free = s.blocks_available() as u64 * s.fragment_size() as u64;
+            if free >= need as u64 {
+                Ok(())
+            } else {
+                Err(Errno::ENOSPC.desc().into())
+            }
+        }
+        Err(e) => Err(e.desc().into()),
+    }
+}
+
+/// The last record's seq and hash in an existing log (read through the
+/// descriptor that will append). A torn last line is not continued.
+fn last_link(file: &std::fs::File, path: &Path) -> Result<(u64, String), String> {
+    use std::io::BufRead;
+    let (mut seq, mut prev) = (0u64, GENESIS.to_string());
+    let mut r = std::io::BufReader::new(file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => return Ok((seq, prev)),
+            Ok(_) if line.last() != Some(&b'\n') => return Err(format!("audit log {}: it ends in a torn record (`sandmux audit verify` says more); move it aside or pass another --audit-log", path.display())),
+            Ok(_) => {
+                if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                    seq = v["seq"].as_u64().unwrap_or(seq);
+                    prev = v["hash"].as_str().unwrap_or(&prev).to_string();
+                }
+            }
+            Err(e) => return Err(format!("audit log {}: {e}", path.display())),
+        }
+    }
+}
+
+impl Audit {
+    /// Opens (or continues) the log at `path`, mode 0600, append-only, with
+    /// a budget of `budget` bytes for this instance's records.
+    pub fn open(path: &Path, budget: u64) -> Result<Audit, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("audit log directory {}: {e}", dir.display()))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| format!("audit log {}: {e}", path.display()))?;
+        let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| format!("audit log {}: another running instance writes it ({e}); give each instance its own --audit-log", path.display()))?;
+        let (seq, prev) = last_link(&file, path)?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        room(&file, len, 2 * RECORD_MAX as u64)
+            .map_err(|e| format!("audit log {}: no room for records ({e})", path.display()))?;
+        let mut key = [0u8; 16];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+            .map_err(|e| format!("/dev/urandom (the audit log's digest key): {e}"))?;
+        let st = State {
+            file,
+            seq,
+            prev,
+            len,
+            health: Health::Ok,
+            inflight: 0,
+            refused: 0,
+            unrecorded: 0,
+            sealed: false,
+        };
+        Ok(Audit {
+            path: path.to_path_buf(),
+            key,
+            budget,
+            limit: len + budget,
+            state: Mutex::new(st),
+            recent: Mutex::new(Window {
+                records: Default::default(),
+                bytes: 0,
+            }),
+        })
+    }
+
+    /// The log's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Room for one tool call's record, or why there is none: the call must
+    /// then be refused (it is counted, and the seal reports the count).
+    pub fn admit(&self) -> Result<Admission<'_>, String> {
+        let mut st = self.lock();
+        if matches!(st.health, Health::Failing(_)) {
+            self.recover(&mut st);
+        }
+        if st.health == Health::Ok && !st.sealed {
+            // This call's record, every other admitted one's, and the seal's.
+            let need = (st.inflight + 2) * RECORD_MAX as u64;
+            if st.len + need > self.limit {
+                self.set(&mut st, Health::Full);
+            } else if let Err(e) = room(&st.file, st.len, need) {
+                self.set(&mut st, Health::Failing(e));
+            }
+        }
+        if st.health != Health::Ok || st.sealed {
+            st.refused += 1;
+            return Err(self.why(&st));
+        }
+        st.inflight += 1;
+        Ok(Admission(self))
+    }
+
+    fn why(&self, st: &State) -> String {
+        match &st.health {
+            Health::Full => format!("the audit log reached this instance's budget ({} bytes: the profile's [mcp] audit_max_bytes); sandmux refuses calls rather than run them unaudited. A human can end this instance and start a new one", self.budget),
+            Health::Failing(e) => format!("the audit log cannot be written ({e}); sandmux refuses calls rather than run them unaudited, until it can be written again (the human sees this in `sandmux ps`)"),
+            Health::Ok => "the instance is ending".into(),
+        }
+    }
+
+    /// A change of health, said on stderr when it turns bad.
+    fn set(&self, st: &mut State, h: Health) {
+        if st.health == h {
+            return;
+        }
+        let was_ok = st.health == Health::Ok;
+        st.health = h;
+        if was_ok {
+            eprintln!("sandmux: {} ({})", self.why(st), self.path.display());
+        }
+    }
+
+    /// Back to writing once the room is there again: a torn tail from the
+    /// failed write is cut off, and a record says how many calls were refused.
+    fn recover(&self, st: &mut State) {
+        let need = (st.inflight + 3) * RECORD_MAX as u64;
+        if st.len + need > self.limit
+            || room(&st.file, st.len, need).is_err()
+            || st.file.set_len(st.len).is_err()
+        {
+            return;
+        }
+        st.health = Health::Ok;
+        let args = json!({"refused_calls": st.refused, "unrecorded": st.unrecorded});
+        self.append(st, "(audit-resumed)", "audit_resumed", args, Kind::Other);
+        eprintln!(
+            "sandmux: the audit log can be written again ({})",
+            self.path.display()
+        );
+    }
+}
+
+/// Room `append` leaves for the `"hash"` field and the newline.
+const HASH_FIELD: usize = 80;
+
+impl Audit {
+    /// Records what was not admitted (a refusal, a malformed line) or an
+    /// event: written if there is room beyond what admitted calls and the
+    /// seal hold, else counted (`status`, the seal). Whether it was written.
+    pub fn record(&self, e: Entry<'_>) -> bool {
+        self.write(e, Kind::Other)
+    }
+
+    fn write(&self, e: Entry<'_>, kind: Kind) -> bool {
+        let args = if e.outcome == "malformed" {
+            json!({"digest": redact::digest(&self.key, e.args)})
+        } else {
+            redact::redact(&self.key, e.args)
+        };
+        let rec = json!({
+            "tool": redact::cut_str(e.tool),
+            "toolset": e.toolset,
+            "outcome": e.outcome,
+            "error_type": e.error_type,
+            "duration_ms": e.duration_ms,
+            "request_id": redact::cut_str(&e.request_id),
+            "client_id": e.client_id.as_deref().map(redact::cut_str),
+            "args": args,
+        });
+        let mut st = self.lock();
+        self.append_fields(&mut st, rec, e.args, kind)
+    }
+
+    /// An event of sandmux's own (`tool` in parentheses).
+    fn append(&self, st: &mut State, tool: &str, what: &str, args: Value, kind: Kind) -> bool {
+        let rec = json!({"tool": tool, "toolset": null, "outcome": "event", "error_type": what, "duration_ms": 0, "request_id": "", "client_id": null, "args": args});
+        self.append_fields(st, rec, &Value::Null, kind)
+    }
+
+    fn append_fields(&self, st: &mut State, mut rec: Value, raw: &Value, kind: Kind) -> bool {
+        let writable = st.health == Health::Ok || (kind == Kind::Seal && st.health == Health::Full);
+        if !writable || st.sealed {
+            st.unrecorded += 1;
+            return false;
+        }
+        rec["seq"] = json!(st.seq + 1);
+        rec["ts"] = json!(now_rfc3339());
+        rec["prev"] = json!(st.prev);
+        let body = self.bounded(&mut rec, raw);
+        let hash = hash_line(&st.prev, &body);
+        let mut line = body;
+        line.pop();
+        line.push_str(&format!(",\"hash\":\"{hash}\"}}\n"));
+        if kind == Kind::Other && !self.fits_beside_admitted(st, line.len() as u64) {
+            st.unrecorded += 1;
+            return false;
+        }
+        if let Err(e) = st.file.write_all(line.as_bytes()) {
+            self.set(st, Health::Failing(e.to_string()));
+            st.unrecorded += 1;
+            return false;
+        }
+        st.len += line.len() as u64;
+        st.seq += 1;
+        st.prev = hash.clone();
+        rec["hash"] = json!(hash);
+        self.remember(rec, line.len());
+        true
+    }
+
+    /// The record's text, at most [`RECORD_MAX`] with its hash: arguments
+    /// that do not fit become their size and digest; if even that is too
+    /// much (strings of controls grow sixfold as JSON), the names shrink.
+    fn bounded(&self, rec: &mut Value, raw: &Value) -> String {
+        let mut body = crate::term::json_text(rec);
+        if body.len() + HASH_FIELD > RECORD_MAX {
+            rec["args"] = json!({"cut": redact::digest(&self.key, raw)});
+            body = crate::term::json_text(rec);
+        }
+        if body.len() + HASH_FIELD > RECORD_MAX {
+            for k in ["tool", "request_id", "client_id"] {
+                if let Some(s) = rec[k].as_str() {
+                    rec[k] = json!(redact::cut_to(s, 128));
+                }
+            }
+            body = crate::term::json_text(rec);
+        }
+        body
+    }
+
+    /// Whether a record that was not admitted fits beside the room admitted
+    /// calls and the seal hold (in the budget and on disk).
+    fn fits_beside_admitted(&self, st: &mut State, n: u64) -> bool {
+        let need = (st.inflight + 1) * RECORD_MAX as u64 + n;
+        if st.len + need > self.limit {
+            return false;
+        }
+        match room(&st.file, st.len, need) {
+            Ok(()) => true,
+            Err(e) => {
+                self.set(st, Health::Failing(e));
+                false
+            }
+        }
+    }
+
+    fn remember(&self, rec: Value, n: usize) {
+        let mut w = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        w.records.push_back((rec, n));
+        w.bytes += n;
+        while w.bytes > WINDOW_MAX {
+            match w.records.pop_front() {
+                Some((_, m)) => w.bytes -= m,
+                None => break,
+            }
+        }
+    }
+
+    /// Writes the final record of a clean stop: how many calls were refused
+    /// and records could not be written, and the exit status. `verify`
+    /// reports a log whose last record is not a seal.
+    pub fn seal(&self, exit_status: i32) {
+        let mut st = self.lock();
+        if st.sealed {
+            return;
+        }
+        if matches!(st.health, Health::Failing(_)) {
+            self.recover(&mut st);
+        }
+        let args = json!({"records": st.seq, "refused_calls": st.refused, "unrecorded": st.unrecorded, "budget_reached": st.health == Health::Full, "exit_status": exit_status});
+        let ok = self.append(&mut st, SEAL, "sealed", args, Kind::Seal);
+        st.sealed = true;
+        if !ok {
+            eprintln!("sandmux: the audit log {} could not be sealed; `sandmux audit verify` reports it as not sealed", self.path.display());
+        }
+    }
+
+    /// The log's state for `ps`, the operator endpoint and `sandbox_status`.
+    pub fn status(&self) -> Value {
+        let st = self.lock();
+        let state = match (&st.health, st.sealed) {
+            (Health::Ok, false) => "ok",
+            (Health::Ok, true) => "sealed",
+            (Health::Full, _) => "full",
+            (Health::Failing(_), _) => "failing",
+        };
+        let reason = (st.health != Health::Ok).then(|| self.why(&st));
+        json!({"path": self.path, "state": state, "reason": reason, "bytes": st.len, "budget": self.budget, "refused_calls": st.refused, "unrecorded": st.unrecorded})
+    }
+
+    /// The last `n` records (for the journal resource).
+    pub fn recent(&self, n: usize) -> Vec<Value> {
+        let w = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let skip = w.records.len().saturating_sub(n);
+        w.records
+            .iter()
+            .skip(skip)
+            .map(|(v, _)| v.clone())
+            .collect()
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry<'a>(tool: &'a str, args: &'a Value) -> Entry<'a> {
+        Entry {
+            tool,
+            toolset: Some("execute"),
+            outcome: "ok",
+            error_type: None,
+            duration_ms: 1,
+            request_id: "1".into(),
+            client_id: None,
+            args,
+        }
+    }
+
+    fn call(a: &Audit, tool: &str, args: &Value) -> Result<(), String> {
+        a.admit().map(|t| t.record(entry(tool, args)))
+    }
+
+    #[test]
+    fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.jsonl");
+        let a = Audit::open(&p, 1 << 20).unwrap();
+        for i in 0..4 {
+            call(
+                &a,
+                "send_keys",
+                &json!({"text": format!("secret-{i}"), "pane_id": "%1"}),
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            verify(&p).unwrap(),
+            Verified {
+                records: 4,
+                sealed: false
+            }
+        );
+        a.seal(0);
+        assert_eq!(
+            verify(&p).unwrap(),
+            Verified {
+                records: 5,
+                sealed: true
+            }
+        );
+        // One writer at a time.
+        let e = Audit::open(&p, 1 << 20).err().unwrap();
+        assert!(e.contains("another running instance"), "{e}");
+        drop(a);
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(!text.contains("secret-"), "secret in the log: {text}");
+        let lines: Vec<&str> = text.lines().collect();
+        std::fs::write(&p, text.replace("%1", "%2")).unwrap();
+        assert!(verify(&p).unwrap_err().contains("edited"));
+        std::fs::write(&p, format!("{}\n{}\n{}\n", lines[0], lines[2], lines[3])).unwrap();
+        assert!(verify(&p).is_err());
+        let swapped = format!("{}\n{}\n{}\n{}\n", lines[0], lines[2], lines[1], lines[3]);
+        std::fs::write(&p, swapped).unwrap();
+        assert!(verify(&p).is_err());
+        // A removed tail: intact, but not sealed.
+        std::fs::write(&p, format!("{}\n", lines[..4].join("\n"))).unwrap();
+        assert!(!verify(&p).unwrap().sealed);
+        // A torn last line is named, and not continued.
+        std::fs::write(
+            &p,
+            format!("{}\n{}", lines[..3].join("\n"), &lines[3][..40]),
+        )
+        .unwrap();
+        let e = verify(&p).unwrap_err();
+        assert!(
+            e.starts_with("line 4: torn") && e.contains("3 records before it"),
+            "{e}"
+        );
+        let e = Audit::open(&p, 1 << 20).err().unwrap();
+        assert!(e.contains("torn"), "{e}");
+        // Reopening continues the chain.
+        std::fs::write(&p, format!("{}\n", lines.join("\n"))).unwrap();
+        let b = Audit::open(&p, 1 << 20).unwrap();
+        call(&b, "list_panes", &json!({})).unwrap();
+        assert_eq!(verify(&p).unwrap().records, 6);
+    }
+
+    #[test]
+    fn every_record_and_the_window_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("b.jsonl");
+        let a = Audit::open(&p, 1 << 30).unwrap();
+        let huge = "\u{1b}".repeat(10_000);
+        let args =
+            json!({"pattern": huge, "many": (0..2000).map(|i| i.to_string()).collect::<Vec<_>>()});
+        for _ in 0..200 {
+            let t = a.admit().unwrap();
+            t.record(Entry {
+                request_id: huge.clone(),
+                client_id: Some(huge.clone()),
+                ..entry(&huge, &args)
+            });
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.lines().all(|l| l.len() < RECORD_MAX),
+            "a record over the cap"
+        );
+        assert!(text.len() < 200 * RECORD_MAX);
+        let window: usize = a.recent(1000).iter().map(|r| r.to_string().len()).sum();
+        assert!(window <= WINDOW_MAX + RECORD_MAX, "{window}");
+        assert_eq!(verify(&p).unwrap().records, 200);
+    }
+
+    #[test]
+    fn the_budget_refuses_calls_and_keeps_room_for_the_seal() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.jsonl");
+        let a = Audit::open(&p, 64 * 1024).unwrap();
+        let big = json!({"pattern": "x".repeat(900)});
+        let mut ran = 0;
+        while call(&a, "capture_pane", &big).is_ok() {
+            ran += 1;
+            assert!(ran < 1000, "the budget never refused");
+        }
+        let e = call(&a, "capture_pane", &big).unwrap_err();
+        assert!(e.contains("budget") && e.contains("audit_max_bytes"), "{e}");
+        assert_eq!(a.status()["state"], "full");
+        assert_eq!(a.status()["refused_calls"], 2);
+        // Events that do not fit are counted, not written.
+        assert!(!a.record(entry("(event)", &big)));
+        a.seal(0);
+        let v = verify(&p).unwrap();
+        assert!(v.sealed && v.records == ran + 1, "{v:?}");
+        assert!(std::fs::metadata(&p).unwrap().len() <= 64 * 1024);
+        let last = std::fs::read_to_string(&p).unwrap();
+        let seal: Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+        assert_eq!(seal["args"]["refused_calls"], 2);
+        assert_eq!(seal["args"]["unrecorded"], 1);
+        assert_eq!(seal["args"]["budget_reached"], true);
+    }
+}

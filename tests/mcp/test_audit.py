@@ -1,0 +1,249 @@
+"""The audit log on the host (P7), attacked from the agent's side: strings it
+chooses cannot amplify into the log or the supervisor's memory, a disk it
+fills cannot make a call run unaudited, the budget refuses instead of
+dropping, a clean stop seals the log, and the human is told."""
+
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import BIN, runtime_dir_of
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _env():
+    return {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+
+
+class Raw:
+    """`sandmux serve` over raw JSON-RPC lines: the handshake's fields and the
+    request ids are ours to choose, as a hostile client's would be."""
+
+    def __init__(self, work, log, *extra, client_name="raw"):
+        self.err = tempfile.TemporaryFile()
+        self.p = subprocess.Popen(
+            [BIN, "serve", "-w", str(work), "--audit-log", str(log), *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, env=_env(),
+        )
+        self.n = 0
+        self.rpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                "clientInfo": {"name": client_name, "version": "1"}})
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, msg):
+        self.p.stdin.write((json.dumps(msg) + "\n").encode())
+        self.p.stdin.flush()
+
+    def rpc(self, method, params, rid=None):
+        self.n += 1
+        rid = self.n if rid is None else rid
+        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        while True:
+            line = self.p.stdout.readline()
+            assert line, "serve ended: " + self.stderr()
+            m = json.loads(line)
+            if m.get("id") == rid:
+                return m
+
+    def tool(self, name, args=None):
+        """(ran, text): whether the call ran, and its text."""
+        r = self.rpc("tools/call", {"name": name, "arguments": args or {}})["result"]
+        text = r["content"][0]["text"]
+        return not (r.get("isError") and "audit log" in text and text.startswith("refused")), text
+
+    def iid(self):
+        return runtime_dir_of(self.p.pid).name
+
+    def rss_kib(self):
+        for l in pathlib.Path(f"/proc/{self.p.pid}/status").read_text().splitlines():
+            if l.startswith("VmRSS:"):
+                return int(l.split()[1])
+
+    def stop(self):
+        self.p.stdin.close()
+        rc = self.p.wait(timeout=30)
+        return rc
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+
+def sm(*args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30, env=_env())
+
+
+def records(log):
+    return [json.loads(l) for l in log.read_text().splitlines()]
+
+
+def test_agent_strings_do_not_amplify_into_the_log_or_memory(ws):
+    work, host = ws
+    log = host / "audit.jsonl"
+    name = "N" * (2 << 20)  # a 2 MiB client name, sent once in the handshake
+    s = Raw(work, log, client_name=name)
+    try:
+        s.tool("list_panes")
+        rss0 = s.rss_kib()
+        for i in range(40):
+            s.rpc("tools/call", {"name": "list_panes", "arguments": {"x" * 3000: "y" * 20000}}, rid="R" * 100_000 + str(i))
+        grown = s.rss_kib() - rss0
+    finally:
+        assert s.stop() == 0
+    recs = records(log)
+    big = [r for r in recs if r.get("client_id")]
+    # The attack reached the log whole: the client name arrived (cut, with its length).
+    assert big and all(r["client_id"].endswith(f"[cut, {len(name)} bytes]") for r in big), big[0]["client_id"][-40:]
+    assert max(len(l) for l in log.read_text().splitlines()) <= 8192
+    assert log.stat().st_size < 45 * 8192, log.stat().st_size
+    # Without caps each record held 2.1 MiB (the window kept 200 of them).
+    assert grown < 16 * 1024, f"supervisor RSS grew {grown} KiB"
+    assert sm("audit", "verify", str(log)).returncode == 0
+
+
+def test_budget_refuses_calls_and_the_seal_counts_them(ws, tmp_path):
+    work, host = ws
+    log = host / "audit.jsonl"
+    prof = tmp_path / "small-log.toml"
+    text = sm("profile", "show", "default").stdout
+    assert 'audit_max_bytes = "256MiB"' in text
+    prof.write_text(text.replace('audit_max_bytes = "256MiB"', 'audit_max_bytes = "64KiB"'))
+    s = Raw(work, log, "--profile", str(prof))
+    ran = 0
+    try:
+        while True:
+            ok, msg = s.tool("sandbox_status")
+            if not ok:
+                break
+            ran += 1
+            assert ran < 2000, "the budget never refused"
+        assert "budget" in msg and "audit_max_bytes" in msg, msg
+        for _ in range(3):
+            assert not s.tool("run_command", {"command": "touch ran-unaudited"})[0]
+        assert not (work / "ran-unaudited").exists()
+        ps = json.loads(sm("ps", "--json").stdout)
+        me = next(r for r in ps if r["id"] == s.iid())
+        assert me["audit"]["state"] == "full" and me["audit"]["refused_calls"] == 4, me["audit"]
+        j = sm("journal", s.iid())
+        assert "audit log full" in j.stderr and "4 calls refused" in j.stderr, j.stderr
+    finally:
+        assert s.stop() == 0
+    assert log.stat().st_size <= 64 * 1024
+    assert s.stderr().count("reached this instance's budget") == 1, s.stderr()
+    v = sm("audit", "verify", str(log))
+    assert v.returncode == 0 and "sealed" in v.stdout, v
+    seal = records(log)[-1]
+    assert seal["tool"] == "(sealed)" and seal["args"]["refused_calls"] == 4 and seal["args"]["budget_reached"], seal
+    assert sum(1 for r in records(log) if r["tool"] == "sandbox_status") == ran
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system for the audit log needs root; the budget test covers the refusal unprivileged")
+def test_a_disk_the_agent_fills_cannot_make_a_call_run_unaudited():
+    with tempfile.TemporaryDirectory(prefix="sandmux-full-") as d:
+        d = pathlib.Path(d)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], check=True)
+        try:
+            _fill_and_recover(d)
+        finally:
+            subprocess.run(["umount", "-l", str(d)])
+
+
+def _fill_and_recover(d):
+    work, logdir = d / "ws", d / "host"
+    work.mkdir(), logdir.mkdir()
+    log = logdir / "audit.jsonl"
+    s = Raw(work, log)
+    try:
+        assert s.tool("run_command", {"command": "echo warm"})[0]
+        # The agent fills the file system the log is on.
+        ok, _ = s.tool("run_command", {"command": "for i in $(seq 64); do head -c 1048576 /dev/zero > fill$i 2>/dev/null || break; done; head -c 65536 /dev/zero > last 2>/dev/null; echo filled"})
+        assert ok
+        # Positive control: the host cannot write there either.
+        with pytest.raises(OSError):
+            with open(logdir / "probe", "wb") as f:
+                f.write(b"x" * 65536)
+                f.flush(), os.fsync(f.fileno())
+        # Calls run while the room kept for their records lasts, then are refused.
+        outcomes = []
+        for i in range(200):
+            outcomes.append(s.tool("run_command", {"command": f"touch after{i}"}))
+            if not outcomes[-1][0] and len(outcomes) > 3 and not outcomes[-3][0]:
+                break
+        refused = [t for ok, t in outcomes if not ok]
+        assert refused and "cannot be written" in refused[0], outcomes[-1]
+        ps = json.loads(sm("ps", "--json").stdout)
+        me = next(r for r in ps if r["id"] == s.iid())
+        assert me["audit"]["state"] == "failing", me["audit"]
+        # Space comes back: calls run again, and a record says what was refused.
+        for f in work.glob("fill*"):
+            f.unlink()
+        (logdir / "probe").unlink(missing_ok=True)
+        assert s.tool("run_command", {"command": "echo back"})[0]
+    finally:
+        assert s.stop() == 0
+    recs = records(log)
+    ran = [r for r in recs if r["tool"] == "run_command"]
+    # Every call that ran has its record: the one that filled the disk included.
+    assert len(ran) == 2 + (len(outcomes) - len(refused)) + 1, (len(ran), len(outcomes))
+    made = {p.name for p in work.glob("after*")}
+    assert len(made) == len(outcomes) - len(refused), (made, outcomes)
+    resumed = [r for r in recs if r["tool"] == "(audit-resumed)"]
+    assert resumed and resumed[0]["args"]["refused_calls"] == len(refused), resumed
+    assert s.stderr().count("cannot be written") == 1, s.stderr()
+    assert recs[-1]["tool"] == "(sealed)"
+    assert sm("audit", "verify", str(log)).returncode == 0
+
+
+def test_retention_removes_only_finished_old_logs(ws, tmp_path):
+    work, host = ws
+    state, config = tmp_path / "state", tmp_path / "config"
+    logs = state / "sandmux" / "audit"
+    logs.mkdir(parents=True)
+    (config / "sandmux").mkdir(parents=True)
+    env = dict(_env(), XDG_STATE_HOME=str(state), XDG_CONFIG_HOME=str(config))
+    old = time.time() - 3 * 86400
+    # A live instance whose log is old (it has been idle): kept.
+    live = subprocess.Popen([BIN, "serve", "-w", str(work)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    try:
+        for _ in range(200):
+            if list(logs.glob("*.jsonl")):
+                break
+            time.sleep(0.05)
+        live_log = next(logs.glob("*.jsonl"))
+        os.utime(live_log, (old, old))
+        finished = logs / "100-aaaaaaaaaaaa.jsonl"
+        recent = logs / "200-bbbbbbbbbbbb.jsonl"
+        other = logs / "notes.jsonl"
+        for f in (finished, recent, other):
+            f.write_text("{}\n")
+        outside = tmp_path / "precious"
+        outside.write_text("keep")
+        link = logs / "300-cccccccccccc.jsonl"
+        link.symlink_to(outside)
+        for f in (finished, other, outside):
+            os.utime(f, (old, old))
+        os.utime(link, (old, old), follow_symlinks=False)
+        # A bad configuration refuses to start, naming the file and the key.
+        (config / "sandmux" / "config.toml").write_text("[audit]\nkeep_day = 1\n")
+        r = subprocess.run([BIN, "serve", "-w", str(work)], stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=30)
+        assert r.returncode == 2 and "config.toml" in r.stderr and "keep_day" in r.stderr, r.stderr
+        assert finished.exists()
+        (config / "sandmux" / "config.toml").write_text("[audit]\nkeep_days = 1\n")
+        r = subprocess.run([BIN, "serve", "-w", str(work)], input="", capture_output=True, text=True, env=env, timeout=30)
+        assert "retention" not in r.stderr, r.stderr
+    finally:
+        live.stdin.close()
+        live.wait(timeout=30)
+    assert not finished.exists()
+    assert recent.exists() and other.exists() and live_log.exists()
+    assert link.is_symlink() and outside.read_text() == "keep"
+    newest = max(logs.glob("*.jsonl"), key=lambda p: p.stat().st_mtime if not p.is_symlink() else 0)
+    recs = [r for p in logs.glob("*.jsonl") if not p.is_symlink() and p.stat().st_size > 3 for r in records(p)]
+    ret = [r for r in recs if r["tool"] == "(audit-retention)"]
+    assert len(ret) == 1 and ret[0]["args"]["removed_logs"] == 1, (ret, newest)
