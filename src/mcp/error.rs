@@ -27,6 +27,15 @@ pub enum ToolError {
     /// sandmux's policy refuses this (P3, P4).
     #[error("refused: {0}")]
     Refused(String),
+    /// A profile limit (`[limits] max_sessions`, `max_panes`) is reached;
+    /// nothing was created.
+    #[error("limit reached: {message} (hint: {hint})")]
+    Limit {
+        /// Which limit, its value, and what exists.
+        message: String,
+        /// What to do instead.
+        hint: String,
+    },
     /// tmux failed the command.
     #[error("{0}")]
     Tmux(#[from] TmuxError),
@@ -71,6 +80,7 @@ impl ToolError {
             ToolError::Invalid { .. } => "invalid_argument",
             ToolError::NotFound { .. } => "not_found",
             ToolError::Refused(_) => "refused",
+            ToolError::Limit { .. } => "limit_reached",
             ToolError::Tmux(TmuxError::Timeout(_)) => "timeout",
             ToolError::Tmux(TmuxError::Closed(_)) => "server_gone",
             ToolError::Tmux(_) => "tmux_error",
@@ -82,7 +92,7 @@ impl ToolError {
     pub fn outcome(&self) -> &'static str {
         match self {
             ToolError::Invalid { .. } => "malformed",
-            ToolError::Refused(_) | ToolError::Drift(_) => "refused",
+            ToolError::Refused(_) | ToolError::Drift(_) | ToolError::Limit { .. } => "refused",
             _ => "error",
         }
     }
