@@ -90,6 +90,11 @@ fn invalid_profiles_name_file_line_key_and_start_nothing() {
             &["line 4", "sandbox.uid"],
         ),
         (
+            "sessions.toml",
+            "version = 1\ndescription = \"x\"\n[limits]\nmax_sessions = 0\n",
+            &["line 4", "limits.max_sessions", "outside 1-256"],
+        ),
+        (
             "env.toml",
             "version = 1\ndescription = \"x\"\n[environment]\nkeep = [\"LD_PRELOAD\"]\n",
             &["line 4", "environment.keep", "LD_PRELOAD"],

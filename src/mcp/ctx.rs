@@ -60,6 +60,9 @@ pub struct State {
     pub commands: super::tools::commands::Commands,
     /// The workspace guard's reverts (counted in the status, audited).
     pub reverts: Option<Arc<super::reverts::Reverts>>,
+    /// Held by every tool that makes a session or pane, from counting to
+    /// creating (see `mcp::bounds`).
+    pub creating: tokio::sync::Mutex<()>,
 }
 
 impl State {

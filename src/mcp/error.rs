@@ -30,6 +30,15 @@ pub enum ToolError {
     /// The call's audit record could not be written, so it did not run (P7).
     #[error("refused: {0}")]
     Unaudited(String),
+    /// A profile limit (`[limits] max_sessions`, `max_panes`) is reached;
+    /// nothing was created.
+    #[error("limit reached: {message} (hint: {hint})")]
+    Limit {
+        /// Which limit, its value, and what exists.
+        message: String,
+        /// What to do instead.
+        hint: String,
+    },
     /// tmux failed the command.
     #[error("{0}")]
     Tmux(#[from] TmuxError),
@@ -75,6 +84,7 @@ impl ToolError {
             ToolError::NotFound { .. } => "not_found",
             ToolError::Refused(_) => "refused",
             ToolError::Unaudited(_) => "audit_unavailable",
+            ToolError::Limit { .. } => "limit_reached",
             ToolError::Tmux(TmuxError::Timeout(_)) => "timeout",
             ToolError::Tmux(TmuxError::Closed(_)) => "server_gone",
             ToolError::Tmux(_) => "tmux_error",
@@ -86,7 +96,10 @@ impl ToolError {
     pub fn outcome(&self) -> &'static str {
         match self {
             ToolError::Invalid { .. } => "malformed",
-            ToolError::Refused(_) | ToolError::Unaudited(_) | ToolError::Drift(_) => "refused",
+            ToolError::Refused(_)
+            | ToolError::Unaudited(_)
+            | ToolError::Drift(_)
+            | ToolError::Limit { .. } => "refused",
             _ => "error",
         }
     }

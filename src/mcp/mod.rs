@@ -10,6 +10,7 @@
 //! server's death all end in the same teardown.
 
 pub mod audit;
+pub(crate) mod bounds;
 pub mod catalog;
 pub mod choices;
 pub mod ctx;
@@ -343,7 +344,8 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
     let cell = inst.clone();
     let code = rt.block_on(async move {
-        let hub = match Hub::connect(&tmux, &socket, &control_id).await {
+        let watchers = policy.limits.max_sessions as usize;
+        let hub = match Hub::connect(&tmux, &socket, &control_id, watchers).await {
             Ok(h) => h,
             Err(e) => {
                 eprintln!("sandmux: {e}");
@@ -367,6 +369,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             started: Instant::now(),
             reverts: reverts.clone(),
             commands: Default::default(),
+            creating: Default::default(),
         });
         if let Err(e) = state.drift.record(&hub).await {
             eprintln!("sandmux: {e}");
@@ -526,7 +529,8 @@ async fn restart(
             info_of(i, state.info().tmux_version),
         )
     };
-    let hub = Hub::connect(&tmux, &socket, &control_id).await?;
+    let watchers = state.policy.limits.max_sessions as usize;
+    let hub = Hub::connect(&tmux, &socket, &control_id, watchers).await?;
     state.drift.record(&hub).await.map_err(|e| e.to_string())?;
     if let (Some(w), Some(cg)) = (oom, info.cgroup.clone()) {
         w.replace(cg);

@@ -562,6 +562,47 @@ mod tests {
     }
 
     #[test]
+    fn session_and_pane_limits_are_bounded() {
+        let with = |body: &str| format!("version = 1\ndescription = \"x\"\n[limits]\n{body}\n");
+        for (body, key, reason) in [
+            ("max_sessions = 0", "limits.max_sessions", "outside 1-256"),
+            ("max_sessions = 257", "limits.max_sessions", "outside 1-256"),
+            ("max_panes = 0", "limits.max_panes", "outside 1-4096"),
+            ("max_panes = 5000", "limits.max_panes", "outside 1-4096"),
+            (
+                "max_sessions = 8\nmax_panes = 4",
+                "limits.max_panes",
+                "below max_sessions",
+            ),
+        ] {
+            let err = parse("p.toml", &with(body)).unwrap_err().to_string();
+            assert!(
+                err.contains("p.toml") && err.contains(key) && err.contains(reason),
+                "{body}: {err}"
+            );
+        }
+        let err = parse("p.toml", &with("max_sessions = -1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 4") && err.contains("max_sessions"),
+            "{err}"
+        );
+        let p = parse("p.toml", &with("max_sessions = 3\nmax_panes = 5")).unwrap();
+        assert_eq!((p.limits.max_sessions, p.limits.max_panes), (3, 5));
+        let d = parse("p.toml", &with("")).unwrap();
+        assert_eq!((d.limits.max_sessions, d.limits.max_panes), (16, 128));
+        for (name, text) in BUILTINS {
+            let b = parse(name, text).unwrap();
+            assert_eq!(
+                (b.limits.max_sessions, b.limits.max_panes),
+                (16, 128),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn unknown_layer_and_toolset_rejected() {
         let err = parse(
             "p.toml",

@@ -137,7 +137,19 @@ pub struct Limits {
     /// Size of each tmpfs the sandbox mounts.
     #[serde(default = "d_tmpfs")]
     pub tmpfs_size: Size,
+    /// Sessions the agent may have at once (besides sandmux's own control
+    /// session); each costs one tmux client on the host.
+    #[serde(default = "d_max_sessions")]
+    pub max_sessions: u32,
+    /// Panes the agent may have at once, across all its sessions.
+    #[serde(default = "d_max_panes")]
+    pub max_panes: u32,
 }
+
+/// Highest `max_sessions` a profile may set (each session is a host process).
+pub const MAX_SESSIONS_CEILING: u32 = 256;
+/// Highest `max_panes` a profile may set (each pane has a ring in the supervisor).
+pub const MAX_PANES_CEILING: u32 = 4096;
 
 fn d_nofile() -> u64 {
     4096
@@ -154,6 +166,12 @@ fn d_file_size() -> Size {
 fn d_tmpfs() -> Size {
     Size(1 << 30)
 }
+fn d_max_sessions() -> u32 {
+    16
+}
+fn d_max_panes() -> u32 {
+    128
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -164,6 +182,8 @@ impl Default for Limits {
             file_size: d_file_size(),
             core: 0,
             tmpfs_size: d_tmpfs(),
+            max_sessions: d_max_sessions(),
+            max_panes: d_max_panes(),
         }
     }
 }
@@ -420,6 +440,30 @@ impl Profile {
         }
         if l.tmpfs_size.0 < (1 << 20) {
             return bad("limits.tmpfs_size", "must be at least 1MiB".into());
+        }
+        if !(1..=MAX_SESSIONS_CEILING).contains(&l.max_sessions) {
+            return bad(
+                "limits.max_sessions",
+                format!(
+                    "{} is outside 1-{MAX_SESSIONS_CEILING} (each session costs a tmux client on the host)",
+                    l.max_sessions
+                ),
+            );
+        }
+        if !(1..=MAX_PANES_CEILING).contains(&l.max_panes) {
+            return bad(
+                "limits.max_panes",
+                format!("{} is outside 1-{MAX_PANES_CEILING}", l.max_panes),
+            );
+        }
+        if l.max_panes < l.max_sessions {
+            return bad(
+                "limits.max_panes",
+                format!(
+                    "{} is below max_sessions ({}): every session has at least one pane",
+                    l.max_panes, l.max_sessions
+                ),
+            );
         }
         let n = &self.network;
         if n.mode != NetMode::Host && (!n.connect_tcp.is_empty() || !n.bind_tcp.is_empty()) {

@@ -209,6 +209,9 @@ pub struct Hub {
     quiet: tokio::sync::RwLock<()>,
     /// One watcher sync at a time.
     syncing: tokio::sync::Mutex<()>,
+    /// Most watchers at once (the profile's `max_sessions`): the host never
+    /// runs more than `1 + max_watchers` tmux clients for this instance.
+    max_watchers: usize,
     streams: Arc<Streams>,
     /// Hub-wide events.
     pub events: broadcast::Sender<HubEvent>,
@@ -217,11 +220,13 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Connects to the server at `socket`, whose control session already exists.
+    /// Connects to the server at `socket`, whose control session already
+    /// exists; at most `max_watchers` sessions get a watcher.
     pub async fn connect(
         tmux: &Path,
         socket: &Path,
         control_session_id: &str,
+        max_watchers: usize,
     ) -> Result<Arc<Hub>, String> {
         let (events, _) = broadcast::channel(64);
         let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel();
@@ -258,6 +263,7 @@ impl Hub {
             watchers: Mutex::new(HashMap::new()),
             quiet: tokio::sync::RwLock::new(()),
             syncing: tokio::sync::Mutex::new(()),
+            max_watchers,
             streams,
             events,
             control_session_id,
@@ -396,6 +402,9 @@ impl Hub {
 
     /// Attaches a watcher to every session that has none; drops those of
     /// sessions that are gone. One sync at a time; every attach in quiet.
+    /// Sessions beyond `max_watchers` (only a human's host-side client can
+    /// make them: tools refuse at the limit) get none, so the host's tmux
+    /// clients stay at most `1 + max_watchers`; their output is not followed.
     pub async fn sync_watchers(&self) -> Result<(), String> {
         let _one = self.syncing.lock().await;
         let rows = self
@@ -415,8 +424,9 @@ impl Hub {
                 .map(|(_, c)| c.clone())
                 .collect();
             w.retain(|id, c| ids.contains(id) && !c.is_closed());
-            let missing = ids.iter().filter(|id| !w.contains_key(*id)).cloned();
-            (gone, missing.collect())
+            let room = self.max_watchers.saturating_sub(w.len());
+            let missing = ids.iter().filter(|id| !w.contains_key(*id)).take(room);
+            (gone, missing.cloned().collect())
         };
         if !gone.is_empty() {
             // Letting a watcher go detaches a client: in quiet, too.
@@ -529,6 +539,12 @@ impl Hub {
             .values()
             .map(|s| s.ring.len())
             .sum()
+    }
+
+    /// tmux clients this hub runs on the host: the command client and the
+    /// watchers (at most `1 + max_watchers`).
+    pub fn host_clients(&self) -> usize {
+        1 + self.watcher_count()
     }
 
     /// Number of watcher clients.

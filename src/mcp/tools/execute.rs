@@ -6,6 +6,7 @@
 use super::commands;
 use super::inspect::{self, Scope};
 use super::manage::Done;
+use crate::mcp::bounds::{self, Adds};
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
 use crate::mcp::targets::{self, PaneRow, PaneSel};
@@ -176,6 +177,7 @@ pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, T
         .opt("-x", a.x.unwrap_or(200).clamp(10, 1000).to_string())
         .opt("-y", a.y.unwrap_or(50).clamp(5, 1000).to_string());
     cmd = env_args(c, cmd, &a.environment)?;
+    let _admitted = bounds::admit(c, Adds::Session).await?;
     let r = c.s.hub().run(&cmd).await?;
     let made = created(c, r).await?;
     fixed_size(c, &made.window_id).await?;
@@ -243,6 +245,7 @@ pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, Too
     cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
     cmd = env_args(c, cmd, &a.environment)?;
     cmd = shell_arg(c, cmd, &a.shell)?;
+    let _admitted = bounds::admit(c, Adds::Pane).await?;
     let r = c.s.hub().run(&cmd).await?;
     let made = created(c, r).await?;
     fixed_size(c, &made.window_id).await?;
@@ -301,6 +304,7 @@ pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolE
     cmd = cmd.opt("-c", start_dir(c, &a.start_directory)?);
     cmd = env_args(c, cmd, &a.environment)?;
     cmd = shell_arg(c, cmd, &a.shell)?;
+    let _admitted = bounds::admit(c, Adds::Pane).await?;
     let r = c.s.hub().run(&cmd).await?;
     created(c, r).await
 }

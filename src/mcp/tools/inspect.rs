@@ -1463,6 +1463,9 @@ pub struct Status {
     pub workspace_guard: crate::guard::View,
     /// What the agent can rely on, and what it cannot do here.
     pub limits: Limits,
+    /// Sessions, panes and host-side tmux clients now (null if tmux did not
+    /// answer).
+    pub in_use: Option<crate::mcp::bounds::InUse>,
 }
 
 /// The limits an agent meets, in one place.
@@ -1478,6 +1481,12 @@ pub struct Limits {
     pub max_input_bytes: u64,
     /// Output kept per pane by sandmux (older output is dropped; captures of the screen still work).
     pub output_ring_bytes: usize,
+    /// Sessions that may exist at once; creating one more is refused.
+    pub max_sessions: u32,
+    /// Panes that may exist at once, across all sessions.
+    pub max_panes: u32,
+    /// tmux clients the supervisor may run on the host (`1 + max_sessions`).
+    pub max_host_clients: u32,
     /// What is impossible here, by policy.
     pub impossible: Vec<String>,
 }
@@ -1512,6 +1521,10 @@ fn limits(p: &crate::profile::Policy) -> Limits {
     if !p.guard.names.is_empty() {
         impossible.push("leaving tool configuration host programs obey (.envrc, .vscode, …): it is read-only or reverted".into());
     }
+    impossible.push(format!(
+        "more than {} sessions or {} panes at once (creating one more is refused)",
+        p.limits.max_sessions, p.limits.max_panes
+    ));
     impossible.push(match p.network.mode {
         NetMode::None => "any network, DNS included".into(),
         NetMode::Loopback => "any network beyond loopback, DNS included".into(),
@@ -1523,6 +1536,9 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         wait_max_seconds: p.mcp.wait_max_seconds,
         max_input_bytes: p.mcp.max_input_bytes,
         output_ring_bytes: crate::tmux::hub::RING_BYTES,
+        max_sessions: p.limits.max_sessions,
+        max_panes: p.limits.max_panes,
+        max_host_clients: 1 + p.limits.max_sessions,
         impossible,
     }
 }
@@ -1558,6 +1574,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         buffered_output_bytes: c.s.hub().buffered_bytes(),
         oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),
         limits: limits(&c.s.policy),
+        in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
