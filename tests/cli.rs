@@ -235,6 +235,7 @@ fn check_observes_every_layer_from_inside() {
             "caps",
             "no-new-privs",
             "rlimits",
+            "keyring",
         ] {
             assert!(enforced(l), "{l} not enforced: {v:#}");
         }

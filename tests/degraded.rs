@@ -40,6 +40,12 @@ enum Env {
     /// `prctl(PR_SET_SECCOMP)` with EINVAL, as on a kernel without seccomp
     /// filtering: no further filter can be installed.
     NoSeccomp,
+    /// Under a seccomp filter that makes `keyctl` fail with EPERM, as
+    /// docker's and podman's default profiles do.
+    NoKeyring,
+    /// Under a seccomp filter that makes `close_range` fail with ENOSYS, as
+    /// on kernels before 5.11 and under older container profiles.
+    NoCloseRange,
 }
 
 const COVER_CGROUP: &str =
@@ -49,19 +55,24 @@ const NO_NESTED_USERNS: &str = "echo 0 > /proc/sys/user/max_user_namespaces && e
 /// A filter returning ENOSYS for `landlock_create_ruleset`, `landlock_add_rule`
 /// and `landlock_restrict_self`, allowing everything else.
 fn landlock_enosys_filter() -> seccompiler::BpfProgram {
+    errno_filter(
+        &[
+            libc::SYS_landlock_create_ruleset,
+            libc::SYS_landlock_add_rule,
+            libc::SYS_landlock_restrict_self,
+        ],
+        libc::ENOSYS,
+    )
+}
+
+/// A filter failing `syscalls` with `errno`, allowing everything else.
+fn errno_filter(syscalls: &[i64], errno: i32) -> seccompiler::BpfProgram {
     use seccompiler::{SeccompAction, SeccompFilter};
-    let rules = [
-        libc::SYS_landlock_create_ruleset,
-        libc::SYS_landlock_add_rule,
-        libc::SYS_landlock_restrict_self,
-    ]
-    .into_iter()
-    .map(|n| (n, vec![]))
-    .collect();
+    let rules = syscalls.iter().map(|n| (*n, vec![])).collect();
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
+        SeccompAction::Errno(errno as u32),
         std::env::consts::ARCH.try_into().expect("seccompiler arch"),
     )
     .expect("filter");
@@ -133,7 +144,9 @@ fn landlock_abi_here() -> i64 {
 fn wrap(env: Env, tmp: &Path, program: &OsStr, args: &[&str]) -> Command {
     let root = uid() == 0;
     let mut c = match env {
-        Env::Plain | Env::NoLandlock | Env::NoSeccomp => Command::new(program),
+        Env::Plain | Env::NoLandlock | Env::NoSeccomp | Env::NoKeyring | Env::NoCloseRange => {
+            Command::new(program)
+        }
         Env::NoUserns => {
             let mut c = Command::new("unshare");
             c.args(["--user", "--map-root-user", "sh", "-c", NO_NESTED_USERNS]);
@@ -164,6 +177,8 @@ fn wrap(env: Env, tmp: &Path, program: &OsStr, args: &[&str]) -> Command {
     let filter = match env {
         Env::NoLandlock => Some(landlock_enosys_filter()),
         Env::NoSeccomp => Some(no_seccomp_filter()),
+        Env::NoKeyring => Some(errno_filter(&[libc::SYS_keyctl], libc::EPERM)),
+        Env::NoCloseRange => Some(errno_filter(&[libc::SYS_close_range], libc::ENOSYS)),
         _ => None,
     };
     if let Some(prog) = filter {
@@ -737,4 +752,82 @@ fn no_seccomp_opt_in_starts_a_tmux_instance() {
     // The kernel section tries a filter rather than reading a flag.
     assert_eq!(base["kernel"]["seccomp"], true, "{base:#}");
     assert_eq!(v["kernel"]["seccomp"], false, "{v:#}");
+}
+
+/// A container runtime's profile refuses `keyctl`: the keyring layer is
+/// required by default (refused, named), and dropped and reported with the
+/// opt-in (the `container` built-in's).
+#[test]
+fn no_keyring_fails_closed_and_the_opt_in_reports_it() {
+    let (ws, dir, tmp) = scratch();
+    let opt = profile_with(
+        dir.path(),
+        "nokeyring",
+        "default",
+        &["cgroup", "keyring"],
+        None,
+    );
+    let c = Case {
+        env: Env::NoKeyring,
+        layer: Layer::Keyring,
+        required: "default",
+        opt_in: &opt,
+        baseline: &opt,
+        degraded: &["keyring"],
+    };
+    assert_case(&c, &ws, tmp.path());
+}
+
+/// `close_range` refused: every inherited descriptor is still closed at
+/// exec, one by one. The control: the same descriptor reaches a plain child.
+#[test]
+fn inherited_descriptors_close_where_close_range_is_refused() {
+    let (ws, _dir, tmp) = scratch();
+    let secret = tmp.path().join("host-secret");
+    std::fs::write(&secret, "s").unwrap();
+    let list = |program: &OsStr, args: &[&str]| {
+        let f = std::fs::File::open(&secret).unwrap();
+        let mut c = wrap(Env::NoCloseRange, tmp.path(), program, args);
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&f);
+        // SAFETY: dup2 onto fd 47 (without close-on-exec) between fork and exec.
+        unsafe {
+            c.pre_exec(move || match libc::dup2(raw, 47) {
+                47 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+        let o = c.output().expect("spawn");
+        drop(f);
+        o
+    };
+    let ls = ["-c", "ls /proc/self/fd"];
+    let plain = list(OsStr::new("sh"), &ls);
+    assert!(
+        text(&plain).split_whitespace().any(|f| f == "47"),
+        "control: {}",
+        text(&plain)
+    );
+    let wsp = ws.path();
+    let w = wsp.to_str().unwrap();
+    let args = [
+        "run",
+        "-p",
+        "default",
+        "-w",
+        w,
+        "--",
+        "sh",
+        "-c",
+        "ls /proc/self/fd",
+    ];
+    let o = list(bin().as_os_str(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let fds: Vec<&str> = std::str::from_utf8(&o.stdout)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert!(
+        fds.iter().all(|f| ["0", "1", "2", "3"].contains(f)),
+        "{fds:?}"
+    );
 }

@@ -37,11 +37,13 @@ pub enum Layer {
     Caps,
     /// `no_new_privs`.
     NoNewPrivs,
+    /// A fresh, empty session keyring.
+    Keyring,
 }
 
 impl Layer {
     /// Every layer, in start-up order.
-    pub const ALL: [Layer; 15] = [
+    pub const ALL: [Layer; 16] = [
         Layer::Userns,
         Layer::Mount,
         Layer::Git,
@@ -51,6 +53,7 @@ impl Layer {
         Layer::Net,
         Layer::Cgroup,
         Layer::Rlimits,
+        Layer::Keyring,
         Layer::Caps,
         Layer::NoNewPrivs,
         Layer::Landlock,
@@ -77,6 +80,7 @@ impl Layer {
             Layer::Cgroup => "cgroup",
             Layer::Caps => "caps",
             Layer::NoNewPrivs => "no-new-privs",
+            Layer::Keyring => "keyring",
         }
     }
 
@@ -94,6 +98,7 @@ impl Layer {
             Layer::Cgroup => "run sandmux in a writable, delegated cgroup (e.g. systemd-run --user --scope -p Delegate=yes sandmux ...) or add \"cgroup\" to [enforcement] best_effort",
             Layer::Caps => "capability dropping failed; do not run sandmux under a security module that forbids capset/prctl",
             Layer::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS) failed; this kernel is too old for sandmux",
+            Layer::Keyring => "joining a fresh session keyring (keyctl) was refused, as a container runtime's seccomp profile does; add \"keyring\" to [enforcement] best_effort (the sandbox's own filter still denies every keyring call inside)",
         }
     }
 }

@@ -16,7 +16,7 @@
 //! required layer that fails ends start-up with a `Fatal` report.
 
 use super::report::{Message, Reporter};
-use super::{caps, landlock, limits, mounts, namespaces, net, seccomp};
+use super::{caps, fds, keyring, landlock, limits, mounts, namespaces, net, seccomp};
 use super::{Payload, Plan, EXIT_INTERNAL, EXIT_LAYER};
 use crate::profile::{Layer, NetMode};
 use nix::sys::signal::{kill, SigSet, Signal};
@@ -215,8 +215,17 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
             std::process::exit(code)
         }
         ForkResult::Parent { child } => {
+            // The relay keeps no privilege in the new user namespace either.
+            if let Err(e) = caps::drop_all() {
+                let _ = kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return Err(Stop {
+                    unavailable: false,
+                    layer: Some(Layer::Caps),
+                    message: format!("the relay outside PID 1: {e}"),
+                });
+            }
             layers.rep.close();
-            let _ = caps::drop_all();
             Ok(relay(child))
         }
     }
@@ -347,28 +356,13 @@ fn pid1(plan: &Plan, ns: &namespaces::Created, rep: &mut Reporter) -> Result<i32
     layers.result(Layer::Rlimits, rl)?;
 
     // A fresh, empty session keyring: keys of the caller's session stay outside (E8).
-    // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) passes no pointers we own.
-    unsafe {
-        libc::syscall(
-            libc::SYS_keyctl,
-            1, /* KEYCTL_JOIN_SESSION_KEYRING */
-            std::ptr::null::<u8>(),
-        )
-    };
+    layers.result(Layer::Keyring, keyring::fresh_session())?;
 
     // 7. A new session: no controlling terminal from the host.
     nix::unistd::setsid().map_err(|e| internal("setsid")(e.to_string()))?;
 
     // 8. Every inherited descriptor above stderr closes at exec (the report pipe too).
-    // SAFETY: close_range with CLOEXEC flag only marks descriptors.
-    unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
+    fds::cloexec_above_stderr().map_err(internal("inherited descriptors"))?;
 
     let filters = seccomp::build().map_err(|e| Stop {
         unavailable: false,

@@ -6,7 +6,9 @@
 pub mod caps;
 pub mod cgroup;
 pub mod env;
+mod fds;
 pub mod init;
+mod keyring;
 pub mod landlock;
 pub mod limits;
 pub mod mounts;
