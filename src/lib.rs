@@ -12,5 +12,6 @@ pub mod mcp;
 pub mod operator;
 pub mod profile;
 pub mod sandbox;
+pub mod tables;
 pub mod term;
 pub mod tmux;

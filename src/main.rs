@@ -140,6 +140,12 @@ enum Cmd {
     /// Print the MCP tool table (markdown) generated from the catalogue.
     #[command(name = "__tools-doc", hide = true)]
     ToolsDoc,
+    /// Print one of docs/architecture.md's generated tables.
+    #[command(name = "__tables-doc", hide = true)]
+    TablesDoc {
+        /// The table's name (seccomp-denied, layers).
+        name: String,
+    },
     /// Test harness: start an instance, print its socket as JSON, stop at stdin EOF.
     #[command(name = "__instance", hide = true)]
     Instance {
@@ -211,7 +217,7 @@ enum ProfileCmd {
 
 /// Prints an error (through `term`: it may quote what the agent chose).
 fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("sandmux: {}", sandmux::term::lines(&msg.to_string()));
+    eprintln!("sandmux: {}", sandmux::term::message(&msg.to_string()));
     ExitCode::from(code as u8)
 }
 
@@ -303,6 +309,15 @@ fn main() -> ExitCode {
         Cmd::ToolsDoc => {
             print!("{}", sandmux::mcp::catalog::markdown_table());
             ExitCode::SUCCESS
+        }
+        Cmd::TablesDoc { name } => {
+            match sandmux::tables::all().into_iter().find(|(n, _)| *n == name) {
+                Some((_, t)) => {
+                    print!("{t}");
+                    ExitCode::SUCCESS
+                }
+                None => fail(EXIT_USAGE, format!("no table {name:?}")),
+            }
         }
         Cmd::Serve {
             target,
@@ -509,8 +524,11 @@ fn check(policy: profile::Policy, json: bool) -> ExitCode {
     let r = sandmux::check::run(policy);
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = serde_json::to_writer_pretty(&mut out, &r);
-        let _ = std::io::Write::write_all(&mut out, b"\n");
+        let text = serde_json::to_string_pretty(&r).unwrap_or_default();
+        let _ = std::io::Write::write_all(
+            &mut out,
+            format!("{}\n", sandmux::term::inert_json(text)).as_bytes(),
+        );
     } else {
         let _ = sandmux::check::print_human(&r, &mut sandmux::term::Safe(&mut out));
     }
@@ -575,7 +593,8 @@ fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
             };
             match loaded.resolve(&Context { workspace: ws }) {
                 Ok(p) => {
-                    println!("{}", serde_json::to_string_pretty(&p).unwrap_or_default());
+                    let text = serde_json::to_string_pretty(&p).unwrap_or_default();
+                    println!("{}", sandmux::term::inert_json(text));
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(EXIT_USAGE, e),

@@ -239,12 +239,12 @@ fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
     let _ = writeln!(
         out,
         "{:>5} {} {:<24} {:<9} {:<16} {:>5} ms",
-        v["seq"],
+        term::field(&v["seq"], "?"),
         term::field(&v["ts"], ""),
         term::field(&v["tool"], ""),
         term::field(&v["outcome"], ""),
         term::field(&v["error_type"], "-"),
-        v["duration_ms"]
+        term::field(&v["duration_ms"], "?")
     );
 }
 

@@ -8,11 +8,17 @@
 //! (which reorder or split what is shown), and the backslash itself, so an
 //! escaped form can never be forged by a name that spells it out.
 
-/// Characters that are not controls to Rust but still rearrange what a
-/// terminal shows: bidi embeddings, overrides, isolates and marks, and the
-/// Unicode line and paragraph separators.
+/// Characters that are not controls to Rust but still rearrange or hide
+/// what a terminal shows: bidi embeddings, overrides, isolates and marks,
+/// the Unicode line and paragraph separators, and the invisible format
+/// characters (soft hyphen, zero-width spaces and joiners, word joiner and
+/// invisible operators, the deprecated format controls, the byte-order mark,
+/// interlinear annotation, and the tag characters, which can carry a whole
+/// hidden text).
 fn reorders(c: char) -> bool {
-    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    matches!(c,
+        '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}' | '\u{e0000}'..='\u{e007f}')
 }
 
 /// `s` with every control character escaped: `\x1b`, `\u{202e}`, `\\`.
@@ -46,12 +52,22 @@ pub fn lines(s: &str) -> String {
     s.split('\n').map(printable).collect::<Vec<_>>().join("\n")
 }
 
+/// [`lines`] for a message printed after a `sandmux: ` prefix: lines after
+/// the first are indented, so none can pass for a message of its own.
+pub fn message(s: &str) -> String {
+    lines(s).replace('\n', "\n  ")
+}
+
 /// JSON text safe for a terminal: `serde_json` output with the characters
 /// JSON leaves raw (DEL, C1 controls, bidi and line separators) written as
 /// `\uXXXX`. Still valid JSON, parsing to the same value; outside strings
 /// JSON text is plain ASCII, so escaping every such character is exact.
 pub fn json_text(v: &serde_json::Value) -> String {
-    let raw = v.to_string();
+    inert_json(v.to_string())
+}
+
+/// [`json_text`] of JSON text already written (e.g. pretty-printed).
+pub fn inert_json(raw: String) -> String {
     if raw.is_ascii() && !raw.contains('\x7f') {
         return raw;
     }
@@ -97,6 +113,12 @@ mod tests {
             "a\\x1b]52;c;aGk=\\x07b\\x1b[2J\\x0d\\x9b31m\\u{202e}gpj.exe\\u{2028}\\x7f\\\\x1b"
         );
         assert!(p.chars().all(|c| !c.is_control() && !reorders(c)));
+        let hidden = "ok\u{e0041}\u{e0042}\u{200b}\u{feff}\u{ad}";
+        assert_eq!(
+            printable(hidden),
+            "ok\\u{e0041}\\u{e0042}\\u{200b}\\u{feff}\\u{ad}"
+        );
+        assert_eq!(message("a\nsandmux: forged"), "a\n  sandmux: forged");
         assert_eq!(printable("plain/path ünïcode"), "plain/path ünïcode");
         assert_eq!(lines("a\nb\x1b"), "a\nb\\x1b");
     }

@@ -330,6 +330,37 @@ fn fail_closed_on_missing_layer_and_report_the_opt_in() {
     );
 }
 
+/// docs/architecture.md's tables about the sandbox are generated from the
+/// code and must match it.
+#[test]
+fn docs_sandbox_tables_match_the_code() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/architecture.md"))
+        .unwrap();
+    for name in ["seccomp-denied", "layers", "landlock"] {
+        let o = sandmux(&["__tables-doc", name]).output().unwrap();
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let table = String::from_utf8(o.stdout).unwrap();
+        let (b, e) = (
+            format!("<!-- {name}:begin -->\n"),
+            format!("<!-- {name}:end -->"),
+        );
+        let begin = doc
+            .find(&b)
+            .unwrap_or_else(|| panic!("no {b} in docs/architecture.md"))
+            + b.len();
+        let end = doc.find(&e).unwrap_or_else(|| panic!("no {e}"));
+        assert_eq!(
+            &doc[begin..end],
+            table,
+            "regenerate with: sandmux __tables-doc {name}"
+        );
+    }
+}
+
 /// docs/mcp.md's tool table is generated from the catalogue and must match it.
 #[test]
 fn docs_tool_table_matches_the_catalogue() {

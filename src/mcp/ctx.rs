@@ -38,6 +38,8 @@ pub struct State {
     pub info_now: std::sync::RwLock<InstanceInfo>,
     /// The audit log.
     pub audit: Arc<Audit>,
+    /// Answers not yet written to the client.
+    pub(crate) backlog: Arc<super::backlog::Backlog>,
     /// Configuration baseline for drift detection.
     pub drift: Arc<super::drift::Drift>,
     /// Cancelled to end the instance (kill_server, drift on a fatal scale, signals).

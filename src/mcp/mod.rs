@@ -10,6 +10,7 @@
 //! server's death all end in the same teardown.
 
 pub mod audit;
+mod backlog;
 pub(crate) mod bounds;
 pub mod catalog;
 pub mod choices;
@@ -360,6 +361,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             policy,
             info_now: std::sync::RwLock::new(info),
             audit,
+            backlog: Default::default(),
             drift: Arc::new(drift::Drift::default()),
             shutdown: shutdown.clone(),
             enabled: std::sync::RwLock::new(enabled),
@@ -438,7 +440,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         }
         let server = server::Server { s: state.clone() };
         let running = tokio::select! {
-            r = server.serve_with_ct(stdio::transport(), shutdown.clone()) => match r {
+            r = server.serve_with_ct(metered(&state), shutdown.clone()) => match r {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("sandmux: MCP start-up: {e}");
@@ -477,6 +479,12 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     code
 }
 
+/// stdio, its write half paying the backlog of answers (`backlog`).
+fn metered(state: &ctx::State) -> (stdio::Reader, stdio::Writer) {
+    let (r, w) = stdio::transport();
+    (r, Box::new(backlog::Metered::new(w, state.backlog.clone())))
+}
+
 /// Applies the user's retention to the default audit directory (where
 /// `audit` was opened), and records what it removed.
 fn retain(audit: &audit::Audit) -> Result<(), String> {
@@ -486,7 +494,7 @@ fn retain(audit: &audit::Audit) -> Result<(), String> {
     };
     let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())?;
     if n > 0 {
-        audit.record(audit::Entry {
+        audit.event(audit::Entry {
             tool: "(audit-retention)",
             toolset: None,
             outcome: "event",
@@ -538,9 +546,7 @@ async fn restart(
     let generation = info.generation.clone();
     let server_pid = info.server_pid;
     state.replace(hub, info);
-    state
-        .audit
-        .record(audit::Entry {
+    state.audit.event(audit::Entry {
             tool: "(server-restart)",
             toolset: None,
             outcome: "event",

@@ -59,7 +59,7 @@ impl Watch {
         if now <= seen {
             return;
         }
-        self.audit.record(Entry {
+        self.audit.event(Entry {
             tool: TOOL,
             toolset: None,
             outcome: "event",

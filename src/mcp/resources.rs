@@ -4,7 +4,6 @@
 use super::ctx::Call;
 use super::error::ToolError;
 use super::tools::inspect;
-use serde_json::json;
 
 /// Reads a resource: (text, mime type).
 pub async fn read(
@@ -25,7 +24,14 @@ pub async fn read(
                     .unwrap_or_default(),
             )
         }
-        "sandmux://journal" => return js(json!({"records": c.s.audit.recent(100)})),
+        "sandmux://journal" => {
+            // The stored lines, compact, within one response's cap.
+            let lines = c.s.audit.recent(100, super::server::RESPONSE_CAP - 64);
+            return Ok((
+                format!("{{\"records\":[{}]}}", lines.join(",")),
+                "application/json",
+            ));
+        }
         _ => {}
     }
     if !inspect_enabled {

@@ -59,7 +59,7 @@ impl Reverts {
                     "kept": t.kept.as_deref().map(esc),
                 })
             };
-            self.audit.record(Entry {
+            self.audit.event(Entry {
                 tool: TOOL,
                 toolset: None,
                 outcome: "event",

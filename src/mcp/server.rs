@@ -239,6 +239,21 @@ fn error_result(e: &ToolError) -> CallToolResult {
     r
 }
 
+/// About how many bytes a result takes on the wire: its text, and its
+/// structured content (about as long).
+fn answer_size(r: &CallToolResult) -> usize {
+    let text: usize = r
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.len()))
+        .sum();
+    if r.structured_content.is_some() {
+        2 * text
+    } else {
+        text
+    }
+}
+
 fn success(v: Value) -> CallToolResult {
     let mut text = serde_json::to_string(&v).unwrap_or_default();
     if text.len() > RESPONSE_CAP {
@@ -258,7 +273,7 @@ fn success(v: Value) -> CallToolResult {
 /// recursion, each audited on its own.
 pub async fn dispatch_nested(c: &Call<'_>, name: &str, args: Value) -> Result<Value, ToolError> {
     let t0 = Instant::now();
-    let ticket = c.s.audit.admit().map_err(ToolError::Unaudited)?;
+    let ticket = c.s.audit.admit(name).map_err(ToolError::Unaudited)?;
     let def = catalog::find(name).filter(|d| {
         c.s.enabled
             .read()
@@ -356,8 +371,10 @@ impl ServerHandler for Server {
                 Some(json!({"hint": "call tools/list for the enabled tools"})),
             ));
         };
+        // Nothing starts while the client leaves too many answers unread.
+        self.s.backlog.room().await;
         // Nothing runs unless its record can be written (P7: fail closed).
-        let ticket = match self.s.audit.admit() {
+        let ticket = match self.s.audit.admit(&name) {
             Ok(t) => t,
             Err(why) => return Ok(error_result(&ToolError::Unaudited(why)).into()),
         };
@@ -381,11 +398,12 @@ impl ServerHandler for Server {
             r.as_ref().err(),
             None,
         );
-        Ok(match r {
+        let result = match r {
             Ok(v) => success(v),
             Err(e) => error_result(&e),
-        }
-        .into())
+        };
+        self.s.backlog.owe(answer_size(&result));
+        Ok(result.into())
     }
 
     async fn on_custom_notification(
@@ -421,18 +439,22 @@ impl ServerHandler for Server {
         }
         // Known methods land here only when their parameters did not parse:
         // a malformed call, recorded as one (P7) with its parameters digested.
-        if req.method == "tools/call" {
+        if let Some(what) = match req.method.as_str() {
+            "tools/call" => Some("tools/call parameters did not parse"),
+            "resources/read" => Some("resources/read parameters did not parse"),
+            "prompts/get" => Some("prompts/get parameters did not parse"),
+            _ => None,
+        } {
             let raw = req.params.clone().unwrap_or(Value::Null);
-            let name = raw
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("(malformed)")
-                .to_string();
-            let e = ToolError::invalid(
-                "params",
-                "tools/call parameters did not parse",
-                "send {name: string, arguments: object}",
-            );
+            let name = match req.method.as_str() {
+                "tools/call" => raw
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(malformed)")
+                    .to_string(),
+                m => format!("({m})"),
+            };
+            let e = ToolError::invalid("params", what, "check the types against the schema");
             self.audit(
                 &Audited {
                     tool: &name,
@@ -511,31 +533,29 @@ impl ServerHandler for Server {
         req: ReadResourceRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        if let Some(why) = self.s.drift.tripped() {
-            if req.uri != "sandmux://status" && req.uri != "sandmux://journal" {
-                return Err(McpError::invalid_params(
-                    format!("configuration drift: {why}; sandmux refuses further reads"),
-                    None,
-                ));
-            }
-        }
+        self.s.backlog.room().await;
         let t0 = Instant::now();
+        let uri = req.uri.clone();
+        let tool = format!(
+            "resource:{}",
+            uri.split('/').take(3).collect::<Vec<_>>().join("/")
+        );
         let ticket =
-            self.s.audit.admit().map_err(|why| {
+            self.s.audit.admit(&tool).map_err(|why| {
                 McpError::invalid_params(ToolError::Unaudited(why).to_string(), None)
             })?;
-        let uri = req.uri.clone();
         let call = Call {
             s: &self.s,
             progress: None,
             ct: cx.ct.clone(),
         };
-        let r = super::resources::read(&call, &uri, self.inspect_enabled()).await;
+        let r = match self.s.drift.tripped() {
+            Some(why) if uri != "sandmux://status" && uri != "sandmux://journal" => {
+                Err(ToolError::Drift(why))
+            }
+            _ => super::resources::read(&call, &uri, self.inspect_enabled()).await,
+        };
         let args = json!({"uri": uri});
-        let tool = format!(
-            "resource:{}",
-            uri.split('/').take(3).collect::<Vec<_>>().join("/")
-        );
         self.audit_admitted(
             Some(ticket),
             &Audited {
@@ -551,6 +571,7 @@ impl ServerHandler for Server {
         );
         match r {
             Ok((text, mime)) => {
+                self.s.backlog.owe(text.len());
                 Ok(ReadResourceResult::new(vec![
                     ResourceContents::text(text, uri).with_mime_type(mime)
                 ])
@@ -578,14 +599,34 @@ impl ServerHandler for Server {
     async fn get_prompt(
         &self,
         req: GetPromptRequestParams,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        super::prompts::get(
+        let t0 = Instant::now();
+        let tool = format!("prompt:{}", req.name);
+        let ticket =
+            self.s.audit.admit(&tool).map_err(|why| {
+                McpError::invalid_params(ToolError::Unaudited(why).to_string(), None)
+            })?;
+        let r = super::prompts::get(
             &req.name,
             req.arguments.as_ref(),
             self.s.wait_max.as_secs_f64(),
-        )
-        .map(Into::into)
-        .map_err(|e| McpError::invalid_params(e, None))
+        );
+        let err = r
+            .as_ref()
+            .err()
+            .map(|e| ToolError::invalid("name", e, "list prompts"));
+        let args = json!({"name": req.name, "arguments": req.arguments});
+        let a = Audited {
+            tool: &tool,
+            def: None,
+            t0,
+            request_id: request_id_text(&cx.id),
+            client: None,
+            args: &args,
+        };
+        self.audit_admitted(Some(ticket), &a, err.as_ref(), None);
+        r.map(Into::into)
+            .map_err(|e| McpError::invalid_params(e, None))
     }
 }

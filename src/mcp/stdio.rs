@@ -108,9 +108,14 @@ impl<R> Screened<R> {
         let error = match dropped {
             Some(n) => Some(format!("line longer than {MAX_LINE} bytes ({n} bytes)")),
             // A full parse: skipping (IgnoredAny) would not check escapes or UTF-8.
-            None => serde_json::from_slice::<serde_json::Value>(&line)
-                .err()
-                .map(|e| e.to_string()),
+            None => match serde_json::from_slice::<serde_json::Value>(&line) {
+                Err(e) => Some(e.to_string()),
+                // rmcp answers a batch with an error of its own, unaudited.
+                Ok(serde_json::Value::Array(_)) => {
+                    Some("a JSON-RPC batch (MCP sends one message per line)".into())
+                }
+                Ok(_) => None,
+            },
         };
         match error {
             None => {

@@ -110,34 +110,31 @@ pub fn effective_abi(policy: &Policy) -> (u8, u8) {
     (k, e.min(9))
 }
 
-/// The rules for a role, as (path, grant) pairs.
-pub fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
-    let mut r: Vec<(PathBuf, Grant)> = vec![("/".into(), Grant::ListOnly)];
-    for e in &policy.fs {
-        match e.kind {
-            MountKind::ReadOnly => r.push((e.path.clone(), Grant::ReadExec)),
-            MountKind::ReadWrite | MountKind::Tmpfs => r.push((e.path.clone(), Grant::ReadWrite)),
-            MountKind::Masked | MountKind::Symlink(_) => {}
-        }
+/// What each kind of profile entry is granted.
+fn grant_of(kind: &MountKind) -> Option<Grant> {
+    match kind {
+        MountKind::ReadOnly => Some(Grant::ReadExec),
+        MountKind::ReadWrite | MountKind::Tmpfs => Some(Grant::ReadWrite),
+        MountKind::Masked | MountKind::Symlink(_) => None,
     }
-    // The workspace guard's read-only git directories (P8): the one a
-    // worktree's `.git` file names, and commit mode's view of the real one.
-    for p in &policy.guard.git_outside {
-        r.push((p.clone(), Grant::Read));
-    }
-    if let Some(c) = &policy.guard.commit {
-        r.push((c.origin.clone(), Grant::Read));
-    }
-    for dev in [
-        "/dev/null",
-        "/dev/zero",
-        "/dev/full",
-        "/dev/random",
-        "/dev/urandom",
-        "/dev/tty",
-    ] {
-        r.push((dev.into(), Grant::Device));
-    }
+}
+
+/// The device nodes every role may read, write and `ioctl`.
+const DEVICES: [&str; 6] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+
+/// The rules every sandbox has whatever its profile, after the profile's.
+fn fixed(role: Role) -> Vec<(PathBuf, Grant)> {
+    let mut r: Vec<(PathBuf, Grant)> = DEVICES
+        .iter()
+        .map(|d| (PathBuf::from(d), Grant::Device))
+        .collect();
     r.push(("/dev/pts".into(), Grant::Device));
     r.push(("/dev/shm".into(), Grant::ReadWrite));
     r.push(("/proc".into(), Grant::Read));
@@ -152,6 +149,76 @@ pub fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
         Role::Command => {}
     }
     r
+}
+
+/// The rules for a role, as (path, grant) pairs.
+pub fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
+    let mut r: Vec<(PathBuf, Grant)> = vec![("/".into(), Grant::ListOnly)];
+    for e in &policy.fs {
+        if let Some(g) = grant_of(&e.kind) {
+            r.push((e.path.clone(), g));
+        }
+    }
+    // The workspace guard's read-only git directories (P8): the one a
+    // worktree's `.git` file names, and commit mode's view of the real one.
+    for p in &policy.guard.git_outside {
+        r.push((p.clone(), Grant::Read));
+    }
+    if let Some(c) = &policy.guard.commit {
+        r.push((c.origin.clone(), Grant::Read));
+    }
+    r.extend(fixed(role));
+    r
+}
+
+/// The rules by role as a markdown table (`docs/architecture.md`).
+pub fn table() -> String {
+    const ROLES: [Role; 3] = [Role::Server, Role::Pane, Role::Command];
+    let mut t = String::from("| path (inside) | server | pane | command |\n|---|---|---|---|\n");
+    let row = |path: &str, g: &dyn Fn(Role) -> Option<Grant>| {
+        let cells: Vec<&str> = ROLES
+            .iter()
+            .map(|r| g(*r).map_or("—", Grant::describe))
+            .collect();
+        format!("| {path} | {} |\n", cells.join(" | "))
+    };
+    t.push_str(&row("`/` (inherited by every directory below)", &|_| {
+        Some(Grant::ListOnly)
+    }));
+    for (what, kind) in [
+        ("profile `read_only` entries", MountKind::ReadOnly),
+        ("profile `read_write` entries", MountKind::ReadWrite),
+        ("profile `tmpfs` entries", MountKind::Tmpfs),
+    ] {
+        t.push_str(&row(what, &|_| grant_of(&kind)));
+    }
+    t.push_str(&row("git directories a worktree's or submodule's `.git` names outside every tree; commit mode's `<state>/git/<id>/origin` (workspace guard)", &|_| Some(Grant::Read)));
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for r in ROLES {
+        for (p, _) in fixed(r) {
+            if !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+    }
+    for p in paths {
+        let grant = |r: Role| fixed(r).into_iter().find(|(q, _)| *q == p).map(|(_, g)| g);
+        t.push_str(&row(&format!("`{}`", p.display()), &grant));
+    }
+    t
+}
+
+impl Grant {
+    /// The rights, in words.
+    fn describe(self) -> &'static str {
+        match self {
+            Grant::ListOnly => "list directories",
+            Grant::Read => "read",
+            Grant::ReadExec => "read + execute",
+            Grant::ReadWrite => "every right of the ABI",
+            Grant::Device => "read, write, truncate, device ioctl",
+        }
+    }
 }
 
 fn access_for(grant: Grant, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {

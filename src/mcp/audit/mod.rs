@@ -65,10 +65,14 @@ struct State {
     /// Records that could not be written (events, refusals) since the last one that was.
     unrecorded: u64,
     sealed: bool,
+    /// A failed write left bytes that could not be cut off: nothing more is
+    /// appended until they are.
+    torn: bool,
 }
 
+/// The recent records as their JSON lines (memory is their length).
 struct Window {
-    records: std::collections::VecDeque<(Value, usize)>,
+    records: std::collections::VecDeque<String>,
     bytes: usize,
 }
 
@@ -106,19 +110,38 @@ pub struct Entry<'a> {
 }
 
 /// Room for one call's record, held from before the call runs until its
-/// record is written ([`Admission::record`]).
-pub struct Admission<'a>(&'a Audit);
+/// record is written ([`Admission::record`]). Dropped unrecorded (a handler
+/// cancelled at shutdown), it writes an `abandoned` record into that room.
+pub struct Admission<'a> {
+    audit: &'a Audit,
+    /// The call, until its record is written.
+    tool: Option<String>,
+}
 
 impl Admission<'_> {
     /// Writes the admitted call's record (into the room kept for it).
-    pub fn record(self, e: Entry<'_>) {
-        self.0.write(e, Kind::Admitted);
+    pub fn record(mut self, e: Entry<'_>) {
+        self.tool = None;
+        self.audit.write(e, Kind::Admitted);
     }
 }
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        let mut st = self.0.lock();
+        if let Some(tool) = self.tool.take() {
+            let e = Entry {
+                tool: &tool,
+                toolset: None,
+                outcome: "error",
+                error_type: Some("abandoned"),
+                duration_ms: 0,
+                request_id: String::new(),
+                client_id: None,
+                args: &Value::Null,
+            };
+            self.audit.write(e, Kind::Admitted);
+        }
+        let mut st = self.audit.lock();
         st.inflight = st.inflight.saturating_sub(1);
     }
 }
@@ -160,8 +183,13 @@ fn now_rfc3339() -> String {
 enum Kind {
     /// An admitted call's record: its room was kept at admission.
     Admitted,
-    /// An event, a refusal, a malformed line: written if there is room
-    /// beyond what admitted calls and the seal hold, else counted.
+    /// sandmux's own event (an OOM kill, a revert, a restart): written if
+    /// there is room beyond what admitted calls and the seal hold, else
+    /// counted.
+    Event,
+    /// A refusal or a malformed line: as `Event`, but it must also leave the
+    /// room kept for events (an eighth of the budget), so a flood of cheap
+    /// refusals cannot crowd events out.
     Other,
     /// The final record: the room kept since the start.
     Seal,
@@ -249,6 +277,7 @@ impl Audit {
             refused: 0,
             unrecorded: 0,
             sealed: false,
+            torn: false,
         };
         Ok(Audit {
             path: path.to_path_buf(),
@@ -274,7 +303,7 @@ impl Audit {
 
     /// Room for one tool call's record, or why there is none: the call must
     /// then be refused (it is counted, and the seal reports the count).
-    pub fn admit(&self) -> Result<Admission<'_>, String> {
+    pub fn admit(&self, tool: &str) -> Result<Admission<'_>, String> {
         let mut st = self.lock();
         if matches!(st.health, Health::Failing(_)) {
             self.recover(&mut st);
@@ -293,7 +322,10 @@ impl Audit {
             return Err(self.why(&st));
         }
         st.inflight += 1;
-        Ok(Admission(self))
+        Ok(Admission {
+            audit: self,
+            tool: Some(tool.to_string()),
+        })
     }
 
     fn why(&self, st: &State) -> String {
@@ -319,16 +351,19 @@ impl Audit {
     /// Back to writing once the room is there again: a torn tail from the
     /// failed write is cut off, and a record says how many calls were refused.
     fn recover(&self, st: &mut State) {
+        // Cut a torn tail off first: truncating frees what was preallocated
+        // past it, so the room is taken after.
+        if st.file.set_len(st.len).is_err() {
+            return;
+        }
+        st.torn = false;
         let need = (st.inflight + 3) * RECORD_MAX as u64;
-        if st.len + need > self.limit
-            || room(&st.file, st.len, need).is_err()
-            || st.file.set_len(st.len).is_err()
-        {
+        if st.len + need > self.limit || room(&st.file, st.len, need).is_err() {
             return;
         }
         st.health = Health::Ok;
         let args = json!({"refused_calls": st.refused, "unrecorded": st.unrecorded});
-        self.append(st, "(audit-resumed)", "audit_resumed", args, Kind::Other);
+        self.append(st, "(audit-resumed)", "audit_resumed", args, Kind::Event);
         eprintln!(
             "sandmux: the audit log can be written again ({})",
             self.path.display()
@@ -345,6 +380,12 @@ impl Audit {
     /// seal hold, else counted (`status`, the seal). Whether it was written.
     pub fn record(&self, e: Entry<'_>) -> bool {
         self.write(e, Kind::Other)
+    }
+
+    /// Records sandmux's own event (outcome `event`), which may use the room
+    /// kept for events. Whether it was written.
+    pub fn event(&self, e: Entry<'_>) -> bool {
+        self.write(e, Kind::Event)
     }
 
     fn write(&self, e: Entry<'_>, kind: Kind) -> bool {
@@ -374,8 +415,10 @@ impl Audit {
     }
 
     fn append_fields(&self, st: &mut State, mut rec: Value, raw: &Value, kind: Kind) -> bool {
-        let writable = st.health == Health::Ok || (kind == Kind::Seal && st.health == Health::Full);
-        if !writable || st.sealed {
+        // Admitted calls and the seal write into room kept for them, whatever
+        // happened since; everything else needs a healthy log and room.
+        let kept = matches!(kind, Kind::Admitted | Kind::Seal);
+        if st.sealed || st.torn || (!kept && st.health != Health::Ok) {
             st.unrecorded += 1;
             return false;
         }
@@ -387,20 +430,22 @@ impl Audit {
         let mut line = body;
         line.pop();
         line.push_str(&format!(",\"hash\":\"{hash}\"}}\n"));
-        if kind == Kind::Other && !self.fits_beside_admitted(st, line.len() as u64) {
+        if !kept && !self.fits(st, line.len() as u64, kind) {
             st.unrecorded += 1;
             return false;
         }
         if let Err(e) = st.file.write_all(line.as_bytes()) {
             self.set(st, Health::Failing(e.to_string()));
+            // What the failed write left is cut off, or nothing follows it.
+            st.torn = st.file.set_len(st.len).is_err();
+            let _ = room(&st.file, st.len, (st.inflight + 1) * RECORD_MAX as u64);
             st.unrecorded += 1;
             return false;
         }
         st.len += line.len() as u64;
         st.seq += 1;
-        st.prev = hash.clone();
-        rec["hash"] = json!(hash);
-        self.remember(rec, line.len());
+        st.prev = hash;
+        self.remember(line);
         true
     }
 
@@ -425,28 +470,27 @@ impl Audit {
     }
 
     /// Whether a record that was not admitted fits beside the room admitted
-    /// calls and the seal hold (in the budget and on disk).
-    fn fits_beside_admitted(&self, st: &mut State, n: u64) -> bool {
+    /// calls and the seal hold (and, for a refusal, the events' room), in
+    /// the budget and on disk. A miss only counts the record: it says
+    /// nothing about the log's health.
+    fn fits(&self, st: &State, n: u64, kind: Kind) -> bool {
+        let events = if kind == Kind::Other {
+            self.budget / 8
+        } else {
+            0
+        };
         let need = (st.inflight + 1) * RECORD_MAX as u64 + n;
-        if st.len + need > self.limit {
-            return false;
-        }
-        match room(&st.file, st.len, need) {
-            Ok(()) => true,
-            Err(e) => {
-                self.set(st, Health::Failing(e));
-                false
-            }
-        }
+        st.len + need + events <= self.limit && room(&st.file, st.len, need).is_ok()
     }
 
-    fn remember(&self, rec: Value, n: usize) {
+    fn remember(&self, mut line: String) {
+        line.pop();
         let mut w = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        w.records.push_back((rec, n));
-        w.bytes += n;
+        w.bytes += line.len();
+        w.records.push_back(line);
         while w.bytes > WINDOW_MAX {
             match w.records.pop_front() {
-                Some((_, m)) => w.bytes -= m,
+                Some(l) => w.bytes -= l.len(),
                 None => break,
             }
         }
@@ -484,15 +528,21 @@ impl Audit {
         json!({"path": self.path, "state": state, "reason": reason, "bytes": st.len, "budget": self.budget, "refused_calls": st.refused, "unrecorded": st.unrecorded})
     }
 
-    /// The last `n` records (for the journal resource).
-    pub fn recent(&self, n: usize) -> Vec<Value> {
+    /// The last `n` records as JSON, newest last, at most `max_bytes` of
+    /// text in all (older records give way).
+    pub fn recent(&self, n: usize, max_bytes: usize) -> Vec<String> {
         let w = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        let skip = w.records.len().saturating_sub(n);
-        w.records
-            .iter()
-            .skip(skip)
-            .map(|(v, _)| v.clone())
-            .collect()
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for l in w.records.iter().rev().take(n) {
+            if bytes + l.len() + 1 > max_bytes {
+                break;
+            }
+            bytes += l.len() + 1;
+            out.push(l.clone());
+        }
+        out.reverse();
+        out
     }
 }
 #[cfg(test)]
@@ -513,7 +563,7 @@ mod tests {
     }
 
     fn call(a: &Audit, tool: &str, args: &Value) -> Result<(), String> {
-        a.admit().map(|t| t.record(entry(tool, args)))
+        a.admit(tool).map(|t| t.record(entry(tool, args)))
     }
 
     #[test]
@@ -590,7 +640,7 @@ mod tests {
         let args =
             json!({"pattern": huge, "many": (0..2000).map(|i| i.to_string()).collect::<Vec<_>>()});
         for _ in 0..200 {
-            let t = a.admit().unwrap();
+            let t = a.admit("x").unwrap();
             t.record(Entry {
                 request_id: huge.clone(),
                 client_id: Some(huge.clone()),
@@ -603,7 +653,7 @@ mod tests {
             "a record over the cap"
         );
         assert!(text.len() < 200 * RECORD_MAX);
-        let window: usize = a.recent(1000).iter().map(|r| r.to_string().len()).sum();
+        let window: usize = a.recent(1000, usize::MAX).iter().map(|r| r.len()).sum();
         assert!(window <= WINDOW_MAX + RECORD_MAX, "{window}");
         assert_eq!(verify(&p).unwrap().records, 200);
     }
@@ -634,5 +684,36 @@ mod tests {
         assert_eq!(seal["args"]["refused_calls"], 2);
         assert_eq!(seal["args"]["unrecorded"], 1);
         assert_eq!(seal["args"]["budget_reached"], true);
+    }
+
+    #[test]
+    fn forged_seals_abandoned_calls_and_the_events_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.jsonl");
+        let a = Audit::open(&p, 64 * 1024).unwrap();
+        // The agent names a tool "(sealed)": recorded, never taken for a seal.
+        a.record(Entry {
+            outcome: "refused",
+            ..entry(SEAL, &Value::Null)
+        });
+        assert!(!verify(&p).unwrap().sealed);
+        // A call whose record is never written leaves an `abandoned` one.
+        drop(a.admit("run_command").unwrap());
+        let last = std::fs::read_to_string(&p).unwrap();
+        let v: Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+        assert_eq!(
+            (v["tool"].as_str(), v["error_type"].as_str()),
+            (Some("run_command"), Some("abandoned"))
+        );
+        // Refusals stop short of the events' room; events still go in.
+        let big = json!({"pattern": "x".repeat(900)});
+        let mut n = 0;
+        while a.record(entry("nope", &big)) {
+            n += 1;
+        }
+        assert!(n > 10);
+        assert!(a.event(entry("(oom-kill)", &big)));
+        a.seal(0);
+        assert!(verify(&p).unwrap().sealed);
     }
 }

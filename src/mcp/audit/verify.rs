@@ -39,12 +39,22 @@ pub fn verify(path: &Path) -> Result<Verified, String> {
         let line = std::str::from_utf8(&raw[..raw.len() - 1])
             .map_err(|_| format!("line {lineno}: not UTF-8"))?;
         let (hash, v) = check_line(line, lineno, &prev, expect)?;
-        sealed = v.get("tool").and_then(Value::as_str) == Some(SEAL);
+        sealed = is_seal(&v);
         expect = v["seq"].as_u64().map(|s| s + 1);
         prev = hash;
         n += 1;
     }
     Ok(Verified { records: n, sealed })
+}
+
+/// Whether a record is a seal `serve` wrote: an agent can choose the tool
+/// name `(sealed)`, never the outcome `event` nor the count of the records
+/// before it.
+fn is_seal(v: &Value) -> bool {
+    v["tool"] == SEAL
+        && v["outcome"] == "event"
+        && v["error_type"] == "sealed"
+        && v["args"]["records"].as_u64().map(|r| r + 1) == v["seq"].as_u64()
 }
 
 /// One record against the chain so far: its hash, and the record.

@@ -1,0 +1,107 @@
+//! The backlog: answers computed but not yet written to the client. A client
+//! that sends requests and never reads its answers would otherwise make the
+//! unconfined supervisor hold every answer (up to a megabyte each). Each
+//! answer's size is owed when it is produced and paid as its bytes reach
+//! stdout; a call starts only while less than [`LIMIT`] is owed, so the
+//! supervisor holds at most that much plus the calls already running.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::AsyncWrite;
+use tokio::sync::Notify;
+
+/// Most answer bytes owed before new calls wait.
+pub(crate) const LIMIT: usize = 8 << 20;
+
+/// What is owed to the client.
+#[derive(Default)]
+pub(crate) struct Backlog {
+    owed: AtomicUsize,
+    paid: Notify,
+}
+
+impl Backlog {
+    /// An answer of `n` bytes is on its way.
+    pub(crate) fn owe(&self, n: usize) {
+        self.owed.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// Waits until less than [`LIMIT`] is owed.
+    pub(crate) async fn room(&self) {
+        loop {
+            let paid = self.paid.notified();
+            if self.owed.load(Ordering::SeqCst) < LIMIT {
+                return;
+            }
+            paid.await;
+        }
+    }
+
+    fn pay(&self, n: usize) {
+        let _ = self
+            .owed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| {
+                Some(o.saturating_sub(n))
+            });
+        self.paid.notify_waiters();
+    }
+}
+
+/// The write half of the transport, paying the backlog as bytes leave.
+pub(crate) struct Metered<W> {
+    inner: W,
+    backlog: Arc<Backlog>,
+}
+
+impl<W> Metered<W> {
+    /// Wraps `inner`.
+    pub(crate) fn new(inner: W, backlog: Arc<Backlog>) -> Self {
+        Metered { inner, backlog }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Metered<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.backlog.pay(n);
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn calls_wait_while_too_much_is_owed_and_go_on_once_paid() {
+        let b = Arc::new(Backlog::default());
+        b.owe(LIMIT);
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { b.room().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        let mut w = Metered::new(tokio::io::sink(), b.clone());
+        tokio::io::AsyncWriteExt::write_all(&mut w, &[0u8; 4096])
+            .await
+            .unwrap();
+        waiter.await.unwrap();
+    }
+}
