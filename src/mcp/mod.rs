@@ -19,6 +19,7 @@ pub mod error;
 pub mod oom;
 pub mod prompts;
 pub mod record;
+pub mod replay_filter;
 pub mod resources;
 pub mod reverts;
 pub(crate) mod schema;
