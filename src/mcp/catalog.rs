@@ -202,7 +202,7 @@ pub static TOOLS: &[ToolDef] = &[
     tool!("show_hook", Inspect, MetadataRead, inspect::ShowHook, inspect::Hooks, inspect::show_hook, "Show one hook."),
     tool!("show_buffer", Inspect, ContentRead, inspect::ShowBuffer, inspect::Captured, inspect::show_buffer, "Show a buffer made by load_buffer (tail-capped)."),
     tool!("call_read_tools_batch", Inspect, ContentRead, inspect::Batch, inspect::BatchResult, inspect::call_read_tools_batch, "Run up to 100 inspect tools in order under one deadline; each result or error in place."),
-    tool!("export_replay", Inspect, ContentRead, inspect::Replay, inspect::ReplayResult, inspect::export_replay, "Terminal output as an asciicast v2 recording (`asciinema play`): the recording when serve has --record, else a snapshot of a pane. Typed input is never recorded."),
+    tool!("export_replay", Inspect, ContentRead, inspect::Replay, inspect::ReplayResult, inspect::export_replay, "Terminal output as asciicast v2 (`asciinema play`) without escapes that act on the viewer's terminal: a window of the --record file (page on with offset = next_offset), else a snapshot of a pane. Typed input is never recorded."),
     tool!("sandbox_status", Inspect, MetadataRead, inspect::NoArgs, inspect::Status, inspect::sandbox_status, "What confines this terminal: each layer and whether it is in force (as observed at start), the profile, network, writable paths, limits, the workspace guard, the audit log."),
     // manage
     tool!("rename_session", Manage, ChangeInPlace, manage::RenameSession, manage::Done, manage::rename_session, "Rename a session; the name is stored as text, never expanded."),
