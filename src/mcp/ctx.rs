@@ -52,8 +52,8 @@ pub struct State {
     pub enabled: std::sync::RwLock<std::collections::BTreeSet<&'static str>>,
     /// The most that may ever be enabled: what the instance started with.
     pub ceiling: std::collections::BTreeSet<&'static str>,
-    /// The `--record` file, if any.
-    pub record: Option<std::path::PathBuf>,
+    /// The `--record` recording, if any.
+    pub record: Option<Arc<super::record::Recording>>,
     /// The MCP client, once connected (for tools/list_changed).
     pub peer: std::sync::OnceLock<Peer<RoleServer>>,
     /// Open capture_since cursors are keyed by this instance.

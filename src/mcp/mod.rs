@@ -21,6 +21,7 @@ pub mod error;
 pub mod oom;
 pub mod prompts;
 pub mod record;
+pub mod replay_filter;
 pub mod resources;
 pub mod reverts;
 pub(crate) mod schema;
@@ -275,6 +276,16 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             return crate::sandbox::EXIT_USAGE;
         }
     };
+    let record = match record
+        .map(|r| record::Recording::open(&r, policy.recording.max_bytes.0))
+        .transpose()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandmux: --record: {e}");
+            return crate::sandbox::EXIT_USAGE;
+        }
+    };
     let audit = match audit::Audit::open(&audit_path, policy.mcp.audit_max_bytes.0) {
         Ok(a) => Arc::new(a),
         Err(e) => {
@@ -432,8 +443,8 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
                 eprintln!("sandmux: operator endpoint: {e}");
             }
         });
-        if let Some(path) = &record {
-            if let Err(e) = record::start(&hub, path, &control_id).await {
+        if let Some(rec) = &record {
+            if let Err(e) = rec.start(&hub, &control_id).await {
                 eprintln!("sandmux: --record: {e}");
                 return crate::sandbox::EXIT_USAGE;
             }

@@ -3,13 +3,34 @@
 //! a snapshot of the screen (so a recording begun after the pane drew its
 //! prompt still replays to the same screen), then every `%output` chunk with
 //! its time. Typed input is never recorded: only what the pane writes.
+//!
+//! Everything written passes the replay filter ([`super::replay_filter`]), so
+//! a replay cannot act on the viewer's terminal. The file never grows past
+//! the profile's `[recording] max_bytes`: when the next event would not fit,
+//! a visible notice and a marker event (`[t, "m", …]`) end it, both counted
+//! in the cap, and nothing more is written.
 
+use super::replay_filter::Filter;
 use crate::tmux::hub::{Cmd, Hub};
+use schemars::JsonSchema;
+use serde::Serialize;
 use serde_json::json;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Pane output per event, at most (before filtering and JSON escaping), so
+/// every line stays far below `export_replay`'s window.
+const EVENT_INPUT: usize = 4096;
+/// Output held while the first snapshot is taken; past it, dropped (the
+/// snapshot shows its effect).
+const HELD_MAX: usize = 1 << 20;
+/// Times are written with this as their ceiling (31 years), so the closing
+/// events have a known greatest length.
+const MAX_T: f64 = 1e9;
+/// The marker label that ends a cut recording.
+pub const CUT_MARKER: &str = "sandmux: recording cut at max_bytes";
 
 /// Builds the asciicast header line.
 pub fn header(width: u32, height: u32) -> String {
@@ -20,13 +41,23 @@ pub fn header(width: u32, height: u32) -> String {
     json!({"version": 2, "width": width, "height": height, "timestamp": ts, "env": {"TERM": "screen"}, "title": "sandmux"}).to_string()
 }
 
-/// One output event line.
-pub fn event(t: f64, data: &str) -> String {
-    json!([t, "o", data]).to_string()
+/// One event line, newline included: `[t, kind, data]`.
+fn event_line(t: f64, kind: &str, data: &str) -> String {
+    let data = serde_json::Value::String(data.to_string());
+    format!("[{:.6}, \"{kind}\", {data}]\n", t.clamp(0.0, MAX_T))
 }
 
-/// A screen snapshot as terminal output: clear, the lines with their colours, the cursor.
-pub async fn snapshot(hub: &Hub, pane: &str) -> Result<(String, u32, u32), String> {
+/// The lines that end a cut recording: a notice the viewer sees, then the marker.
+fn closing(t: f64, max: u64) -> String {
+    let notice = format!(
+        "\r\n\x1b[0m[sandmux: recording cut: it reached [recording] max_bytes = {max}]\r\n"
+    );
+    event_line(t, "o", &notice) + &event_line(t, "m", CUT_MARKER)
+}
+
+/// A pane's screen as terminal output: clear, the lines with their colours,
+/// the cursor. Unfiltered; returns the text, width and height.
+async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), String> {
     let info = hub
         .run(
             &Cmd::new("display-message")
@@ -57,25 +88,193 @@ pub async fn snapshot(hub: &Hub, pane: &str) -> Result<(String, u32, u32), Strin
         )
         .await
         .map_err(|e| e.to_string())?;
-    let body: Vec<String> = lines
-        .iter()
-        .take(h as usize)
-        .map(|l| String::from_utf8_lossy(l).into_owned())
-        .collect();
-    Ok((
-        format!(
-            "\x1b[H\x1b[2J{}\x1b[0m\x1b[{};{}H",
-            body.join("\r\n"),
-            y + 1,
-            x + 1
-        ),
-        w,
-        h,
-    ))
+    let mut out = b"\x1b[H\x1b[2J".to_vec();
+    for (i, l) in lines.iter().take(h as usize).enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(l);
+    }
+    out.extend_from_slice(format!("\x1b[0m\x1b[{};{}H", y + 1, x + 1).as_bytes());
+    Ok((out, w, h))
 }
 
-/// Starts recording to `path`.
-pub async fn start(hub: &Arc<Hub>, path: &Path, control_id: &str) -> Result<(), String> {
+/// A pane's screen now as a whole asciicast (header and filtered events).
+pub async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, String> {
+    let (text, w, h) = screen(hub, pane).await?;
+    let mut cast = header(w, h) + "\n";
+    let (mut filter, mut out) = (Filter::new(), String::new());
+    for piece in text.chunks(EVENT_INPUT) {
+        out.clear();
+        filter.feed(piece, &mut out);
+        cast += &event_line(0.0, "o", &out);
+    }
+    Ok(cast)
+}
+
+/// What `sandbox_status` says about the recording.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct View {
+    /// The file.
+    pub path: String,
+    /// Bytes written.
+    pub bytes: u64,
+    /// The profile's [recording] max_bytes.
+    pub max_bytes: u64,
+    /// Whether it stopped at max_bytes (a notice and a marker end it).
+    pub cut: bool,
+    /// Why writing failed, if it did.
+    pub error: Option<String>,
+}
+
+/// A running (or finished) recording.
+pub struct Recording {
+    path: PathBuf,
+    max: u64,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    file: std::fs::File,
+    t0: Instant,
+    filter: Filter,
+    written: u64,
+    cut: bool,
+    error: Option<String>,
+    ready: bool,
+    held: Vec<(f64, Vec<u8>)>,
+    held_bytes: usize,
+}
+
+impl Recording {
+    /// Creates (or empties) the file, mode 0600, never through a symlink.
+    pub fn open(path: &Path, max_bytes: u64) -> Result<Arc<Recording>, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Arc::new(Recording {
+            path: path.to_path_buf(),
+            max: max_bytes,
+            inner: Mutex::new(Inner {
+                file,
+                t0: Instant::now(),
+                filter: Filter::new(),
+                written: 0,
+                cut: false,
+                error: None,
+                ready: false,
+                held: Vec::new(),
+                held_bytes: 0,
+            }),
+        }))
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the status reports.
+    pub fn view(&self) -> View {
+        let r = self.lock();
+        View {
+            path: self.path.display().to_string(),
+            bytes: r.written,
+            max_bytes: self.max,
+            cut: r.cut,
+            error: r.error.clone(),
+        }
+    }
+
+    /// Starts recording the first pane of the first session other than
+    /// `control_id`.
+    pub async fn start(self: &Arc<Self>, hub: &Arc<Hub>, control_id: &str) -> Result<(), String> {
+        let pane = first_pane(hub, control_id).await?;
+        let num: u32 = pane[1..].parse().map_err(|_| "bad pane id")?;
+        let me = self.clone();
+        hub.set_tap(num, Box::new(move |data: &[u8]| me.tapped(data)));
+        let (text, w, h) = screen(hub, &pane).await?;
+        let mut r = self.lock();
+        r.line(&(header(w, h) + "\n"), 0.0, self.max);
+        r.output(0.0, &text, &mut Filter::new(), self.max);
+        let mut filter = std::mem::take(&mut r.filter);
+        for (t, d) in std::mem::take(&mut r.held) {
+            r.output(t, &d, &mut filter, self.max);
+        }
+        r.filter = filter;
+        r.ready = true;
+        Ok(())
+    }
+
+    fn tapped(&self, data: &[u8]) {
+        let mut r = self.lock();
+        let t = r.t0.elapsed().as_secs_f64();
+        if r.ready {
+            let mut filter = std::mem::take(&mut r.filter);
+            r.output(t, data, &mut filter, self.max);
+            r.filter = filter;
+        } else if r.held_bytes + data.len() <= HELD_MAX {
+            r.held_bytes += data.len();
+            r.held.push((t, data.to_vec()));
+        }
+    }
+}
+
+impl Inner {
+    fn stopped(&self) -> bool {
+        self.cut || self.error.is_some()
+    }
+
+    /// Filters `data` into events of at most [`EVENT_INPUT`] input bytes each.
+    fn output(&mut self, t: f64, data: &[u8], filter: &mut Filter, max: u64) {
+        let mut text = String::new();
+        for piece in data.chunks(EVENT_INPUT) {
+            if self.stopped() {
+                return;
+            }
+            text.clear();
+            filter.feed(piece, &mut text);
+            if !text.is_empty() {
+                self.line(&event_line(t, "o", &text), t, max);
+            }
+        }
+    }
+
+    /// Writes one line if it fits with the closing lines after it; else
+    /// writes the closing lines and stops.
+    fn line(&mut self, line: &str, t: f64, max: u64) {
+        if self.stopped() {
+            return;
+        }
+        let reserve = closing(MAX_T, max).len() as u64;
+        if self.written + line.len() as u64 + reserve <= max {
+            self.write(line);
+        } else {
+            self.cut = true;
+            self.write(&closing(t, max));
+        }
+    }
+
+    fn write(&mut self, s: &str) {
+        match self.file.write_all(s.as_bytes()) {
+            Ok(()) => self.written += s.len() as u64,
+            Err(e) => self.error = Some(format!("writing the recording: {e}")),
+        }
+    }
+}
+
+/// The first pane of the first session other than `control_id`.
+async fn first_pane(hub: &Hub, control_id: &str) -> Result<String, String> {
     let rows = hub
         .run(
             &Cmd::new("list-panes")
@@ -84,70 +283,134 @@ pub async fn start(hub: &Arc<Hub>, path: &Path, control_id: &str) -> Result<(), 
         )
         .await
         .map_err(|e| e.to_string())?;
-    let pane = rows
-        .iter()
+    rows.iter()
         .map(|l| String::from_utf8_lossy(l).into_owned())
         .find(|l| !l.starts_with(&format!("{control_id} ")))
         .and_then(|l| l.split(' ').nth(1).map(str::to_string))
-        .ok_or("no session to record (serve was started with --no-session)")?;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    struct Rec {
-        file: std::fs::File,
-        t0: Instant,
-        carry: Vec<u8>,
-        ready: bool,
-        held: Vec<(f64, Vec<u8>)>,
+        .ok_or_else(|| "no session to record (serve was started with --no-session)".into())
+}
+
+/// Part of a recording: whole lines from `offset`, at most `max` bytes.
+#[derive(Debug)]
+pub struct Window {
+    /// The lines.
+    pub text: String,
+    /// The file's size when read.
+    pub size: u64,
+    /// Where the next window starts, if more of the file follows.
+    pub next: Option<u64>,
+}
+
+/// Reads whole lines of the file from `offset` (0 or the start of a line),
+/// at most `max` bytes: never more of the file than that.
+pub fn read_window(path: &Path, offset: u64, max: usize) -> Result<Window, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    if offset > size {
+        return Err(format!("offset {offset} is past the end ({size} bytes)"));
     }
-    let rec = Arc::new(Mutex::new(Rec {
-        file,
-        t0: Instant::now(),
-        carry: Vec::new(),
-        ready: false,
-        held: Vec::new(),
-    }));
-    let write = |r: &mut Rec, t: f64, data: &[u8]| {
-        r.carry.extend_from_slice(data);
-        // Keep an incomplete UTF-8 sequence for the next chunk.
-        let cut = match std::str::from_utf8(&r.carry) {
-            Ok(_) => r.carry.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => r.carry.len(),
-        };
-        let chunk: Vec<u8> = r.carry.drain(..cut).collect();
-        if !chunk.is_empty() {
-            let line = event(t, &String::from_utf8_lossy(&chunk));
-            let _ = writeln!(r.file, "{line}");
+    let start = offset.saturating_sub(1);
+    f.seek(SeekFrom::Start(start)).map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(max.min(1 << 20) + 1);
+    f.take(max as u64 + (offset - start))
+        .read_to_end(&mut buf)
+        .map_err(|e| e.to_string())?;
+    if offset > 0 {
+        if buf.first() != Some(&b'\n') {
+            return Err(format!("offset {offset} is not the start of a line"));
         }
-    };
-    let r2 = rec.clone();
-    let num: u32 = pane[1..].parse().map_err(|_| "bad pane id")?;
-    hub.set_tap(
-        num,
-        Box::new(move |data: &[u8]| {
-            let mut r = r2.lock().unwrap_or_else(|p| p.into_inner());
-            let t = r.t0.elapsed().as_secs_f64();
-            if r.ready {
-                write(&mut r, t, data);
-            } else {
-                r.held.push((t, data.to_vec()));
-            }
-        }),
-    );
-    let (snap, w, h) = snapshot(hub, &pane).await?;
-    let mut r = rec.lock().unwrap_or_else(|p| p.into_inner());
-    let _ = writeln!(r.file, "{}", header(w, h));
-    let _ = writeln!(r.file, "{}", event(0.0, &snap));
-    for (t, d) in std::mem::take(&mut r.held) {
-        write(&mut r, t, &d);
+        buf.remove(0);
     }
-    r.ready = true;
-    Ok(())
+    let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    if end == 0 && !buf.is_empty() && offset + (buf.len() as u64) < size {
+        return Err(format!("the line at {offset} is longer than {max} bytes"));
+    }
+    buf.truncate(end);
+    let after = offset + end as u64;
+    let text = String::from_utf8(buf).map_err(|e| format!("not UTF-8: {e}"))?;
+    Ok(Window {
+        text,
+        size,
+        next: (after < size).then_some(after),
+    })
+}
+
+/// Whole lines of `text`, at most `max` bytes; and whether any were left out.
+pub fn cut_lines(mut text: String, max: usize) -> (String, bool) {
+    if text.len() <= max {
+        return (text, false);
+    }
+    let end = text.as_bytes()[..max]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    text.truncate(end);
+    (text, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smallest_cap_holds_a_header_and_the_closing_lines() {
+        let head = header(10000, 10000).len() + 1;
+        let big = closing(MAX_T, u64::MAX).len();
+        assert!(head + big < crate::profile::MIN_RECORDING_BYTES as usize);
+        assert!(closing(123.4, 1 << 20).len() <= closing(MAX_T, 1 << 20).len());
+        assert!(closing(1e12, 1 << 20).len() <= closing(MAX_T, 1 << 20).len());
+    }
+
+    fn recording(max: u64) -> (tempfile::TempDir, Arc<Recording>) {
+        let d = tempfile::tempdir().unwrap();
+        let r = Recording::open(&d.path().join("x.cast"), max).unwrap();
+        (d, r)
+    }
+
+    #[test]
+    fn a_flood_stops_at_the_cap_with_a_marker() {
+        let (_d, rec) = recording(10_000);
+        rec.lock().line(&(header(80, 24) + "\n"), 0.0, 10_000);
+        rec.lock().ready = true;
+        for _ in 0..100 {
+            rec.tapped(&b"y\r\n\x1b]52;c;eA==\x07".repeat(100));
+        }
+        let text = std::fs::read_to_string(rec.path()).unwrap();
+        assert!(text.len() <= 10_000 && text.len() > 9_000, "{}", text.len());
+        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(last[1], "m");
+        assert_eq!(last[2], CUT_MARKER);
+        assert!(!text.contains("\\u001b]"));
+        let v = rec.view();
+        assert!(v.cut && v.bytes == text.len() as u64, "{v:?}");
+    }
+
+    #[test]
+    fn windows_are_bounded_whole_lines_and_page_through() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("w.cast");
+        let lines: Vec<String> = (0..1000)
+            .map(|i| format!("[{i}, \"o\", \"é{i}\"]\n"))
+            .collect();
+        std::fs::write(&p, lines.concat()).unwrap();
+        let (mut at, mut got) = (0, String::new());
+        loop {
+            let w = read_window(&p, at, 1000).unwrap();
+            assert!(w.text.len() <= 1000 && w.text.ends_with('\n'));
+            got += &w.text;
+            match w.next {
+                Some(n) => at = n,
+                None => break,
+            }
+        }
+        assert_eq!(got, lines.concat());
+        assert!(read_window(&p, 3, 1000)
+            .unwrap_err()
+            .contains("start of a line"));
+        assert!(read_window(&p, 1 << 40, 1000)
+            .unwrap_err()
+            .contains("past the end"));
+        assert!(read_window(&p, 0, 5).unwrap_err().contains("longer than"));
+    }
 }

@@ -13,8 +13,9 @@ pub mod user;
 pub use layer::Layer;
 pub use schema::{
     is_forbidden_env as schema_is_forbidden_env, parse_size, Act, Enforcement, Environment,
-    Filesystem, Limits, McpSettings, NetMode, Network, Preset, Profile, SandboxSettings,
-    ServerExit, Size, Toolset, WorkspaceSettings, MAX_RESTARTS,
+    Filesystem, Limits, McpSettings, NetMode, Network, Preset, Profile, RecordingSettings,
+    SandboxSettings, ServerExit, Size, Toolset, WorkspaceSettings, MAX_RESTARTS,
+    MIN_RECORDING_BYTES,
 };
 
 use std::collections::BTreeSet;
@@ -297,6 +298,8 @@ pub struct Policy {
     pub workspace: PathBuf,
     /// MCP settings (used by `serve`).
     pub mcp: McpSettings,
+    /// `serve --record` settings.
+    pub recording: RecordingSettings,
 }
 
 impl Loaded {
@@ -466,6 +469,7 @@ impl Loaded {
             landlock_abi: p.enforcement.landlock_abi,
             workspace: ctx.workspace.clone(),
             mcp: p.mcp.clone(),
+            recording: p.recording.clone(),
         })
     }
 }
@@ -599,6 +603,30 @@ mod tests {
                 (16, 128),
                 "{name}"
             );
+        }
+    }
+
+    #[test]
+    fn recording_cap_is_a_size_with_a_minimum() {
+        let text = "version = 1\ndescription = \"x\"\n[recording]\nmax_bytes = \"1KiB\"\n";
+        let err = parse("p.toml", text).unwrap_err().to_string();
+        assert!(
+            err.contains("p.toml")
+                && err.contains("recording.max_bytes")
+                && err.contains("line 4")
+                && err.contains("4KiB"),
+            "{err}"
+        );
+        let text = "version = 1\ndescription = \"x\"\n[recording]\nmax_bytes = \"8MiB\"\n";
+        assert_eq!(
+            parse("p.toml", text).unwrap().recording.max_bytes.0,
+            8 << 20
+        );
+        let p = parse("p.toml", "version = 1\ndescription = \"x\"\n").unwrap();
+        assert_eq!(p.recording.max_bytes.0, 64 << 20);
+        for (name, text) in BUILTINS {
+            let p = parse(name, text).unwrap();
+            assert_eq!(p.recording.max_bytes.0, 64 << 20, "{name}");
         }
     }
 

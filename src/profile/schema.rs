@@ -36,6 +36,34 @@ pub struct Profile {
     /// How the workspace is guarded against becoming a way back to the host (P8).
     #[serde(default)]
     pub workspace: WorkspaceSettings,
+    /// `serve --record` settings.
+    #[serde(default)]
+    pub recording: RecordingSettings,
+}
+
+/// `[recording]`: the `serve --record` file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordingSettings {
+    /// Largest size of the file; at it the recording ends with a notice and
+    /// a marker event (default 64MiB, at least 4KiB).
+    #[serde(default = "d_recording_max")]
+    pub max_bytes: Size,
+}
+
+/// The smallest `[recording] max_bytes`: a header and the closing lines fit.
+pub const MIN_RECORDING_BYTES: u64 = 4096;
+
+fn d_recording_max() -> Size {
+    Size(64 << 20)
+}
+
+impl Default for RecordingSettings {
+    fn default() -> Self {
+        RecordingSettings {
+            max_bytes: d_recording_max(),
+        }
+    }
 }
 
 /// `[workspace]`: the workspace guard (P8).
@@ -545,6 +573,9 @@ impl Profile {
                 "mcp.max_input_bytes",
                 format!("{} is outside 1024-1048576", m.max_input_bytes),
             );
+        }
+        if self.recording.max_bytes.0 < MIN_RECORDING_BYTES {
+            return bad("recording.max_bytes", "must be at least 4KiB".into());
         }
         Ok(())
     }

@@ -1356,62 +1356,90 @@ pub async fn call_read_tools_batch(c: &Call<'_>, a: Batch) -> Result<BatchResult
     Ok(BatchResult { results })
 }
 
+/// Most bytes of cast one `export_replay` answer holds.
+pub const REPLAY_MAX_BYTES: usize = 900_000;
+/// Fewest bytes a window may ask for (every line of a cast is shorter).
+const REPLAY_MIN_BYTES: usize = 65_536;
+
 /// `export_replay`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct Replay {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
+    /// Where in the recording to start: 0 (default) or a next_offset.
+    pub offset: Option<u64>,
+    /// Most bytes to return (65536-900000, default 900000).
+    pub max_bytes: Option<usize>,
 }
 
-/// An asciicast v2 document.
+/// An asciicast v2 document, or a window of one.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ReplayResult {
     /// "recording" (the --record file so far) or "snapshot" (the pane's screen now).
     pub mode: String,
-    /// The asciicast v2 text (header line, then one event per line).
+    /// Whole lines of asciicast v2 (a header at offset 0, then events).
     pub cast: String,
-    /// Whether the cast was cut to fit the response cap.
+    /// Whether more follows.
     pub truncated: bool,
+    /// Where this window starts.
+    pub offset: u64,
+    /// Where the next window starts (null at the end).
+    pub next_offset: Option<u64>,
+    /// Bytes of the whole recording (or snapshot).
+    pub size: u64,
+    /// Whether the recording stopped at [recording] max_bytes.
+    pub cut: bool,
 }
 
-/// The instance's terminal output as asciicast v2: the running recording when
-/// serve has --record, else a snapshot of a pane's screen.
+/// The instance's terminal output as asciicast v2: a window of the running
+/// recording when serve has --record, else a snapshot of a pane's screen.
+/// Never reads more of the file than the window.
 pub async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResult, ToolError> {
-    if let Some(path) = &c.s.record {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ToolError::Internal(format!("reading the recording: {e}")))?;
-        let limit = 900_000;
-        let truncated = text.len() > limit;
-        let cast = if truncated {
-            let mut cut = limit;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let upto = text[..cut].rfind('\n').map(|i| i + 1).unwrap_or(0);
-            text[..upto].to_string()
-        } else {
-            text
-        };
+    let max = a.max_bytes.unwrap_or(REPLAY_MAX_BYTES);
+    if !(REPLAY_MIN_BYTES..=REPLAY_MAX_BYTES).contains(&max) {
+        return Err(ToolError::invalid(
+            "max_bytes",
+            "must be 65536-900000",
+            "omit it for 900000",
+        ));
+    }
+    let offset = a.offset.unwrap_or(0);
+    if let Some(rec) = &c.s.record {
+        let w = crate::mcp::record::read_window(rec.path(), offset, max).map_err(|e| {
+            ToolError::invalid("offset", &e, "use 0 or the next_offset of the last answer")
+        })?;
         return Ok(ReplayResult {
             mode: "recording".into(),
-            cast,
-            truncated,
+            cast: w.text,
+            truncated: w.next.is_some(),
+            offset,
+            next_offset: w.next,
+            size: w.size,
+            cut: rec.view().cut,
         });
     }
+    if offset != 0 {
+        return Err(ToolError::invalid(
+            "offset",
+            "a snapshot is made anew by each call and has no offsets",
+            "omit offset (it pages through a --record recording)",
+        ));
+    }
     let p = targets::pane(c, &a.p).await?;
-    let (snap, w, h) = crate::mcp::record::snapshot(&c.s.hub(), &p.pane_id)
+    let cast = crate::mcp::record::snapshot_cast(&c.s.hub(), &p.pane_id)
         .await
         .map_err(ToolError::Internal)?;
-    let cast = format!(
-        "{}\n{}\n",
-        crate::mcp::record::header(w, h),
-        crate::mcp::record::event(0.0, &snap)
-    );
+    let size = cast.len() as u64;
+    let (cast, truncated) = crate::mcp::record::cut_lines(cast, max);
     Ok(ReplayResult {
         mode: "snapshot".into(),
         cast,
-        truncated: false,
+        truncated,
+        offset: 0,
+        next_offset: None,
+        size,
+        cut: false,
     })
 }
 
@@ -1466,6 +1494,8 @@ pub struct Status {
     /// Sessions, panes and host-side tmux clients now (null if tmux did not
     /// answer).
     pub in_use: Option<crate::mcp::bounds::InUse>,
+    /// The --record file (null without one).
+    pub recording: Option<crate::mcp::record::View>,
 }
 
 /// The limits an agent meets, in one place.
@@ -1575,6 +1605,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),
         limits: limits(&c.s.policy),
         in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
+        recording: c.s.record.as_ref().map(|r| r.view()),
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
