@@ -5,6 +5,7 @@
 //! stdout; a call starts only while less than [`LIMIT`] is owed, so the
 //! supervisor holds at most that much plus the calls already running.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -46,6 +47,44 @@ impl Backlog {
                 Some(o.saturating_sub(n))
             });
         self.paid.notify_waiters();
+    }
+}
+
+/// The read half of the transport: no request is read while [`LIMIT`] is
+/// owed, so nothing the client sends (a list request, an unknown method)
+/// can make answers pile up while it does not read them.
+pub(crate) struct Gated<R> {
+    inner: R,
+    backlog: Arc<Backlog>,
+    nap: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<R> Gated<R> {
+    /// Wraps `inner`.
+    pub(crate) fn new(inner: R, backlog: Arc<Backlog>) -> Self {
+        Gated {
+            inner,
+            backlog,
+            nap: None,
+        }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Gated<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        // Looked at again every 10 ms while the client owes reading.
+        while self.backlog.owed.load(Ordering::SeqCst) >= LIMIT {
+            let nap = self.nap.get_or_insert_with(|| {
+                Box::pin(tokio::time::sleep(std::time::Duration::from_millis(10)))
+            });
+            std::task::ready!(nap.as_mut().poll(cx));
+            self.nap = None;
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 

@@ -490,10 +490,15 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
     code
 }
 
-/// stdio, its write half paying the backlog of answers (`backlog`).
+/// stdio, its read half gated and its write half paying the backlog of
+/// answers (`backlog`).
 fn metered(state: &ctx::State) -> (stdio::Reader, stdio::Writer) {
     let (r, w) = stdio::transport();
-    (r, Box::new(backlog::Metered::new(w, state.backlog.clone())))
+    let b = &state.backlog;
+    (
+        Box::new(backlog::Gated::new(r, b.clone())),
+        Box::new(backlog::Metered::new(w, b.clone())),
+    )
 }
 
 /// Applies the user's retention to the default audit directory (where

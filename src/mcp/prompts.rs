@@ -49,12 +49,26 @@ fn get_str(args: Option<&Map<String, Value>>, k: &str) -> Option<String> {
     })
 }
 
+/// Longest prompt argument, in bytes.
+const MAX_ARG: usize = 32 * 1024;
+
 /// Renders a prompt.
 pub fn get(
     name: &str,
     args: Option<&Map<String, Value>>,
     ceiling: f64,
 ) -> Result<GetPromptResult, String> {
+    // A prompt quotes its arguments: each is as bounded as a call's text.
+    if let Some((k, _)) = args
+        .into_iter()
+        .flatten()
+        .find(|(_, v)| v.as_str().is_some_and(|s| s.len() > MAX_ARG))
+    {
+        return Err(format!(
+            "argument {:?} is longer than {MAX_ARG} bytes",
+            crate::mcp::text::shown(k)
+        ));
+    }
     let need = |k: &str| get_str(args, k).ok_or_else(|| format!("missing argument: {k}"));
     let text = match name {
         "run_and_wait" => {
@@ -85,7 +99,12 @@ pub fn get(
             let pane = need("pane_id")?;
             format!("Call send_keys with pane_id={pane} and keys=[\"C-c\"] (a key, not text). Then wait_for_stable, and get_pane_info: the foreground command should be the shell again. An echoed ^C is not proof that the program stopped; if it still runs, send C-c once more, then consider kill_pane.")
         }
-        other => return Err(format!("unknown prompt {other:?}")),
+        other => {
+            return Err(format!(
+                "unknown prompt {:?}",
+                crate::mcp::text::shown(other)
+            ))
+        }
     };
     Ok(GetPromptResult::new(vec![PromptMessage::new_text(
         Role::User,

@@ -38,6 +38,14 @@ fn obj(v: Value) -> Arc<JsonObject> {
     Arc::new(v.as_object().cloned().unwrap_or_default())
 }
 
+/// Every tool's MCP description, built once: an answer to `tools/list` then
+/// holds shared schemas (about 10 KB in memory) instead of fresh JSON trees
+/// (about 600 KB), which matters while answers wait for a client to read.
+fn described() -> &'static [Tool] {
+    static ALL: std::sync::OnceLock<Vec<Tool>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| catalog::TOOLS.iter().map(tool_of).collect())
+}
+
 /// The MCP description of a tool.
 pub fn tool_of(t: &ToolDef) -> Tool {
     let (ro, destructive, idempotent, open) = t.class.hints();
@@ -84,7 +92,7 @@ impl Server {
     /// it. Starts with "Unknown tool: NAME", as clients expect.
     fn why_absent(&self, name: &str) -> String {
         let Some(def) = catalog::find(name) else {
-            return format!("Unknown tool: {name}");
+            return format!("Unknown tool: {}", super::text::shown(name));
         };
         let set = toolset_name(def.toolset);
         if self.s.ceiling.contains(def.name) {
@@ -92,6 +100,13 @@ impl Server {
         } else {
             format!("Unknown tool: {name} (not enabled for this instance: it is in the {set} toolset, which this instance's profile ({}) and flags did not enable; start serve with --toolsets including {set}, or --tools {name})", self.s.policy.name)
         }
+    }
+
+    /// An answer, its size owed to the backlog until it is written.
+    fn owing<T: serde::Serialize>(&self, answer: T) -> T {
+        let n = serde_json::to_vec(&answer).map(|v| v.len()).unwrap_or(0);
+        self.s.backlog.owe(n);
+        answer
     }
 
     fn enabled(&self, name: &str) -> bool {
@@ -331,13 +346,15 @@ impl ServerHandler for Server {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(
+        self.s.backlog.room().await;
+        Ok(self.owing(ListToolsResult::with_all_items(
             catalog::TOOLS
                 .iter()
-                .filter(|t| self.enabled(t.name))
-                .map(tool_of)
+                .zip(described())
+                .filter(|(t, _)| self.enabled(t.name))
+                .map(|(_, d)| d.clone())
                 .collect(),
-        ))
+        )))
     }
 
     async fn call_tool(
@@ -478,7 +495,7 @@ impl ServerHandler for Server {
             )),
             m => Err(McpError::new(
                 ErrorCode::METHOD_NOT_FOUND,
-                format!("method not found: {m}"),
+                format!("method not found: {}", super::text::shown(m)),
                 None,
             )),
         }
@@ -489,6 +506,7 @@ impl ServerHandler for Server {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
+        self.s.backlog.room().await;
         let mut v = vec![Resource::new("sandmux://status", "status")
             .with_mime_type("application/json")
             .with_description("The layers confining this terminal, as reported by the sandbox")];
@@ -500,7 +518,7 @@ impl ServerHandler for Server {
         if self.inspect_enabled() {
             v.push(Resource::new("tmux://sessions", "sessions").with_mime_type("application/json"));
         }
-        Ok(ListResourcesResult::with_all_items(v))
+        Ok(self.owing(ListResourcesResult::with_all_items(v)))
     }
 
     async fn list_resource_templates(
@@ -508,10 +526,11 @@ impl ServerHandler for Server {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
+        self.s.backlog.room().await;
         if !self.inspect_enabled() {
-            return Ok(ListResourceTemplatesResult::with_all_items(vec![]));
+            return Ok(self.owing(ListResourceTemplatesResult::with_all_items(vec![])));
         }
-        Ok(ListResourceTemplatesResult::with_all_items(vec![
+        Ok(self.owing(ListResourceTemplatesResult::with_all_items(vec![
             ResourceTemplate::new("tmux://sessions/{session_name}", "session")
                 .with_mime_type("application/json"),
             ResourceTemplate::new("tmux://sessions/{session_name}/windows", "session windows")
@@ -525,7 +544,7 @@ impl ServerHandler for Server {
                 .with_mime_type("application/json"),
             ResourceTemplate::new("tmux://panes/{pane_id}/content", "pane content")
                 .with_mime_type("text/plain"),
-        ]))
+        ])))
     }
 
     async fn read_resource(
@@ -593,7 +612,8 @@ impl ServerHandler for Server {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        Ok(ListPromptsResult::with_all_items(super::prompts::list()))
+        self.s.backlog.room().await;
+        Ok(self.owing(ListPromptsResult::with_all_items(super::prompts::list())))
     }
 
     async fn get_prompt(
@@ -601,6 +621,7 @@ impl ServerHandler for Server {
         req: GetPromptRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
+        self.s.backlog.room().await;
         let t0 = Instant::now();
         let tool = format!("prompt:{}", req.name);
         let ticket =
@@ -626,7 +647,7 @@ impl ServerHandler for Server {
             args: &args,
         };
         self.audit_admitted(Some(ticket), &a, err.as_ref(), None);
-        r.map(Into::into)
+        r.map(|p| self.owing(p).into())
             .map_err(|e| McpError::invalid_params(e, None))
     }
 }

@@ -233,6 +233,15 @@ pub fn cap(text: &str, max_lines: usize, max_bytes: usize) -> Capped {
     }
 }
 
+/// A string the client sent, as an error message quotes it: at most 200
+/// characters, so no answer echoes megabytes back.
+pub fn shown(s: &str) -> String {
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -337,3 +337,70 @@ def test_a_client_that_never_reads_cannot_grow_the_supervisor(ws):
                 got.add(m["id"])
     finally:
         s.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system for the audit log needs root")
+def test_recovering_from_a_full_disk_keeps_the_room_of_running_calls():
+    """Found in the second review: recovery truncated the file, which freed
+    the room preallocated for calls still running, and a background writer
+    in the pane took it."""
+    with tempfile.TemporaryDirectory(prefix="sandmux-full-") as d:
+        d = pathlib.Path(d)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], check=True)
+        try:
+            work, log = d / "ws", d / "host" / "audit.jsonl"
+            work.mkdir()
+            s = Raw(work, log)
+            try:
+                s.tool("list_panes")
+                s.send({"jsonrpc": "2.0", "id": 100, "method": "tools/call", "params": {"name": "run_command", "arguments": {
+                    "command": "(while :; do head -c 4096 /dev/zero >> f2 2>/dev/null; done) & P=$!; head -c 9M /dev/zero > fill 2>/dev/null; sleep 4; kill $P; echo A-DONE",
+                    "timeout": 30}}})
+                time.sleep(2)
+                for i in range(3):
+                    s.send({"jsonrpc": "2.0", "id": 101 + i, "method": "tools/call", "params": {"name": "list_panes", "arguments": {}}})
+                    time.sleep(0.4)
+                got = {}
+                while len(got) < 4:
+                    m = json.loads(s.p.stdout.readline())
+                    if m.get("id") in (100, 101, 102, 103):
+                        got[m["id"]] = m
+                assert "A-DONE" in json.dumps(got[100]), got[100]
+                for f in ("fill", "f2"):
+                    (work / f).unlink(missing_ok=True)
+            finally:
+                s.stop()
+            recs = records(log)
+            assert any(r["tool"] == "run_command" for r in recs), [(r["tool"], r["outcome"]) for r in recs]
+            assert sm("audit", "verify", str(log)).returncode == 0
+        finally:
+            subprocess.run(["umount", "-l", str(d)])
+
+
+def test_unread_list_answers_cannot_grow_the_supervisor(ws):
+    """Found in the second review: 20,000 `tools/list` requests (60 bytes
+    each, 40 KB answers) never read grew the supervisor to 957 MB. Requests
+    are no longer read while 8 MiB of answers are owed."""
+    import threading
+    work, host = ws
+    s = Raw(work, host / "audit.jsonl")
+    try:
+        s.tool("list_panes")
+        rss0 = s.rss_kib()
+        n = 2000
+        line = "".join(json.dumps({"jsonrpc": "2.0", "id": 5000 + i, "method": "tools/list"}) + "\n" for i in range(n)).encode()
+        sender = threading.Thread(target=lambda: (s.p.stdin.write(line), s.p.stdin.flush()))
+        sender.start()
+        time.sleep(4)
+        grown = s.rss_kib() - rss0
+        # Without the gate: 2000 answers of 40 KB (80 MB) held at once.
+        assert grown < 48 * 1024, f"supervisor RSS grew {grown} KiB with {n} list answers unread"
+        got = 0
+        while got < n:
+            m = json.loads(s.p.stdout.readline())
+            if isinstance(m.get("id"), int) and m["id"] >= 5000:
+                assert len(m["result"]["tools"]) == 49
+                got += 1
+        sender.join(timeout=30)
+    finally:
+        s.stop()

@@ -25,7 +25,6 @@ pub use verify::{verify, Verified};
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -65,9 +64,10 @@ struct State {
     /// Records that could not be written (events, refusals) since the last one that was.
     unrecorded: u64,
     sealed: bool,
-    /// A failed write left bytes that could not be cut off: nothing more is
-    /// appended until they are.
-    torn: bool,
+    /// Where the bytes a failed write left end (0: none): the next record
+    /// is written over them and padded to cover them all. The file is never
+    /// truncated, since that would free the room kept for running calls.
+    dirty_end: u64,
 }
 
 /// The recent records as their JSON lines (memory is their length).
@@ -252,7 +252,7 @@ impl Audit {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .read(true)
-            .append(true)
+            .write(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)
@@ -277,7 +277,7 @@ impl Audit {
             refused: 0,
             unrecorded: 0,
             sealed: false,
-            torn: false,
+            dirty_end: 0,
         };
         Ok(Audit {
             path: path.to_path_buf(),
@@ -348,15 +348,9 @@ impl Audit {
         }
     }
 
-    /// Back to writing once the room is there again: a torn tail from the
-    /// failed write is cut off, and a record says how many calls were refused.
+    /// Back to writing once the room is there again, with a record that says
+    /// how many calls were refused.
     fn recover(&self, st: &mut State) {
-        // Cut a torn tail off first: truncating frees what was preallocated
-        // past it, so the room is taken after.
-        if st.file.set_len(st.len).is_err() {
-            return;
-        }
-        st.torn = false;
         let need = (st.inflight + 3) * RECORD_MAX as u64;
         if st.len + need > self.limit || room(&st.file, st.len, need).is_err() {
             return;
@@ -418,7 +412,7 @@ impl Audit {
         // Admitted calls and the seal write into room kept for them, whatever
         // happened since; everything else needs a healthy log and room.
         let kept = matches!(kind, Kind::Admitted | Kind::Seal);
-        if st.sealed || st.torn || (!kept && st.health != Health::Ok) {
+        if st.sealed || (!kept && st.health != Health::Ok) {
             st.unrecorded += 1;
             return false;
         }
@@ -429,19 +423,28 @@ impl Audit {
         let hash = hash_line(&st.prev, &body);
         let mut line = body;
         line.pop();
-        line.push_str(&format!(",\"hash\":\"{hash}\"}}\n"));
+        line.push_str(&format!(",\"hash\":\"{hash}\""));
+        // Over what a failed write left: JSON spaces (`verify` hashes the
+        // parsed record, so they change nothing).
+        let end = st.len + line.len() as u64 + 2;
+        line.extend(std::iter::repeat_n(
+            ' ',
+            st.dirty_end.saturating_sub(end) as usize,
+        ));
+        line.push_str("}\n");
         if !kept && !self.fits(st, line.len() as u64, kind) {
             st.unrecorded += 1;
             return false;
         }
-        if let Err(e) = st.file.write_all(line.as_bytes()) {
+        use std::os::unix::fs::FileExt;
+        if let Err(e) = st.file.write_all_at(line.as_bytes(), st.len) {
             self.set(st, Health::Failing(e.to_string()));
-            // What the failed write left is cut off, or nothing follows it.
-            st.torn = st.file.set_len(st.len).is_err();
-            let _ = room(&st.file, st.len, (st.inflight + 1) * RECORD_MAX as u64);
+            let size = st.file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+            st.dirty_end = st.dirty_end.max(size.min(st.len + line.len() as u64));
             st.unrecorded += 1;
             return false;
         }
+        st.dirty_end = 0;
         st.len += line.len() as u64;
         st.seq += 1;
         st.prev = hash;
