@@ -261,8 +261,12 @@ pub fn attach(f: &Found, read_write: bool) -> Result<i32, String> {
         .map_err(|e| e.to_string())?;
     let first = String::from_utf8_lossy(&list.stdout)
         .lines()
-        .find(|l| !l.ends_with(&format!(" {}", crate::tmux::hub::CONTROL_SESSION)))
-        .and_then(|l| l.split(' ').next().map(str::to_string))
+        // The name is compared whole: tools refuse names starting with the
+        // control session's, and a suffix match would let a session named
+        // "x _sandmux" steer which one the human sees.
+        .filter_map(|l| l.split_once(' '))
+        .find(|(_, name)| *name != crate::tmux::hub::CONTROL_SESSION)
+        .map(|(id, _)| id.to_string())
         .ok_or("the instance has no session to attach to")?;
     let mut c = std::process::Command::new(&tmux);
     c.args(["-N", "-u", "-S"]).arg(&sock).args([

@@ -50,7 +50,8 @@ fn event_line(t: f64, kind: &str, data: &str) -> String {
 /// The lines that end a cut recording: a notice the viewer sees, then the marker.
 fn closing(t: f64, max: u64) -> String {
     let notice = format!(
-        "\r\n\x1b[0m[sandmux: recording cut: it reached [recording] max_bytes = {max}]\r\n"
+        "{}\r\n[sandmux: recording cut: it reached [recording] max_bytes = {max}]\r\n",
+        crate::mcp::replay_filter::RESTORE
     );
     event_line(t, "o", &notice) + &event_line(t, "m", CUT_MARKER)
 }
@@ -109,6 +110,7 @@ pub async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, String> {
         filter.feed(piece, &mut out);
         cast += &event_line(0.0, "o", &out);
     }
+    cast += &event_line(0.0, "o", crate::mcp::replay_filter::RESTORE);
     Ok(cast)
 }
 

@@ -39,6 +39,15 @@ pub const KEPT_MODES: &[u32] = &[5, 6, 7, 25, 47, 1047, 1048, 1049, 2004, 2026];
 
 const MAX_PARAM: u32 = 65535;
 
+/// Most repetitions `CSI n b` may ask for (a screen's worth): more would
+/// only make the viewer's terminal draw for minutes.
+const MAX_REPEAT: u32 = 10_000;
+
+/// What puts a viewer's terminal back as it was, written after a cut
+/// recording and a snapshot: SGR, charsets (G0, G1, SI), insert mode, the
+/// scrolling region, and the kept private modes to their defaults.
+pub const RESTORE: &str = "\x1b[0m\x1b(B\x1b)B\x0f\x1b[4l\x1b[r\x1b[?5l\x1b[?6l\x1b[?7h\x1b[?25h\x1b[?2004l\x1b[?2026l\x1b[?1049l";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Ground,
@@ -302,7 +311,8 @@ fn csi_kept(p: &[u8], f: u8) -> Option<String> {
     let first = nums.first().copied().flatten().unwrap_or(0);
     let ok = match f {
         b'@' | b'A'..=b'I' | b'K' | b'L' | b'M' | b'P' | b'S' | b'X' | b'Z' | b'`' => true,
-        b'a' | b'b' | b'd' | b'e' | b'f' | b'g' | b'm' | b'r' | b's' => true,
+        b'a' | b'd' | b'e' | b'f' | b'g' | b'm' | b'r' | b's' => true,
+        b'b' => first <= MAX_REPEAT,
         b'J' => first <= 2,
         b'T' => nums.len() == 1,
         b'u' => params.is_empty(),
