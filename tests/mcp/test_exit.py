@@ -172,7 +172,6 @@ def test_sigterm_at_every_point_of_start_up_gives_0_and_leaves_nothing(ws):
     """SIGTERM 0, 5, ... 300 ms after serve reached its own code (before the
     sandbox exists, while it starts, before the MCP handshake), during the
     handshake, and after it: always status 0, nothing left on the host."""
-    mounts = pathlib.Path("/proc/self/mountinfo").read_text()
     cg = own_cgroup_dir()
     statuses = {}
     for d in range(0, 301, 5):
@@ -187,7 +186,10 @@ def test_sigterm_at_every_point_of_start_up_gives_0_and_leaves_nothing(ws):
     r = run_helper(ws, "handshake")
     assert r["rc"] == 0, r["stderr"]
     assert_clean(r, cg)
-    assert pathlib.Path("/proc/self/mountinfo").read_text() == mounts
+    # No mount of the host's namespace names the workspace or a runtime dir
+    # (other mounts come and go with whatever else runs on the machine).
+    ours = [l for l in pathlib.Path("/proc/self/mountinfo").read_text().splitlines() if str(ws[0]) in l or str(ws[1]) in l]
+    assert not ours, ours
 
 
 @pytest.mark.parametrize("how", ["sigint", "sighup"])
