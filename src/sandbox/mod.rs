@@ -17,6 +17,7 @@ pub mod probe;
 pub mod report;
 pub mod rundir;
 pub mod seccomp;
+pub mod systemd;
 
 use crate::profile::{Layer, Policy};
 use report::Message;
