@@ -327,27 +327,32 @@ fn main() -> ExitCode {
             audit_log,
             no_session,
             record,
-        } => match resolve(&target) {
-            Ok(policy) => {
-                let flags = sandmux::mcp::toolsets::Flags {
-                    toolsets,
-                    tools,
-                    exclude_tools,
-                };
-                let code = sandmux::mcp::serve(
-                    policy,
-                    sandmux::mcp::Options {
-                        flags,
-                        audit_log,
-                        no_session,
-                        record,
-                    },
-                );
-                // Never return through the runtime: stdin's blocking reader would hold it.
-                std::process::exit(code)
-            }
-            Err(c) => c,
-        },
+        } => {
+            // First, before any thread exists: from here on a termination
+            // signal is serve's own (a clean stop), never the default action.
+            let stop = sandmux::mcp::exit::Stop::install();
+            let code = match resolve(&target) {
+                Ok(policy) => {
+                    let flags = sandmux::mcp::toolsets::Flags {
+                        toolsets,
+                        tools,
+                        exclude_tools,
+                    };
+                    sandmux::mcp::serve(
+                        policy,
+                        sandmux::mcp::Options {
+                            flags,
+                            audit_log,
+                            no_session,
+                            record,
+                        },
+                        &stop,
+                    )
+                }
+                Err(_) => EXIT_USAGE,
+            };
+            sandmux::mcp::exit::finish(code)
+        }
         Cmd::Git {
             cmd: GitCmd::Fetch { id, prune },
         } => match sandmux::guard::commit::fetch(&id, prune) {

@@ -190,6 +190,14 @@ pub fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<()> {
             Err(e) => format!("unavailable ({e})"),
         }
     )?;
+    writeln!(
+        out,
+        "  systemd (user)    {}",
+        match &k.systemd_user {
+            Ok(v) => format!("can delegate a cgroup ({v})"),
+            Err(e) => format!("none ({e})"),
+        }
+    )?;
     if let Some(e) = &r.error {
         writeln!(out, "\nERROR: {e}")?;
     }

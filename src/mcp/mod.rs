@@ -6,8 +6,9 @@
 //! this (main) thread, so the sandbox's parent-death signal is tied to a thread
 //! that lives as long as sandmux → create the hidden control session → start
 //! the tokio runtime → connect the hub → record the configuration baseline →
-//! serve MCP over stdio. End of stdin, SIGTERM, SIGINT, `kill_server` or the
-//! server's death all end in the same teardown.
+//! serve MCP over stdio. End of stdin, SIGTERM, SIGINT, SIGHUP, `sandmux stop`,
+//! `kill_server` or the server's death all end in the same teardown; a signal
+//! during start-up ends it at the next step ([`exit`]).
 
 pub mod audit;
 mod backlog;
@@ -18,6 +19,7 @@ pub mod ctx;
 pub mod drift;
 pub mod endpoint;
 pub mod error;
+pub mod exit;
 pub mod oom;
 pub mod prompts;
 pub mod record;
@@ -40,7 +42,6 @@ use rmcp::ServiceExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// Options of `sandmux serve`.
 #[derive(Debug, Clone)]
@@ -219,8 +220,20 @@ pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
         .join(format!("{secs}-{id}.jsonl")))
 }
 
-/// Runs the server; returns the process exit status.
-pub fn serve(policy: Policy, opts: Options) -> i32 {
+/// Start-up was asked to stop (a signal, see [`exit`]): ends what exists,
+/// seals the audit log with status 0 and returns 0.
+fn stopped(audit: &audit::Audit, inst: Option<Instance>, sig: nix::sys::signal::Signal) -> i32 {
+    eprintln!("sandmux: {sig} during start-up: stopped");
+    if let Some(i) = inst {
+        i.stop();
+    }
+    audit.seal(0);
+    0
+}
+
+/// Runs the server; returns the process exit status. `stop` must have been
+/// installed before any thread was started ([`exit::Stop::install`]).
+pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let ceiling = match toolsets::select(&policy.mcp.toolsets, policy.mcp.preset, &opts.flags, &env)
     {
@@ -299,20 +312,37 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             return crate::sandbox::EXIT_USAGE;
         }
     }
+    if let Some(sig) = stop.signal() {
+        return stopped(&audit, None, sig);
+    }
+    // A start-up step that fails while a stop is pending is reported, and the
+    // stop decides the status (a terminal's ^C reaches the sandbox too).
     let inst = match Instance::start(policy.clone()) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("sandmux: {e}");
-            return e.exit_code();
+            return match stop.signal() {
+                Some(sig) => stopped(&audit, None, sig),
+                None => e.exit_code(),
+            };
         }
     };
+    if let Some(sig) = stop.signal() {
+        return stopped(&audit, Some(inst), sig);
+    }
     let control_id = match sessions(&inst, opts.no_session) {
         Ok(id) => id,
         Err(e) => {
             eprintln!("sandmux: {e}");
-            return crate::sandbox::EXIT_INTERNAL;
+            return match stop.signal() {
+                Some(sig) => stopped(&audit, Some(inst), sig),
+                None => crate::sandbox::EXIT_INTERNAL,
+            };
         }
     };
+    if let Some(sig) = stop.signal() {
+        return stopped(&audit, Some(inst), sig);
+    }
     let tmux_version = std::process::Command::new(&inst.tmux)
         .arg("-V")
         .output()
@@ -353,18 +383,23 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         .map(|g| reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir()));
     let last_reverts = reverts.clone();
     let no_session = opts.no_session;
+    let shutdown = stop.token();
     let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
     let cell = inst.clone();
     let code = rt.block_on(async move {
+        // A stop that came meanwhile (the token is the signals' too) ends here.
+        let stopping = |code| if shutdown.is_cancelled() { 0 } else { code };
+        if shutdown.is_cancelled() {
+            return 0;
+        }
         let watchers = policy.limits.max_sessions as usize;
         let hub = match Hub::connect(&tmux, &socket, &control_id, watchers).await {
             Ok(h) => h,
             Err(e) => {
                 eprintln!("sandmux: {e}");
-                return crate::sandbox::EXIT_INTERNAL;
+                return stopping(crate::sandbox::EXIT_INTERNAL);
             }
         };
-        let shutdown = CancellationToken::new();
         let state = Arc::new(ctx::State {
             hub_now: std::sync::RwLock::new(hub.clone()),
             max_input: policy.mcp.max_input_bytes as usize,
@@ -386,7 +421,8 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         });
         if let Err(e) = state.drift.record(&hub).await {
             eprintln!("sandmux: {e}");
-            return crate::sandbox::EXIT_INTERNAL;
+            hub.shutdown();
+            return stopping(crate::sandbox::EXIT_INTERNAL);
         }
         let st = state.clone();
         tokio::spawn(async move { st.drift.scanner(|| st.hub()).await });
@@ -396,14 +432,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         if let Some(r) = &reverts {
             tokio::spawn(r.clone().run());
         }
-        // Termination: signals, the server's death.
-        let sd = shutdown.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup())) else { return };
-            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {}, _ = hup.recv() => {} }
-            sd.cancel();
-        });
+        // Termination signals cancel `shutdown` from the signal thread (exit.rs).
         // The server's death: end the instance, or restart as the profile says.
         let (st, sd, w) = (state.clone(), shutdown.clone(), oom.clone());
         tokio::spawn(async move {
@@ -446,7 +475,8 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         if let Some(rec) = &record {
             if let Err(e) = rec.start(&hub, &control_id).await {
                 eprintln!("sandmux: --record: {e}");
-                return crate::sandbox::EXIT_USAGE;
+                state.hub().shutdown();
+                return stopping(crate::sandbox::EXIT_USAGE);
             }
         }
         let server = server::Server { s: state.clone() };
@@ -454,10 +484,13 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
             r = server.serve_with_ct(metered(&state), shutdown.clone()) => match r {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("sandmux: MCP start-up: {e}");
+                    let code = stopping(1);
+                    if code != 0 {
+                        eprintln!("sandmux: MCP start-up: {e}");
+                    }
                     shutdown.cancel();
                     state.hub().shutdown();
-                    return 1;
+                    return code;
                 }
             },
             _ = shutdown.cancelled() => { state.hub().shutdown(); return 0; }
@@ -468,7 +501,7 @@ pub fn serve(policy: Policy, opts: Options) -> i32 {
         state.hub().shutdown();
         match reason {
             Ok(_) => 0,
-            Err(_) => 1,
+            Err(_) => stopping(1),
         }
     });
     // stdin's reader is a blocking thread that only ends when the client

@@ -95,7 +95,7 @@ impl Layer {
             Layer::LandlockScope => "Landlock scopes need ABI 6 (Linux 6.12+); upgrade the kernel or add \"landlock-scope\" to [enforcement] best_effort (pid/net namespaces then cover signals and abstract sockets)",
             Layer::Seccomp => "enable seccomp filtering in the kernel (CONFIG_SECCOMP_FILTER=y) and do not run under a policy that forbids it",
             Layer::Rlimits => "setrlimit failed; check the hard limits of the calling shell (ulimit -H)",
-            Layer::Cgroup => "run sandmux in a writable, delegated cgroup (e.g. systemd-run --user --scope -p Delegate=yes sandmux ...) or add \"cgroup\" to [enforcement] best_effort",
+            Layer::Cgroup => "run sandmux where it can write a cgroup: a cgroup v2 subtree delegated to this user with the pids and memory controllers, or a session with a systemd user manager (sandmux then asks it for a transient scope with Delegate=yes itself), or as root; or add \"cgroup\" to [enforcement] best_effort",
             Layer::Caps => "capability dropping failed; do not run sandmux under a security module that forbids capset/prctl",
             Layer::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS) failed; this kernel is too old for sandmux",
             Layer::Keyring => "joining a fresh session keyring (keyctl) was refused, as a container runtime's seccomp profile does; add \"keyring\" to [enforcement] best_effort (the sandbox's own filter still denies every keyring call inside)",

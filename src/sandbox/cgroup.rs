@@ -2,10 +2,12 @@
 //!
 //! The supervisor creates the cgroup on the host side and writes the limits;
 //! `sandmux __init` moves itself in (writing `0` to `cgroup.procs`) before it
-//! creates any namespace, so everything in the sandbox is counted. cgroup v2 is
-//! used when the caller's cgroup is writable and has the `pids` and `memory`
-//! controllers; otherwise the v1 `pids` and `memory` hierarchies (hybrid hosts,
-//! usually root only). Without either the layer is missing and the profile
+//! creates any namespace, so everything in the sandbox is counted. In order:
+//! cgroup v2 when the caller's cgroup is writable and delegates the `pids` and
+//! `memory` controllers; else a transient scope with `Delegate=yes` from a
+//! systemd user manager ([`super::systemd`]); else the v1 `pids` and `memory`
+//! hierarchies (hybrid hosts, usually root only). Without any of them the
+//! layer is missing, the reason names what each lacked, and the profile
 //! decides (the built-ins mark it best-effort; RLIMIT_NPROC stays as backstop).
 
 use std::path::{Path, PathBuf};
@@ -17,6 +19,9 @@ pub struct Cgroup {
     pub dirs: Vec<PathBuf>,
     /// "v2" or "v1".
     pub version: String,
+    /// The systemd transient scope it was made in, if it was.
+    #[serde(default)]
+    pub scope: Option<String>,
 }
 
 fn own_path(controller: Option<&str>) -> Option<String> {
@@ -56,24 +61,33 @@ fn write(p: &Path, v: &str) -> std::io::Result<()> {
     std::fs::write(p, v)
 }
 
-/// Creates a cgroup named `name` with the limits, or says why it cannot.
-pub fn create(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
-    let v2 = try_v2(name, pids, memory);
-    if let Ok(cg) = v2 {
-        return Ok(cg);
-    }
-    let v1 = try_v1(name, pids, memory);
-    match (v2, v1) {
-        (_, Ok(cg)) => Ok(cg),
-        (Err(a), Err(b)) => Err(format!("no writable cgroup: v2: {a}; v1: {b}")),
-        (Ok(_), Err(_)) => unreachable!("v2 success returned above"),
-    }
+/// The cgroup2 mount point.
+pub(crate) fn v2_mount() -> Option<PathBuf> {
+    mountpoint("cgroup2", None)
 }
 
-fn try_v2(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
-    let mnt = mountpoint("cgroup2", None).ok_or("no cgroup2 mount")?;
+/// Creates a cgroup named `name` with the limits, or says why it cannot.
+pub fn create(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+    let own = own_v2_dir().and_then(|p| try_v2(&p, name, pids, memory));
+    let Err(own) = own else { return own };
+    let scoped = super::systemd::delegated_scope().and_then(|scope| {
+        let mut cg = try_v2(&scope, name, pids, memory)?;
+        cg.scope = scope.file_name().map(|n| n.to_string_lossy().into_owned());
+        Ok(cg)
+    });
+    let Err(scoped) = scoped else { return scoped };
+    try_v1(name, pids, memory)
+        .map_err(|v1| format!("no writable cgroup: v2: {own}; systemd: {scoped}; v1: {v1}"))
+}
+
+/// This process's own cgroup v2 directory.
+fn own_v2_dir() -> Result<PathBuf, String> {
+    let mnt = v2_mount().ok_or("no cgroup2 mount")?;
     let own = own_path(None).ok_or("no cgroup v2 entry in /proc/self/cgroup")?;
-    let parent = mnt.join(own.trim_start_matches('/'));
+    Ok(mnt.join(own.trim_start_matches('/')))
+}
+
+fn try_v2(parent: &Path, name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
     let controllers =
         std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
     if !(controllers.split_whitespace().any(|c| c == "pids")
@@ -89,6 +103,7 @@ fn try_v2(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
     let cg = Cgroup {
         dirs: vec![dir.clone()],
         version: "v2".into(),
+        scope: None,
     };
     let res = write(&dir.join("pids.max"), &pids.to_string())
         .and_then(|_| write(&dir.join("memory.max"), &memory.to_string()))
@@ -105,6 +120,7 @@ fn try_v1(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
     let mut cg = Cgroup {
         dirs: vec![],
         version: "v1".into(),
+        scope: None,
     };
     for (ctrl, file, value) in [
         ("pids", "pids.max", pids),
@@ -129,6 +145,17 @@ fn try_v1(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
 }
 
 impl Cgroup {
+    /// Where it is, for reports: "v2", "v1", or "v2 in the systemd scope …".
+    pub fn place(&self) -> String {
+        match &self.scope {
+            Some(s) => format!(
+                "{} in the systemd transient scope {s} (Delegate=yes)",
+                self.version
+            ),
+            None => self.version.clone(),
+        }
+    }
+
     /// Moves the calling process into the cgroup.
     pub fn join_self(&self) -> std::io::Result<()> {
         for d in &self.dirs {
@@ -187,6 +214,7 @@ mod tests {
         let cg = Cgroup {
             dirs: vec![d.path().to_path_buf()],
             version: "v1".into(),
+            scope: None,
         };
         // v1 lists oom_kill_disable before oom_kill.
         std::fs::write(

@@ -163,7 +163,9 @@ fn outer(plan: &Plan, rep: &mut Reporter) -> Result<i32, Stop> {
                 Layer::Cgroup,
                 format!(
                     "{} pids.max={} memory={}",
-                    cg.version, policy.limits.processes, policy.limits.memory.0
+                    cg.place(),
+                    policy.limits.processes,
+                    policy.limits.memory.0
                 ),
             );
         }

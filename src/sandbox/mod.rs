@@ -20,6 +20,7 @@ pub mod report;
 pub mod rundir;
 pub mod seccomp;
 pub(crate) mod syscalls;
+pub mod systemd;
 
 use crate::profile::{Layer, Policy};
 use report::Message;

@@ -16,6 +16,9 @@ pub struct Kernel {
     pub seccomp: bool,
     /// Where a cgroup can be created, or why not.
     pub cgroup: Result<String, String>,
+    /// The systemd user manager that can delegate a cgroup, or exactly why
+    /// there is none.
+    pub systemd_user: Result<String, String>,
 }
 
 /// Measures the kernel: each feature is tried, not assumed.
@@ -26,8 +29,10 @@ pub fn kernel() -> Kernel {
     let name = format!("sandmux-probe-{}", &super::rundir::random_hex()[..8]);
     let cgroup = super::cgroup::create(&name, 64, 64 << 20).map(|cg| {
         cg.remove();
-        cg.version
+        cg.place()
     });
+    let systemd_user = super::systemd::detect(&super::systemd::Facts::here())
+        .map(|m| format!("user bus {}", m.bus.display()));
     Kernel {
         release,
         landlock_abi: super::landlock::kernel_abi(),
@@ -37,6 +42,7 @@ pub fn kernel() -> Kernel {
                 .map(|s| s.contains("errno"))
                 .unwrap_or(true),
         cgroup,
+        systemd_user,
     }
 }
 

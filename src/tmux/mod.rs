@@ -99,11 +99,25 @@ pub fn make_cgroup(
             rundir.set_cgroup(cg.clone());
             Ok(Ok(cg))
         }
-        Err(reason) if policy.best_effort.contains(&crate::profile::Layer::Cgroup) => {
-            Ok(Err(reason))
-        }
+        Err(reason) if policy.best_effort.contains(&crate::profile::Layer::Cgroup) => Ok(Err(
+            format!("{reason}. In force instead: {}", without_cgroup(policy)),
+        )),
         Err(reason) => Err(StartError::layer(crate::profile::Layer::Cgroup, &reason)),
     }
+}
+
+/// What limits a sandbox without a cgroup: no memory limit at all, and
+/// processes only by RLIMIT_NPROC (which the kernel ignores for host root).
+pub fn without_cgroup(policy: &Policy) -> String {
+    let nproc = if nix::unistd::geteuid().is_root() {
+        "no process limit (RLIMIT_NPROC is not enforced for host root)".to_string()
+    } else {
+        format!(
+            "processes limited by RLIMIT_NPROC={} only",
+            policy.limits.processes
+        )
+    };
+    format!("no memory limit; {nproc}; no OOM kill counts")
 }
 
 /// The plan for a sandbox (shared by `run` and the tmux instance).

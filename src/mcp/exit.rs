@@ -1,0 +1,141 @@
+//! How `serve` ends: termination signals are `serve`'s own from its first
+//! instruction on, and every child is reaped before the process exits.
+//!
+//! [`Stop::install`] blocks SIGTERM, SIGINT and SIGHUP before any thread
+//! exists, so every thread inherits the mask and no signal can take the
+//! default action (death with status 143) at any later moment of start-up. One
+//! thread takes them with sigwait(2): it records the first and cancels the
+//! stop token. Start-up looks at it between its steps (tearing down what
+//! exists, then exit status 0); once the runtime runs, the token is the
+//! runtime's shutdown. Children do not inherit the mask: std's `Command`
+//! (which tokio's uses) empties it in the child before exec, and
+//! `sandmux __init` resets every signal again (`sandbox::init`).
+
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The signals that stop `serve`.
+const STOP_SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+
+/// How long the last sweep waits for killed children to be reapable.
+pub const REAP_LIMIT: Duration = Duration::from_secs(3);
+
+/// A request to stop: the first termination signal, or any other cause that
+/// cancels the token (stdin closed, `sandmux stop`, `kill_server`).
+#[derive(Clone)]
+pub struct Stop {
+    token: CancellationToken,
+    signal: Arc<AtomicI32>,
+}
+
+impl Stop {
+    /// Blocks the stop signals in the calling thread and starts the thread
+    /// that takes them. Call it on the main thread before any other thread is
+    /// started (threads inherit the mask; one started earlier could still
+    /// take a signal with its default action).
+    pub fn install() -> Stop {
+        let stop = Stop {
+            token: CancellationToken::new(),
+            signal: Arc::new(AtomicI32::new(0)),
+        };
+        let mut set = SigSet::empty();
+        for s in STOP_SIGNALS {
+            set.add(s);
+        }
+        if let Err(e) = set.thread_block() {
+            eprintln!("sandmux: blocking termination signals: {e}");
+        }
+        let s = stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sandmux-signals".into())
+            .spawn(move || loop {
+                if let Ok(sig) = set.wait() {
+                    // The first signal is the one reported; later ones only
+                    // arrive during the teardown it started.
+                    let _ = s.signal.compare_exchange(
+                        0,
+                        sig as i32,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    );
+                    s.token.cancel();
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("sandmux: the signal thread: {e}");
+        }
+        stop
+    }
+
+    /// The token the runtime shuts down on.
+    pub fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
+    /// The termination signal received so far, if any.
+    pub fn signal(&self) -> Option<Signal> {
+        match self.signal.load(Ordering::SeqCst) {
+            0 => None,
+            n => Signal::try_from(n).ok(),
+        }
+    }
+}
+
+/// Ends `serve`: reaps every child, then exits with `code` (never through
+/// the runtime: stdin's blocking reader would hold it).
+pub fn finish(code: i32) -> ! {
+    reap_children(REAP_LIMIT);
+    std::process::exit(code)
+}
+
+/// This process's children, from the parent links in /proc.
+fn children() -> Vec<Pid> {
+    let me = std::process::id().to_string();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            stat.rfind(')')
+                .and_then(|i| stat.get(i + 2..))
+                .and_then(|rest| rest.split(' ').nth(1))
+                == Some(me.as_str())
+        })
+        .map(Pid::from_raw)
+        .collect()
+}
+
+/// The last step before `serve` exits: every child still there (the tmux
+/// control clients of the last hub are killed but not yet collected, since
+/// their reapers ran on the runtime that has stopped) is killed and reaped,
+/// so none is left as a zombie for the parent to collect. A child's pid
+/// cannot be reused before this process reaps it, so the kill cannot hit
+/// another process. Returns how many were reaped.
+pub fn reap_children(limit: Duration) -> usize {
+    for pid in children() {
+        let _ = kill(pid, Signal::SIGKILL);
+    }
+    let deadline = Instant::now() + limit;
+    let mut reaped = 0;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Ok(WaitStatus::StillAlive) => {
+                eprintln!("sandmux: a child did not end within {limit:?} of SIGKILL");
+                return reaped;
+            }
+            Ok(_) => reaped += 1,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return reaped, // ECHILD: none left
+        }
+    }
+}
