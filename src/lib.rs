@@ -9,6 +9,7 @@
 pub mod check;
 pub mod guard;
 pub mod mcp;
+pub mod nonce;
 pub mod operator;
 pub mod profile;
 pub mod sandbox;

@@ -256,7 +256,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         } else {
             ceiling.clone()
         };
-    let id = crate::sandbox::rundir::random_hex()[..12].to_string();
+    let id = crate::nonce::hex()[..12].to_string();
     let audit_path = match opts
         .audit_log
         .clone()

@@ -123,8 +123,8 @@ pub async fn listing_by(
     with: impl FnOnce(String) -> Cmd,
     fields: &[Field],
 ) -> Result<Vec<Vec<String>>, ToolError> {
-    let sep = format!("<{}>", &crate::sandbox::rundir::random_hex()[..12]);
-    let end = format!("<{}>", &crate::sandbox::rundir::random_hex()[..12]);
+    let sep = format!("<{}>", &crate::nonce::hex()[..12]);
+    let end = format!("<{}>", &crate::nonce::hex()[..12]);
     let mut fmt = String::new();
     for (i, (f, q)) in fields.iter().enumerate() {
         if i > 0 {

@@ -26,7 +26,7 @@ pub fn kernel() -> Kernel {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
-    let name = format!("sandmux-probe-{}", &super::rundir::random_hex()[..8]);
+    let name = format!("sandmux-probe-{}", &crate::nonce::hex()[..8]);
     let cgroup = super::cgroup::create(&name, 64, 64 << 20).map(|cg| {
         cg.remove();
         cg.place()

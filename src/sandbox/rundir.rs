@@ -18,37 +18,6 @@ pub struct Rundir {
     pub cgroup: Option<super::cgroup::Cgroup>,
 }
 
-/// 16 random bytes from the kernel (getrandom(2)), as 32 hex digits.
-///
-/// These name instances and make the separators and sentinels that tmux output
-/// is framed with unguessable, so there is no fallback to a weak source: if the
-/// kernel cannot give randomness, sandmux stops here.
-pub fn random_hex() -> String {
-    let mut b = [0u8; 16];
-    let mut filled = 0;
-    while filled < b.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of `b`.
-        let n = unsafe { libc::getrandom(b[filled..].as_mut_ptr().cast(), b.len() - filled, 0) };
-        match n {
-            n if n > 0 => filled += n as usize,
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-            _ => panic!(
-                "getrandom(2) failed: {} (sandmux needs kernel randomness)",
-                std::io::Error::last_os_error()
-            ),
-        }
-    }
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    b.iter()
-        .flat_map(|x| {
-            [
-                HEX[usize::from(x >> 4)] as char,
-                HEX[usize::from(x & 15)] as char,
-            ]
-        })
-        .collect()
-}
-
 /// The base directory for this user's instances, created 0700 and checked.
 pub fn base() -> Result<PathBuf, String> {
     let uid = nix::unistd::geteuid().as_raw();
@@ -124,7 +93,7 @@ pub fn clean_stale(base: &Path) -> Vec<PathBuf> {
         // Claimed by an atomic rename first: of several starts cleaning at
         // once, exactly one removes each directory (two `remove_dir_all`s on
         // one tree can both stop half-way on each other's ENOENTs).
-        let claimed = base.join(format!(".del-{}", &random_hex()[..12]));
+        let claimed = base.join(format!(".del-{}", &crate::nonce::hex()[..12]));
         if std::fs::rename(&p, &claimed).is_err() {
             continue; // someone else claimed it
         }
@@ -146,7 +115,7 @@ impl Rundir {
     pub fn create() -> Result<Rundir, String> {
         let base = base()?;
         clean_stale(&base);
-        let id = random_hex()[..12].to_string();
+        let id = crate::nonce::hex()[..12].to_string();
         // Built under a staging name and renamed, so a concurrent start never sees
         // (and cleans) a directory whose owner file is not written yet.
         let staging = base.join(format!(".new-{id}"));

@@ -129,7 +129,7 @@ pub fn delegated_scope() -> Result<PathBuf, String> {
     SCOPE
         .get_or_init(|| {
             let m = detect(&Facts::here())?;
-            let unit = format!("sandmux-{}.scope", &super::rundir::random_hex()[..12]);
+            let unit = format!("sandmux-{}.scope", &crate::nonce::hex()[..12]);
             enter_scope(&m, &unit)
                 .map_err(|e| format!("systemd user manager at {}: {e}", m.bus.display()))
         })

@@ -376,7 +376,7 @@ impl Client {
 
     /// Like [`run`](Self::run), for replies that carry pane-controlled text.
     pub async fn run_checked(&self, line: &str, deadline: Duration) -> Reply {
-        let sentinel = format!("sandmux-{}", crate::sandbox::rundir::random_hex());
+        let sentinel = format!("sandmux-{}", crate::nonce::hex());
         let full = format!("{line} ; display-message -p {sentinel}");
         self.send(&full, Some(sentinel.into_bytes()), deadline)
             .await

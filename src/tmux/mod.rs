@@ -6,9 +6,10 @@ pub mod client;
 pub mod control;
 pub mod hub;
 
+use crate::nonce;
 use crate::profile::{MountKind, Policy};
 use crate::sandbox::report::{self, Message};
-use crate::sandbox::rundir::{random_hex, Rundir};
+use crate::sandbox::rundir::Rundir;
 use crate::sandbox::{self, cgroup, mounts, pane, Payload, Plan, StartError, Stdio3};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -191,7 +192,7 @@ impl Instance {
     /// Makes the cgroup and the sandbox, starts tmux in it and proves it.
     fn launch(&mut self) -> Result<(), StartError> {
         let cg = make_cgroup(&self.policy, &mut self.rundir)?;
-        self.generation = random_hex();
+        self.generation = nonce::hex();
         let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {}\n", self.generation);
         let plan = plan(
             &self.policy,

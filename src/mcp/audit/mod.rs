@@ -263,10 +263,7 @@ impl Audit {
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         room(&file, len, 2 * RECORD_MAX as u64)
             .map_err(|e| format!("audit log {}: no room for records ({e})", path.display()))?;
-        let mut key = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
-            .map_err(|e| format!("/dev/urandom (the audit log's digest key): {e}"))?;
+        let key = crate::nonce::bytes::<16>();
         let st = State {
             file,
             seq,

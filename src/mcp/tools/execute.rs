@@ -582,7 +582,7 @@ pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
     let name = format!(
         "{}paste_{}",
         super::manage::BUFFER_PREFIX,
-        &crate::sandbox::rundir::random_hex()[..8]
+        &crate::nonce::hex()[..8]
     );
     let (offset, _) = c.s.hub().subscribe(p.pane_id[1..].parse().unwrap_or(0));
     let cursor = inspect::cursor_for(c, &p.pane_id, offset);
@@ -798,7 +798,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
         refuse_if_busy(c, &p.pane_id, &fg)?;
     }
     leave_modes(c, &p).await?;
-    let nonce = crate::sandbox::rundir::random_hex()[..12].to_string();
+    let nonce = crate::nonce::hex()[..12].to_string();
     let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
     let hub = c.s.hub();
     // Follow from before the keys are sent.

@@ -453,7 +453,7 @@ pub async fn load_buffer(c: &Call<'_>, a: LoadBuffer) -> Result<BufferRef, ToolE
         "{BUFFER_PREFIX}{}{}{}",
         label,
         if label.is_empty() { "" } else { "_" },
-        &crate::sandbox::rundir::random_hex()[..8]
+        &crate::nonce::hex()[..8]
     );
     c.s.hub()
         .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.content))
