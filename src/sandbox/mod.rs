@@ -6,6 +6,7 @@
 pub mod caps;
 pub mod cgroup;
 pub mod env;
+pub mod freeze;
 pub mod init;
 pub mod landlock;
 pub mod limits;
