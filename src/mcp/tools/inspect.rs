@@ -1466,6 +1466,8 @@ pub struct Status {
     /// Sessions, panes and host-side tmux clients now (null if tmux did not
     /// answer).
     pub in_use: Option<crate::mcp::bounds::InUse>,
+    /// The operator froze the sandbox: other calls are refused until thawed.
+    pub frozen: bool,
 }
 
 /// The limits an agent meets, in one place.
@@ -1575,6 +1577,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),
         limits: limits(&c.s.policy),
         in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
+        frozen: c.s.freeze.is_frozen(),
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
