@@ -8,23 +8,17 @@
 //!   `freezer` hierarchy) the kernel freezes the whole cgroup, the outer
 //!   `__init` included; done once `cgroup.events` says `frozen 1` (v1:
 //!   `freezer.state` reads `FROZEN`).
-//! - Otherwise every process whose pid namespace is the sandbox's (the
-//!   `pid_for_children` of the outer `__init`) is sent SIGSTOP, again and
-//!   again, until two scans in a row find nothing that can run: a process
-//!   forks while others are stopped, and its child is caught by the next scan
-//!   (a fork whose parent has a stop pending is undone by the kernel). Each
-//!   process is opened as `/proc/PID` first; its namespace is read and the
-//!   signal sent through that descriptor (`pidfd_send_signal`), so a pid
-//!   reused by a host process is never signalled. Thawing sends SIGCONT to
-//!   every process inside (one the agent had stopped itself resumes too).
+//! - Otherwise the whole pid namespace is sent SIGSTOP at once from inside
+//!   (`nssignal`: `kill(-1)` from a helper that joins the namespace, and
+//!   PID 1 through a `/proc/PID` descriptor), again until two `/proc` scans
+//!   in a row find nothing that can run. Thawing sends SIGCONT the same way
+//!   (a process the agent had stopped itself resumes too).
 //!
 //! A frozen sandbox is ended by killing first and thawing after (v1 frozen
 //! tasks die only once thawed), so nothing inside runs again.
 
 use super::cgroup::Cgroup;
-use nix::fcntl::{open, openat, readlinkat, OFlag};
-use nix::sys::stat::Mode;
-use std::os::fd::{AsRawFd, OwnedFd};
+use super::nssignal::{members, open_proc, sandbox_ns, send, signal_all};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -106,7 +100,7 @@ pub fn freeze(t: &Target) -> Result<Done, String> {
             cgroup_set(d, "freezer.state", "FROZEN", || v1_state(d) == "FROZEN")?;
             procs(d).len()
         }
-        Freezer::Signals => stop_all(&sandbox_ns(t.init_pid)?)?,
+        Freezer::Signals => stop_all(t.init_pid)?,
     };
     Ok(Done {
         method: f.name(),
@@ -127,11 +121,9 @@ pub fn thaw(t: &Target) -> Result<Done, String> {
             procs(d).len()
         }
         Freezer::Signals => {
-            let ms = members(&sandbox_ns(t.init_pid)?);
-            for m in &ms {
-                let _ = send(&m.fd, libc::SIGCONT);
-            }
-            ms.len()
+            let ns = sandbox_ns(t.init_pid)?;
+            signal_all(t.init_pid, libc::SIGCONT)?;
+            members(&ns, t.init_pid).len()
         }
     };
     Ok(Done {
@@ -149,12 +141,9 @@ pub fn kill(t: &Target) {
             let _ = std::fs::write(d.join("cgroup.freeze"), "0");
         }
         Freezer::V1(d) => kill_v1(&d),
+        // PID 1's death takes the whole namespace with it.
         Freezer::Signals => {
-            if let Ok(ns) = sandbox_ns(t.init_pid) {
-                for m in members(&ns) {
-                    let _ = send(&m.fd, libc::SIGKILL);
-                }
-            }
+            let _ = signal_all(t.init_pid, libc::SIGKILL);
         }
     }
     let _ = nix::sys::signal::kill(
@@ -214,120 +203,17 @@ fn procs(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
-/// The sandbox's pid namespace (`pid:[N]`), refused when it is the
-/// supervisor's own (a profile that let the pid layer go): signalling
-/// "every process of the namespace" would then reach the host's.
-fn sandbox_ns(init_pid: u32) -> Result<String, String> {
-    let p = format!("/proc/{init_pid}/ns/pid_for_children");
-    let ns = std::fs::read_link(&p)
-        .map_err(|e| format!("{p}: {e} (is the sandbox still running?)"))?
-        .to_string_lossy()
-        .into_owned();
-    let own = std::fs::read_link("/proc/self/ns/pid")
-        .map(|l| l.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if ns == own {
-        return Err("the sandbox has no freezer cgroup and no pid namespace of its own (the profile let both go), so its processes cannot be told from the host's; `sandmux stop` ends it".into());
-    }
-    Ok(ns)
-}
-
-/// A process inside, held open as `/proc/PID`.
-struct Member {
-    fd: OwnedFd,
-    /// It can run no more user code: stopped, traced, dead, or with a stop
-    /// pending (the next thing it does is stop).
-    still: bool,
-}
-
-fn open_proc(pid: i32) -> Option<OwnedFd> {
-    open(
-        format!("/proc/{pid}").as_str(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()
-}
-
-/// Every process of namespace `ns`, as it is now.
-fn members(ns: &str) -> Vec<Member> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Some(fd) = open_proc(pid) else { continue };
-        let mine = readlinkat(&fd, "ns/pid").is_ok_and(|l| l.to_string_lossy() == ns);
-        if mine {
-            let still = is_still(&fd);
-            out.push(Member { fd, still });
-        }
-    }
-    out
-}
-
-/// Reads `status`: state T/t/Z/X, or SIGSTOP pending.
-fn is_still(fd: &OwnedFd) -> bool {
-    let Ok(f) = openat(
-        fd,
-        "status",
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return true; // gone
-    };
-    let mut text = String::new();
-    if std::io::Read::read_to_string(&mut std::fs::File::from(f), &mut text).is_err() {
-        return true;
-    }
-    let field = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k))
-            .map(str::trim)
-            .unwrap_or_default()
-    };
-    let state = field("State:").chars().next().unwrap_or('X');
-    let stop_bit = 1u64 << (libc::SIGSTOP - 1);
-    let pending = ["SigPnd:", "ShdPnd:"]
-        .iter()
-        .any(|k| u64::from_str_radix(field(k), 16).is_ok_and(|m| m & stop_bit != 0));
-    matches!(state, 'T' | 't' | 'Z' | 'X') || pending
-}
-
-/// Sends `sig` to the process `fd` holds (never to a reused pid).
-fn send(fd: &OwnedFd, sig: i32) -> std::io::Result<()> {
-    // SAFETY: pidfd_send_signal with a valid descriptor, no siginfo, no flags.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            sig,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// SIGSTOPs namespace `ns` until two scans in a row find every process
+/// SIGSTOPs the whole sandbox until two scans in a row find every process
 /// still; returns how many there are.
-fn stop_all(ns: &str) -> Result<usize, String> {
+fn stop_all(init_pid: u32) -> Result<usize, String> {
+    let ns = sandbox_ns(init_pid)?;
     let deadline = Instant::now() + SETTLE;
     let mut clean = 0;
     loop {
-        let ms = members(ns);
-        if ms.is_empty() {
-            return Err("no process found in the sandbox's pid namespace".into());
-        }
-        let running: Vec<&Member> = ms.iter().filter(|m| !m.still).collect();
-        if running.is_empty() {
+        signal_all(init_pid, libc::SIGSTOP)?;
+        let ms = members(&ns, init_pid);
+        let running = ms.iter().filter(|m| !m.still).count();
+        if running == 0 {
             clean += 1;
             if clean == 2 {
                 return Ok(ms.len());
@@ -335,30 +221,19 @@ fn stop_all(ns: &str) -> Result<usize, String> {
             continue;
         }
         clean = 0;
-        for m in &running {
-            let _ = send(&m.fd, libc::SIGSTOP);
-        }
         if Instant::now() > deadline {
             return Err(format!(
-                "{} of {} processes in the sandbox were still running after {SETTLE:?}",
-                running.len(),
+                "{running} of {} processes in the sandbox were still running after {SETTLE:?}",
                 ms.len()
             ));
         }
-        std::thread::yield_now();
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn no_namespace_of_its_own_is_refused() {
-        // This process's children share its pid namespace.
-        let e = sandbox_ns(std::process::id()).unwrap_err();
-        assert!(e.contains("no pid namespace of its own"), "{e}");
-    }
 
     #[test]
     fn a_cgroup_without_a_freezer_falls_back_to_signals() {
@@ -374,25 +249,5 @@ mod tests {
         assert_eq!(t.freezer(), Freezer::Signals);
         std::fs::write(d.path().join("freezer.state"), "THAWED\n").unwrap();
         assert_eq!(t.freezer(), Freezer::V1(d.path().to_path_buf()));
-    }
-
-    #[test]
-    fn a_stopped_child_is_still_and_a_running_one_is_not() {
-        let mut c = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let fd = open_proc(c.id() as i32).unwrap();
-        assert!(!is_still(&fd));
-        send(&fd, libc::SIGSTOP).unwrap();
-        let t0 = Instant::now();
-        while !is_still(&fd) && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(is_still(&fd));
-        send(&fd, libc::SIGKILL).unwrap();
-        c.wait().unwrap();
-        // The descriptor outlives the process: a reused pid is never reached.
-        assert!(send(&fd, libc::SIGCONT).is_err());
     }
 }

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod mounts;
 pub mod namespaces;
 pub mod net;
+pub mod nssignal;
 pub mod pane;
 pub mod probe;
 pub mod report;
