@@ -84,10 +84,14 @@ enum Cmd {
         #[arg(long)]
         read_only: bool,
     },
-    /// Take tools away from a running `serve` instance (effective on the next call).
+    /// Take tools away from a running `serve` instance (effective on the next
+    /// call; processes already running go on: see `freeze`).
     Revoke {
         #[command(flatten)]
         sel: Selection,
+        /// Then freeze the instance (`sandmux freeze`).
+        #[arg(long)]
+        freeze: bool,
     },
     /// Give back tools the instance started with (never more).
     Grant {
@@ -104,6 +108,17 @@ enum Cmd {
         /// Raw JSON lines.
         #[arg(long)]
         json: bool,
+    },
+    /// Stop every process in a `serve` instance's sandbox (the tmux server and
+    /// PID 1 included) and refuse tool calls until `thaw`.
+    Freeze {
+        /// Instance id (or a unique prefix).
+        id: String,
+    },
+    /// Let a frozen instance run again.
+    Thaw {
+        /// Instance id (or a unique prefix).
+        id: String,
     },
     /// End an instance cleanly.
     Stop {
@@ -264,13 +279,15 @@ fn main() -> ExitCode {
             Ok(c) => ExitCode::from(c as u8),
             Err(e) => fail(1, e),
         },
-        Cmd::Revoke { sel } | Cmd::Grant { sel }
+        Cmd::Revoke { sel, .. } | Cmd::Grant { sel }
             if sel.toolset.is_none() && sel.tool.is_none() && !sel.all =>
         {
             fail(EXIT_USAGE, "name --toolset, --tool or --all")
         }
-        Cmd::Revoke { sel } => operator_change("revoke", sel),
-        Cmd::Grant { sel } => operator_change("grant", sel),
+        Cmd::Revoke { sel, freeze } => operator_change("revoke", sel, freeze),
+        Cmd::Grant { sel } => operator_change("grant", sel, false),
+        Cmd::Freeze { id } => operator_freeze("freeze", &id),
+        Cmd::Thaw { id } => operator_freeze("thaw", &id),
         Cmd::Journal { id, follow, json } => match sandmux::operator::find(&id)
             .and_then(|f| sandmux::operator::journal(&f, follow, json, &mut std::io::stdout()))
         {
@@ -471,9 +488,27 @@ fn shell(policy: profile::Policy) -> ExitCode {
     }
 }
 
-fn operator_change(op: &str, sel: Selection) -> ExitCode {
-    let req = sandmux::operator::change(op, sel.toolset, sel.tool, sel.all);
-    match sandmux::operator::find(&sel.id).and_then(|f| sandmux::operator::request(&f.dir, req)) {
+fn operator_freeze(op: &str, id: &str) -> ExitCode {
+    let found = match sandmux::operator::find(id) {
+        Ok(f) if f.meta["kind"] == "serve" => f,
+        Ok(_) => return fail(1, "only `sandmux serve` instances can be frozen"),
+        Err(e) => return fail(1, e),
+    };
+    let req = serde_json::json!({"v": 1, "op": op});
+    match sandmux::operator::request(&found.dir, req) {
+        Ok(v) => {
+            println!("{}", sandmux::operator::freeze_line(op, &found.id, &v));
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, format!("{op} {}: {e}", found.id)),
+    }
+}
+
+fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
+    let req = sandmux::operator::change(op, sel.toolset, sel.tool, sel.all, freeze);
+    let found = sandmux::operator::find(&sel.id);
+    let id = found.as_ref().map(|f| f.id.clone()).unwrap_or_default();
+    match found.and_then(|f| sandmux::operator::request(&f.dir, req)) {
         Ok(v) => {
             let ts = v["toolsets"]
                 .as_array()
@@ -498,6 +533,9 @@ fn operator_change(op: &str, sel: Selection) -> ExitCode {
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
+            }
+            if freeze {
+                println!("{}", sandmux::operator::freeze_line("freeze", &id, &v));
             }
             ExitCode::SUCCESS
         }

@@ -1,5 +1,5 @@
-//! The operator's commands: `sandmux ps | attach | revoke | grant | journal |
-//! stop`. They find this user's instances in the runtime directory and talk to
+//! The operator's commands: `sandmux ps | attach | revoke | grant | freeze |
+//! thaw | journal | stop`. They find this user's instances in the runtime directory and talk to
 //! each `serve` instance through its operator endpoint (`mcp::endpoint`).
 
 use crate::sandbox::rundir;
@@ -104,6 +104,7 @@ pub fn ps(json_out: bool) -> String {
             "toolsets": st.as_ref().map(|s| s["toolsets"].clone()),
             "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
             "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
+            "frozen": st.as_ref().map(|s| s["frozen"].clone()),
             "audit": st.as_ref().map(|s| s["audit"].clone()),
         }));
     }
@@ -123,8 +124,17 @@ pub fn ps(json_out: bool) -> String {
         })
         .collect();
     let mut out = format!(
-        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {:<8} {}\n",
-        "ID", "KIND", "PROFILE", "PID", "CLIENT", "TOOLSETS", "REVERTED", "AUDIT", "WORKSPACE"
+        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<7} {:<26} {:<8} {:<8} {}\n",
+        "ID",
+        "KIND",
+        "PROFILE",
+        "PID",
+        "CLIENT",
+        "STATE",
+        "TOOLSETS",
+        "REVERTED",
+        "AUDIT",
+        "WORKSPACE"
     );
     for r in rows {
         let ts = r["toolsets"]
@@ -147,13 +157,19 @@ pub fn ps(json_out: bool) -> String {
             .map(|n| n.to_string())
             .unwrap_or_else(|| "-".into());
         let audit = term::field(&r["audit"]["state"], "-");
+        let state = match &r["frozen"] {
+            Value::Null if r["toolsets"].is_null() => "-",
+            Value::Null => "running",
+            _ => "frozen",
+        };
         out.push_str(&format!(
-            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<26} {:<8} {:<8} {}\n",
+            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<7} {:<26} {:<8} {:<8} {}\n",
             term::field(&r["id"], ""),
             term::field(&r["kind"], "?"),
             term::field(&r["profile"], "?"),
             r["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
             client,
+            state,
             ts,
             reverted,
             audit,
@@ -164,9 +180,30 @@ pub fn ps(json_out: bool) -> String {
     out
 }
 
-/// The request for `revoke`/`grant`.
-pub fn change(op: &str, toolset: Option<String>, tool: Option<String>, all: bool) -> Value {
-    json!({"v": 1, "op": op, "toolset": toolset, "tool": tool, "all": all})
+/// The request for `revoke`/`grant` (`freeze`: revoke, then freeze).
+pub fn change(
+    op: &str,
+    toolset: Option<String>,
+    tool: Option<String>,
+    all: bool,
+    freeze: bool,
+) -> Value {
+    json!({"v": 1, "op": op, "toolset": toolset, "tool": tool, "all": all, "freeze": freeze})
+}
+
+/// What `freeze`/`thaw` print, from the endpoint's answer.
+pub fn freeze_line(op: &str, id: &str, v: &Value) -> String {
+    let f = &v["frozen"];
+    match (op, v["already"].as_bool().unwrap_or(false)) {
+        ("thaw", true) => format!("{id} was not frozen"),
+        ("thaw", false) => format!("{id} thawed: every process in the sandbox runs again; tool calls are served"),
+        (_, already) => format!(
+            "{id} {}frozen ({}, {} processes stopped, the tmux server and PID 1 included); tool calls are refused until `sandmux thaw {id}`",
+            if already { "was already " } else { "" },
+            term::field(&f["method"], "?"),
+            f["processes"]
+        ),
+    }
 }
 
 /// Prints an instance's audit records; with `follow`, keeps printing new
@@ -249,8 +286,18 @@ fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
 }
 
 /// Attaches this terminal to an instance's tmux server (read-only unless
-/// `read_write`), to the first session that is not sandmux's own.
+/// `read_write`), to the first session that is not sandmux's own. A frozen
+/// instance is refused: its stopped server would answer nothing.
 pub fn attach(f: &Found, read_write: bool) -> Result<i32, String> {
+    if f.meta["kind"] == "serve" {
+        let st = request(&f.dir, json!({"v": 1, "op": "status"}))?;
+        if !st["frozen"].is_null() {
+            return Err(format!(
+                "instance {} is frozen (sandmux thaw {})",
+                f.id, f.id
+            ));
+        }
+    }
     let tmux = crate::tmux::find_tmux()?;
     let sock = f.dir.join("sock").join("tmux.sock");
     let list = std::process::Command::new(&tmux)

@@ -65,6 +65,8 @@ pub struct State {
     /// Held by every tool that makes a session or pane, from counting to
     /// creating (see `mcp::bounds`).
     pub creating: tokio::sync::Mutex<()>,
+    /// Whether the operator froze the sandbox (see `mcp::freeze`).
+    pub freeze: Arc<super::freeze::Freeze>,
 }
 
 impl State {

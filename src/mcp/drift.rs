@@ -211,6 +211,8 @@ impl Drift {
                 r = asked.changed() => if r.is_err() { return },
                 _ = tokio::time::sleep(IDLE_SCAN) => {}
             }
+            // A frozen sandbox is scanned once it is thawed.
+            hub().thawed().await;
             let n = *asked.borrow_and_update();
             // A scan that could not finish (the server stopped or the
             // connection was being replaced) is retried: calls keep waiting
@@ -218,6 +220,8 @@ impl Drift {
             let give_up = tokio::time::Instant::now() + SCAN_WAIT;
             while self.tripped().is_none() {
                 match self.full(&hub()).await {
+                    // Frozen under the scan: finished after the thaw.
+                    Err(ToolError::Tmux(TmuxError::Frozen)) => hub().thawed().await,
                     Err(ToolError::Tmux(TmuxError::Timeout(_) | TmuxError::Closed(_)))
                         if tokio::time::Instant::now() < give_up =>
                     {

@@ -1,7 +1,7 @@
 //! The operator endpoint: a Unix socket in the instance's runtime directory
 //! (directory 0700, socket 0600, never visible inside the sandbox) through
 //! which the human who started sandmux watches and steers it — `sandmux ps`,
-//! `revoke`, `grant`, `stop`, `journal`. Only peers with sandmux's own uid are
+//! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`. Only peers with sandmux's own uid are
 //! served (checked with SO_PEERCRED). The protocol is one JSON object per line,
 //! `{"v": 1, "op": ...}`, answered by one JSON object.
 
@@ -27,6 +27,9 @@ struct Req {
     tool: Option<String>,
     #[serde(default)]
     all: bool,
+    /// With `revoke`: freeze once the tools are revoked.
+    #[serde(default)]
+    freeze: bool,
 }
 
 fn toolset_of(name: &str) -> Option<Toolset> {
@@ -93,7 +96,25 @@ pub fn status(s: &State) -> Value {
         "audit": s.audit.status(),
         "drift": s.drift.tripped(),
         "workspace_reverted": s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
+        "frozen": s.freeze.get(),
     })
+}
+
+/// A freeze or thaw, answered with the status.
+async fn freezing(s: &State, thaw: bool) -> Value {
+    let r = if thaw {
+        super::freeze::thaw(s).await
+    } else {
+        super::freeze::freeze(s).await
+    };
+    match r {
+        Ok(v) => {
+            let mut st = status(s);
+            st["already"] = v["already"].clone();
+            st
+        }
+        Err(e) => json!({"ok": false, "error": e}),
+    }
 }
 
 async fn handle(s: &Arc<State>, line: &str) -> Value {
@@ -110,6 +131,8 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
             s.shutdown.cancel();
             json!({"ok": true, "stopping": true})
         }
+        "freeze" => freezing(s, false).await,
+        "thaw" => freezing(s, true).await,
         "revoke" | "grant" => {
             let names = match selected(&r) {
                 Ok(n) => n,
@@ -133,6 +156,14 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
             // The client learns at once; the next call is checked against the new set.
             if let Some(peer) = s.peer.get() {
                 let _ = peer.notify_tool_list_changed().await;
+            }
+            if r.op == "revoke" && r.freeze {
+                let mut st = freezing(s, false).await;
+                if let Some(e) = st["error"].as_str() {
+                    st["error"] = json!(format!("the tools are revoked, but {e}"));
+                }
+                st["not_granted"] = json!(refused);
+                return st;
             }
             let mut st = status(s);
             st["not_granted"] = json!(refused);

@@ -87,6 +87,7 @@ impl ToolError {
             ToolError::Limit { .. } => "limit_reached",
             ToolError::Tmux(TmuxError::Timeout(_)) => "timeout",
             ToolError::Tmux(TmuxError::Closed(_)) => "server_gone",
+            ToolError::Tmux(TmuxError::Frozen) => "frozen",
             ToolError::Tmux(_) => "tmux_error",
             ToolError::Drift(_) => "drift",
             ToolError::Internal(_) => "internal",
@@ -99,7 +100,8 @@ impl ToolError {
             ToolError::Refused(_)
             | ToolError::Unaudited(_)
             | ToolError::Drift(_)
-            | ToolError::Limit { .. } => "refused",
+            | ToolError::Limit { .. }
+            | ToolError::Tmux(TmuxError::Frozen) => "refused",
             _ => "error",
         }
     }

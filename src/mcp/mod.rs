@@ -20,6 +20,7 @@ pub mod drift;
 pub mod endpoint;
 pub mod error;
 pub mod exit;
+pub mod freeze;
 pub mod oom;
 pub mod prompts;
 pub mod record;
@@ -384,6 +385,8 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let last_reverts = reverts.clone();
     let no_session = opts.no_session;
     let shutdown = stop.token();
+    let frozen = Arc::new(freeze::Freeze::default());
+    let last_frozen = frozen.clone();
     let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
     let cell = inst.clone();
     let code = rt.block_on(async move {
@@ -418,6 +421,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             reverts: reverts.clone(),
             commands: Default::default(),
             creating: Default::default(),
+            freeze: frozen,
         });
         if let Err(e) = state.drift.record(&hub).await {
             eprintln!("sandmux: {e}");
@@ -447,6 +451,13 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
                     }
                 };
                 if sd.is_cancelled() {
+                    return;
+                }
+                // A freeze never closes the connection; a server that dies
+                // frozen is not replaced by one that runs.
+                if st.freeze.is_frozen() {
+                    eprintln!("sandmux: the sandboxed tmux server is gone ({why}) while frozen; ending the instance");
+                    sd.cancel();
                     return;
                 }
                 if st.policy.mcp.on_server_exit == ServerExit::Restart && restarts < MAX_RESTARTS {
@@ -514,6 +525,13 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     }
     let last = inst.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some(inst) = last {
+        // A frozen sandbox is killed where it stands: nothing inside runs again.
+        if last_frozen.is_frozen() {
+            crate::sandbox::freeze::kill(&crate::sandbox::freeze::Target {
+                init_pid: inst.init_pid(),
+                cgroup: inst.rundir.cgroup.clone(),
+            });
+        }
         let taken = inst.stop();
         if let Some(r) = last_reverts {
             r.record(&taken);

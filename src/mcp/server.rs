@@ -181,8 +181,14 @@ impl Server {
         call: &Call<'_>,
         args: Value,
     ) -> Result<Value, ToolError> {
+        // Frozen: refused before tmux is asked (a stopped server would not
+        // answer); the status is the supervisor's, and ending stays possible.
+        let frozen = self.s.freeze.is_frozen();
+        if frozen && !super::freeze::answers_frozen(def.name) {
+            return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen));
+        }
         // Ending the instance stays possible whatever happened to the server.
-        if def.name != "kill_server" {
+        if def.name != "kill_server" && !frozen {
             self.s.drift.before_call(&self.s.hub()).await?;
         }
         let r = (def.handler)(call, args).await;

@@ -1,4 +1,6 @@
-//! cgroup: a per-instance cgroup with `pids.max` and a memory limit.
+//! cgroup: a per-instance cgroup with `pids.max` and a memory limit (and,
+//! on v1, a directory in the `freezer` hierarchy where there is one: see
+//! `freeze`).
 //!
 //! The supervisor creates the cgroup on the host side and writes the limits;
 //! `sandmux __init` moves itself in (writing `0` to `cgroup.procs`) before it
@@ -141,6 +143,16 @@ fn try_v1(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
             return Err(format!("write {}: {e}", dir.join(file).display()));
         }
     }
+    // A directory in the freezer hierarchy too, where there is one (for
+    // `sandmux freeze`; without it a freeze stops the processes by signal).
+    if let Some(mnt) = mountpoint("cgroup", Some("freezer")) {
+        let own = own_path(Some("freezer")).unwrap_or_else(|| "/".into());
+        let dir = mnt.join(own.trim_start_matches('/')).join(name);
+        if std::fs::create_dir(&dir).is_ok() {
+            dirs.push(dir);
+            cg.dirs = dirs;
+        }
+    }
     Ok(cg)
 }
 
@@ -164,10 +176,15 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Kills everything left (v2 `cgroup.kill`), then removes the directories.
+    /// Kills everything left (v2 `cgroup.kill`; in a v1 freezer directory
+    /// each process, then a thaw, so a frozen one dies), then removes the
+    /// directories.
     pub fn remove(&self) {
         for d in &self.dirs {
             let _ = write(&d.join("cgroup.kill"), "1");
+            if d.join("freezer.state").exists() {
+                super::freeze::kill_v1(d);
+            }
             for _ in 0..50 {
                 match std::fs::remove_dir(d) {
                     Ok(()) => break,

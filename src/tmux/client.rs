@@ -32,6 +32,9 @@ pub enum TmuxError {
     /// No answer within the deadline (a stopped or wedged server).
     #[error("tmux did not answer within {0:?} (the server may be stopped or wedged)")]
     Timeout(Duration),
+    /// The operator froze the sandbox: nothing is sent to the server.
+    #[error("refused: this instance is frozen (the operator stopped every process in the sandbox); calls are refused until they thaw it (sandmux thaw)")]
+    Frozen,
 }
 
 /// Where non-reply events go.

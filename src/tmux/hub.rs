@@ -217,6 +217,10 @@ pub struct Hub {
     pub events: broadcast::Sender<HubEvent>,
     /// The control session's id (`$N`), hidden from tools.
     pub control_session_id: String,
+    /// The sandbox is frozen (`sandmux freeze`): every command fails at once
+    /// with [`TmuxError::Frozen`] instead of waiting on a stopped server,
+    /// and the background work (pruning, resuming paused panes) waits.
+    frozen: watch::Sender<bool>,
 }
 
 impl Hub {
@@ -267,6 +271,7 @@ impl Hub {
             streams,
             events,
             control_session_id,
+            frozen: watch::channel(false).0,
         });
         // Paused panes are resumed at once: the reader is already past them.
         let weak = Arc::downgrade(&hub);
@@ -281,6 +286,8 @@ impl Hub {
                     .find(|c| c.name() == client)
                     .cloned();
                 if let Some(w) = w {
+                    // Not while frozen: a refusal would leave the pane paused.
+                    hub.thawed().await;
                     // A deadline that passes here ends the watcher: not while
                     // a client identifies.
                     let _q = hub.quiet.read().await;
@@ -316,11 +323,41 @@ impl Hub {
         self.run_for(cmd, DEADLINE).await
     }
 
+    /// Freezes or thaws the hub (see `frozen`).
+    pub fn set_frozen(&self, on: bool) {
+        self.frozen.send_replace(on);
+    }
+
+    /// Whether the hub is frozen.
+    pub fn is_frozen(&self) -> bool {
+        *self.frozen.borrow()
+    }
+
+    /// Waits until the hub is not frozen.
+    pub async fn thawed(&self) {
+        let mut rx = self.frozen.subscribe();
+        let _ = rx.wait_for(|f| !*f).await;
+    }
+
+    /// Runs `f` unless a freeze lands first: a command in flight then fails
+    /// at once with [`TmuxError::Frozen`] (its waiter stays queued, so the
+    /// late reply still meets it and nothing is matched to the wrong call).
+    async fn unless_frozen<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, TmuxError>>,
+    ) -> Result<T, TmuxError> {
+        let mut rx = self.frozen.subscribe();
+        tokio::select! {
+            r = f => r,
+            _ = rx.wait_for(|f| *f) => Err(TmuxError::Frozen),
+        }
+    }
+
     /// Runs one command with a given deadline.
     pub async fn run_for(&self, cmd: &Cmd, deadline: Duration) -> Result<Vec<Vec<u8>>, TmuxError> {
         let c = self.client().await?;
         let _q = self.quiet.read().await;
-        c.run(&cmd.line(), deadline).await
+        self.unless_frozen(c.run(&cmd.line(), deadline)).await
     }
 
     /// Runs several commands in one round trip.
@@ -336,7 +373,8 @@ impl Hub {
         let lines: Vec<String> = cmds.iter().map(Cmd::line).collect();
         let c = self.client().await?;
         let _q = self.quiet.read().await;
-        Ok(c.run_many(&lines, DEADLINE).await)
+        self.unless_frozen(async { Ok(c.run_many(&lines, DEADLINE).await) })
+            .await
     }
 
     /// Runs a command whose reply carries pane-controlled text (see
@@ -344,12 +382,16 @@ impl Hub {
     pub async fn run_checked(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
         let c = self.client().await?;
         let _q = self.quiet.read().await;
-        c.run_checked(&cmd.line(), DEADLINE).await
+        self.unless_frozen(c.run_checked(&cmd.line(), DEADLINE))
+            .await
     }
 
     /// The command client; if it was closed (not because the server is gone)
     /// it is replaced once.
     async fn client(&self) -> Result<Arc<Client>, TmuxError> {
+        if self.is_frozen() {
+            return Err(TmuxError::Frozen);
+        }
         let c = self.cmd.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if !c.is_closed() {
             return Ok(c);
@@ -518,6 +560,9 @@ impl Hub {
         loop {
             tokio::time::sleep(every).await;
             let Some(hub) = weak.upgrade() else { break };
+            if hub.is_frozen() {
+                continue;
+            }
             let cmd = Cmd::new("list-panes").flag("-a").opt("-F", "#{pane_id}");
             let Ok(rows) = hub.run(&cmd).await else {
                 continue;

@@ -287,7 +287,12 @@ pub async fn follow_until(
             r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()); },
             _ = progress.tick() => tick(t0.elapsed().as_secs_f64()).await,
             _ = alive.tick() => {
-                if let Some(status) = pane_exited(hub, &pane).await? {
+                let exited = match pane_exited(hub, &pane).await {
+                    // Frozen: the command is still there; asked after the thaw.
+                    Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen)) => continue,
+                    r => r?,
+                };
+                if let Some(status) = exited {
                     // The pane's last output travels on its watcher's
                     // connection, and may arrive after the command client's
                     // answer that the pane is gone: take what still comes

@@ -1496,6 +1496,8 @@ pub struct Status {
     pub in_use: Option<crate::mcp::bounds::InUse>,
     /// The --record file (null without one).
     pub recording: Option<crate::mcp::record::View>,
+    /// The operator froze the sandbox: other calls are refused until thawed.
+    pub frozen: bool,
 }
 
 /// The limits an agent meets, in one place.
@@ -1606,6 +1608,7 @@ pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError
         limits: limits(&c.s.policy),
         in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
         recording: c.s.record.as_ref().map(|r| r.view()),
+        frozen: c.s.freeze.is_frozen(),
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),

@@ -1,0 +1,152 @@
+//! `sandmux freeze` / `thaw` on the supervisor's side. Revoking a tool takes
+//! it out of the next call; it stops nothing already running. A freeze does:
+//! every process inside stops (`sandbox::freeze`), and until the thaw every
+//! tool call but `sandbox_status` (answered from the supervisor's state) and
+//! `kill_server` is refused at once with the `frozen` refusal, before tmux is
+//! asked: a stopped server answers nothing. The hub is frozen too, so the
+//! background work that talks to tmux (drift scans, pruning, resuming paused
+//! panes, following long commands) waits instead of failing, and nothing
+//! takes the stopped server for a dead one. Each freeze and thaw is audited as
+//! an event by the operator. An instance that ends frozen is killed, never
+//! thawed first.
+
+use super::audit::Entry;
+use super::ctx::State;
+use crate::sandbox::freeze::{self as mech, Target};
+use serde_json::{json, Value};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// A freeze in force.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Frozen {
+    /// Unix time of the freeze.
+    pub since: u64,
+    /// The freezer used.
+    pub method: &'static str,
+    /// Processes it stopped.
+    pub processes: usize,
+    /// Why not everything inside could be stopped (calls are refused all the same).
+    pub error: Option<String>,
+    #[serde(skip)]
+    at: Option<Instant>,
+}
+
+/// The instance's freeze state.
+#[derive(Default)]
+pub struct Freeze {
+    now: Mutex<Option<Frozen>>,
+    /// One freeze or thaw at a time.
+    one: tokio::sync::Mutex<()>,
+}
+
+impl Freeze {
+    /// The freeze in force, if any.
+    pub fn get(&self) -> Option<Frozen> {
+        self.now.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether the instance is frozen (also while the freeze is under way).
+    pub fn is_frozen(&self) -> bool {
+        self.now.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    fn set(&self, f: Option<Frozen>) {
+        *self.now.lock().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+}
+
+/// Tools that answer while frozen: neither touches tmux.
+pub fn answers_frozen(tool: &str) -> bool {
+    matches!(tool, "sandbox_status" | "kill_server")
+}
+
+/// The sandbox a freeze acts on (the current server generation).
+pub fn target(s: &State) -> Target {
+    let info = s.info();
+    Target {
+        init_pid: info.init_pid,
+        cgroup: info.cgroup,
+    }
+}
+
+fn event(s: &State, tool: &str, args: &Value) {
+    s.audit.record(Entry {
+        tool,
+        toolset: None,
+        outcome: "event",
+        error_type: None,
+        duration_ms: 0,
+        request_id: String::new(),
+        client_id: None,
+        args,
+    });
+}
+
+/// Freezes the instance: calls are refused from the first moment, then
+/// everything inside is stopped. A freeze that cannot stop everything stays
+/// in force (fail closed) and says why.
+pub async fn freeze(s: &State) -> Result<Value, String> {
+    let _one = s.freeze.one.lock().await;
+    if let Some(f) = s.freeze.get() {
+        return Ok(json!({"already": true, "frozen": f}));
+    }
+    let t = target(s);
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut f = Frozen {
+        since,
+        method: t.freezer().name(),
+        processes: 0,
+        error: None,
+        at: Some(Instant::now()),
+    };
+    s.freeze.set(Some(f.clone()));
+    s.hub().set_frozen(true);
+    let r = tokio::task::spawn_blocking(move || mech::freeze(&t))
+        .await
+        .unwrap_or_else(|e| Err(format!("the freeze task failed: {e}")));
+    match r {
+        Ok(d) => f.processes = d.processes,
+        Err(e) => f.error = Some(e),
+    }
+    s.freeze.set(Some(f.clone()));
+    event(
+        s,
+        "(freeze)",
+        &json!({"by": "operator", "method": f.method, "processes": f.processes, "error": f.error}),
+    );
+    match &f.error {
+        None => Ok(json!({"frozen": f})),
+        Some(e) => Err(format!("{e}; the instance stays frozen (tool calls are refused): `sandmux thaw` resumes it, `sandmux stop` ends it")),
+    }
+}
+
+/// Thaws the instance: everything inside runs again, then calls are served.
+pub async fn thaw(s: &State) -> Result<Value, String> {
+    let _one = s.freeze.one.lock().await;
+    let Some(f) = s.freeze.get() else {
+        return Ok(json!({"already": true, "frozen": null}));
+    };
+    let t = target(s);
+    let d = tokio::task::spawn_blocking(move || mech::thaw(&t))
+        .await
+        .unwrap_or_else(|e| Err(format!("the thaw task failed: {e}")))
+        .map_err(|e| format!("{e}; the instance stays frozen"))?;
+    s.freeze.set(None);
+    let hub = s.hub();
+    hub.set_frozen(false);
+    // A watcher that timed out under the freeze is replaced.
+    tokio::spawn(async move {
+        let _ = hub.sync_watchers().await;
+    });
+    let secs = f.at.map(|a| a.elapsed().as_secs_f64()).unwrap_or(0.0);
+    event(
+        s,
+        "(thaw)",
+        &json!({"by": "operator", "method": d.method, "processes": d.processes, "frozen_seconds": (secs * 10.0).round() / 10.0}),
+    );
+    Ok(json!({"frozen": null, "thawed": d}))
+}
