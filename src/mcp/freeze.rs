@@ -71,7 +71,7 @@ pub fn target(s: &State) -> Target {
 }
 
 fn event(s: &State, tool: &str, args: &Value) {
-    s.audit.record(Entry {
+    s.audit.event(Entry {
         tool,
         toolset: None,
         outcome: "event",
