@@ -28,6 +28,25 @@ struct Audited<'a> {
     args: &'a Value,
 }
 
+impl<'a> Audited<'a> {
+    /// A request that is no tool call (a resource read, a prompt).
+    fn request(
+        tool: &'a str,
+        t0: Instant,
+        cx: &RequestContext<RoleServer>,
+        args: &'a Value,
+    ) -> Self {
+        Audited {
+            tool,
+            def: None,
+            t0,
+            request_id: request_id_text(&cx.id),
+            client: None,
+            args,
+        }
+    }
+}
+
 /// The handler.
 pub struct Server {
     /// Shared state.
@@ -581,19 +600,8 @@ impl ServerHandler for Server {
             _ => super::resources::read(&call, &uri, self.inspect_enabled()).await,
         };
         let args = json!({"uri": uri});
-        self.audit_admitted(
-            Some(ticket),
-            &Audited {
-                tool: &tool,
-                def: None,
-                t0,
-                request_id: request_id_text(&cx.id),
-                client: None,
-                args: &args,
-            },
-            r.as_ref().err(),
-            None,
-        );
+        let a = Audited::request(&tool, t0, &cx, &args);
+        self.audit_admitted(Some(ticket), &a, r.as_ref().err(), None);
         match r {
             Ok((text, mime)) => {
                 self.s.backlog.owe(text.len());
@@ -644,14 +652,7 @@ impl ServerHandler for Server {
             .err()
             .map(|e| ToolError::invalid("name", e, "list prompts"));
         let args = json!({"name": req.name, "arguments": req.arguments});
-        let a = Audited {
-            tool: &tool,
-            def: None,
-            t0,
-            request_id: request_id_text(&cx.id),
-            client: None,
-            args: &args,
-        };
+        let a = Audited::request(&tool, t0, &cx, &args);
         self.audit_admitted(Some(ticket), &a, err.as_ref(), None);
         r.map(|p| self.owing(p).into())
             .map_err(|e| McpError::invalid_params(e, None))

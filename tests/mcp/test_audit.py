@@ -3,6 +3,7 @@ chooses cannot amplify into the log or the supervisor's memory, a disk it
 fills cannot make a call run unaudited, the budget refuses instead of
 dropping, a clean stop seals the log, and the human is told."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -79,6 +80,18 @@ def sm(*args):
     return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30, env=_env())
 
 
+@contextlib.contextmanager
+def small_fs():
+    """An 8 MiB tmpfs (root only) for a workspace and a log that fill together."""
+    with tempfile.TemporaryDirectory(prefix="sandmux-full-") as d:
+        d = pathlib.Path(d)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], check=True)
+        try:
+            yield d
+        finally:
+            subprocess.run(["umount", "-l", str(d)])
+
+
 def records(log):
     return [json.loads(l) for l in log.read_text().splitlines()]
 
@@ -145,13 +158,8 @@ def test_budget_refuses_calls_and_the_seal_counts_them(ws, tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system for the audit log needs root; the budget test covers the refusal unprivileged")
 def test_a_disk_the_agent_fills_cannot_make_a_call_run_unaudited():
-    with tempfile.TemporaryDirectory(prefix="sandmux-full-") as d:
-        d = pathlib.Path(d)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], check=True)
-        try:
-            _fill_and_recover(d)
-        finally:
-            subprocess.run(["umount", "-l", str(d)])
+    with small_fs() as d:
+        _fill_and_recover(d)
 
 
 def _fill_and_recover(d):
@@ -254,35 +262,30 @@ def test_a_refusal_while_the_disk_is_full_cannot_cost_a_running_call_its_record(
     """Found in review: a call in flight fills the disk; a refusal that
     arrives meanwhile (no room kept for it) must not take the running call's
     kept room with it."""
-    with tempfile.TemporaryDirectory(prefix="sandmux-full-") as d:
-        d = pathlib.Path(d)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], check=True)
+    with small_fs() as d:
+        work, log = d / "ws", d / "host" / "audit.jsonl"
+        work.mkdir()
+        s = Raw(work, log)
         try:
-            work, log = d / "ws", d / "host" / "audit.jsonl"
-            work.mkdir()
-            s = Raw(work, log)
-            try:
-                s.tool("list_panes")
-                s.send({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {"name": "run_command", "arguments": {
-                    "command": "head -c 16777216 /dev/zero > fill 2>/dev/null; sleep 3; rm fill; echo done", "timeout": 20}}})
-                for _ in range(100):
-                    if (work / "fill").exists() and os.statvfs(d).f_bavail == 0:
-                        break
-                    time.sleep(0.05)
-                s.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call", "params": {"name": "nope", "arguments": {f"k{i}": "x" * 1000 for i in range(7)}}})
-                got = {}
-                while len(got) < 2:
-                    m = json.loads(s.p.stdout.readline())
-                    if m.get("id") in (50, 51):
-                        got[m["id"]] = m
-                assert "done" in json.dumps(got[50]), got[50]
-            finally:
-                s.stop()
-            recs = records(log)
-            assert any(r["tool"] == "run_command" and r["outcome"] == "ok" for r in recs), [r["tool"] for r in recs]
-            assert recs[-1]["tool"] == "(sealed)"
+            s.tool("list_panes")
+            s.send({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {"name": "run_command", "arguments": {
+                "command": "head -c 16777216 /dev/zero > fill 2>/dev/null; sleep 3; rm fill; echo done", "timeout": 20}}})
+            for _ in range(100):
+                if (work / "fill").exists() and os.statvfs(d).f_bavail == 0:
+                    break
+                time.sleep(0.05)
+            s.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call", "params": {"name": "nope", "arguments": {f"k{i}": "x" * 1000 for i in range(7)}}})
+            got = {}
+            while len(got) < 2:
+                m = json.loads(s.p.stdout.readline())
+                if m.get("id") in (50, 51):
+                    got[m["id"]] = m
+            assert "done" in json.dumps(got[50]), got[50]
         finally:
-            subprocess.run(["umount", "-l", str(d)])
+            s.stop()
+        recs = records(log)
+        assert any(r["tool"] == "run_command" and r["outcome"] == "ok" for r in recs), [r["tool"] for r in recs]
+        assert recs[-1]["tool"] == "(sealed)"
 
 
 def test_an_agent_cannot_forge_the_seal(ws):
@@ -344,37 +347,32 @@ def test_recovering_from_a_full_disk_keeps_the_room_of_running_calls():
     """Found in the second review: recovery truncated the file, which freed
     the room preallocated for calls still running, and a background writer
     in the pane took it."""
-    with tempfile.TemporaryDirectory(prefix="sandmux-full-") as d:
-        d = pathlib.Path(d)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], check=True)
+    with small_fs() as d:
+        work, log = d / "ws", d / "host" / "audit.jsonl"
+        work.mkdir()
+        s = Raw(work, log)
         try:
-            work, log = d / "ws", d / "host" / "audit.jsonl"
-            work.mkdir()
-            s = Raw(work, log)
-            try:
-                s.tool("list_panes")
-                s.send({"jsonrpc": "2.0", "id": 100, "method": "tools/call", "params": {"name": "run_command", "arguments": {
-                    "command": "(while :; do head -c 4096 /dev/zero >> f2 2>/dev/null; done) & P=$!; head -c 9M /dev/zero > fill 2>/dev/null; sleep 4; kill $P; echo A-DONE",
-                    "timeout": 30}}})
-                time.sleep(2)
-                for i in range(3):
-                    s.send({"jsonrpc": "2.0", "id": 101 + i, "method": "tools/call", "params": {"name": "list_panes", "arguments": {}}})
-                    time.sleep(0.4)
-                got = {}
-                while len(got) < 4:
-                    m = json.loads(s.p.stdout.readline())
-                    if m.get("id") in (100, 101, 102, 103):
-                        got[m["id"]] = m
-                assert "A-DONE" in json.dumps(got[100]), got[100]
-                for f in ("fill", "f2"):
-                    (work / f).unlink(missing_ok=True)
-            finally:
-                s.stop()
-            recs = records(log)
-            assert any(r["tool"] == "run_command" for r in recs), [(r["tool"], r["outcome"]) for r in recs]
-            assert sm("audit", "verify", str(log)).returncode == 0
+            s.tool("list_panes")
+            s.send({"jsonrpc": "2.0", "id": 100, "method": "tools/call", "params": {"name": "run_command", "arguments": {
+                "command": "(while :; do head -c 4096 /dev/zero >> f2 2>/dev/null; done) & P=$!; head -c 9M /dev/zero > fill 2>/dev/null; sleep 4; kill $P; echo A-DONE",
+                "timeout": 30}}})
+            time.sleep(2)
+            for i in range(3):
+                s.send({"jsonrpc": "2.0", "id": 101 + i, "method": "tools/call", "params": {"name": "list_panes", "arguments": {}}})
+                time.sleep(0.4)
+            got = {}
+            while len(got) < 4:
+                m = json.loads(s.p.stdout.readline())
+                if m.get("id") in (100, 101, 102, 103):
+                    got[m["id"]] = m
+            assert "A-DONE" in json.dumps(got[100]), got[100]
+            for f in ("fill", "f2"):
+                (work / f).unlink(missing_ok=True)
         finally:
-            subprocess.run(["umount", "-l", str(d)])
+            s.stop()
+        recs = records(log)
+        assert any(r["tool"] == "run_command" for r in recs), [(r["tool"], r["outcome"]) for r in recs]
+        assert sm("audit", "verify", str(log)).returncode == 0
 
 
 def test_unread_list_answers_cannot_grow_the_supervisor(ws):
