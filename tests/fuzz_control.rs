@@ -9,14 +9,16 @@
 //! Every test prints how many inputs it ran (`fuzz_control: ...`).
 
 use proptest::prelude::*;
+
+#[path = "common/prop.rs"]
+mod props;
 use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{TestCaseError, TestRunner};
 use sandmux::tmux::control::{quote, unquote_q, Event, Parser, MAX_LINE};
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
 
-/// Runs `f` on `cases` inputs from `strategy`; fails with proptest's minimal
-/// counterexample; prints the number of inputs run.
+/// Runs `f` on `cases` inputs (see `common/prop.rs`).
 fn check<S: Strategy>(
     name: &str,
     cases: u32,
@@ -25,21 +27,7 @@ fn check<S: Strategy>(
 ) where
     S::Value: std::fmt::Debug,
 {
-    let n = std::cell::Cell::new(0u64);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        max_shrink_iters: 2000,
-        ..Config::default()
-    });
-    let r = runner.run(&strategy, |v| {
-        n.set(n.get() + 1);
-        f(v)
-    });
-    eprintln!("fuzz_control: {name}: {} inputs run", n.get());
-    if let Err(e) = r {
-        panic!("{name}: {e}");
-    }
+    props::check("fuzz_control", name, cases, strategy, f)
 }
 
 fn feed_all(chunks: &[&[u8]]) -> Vec<Event> {

@@ -7,14 +7,17 @@
 //! filter: every escape sequence it holds must be one the docs say is kept.
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+#[path = "common/prop.rs"]
+mod props;
+use proptest::test_runner::TestCaseError;
 use sandmux::mcp::replay_filter::{filter_all, Filter, CSI_MAX};
 
 #[path = "common/replay_spec.rs"]
 mod spec;
 use spec::allowed;
 
-/// Runs `f` on `cases` inputs; fails with proptest's minimal counterexample.
+/// Runs `f` on `cases` inputs (see `common/prop.rs`).
 fn check<S: Strategy>(
     name: &str,
     cases: u32,
@@ -23,21 +26,7 @@ fn check<S: Strategy>(
 ) where
     S::Value: std::fmt::Debug,
 {
-    let n = std::cell::Cell::new(0u64);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        max_shrink_iters: 2000,
-        ..Config::default()
-    });
-    let r = runner.run(&strategy, |v| {
-        n.set(n.get() + 1);
-        f(v)
-    });
-    eprintln!("replay_filter: {name}: {} inputs run", n.get());
-    if let Err(e) = r {
-        panic!("{name}: {e}");
-    }
+    props::check("replay_filter", name, cases, strategy, f)
 }
 
 /// Sequences that act on the viewer's terminal, each terminated.
