@@ -150,6 +150,8 @@ enum Cmd {
     },
     #[command(name = "__init", hide = true)]
     Init,
+    #[command(name = "__broker", hide = true)]
+    Broker,
     #[command(name = "__probe-userns", hide = true)]
     ProbeUserns,
     /// Print the MCP tool table (markdown) generated from the catalogue.
@@ -255,6 +257,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Init => sandbox::init::main(),
+        Cmd::Broker => ExitCode::from(sandmux::mcp::broker::main() as u8),
         Cmd::ProbeUserns => ExitCode::from(sandbox::probe::userns_child() as u8),
         Cmd::Run { target, command } => match resolve(&target) {
             Ok(policy) => run(policy, command),
@@ -472,7 +475,7 @@ fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
     let wsp = policy.workspace.clone();
-    let inst = match Instance::start(policy) {
+    let inst = match Instance::start(policy, None) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
@@ -544,7 +547,7 @@ fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
 }
 
 fn hold_instance(policy: profile::Policy) -> ExitCode {
-    let inst = match Instance::start(policy) {
+    let inst = match Instance::start(policy, None) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };

@@ -428,7 +428,7 @@ fn no_landlock_fails_closed_and_the_opt_in_reports_it() {
         dir.path(),
         "nolandlock",
         "default",
-        &be(&["landlock", "landlock-scope"]),
+        &be(&["landlock", "landlock-scope", "supervisor"]),
         None,
     );
     let (base, v) = assert_case(
@@ -438,7 +438,7 @@ fn no_landlock_fails_closed_and_the_opt_in_reports_it() {
             required: "default",
             opt_in: &opt,
             baseline: &opt,
-            degraded: &["landlock", "landlock-scope"],
+            degraded: &["landlock", "landlock-scope", "supervisor"],
         },
         &ws,
         tmp.path(),
@@ -455,6 +455,38 @@ fn no_landlock_fails_closed_and_the_opt_in_reports_it() {
         "{reach}"
     );
     assert_eq!(reach["passed"], false, "{reach}");
+
+    // The sandbox may go without Landlock, `serve` itself may not: the
+    // supervisor's own confinement is a layer of its own, refused by name.
+    let sup = profile_with(
+        dir.path(),
+        "nosup",
+        "default",
+        &be(&["landlock", "landlock-scope"]),
+        None,
+    );
+    let log = tmp.path().join("nosup.jsonl");
+    let o = sandmux_in(
+        Env::NoLandlock,
+        tmp.path(),
+        &[
+            "serve",
+            "-p",
+            sup.to_str().unwrap(),
+            "-w",
+            ws.path().to_str().unwrap(),
+            "--audit-log",
+            log.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("required layer 'supervisor' is unavailable: Landlock")
+            && err.contains("\"supervisor\" to [enforcement] best_effort"),
+        "{}",
+        text(&o)
+    );
 
     // Dropping "landlock" alone is not enough: its scopes are a layer of their own.
     let half = profile_with(dir.path(), "half", "default", &be(&["landlock"]), None);
@@ -686,7 +718,7 @@ fn no_seccomp_case<'a>(opt: &'a Path) -> Case<'a> {
         required: "default",
         opt_in: opt,
         baseline: opt,
-        degraded: &["seccomp"],
+        degraded: &["seccomp", "supervisor"],
     }
 }
 
@@ -707,7 +739,7 @@ fn no_seccomp_fails_closed_and_run_starts_with_the_opt_in() {
         dir.path(),
         "noseccomp",
         "default",
-        &["cgroup", "seccomp"],
+        &["cgroup", "seccomp", "supervisor"],
         None,
     );
     let c = no_seccomp_case(&opt);
@@ -744,7 +776,7 @@ fn no_seccomp_opt_in_starts_a_tmux_instance() {
         dir.path(),
         "noseccomp",
         "default",
-        &["cgroup", "seccomp"],
+        &["cgroup", "seccomp", "supervisor"],
         None,
     );
     let (base, v) = assert_opt_in_reports(&no_seccomp_case(&opt), &ws, tmp.path());

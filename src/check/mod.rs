@@ -39,7 +39,7 @@ pub fn run(policy: Policy) -> Report {
     let kernel = probe::kernel();
     let profile = policy.name.clone();
     let source = policy.source.to_string();
-    match Instance::start(policy) {
+    match Instance::start(policy, None) {
         Err(e) => Report {
             profile,
             source,
@@ -51,12 +51,23 @@ pub fn run(policy: Policy) -> Report {
             all_passed: false,
         },
         Ok(inst) => {
-            let layers = inst.layers();
+            let mut layers = inst.layers();
+            let supervisor = crate::sandbox::supervisor::probe(&inst.policy);
+            layers.push(match &supervisor {
+                Ok(s) => s.clone(),
+                Err(e) => LayerStatus {
+                    layer: crate::profile::Layer::Supervisor,
+                    enforced: false,
+                    detail: e.message.clone(),
+                },
+            });
             let (observations, error) = match live_probe(&inst) {
                 Ok(o) => (o, None),
                 Err(e) => (vec![], Some(e)),
             };
             inst.stop();
+            let enforceable = supervisor.is_ok();
+            let error = error.or(supervisor.err().map(|e| e.message));
             let all_passed = error.is_none()
                 && !observations.is_empty()
                 && observations.iter().all(|o| o.passed);
@@ -64,7 +75,7 @@ pub fn run(policy: Policy) -> Report {
                 profile,
                 source,
                 kernel,
-                enforceable: true,
+                enforceable,
                 error,
                 layers,
                 observations,

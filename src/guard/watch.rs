@@ -37,15 +37,21 @@ pub struct Watch {
     pub commit_note: Option<String>,
     restore_mode: Arc<std::sync::atomic::AtomicU8>,
     unlisted: Arc<AtomicUsize>,
+    /// How the watching thread confined itself, when it was asked to.
+    pub confined: Option<Result<String, String>>,
+    /// The guard's state directory (quarantine, manifests).
+    pub state: PathBuf,
 }
 
 impl Watch {
     /// Sweeps stale manifests, writes this instance's, and starts watching.
-    /// `None` when there is nothing to guard.
+    /// With `confine`, the watching thread first restricts itself to its
+    /// trees and state (`sandbox::supervisor`), under that profile's ABI.
     pub fn start(
         guard: &Guard,
         snapshots: Vec<super::restore::Snapshot>,
         id: &str,
+        confine: Option<&crate::profile::Policy>,
     ) -> Result<Watch, String> {
         let roots: Vec<PathBuf> = guard.trees.iter().map(|t| t.root.clone()).collect();
         let state = state_dir(&roots)?;
@@ -85,13 +91,20 @@ impl Watch {
         // agent does can come before the watches.
         armed.arm_all();
         let restore_mode = armed.restore_mode.clone();
+        use crate::sandbox::supervisor::{prepare, Needs, Prepared};
+        let rules = confine.map(|p| prepare(p, &Needs::guard(&roots, &state)));
+        let (said, heard) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("sandmux-guard".into())
             .spawn(move || {
+                let _ = said.send(rules.map(|r| r.and_then(Prepared::restrict)));
                 armed.run(stop_r);
                 armed
             })
             .map_err(|e| e.to_string())?;
+        let confined = heard
+            .recv()
+            .unwrap_or_else(|_| Some(Err("the guard thread ended".into())));
         Ok(Watch {
             taken,
             quarantine,
@@ -104,6 +117,8 @@ impl Watch {
             commit_note: None,
             restore_mode,
             unlisted,
+            confined,
+            state,
         })
     }
 
@@ -459,7 +474,7 @@ pub fn start_for(
     } else {
         Vec::new()
     };
-    let mut w = Watch::start(&policy.guard, snapshots, id).map_err(refuse)?;
+    let mut w = Watch::start(&policy.guard, snapshots, id, Some(policy)).map_err(refuse)?;
     if policy.guard.git == GitMode::Commit {
         let t = &policy.guard.trees[0];
         let roots: Vec<PathBuf> = policy.guard.trees.iter().map(|t| t.root.clone()).collect();

@@ -3,11 +3,13 @@
 //!
 //! [`Stop::install`] blocks SIGTERM, SIGINT and SIGHUP before any thread
 //! exists, so every thread inherits the mask and no signal can take the
-//! default action (death with status 143) at any later moment of start-up. One
-//! thread takes them with sigwait(2): it records the first and cancels the
-//! stop token. Start-up looks at it between its steps (tearing down what
-//! exists, then exit status 0); once the runtime runs, the token is the
-//! runtime's shutdown. Children do not inherit the mask: std's `Command`
+//! default action (death with status 143) at any later moment of start-up.
+//! During start-up a stop signal stays pending, and start-up looks for it
+//! between its steps (tearing down what exists, then exit status 0). Once the
+//! supervisor has confined itself ([`crate::sandbox::supervisor`]: Landlock
+//! binds only threads started after it), [`Stop::take_signals`] starts the
+//! thread that takes them with sigwait(2): it records the first and cancels
+//! the stop token, which is the runtime's shutdown. Children do not inherit the mask: std's `Command`
 //! (which tokio's uses) empties it in the child before exec, and
 //! `sandmux __init` resets every signal again (`sandbox::init`).
 
@@ -34,23 +36,24 @@ pub struct Stop {
 }
 
 impl Stop {
-    /// Blocks the stop signals in the calling thread and starts the thread
-    /// that takes them. Call it on the main thread before any other thread is
-    /// started (threads inherit the mask; one started earlier could still
-    /// take a signal with its default action).
+    /// Blocks the stop signals in the calling thread. Call it on the main
+    /// thread before any other thread is started (threads inherit the mask;
+    /// one started earlier could still take a signal with its default action).
     pub fn install() -> Stop {
-        let stop = Stop {
-            token: CancellationToken::new(),
-            signal: Arc::new(AtomicI32::new(0)),
-        };
-        let mut set = SigSet::empty();
-        for s in STOP_SIGNALS {
-            set.add(s);
-        }
-        if let Err(e) = set.thread_block() {
+        if let Err(e) = stop_set().thread_block() {
             eprintln!("sandmux: blocking termination signals: {e}");
         }
-        let s = stop.clone();
+        Stop {
+            token: CancellationToken::new(),
+            signal: Arc::new(AtomicI32::new(0)),
+        }
+    }
+
+    /// Starts the thread that takes the stop signals (one already pending
+    /// included) and cancels the token. Call it once, after confinement.
+    pub fn take_signals(&self) {
+        let set = stop_set();
+        let s = self.clone();
         let spawned = std::thread::Builder::new()
             .name("sandmux-signals".into())
             .spawn(move || loop {
@@ -69,7 +72,6 @@ impl Stop {
         if let Err(e) = spawned {
             eprintln!("sandmux: the signal thread: {e}");
         }
-        stop
     }
 
     /// The token the runtime shuts down on.
@@ -77,13 +79,37 @@ impl Stop {
         self.token.clone()
     }
 
-    /// The termination signal received so far, if any.
+    /// The termination signal received so far, if any: taken by the signal
+    /// thread, or still pending (before [`Stop::take_signals`]).
     pub fn signal(&self) -> Option<Signal> {
         match self.signal.load(Ordering::SeqCst) {
-            0 => None,
+            0 => pending(),
             n => Signal::try_from(n).ok(),
         }
     }
+}
+
+fn stop_set() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in STOP_SIGNALS {
+        set.add(s);
+    }
+    set
+}
+
+/// A stop signal blocked and pending for this process, if any.
+fn pending() -> Option<Signal> {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigpending fills the set it is given.
+    if unsafe { libc::sigpending(set.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful sigpending above.
+    let set = unsafe { set.assume_init() };
+    // SAFETY: sigismember only reads the initialised set.
+    STOP_SIGNALS
+        .into_iter()
+        .find(|s| unsafe { libc::sigismember(&set, *s as i32) } == 1)
 }
 
 /// Ends `serve`: reaps every child, then exits with `code` (never through

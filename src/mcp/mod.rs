@@ -13,6 +13,7 @@
 pub mod audit;
 mod backlog;
 pub(crate) mod bounds;
+pub mod broker;
 pub mod catalog;
 pub mod choices;
 pub mod ctx;
@@ -316,9 +317,20 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     if let Some(sig) = stop.signal() {
         return stopped(&audit, None, sig);
     }
+    // Later generations need a sandbox the confined supervisor cannot build.
+    let broker = match policy.mcp.on_server_exit {
+        ServerExit::Restart => match broker::Broker::spawn(&policy) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                eprintln!("sandmux: {e}");
+                return crate::sandbox::EXIT_INTERNAL;
+            }
+        },
+        ServerExit::End => None,
+    };
     // A start-up step that fails while a stop is pending is reported, and the
     // stop decides the status (a terminal's ^C reaches the sandbox too).
-    let inst = match Instance::start(policy.clone()) {
+    let mut inst = match Instance::start(policy.clone(), broker) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("sandmux: {e}");
@@ -349,6 +361,17 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
+    match confine_self(&inst, &audit, record.as_deref()) {
+        Ok(status) => inst.supervisor = Some(status),
+        Err(e) => {
+            eprintln!("sandmux: {e}");
+            inst.stop();
+            audit.seal(e.exit_code());
+            return e.exit_code();
+        }
+    }
+    // Started after confinement, so it is confined too.
+    stop.take_signals();
     let info = info_of(&inst, tmux_version.clone());
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -539,6 +562,48 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     }
     sealer.seal(code);
     code
+}
+
+/// Confines the supervisor to what it uses from here on
+/// (`sandbox::supervisor`): the main thread now, before the runtime starts a
+/// thread; the guard's thread has restricted itself already.
+fn confine_self(
+    inst: &Instance,
+    audit: &audit::Audit,
+    record: Option<&record::Recording>,
+) -> Result<crate::sandbox::report::LayerStatus, crate::sandbox::StartError> {
+    use crate::sandbox::supervisor::{confine, status, Files, Needs};
+    let trees: Vec<PathBuf> = inst
+        .policy
+        .guard
+        .trees
+        .iter()
+        .map(|t| t.root.clone())
+        .collect();
+    let cgroup = inst
+        .rundir
+        .cgroup
+        .as_ref()
+        .map(|c| c.dirs.clone())
+        .unwrap_or_default();
+    let guard = inst.guard.as_ref();
+    let files = Files {
+        rundir: &inst.rundir.path,
+        audit: audit.path(),
+        record: record.map(|r| r.path()),
+        cgroup: &cgroup,
+        guard: guard.map(|g| (trees.as_slice(), g.state.as_path())),
+    };
+    let main = confine(&inst.policy, &Needs::supervisor(&inst.policy, &files))?;
+    // The guard thread's own restriction is part of the layer.
+    match guard.and_then(|g| g.confined.clone()) {
+        Some(Err(e)) if main.enforced => status(
+            &inst.policy,
+            vec![main.detail],
+            vec![format!("the workspace guard's thread: {e}")],
+        ),
+        _ => Ok(main),
+    }
 }
 
 /// stdio, its read half gated and its write half paying the backlog of

@@ -39,11 +39,13 @@ pub enum Layer {
     NoNewPrivs,
     /// A fresh, empty session keyring.
     Keyring,
+    /// The supervisor confines itself once the sandbox runs (`serve`).
+    Supervisor,
 }
 
 impl Layer {
     /// Every layer, in start-up order.
-    pub const ALL: [Layer; 16] = [
+    pub const ALL: [Layer; 17] = [
         Layer::Userns,
         Layer::Mount,
         Layer::Git,
@@ -60,6 +62,7 @@ impl Layer {
         Layer::LandlockNet,
         Layer::LandlockScope,
         Layer::Seccomp,
+        Layer::Supervisor,
     ];
 
     /// The name used in profiles and reports.
@@ -81,6 +84,7 @@ impl Layer {
             Layer::Caps => "caps",
             Layer::NoNewPrivs => "no-new-privs",
             Layer::Keyring => "keyring",
+            Layer::Supervisor => "supervisor",
         }
     }
 
@@ -99,6 +103,7 @@ impl Layer {
             Layer::Caps => "capability dropping failed; do not run sandmux under a security module that forbids capset/prctl",
             Layer::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS) failed; this kernel is too old for sandmux",
             Layer::Keyring => "joining a fresh session keyring (keyctl) was refused, as a container runtime's seccomp profile does; add \"keyring\" to [enforcement] best_effort (the sandbox's own filter still denies every keyring call inside)",
+            Layer::Supervisor => "`serve` confines itself with Landlock and seccomp once its sandbox runs: boot a kernel with Landlock, and run under no policy (e.g. a container runtime's seccomp profile) that refuses landlock_* or seccomp(2); or add \"supervisor\" to [enforcement] best_effort",
         }
     }
 }

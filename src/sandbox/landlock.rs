@@ -85,7 +85,7 @@ pub fn kernel_abi() -> u8 {
     }
 }
 
-fn abi_of(n: u8) -> ABI {
+pub(crate) fn abi_of(n: u8) -> ABI {
     match n {
         0 => ABI::Unsupported,
         1 => ABI::V1,

@@ -21,6 +21,7 @@ pub mod probe;
 pub mod report;
 pub mod rundir;
 pub mod seccomp;
+pub mod supervisor;
 pub(crate) mod syscalls;
 pub mod systemd;
 

@@ -179,16 +179,7 @@ pub fn build() -> Result<Filters, SeccompError> {
             SeccompRule::new(vec![eq32(1, TIOCLINUX)?])?,
         ],
     );
-    let mut clone_rules = Vec::new();
-    for flag in CLONE_NS_FLAGS {
-        clone_rules.push(SeccompRule::new(vec![Cond::new(
-            0,
-            Len::Qword,
-            Op::MaskedEq(flag),
-            flag,
-        )?])?);
-    }
-    deny.insert(libc::SYS_clone, clone_rules);
+    deny.insert(libc::SYS_clone, clone_ns_rules()?);
     let mut family_not_allowed = Vec::new();
     for fam in SOCKET_FAMILIES {
         family_not_allowed.push(Cond::new(0, Len::Dword, Op::Ne, fam)?);
@@ -211,6 +202,53 @@ pub fn build() -> Result<Filters, SeccompError> {
     Ok(Filters {
         programs: vec![x32_guard(), compile(allowlist)?, compile(denylist)?],
     })
+}
+
+/// The supervisor's programs (`supervisor.rs`): the x32 guard, then `EPERM`
+/// for `denied`, `clone` with a `CLONE_NEW*` flag and every socket family but
+/// unix; `clone3` answers `ENOSYS` (its flags cannot be inspected; libc falls
+/// back to `clone`).
+pub(crate) fn supervisor_programs(denied: &[(&str, i64)]) -> Result<Vec<BpfProgram>, SeccompError> {
+    let arch = arch()?;
+    let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
+        denied.iter().map(|(_, n)| (*n, vec![])).collect();
+    deny.insert(libc::SYS_clone, clone_ns_rules()?);
+    deny.insert(
+        libc::SYS_socket,
+        vec![SeccompRule::new(vec![Cond::new(
+            0,
+            Len::Dword,
+            Op::Ne,
+            libc::AF_UNIX as u64,
+        )?])?],
+    );
+    let denylist = SeccompFilter::new(
+        deny,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )?;
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, vec![])]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )?;
+    Ok(vec![x32_guard(), compile(denylist)?, compile(clone3)?])
+}
+
+/// `clone` with any `CLONE_NEW*` flag.
+fn clone_ns_rules() -> Result<Vec<SeccompRule>, SeccompError> {
+    let mut rules = Vec::new();
+    for flag in CLONE_NS_FLAGS {
+        rules.push(SeccompRule::new(vec![Cond::new(
+            0,
+            Len::Qword,
+            Op::MaskedEq(flag),
+            flag,
+        )?])?);
+    }
+    Ok(rules)
 }
 
 /// Installs the filters on the calling thread. `no_new_privs` must already be set.

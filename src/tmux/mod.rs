@@ -25,7 +25,7 @@ pub const MIN_VERSION: (u32, u32) = (3, 3);
 pub struct Instance {
     /// Runtime directory (removed on drop).
     pub rundir: Rundir,
-    init: Option<Child>,
+    init: Option<Init>,
     /// What the sandbox reported while starting.
     pub messages: Vec<Message>,
     /// The server's pid inside the sandbox.
@@ -38,6 +38,72 @@ pub struct Instance {
     pub policy: Policy,
     /// The workspace guard's watch (P8); it outlives server restarts.
     pub guard: Option<crate::guard::watch::Watch>,
+    /// Starts later generations once the supervisor is confined (`serve`
+    /// with `on_server_exit = "restart"`).
+    pub broker: Option<crate::mcp::broker::Broker>,
+    /// The supervisor's own confinement, once `serve` applied it.
+    pub supervisor: Option<report::LayerStatus>,
+}
+
+/// The sandbox `__init` of a generation: this process's child, or the broker's.
+enum Init {
+    Own(Child),
+    Brokered(u32),
+}
+
+/// A generation just started, before it is proven ([`Instance::verify`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Generation {
+    /// Host pid of its `sandmux __init`.
+    pub init_pid: u32,
+    /// What the sandbox reported while starting.
+    pub messages: Vec<Message>,
+    /// The server's pid inside the sandbox.
+    pub server_pid: i32,
+    /// Its generation id.
+    pub generation: String,
+    /// The cgroup made for it.
+    pub cgroup: Option<cgroup::Cgroup>,
+}
+
+/// Makes the cgroup and the sandbox and starts tmux in it (the first
+/// generation in `Instance::start`, later ones in the broker when there is one).
+pub fn start_generation(
+    policy: &Policy,
+    rundir: &mut Rundir,
+    tmux: &Path,
+) -> Result<(Child, Generation), StartError> {
+    let cg = make_cgroup(policy, rundir)?;
+    let generation = nonce::hex();
+    let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {generation}\n");
+    let plan = plan(
+        policy,
+        rundir,
+        cg,
+        Payload::Tmux {
+            tmux: tmux.to_path_buf(),
+        },
+        Some(conf),
+    );
+    let started = sandbox::start(&plan, Stdio3::Null)?;
+    let server_pid = started
+        .messages
+        .iter()
+        .find_map(|m| match m {
+            Message::Ready { server_pid } => Some(*server_pid),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            StartError::internal("the sandbox ended before the tmux server was ready".into())
+        })?;
+    let g = Generation {
+        init_pid: started.child.id(),
+        messages: started.messages,
+        server_pid,
+        generation,
+        cgroup: rundir.cgroup.clone(),
+    };
+    Ok((started.child, g))
 }
 
 /// Finds tmux on PATH and checks its version.
@@ -155,7 +221,10 @@ pub fn plan(
 
 impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
-    pub fn start(mut policy: Policy) -> Result<Instance, StartError> {
+    pub fn start(
+        mut policy: Policy,
+        broker: Option<crate::mcp::broker::Broker>,
+    ) -> Result<Instance, StartError> {
         let tmux = find_tmux().map_err(StartError::internal)?;
         check_visible(&policy, &tmux).map_err(StartError::internal)?;
         let rundir = Rundir::create().map_err(StartError::internal)?;
@@ -169,8 +238,10 @@ impl Instance {
             tmux,
             policy,
             guard: Some(guard),
+            broker,
+            supervisor: None,
         };
-        inst.launch()?;
+        inst.launch(true)?;
         Ok(inst)
     }
 
@@ -186,42 +257,36 @@ impl Instance {
         let _ = std::fs::remove_file(self.socket());
         self.messages.clear();
         self.server_pid = 0;
-        self.launch()
+        self.launch(false)
     }
 
-    /// Makes the cgroup and the sandbox, starts tmux in it and proves it.
-    fn launch(&mut self) -> Result<(), StartError> {
-        let cg = make_cgroup(&self.policy, &mut self.rundir)?;
-        self.generation = nonce::hex();
-        let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {}\n", self.generation);
-        let plan = plan(
-            &self.policy,
-            &self.rundir,
-            cg,
-            Payload::Tmux {
-                tmux: self.tmux.clone(),
-            },
-            Some(conf),
-        );
-        let started = sandbox::start(&plan, Stdio3::Null)?;
-        self.init = Some(started.child);
-        self.messages = started.messages;
-        if let Some(g) = &self.guard {
+    /// Starts a generation (here, or later in the broker when there is
+    /// one) and proves it.
+    fn launch(&mut self, first: bool) -> Result<(), StartError> {
+        let g = match &self.broker {
+            Some(b) if !first => {
+                let g = b.launch(&self.rundir, &self.tmux)?;
+                if let Some(cg) = g.cgroup.clone() {
+                    self.rundir.set_cgroup(cg);
+                }
+                self.init = Some(Init::Brokered(g.init_pid));
+                g
+            }
+            _ => {
+                let (child, g) = start_generation(&self.policy, &mut self.rundir, &self.tmux)?;
+                self.init = Some(Init::Own(child));
+                g
+            }
+        };
+        self.messages = g.messages;
+        self.server_pid = g.server_pid;
+        self.generation = g.generation;
+        if let Some(w) = &self.guard {
             let mount = report::layers(&self.messages)
                 .iter()
                 .any(|l| l.layer == crate::profile::Layer::Mount && l.enforced);
-            g.mount_in_force(mount);
+            w.mount_in_force(mount);
         }
-        self.server_pid = self
-            .messages
-            .iter()
-            .find_map(|m| match m {
-                Message::Ready { server_pid } => Some(*server_pid),
-                _ => None,
-            })
-            .ok_or_else(|| {
-                StartError::internal("the sandbox ended before the tmux server was ready".into())
-            })?;
         self.verify().map_err(StartError::internal)
     }
 
@@ -286,17 +351,27 @@ impl Instance {
 
     /// The layer statuses reported at start.
     pub fn layers(&self) -> Vec<report::LayerStatus> {
-        report::layers(&self.messages)
+        let mut l = report::layers(&self.messages);
+        l.extend(self.supervisor.clone());
+        l
     }
 
     /// Host pid of the `sandmux __init` process (0 once stopped).
     pub fn init_pid(&self) -> u32 {
-        self.init.as_ref().map(|c| c.id()).unwrap_or(0)
+        match &self.init {
+            Some(Init::Own(c)) => c.id(),
+            Some(Init::Brokered(pid)) => *pid,
+            None => 0,
+        }
     }
 
     /// Whether the sandbox is still running.
     pub fn alive(&mut self) -> bool {
-        matches!(self.init.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+        match &mut self.init {
+            Some(Init::Own(c)) => matches!(c.try_wait(), Ok(None)),
+            Some(Init::Brokered(pid)) => self.broker.as_ref().is_some_and(|b| b.alive(*pid)),
+            None => false,
+        }
     }
 
     /// Stops the instance: the server, every process inside, the runtime directory.
@@ -309,21 +384,34 @@ impl Instance {
     }
 
     fn shutdown(&mut self) {
-        if let Some(mut child) = self.init.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(3);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+        let mut child = match self.init.take() {
+            Some(Init::Own(c)) => c,
+            Some(Init::Brokered(pid)) => {
+                if let Some(b) = &self.broker {
+                    b.stop(pid);
                 }
+                return;
             }
+            None => return,
+        };
+        end_init(&mut child);
+    }
+}
+
+/// Ends a sandbox: SIGTERM to its `__init`, SIGKILL after 3 s, reaped.
+pub fn end_init(child: &mut Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }

@@ -1,0 +1,355 @@
+//! The supervisor confines itself. Once `serve` has started its sandbox it
+//! needs little of the host: its runtime directory, the audit log and the
+//! recording, the workspace guard's trees and state, the instance's cgroup,
+//! `/proc`, and the tmux binary with what it loads. Everything else is given
+//! up, so a bug in handling agent input cannot become host access:
+//!
+//! - **Landlock**: the filesystem rules of [`Needs`]; every TCP bind and
+//!   connect denied (ABI 4); abstract Unix sockets scoped (ABI 6). Signals are
+//!   not scoped: the supervisor signals its sandbox, which is outside its
+//!   domain. Landlock binds the calling thread and the threads and processes
+//!   it starts later, never the threads that exist already: `serve` confines
+//!   its main thread before the runtime starts any thread, the signal thread
+//!   is started after it, and the workspace guard's thread, which runs from
+//!   before the sandbox starts, restricts itself with its own narrower rules
+//!   ([`Needs::guard`]) as its first step.
+//! - **seccomp**: a denylist ([`denied`]) installed on every thread at once
+//!   (`TSYNC`): namespaces, the mount API, ptrace, keyrings, bpf, module
+//!   loading and the rest of the sandbox's denylist, except `setns`, which
+//!   the freeze helper needs (`nssignal`).
+//! - **rlimits**: no core dumps (`RLIMIT_CORE` 0, soft and hard): a dump
+//!   would write the supervisor's memory to disk.
+//!
+//! A server generation started later (`on_server_exit = "restart"`) needs
+//! mounts and namespaces, which a confined process can no longer make: the
+//! broker forked before confinement does it (`mcp::broker`).
+
+use super::landlock::{abi_of, effective_abi};
+use super::report::LayerStatus;
+use super::StartError;
+use crate::profile::{Layer, Policy};
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use std::path::{Path, PathBuf};
+
+/// How the supervisor may use a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Right {
+    /// Read files and list directories.
+    Read,
+    /// Read and execute (the tmux binary and the libraries it loads).
+    Exec,
+    /// Read, write and truncate existing files (the audit log, a recording,
+    /// `/dev/null`); nothing is created.
+    File,
+    /// Every right: a tree the supervisor owns or must repair (its runtime
+    /// directory, the guard's trees and state).
+    Tree,
+    /// A cgroup parent: read and write the control files of the cgroups below,
+    /// remove them once empty.
+    Cgroup,
+    /// Remove an empty directory directly below (the runtime directory's base).
+    RemoveBelow,
+}
+
+impl Right {
+    fn access(self, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
+        let read = AccessFs::ReadFile | AccessFs::ReadDir;
+        let file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
+        let all = AccessFs::from_all(abi);
+        let a = match self {
+            Right::Read => read,
+            Right::Exec => read | AccessFs::Execute,
+            Right::File => file,
+            Right::Tree => all,
+            Right::Cgroup => file | AccessFs::ReadDir | AccessFs::RemoveDir,
+            Right::RemoveBelow => BitFlags::from(AccessFs::RemoveDir),
+        } & all;
+        if is_dir {
+            a
+        } else {
+            a & AccessFs::from_file(abi)
+        }
+    }
+
+    /// The right, in words (reports and docs).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Right::Read => "read",
+            Right::Exec => "read + execute",
+            Right::File => "read + write (no create)",
+            Right::Tree => "every right",
+            Right::Cgroup => "control files + remove",
+            Right::RemoveBelow => "remove an empty directory below",
+        }
+    }
+}
+
+/// The files in `/etc` a tmux client and the dynamic loader read.
+const ETC_FILES: [&str; 8] = [
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/terminfo",
+];
+
+/// What a confined thread may touch, as (path, right) rules.
+#[derive(Debug, Clone, Default)]
+pub struct Needs {
+    /// The rules; paths that do not exist are skipped when applied.
+    pub rules: Vec<(PathBuf, Right)>,
+}
+
+/// The inputs of [`Needs::supervisor`]: every file `serve` keeps using.
+pub struct Files<'a> {
+    /// The instance's runtime directory (sockets, meta, operator endpoint).
+    pub rundir: &'a Path,
+    /// The audit log.
+    pub audit: &'a Path,
+    /// The `--record` recording.
+    pub record: Option<&'a Path>,
+    /// The instance's cgroup directories.
+    pub cgroup: &'a [PathBuf],
+    /// The workspace guard's trees and state directory.
+    pub guard: Option<(&'a [PathBuf], &'a Path)>,
+}
+
+impl Needs {
+    /// The workspace guard's thread: its trees and state directory (it
+    /// reverts, quarantines and keeps manifests there), and `/proc`.
+    pub fn guard(trees: &[PathBuf], state: &Path) -> Needs {
+        let mut rules: Vec<(PathBuf, Right)> =
+            trees.iter().map(|t| (t.clone(), Right::Tree)).collect();
+        rules.push((state.to_path_buf(), Right::Tree));
+        rules.push(("/proc".into(), Right::Read));
+        Needs { rules }
+    }
+
+    /// `serve` after start-up: [`Files`], the tmux client's binary and
+    /// libraries (the profile's read-only trees with nothing masked below
+    /// them, and the few files of `/etc` a client and the loader read),
+    /// `/proc` (the freezer, reaping, OOM counts) and `/dev/null`.
+    pub fn supervisor(policy: &Policy, f: &Files) -> Needs {
+        let mut n = match f.guard {
+            Some((trees, state)) => Needs::guard(trees, state),
+            None => Needs {
+                rules: vec![("/proc".into(), Right::Read)],
+            },
+        };
+        let masked: Vec<&Path> = policy
+            .fs
+            .iter()
+            .filter(|e| e.kind == crate::profile::MountKind::Masked)
+            .map(|e| e.path.as_path())
+            .collect();
+        for e in &policy.fs {
+            let clear = !masked.iter().any(|m| m.starts_with(&e.path));
+            if e.kind == crate::profile::MountKind::ReadOnly && clear {
+                n.rules.push((e.path.clone(), Right::Exec));
+            }
+        }
+        n.rules
+            .extend(ETC_FILES.iter().map(|p| (PathBuf::from(p), Right::Read)));
+        n.rules.push(("/dev/null".into(), Right::File));
+        n.rules.push((f.rundir.to_path_buf(), Right::Tree));
+        if let Some(base) = f.rundir.parent() {
+            n.rules.push((base.to_path_buf(), Right::RemoveBelow));
+        }
+        n.rules.push((f.audit.to_path_buf(), Right::File));
+        if let Some(r) = f.record {
+            n.rules.push((r.to_path_buf(), Right::File));
+        }
+        for d in f.cgroup {
+            // The parent: a restart's new cgroup appears beside this one.
+            n.rules
+                .push((d.parent().unwrap_or(d).to_path_buf(), Right::Cgroup));
+        }
+        n
+    }
+}
+
+/// A Landlock ruleset built on one thread and applied on another.
+pub struct Prepared {
+    ruleset: RulesetCreated,
+    abi: u8,
+    kernel: u8,
+    rules: usize,
+}
+
+/// Builds the ruleset for `needs` at the profile's Landlock ABI.
+pub fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
+    let (kernel, eff) = effective_abi(policy);
+    if eff == 0 {
+        return Err("Landlock is not available in this kernel".into());
+    }
+    let abi = abi_of(eff);
+    let e = |e: landlock::RulesetError| e.to_string();
+    let mut rs = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(e)?;
+    if eff >= 4 {
+        rs = rs.handle_access(AccessNet::from_all(abi)).map_err(e)?;
+    }
+    if eff >= 6 {
+        rs = rs.scope(Scope::AbstractUnixSocket).map_err(e)?;
+    }
+    let mut ruleset = rs.create().map_err(e)?;
+    let mut rules = 0;
+    for (path, right) in &needs.rules {
+        let Ok(meta) = std::fs::metadata(path) else {
+            continue;
+        };
+        let access = right.access(abi, meta.is_dir());
+        let fd = PathFd::new(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| format!("rule for {}: {e}", path.display()))?;
+        rules += 1;
+    }
+    Ok(Prepared {
+        ruleset,
+        abi: eff,
+        kernel,
+        rules,
+    })
+}
+
+impl Prepared {
+    /// Restricts the calling thread (and what it starts from now on).
+    pub fn restrict(self) -> Result<String, String> {
+        let (abi, kernel, rules) = (self.abi, self.kernel, self.rules);
+        let status = self.ruleset.restrict_self().map_err(|e| e.to_string())?;
+        if status.ruleset != RulesetStatus::FullyEnforced {
+            return Err(format!("ruleset not fully enforced: {:?}", status.ruleset));
+        }
+        Ok(format!(
+            "Landlock ABI {abi} (kernel {kernel}): {rules} path rules{}",
+            if abi >= 4 { ", no TCP" } else { "" }
+        ))
+    }
+}
+
+/// The calls the supervisor's filter refuses with `EPERM`: the sandbox's
+/// denylist but `setns`, plus `ptrace`.
+pub fn denied() -> Vec<(&'static str, i64)> {
+    let mut v: Vec<(&'static str, i64)> = super::syscalls::DENIED
+        .iter()
+        .flat_map(|(_, g)| g.iter().copied())
+        .filter(|(n, _)| *n != "setns")
+        .collect();
+    v.push(("ptrace", libc::SYS_ptrace));
+    v
+}
+
+/// Installs the supervisor's seccomp filter on every thread (TSYNC); returns
+/// how many calls it denies.
+pub fn seccomp_all_threads() -> Result<usize, String> {
+    let progs = super::seccomp::supervisor_programs(&denied()).map_err(|e| e.to_string())?;
+    for p in &progs {
+        seccompiler::apply_filter_all_threads(p).map_err(|e| e.to_string())?;
+    }
+    Ok(denied().len())
+}
+
+/// No core dumps, ever (soft and hard limit 0).
+pub fn no_core() -> Result<(), String> {
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
+        .map_err(|e| format!("setrlimit(RLIMIT_CORE, 0): {e}"))
+}
+
+/// Confines the calling (main) thread with `needs` and every thread with the
+/// seccomp filter. Whatever part fails makes the layer missing: refused
+/// start-up, unless the profile lists `supervisor` as best effort.
+pub fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, StartError> {
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    match prepare(policy, needs).and_then(Prepared::restrict) {
+        Ok(d) => done.push(d),
+        Err(e) => failed.push(format!("Landlock: {e}")),
+    }
+    match seccomp_all_threads() {
+        Ok(n) => done.push(format!(
+            "seccomp on every thread: {n} calls and every socket family but unix denied"
+        )),
+        Err(e) => failed.push(format!("seccomp: {e}")),
+    }
+    match no_core() {
+        Ok(()) => done.push("RLIMIT_CORE=0".to_string()),
+        Err(e) => failed.push(e),
+    }
+    status(policy, done, failed)
+}
+
+/// The layer's status from what was done and what failed.
+pub fn status(
+    policy: &Policy,
+    done: Vec<String>,
+    failed: Vec<String>,
+) -> Result<LayerStatus, StartError> {
+    if failed.is_empty() {
+        return Ok(LayerStatus {
+            layer: Layer::Supervisor,
+            enforced: true,
+            detail: done.join("; "),
+        });
+    }
+    let why = failed.join("; ");
+    if !policy.best_effort.contains(&Layer::Supervisor) {
+        return Err(StartError::layer(Layer::Supervisor, &why));
+    }
+    let kept = if done.is_empty() {
+        "nothing".to_string()
+    } else {
+        done.join("; ")
+    };
+    Ok(LayerStatus {
+        layer: Layer::Supervisor,
+        enforced: false,
+        detail: format!("{why} (in force: {kept})"),
+    })
+}
+
+/// What `serve` would achieve here (`sandmux check`): the same Landlock ABI
+/// and seccomp programs, tried for real on a short-lived thread (both bind
+/// only that thread without `TSYNC`), and the core limit's hard ceiling.
+pub fn probe(policy: &Policy) -> Result<LayerStatus, StartError> {
+    let policy = policy.clone();
+    let tried = std::thread::spawn(move || {
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
+        let needs = Needs {
+            rules: vec![("/proc".into(), Right::Read)],
+        };
+        match prepare(&policy, &needs).and_then(Prepared::restrict) {
+            Ok(_) => done.push(format!(
+                "Landlock ABI {} on serve's threads",
+                effective_abi(&policy).1
+            )),
+            Err(e) => failed.push(format!("Landlock: {e}")),
+        }
+        let progs = super::seccomp::supervisor_programs(&denied()).map_err(|e| e.to_string());
+        match progs.and_then(|ps| {
+            ps.iter()
+                .try_for_each(|p| seccompiler::apply_filter(p).map_err(|e| e.to_string()))
+        }) {
+            Ok(()) => done.push(format!("seccomp: {} calls denied", denied().len())),
+            Err(e) => failed.push(format!("seccomp: {e}")),
+        }
+        done.push("RLIMIT_CORE=0".into());
+        (policy, done, failed)
+    })
+    .join();
+    match tried {
+        Ok((policy, done, failed)) => status(&policy, done, failed),
+        Err(_) => Err(StartError::internal(
+            "the supervisor probe thread panicked".into(),
+        )),
+    }
+}

@@ -1,0 +1,159 @@
+"""The supervisor confines itself (host side, issue 11): once `serve` has
+started its sandbox, a bug in handling agent input must not become host
+access. The attack is the worst case of such a bug: code running inside the
+supervisor. gdb injects calls into every thread of the real `serve` process
+(and into processes it starts from there) that try what the code would:
+read a host file, plant one, run a shell that does both, reach the network,
+ptrace another host process, make a namespace. The host side checks that
+nothing happened. The positive control is the same injection into the
+restart broker, an unconfined process of the same binary beside it: there
+every attack works."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import time
+
+import anyio
+import pytest
+import test_faults
+
+from conftest import BIN, call, connect, serve_pids
+
+pytestmark = pytest.mark.anyio
+
+GDB = shutil.which("gdb")
+
+
+def threads(pid):
+    return sorted(int(t.name) for t in pathlib.Path(f"/proc/{pid}/task").iterdir())
+
+
+def status(pid, tid):
+    text = pathlib.Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    return dict(l.split(":\t", 1) for l in text.splitlines() if ":\t" in l)
+
+
+def broker_of(serve_pid):
+    for p in pathlib.Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+                st = (p / "stat").read_text()
+            except OSError:
+                continue
+            if cmd[:2] == [b"sandmux-broker", b"__broker"] and int(st[st.rfind(")") + 2 :].split()[1]) == serve_pid:
+                return int(p.name)
+    return None
+
+
+def inject(pid, calls, thread=None):
+    """Runs each C expression in `pid` through gdb (in every thread, or in
+    one) and returns, per expression, one (value, errno) per thread. The
+    errno is read in the same expression, before the thread runs again."""
+    args = [GDB, "-nx", "-batch", "-p", str(pid), "-ex", "set debuginfod enabled off", "-ex", "set pagination off"]
+    for c in calls:
+        args += ["-ex", f"thread apply {thread or 'all'} print ({c}) * 1000 + *(int*)__errno_location()"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+    values = [int(v) for v in re.findall(r"^\$\d+ = (-?\d+)", out, re.M)]
+    per = len(values) // len(calls)
+    assert values and per * len(calls) == len(values), out
+    pairs = [((v - v % 1000) // 1000, v % 1000) for v in values]
+    return [pairs[i * per:(i + 1) * per] for i in range(len(calls))], out
+
+
+def attacks(host, port, victim):
+    """C expressions, each an attack; `0101` is O_WRONLY|O_CREAT (octal)."""
+    return [
+        f'(int)open("{host / "secret.txt"}", 0)',
+        f'(int)open("{host / "planted"}", 0101, 0644)',
+        f'(int)system("cat {host / "secret.txt"} > {host / "shell-planted"}")',
+        f'(int)system("bash -c \'echo hi >/dev/tcp/127.0.0.1/{port}\'")',
+        "(int)socket(2, 1, 0)",
+        f"(long)ptrace(16, {victim}, 0, 0)",
+        "(int)unshare(0x10000000)",
+    ]
+
+
+async def test_every_thread_of_serve_is_confined_and_says_so(ws):
+    """Every thread has the filter and no_new_privs, no core dumps; the
+    layer is reported as enforced in sandbox_status and in check."""
+    async with connect(ws) as c:
+        st = await call(c, "sandbox_status")
+        sup = [l for l in st["layers"] if l["layer"] == "supervisor"]
+        assert sup and sup[0]["enforced"], st["layers"]
+        assert "Landlock ABI" in sup[0]["detail"] and "seccomp on every thread" in sup[0]["detail"], sup
+        pid = serve_pids(ws[0])[0]
+        tids = threads(pid)
+        assert len(tids) >= 3, tids  # main, the guard, the signal thread
+        for t in tids:
+            s = status(pid, t)
+            assert s["NoNewPrivs"] == "1" and s["Seccomp"] == "2", (t, s["Name"], s["Seccomp"])
+        limits = pathlib.Path(f"/proc/{pid}/limits").read_text()
+        assert re.search(r"^Max core file size\s+0\s+0\s", limits, re.M), limits
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    chk = subprocess.run([BIN, "check", "-w", str(ws[0]), "--json"], capture_output=True, text=True, timeout=120, env=env)
+    rep = json.loads(chk.stdout)
+    sup = [l for l in rep["layers"] if l["layer"] == "supervisor"]
+    assert sup and sup[0]["enforced"], rep["layers"]
+
+
+@pytest.mark.skipif(GDB is None, reason="gdb is not installed (.ci/run installs it)")
+async def test_code_inside_serve_cannot_reach_the_host(ws):
+    work, host = ws
+    (host / "secret.txt").write_text("the host's secret\n")
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(8)
+    lst.settimeout(0.5)
+    port = lst.getsockname()[1]
+    victim = subprocess.Popen(["sleep", "120"])
+    prof = test_faults.limited_profile(ws, on_server_exit="restart")
+    try:
+        async with connect(ws, "-p", prof) as c:
+            await call(c, "list_sessions")
+            pid = serve_pids(work)[0]
+            broker = broker_of(pid)
+            assert broker, "no restart broker beside serve"
+            n = len(threads(pid))
+            calls = attacks(host, port, victim.pid)
+            # One gdb run: every attack in every thread of serve.
+            got, out = await anyio.to_thread.run_sync(inject, pid, calls)
+            assert all(len(g) == n for g in got), out
+            denied = lambda i, errno: all(rc == -1 and e == errno for rc, e in got[i])
+            assert denied(0, 13), ("read a host file", got[0], out)
+            assert denied(1, 13), ("planted a host file", got[1], out)
+            assert all(rc != 0 for rc, _ in got[2] + got[3]), ("a shell did it", got[2:4], out)
+            assert denied(4, 1), ("an inet socket", got[4], out)
+            assert denied(5, 1), ("ptrace", got[5], out)
+            assert denied(6, 1), ("unshare", got[6], out)
+            # The host saw nothing: no file, no connection, the victim untraced.
+            assert not (host / "planted").exists() and not (host / "shell-planted").exists()
+            with pytest.raises(socket.timeout):
+                lst.accept()
+            assert status(victim.pid, victim.pid)["TracerPid"] == "0"
+            # serve still works after the attempts.
+            assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"
+
+            # Positive control: the same attacks in the unconfined broker work.
+            got, out = await anyio.to_thread.run_sync(inject, broker, calls, 1)
+            rc = [g[0][0] for g in got]
+            assert rc[0] >= 0 and rc[1] >= 0, ("the control could not open", out)
+            assert rc[2] == 0 and (host / "shell-planted").read_text() == "the host's secret\n", out
+            assert rc[3] == 0, out
+            conn, _ = lst.accept()
+            conn.close()
+            assert rc[4] >= 0 and rc[5] == 0, out
+            t0 = time.monotonic()
+            while status(victim.pid, victim.pid)["TracerPid"] != str(broker) and time.monotonic() - t0 < 5:
+                await anyio.sleep(0.05)
+            assert status(victim.pid, victim.pid)["TracerPid"] == str(broker)
+            assert rc[6] == 0, out
+    finally:
+        victim.kill()
+        victim.wait()
+        lst.close()
