@@ -144,3 +144,9 @@ def _wait_for(rt, proc, log):
         time.sleep(0.5)
     why = harness.first_line("\n".join(log.read_text().splitlines()[-1:]))
     (pytest.fail if os.environ.get("CI") else pytest.skip)(f"dockerd did not start: {why}")
+
+
+@pytest.fixture(params=["rootful", "rootless", "docker"])
+def anyrt(request):
+    """Each runtime that runs here: podman rootful and rootless, docker."""
+    return request.getfixturevalue(request.param)

@@ -43,7 +43,7 @@ def test_two_builds_give_the_same_layer_and_image(rootful, share):
 
 
 def test_size_is_within_the_documented_budget(rootful):
-    m = re.search(r"[Ss]ize budget: \*\*(\d+) MiB\*\*", DOC.read_text())
+    m = re.search(r"[Ss]ize\s+budget:\s+\*\*(\d+) MiB\*\*", DOC.read_text())
     assert m, f"{DOC} states no 'Size budget: **N MiB**'"
     size = inspect(rootful, IMAGE)["Size"]
     assert size <= int(m.group(1)) * 1024 * 1024, f"image is {size / 2**20:.1f} MiB, budget {m.group(1)} MiB"
