@@ -22,6 +22,8 @@ pub mod endpoint;
 pub mod error;
 pub mod exit;
 pub mod freeze;
+mod generation;
+mod hostfiles;
 pub mod oom;
 pub mod prompts;
 pub mod record;
@@ -37,9 +39,10 @@ pub mod tools;
 pub mod toolsets;
 
 use crate::profile::{Policy, ServerExit, MAX_RESTARTS};
-use crate::sandbox::pane::GATE_PATH;
-use crate::tmux::hub::{Hub, HubEvent, CONTROL_SESSION};
+use crate::tmux::hub::{Hub, HubEvent};
 use crate::tmux::Instance;
+use generation::{confine_self, info_of, restart, sessions};
+use hostfiles::{default_audit_path, outside_agent_writable, retain};
 use rmcp::ServiceExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,170 +59,6 @@ pub struct Options {
     pub no_session: bool,
     /// Write the first session's terminal output as an asciicast v2 file.
     pub record: Option<PathBuf>,
-}
-
-/// The session `serve` creates at start, so a client can run commands at once.
-pub const FIRST_SESSION: &str = "main";
-
-/// Creates the hidden control session and, unless `no_session`, the first
-/// session; returns the control session's id.
-fn sessions(inst: &Instance, no_session: bool) -> Result<String, String> {
-    let ws = inst.policy.workspace.display().to_string();
-    let control_id = inst
-        .cmd(&[
-            "new-session",
-            "-d",
-            "-P",
-            "-F",
-            "#{session_id}",
-            "-s",
-            CONTROL_SESSION,
-            "-x",
-            "80",
-            "-y",
-            "24",
-            "-c",
-            &ws,
-            GATE_PATH,
-            "--exec",
-            "--",
-            "cat",
-            // The control pane needs no process: it is kept once dead, and ^D
-            // ends `cat` (the line discipline holds it until `cat` reads).
-            ";",
-            "set-option",
-            "-w",
-            "-t",
-            CONTROL_SESSION,
-            "remain-on-exit",
-            "on",
-            ";",
-            "send-keys",
-            "-t",
-            CONTROL_SESSION,
-            "C-d",
-        ])
-        .map_err(|e| format!("creating the control session: {e}"))?;
-    if !no_session {
-        inst.cmd(&[
-            "new-session",
-            "-d",
-            "-s",
-            FIRST_SESSION,
-            "-x",
-            "200",
-            "-y",
-            "50",
-            "-c",
-            &ws,
-            // Its window keeps this size (see tools::execute::fixed_size).
-            ";",
-            "set-option",
-            "-w",
-            "-t",
-            FIRST_SESSION,
-            "window-size",
-            "manual",
-        ])
-        .map_err(|e| format!("creating the first session: {e}"))?;
-    }
-    Ok(control_id.trim().to_string())
-}
-
-/// The facts tools report about the current server generation.
-fn info_of(inst: &Instance, tmux_version: String) -> ctx::InstanceInfo {
-    ctx::InstanceInfo {
-        generation: inst.generation.clone(),
-        server_pid: inst.server_pid,
-        tmux_version,
-        layers: inst.layers(),
-        init_pid: inst.init_pid(),
-        cgroup: inst.rundir.cgroup.clone(),
-    }
-}
-
-/// The path to open for a host-side file sandmux writes (audit log,
-/// recording), refused when the agent could rewrite it: inside the workspace
-/// or another read-write tree of the profile. The longest existing ancestor
-/// is resolved (symlinks, `..`) and the rest appended, so neither a relative
-/// spelling, a symlinked parent nor a parent that does not exist yet gets
-/// around the check; a `..` below a missing directory is refused.
-fn outside_agent_writable(
-    path: &std::path::Path,
-    policy: &Policy,
-    what: &str,
-    flag: &str,
-) -> Result<PathBuf, String> {
-    let abs = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map_err(|e| {
-                format!(
-                    "{what}: no current directory to resolve {}: {e}",
-                    path.display()
-                )
-            })?
-            .join(path)
-    };
-    let mut existing = abs.as_path();
-    let mut rest = Vec::new();
-    let resolved = loop {
-        if let Ok(c) = std::fs::canonicalize(existing) {
-            break rest.iter().rev().fold(c, |p: PathBuf, n| p.join(n));
-        }
-        match (existing.file_name(), existing.parent()) {
-            (Some(n), Some(parent)) => {
-                rest.push(n.to_os_string());
-                existing = parent;
-            }
-            _ => {
-                return Err(format!(
-                    "{what} {} cannot be resolved (`..` below a directory that does not exist); give a plain path to {flag}",
-                    abs.display()
-                ))
-            }
-        }
-    };
-    let writable = std::iter::once(policy.workspace.clone()).chain(
-        policy
-            .fs
-            .iter()
-            .filter(|e| e.kind == crate::profile::MountKind::ReadWrite)
-            .map(|e| std::fs::canonicalize(&e.path).unwrap_or_else(|_| e.path.clone())),
-    );
-    for root in writable {
-        if resolved.starts_with(&root) {
-            return Err(format!(
-                "{what} {} is inside {}, which the agent can write; choose another {flag}",
-                abs.display(),
-                if root == policy.workspace {
-                    "the workspace".to_string()
-                } else {
-                    format!("the read-write tree {}", root.display())
-                }
-            ));
-        }
-    }
-    Ok(resolved)
-}
-
-/// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
-/// (or `~/.local/state/...`).
-pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
-    let base = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .ok_or("no XDG_STATE_HOME or HOME for the audit log; pass --audit-log PATH")?;
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(base
-        .join("sandmux")
-        .join("audit")
-        .join(format!("{secs}-{id}.jsonl")))
 }
 
 /// Start-up was asked to stop (a signal, see [`exit`]): ends what exists,
@@ -564,48 +403,6 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     code
 }
 
-/// Confines the supervisor to what it uses from here on
-/// (`sandbox::supervisor`): the main thread now, before the runtime starts a
-/// thread; the guard's thread has restricted itself already.
-fn confine_self(
-    inst: &Instance,
-    audit: &audit::Audit,
-    record: Option<&record::Recording>,
-) -> Result<crate::sandbox::report::LayerStatus, crate::sandbox::StartError> {
-    use crate::sandbox::supervisor::{confine, status, Files, Needs};
-    let trees: Vec<PathBuf> = inst
-        .policy
-        .guard
-        .trees
-        .iter()
-        .map(|t| t.root.clone())
-        .collect();
-    let cgroup = inst
-        .rundir
-        .cgroup
-        .as_ref()
-        .map(|c| c.dirs.clone())
-        .unwrap_or_default();
-    let guard = inst.guard.as_ref();
-    let files = Files {
-        rundir: &inst.rundir.path,
-        audit: audit.path(),
-        record: record.map(|r| r.path()),
-        cgroup: &cgroup,
-        guard: guard.map(|g| (trees.as_slice(), g.state.as_path())),
-    };
-    let main = confine(&inst.policy, &Needs::supervisor(&inst.policy, &files))?;
-    // The guard thread's own restriction is part of the layer.
-    match guard.and_then(|g| g.confined.clone()) {
-        Some(Err(e)) if main.enforced => status(
-            &inst.policy,
-            vec![main.detail],
-            vec![format!("the workspace guard's thread: {e}")],
-        ),
-        _ => Ok(main),
-    }
-}
-
 /// stdio, its read half gated and its write half paying the backlog of
 /// answers (`backlog`).
 fn metered(state: &ctx::State) -> (stdio::Reader, stdio::Writer) {
@@ -615,78 +412,4 @@ fn metered(state: &ctx::State) -> (stdio::Reader, stdio::Writer) {
         Box::new(backlog::Gated::new(r, b.clone())),
         Box::new(backlog::Metered::new(w, b.clone())),
     )
-}
-
-/// Applies the user's retention to the default audit directory (where
-/// `audit` was opened), and records what it removed.
-fn retain(audit: &audit::Audit) -> Result<(), String> {
-    let keep = crate::profile::user::load()?.audit.keep_days;
-    let Some(dir) = audit.path().parent() else {
-        return Ok(());
-    };
-    let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())?;
-    if n > 0 {
-        audit.event(audit::Entry {
-            tool: "(audit-retention)",
-            toolset: None,
-            outcome: "event",
-            error_type: Some("retention"),
-            duration_ms: 0,
-            request_id: String::new(),
-            client_id: None,
-            args: &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()}),
-        });
-    }
-    Ok(())
-}
-
-/// Replaces a dead tmux server with a fresh generation (`on_server_exit =
-/// "restart"`): a new sandbox in the same runtime directory, the control and
-/// first sessions, a new hub, a new drift baseline (drift found earlier
-/// stays found), and an audit record. Pending calls on the old server have
-/// already failed.
-async fn restart(
-    state: &ctx::State,
-    inst: &std::sync::Mutex<Option<Instance>>,
-    oom: Option<&Arc<oom::Watch>>,
-    no_session: bool,
-    why: &str,
-    n: u32,
-) -> Result<(), String> {
-    state.hub().shutdown();
-    if let Some(w) = oom {
-        w.check();
-    }
-    let (tmux, socket, control_id, info) = {
-        let mut g = inst.lock().unwrap_or_else(|p| p.into_inner());
-        let i = g.as_mut().ok_or("the instance is ending")?;
-        i.restart().map_err(|e| e.to_string())?;
-        let control_id = sessions(i, no_session)?;
-        (
-            i.tmux.clone(),
-            i.socket(),
-            control_id,
-            info_of(i, state.info().tmux_version),
-        )
-    };
-    let watchers = state.policy.limits.max_sessions as usize;
-    let hub = Hub::connect(&tmux, &socket, &control_id, watchers).await?;
-    state.drift.record(&hub).await.map_err(|e| e.to_string())?;
-    if let (Some(w), Some(cg)) = (oom, info.cgroup.clone()) {
-        w.replace(cg);
-    }
-    let generation = info.generation.clone();
-    let server_pid = info.server_pid;
-    state.replace(hub, info);
-    state.audit.event(audit::Entry {
-            tool: "(server-restart)",
-            toolset: None,
-            outcome: "event",
-            error_type: Some("server_gone"),
-            duration_ms: 0,
-            request_id: String::new(),
-            client_id: None,
-            args: &serde_json::json!({"reason": why, "restart": n, "generation": generation, "server_pid": server_pid}),
-        });
-    Ok(())
 }

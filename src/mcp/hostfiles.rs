@@ -1,0 +1,114 @@
+//! Where `serve`'s host-side files go: the audit log and the recording,
+//! refused inside any tree the agent can write, and the user's retention
+//! of finished instances' logs.
+
+use super::audit;
+use crate::profile::Policy;
+use std::path::PathBuf;
+
+/// The path to open for a host-side file sandmux writes (audit log,
+/// recording), refused when the agent could rewrite it: inside the workspace
+/// or another read-write tree of the profile. The longest existing ancestor
+/// is resolved (symlinks, `..`) and the rest appended, so neither a relative
+/// spelling, a symlinked parent nor a parent that does not exist yet gets
+/// around the check; a `..` below a missing directory is refused.
+pub(super) fn outside_agent_writable(
+    path: &std::path::Path,
+    policy: &Policy,
+    what: &str,
+    flag: &str,
+) -> Result<PathBuf, String> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| {
+                format!(
+                    "{what}: no current directory to resolve {}: {e}",
+                    path.display()
+                )
+            })?
+            .join(path)
+    };
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    let resolved = loop {
+        if let Ok(c) = std::fs::canonicalize(existing) {
+            break rest.iter().rev().fold(c, |p: PathBuf, n| p.join(n));
+        }
+        match (existing.file_name(), existing.parent()) {
+            (Some(n), Some(parent)) => {
+                rest.push(n.to_os_string());
+                existing = parent;
+            }
+            _ => {
+                return Err(format!(
+                    "{what} {} cannot be resolved (`..` below a directory that does not exist); give a plain path to {flag}",
+                    abs.display()
+                ))
+            }
+        }
+    };
+    let writable = std::iter::once(policy.workspace.clone()).chain(
+        policy
+            .fs
+            .iter()
+            .filter(|e| e.kind == crate::profile::MountKind::ReadWrite)
+            .map(|e| std::fs::canonicalize(&e.path).unwrap_or_else(|_| e.path.clone())),
+    );
+    for root in writable {
+        if resolved.starts_with(&root) {
+            return Err(format!(
+                "{what} {} is inside {}, which the agent can write; choose another {flag}",
+                abs.display(),
+                if root == policy.workspace {
+                    "the workspace".to_string()
+                } else {
+                    format!("the read-write tree {}", root.display())
+                }
+            ));
+        }
+    }
+    Ok(resolved)
+}
+
+/// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
+/// (or `~/.local/state/...`).
+pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .ok_or("no XDG_STATE_HOME or HOME for the audit log; pass --audit-log PATH")?;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(base
+        .join("sandmux")
+        .join("audit")
+        .join(format!("{secs}-{id}.jsonl")))
+}
+
+/// Applies the user's retention to the default audit directory (where
+/// `audit` was opened), and records what it removed.
+pub(super) fn retain(audit: &audit::Audit) -> Result<(), String> {
+    let keep = crate::profile::user::load()?.audit.keep_days;
+    let Some(dir) = audit.path().parent() else {
+        return Ok(());
+    };
+    let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())?;
+    if n > 0 {
+        audit.event(audit::Entry {
+            tool: "(audit-retention)",
+            toolset: None,
+            outcome: "event",
+            error_type: Some("retention"),
+            duration_ms: 0,
+            request_id: String::new(),
+            client_id: None,
+            args: &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()}),
+        });
+    }
+    Ok(())
+}
