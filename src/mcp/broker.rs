@@ -1,17 +1,20 @@
-//! The restart broker (`on_server_exit = "restart"`). Once `serve` has
-//! confined itself (`sandbox::supervisor`) it can no longer build a sandbox:
-//! Landlock and seccomp are inherited, and a sandbox needs namespaces and
-//! mounts. So before confining, `serve` starts this small child
-//! (`sandmux __broker`, a fresh process of the same binary with the same
-//! environment), which stays unconfined and does one thing:
-//! on request it starts a later server generation's sandbox (its cgroup, its
-//! `sandmux __init`), answers whether that sandbox still runs, and ends it.
-//! It reads the resolved profile, then one JSON line per request, from a
-//! socket pair on its descriptor 3, holds the `__init`
-//! processes it started (so their pids cannot be reused while the supervisor
-//! signals them), and ends with the supervisor: at the end of the socket, or
-//! by `PR_SET_PDEATHSIG`. It never sees agent input: the supervisor sends
-//! only the runtime directory, the instance id and the tmux binary.
+//! The broker: what `serve` can no longer do once it has confined itself
+//! (`sandbox::supervisor`). Landlock and seccomp are inherited, a sandbox
+//! needs namespaces and mounts, and Landlock closes another domain's
+//! `/proc/PID/ns` (ptrace-style access). So before confining, `serve` starts
+//! this small child (`sandmux-broker __broker`, a fresh process of the same
+//! binary with the same environment), which stays unconfined and does two
+//! things on request: it starts a later server generation's sandbox
+//! (`on_server_exit = "restart"`: its cgroup, its `sandmux __init`), answers
+//! whether that sandbox still runs and ends it; and it runs the signals
+//! freezer (`sandmux freeze` without a cgroup) on a sandbox `__init` of this
+//! instance, and on no other process. It reads the resolved profile, then one
+//! JSON line per request, from a socket pair on its descriptor 3, holds the
+//! `__init` processes it started (so their pids cannot be reused while the
+//! supervisor signals them), and ends with the supervisor: at the end of the
+//! socket, or by `PR_SET_PDEATHSIG`. It never sees agent input: the
+//! supervisor sends only the runtime directory, the instance id, the tmux
+//! binary and pids.
 
 use crate::profile::{Layer, Policy};
 use crate::sandbox::rundir::Rundir;
@@ -38,6 +41,7 @@ enum Request {
     },
     Alive(u32),
     Stop(u32),
+    Signals(crate::sandbox::freeze::Op, u32),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -50,6 +54,7 @@ enum Reply {
     },
     Alive(bool),
     Stopped,
+    Signalled(Result<usize, String>),
 }
 
 /// The supervisor's end of the broker.
@@ -66,7 +71,7 @@ impl Broker {
     pub fn spawn(policy: &Policy) -> Result<Broker, String> {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
-        let exe = std::env::current_exe().map_err(|e| format!("the restart broker: {e}"))?;
+        let exe = std::env::current_exe().map_err(|e| format!("the broker: {e}"))?;
         let (ours, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
         let fd = theirs.as_raw_fd();
         let mut cmd = std::process::Command::new(exe);
@@ -95,7 +100,7 @@ impl Broker {
         }
         let child = cmd
             .spawn()
-            .map_err(|e| format!("starting the restart broker: {e}"))?;
+            .map_err(|e| format!("starting the broker: {e}"))?;
         drop(theirs);
         let read = ours.try_clone().map_err(|e| e.to_string())?;
         let b = Broker {
@@ -108,7 +113,7 @@ impl Broker {
             .unwrap_or_else(|p| p.into_inner())
             .1
             .write_all(&line)
-            .map_err(|e| format!("the restart broker: {e}"))?;
+            .map_err(|e| format!("the broker: {e}"))?;
         Ok(b)
     }
 
@@ -117,9 +122,9 @@ impl Broker {
         let mut line = serde_json::to_vec(r).map_err(|e| e.to_string())?;
         line.push(b'\n');
         io.1.write_all(&line)
-            .map_err(|e| format!("the restart broker: {e}"))?;
+            .map_err(|e| format!("the broker: {e}"))?;
         read_line(&mut io.0)?
-            .ok_or_else(|| "the restart broker ended".to_string())
+            .ok_or_else(|| "the broker ended".to_string())
             .and_then(|l| serde_json::from_slice(&l).map_err(|e| e.to_string()))
     }
 
@@ -142,7 +147,7 @@ impl Broker {
                 code,
             }),
             _ => Err(StartError::internal(
-                "the restart broker answered out of turn".into(),
+                "the broker answered out of turn".into(),
             )),
         }
     }
@@ -150,6 +155,14 @@ impl Broker {
     /// Whether the sandbox with this `__init` still runs.
     pub fn alive(&self, init_pid: u32) -> bool {
         matches!(self.ask(&Request::Alive(init_pid)), Ok(Reply::Alive(true)))
+    }
+
+    /// Runs the signals freezer on the sandbox of this `__init`.
+    pub fn signals(&self, op: crate::sandbox::freeze::Op, init_pid: u32) -> Result<usize, String> {
+        match self.ask(&Request::Signals(op, init_pid))? {
+            Reply::Signalled(r) => r,
+            _ => Err("the broker answered out of turn".into()),
+        }
     }
 
     /// Ends the sandbox with this `__init` (SIGTERM, then SIGKILL) and reaps it.
@@ -208,7 +221,7 @@ pub fn main() -> i32 {
             Ok(r) => answer(r, &policy, &mut held),
             Err(e) => Reply::Failed {
                 layer: None,
-                message: format!("the restart broker: {e}"),
+                message: format!("the broker: {e}"),
                 code: None,
             },
         };
@@ -222,6 +235,27 @@ pub fn main() -> i32 {
         end_init(c);
     }
     0
+}
+
+/// Whether `pid` is a sandbox's `__init` this broker or the supervisor
+/// started: the broker acts on no other process.
+fn sandbox_of_ours(pid: u32, held: &BTreeMap<u32, Child>) -> Result<(), String> {
+    if held.contains_key(&pid) {
+        return Ok(());
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let ppid = stat
+        .rfind(')')
+        .and_then(|i| stat.get(i + 2..))
+        .and_then(|r| r.split(' ').nth(1))
+        .and_then(|p| p.parse::<i32>().ok());
+    let argv0 = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let argv0 = argv0.split(|b| *b == 0).next().unwrap_or_default();
+    if ppid == Some(nix::unistd::getppid().as_raw()) && argv0 == b"sandmux-init" {
+        Ok(())
+    } else {
+        Err(format!("process {pid} is not a sandbox of this instance"))
+    }
 }
 
 fn answer(r: Request, policy: &Policy, held: &mut BTreeMap<u32, Child>) -> Reply {
@@ -248,6 +282,9 @@ fn answer(r: Request, policy: &Policy, held: &mut BTreeMap<u32, Child>) -> Reply
         Request::Alive(pid) => Reply::Alive(
             held.get_mut(&pid)
                 .is_some_and(|c| matches!(c.try_wait(), Ok(None))),
+        ),
+        Request::Signals(op, pid) => Reply::Signalled(
+            sandbox_of_ours(pid, held).and_then(|()| crate::sandbox::freeze::by_signals(op, pid)),
         ),
         Request::Stop(pid) => {
             if let Some(mut c) = held.remove(&pid) {

@@ -67,6 +67,8 @@ pub struct State {
     pub creating: tokio::sync::Mutex<()>,
     /// Whether the operator froze the sandbox (see `mcp::freeze`).
     pub freeze: Arc<super::freeze::Freeze>,
+    /// What the confined supervisor has done unconfined (`mcp::broker`).
+    pub broker: Option<Arc<super::broker::Broker>>,
 }
 
 impl State {

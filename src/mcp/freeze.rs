@@ -11,10 +11,11 @@
 //! thawed first.
 
 use super::audit::Entry;
+use super::broker::Broker;
 use super::ctx::State;
 use crate::sandbox::freeze::{self as mech, Target};
 use serde_json::{json, Value};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A freeze in force.
@@ -53,6 +54,15 @@ impl Freeze {
 
     fn set(&self, f: Option<Frozen>) {
         *self.now.lock().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+}
+
+/// The signals freezer, run by the broker: it reads the sandbox's
+/// `/proc/PID/ns`, which Landlock closes to the confined supervisor.
+pub fn signals(b: &Option<Arc<Broker>>, op: mech::Op, init_pid: u32) -> Result<usize, String> {
+    match b {
+        Some(b) => b.signals(op, init_pid),
+        None => mech::by_signals(op, init_pid),
     }
 }
 
@@ -105,7 +115,8 @@ pub async fn freeze(s: &State) -> Result<Value, String> {
     };
     s.freeze.set(Some(f.clone()));
     s.hub().set_frozen(true);
-    let r = tokio::task::spawn_blocking(move || mech::freeze(&t))
+    let b = s.broker.clone();
+    let r = tokio::task::spawn_blocking(move || mech::freeze(&t, &|op, pid| signals(&b, op, pid)))
         .await
         .unwrap_or_else(|e| Err(format!("the freeze task failed: {e}")));
     match r {
@@ -131,7 +142,8 @@ pub async fn thaw(s: &State) -> Result<Value, String> {
         return Ok(json!({"already": true, "frozen": null}));
     };
     let t = target(s);
-    let d = tokio::task::spawn_blocking(move || mech::thaw(&t))
+    let b = s.broker.clone();
+    let d = tokio::task::spawn_blocking(move || mech::thaw(&t, &|op, pid| signals(&b, op, pid)))
         .await
         .unwrap_or_else(|e| Err(format!("the thaw task failed: {e}")))
         .map_err(|e| format!("{e}; the instance stays frozen"))?;

@@ -156,20 +156,18 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     if let Some(sig) = stop.signal() {
         return stopped(&audit, None, sig);
     }
-    // Later generations need a sandbox the confined supervisor cannot build.
-    let broker = match policy.mcp.on_server_exit {
-        ServerExit::Restart => match broker::Broker::spawn(&policy) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                eprintln!("sandmux: {e}");
-                return crate::sandbox::EXIT_INTERNAL;
-            }
-        },
-        ServerExit::End => None,
+    // What the confined supervisor cannot do itself (later generations, the
+    // signals freezer) is the broker's.
+    let broker = match broker::Broker::spawn(&policy) {
+        Ok(b) => Arc::new(b),
+        Err(e) => {
+            eprintln!("sandmux: {e}");
+            return crate::sandbox::EXIT_INTERNAL;
+        }
     };
     // A start-up step that fails while a stop is pending is reported, and the
     // stop decides the status (a terminal's ^C reaches the sandbox too).
-    let mut inst = match Instance::start(policy.clone(), broker) {
+    let mut inst = match Instance::start(policy.clone(), Some(broker.clone())) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("sandmux: {e}");
@@ -284,6 +282,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             commands: Default::default(),
             creating: Default::default(),
             freeze: frozen,
+            broker: Some(broker),
         });
         if let Err(e) = state.drift.record(&hub).await {
             eprintln!("sandmux: {e}");
@@ -389,10 +388,12 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     if let Some(inst) = last {
         // A frozen sandbox is killed where it stands: nothing inside runs again.
         if last_frozen.is_frozen() {
-            crate::sandbox::freeze::kill(&crate::sandbox::freeze::Target {
+            let t = crate::sandbox::freeze::Target {
                 init_pid: inst.init_pid(),
                 cgroup: inst.rundir.cgroup.clone(),
-            });
+            };
+            let b = inst.broker.clone();
+            crate::sandbox::freeze::kill(&t, &|op, pid| freeze::signals(&b, op, pid));
         }
         let taken = inst.stop();
         if let Some(r) = last_reverts {

@@ -79,6 +79,37 @@ impl Target {
     }
 }
 
+/// What the signals freezer is asked to do.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub enum Op {
+    /// SIGSTOP everything until it is still.
+    Freeze,
+    /// SIGCONT everything.
+    Thaw,
+    /// SIGKILL everything.
+    Kill,
+}
+
+/// The signals freezer (no cgroup): needs `/proc/PID/ns` of the sandbox,
+/// which a Landlock-confined supervisor cannot read, so `serve` has the
+/// broker run it (`mcp::broker`). Returns how many processes it acted on.
+pub fn by_signals(op: Op, init_pid: u32) -> Result<usize, String> {
+    match op {
+        Op::Freeze => stop_all(init_pid),
+        Op::Thaw => {
+            let ns = sandbox_ns(init_pid)?;
+            signal_all(init_pid, libc::SIGCONT)?;
+            Ok(members(&ns, init_pid).len())
+        }
+        // PID 1's death takes the whole namespace with it.
+        Op::Kill => signal_all(init_pid, libc::SIGKILL).map(|()| 0),
+    }
+}
+
+/// Who runs the signals freezer: [`by_signals`] here, or a helper that may
+/// (the broker, for a confined supervisor).
+pub type Signals<'a> = &'a dyn Fn(Op, u32) -> Result<usize, String>;
+
 /// What a freeze or thaw did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Done {
@@ -89,7 +120,7 @@ pub struct Done {
 }
 
 /// Stops every process inside; an error says what is still running.
-pub fn freeze(t: &Target) -> Result<Done, String> {
+pub fn freeze(t: &Target, signals: Signals) -> Result<Done, String> {
     let f = t.freezer();
     let processes = match &f {
         Freezer::V2(d) => {
@@ -100,7 +131,7 @@ pub fn freeze(t: &Target) -> Result<Done, String> {
             cgroup_set(d, "freezer.state", "FROZEN", || v1_state(d) == "FROZEN")?;
             procs(d).len()
         }
-        Freezer::Signals => stop_all(t.init_pid)?,
+        Freezer::Signals => signals(Op::Freeze, t.init_pid)?,
     };
     Ok(Done {
         method: f.name(),
@@ -109,7 +140,7 @@ pub fn freeze(t: &Target) -> Result<Done, String> {
 }
 
 /// Lets every process inside run again.
-pub fn thaw(t: &Target) -> Result<Done, String> {
+pub fn thaw(t: &Target, signals: Signals) -> Result<Done, String> {
     let f = t.freezer();
     let processes = match &f {
         Freezer::V2(d) => {
@@ -120,11 +151,7 @@ pub fn thaw(t: &Target) -> Result<Done, String> {
             cgroup_set(d, "freezer.state", "THAWED", || v1_state(d) == "THAWED")?;
             procs(d).len()
         }
-        Freezer::Signals => {
-            let ns = sandbox_ns(t.init_pid)?;
-            signal_all(t.init_pid, libc::SIGCONT)?;
-            members(&ns, t.init_pid).len()
-        }
+        Freezer::Signals => signals(Op::Thaw, t.init_pid)?,
     };
     Ok(Done {
         method: f.name(),
@@ -134,16 +161,15 @@ pub fn thaw(t: &Target) -> Result<Done, String> {
 
 /// Ends a frozen sandbox without letting anything inside run: every process
 /// is killed, then the freezer let go (a frozen v1 task dies once thawed).
-pub fn kill(t: &Target) {
+pub fn kill(t: &Target, signals: Signals) {
     match t.freezer() {
         Freezer::V2(d) => {
             let _ = std::fs::write(d.join("cgroup.kill"), "1");
             let _ = std::fs::write(d.join("cgroup.freeze"), "0");
         }
         Freezer::V1(d) => kill_v1(&d),
-        // PID 1's death takes the whole namespace with it.
         Freezer::Signals => {
-            let _ = signal_all(t.init_pid, libc::SIGKILL);
+            let _ = signals(Op::Kill, t.init_pid);
         }
     }
     let _ = nix::sys::signal::kill(

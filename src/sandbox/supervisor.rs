@@ -21,8 +21,10 @@
 //!   would write the supervisor's memory to disk.
 //!
 //! A server generation started later (`on_server_exit = "restart"`) needs
-//! mounts and namespaces, which a confined process can no longer make: the
-//! broker forked before confinement does it (`mcp::broker`).
+//! mounts and namespaces, which a confined process can no longer make, and
+//! the signals freezer reads the sandbox's `/proc/PID/ns`, which Landlock
+//! closes to another domain: the broker started before confinement does
+//! both (`mcp::broker`).
 
 use super::landlock::{abi_of, effective_abi};
 use super::report::LayerStatus;

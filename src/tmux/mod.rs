@@ -38,9 +38,9 @@ pub struct Instance {
     pub policy: Policy,
     /// The workspace guard's watch (P8); it outlives server restarts.
     pub guard: Option<crate::guard::watch::Watch>,
-    /// Starts later generations once the supervisor is confined (`serve`
-    /// with `on_server_exit = "restart"`).
-    pub broker: Option<crate::mcp::broker::Broker>,
+    /// Does for a confined supervisor (`serve`) what it can no longer do:
+    /// start later generations, run the signals freezer.
+    pub broker: Option<std::sync::Arc<crate::mcp::broker::Broker>>,
     /// The supervisor's own confinement, once `serve` applied it.
     pub supervisor: Option<report::LayerStatus>,
 }
@@ -223,7 +223,7 @@ impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
     pub fn start(
         mut policy: Policy,
-        broker: Option<crate::mcp::broker::Broker>,
+        broker: Option<std::sync::Arc<crate::mcp::broker::Broker>>,
     ) -> Result<Instance, StartError> {
         let tmux = find_tmux().map_err(StartError::internal)?;
         check_visible(&policy, &tmux).map_err(StartError::internal)?;
