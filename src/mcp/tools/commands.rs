@@ -11,6 +11,7 @@
 use super::super::ctx::Call;
 use super::super::error::ToolError;
 use super::execute::{pane_exited, RunResult};
+use crate::mcp::targets::PaneRow;
 use crate::mcp::text;
 use crate::tmux::hub::Hub;
 use schemars::JsonSchema;
@@ -60,11 +61,11 @@ pub struct Follow {
 }
 
 impl Follow {
-    /// Follows the command with `nonce` in pane `pane_id` from ring offset `pos`.
-    pub fn new(pane_id: &str, nonce: &str, pos: u64) -> Follow {
+    /// Follows the command with `nonce` in `pane` from ring offset `pos`.
+    pub fn new(pane: &PaneRow, nonce: &str, pos: u64) -> Follow {
         Follow {
-            pane_id: pane_id.to_string(),
-            num: pane_id[1..].parse().unwrap_or(0),
+            pane_id: pane.pane_id.clone(),
+            num: pane.num,
             begin: format!("{OSC}B{nonce};").into_bytes(),
             end: format!("{OSC}E{nonce};").into_bytes(),
             prompt: None,
@@ -460,7 +461,12 @@ mod tests {
     #[test]
     fn a_false_begin_marker_cannot_grow_the_buffer() {
         use crate::tmux::hub::Chunk;
-        let mut f = Follow::new("%1", "ab", 0);
+        let pane = PaneRow {
+            pane_id: "%1".into(),
+            num: 1,
+            ..Default::default()
+        };
+        let mut f = Follow::new(&pane, "ab", 0);
         let mut end = 0;
         let mut feed = |f: &mut Follow, data: Vec<u8>| {
             end += data.len() as u64;

@@ -9,7 +9,7 @@ use super::manage::Done;
 use crate::mcp::bounds::{self, Adds};
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
-use crate::mcp::targets::{self, PaneRow, PaneSel};
+use crate::mcp::targets::{self, PaneRow, PaneSel, SessionSel};
 use crate::mcp::text;
 use crate::profile::MountKind;
 use crate::tmux::hub::{Cmd, Hub};
@@ -227,7 +227,7 @@ pub struct CreateWindow {
 
 /// Creates a window.
 pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, ToolError> {
-    let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
     let mut cmd = Cmd::new("new-window").flag("-P").opt("-F", CREATED_FORMAT);
     if !a.attach {
         cmd = cmd.flag("-d");
@@ -406,8 +406,8 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
     }
     let mut sent_keys = Vec::new();
     let mut bytes = 0;
-    let (offset, _) = c.s.hub().subscribe(pane.pane_id[1..].parse().unwrap_or(0));
-    let cursor = inspect::cursor_for(c, &pane.pane_id, offset);
+    let (offset, _) = c.s.hub().subscribe(pane.num);
+    let cursor = inspect::cursor_for(c, pane, offset);
     if let Some(t) = &text_in {
         text::input("text", t, c.s.max_input)?;
         let t = if a.suppress_history {
@@ -584,8 +584,8 @@ pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
         super::manage::BUFFER_PREFIX,
         &crate::nonce::hex()[..8]
     );
-    let (offset, _) = c.s.hub().subscribe(p.pane_id[1..].parse().unwrap_or(0));
-    let cursor = inspect::cursor_for(c, &p.pane_id, offset);
+    let (offset, _) = c.s.hub().subscribe(p.num);
+    let cursor = inspect::cursor_for(c, &p, offset);
     c.s.hub()
         .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.text))
         .await?;
@@ -628,8 +628,8 @@ pub struct PasteBuffer {
 pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolError> {
     inspect::buffer_name(&a.buffer_name)?;
     let p = targets::pane(c, &a.p).await?;
-    let (offset, _) = c.s.hub().subscribe(p.pane_id[1..].parse().unwrap_or(0));
-    let cursor = inspect::cursor_for(c, &p.pane_id, offset);
+    let (offset, _) = c.s.hub().subscribe(p.num);
+    let cursor = inspect::cursor_for(c, &p, offset);
     let mut cmd = Cmd::new("paste-buffer")
         .opt("-b", &a.buffer_name)
         .opt("-t", &p.pane_id);
@@ -799,7 +799,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
     }
     leave_modes(c, &p).await?;
     let nonce = crate::nonce::hex()[..12].to_string();
-    let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
+    let num = p.num;
     let hub = c.s.hub();
     // Follow from before the keys are sent.
     let (start, _) = hub.subscribe(num);
@@ -811,7 +811,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
         wrap_posix(&a.command, &nonce, quiet)
     };
     type_line(c, &p.pane_id, &line).await?;
-    let follow = Mutex::new(commands::Follow::new(&p.pane_id, &nonce, start));
+    let follow = Mutex::new(commands::Follow::new(&p, &nonce, start));
     let deadline = tokio::time::Instant::now() + timeout;
     let max_lines = a.max_lines.unwrap_or(inspect::MAX_LINES).min(100_000);
     let total = timeout.as_secs_f64();
@@ -828,7 +828,7 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
                 retyped = true;
                 let (pos, _) = hub.subscribe(num);
                 *follow.lock().unwrap_or_else(|p| p.into_inner()) =
-                    commands::Follow::new(&p.pane_id, &nonce, pos);
+                    commands::Follow::new(&p, &nonce, pos);
                 type_line(c, &p.pane_id, &wrap_posix(&a.command, &nonce, quiet)).await?;
             }
             commands::Until::Ended => break true,
@@ -1022,7 +1022,7 @@ pub async fn set_environment(c: &Call<'_>, a: SetEnv) -> Result<Done, ToolError>
     let cmd = if a.session_name.is_none() && a.session_id.is_none() {
         Cmd::new("set-environment").flag("-g")
     } else {
-        let s = targets::session(c, &a.session_name, &a.session_id).await?;
+        let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
         Cmd::new("set-environment").opt("-t", &s.session_id)
     };
     c.s.hub().run(&cmd.arg(&a.name).arg(&a.value)).await?;

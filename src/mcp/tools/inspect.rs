@@ -3,7 +3,7 @@
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
 pub use crate::mcp::targets::PaneRow;
-use crate::mcp::targets::{self, PaneSel, WindowSel};
+use crate::mcp::targets::{self, PaneSel, SessionSel, WindowSel};
 use crate::mcp::text::{self, Capped};
 use crate::tmux::hub::Cmd;
 use schemars::JsonSchema;
@@ -91,7 +91,7 @@ pub struct SessionArgs {
 
 /// One session's metadata.
 pub async fn get_session_info(c: &Call<'_>, a: SessionArgs) -> Result<SessionRow, ToolError> {
-    let first = targets::session(c, &a.session_name, &a.session_id).await?;
+    let first = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
     let panes = targets::panes(c).await?;
     sessions_of(&panes)
         .into_iter()
@@ -168,8 +168,8 @@ fn windows_of(panes: &[PaneRow]) -> Vec<WindowRow> {
 /// Lists windows.
 pub async fn list_windows(c: &Call<'_>, a: ListWindows) -> Result<Windows, ToolError> {
     let mut panes = targets::panes(c).await?;
-    if a.session_name.is_some() || a.session_id.is_some() {
-        let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    if SessionSel::new(&a.session_name, &a.session_id).given() {
+        let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
         panes.retain(|p| p.session_id == s.session_id);
     }
     Ok(Windows {
@@ -226,14 +226,13 @@ pub async fn list_panes(c: &Call<'_>, a: ListPanes) -> Result<Panes, ToolError> 
             &WindowSel {
                 window_id: a.window_id,
                 window_index: a.window_index,
-                session_name: a.session_name,
-                session_id: a.session_id,
+                s: SessionSel::new(&a.session_name, &a.session_id),
             },
         )
         .await?;
         panes.retain(|p| p.window_id == w.window_id);
-    } else if a.session_name.is_some() || a.session_id.is_some() {
-        let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    } else if SessionSel::new(&a.session_name, &a.session_id).given() {
+        let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
         panes.retain(|p| p.session_id == s.session_id);
     }
     Ok(Panes {
@@ -431,10 +430,10 @@ pub struct SinceResult {
 }
 
 /// A capture_since cursor for a pane at a stream offset.
-pub fn cursor_for(c: &Call<'_>, pane: &str, offset: u64) -> String {
+pub fn cursor_for(c: &Call<'_>, pane: &PaneRow, offset: u64) -> String {
     format!(
         "sc1.{}.{}.{}",
-        pane.trim_start_matches('%'),
+        pane.num,
         offset,
         &c.s.info().generation[..8]
     )
@@ -464,11 +463,10 @@ pub async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult,
     let (l, b) = caps(a.max_lines, a.max_bytes);
     let Some(cur) = a.cursor else {
         let p = targets::pane(c, &a.p).await?;
-        let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
-        let (offset, _) = c.s.hub().subscribe(num);
+        let (offset, _) = c.s.hub().subscribe(p.num);
         let t = capture_text(c, &p.pane_id, None, None).await?;
         return Ok(SinceResult {
-            cursor: cursor_for(c, &p.pane_id, offset),
+            cursor: cursor_for(c, &p, offset),
             pane_id: p.pane_id,
             lines_missed: false,
             full_screen: true,
@@ -486,11 +484,11 @@ pub async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult,
             ));
         }
     }
-    targets::explicit_pane(c, &pane_id).await?;
-    let chunk = c.s.hub().read_since(num, offset);
+    let p = targets::explicit_pane(c, &pane_id).await?;
+    let chunk = c.s.hub().read_since(p.num, offset);
     let t = text::clean(&chunk.data);
     Ok(SinceResult {
-        cursor: cursor_for(c, &pane_id, chunk.end),
+        cursor: cursor_for(c, &p, chunk.end),
         pane_id,
         lines_missed: chunk.missed > 0,
         full_screen: false,
@@ -617,8 +615,8 @@ pub fn matcher(
 pub async fn search_panes(c: &Call<'_>, a: Search) -> Result<SearchResult, ToolError> {
     let re = matcher("pattern", &a.pattern, a.regex, a.match_case)?;
     let mut panes = targets::panes(c).await?;
-    if a.session_name.is_some() || a.session_id.is_some() {
-        let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    if SessionSel::new(&a.session_name, &a.session_id).given() {
+        let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
         panes.retain(|p| p.session_id == s.session_id);
     }
     let per = a.max_matched_lines_per_pane.unwrap_or(50).min(1000);
@@ -823,7 +821,7 @@ pub async fn wait_stream<F>(
 where
     F: FnMut(&str) -> Option<(String, Vec<String>)>,
 {
-    let num: u32 = pane.pane_id[1..].parse().unwrap_or(0);
+    let num = pane.num;
     let (now, mut rx) = c.s.hub().subscribe(num);
     let start = from.unwrap_or(now).min(now);
     let t0 = Instant::now();
@@ -925,7 +923,7 @@ pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, 
     let timeout = c.clamp(a.timeout, 10.0)?;
     let quiet = Duration::from_millis(a.quiet_ms.unwrap_or(400).clamp(10, 60_000));
     let p = targets::pane(c, &a.p).await?;
-    let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
+    let num = p.num;
     let (start, mut rx) = c.s.hub().subscribe(num);
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -983,7 +981,7 @@ pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, Tool
         ));
     }
     let p = targets::pane(c, &a.p).await?;
-    let num: u32 = p.pane_id[1..].parse().unwrap_or(0);
+    let num = p.num;
     let (_, mut rx) = c.s.hub().subscribe(num);
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -1090,10 +1088,7 @@ pub fn scope_cmd(
         cmd = cmd.flag("-g");
     }
     if let Some(t) = target {
-        let ok = t.len() > 1
-            && t.starts_with(['$', '@', '%'])
-            && t[1..].chars().all(|c| c.is_ascii_digit());
-        if !ok {
+        if !targets::is_id(t, &['$', '@', '%']) {
             return Err(ToolError::invalid(
                 "target",
                 &format!("{t:?} is not a session, window or pane id"),
@@ -1148,7 +1143,7 @@ pub async fn show_environment(c: &Call<'_>, a: ShowEnv) -> Result<EnvList, ToolE
     let cmd = if a.session_name.is_none() && a.session_id.is_none() {
         Cmd::new("show-environment").flag("-g")
     } else {
-        let s = targets::session(c, &a.session_name, &a.session_id).await?;
+        let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
         Cmd::new("show-environment").opt("-t", &s.session_id)
     };
     let r = c.s.hub().run_checked(&cmd).await?;

@@ -2,7 +2,7 @@
 
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
-use crate::mcp::targets::{self, PaneSel, WindowSel};
+use crate::mcp::targets::{self, PaneSel, SessionSel, WindowSel};
 use crate::mcp::text;
 use crate::tmux::hub::Cmd;
 use schemars::JsonSchema;
@@ -36,7 +36,7 @@ pub struct RenameSession {
 /// Renames a session.
 pub async fn rename_session(c: &Call<'_>, a: RenameSession) -> Result<Done, ToolError> {
     text::session_name("new_name", &a.new_name)?;
-    let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
     c.s.hub()
         .run(
             &Cmd::new("rename-session")
@@ -95,7 +95,7 @@ pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolEr
             WindowStep::Previous => "-p",
             WindowStep::Last => "-l",
         };
-        let s = targets::session(c, &a.session_name, &a.session_id).await?;
+        let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
         c.s.hub()
             .run(
                 &Cmd::new("select-window")
@@ -117,8 +117,7 @@ pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolEr
         &WindowSel {
             window_id: a.window_id,
             window_index: a.window_index,
-            session_name: a.session_name,
-            session_id: a.session_id,
+            s: SessionSel::new(&a.session_name, &a.session_id),
         },
     )
     .await?;
@@ -207,8 +206,8 @@ pub struct MoveWindow {
 pub async fn move_window(c: &Call<'_>, a: MoveWindow) -> Result<Done, ToolError> {
     let w = targets::window(c, &a.w).await?;
     let dest = match &a.destination_session {
-        Some(d) if d.starts_with('$') => targets::session(c, &None, &Some(d.clone())).await?,
-        Some(d) => targets::session(c, &Some(d.clone()), &None).await?,
+        Some(d) if d.starts_with('$') => targets::session(c, &SessionSel::new(&None, &Some(d.clone()))).await?,
+        Some(d) => targets::session(c, &SessionSel::new(&Some(d.clone()), &None)).await?,
         None => w.clone(),
     };
     if !a.destination_index.is_empty() && a.destination_index.parse::<u32>().is_err() {

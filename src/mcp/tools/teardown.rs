@@ -4,7 +4,7 @@
 use super::manage::{Done, PaneOnly};
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
-use crate::mcp::targets;
+use crate::mcp::targets::{self, SessionSel};
 use crate::tmux::hub::Cmd;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -45,7 +45,7 @@ pub async fn kill_session(c: &Call<'_>, a: KillSession) -> Result<Done, ToolErro
             "give session_id or session_name (see list_sessions)",
         ));
     }
-    let s = targets::session(c, &a.session_name, &a.session_id).await?;
+    let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
     c.s.hub()
         .run(&Cmd::new("kill-session").opt("-t", &s.session_id))
         .await?;
