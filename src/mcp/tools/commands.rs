@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+use super::wait::{Wait, Woke};
+
 /// Long commands kept per instance.
 pub const MAX_COMMANDS: usize = 64;
 /// Output kept per command (the tail; the same as a pane's ring).
@@ -248,33 +250,24 @@ pub enum Until {
     NoFunction,
 }
 
-/// A progress callback: seconds elapsed in, a notification out.
-pub type Tick<'a> = Box<
-    dyn FnMut(f64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>
-        + Send
-        + 'a,
->;
-
 /// Follows `f` until it ends (its marker, or its pane exits), the server
-/// generation ends, or `until` passes. Calls `tick` every 2 s.
-pub async fn follow_until(
+/// generation ends, or `wait` does (its deadline, a cancel, the instance's
+/// end). The pane is asked whether it still exists every `alive_every`.
+pub(crate) async fn follow_until(
     hub: &Hub,
     f: &Mutex<Follow>,
-    until: tokio::time::Instant,
+    wait: &mut Wait<'_>,
     alive_every: Duration,
-    mut tick: Tick<'_>,
 ) -> Result<Until, ToolError> {
     let (pane, num) = {
         let g = f.lock().unwrap_or_else(|p| p.into_inner());
         (g.pane_id.clone(), g.num)
     };
     let (_, mut rx) = hub.subscribe(num);
-    let mut progress = tokio::time::interval(Duration::from_secs(2));
-    progress.tick().await;
     let mut alive = tokio::time::interval(alive_every);
     alive.tick().await;
     loop {
-        let t0 = {
+        {
             let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
             if g.poll(hub) {
                 return Ok(Until::Ended);
@@ -282,29 +275,17 @@ pub async fn follow_until(
             if g.no_function() {
                 return Ok(Until::NoFunction);
             }
-            g.t0
+        }
+        let event = async {
+            tokio::select! {
+                r = rx.changed() => r.map(|_| None).map_err(|_| ToolError::stream_closed()),
+                _ = alive.tick() => exited(hub, &pane, &mut rx).await,
+            }
         };
-        tokio::select! {
-            r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()); },
-            _ = progress.tick() => tick(t0.elapsed().as_secs_f64()).await,
-            _ = alive.tick() => {
-                let exited = match pane_exited(hub, &pane).await {
-                    // Frozen: the command is still there; asked after the thaw.
-                    Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen)) => continue,
-                    r => r?,
-                };
-                if let Some(status) = exited {
-                    // The pane's last output travels on its watcher's
-                    // connection, and may arrive after the command client's
-                    // answer that the pane is gone: take what still comes
-                    // (until 100 ms of quiet, at most 1 s).
-                    let settle = tokio::time::Instant::now() + Duration::from_secs(1);
-                    while let Ok(Ok(())) = tokio::time::timeout_at(
-                        settle.min(tokio::time::Instant::now() + Duration::from_millis(100)),
-                        rx.changed(),
-                    )
-                    .await
-                    {}
+        match wait.until(event).await? {
+            Woke::Deadline => return Ok(Until::Deadline),
+            Woke::Event(r) => {
+                if let Some(status) = r? {
                     let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
                     if !g.poll(hub) {
                         g.ended = Some(End::PaneExited(status));
@@ -312,9 +293,34 @@ pub async fn follow_until(
                     return Ok(Until::Ended);
                 }
             }
-            _ = tokio::time::sleep_until(until) => return Ok(Until::Deadline),
         }
     }
+}
+
+/// `Some(status)` once the pane has exited (see [`pane_exited`]), after
+/// its last output has arrived: that travels on its watcher's connection,
+/// and may arrive after the command client's answer that the pane is gone,
+/// so what still comes is taken (until 100 ms of quiet, at most 1 s).
+/// Frozen: `None`, the command is still there (asked again after the thaw).
+async fn exited(
+    hub: &Hub,
+    pane: &str,
+    rx: &mut watch::Receiver<u64>,
+) -> Result<Option<Option<i32>>, ToolError> {
+    let status = match pane_exited(hub, pane).await {
+        Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen)) => return Ok(None),
+        r => r?,
+    };
+    if status.is_some() {
+        let settle = tokio::time::Instant::now() + Duration::from_secs(1);
+        while let Ok(Ok(())) = tokio::time::timeout_at(
+            settle.min(tokio::time::Instant::now() + Duration::from_millis(100)),
+            rx.changed(),
+        )
+        .await
+        {}
+    }
+    Ok(status)
 }
 
 struct Entry {
@@ -364,7 +370,7 @@ impl Commands {
             // In the background the pane is checked once a second (64 of
             // them must not keep tmux busy).
             let every = Duration::from_secs(1);
-            let _ = follow_until(&hub, &f, forever, every, Box::new(|_| Box::pin(async {}))).await;
+            let _ = follow_until(&hub, &f, &mut Wait::background(forever), every).await;
             tx.send_replace(true);
         });
         e.push(Entry {
@@ -412,19 +418,20 @@ pub async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult,
         }
         (x.follow.clone(), x.done.clone(), x.max_lines)
     };
-    let t0 = Instant::now();
-    let mut progress = tokio::time::interval(Duration::from_secs(2));
-    progress.tick().await;
-    let until = tokio::time::Instant::now() + timeout;
+    let mut wait = Wait::call(c, timeout)
+        .progress("command running")
+        .cancel_says("cancelled by the client; the command is still followed");
     let finished = loop {
         if *done.borrow() {
             break true;
         }
-        tokio::select! {
-            r = done.changed() => if r.is_err() { break *done.borrow() },
-            _ = progress.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
-            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command is still followed".into())),
-            _ = tokio::time::sleep_until(until) => break false,
+        match wait.until(done.changed()).await? {
+            Woke::Event(r) => {
+                if r.is_err() {
+                    break *done.borrow();
+                }
+            }
+            Woke::Deadline => break false,
         }
     };
     let g = follow.lock().unwrap_or_else(|p| p.into_inner());

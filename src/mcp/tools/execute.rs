@@ -17,6 +17,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
+use super::wait::Wait;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -812,17 +813,15 @@ pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolE
     };
     type_line(c, &p.pane_id, &line).await?;
     let follow = Mutex::new(commands::Follow::new(&p, &nonce, start));
-    let deadline = tokio::time::Instant::now() + timeout;
+    let mut wait = Wait::call(c, timeout)
+        .progress("command running")
+        .cancel_says("cancelled by the client; the command may still be running");
     let max_lines = a.max_lines.unwrap_or(inspect::MAX_LINES).min(100_000);
     let total = timeout.as_secs_f64();
     let mut retyped = !bash;
     let ended = loop {
-        let r = tokio::select! {
-            r = commands::follow_until(&hub, &follow, deadline, Duration::from_millis(250), Box::new(|t| Box::pin(c.progress(t, Some(total), "command running")))) => r?,
-            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command may still be running".into())),
-            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
-        };
-        match r {
+        let every = Duration::from_millis(250);
+        match commands::follow_until(&hub, &follow, &mut wait, every).await? {
             commands::Until::NoFunction if !retyped => {
                 // The shell has no __sandmux_run: the command did not run.
                 retyped = true;

@@ -9,6 +9,7 @@ use crate::tmux::hub::Cmd;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use super::wait::{Wait, Woke};
 use std::time::{Duration, Instant};
 
 /// Default line cap for captures.
@@ -821,25 +822,38 @@ pub async fn wait_stream<F>(
 where
     F: FnMut(&str) -> Option<(String, Vec<String>)>,
 {
-    let num = pane.num;
-    let (now, mut rx) = c.s.hub().subscribe(num);
+    let (now, mut rx) = c.s.hub().subscribe(pane.num);
     let start = from.unwrap_or(now).min(now);
-    let t0 = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
-    tick.tick().await;
+    let mut wait = Wait::call(c, timeout).progress("waiting for pane output");
     loop {
-        let chunk = c.s.hub().read_since(num, start);
+        let chunk = c.s.hub().read_since(pane.num, start);
         let text = text::clean(&chunk.data);
         if let Some(found) = check(&text) {
-            return Ok((Some(found), tail(&text), t0.elapsed().as_secs_f64()));
+            return Ok((Some(found), tail(&text), wait.elapsed()));
         }
-        tokio::select! {
-            r = rx.changed() => { if r.is_err() { return Err(ToolError::stream_closed()); } }
-            _ = tokio::time::sleep_until(deadline) => return Ok((None, tail(&text), t0.elapsed().as_secs_f64())),
-            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
-            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
-            _ = tick.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "waiting for pane output").await,
+        match wait.until(rx.changed()).await? {
+            Woke::Event(r) => r.map_err(|_| ToolError::stream_closed())?,
+            Woke::Deadline => return Ok((None, tail(&text), wait.elapsed())),
+        }
+    }
+}
+
+impl WaitResult {
+    /// How `wait` ended on `pane_id`, with the tail of `seen`.
+    fn new(
+        outcome: &str,
+        pane_id: String,
+        matched_lines: Vec<String>,
+        seen: &str,
+        wait: &Wait<'_>,
+    ) -> WaitResult {
+        WaitResult {
+            outcome: outcome.into(),
+            pane_id,
+            matched_lines,
+            tail: tail(seen),
+            elapsed: wait.elapsed(),
+            effective_timeout: wait.total(),
         }
     }
 }
@@ -923,28 +937,18 @@ pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, 
     let timeout = c.clamp(a.timeout, 10.0)?;
     let quiet = Duration::from_millis(a.quiet_ms.unwrap_or(400).clamp(10, 60_000));
     let p = targets::pane(c, &a.p).await?;
-    let num = p.num;
-    let (start, mut rx) = c.s.hub().subscribe(num);
-    let t0 = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
+    let (start, mut rx) = c.s.hub().subscribe(p.num);
+    let mut wait = Wait::call(c, timeout);
     let outcome = loop {
-        tokio::select! {
-            r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()) },
-            _ = tokio::time::sleep(quiet) => break "stable",
-            _ = tokio::time::sleep_until(deadline) => break "timeout",
-            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
-            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
+        // Quiet: no output for `quiet`; any output starts the quiet anew.
+        match wait.until(tokio::time::timeout(quiet, rx.changed())).await? {
+            Woke::Event(Ok(r)) => r.map_err(|_| ToolError::stream_closed())?,
+            Woke::Event(Err(_)) => break "stable",
+            Woke::Deadline => break "timeout",
         }
     };
-    let text = text::clean(&c.s.hub().read_since(num, start).data);
-    Ok(WaitResult {
-        outcome: outcome.into(),
-        pane_id: p.pane_id,
-        matched_lines: vec![],
-        tail: tail(&text),
-        elapsed: t0.elapsed().as_secs_f64(),
-        effective_timeout: timeout.as_secs_f64(),
-    })
+    let text = text::clean(&c.s.hub().read_since(p.num, start).data);
+    Ok(WaitResult::new(outcome, p.pane_id, vec![], &text, &wait))
 }
 
 /// `wait_for_gone`.
@@ -981,30 +985,23 @@ pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, Tool
         ));
     }
     let p = targets::pane(c, &a.p).await?;
-    let num = p.num;
-    let (_, mut rx) = c.s.hub().subscribe(num);
-    let t0 = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
+    let (_, mut rx) = c.s.hub().subscribe(p.num);
+    let mut wait = Wait::call(c, timeout);
     loop {
         let screen = capture_text(c, &p.pane_id, None, None).await?;
-        if !screen.lines().any(|l| pats.iter().any(|r| r.is_match(l))) {
-            return Ok(WaitResult {
-                outcome: "gone".into(),
-                pane_id: p.pane_id,
-                matched_lines: vec![],
-                tail: tail(&screen),
-                elapsed: t0.elapsed().as_secs_f64(),
-                effective_timeout: timeout.as_secs_f64(),
-            });
+        let still: Vec<String> = screen
+            .lines()
+            .filter(|l| pats.iter().any(|r| r.is_match(l)))
+            .map(str::to_string)
+            .collect();
+        if still.is_empty() {
+            return Ok(WaitResult::new("gone", p.pane_id, still, &screen, &wait));
         }
-        tokio::select! {
-            r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()) },
-            _ = tokio::time::sleep_until(deadline) => {
-                let still: Vec<String> = screen.lines().filter(|l| pats.iter().any(|r| r.is_match(l))).map(str::to_string).collect();
-                return Ok(WaitResult { outcome: "timeout".into(), pane_id: p.pane_id, matched_lines: still, tail: tail(&screen), elapsed: t0.elapsed().as_secs_f64(), effective_timeout: timeout.as_secs_f64() });
+        match wait.until(rx.changed()).await? {
+            Woke::Event(r) => r.map_err(|_| ToolError::stream_closed())?,
+            Woke::Deadline => {
+                return Ok(WaitResult::new("timeout", p.pane_id, still, &screen, &wait));
             }
-            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client".into())),
-            _ = c.s.shutdown.cancelled() => return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Closed("the instance is ending (the tmux server is gone or sandmux was told to stop)".into()))),
         }
     }
 }

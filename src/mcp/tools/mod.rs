@@ -5,6 +5,7 @@ pub mod execute;
 pub mod inspect;
 pub mod manage;
 pub mod teardown;
+mod wait;
 
 /// The rules every batch follows: 1–100 operations, and `on_error` is `stop`
 /// (the default) or `continue`. Returns whether to stop at the first error.
