@@ -111,7 +111,7 @@ fn sessions(inst: &Instance, no_session: bool) -> Result<String, String> {
             "50",
             "-c",
             &ws,
-            // Its window keeps this size (see tools::execute::fixed_size).
+            // Its window keeps this size (see tools::spawn::fixed_size).
             ";",
             "set-option",
             "-w",

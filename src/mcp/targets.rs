@@ -310,6 +310,22 @@ pub struct WindowSel {
     pub s: SessionSel,
 }
 
+impl WindowSel {
+    /// A selector from a tool's own window and session arguments.
+    pub fn new(
+        window_id: Option<String>,
+        window_index: Option<String>,
+        session_name: &Option<String>,
+        session_id: &Option<String>,
+    ) -> WindowSel {
+        WindowSel {
+            window_id,
+            window_index,
+            s: SessionSel::new(session_name, session_id),
+        }
+    }
+}
+
 /// Whether `v` is a tmux id: one of `sigils`, then digits.
 pub(crate) fn is_id(v: &str, sigils: &[char]) -> bool {
     v.strip_prefix(sigils)
