@@ -11,6 +11,33 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// What a wait for patterns shares: the pane, how its patterns match, its
+/// timeout.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PatternWait {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Seconds (default 8).
+    pub timeout: Option<f64>,
+    /// Patterns are regular expressions.
+    #[serde(default)]
+    pub regex: bool,
+    /// Case-sensitive.
+    #[serde(default)]
+    pub match_case: bool,
+}
+
+impl PatternWait {
+    /// A matcher for each of `patterns` (the argument `arg`).
+    fn all(&self, arg: &str, patterns: &[String]) -> Result<Vec<regex::Regex>, ToolError> {
+        patterns
+            .iter()
+            .map(|p| matcher(arg, p, self.regex, self.match_case))
+            .collect()
+    }
+}
+
 /// `wait_for_text`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WaitText {
@@ -18,19 +45,11 @@ pub struct WaitText {
     pub patterns: Option<Vec<String>>,
     /// Patterns that end the wait early with outcome "stopped".
     pub stop: Option<Vec<String>>,
-    /// Patterns are regular expressions.
-    #[serde(default)]
-    pub regex: bool,
     #[serde(flatten)]
     #[allow(missing_docs)]
-    pub p: PaneSel,
-    /// Seconds (default 8).
-    pub timeout: Option<f64>,
+    pub w: PatternWait,
     /// Ignored (waits are event-driven).
     pub interval: Option<f64>,
-    /// Case-sensitive.
-    #[serde(default)]
-    pub match_case: bool,
     /// Count output from this cursor (from send_keys or capture_since) on.
     pub cursor: Option<String>,
 }
@@ -108,21 +127,9 @@ where
 
 /// Waits for text.
 pub async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResult, ToolError> {
-    let timeout = c.clamp(a.timeout, 8.0)?;
-    let pats = match &a.patterns {
-        Some(v) => v
-            .iter()
-            .map(|p| matcher("patterns", p, a.regex, a.match_case))
-            .collect::<Result<Vec<_>, _>>()?,
-        None => vec![],
-    };
-    let stops = a
-        .stop
-        .as_deref()
-        .unwrap_or(&[])
-        .iter()
-        .map(|p| matcher("stop", p, a.regex, a.match_case))
-        .collect::<Result<Vec<_>, _>>()?;
+    let timeout = c.clamp(a.w.timeout, 8.0)?;
+    let pats = a.w.all("patterns", a.patterns.as_deref().unwrap_or(&[]))?;
+    let stops = a.w.all("stop", a.stop.as_deref().unwrap_or(&[]))?;
     let (p, from) = match &a.cursor {
         Some(cur) => {
             let (num, off) = parse_cursor(c, cur)?;
@@ -131,7 +138,7 @@ pub async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResult, Tool
                 Some(off),
             )
         }
-        None => (targets::pane(c, &a.p).await?, None),
+        None => (targets::pane(c, &a.w.p).await?, None),
     };
     let any = a.patterns.is_none();
     let (found, tail, elapsed) = wait_stream(c, &p, from, timeout, |t| {
@@ -202,27 +209,15 @@ pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, 
 pub struct WaitGone {
     /// Patterns that must disappear from the visible screen.
     pub patterns: Vec<String>,
-    /// Patterns are regular expressions.
-    #[serde(default)]
-    pub regex: bool,
     #[serde(flatten)]
     #[allow(missing_docs)]
-    pub p: PaneSel,
-    /// Seconds (default 8).
-    pub timeout: Option<f64>,
-    /// Case-sensitive.
-    #[serde(default)]
-    pub match_case: bool,
+    pub w: PatternWait,
 }
 
 /// Waits until text is gone from the screen (re-checked on each write).
 pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, ToolError> {
-    let timeout = c.clamp(a.timeout, 8.0)?;
-    let pats = a
-        .patterns
-        .iter()
-        .map(|p| matcher("patterns", p, a.regex, a.match_case))
-        .collect::<Result<Vec<_>, _>>()?;
+    let timeout = c.clamp(a.w.timeout, 8.0)?;
+    let pats = a.w.all("patterns", &a.patterns)?;
     if pats.is_empty() {
         return Err(ToolError::invalid(
             "patterns",
@@ -230,7 +225,7 @@ pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, Tool
             "give at least one pattern",
         ));
     }
-    let p = targets::pane(c, &a.p).await?;
+    let p = targets::pane(c, &a.w.p).await?;
     let (_, mut rx) = c.s.hub().subscribe(p.num);
     let mut wait = Wait::call(c, timeout);
     loop {
