@@ -5,7 +5,11 @@
 
 use super::ctx::Call;
 use super::error::ToolError;
-use super::tools::{commands, execute, inspect, manage, teardown};
+use super::targets;
+use super::tools::{
+    self, buffers, capture, commands, follow, input, instance, options, panes, read, sessions,
+    spawn, status, waits, windows,
+};
 use crate::profile::Toolset;
 use serde_json::Value;
 use std::future::Future;
@@ -47,6 +51,67 @@ impl Class {
     }
 }
 
+/// The toolsets, each with its name (in flags, profiles, the operator's
+/// requests, the audit log, the docs): the one place they are spelled (a
+/// test holds the profile's serde names to it).
+pub const TOOLSETS: [(Toolset, &str); 4] = [
+    (Toolset::Inspect, "inspect"),
+    (Toolset::Manage, "manage"),
+    (Toolset::Execute, "execute"),
+    (Toolset::Teardown, "teardown"),
+];
+
+/// A toolset's name.
+pub fn toolset_name(t: Toolset) -> &'static str {
+    TOOLSETS
+        .iter()
+        .find(|(s, _)| *s == t)
+        .map_or("", |(_, n)| n)
+}
+
+/// The toolset of a name.
+pub fn toolset_named(name: &str) -> Option<Toolset> {
+    TOOLSETS.iter().find(|(_, n)| *n == name).map(|(t, _)| *t)
+}
+
+/// Every toolset's name, as a list for messages: "inspect, manage, …".
+pub fn toolset_names() -> String {
+    TOOLSETS.map(|(_, n)| n).join(", ")
+}
+
+/// What the server and the audit log treat specially about a tool, declared
+/// with the tool instead of matched by its name where it matters.
+#[derive(Debug, Clone, Copy)]
+pub struct Props {
+    /// Arguments the audit log keeps only as `{len, sha256}` digests (a
+    /// batch's: those of its operations).
+    pub secret: &'static [&'static str],
+    /// `{NAME: value}` arguments: the log keeps the names and digests each
+    /// value (any other form of them whole).
+    pub secret_values: &'static [&'static str],
+    /// It holds the call until something happens: never inside a read batch.
+    pub waits: bool,
+    /// It runs operations of its own: never inside a read batch.
+    pub batch: bool,
+    /// It answers while the sandbox is frozen (it asks tmux nothing).
+    pub while_frozen: bool,
+    /// It ends the instance, so it runs whatever happened to the server (no
+    /// drift check first).
+    pub ends_instance: bool,
+}
+
+impl Props {
+    /// Nothing special.
+    pub const NONE: Props = Props {
+        secret: &[],
+        secret_values: &[],
+        waits: false,
+        batch: false,
+        while_frozen: false,
+        ends_instance: false,
+    };
+}
+
 /// A boxed handler future.
 pub type BoxFut<'a> = Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + 'a>>;
 /// A handler: raw arguments in, structured result out.
@@ -68,6 +133,37 @@ pub struct ToolDef {
     pub output_schema: fn() -> Value,
     /// The implementation.
     pub handler: Handler,
+    /// What is special about it.
+    pub props: Props,
+}
+
+impl ToolDef {
+    /// Whether `call_read_tools_batch` may run it: an inspect tool that
+    /// neither waits nor runs operations itself.
+    pub fn in_read_batch(&self) -> bool {
+        self.toolset == Toolset::Inspect && !self.props.waits && !self.props.batch
+    }
+}
+
+/// Every argument name any tool declares secret, and (second) every
+/// `{NAME: value}` one. The audit log applies both to every call, a call
+/// of an unknown tool and a batch's operations included, so what is secret
+/// for one tool is never written in clear for another.
+pub fn secrets() -> &'static (Vec<&'static str>, Vec<&'static str>) {
+    static ALL: std::sync::OnceLock<(Vec<&str>, Vec<&str>)> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        let mut digested: Vec<&str> = Vec::new();
+        let mut maps: Vec<&str> = Vec::new();
+        for t in TOOLS {
+            digested.extend(t.props.secret.iter().chain(t.props.secret_values));
+            maps.extend(t.props.secret_values);
+        }
+        for v in [&mut digested, &mut maps] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        (digested, maps)
+    })
 }
 
 /// JSON schema of a type, as a plain object (see [`super::schema`]).
@@ -76,7 +172,7 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
 }
 
 /// JSON schema of a result type (see [`super::schema::plain_output`]), or
-/// null for [`Done`](super::tools::manage::Done): a sentence saying what was
+/// null for [`Done`](super::tools::tools::Done): a sentence saying what was
 /// done needs no schema, and fourteen copies of one would cost every
 /// conversation a kilobyte.
 pub fn output_schema_of<T: schemars::JsonSchema>() -> Value {
@@ -147,7 +243,7 @@ fn culprit<T: serde::de::DeserializeOwned>(v: &Value, msg: &str) -> Option<Strin
 }
 
 macro_rules! tool {
-    ($name:literal, $set:ident, $class:ident, $args:ty, $out:ty, $f:path, $desc:literal) => {
+    ($name:literal, $set:ident, $class:ident, $args:ty, $out:ty, $f:path, $desc:literal $(, $prop:ident: $val:expr)* $(,)?) => {
         ToolDef {
             name: $name,
             toolset: Toolset::$set,
@@ -171,6 +267,10 @@ macro_rules! tool {
                 }
                 h
             },
+            props: Props {
+                $($prop: $val,)*
+                ..Props::NONE
+            },
         }
     };
 }
@@ -180,64 +280,64 @@ macro_rules! tool {
 /// docs/mcp.md.)
 pub static TOOLS: &[ToolDef] = &[
     // inspect
-    tool!("list_sessions", Inspect, MetadataRead, inspect::ListSessions, inspect::Sessions, inspect::list_sessions, "List tmux sessions (id, name, windows, attached). Optional `filters` such as {\"session_name__contains\": \"dev\"}."),
-    tool!("get_session_info", Inspect, MetadataRead, inspect::SessionArgs, inspect::SessionRow, inspect::get_session_info, "Metadata of one session (default: the first)."),
-    tool!("list_windows", Inspect, MetadataRead, inspect::ListWindows, inspect::Windows, inspect::list_windows, "List windows, of one session or of all. Optional `filters`."),
-    tool!("get_window_info", Inspect, MetadataRead, inspect::WindowArgs, inspect::WindowRow, inspect::get_window_info, "Metadata of one window (window_id, or session + window_index; default: the first)."),
-    tool!("list_panes", Inspect, MetadataRead, inspect::ListPanes, inspect::Panes, inspect::list_panes, "List panes with id, size, current command and path, dead flag. Optional `filters`."),
-    tool!("get_pane_info", Inspect, MetadataRead, inspect::PaneArgs, inspect::PaneRow, inspect::get_pane_info, "Metadata of one pane."),
-    tool!("find_pane_by_position", Inspect, MetadataRead, inspect::FindPane, inspect::PaneRow, inspect::find_pane_by_position, "The pane at a corner of a window: top-left, top-right, bottom-left or bottom-right."),
-    tool!("get_server_info", Inspect, MetadataRead, inspect::NoArgs, inspect::ServerInfo, inspect::get_server_info, "The sandboxed tmux server: version, pid, generation, sessions, drift status, profile."),
-    tool!("capture_pane", Inspect, ContentRead, inspect::Capture, inspect::Captured, inspect::capture_pane, "A pane's text (no escape sequences). Keeps the last `max_lines` lines (default 500) and at most `max_bytes`; says when it cut."),
-    tool!("capture_since", Inspect, ContentRead, inspect::CaptureSince, inspect::SinceResult, inspect::capture_since, "Incremental read: without `cursor`, the screen and a cursor; with one, only output written since (`lines_missed` if some was lost)."),
-    tool!("snapshot_pane", Inspect, ContentRead, inspect::Snapshot, inspect::SnapshotResult, inspect::snapshot_pane, "A pane's state (cursor, size, mode, scroll position, alternate screen, pid, dead) and text in one call."),
-    tool!("search_panes", Inspect, ContentRead, inspect::Search, inspect::SearchResult, inspect::search_panes, "Search every pane's text (or one session's) for a literal or a regex (linear-time engine). Paged."),
-    tool!("display_message", Inspect, ContentRead, inspect::Display, inspect::Displayed, inspect::display_message, "Expand a format against a pane: literal text and plain #{variable} lookups of known variables only."),
-    tool!("wait_for_text", Inspect, ContentRead, inspect::WaitText, inspect::WaitResult, inspect::wait_for_text, "Wait until one of `patterns` (or a `stop` pattern; with no patterns, any output) appears in output written after `cursor` or the call's start."),
-    tool!("wait_for_stable", Inspect, ContentRead, inspect::WaitStable, inspect::WaitResult, inspect::wait_for_stable, "Wait until a pane has written nothing for `quiet_ms` milliseconds (default 400)."),
-    tool!("wait_for_gone", Inspect, ContentRead, inspect::WaitGone, inspect::WaitResult, inspect::wait_for_gone, "Wait until none of `patterns` is on the pane's visible screen."),
-    tool!("show_option", Inspect, MetadataRead, inspect::ShowOption, inspect::OptionValue, inspect::show_option, "Show a tmux option's value (scope server, session, window or pane)."),
-    tool!("show_environment", Inspect, MetadataRead, inspect::ShowEnv, inspect::EnvList, inspect::show_environment, "Show the global or a session's environment (the sandbox's scrubbed one)."),
-    tool!("show_hooks", Inspect, MetadataRead, inspect::ShowHooks, inspect::Hooks, inspect::show_hooks, "List hooks. sandmux installs none and stops on any that appear (drift)."),
-    tool!("show_hook", Inspect, MetadataRead, inspect::ShowHook, inspect::Hooks, inspect::show_hook, "Show one hook."),
-    tool!("show_buffer", Inspect, ContentRead, inspect::ShowBuffer, inspect::Captured, inspect::show_buffer, "Show a buffer made by load_buffer (tail-capped)."),
-    tool!("call_read_tools_batch", Inspect, ContentRead, inspect::Batch, inspect::BatchResult, inspect::call_read_tools_batch, "Run up to 100 inspect tools in order under one deadline; each result or error in place."),
-    tool!("export_replay", Inspect, ContentRead, inspect::Replay, inspect::ReplayResult, inspect::export_replay, "Terminal output as asciicast v2 (`asciinema play`), filtered of escapes that act on a viewer: a window of the --record file (page with offset = next_offset), else a pane snapshot. Input is never recorded."),
-    tool!("sandbox_status", Inspect, MetadataRead, inspect::NoArgs, inspect::Status, inspect::sandbox_status, "What confines this terminal: each layer (in force or not, as observed), profile, network, writable paths, limits, workspace guard, audit log."),
+    tool!("list_sessions", Inspect, MetadataRead, sessions::ListSessions, sessions::Sessions, sessions::list_sessions, "List tmux sessions (id, name, windows, attached). Optional `filters` such as {\"session_name__contains\": \"dev\"}."),
+    tool!("get_session_info", Inspect, MetadataRead, sessions::SessionArgs, sessions::SessionRow, sessions::get_session_info, "Metadata of one session (default: the first)."),
+    tool!("list_windows", Inspect, MetadataRead, windows::ListWindows, windows::Windows, windows::list_windows, "List windows, of one session or of all. Optional `filters`."),
+    tool!("get_window_info", Inspect, MetadataRead, windows::WindowArgs, windows::WindowRow, windows::get_window_info, "Metadata of one window (window_id, or session + window_index; default: the first)."),
+    tool!("list_panes", Inspect, MetadataRead, panes::ListPanes, panes::Panes, panes::list_panes, "List panes with id, size, current command and path, dead flag. Optional `filters`."),
+    tool!("get_pane_info", Inspect, MetadataRead, panes::PaneArgs, targets::PaneRow, panes::get_pane_info, "Metadata of one pane."),
+    tool!("find_pane_by_position", Inspect, MetadataRead, panes::FindPane, targets::PaneRow, panes::find_pane_by_position, "The pane at a corner of a window: top-left, top-right, bottom-left or bottom-right."),
+    tool!("get_server_info", Inspect, MetadataRead, tools::NoArgs, instance::ServerInfo, instance::get_server_info, "The sandboxed tmux server: version, pid, generation, sessions, drift status, profile."),
+    tool!("capture_pane", Inspect, ContentRead, capture::Capture, read::Captured, capture::capture_pane, "A pane's text (no escape sequences). Keeps the last `max_lines` lines (default 500) and at most `max_bytes`; says when it cut."),
+    tool!("capture_since", Inspect, ContentRead, capture::CaptureSince, capture::SinceResult, capture::capture_since, "Incremental read: without `cursor`, the screen and a cursor; with one, only output written since (`lines_missed` if some was lost)."),
+    tool!("snapshot_pane", Inspect, ContentRead, capture::Snapshot, capture::SnapshotResult, capture::snapshot_pane, "A pane's state (cursor, size, mode, scroll position, alternate screen, pid, dead) and text in one call."),
+    tool!("search_panes", Inspect, ContentRead, capture::Search, capture::SearchResult, capture::search_panes, "Search every pane's text (or one session's) for a literal or a regex (linear-time engine). Paged."),
+    tool!("display_message", Inspect, ContentRead, capture::Display, capture::Displayed, capture::display_message, "Expand a format against a pane: literal text and plain #{variable} lookups of known variables only."),
+    tool!("wait_for_text", Inspect, ContentRead, waits::WaitText, waits::WaitResult, waits::wait_for_text, "Wait until one of `patterns` (or a `stop` pattern; with no patterns, any output) appears in output written after `cursor` or the call's start.", waits: true),
+    tool!("wait_for_stable", Inspect, ContentRead, waits::WaitStable, waits::WaitResult, waits::wait_for_stable, "Wait until a pane has written nothing for `quiet_ms` milliseconds (default 400).", waits: true),
+    tool!("wait_for_gone", Inspect, ContentRead, waits::WaitGone, waits::WaitResult, waits::wait_for_gone, "Wait until none of `patterns` is on the pane's visible screen.", waits: true),
+    tool!("show_option", Inspect, MetadataRead, options::ShowOption, options::OptionValue, options::show_option, "Show a tmux option's value (scope server, session, window or pane)."),
+    tool!("show_environment", Inspect, MetadataRead, options::ShowEnv, options::EnvList, options::show_environment, "Show the global or a session's environment (the sandbox's scrubbed one)."),
+    tool!("show_hooks", Inspect, MetadataRead, options::ShowHooks, options::Hooks, options::show_hooks, "List hooks. sandmux installs none and stops on any that appear (drift)."),
+    tool!("show_hook", Inspect, MetadataRead, options::ShowHook, options::Hooks, options::show_hook, "Show one hook."),
+    tool!("show_buffer", Inspect, ContentRead, buffers::ShowBuffer, read::Captured, buffers::show_buffer, "Show a buffer made by load_buffer (tail-capped)."),
+    tool!("call_read_tools_batch", Inspect, ContentRead, instance::Batch, instance::BatchResult, instance::call_read_tools_batch, "Run up to 100 inspect tools in order under one deadline; each result or error in place.", batch: true),
+    tool!("export_replay", Inspect, ContentRead, instance::Replay, instance::ReplayResult, instance::export_replay, "Terminal output as asciicast v2 (`asciinema play`), filtered of escapes that act on a viewer: a window of the --record file (page with offset = next_offset), else a pane snapshot. Input is never recorded."),
+    tool!("sandbox_status", Inspect, MetadataRead, tools::NoArgs, status::Status, status::sandbox_status, "What confines this terminal: each layer (in force or not, as observed), profile, network, writable paths, limits, workspace guard, audit log.", while_frozen: true),
     // manage
-    tool!("rename_session", Manage, ChangeInPlace, manage::RenameSession, manage::Done, manage::rename_session, "Rename a session; the name is stored as text, never expanded."),
-    tool!("rename_window", Manage, ChangeInPlace, manage::RenameWindow, manage::Done, manage::rename_window, "Rename a window; the name is stored as text."),
-    tool!("select_window", Manage, ChangeInPlace, manage::SelectWindow, manage::Done, manage::select_window, "Select a window by id or index, or move next/previous/last."),
-    tool!("select_layout", Manage, ChangeInPlace, manage::SelectLayout, manage::Done, manage::select_layout, "Apply a layout (even-horizontal, even-vertical, main-horizontal, main-vertical, tiled) to a window."),
-    tool!("resize_window", Manage, ChangeInPlace, manage::ResizeWindow, manage::Done, manage::resize_window, "Resize a window."),
-    tool!("move_window", Manage, ChangeInPlace, manage::MoveWindow, manage::Done, manage::move_window, "Move a window to another index or session."),
-    tool!("select_pane", Manage, ChangeInPlace, manage::SelectPane, manage::Done, manage::select_pane, "Select a pane by id or direction (up, down, left, right, last, next, previous)."),
-    tool!("swap_pane", Manage, ChangeInPlace, manage::SwapPane, manage::Done, manage::swap_pane, "Swap two panes."),
-    tool!("resize_pane", Manage, ChangeInPlace, manage::ResizePane, manage::Done, manage::resize_pane, "Resize a pane, or toggle zoom."),
-    tool!("set_pane_title", Manage, ChangeInPlace, manage::SetTitle, manage::Done, manage::set_pane_title, "Set a pane's title; stored as text."),
-    tool!("enter_copy_mode", Manage, ChangeInPlace, manage::CopyMode, manage::Done, manage::enter_copy_mode, "Enter copy mode, optionally scrolling up N lines."),
-    tool!("exit_copy_mode", Manage, ChangeInPlace, manage::PaneOnly, manage::Done, manage::exit_copy_mode, "Leave copy mode."),
-    tool!("load_buffer", Manage, Allocate, manage::LoadBuffer, manage::BufferRef, manage::load_buffer, "Store text in a new sandmux-named paste buffer (over the control connection; no file) and return its name."),
+    tool!("rename_session", Manage, ChangeInPlace, sessions::RenameSession, tools::Done, sessions::rename_session, "Rename a session; the name is stored as text, never expanded."),
+    tool!("rename_window", Manage, ChangeInPlace, windows::RenameWindow, tools::Done, windows::rename_window, "Rename a window; the name is stored as text."),
+    tool!("select_window", Manage, ChangeInPlace, windows::SelectWindow, tools::Done, windows::select_window, "Select a window by id or index, or move next/previous/last."),
+    tool!("select_layout", Manage, ChangeInPlace, windows::SelectLayout, tools::Done, windows::select_layout, "Apply a layout (even-horizontal, even-vertical, main-horizontal, main-vertical, tiled) to a window."),
+    tool!("resize_window", Manage, ChangeInPlace, windows::ResizeWindow, tools::Done, windows::resize_window, "Resize a window."),
+    tool!("move_window", Manage, ChangeInPlace, windows::MoveWindow, tools::Done, windows::move_window, "Move a window to another index or session."),
+    tool!("select_pane", Manage, ChangeInPlace, panes::SelectPane, tools::Done, panes::select_pane, "Select a pane by id or direction (up, down, left, right, last, next, previous)."),
+    tool!("swap_pane", Manage, ChangeInPlace, panes::SwapPane, tools::Done, panes::swap_pane, "Swap two panes."),
+    tool!("resize_pane", Manage, ChangeInPlace, panes::ResizePane, tools::Done, panes::resize_pane, "Resize a pane, or toggle zoom."),
+    tool!("set_pane_title", Manage, ChangeInPlace, panes::SetTitle, tools::Done, panes::set_pane_title, "Set a pane's title; stored as text."),
+    tool!("enter_copy_mode", Manage, ChangeInPlace, panes::CopyMode, tools::Done, panes::enter_copy_mode, "Enter copy mode, optionally scrolling up N lines."),
+    tool!("exit_copy_mode", Manage, ChangeInPlace, panes::PaneOnly, tools::Done, panes::exit_copy_mode, "Leave copy mode."),
+    tool!("load_buffer", Manage, Allocate, buffers::LoadBuffer, buffers::BufferRef, buffers::load_buffer, "Store text in a new sandmux-named paste buffer (over the control connection; no file) and return its name.", secret: &["content"]),
     // execute
-    tool!("create_session", Execute, Spawn, execute::CreateSession, execute::Created, execute::create_session, "Create a session running the sandbox's shell (through the pane gate) in start_directory, with optional environment."),
-    tool!("create_window", Execute, Spawn, execute::CreateWindow, execute::Created, execute::create_window, "Create a window in a session, optionally running `shell` (a command string, run through the pane gate)."),
-    tool!("split_window", Execute, Spawn, execute::SplitWindow, execute::Created, execute::split_window, "Split a pane; the new pane runs the shell or `shell`, through the pane gate."),
-    tool!("respawn_pane", Execute, PaneInput, execute::Respawn, execute::Created, execute::respawn_pane, "Restart a pane's process (explicit pane_id), optionally with another `shell` command."),
-    tool!("send_keys", Execute, PaneInput, execute::SendKeys, execute::Sent, execute::send_keys, "Type `text` literally (then Enter unless enter=false) and/or press `keys`, validated tmux key names such as C-c, Enter, Up."),
-    tool!("send_keys_batch", Execute, PaneInput, execute::SendBatch, execute::BatchSent, execute::send_keys_batch, "Several send_keys operations in order (at most 100), with one deadline."),
-    tool!("paste_text", Execute, PaneInput, execute::PasteText, execute::Sent, execute::paste_text, "Paste multi-line text through a buffer, bracketed by default, so the shell does not run it line by line."),
-    tool!("paste_buffer", Execute, PaneInput, execute::PasteBuffer, execute::Sent, execute::paste_buffer, "Paste a buffer made by load_buffer into a pane."),
-    tool!("run_command", Execute, PaneInput, execute::RunCommand, execute::RunResult, execute::run_command, "Run a command in the pane's shell: its output tail and exit status (`cd`/`export` persist; `exit` ends the pane: pane_exited). A pane not at its prompt (REPL, pager, editor, job) is refused unless when_busy=\"type\". On timeout it keeps running: collect it with wait_for_command(command_id), or interrupt_on_timeout sends C-c."),
-    tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, execute::RunResult, commands::wait_for_command, "Wait for a run_command that timed out, by its command_id: the run_command result once it ends, or timeout again. The 64 latest ids are kept."),
-    tool!("set_option", Execute, ChangeInPlace, execute::SetOption, manage::Done, execute::set_option, "Set one of a few harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...)."),
-    tool!("set_environment", Execute, ChangeInPlace, execute::SetEnv, manage::Done, execute::set_environment, "Set a variable in the global or a session's environment (for later panes); tmux, sandmux and loader names are refused."),
+    tool!("create_session", Execute, Spawn, sessions::CreateSession, spawn::Created, sessions::create_session, "Create a session running the sandbox's shell (through the pane gate) in start_directory, with optional environment.", secret_values: &["environment"]),
+    tool!("create_window", Execute, Spawn, windows::CreateWindow, spawn::Created, windows::create_window, "Create a window in a session, optionally running `shell` (a command string, run through the pane gate).", secret: &["shell"], secret_values: &["environment"]),
+    tool!("split_window", Execute, Spawn, panes::SplitWindow, spawn::Created, panes::split_window, "Split a pane; the new pane runs the shell or `shell`, through the pane gate.", secret: &["shell"], secret_values: &["environment"]),
+    tool!("respawn_pane", Execute, PaneInput, panes::Respawn, spawn::Created, panes::respawn_pane, "Restart a pane's process (explicit pane_id), optionally with another `shell` command.", secret: &["shell"], secret_values: &["environment"]),
+    tool!("send_keys", Execute, PaneInput, input::SendKeys, input::Sent, input::send_keys, "Type `text` literally (then Enter unless enter=false) and/or press `keys`, validated tmux key names such as C-c, Enter, Up.", secret: &["text", "keys"]),
+    tool!("send_keys_batch", Execute, PaneInput, input::SendBatch, input::BatchSent, input::send_keys_batch, "Several send_keys operations in order (at most 100), with one deadline.", secret: &["text", "keys"], batch: true),
+    tool!("paste_text", Execute, PaneInput, input::PasteText, input::Sent, input::paste_text, "Paste multi-line text through a buffer, bracketed by default, so the shell does not run it line by line.", secret: &["text"]),
+    tool!("paste_buffer", Execute, PaneInput, input::PasteBuffer, input::Sent, input::paste_buffer, "Paste a buffer made by load_buffer into a pane."),
+    tool!("run_command", Execute, PaneInput, commands::RunCommand, follow::RunResult, commands::run_command, "Run a command in the pane's shell: its output tail and exit status (`cd`/`export` persist; `exit` ends the pane: pane_exited). A pane not at its prompt (REPL, pager, editor, job) is refused unless when_busy=\"type\". On timeout it keeps running: collect it with wait_for_command(command_id), or interrupt_on_timeout sends C-c.", secret: &["command"]),
+    tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, follow::RunResult, commands::wait_for_command, "Wait for a run_command that timed out, by its command_id: the run_command result once it ends, or timeout again. The 64 latest ids are kept.", waits: true),
+    tool!("set_option", Execute, ChangeInPlace, options::SetOption, tools::Done, options::set_option, "Set one of a few harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...).", secret: &["value"]),
+    tool!("set_environment", Execute, ChangeInPlace, options::SetEnv, tools::Done, options::set_environment, "Set a variable in the global or a session's environment (for later panes); tmux, sandmux and loader names are refused.", secret: &["value"]),
     // teardown
-    tool!("kill_session", Teardown, Delete, teardown::KillSession, manage::Done, teardown::kill_session, "Kill a session (explicit session_id or session_name)."),
-    tool!("kill_window", Teardown, Delete, teardown::KillWindow, manage::Done, teardown::kill_window, "Kill a window (explicit window_id)."),
-    tool!("kill_pane", Teardown, Delete, teardown::KillPane, manage::Done, teardown::kill_pane, "Kill a pane (explicit pane_id)."),
-    tool!("clear_pane", Teardown, Delete, manage::PaneOnly, manage::Done, teardown::clear_pane, "Reset a pane's screen and clear its history."),
-    tool!("delete_buffer", Teardown, Delete, teardown::DeleteBuffer, manage::Done, teardown::delete_buffer, "Delete a buffer made by load_buffer."),
-    tool!("kill_server", Teardown, Delete, inspect::NoArgs, manage::Done, teardown::kill_server, "End this sandmux instance: the tmux server, every process in the sandbox, the runtime directory. The client's connection ends after the reply."),
+    tool!("kill_session", Teardown, Delete, sessions::KillSession, tools::Done, sessions::kill_session, "Kill a session (explicit session_id or session_name)."),
+    tool!("kill_window", Teardown, Delete, windows::KillWindow, tools::Done, windows::kill_window, "Kill a window (explicit window_id)."),
+    tool!("kill_pane", Teardown, Delete, panes::KillPane, tools::Done, panes::kill_pane, "Kill a pane (explicit pane_id)."),
+    tool!("clear_pane", Teardown, Delete, panes::PaneOnly, tools::Done, panes::clear_pane, "Reset a pane's screen and clear its history."),
+    tool!("delete_buffer", Teardown, Delete, buffers::DeleteBuffer, tools::Done, buffers::delete_buffer, "Delete a buffer made by load_buffer."),
+    tool!("kill_server", Teardown, Delete, tools::NoArgs, tools::Done, instance::kill_server, "End this sandmux instance: the tmux server, every process in the sandbox, the runtime directory. The client's connection ends after the reply.", while_frozen: true, ends_instance: true),
 ];
 
 /// Looks a tool up by name.
@@ -251,12 +351,7 @@ pub fn markdown_table() -> String {
     let mut s = String::from("| Tool | Toolset | readOnly | destructive | idempotent | openWorld | What it does |\n|---|---|---|---|---|---|---|\n");
     for t in TOOLS {
         let (ro, de, id, ow) = t.class.hints();
-        let ts = match t.toolset {
-            Toolset::Inspect => "inspect",
-            Toolset::Manage => "manage",
-            Toolset::Execute => "execute",
-            Toolset::Teardown => "teardown",
-        };
+        let ts = toolset_name(t.toolset);
         s.push_str(&format!(
             "| `{}` | {ts} | {ro} | {de} | {id} | {ow} | {} |\n",
             t.name,
@@ -276,11 +371,11 @@ mod tests {
         for t in TOOLS {
             assert!(names.insert(t.name), "{} declared twice", t.name);
             let (ro, destructive, ..) = t.class.hints();
-            // Inspect tools are read-only; outside inspect only
-            // wait_for_command is (it collects what run_command started).
+            // Inspect tools are read-only; outside inspect only a wait is
+            // (wait_for_command collects what run_command started).
             assert_eq!(
                 ro,
-                t.toolset == Toolset::Inspect || t.name == "wait_for_command",
+                t.toolset == Toolset::Inspect || t.props.waits,
                 "{}: read-only hint must match the inspect toolset",
                 t.name
             );
@@ -316,5 +411,65 @@ mod tests {
                 t.name
             );
         }
+    }
+
+    /// Every secret a tool declares is one of its arguments (a batch's: of
+    /// its operations), and the log's lists are what docs/mcp.md says.
+    #[test]
+    fn secrets_are_real_arguments() {
+        for t in TOOLS {
+            let input = (t.input_schema)();
+            let ops = &input["properties"]["operations"]["items"]["properties"];
+            for a in t.props.secret.iter().chain(t.props.secret_values) {
+                assert!(
+                    input["properties"].get(a).is_some() || ops.get(a).is_some(),
+                    "{}: {a} is no argument",
+                    t.name
+                );
+            }
+        }
+        let (digested, maps) = secrets();
+        assert_eq!(
+            digested,
+            &[
+                "command",
+                "content",
+                "environment",
+                "keys",
+                "shell",
+                "text",
+                "value"
+            ]
+        );
+        assert_eq!(maps, &["environment"]);
+    }
+
+    /// The toolsets' names are the profile's (serde) names, each once.
+    #[test]
+    fn toolset_names_are_the_profiles() {
+        for (t, n) in TOOLSETS {
+            assert_eq!(serde_json::to_value(t).unwrap(), *n);
+            assert_eq!(toolset_named(n), Some(t));
+            assert_eq!(toolset_name(t), n);
+        }
+        assert_eq!(toolset_names(), "inspect, manage, execute, teardown");
+    }
+
+    #[test]
+    fn read_batches_hold_inspect_tools_that_neither_wait_nor_batch() {
+        let no: Vec<&str> = TOOLS
+            .iter()
+            .filter(|t| t.toolset == Toolset::Inspect && !t.in_read_batch())
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(
+            no,
+            [
+                "wait_for_text",
+                "wait_for_stable",
+                "wait_for_gone",
+                "call_read_tools_batch"
+            ]
+        );
     }
 }

@@ -5,9 +5,8 @@
 //! served (checked with SO_PEERCRED). The protocol is one JSON object per line,
 //! `{"v": 1, "op": ...}`, answered by one JSON object.
 
-use super::catalog::TOOLS;
+use super::catalog::{toolset_named, toolset_names, TOOLS, TOOLSETS};
 use super::ctx::State;
-use crate::profile::Toolset;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -32,25 +31,14 @@ struct Req {
     freeze: bool,
 }
 
-fn toolset_of(name: &str) -> Option<Toolset> {
-    match name {
-        "inspect" => Some(Toolset::Inspect),
-        "manage" => Some(Toolset::Manage),
-        "execute" => Some(Toolset::Execute),
-        "teardown" => Some(Toolset::Teardown),
-        _ => None,
-    }
-}
-
 /// The tools a request names (a toolset, a tool, or all).
 fn selected(r: &Req) -> Result<BTreeSet<&'static str>, String> {
     if r.all {
         return Ok(TOOLS.iter().map(|t| t.name).collect());
     }
     if let Some(ts) = &r.toolset {
-        let ts = toolset_of(ts).ok_or_else(|| {
-            format!("unknown toolset {ts:?}; valid: inspect, manage, execute, teardown")
-        })?;
+        let ts = toolset_named(ts)
+            .ok_or_else(|| format!("unknown toolset {ts:?}; valid: {}", toolset_names()))?;
         return Ok(TOOLS
             .iter()
             .filter(|t| t.toolset == ts)
@@ -70,20 +58,15 @@ fn selected(r: &Req) -> Result<BTreeSet<&'static str>, String> {
 /// Status of the instance, as `ps` shows it.
 pub fn status(s: &State) -> Value {
     let enabled = s.enabled.read().map(|e| e.clone()).unwrap_or_default();
-    let toolsets: Vec<&str> = [
-        ("inspect", Toolset::Inspect),
-        ("manage", Toolset::Manage),
-        ("execute", Toolset::Execute),
-        ("teardown", Toolset::Teardown),
-    ]
-    .iter()
-    .filter(|(_, ts)| {
-        TOOLS
-            .iter()
-            .any(|t| t.toolset == *ts && enabled.contains(t.name))
-    })
-    .map(|(n, _)| *n)
-    .collect();
+    let toolsets: Vec<&str> = TOOLSETS
+        .iter()
+        .filter(|(ts, _)| {
+            TOOLS
+                .iter()
+                .any(|t| t.toolset == *ts && enabled.contains(t.name))
+        })
+        .map(|(_, n)| *n)
+        .collect();
     json!({
         "ok": true,
         "profile": s.policy.name,

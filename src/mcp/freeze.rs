@@ -66,11 +66,6 @@ pub fn signals(b: &Option<Arc<Broker>>, op: mech::Op, init_pid: u32) -> Result<u
     }
 }
 
-/// Tools that answer while frozen: neither touches tmux.
-pub fn answers_frozen(tool: &str) -> bool {
-    matches!(tool, "sandbox_status" | "kill_server")
-}
-
 /// The sandbox a freeze acts on (the current server generation).
 pub fn target(s: &State) -> Target {
     let info = s.info();

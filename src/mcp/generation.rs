@@ -63,7 +63,7 @@ pub(super) fn sessions(inst: &Instance, no_session: bool) -> Result<String, Stri
             "50",
             "-c",
             &ws,
-            // Its window keeps this size (see tools::execute::fixed_size).
+            // Its window keeps this size (see tools::spawn::fixed_size).
             ";",
             "set-option",
             "-w",

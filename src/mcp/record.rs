@@ -202,7 +202,7 @@ impl Recording {
     /// `control_id`.
     pub async fn start(self: &Arc<Self>, hub: &Arc<Hub>, control_id: &str) -> Result<(), String> {
         let pane = first_pane(hub, control_id).await?;
-        let num: u32 = pane[1..].parse().map_err(|_| "bad pane id")?;
+        let num = crate::mcp::targets::pane_num(&pane).ok_or("bad pane id")?;
         let me = self.clone();
         hub.set_tap(num, Box::new(move |data: &[u8]| me.tapped(data)));
         let (text, w, h) = screen(hub, &pane).await?;

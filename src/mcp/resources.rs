@@ -3,7 +3,7 @@
 
 use super::ctx::Call;
 use super::error::ToolError;
-use super::tools::inspect;
+use super::tools::{self, capture, panes, sessions, status, windows};
 
 /// Reads a resource: (text, mime type).
 pub async fn read(
@@ -20,7 +20,7 @@ pub async fn read(
     match uri {
         "sandmux://status" => {
             return js(
-                serde_json::to_value(inspect::sandbox_status(c, inspect::NoArgs {}).await?)
+                serde_json::to_value(status::sandbox_status(c, tools::NoArgs {}).await?)
                     .unwrap_or_default(),
             )
         }
@@ -46,13 +46,13 @@ pub async fn read(
     let name = |s: &str| Some(s.to_string());
     match parts.as_slice() {
         ["sessions"] => js(serde_json::to_value(
-            inspect::list_sessions(c, inspect::ListSessions { filters: None }).await?,
+            sessions::list_sessions(c, sessions::ListSessions { filters: None }).await?,
         )
         .unwrap_or_default()),
         ["sessions", s] => js(serde_json::to_value(
-            inspect::get_session_info(
+            sessions::get_session_info(
                 c,
-                inspect::SessionArgs {
+                sessions::SessionArgs {
                     session_id: None,
                     session_name: name(s),
                 },
@@ -61,9 +61,9 @@ pub async fn read(
         )
         .unwrap_or_default()),
         ["sessions", s, "windows"] => js(serde_json::to_value(
-            inspect::list_windows(
+            windows::list_windows(
                 c,
-                inspect::ListWindows {
+                windows::ListWindows {
                     session_name: name(s),
                     session_id: None,
                     filters: None,
@@ -73,9 +73,9 @@ pub async fn read(
         )
         .unwrap_or_default()),
         ["sessions", s, "windows", i] => js(serde_json::to_value(
-            inspect::list_panes(
+            panes::list_panes(
                 c,
-                inspect::ListPanes {
+                panes::ListPanes {
                     session_name: name(s),
                     session_id: None,
                     window_id: None,
@@ -87,9 +87,9 @@ pub async fn read(
         )
         .unwrap_or_default()),
         ["panes", p] => js(serde_json::to_value(
-            inspect::get_pane_info(
+            panes::get_pane_info(
                 c,
-                inspect::PaneArgs {
+                panes::PaneArgs {
                     p: super::targets::PaneSel {
                         pane_id: name(p),
                         ..Default::default()
@@ -100,9 +100,9 @@ pub async fn read(
         )
         .unwrap_or_default()),
         ["panes", p, "content"] => {
-            let r = inspect::capture_pane(
+            let r = capture::capture_pane(
                 c,
-                inspect::Capture {
+                capture::Capture {
                     p: super::targets::PaneSel {
                         pane_id: name(p),
                         ..Default::default()

@@ -3,7 +3,7 @@
 //! and recorded in the audit log whatever its outcome.
 
 use super::audit::{Admission, Entry};
-use super::catalog::{self, Class, ToolDef};
+use super::catalog::{self, toolset_name, Class, ToolDef};
 use super::ctx::{Call, State};
 use super::error::ToolError;
 use crate::profile::Toolset;
@@ -94,15 +94,6 @@ fn annotations(ro: bool, destructive: bool, idempotent: bool, open: bool) -> Too
         a = a.open_world(false);
     }
     a
-}
-
-fn toolset_name(t: Toolset) -> &'static str {
-    match t {
-        Toolset::Inspect => "inspect",
-        Toolset::Manage => "manage",
-        Toolset::Execute => "execute",
-        Toolset::Teardown => "teardown",
-    }
 }
 
 impl Server {
@@ -203,11 +194,11 @@ impl Server {
         // Frozen: refused before tmux is asked (a stopped server would not
         // answer); the status is the supervisor's, and ending stays possible.
         let frozen = self.s.freeze.is_frozen();
-        if frozen && !super::freeze::answers_frozen(def.name) {
+        if frozen && !def.props.while_frozen {
             return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen));
         }
         // Ending the instance stays possible whatever happened to the server.
-        if def.name != "kill_server" && !frozen {
+        if !def.props.ends_instance && !frozen {
             self.s.drift.before_call(&self.s.hub()).await?;
         }
         let r = (def.handler)(call, args).await;
@@ -226,20 +217,15 @@ impl Server {
     }
 
     fn instructions(&self) -> String {
-        let enabled: Vec<String> = [
-            Toolset::Inspect,
-            Toolset::Manage,
-            Toolset::Execute,
-            Toolset::Teardown,
-        ]
-        .iter()
-        .filter(|ts| {
-            catalog::TOOLS
-                .iter()
-                .any(|t| t.toolset == **ts && self.enabled(t.name))
-        })
-        .map(|ts| toolset_name(*ts).to_string())
-        .collect();
+        let enabled: Vec<String> = catalog::TOOLSETS
+            .iter()
+            .filter(|(ts, _)| {
+                catalog::TOOLS
+                    .iter()
+                    .any(|t| t.toolset == *ts && self.enabled(t.name))
+            })
+            .map(|(_, name)| name.to_string())
+            .collect();
         let dropped: Vec<String> = self
             .s
             .info()
@@ -322,15 +308,9 @@ pub async fn dispatch_nested(c: &Call<'_>, name: &str, args: Value) -> Result<Va
     });
     let res = match def {
         None => Err(ToolError::refused(format!("Unknown tool: {name}"))),
-        Some(d)
-            if d.toolset != Toolset::Inspect
-                || d.name == "call_read_tools_batch"
-                || d.name.starts_with("wait_for") =>
-        {
-            Err(ToolError::refused(format!(
-                "{name} cannot run inside a read batch (inspect tools only, no waits, no nesting)"
-            )))
-        }
+        Some(d) if !d.in_read_batch() => Err(ToolError::refused(format!(
+            "{name} cannot run inside a read batch (inspect tools only, no waits, no nesting)"
+        ))),
         Some(d) => (d.handler)(c, args.clone()).await,
     };
     let err = res.as_ref().err();

@@ -49,10 +49,13 @@ const PANE_FIELDS: &[Field] = &[
 ];
 
 /// One pane.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 pub struct PaneRow {
     /// `%N`.
     pub pane_id: String,
+    /// N of `%N`, the key of the pane's output stream (not on the wire).
+    #[serde(skip)]
+    pub num: u32,
     /// Index in its window.
     pub pane_index: u32,
     /// `@N`.
@@ -216,6 +219,7 @@ fn rows_of(c: &Call<'_>, rows: Vec<Vec<String>>) -> Vec<PaneRow> {
             window_index: num(&r[3]),
             window_name: r[4].clone(),
             pane_id: r[5].clone(),
+            num: pane_num(&r[5]).unwrap_or(0),
             pane_index: num(&r[6]),
             active: r[7] == "1",
             title: r[8].clone(),
@@ -241,34 +245,101 @@ fn rows_of(c: &Call<'_>, rows: Vec<Vec<String>>) -> Vec<PaneRow> {
         .collect()
 }
 
+/// Which session a call means: `session_name`, or `session_id` (`$N`);
+/// nothing: the first session. (Like [`PaneSel`]'s, these fields carry no
+/// schema descriptions; a tool that documents its own session arguments
+/// builds one with [`SessionSel::new`].)
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[allow(missing_docs)]
+pub struct SessionSel {
+    pub session_name: Option<String>,
+    pub session_id: Option<String>,
+}
+
+impl SessionSel {
+    /// A selector from a tool's own session arguments.
+    pub fn new(name: &Option<String>, id: &Option<String>) -> SessionSel {
+        SessionSel {
+            session_name: name.clone(),
+            session_id: id.clone(),
+        }
+    }
+
+    /// Whether a session is named at all (by name or id).
+    pub fn given(&self) -> bool {
+        self.session_name.is_some() || self.session_id.is_some()
+    }
+
+    fn matches(&self, p: &PaneRow) -> bool {
+        self.session_name
+            .as_ref()
+            .is_none_or(|n| &p.session_name == n)
+            && self.session_id.as_ref().is_none_or(|i| &p.session_id == i)
+    }
+
+    fn check(&self) -> Result<(), ToolError> {
+        match &self.session_id {
+            Some(id) => check_id("session_id", id, '$'),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Which pane a call means: `pane_id` (`%N`), or the active pane of
-/// `window_id` (`@N`) or of a session (`session_name`, `session_id` `$N`);
-/// nothing: the first pane of the first window of the first session. (The
-/// fields carry no schema descriptions: the server's instructions say this
-/// once, rather than every tool's schema.)
+/// `window_id` (`@N`) or of a session ([`SessionSel`]); nothing: the first
+/// pane of the first window of the first session. (The fields carry no
+/// schema descriptions: the server's instructions say this once, rather
+/// than every tool's schema.)
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[allow(missing_docs)]
 pub struct PaneSel {
     pub pane_id: Option<String>,
-    pub session_name: Option<String>,
-    pub session_id: Option<String>,
+    #[serde(flatten)]
+    pub s: SessionSel,
     pub window_id: Option<String>,
 }
 
 /// Which window a call means: `window_id` (`@N`), or `window_index` in a
-/// session (`session_name` or `session_id`); see [`PaneSel`].
+/// session ([`SessionSel`]); see [`PaneSel`].
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[allow(missing_docs)]
 pub struct WindowSel {
     pub window_id: Option<String>,
     pub window_index: Option<String>,
-    pub session_name: Option<String>,
-    pub session_id: Option<String>,
+    #[serde(flatten)]
+    pub s: SessionSel,
+}
+
+impl WindowSel {
+    /// A selector from a tool's own window and session arguments.
+    pub fn new(
+        window_id: Option<String>,
+        window_index: Option<String>,
+        session_name: &Option<String>,
+        session_id: &Option<String>,
+    ) -> WindowSel {
+        WindowSel {
+            window_id,
+            window_index,
+            s: SessionSel::new(session_name, session_id),
+        }
+    }
+}
+
+/// Whether `v` is a tmux id: one of `sigils`, then digits.
+pub(crate) fn is_id(v: &str, sigils: &[char]) -> bool {
+    v.strip_prefix(sigils)
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// A pane id's number (`%3` is 3): the key of the pane's output stream.
+/// Parsed once, when a pane's row is read ([`PaneRow::num`]).
+pub fn pane_num(id: &str) -> Option<u32> {
+    id.strip_prefix('%')?.parse().ok()
 }
 
 fn check_id(arg: &str, v: &str, sigil: char) -> Result<(), ToolError> {
-    let ok = v.starts_with(sigil) && v.len() > 1 && v[1..].chars().all(|c| c.is_ascii_digit());
-    if ok {
+    if is_id(v, &[sigil]) {
         Ok(())
     } else {
         Err(ToolError::invalid(
@@ -279,29 +350,19 @@ fn check_id(arg: &str, v: &str, sigil: char) -> Result<(), ToolError> {
     }
 }
 
-fn session_matches(p: &PaneRow, name: &Option<String>, id: &Option<String>) -> bool {
-    name.as_ref().is_none_or(|n| &p.session_name == n)
-        && id.as_ref().is_none_or(|i| &p.session_id == i)
-}
-
 /// Resolves a pane. With nothing given: the first session's first window's
 /// first pane (by index). Anything given must exist.
 pub async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolError> {
     if let Some(id) = &sel.pane_id {
-        check_id("pane_id", id, '%')?;
-        return one_pane(c, id).await?.ok_or_else(|| {
-            ToolError::not_found(format!("pane {id}"), "call list_panes for the current ids")
-        });
+        return explicit_pane(c, id).await;
     }
     let all = panes(c).await?;
-    if let Some(id) = &sel.session_id {
-        check_id("session_id", id, '$')?;
-    }
+    sel.s.check()?;
     if let Some(w) = &sel.window_id {
         check_id("window_id", w, '@')?;
         return all
             .into_iter()
-            .find(|p| &p.window_id == w && session_matches(p, &sel.session_name, &sel.session_id))
+            .find(|p| &p.window_id == w && sel.s.matches(p))
             .ok_or_else(|| {
                 ToolError::not_found(
                     format!("window {w}"),
@@ -309,26 +370,25 @@ pub async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolError> {
                 )
             });
     }
-    let what = match (&sel.session_name, &sel.session_id) {
+    let what = match (&sel.s.session_name, &sel.s.session_id) {
         (Some(n), _) => format!("session {n:?}"),
         (_, Some(i)) => format!("session {i}"),
         _ => "any pane (there are no sessions; call create_session)".into(),
     };
     all.into_iter()
-        .find(|p| session_matches(p, &sel.session_name, &sel.session_id))
+        .find(|p| sel.s.matches(p))
         .ok_or_else(|| ToolError::not_found(what, "call list_sessions"))
 }
 
 /// Resolves a pane from an explicit id only (kill and respawn never fall back).
 pub async fn explicit_pane(c: &Call<'_>, pane_id: &str) -> Result<PaneRow, ToolError> {
-    pane(
-        c,
-        &PaneSel {
-            pane_id: Some(pane_id.to_string()),
-            ..Default::default()
-        },
-    )
-    .await
+    check_id("pane_id", pane_id, '%')?;
+    one_pane(c, pane_id).await?.ok_or_else(|| {
+        ToolError::not_found(
+            format!("pane {pane_id}"),
+            "call list_panes for the current ids",
+        )
+    })
 }
 
 /// Resolves a window to its first pane's row (which carries the window's ids).
@@ -337,19 +397,17 @@ pub async fn window(c: &Call<'_>, sel: &WindowSel) -> Result<PaneRow, ToolError>
         let want: u32 = idx
             .parse()
             .map_err(|_| ToolError::invalid("window_index", "is not a number", "e.g. \"0\""))?;
-        if let Some(id) = &sel.session_id {
-            check_id("session_id", id, '$')?;
-        }
+        sel.s.check()?;
         let all = panes(c).await?;
         let first_session = all.first().map(|p| p.session_id.clone());
         return all
             .into_iter()
             .find(|p| {
                 p.window_index == want
-                    && if sel.session_name.is_none() && sel.session_id.is_none() {
-                        Some(&p.session_id) == first_session.as_ref()
+                    && if sel.s.given() {
+                        sel.s.matches(p)
                     } else {
-                        session_matches(p, &sel.session_name, &sel.session_id)
+                        Some(&p.session_id) == first_session.as_ref()
                     }
             })
             .ok_or_else(|| {
@@ -360,25 +418,19 @@ pub async fn window(c: &Call<'_>, sel: &WindowSel) -> Result<PaneRow, ToolError>
         c,
         &PaneSel {
             pane_id: None,
-            session_name: sel.session_name.clone(),
-            session_id: sel.session_id.clone(),
+            s: sel.s.clone(),
             window_id: sel.window_id.clone(),
         },
     )
     .await
 }
 
-/// Resolves a session (name or id; default the first) to its first pane's row.
-pub async fn session(
-    c: &Call<'_>,
-    name: &Option<String>,
-    id: &Option<String>,
-) -> Result<PaneRow, ToolError> {
+/// Resolves a session (default the first) to its first pane's row.
+pub async fn session(c: &Call<'_>, sel: &SessionSel) -> Result<PaneRow, ToolError> {
     pane(
         c,
         &PaneSel {
-            session_name: name.clone(),
-            session_id: id.clone(),
+            s: sel.clone(),
             ..Default::default()
         },
     )

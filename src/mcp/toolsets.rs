@@ -4,7 +4,7 @@
 //! is checked against the catalogue and an unknown one fails start-up with the
 //! list of valid names. Any other `SANDMUX_*` variable also fails start-up.
 
-use super::catalog::TOOLS;
+use super::catalog::{toolset_named, toolset_names, TOOLS};
 use crate::profile::Toolset;
 use std::collections::BTreeSet;
 
@@ -52,16 +52,15 @@ enum SetName {
 }
 
 fn toolset(name: &str) -> Result<SetName, String> {
-    match name {
-        "inspect" => Ok(SetName::Set(Toolset::Inspect)),
-        "manage" => Ok(SetName::Set(Toolset::Manage)),
-        "execute" => Ok(SetName::Set(Toolset::Execute)),
-        "teardown" => Ok(SetName::Set(Toolset::Teardown)),
-        "core" => Ok(SetName::Core),
-        other => Err(format!(
-            "unknown toolset {other:?}; valid toolsets: inspect, manage, execute, teardown, and the preset core"
-        )),
+    if name == "core" {
+        return Ok(SetName::Core);
     }
+    toolset_named(name).map(SetName::Set).ok_or_else(|| {
+        format!(
+            "unknown toolset {name:?}; valid toolsets: {}, and the preset core",
+            toolset_names()
+        )
+    })
 }
 
 fn tool(name: &str) -> Result<&'static str, String> {

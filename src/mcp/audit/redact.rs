@@ -9,16 +9,6 @@ use sha2::{Digest, Sha256};
 /// Longest string (or object key) a record keeps, in bytes.
 pub const STRING_MAX: usize = 1024;
 
-const DIGESTED: &[&str] = &[
-    "keys",
-    "text",
-    "command",
-    "value",
-    "content",
-    "shell",
-    "environment",
-];
-
 /// `{len, sha256}`: the first 12 hex digits of SHA-256 over the log's key
 /// and the value (equal inputs are equal within one log; short secrets
 /// cannot be brute-forced from it).
@@ -39,8 +29,11 @@ pub(super) fn digest(key: &[u8; 16], v: &Value) -> Value {
     json!({"len": bytes.len(), "sha256": hex})
 }
 
-/// Redacts an argument object for the log.
+/// Redacts an argument object for the log: the arguments the catalogue
+/// declares secret (of any tool, see [`crate::mcp::catalog::secrets`]) are
+/// digested, in a batch's operations too.
 pub(super) fn redact(key: &[u8; 16], args: &Value) -> Value {
+    let (digested, maps) = crate::mcp::catalog::secrets();
     let Value::Object(m) = args else {
         return match args {
             Value::Null => Value::Null,
@@ -55,15 +48,15 @@ pub(super) fn redact(key: &[u8; 16], args: &Value) -> Value {
             }
             ("operations", other) => digest(key, other),
             ("arguments", Value::Object(_)) => redact(key, v),
-            ("environment", Value::Object(env)) => Value::Object(
+            (k, Value::Object(env)) if maps.contains(&k) => Value::Object(
                 env.iter()
                     .map(|(n, val)| (cut_str(n), digest(key, val)))
                     .collect(),
             ),
-            (k, Value::Array(items)) if DIGESTED.contains(&k) => {
+            (k, Value::Array(items)) if digested.contains(&k) => {
                 Value::Array(items.iter().map(|i| digest(key, i)).collect())
             }
-            (k, other) if DIGESTED.contains(&k) => digest(key, other),
+            (k, other) if digested.contains(&k) => digest(key, other),
             _ => cut(v),
         };
         out.insert(cut_str(k), r);
@@ -130,5 +123,22 @@ mod tests {
             cut_str(&"é".repeat(600)).len(),
             1024 + "…[cut, 1200 bytes]".len()
         );
+    }
+
+    /// What any tool declares secret is digested in every call (an unknown
+    /// tool's and a batch's operations too); a declared map keeps its names.
+    #[test]
+    fn the_catalogues_secrets_are_digested() {
+        let k = [7u8; 16];
+        let (digested, maps) = crate::mcp::catalog::secrets();
+        for a in digested {
+            let call = json!({ *a: "s3cret", "operations": [{ *a: ["s3cret"] }] });
+            let r = redact(&k, &call);
+            assert!(!r.to_string().contains("s3cret"), "{a}: {r}");
+        }
+        for a in maps {
+            let r = redact(&k, &json!({ *a: {"NAME": "s3cret"} }));
+            assert_eq!(r[a]["NAME"]["len"], 6, "{a}: {r}");
+        }
     }
 }

@@ -1,18 +1,19 @@
-//! Commands typed by `run_command`, followed on the output stream until their
-//! end marker; a command that outlives its call keeps a `command_id`, and
-//! `wait_for_command` collects it later, from any pane, after any calls.
-//!
-//! A [`Follow`] reads its pane's ring incrementally and keeps the command's
-//! own output (a bounded tail), so neither completion nor the exit status
-//! depends on how much it printed or on how long ago it ended. Ids are
-//! bounded ([`MAX_COMMANDS`] per instance): finished ones are evicted oldest
-//! first, running ones never; ids belong to one server generation.
+//! `run_command` and `wait_for_command`: a command typed into a pane's shell
+//! and followed to its end marker (see `follow`); one that outlives its call
+//! keeps a `command_id`, and `wait_for_command` collects it later, from any
+//! pane, after any calls. Ids are bounded ([`MAX_COMMANDS`] per instance):
+//! finished ones are evicted oldest first, running ones never; ids belong to
+//! one server generation.
 
-use super::super::ctx::Call;
-use super::super::error::ToolError;
-use super::execute::{pane_exited, RunResult};
+use super::follow::{follow_until, Follow, RunResult, Until};
+use super::leave_modes;
+use super::read::MAX_LINES;
+use super::wait::{Wait, Woke};
+use crate::mcp::ctx::Call;
+use crate::mcp::error::ToolError;
+use crate::mcp::targets::{self, PaneSel};
 use crate::mcp::text;
-use crate::tmux::hub::Hub;
+use crate::tmux::hub::{Cmd, Hub};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use std::sync::{Arc, Mutex};
@@ -21,299 +22,230 @@ use tokio::sync::watch;
 
 /// Long commands kept per instance.
 pub const MAX_COMMANDS: usize = 64;
-/// Output kept per command (the tail; the same as a pane's ring).
-const BODY_CAP: usize = crate::tmux::hub::RING_BYTES;
-/// The OSC number sandmux's markers use (tmux draws nothing for it).
-const OSC: &str = "\x1b]6973;";
 
-/// How a followed command ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
-    /// Its end marker arrived, with this exit status.
-    Completed(i32),
-    /// The pane's shell ended (with tmux's status when it kept the pane).
-    PaneExited(Option<i32>),
-    /// The shell prompted again without the end marker (C-c aborted the
-    /// command), with the status it had then.
-    Interrupted(i32),
+/// `run_command`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunCommand {
+    /// A shell command line.
+    pub command: String,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Seconds (default 30).
+    pub timeout: Option<f64>,
+    /// Keep the last N output lines (default 500).
+    pub max_lines: Option<usize>,
+    /// Keep it out of shell history (default true).
+    pub suppress_history: Option<bool>,
+    /// On timeout, press C-c.
+    #[serde(default)]
+    pub interrupt_on_timeout: bool,
+    /// If the pane is not at its shell prompt: refuse (default), or type
+    /// into the foreground program anyway.
+    pub when_busy: Option<WhenBusy>,
 }
 
-/// One command's output, read from its pane's ring as it arrives.
-pub struct Follow {
-    /// The pane (`%N`).
-    pub pane_id: String,
-    num: u32,
-    begin: Vec<u8>,
-    end: Vec<u8>,
-    /// `OSC P<pid>;` of the shell that printed the begin marker.
-    prompt: Option<Vec<u8>>,
-    pos: u64,
-    before: Vec<u8>,
-    seen_begin: bool,
-    body: Vec<u8>,
-    head_lost: bool,
-    missed: bool,
-    /// When the command was typed.
-    pub t0: Instant,
-    /// Set once it ended.
-    pub ended: Option<End>,
+/// What `run_command` does with a pane that is not at its prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenBusy {
+    /// Refuse, naming the foreground program.
+    #[default]
+    Refuse,
+    /// Type the command into whatever is in the foreground.
+    Type,
 }
 
-impl Follow {
-    /// Follows the command with `nonce` in pane `pane_id` from ring offset `pos`.
-    pub fn new(pane_id: &str, nonce: &str, pos: u64) -> Follow {
-        Follow {
-            pane_id: pane_id.to_string(),
-            num: pane_id[1..].parse().unwrap_or(0),
-            begin: format!("{OSC}B{nonce};").into_bytes(),
-            end: format!("{OSC}E{nonce};").into_bytes(),
-            prompt: None,
-            pos,
-            before: Vec::new(),
-            seen_begin: false,
-            body: Vec::new(),
-            head_lost: false,
-            missed: false,
-            t0: Instant::now(),
-            ended: None,
-        }
-    }
-
-    /// Whether output before the begin marker says the shell has no
-    /// `__sandmux_run` (another shell, or the agent removed it): a line of
-    /// the shell's own, `SHELL: [line N: ]__sandmux_run: [command ]not found`
-    /// — never the echo of the typed line, which starts otherwise (a command
-    /// that mentions the message must not be typed, and run, twice).
-    pub fn no_function(&self) -> bool {
-        !self.seen_begin
-            && self
-                .before
-                .split(|b| *b == b'\n')
-                .any(shell_says_no_function)
-    }
-
-    /// Reads what arrived; true once the end marker has.
-    pub fn poll(&mut self, hub: &Hub) -> bool {
-        if self.ended.is_some() {
-            return true;
-        }
-        let chunk = hub.read_since(self.num, self.pos);
-        self.take(chunk)
-    }
-
-    /// Takes one chunk of the pane's output; true once the end marker came.
-    fn take(&mut self, chunk: crate::tmux::hub::Chunk) -> bool {
-        self.pos = chunk.end;
-        if chunk.missed > 0 {
-            self.missed = true;
-        }
-        let mut data = chunk.data;
-        if !self.seen_begin {
-            self.before.extend_from_slice(&data);
-            match marker(&self.before, &self.begin) {
-                Some((i, len, pid)) => {
-                    self.prompt = Some(format!("{OSC}P{pid};").into_bytes());
-                    data = self.before.split_off(i + len);
-                    self.before.clear();
-                }
-                // Its pid has not arrived yet: only a head at the very end
-                // can still become a marker (anything else is not one, and
-                // must not stop the bound below).
-                None if self.before.len() <= BODY_CAP
-                    && find(&self.before, &self.begin)
-                        .is_some_and(|i| self.before.len() - i < self.begin.len() + 12) =>
-                {
-                    return false
-                }
-                // The marker scrolled out of the ring, or never came in a
-                // bound: what is kept is all there is of the command.
-                None if self.missed || self.before.len() > BODY_CAP => {
-                    data = std::mem::take(&mut self.before);
-                    self.head_lost = true;
-                }
-                None => return false,
+/// The line typed for a command: the pane's `__sandmux_run` (exported to
+/// bash by the pane gate, see [`crate::sandbox::pane::RUN_FUNCTION`]) with
+/// the command single-quoted, so the screen shows the command as written
+/// (`'` as `'\''`; control characters other than newline, which would act as
+/// keys in the line editor, as `$(printf '\ooo')`). The markers are printed by
+/// the function as OSC sequences nothing draws.
+pub fn wrap(command: &str, nonce: &str, quiet: bool) -> String {
+    let mut q = String::with_capacity(command.len() + 16);
+    for ch in command.chars() {
+        match ch {
+            '\'' => q.push_str("'\\''"),
+            '\n' => q.push('\n'),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                q.push_str(&format!("'\"$(printf '\\{:03o}')\"'", c as u32))
             }
-            self.seen_begin = true;
+            c => q.push(c),
         }
-        let from = self.body.len().saturating_sub(self.end.len() + 12);
-        self.body.extend_from_slice(&data);
-        if let Some((at, _, code)) = marker(&self.body[from..], &self.end) {
-            self.body.truncate(from + at);
-            self.ended = Some(End::Completed(code as i32));
-            return true;
-        }
-        let p = self.prompt.as_deref().unwrap_or(b"\x1b]6973;P-");
-        if let Some((at, _, code)) = marker(&self.body[from..], p) {
-            self.body.truncate(from + at);
-            self.ended = Some(End::Interrupted(code as i32));
-            return true;
-        }
-        if self.body.len() > BODY_CAP {
-            let cut = self.body.len() - BODY_CAP;
-            self.body.drain(..cut);
-            self.head_lost = true;
-        }
-        false
     }
+    format!(
+        "{}__sandmux_run {nonce} '{q}'",
+        if quiet { " " } else { "" }
+    )
+}
 
-    /// The result as it stands.
-    pub fn result(&self, status: &str, max_lines: usize, timeout: f64) -> RunResult {
-        let exit = match self.ended {
-            Some(End::Completed(c)) => Some(c),
-            Some(End::PaneExited(c)) => c,
-            Some(End::Interrupted(c)) => Some(c),
-            None => None,
-        };
-        let body = if self.seen_begin {
-            &self.body[..]
+/// The same for a shell without `__sandmux_run` (not bash, or the function
+/// was removed): one POSIX line, the command as octal escapes for `eval`, so
+/// no quote in it can swallow the end marker; longer on screen.
+pub fn wrap_posix(command: &str, nonce: &str, quiet: bool) -> String {
+    let mut oct = String::new();
+    for &b in command.as_bytes() {
+        if b.is_ascii_alphanumeric() {
+            oct.push(b as char);
         } else {
-            &[][..]
+            oct.push_str(&format!("\\{b:03o}"));
+        }
+    }
+    format!(
+        "{}printf '\\033]6973;B%s;%s\\007' {nonce} \"$$\"; eval \"$(printf '{oct}')\"; printf '\\033]6973;E%s;%s\\007' {nonce} \"$?\"",
+        if quiet { " " } else { "" }
+    )
+}
+
+/// Types `line` and Enter into a pane.
+async fn type_line(c: &Call<'_>, pane: &str, line: &str) -> Result<(), ToolError> {
+    c.s.hub()
+        .run(
+            &Cmd::new("send-keys")
+                .flag("-l")
+                .opt("-t", pane)
+                .rest([line.as_bytes()]),
+        )
+        .await?;
+    c.s.hub()
+        .run(&Cmd::new("send-keys").opt("-t", pane).arg("Enter"))
+        .await?;
+    Ok(())
+}
+
+/// Runs a command and follows its output until its end marker.
+pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolError> {
+    text::input("command", &a.command, c.s.max_input)?;
+    if a.command.trim().is_empty() {
+        return Err(ToolError::invalid("command", "is empty", "give a command"));
+    }
+    let timeout = c.clamp(a.timeout, 30.0)?;
+    let note = a.timeout.filter(|t| *t > timeout.as_secs_f64()).map(|t| {
+        format!(
+            "asked for {t} s; the profile's ceiling ([mcp] wait_max_seconds) is {} s",
+            timeout.as_secs_f64()
+        )
+    });
+    if !c.s.commands.has_room() {
+        return Err(ToolError::refused(format!("{} long commands are still running in this instance (each run_command that timed out keeps one until it ends); collect them with wait_for_command or stop them (send_keys C-c) first", MAX_COMMANDS)));
+    }
+    let p = targets::pane(c, &a.p).await?;
+    if p.dead {
+        return Err(ToolError::refused(format!(
+            "pane {} is dead; respawn_pane it first",
+            p.pane_id
+        )));
+    }
+    let fg = foreground(c, &p.pane_id).await?;
+    let at_prompt = refuse_if_busy(c, &p.pane_id, &fg).is_ok();
+    if a.when_busy.unwrap_or_default() == WhenBusy::Refuse {
+        refuse_if_busy(c, &p.pane_id, &fg)?;
+    }
+    leave_modes(c, &p).await?;
+    let nonce = crate::nonce::hex()[..12].to_string();
+    let num = p.num;
+    let hub = c.s.hub();
+    // Follow from before the keys are sent.
+    let (start, _) = hub.subscribe(num);
+    let quiet = a.suppress_history.unwrap_or(true);
+    let bash = fg == "bash" || fg.is_empty();
+    let line = if bash {
+        wrap(&a.command, &nonce, quiet)
+    } else {
+        wrap_posix(&a.command, &nonce, quiet)
+    };
+    type_line(c, &p.pane_id, &line).await?;
+    let follow = Mutex::new(Follow::new(&p, &nonce, start));
+    let mut wait = Wait::call(c, timeout)
+        .progress("command running")
+        .cancel_says("cancelled by the client; the command may still be running");
+    let max_lines = a.max_lines.unwrap_or(MAX_LINES).min(100_000);
+    let total = timeout.as_secs_f64();
+    let mut retyped = !bash;
+    let ended = loop {
+        let every = Duration::from_millis(250);
+        match follow_until(&hub, &follow, &mut wait, every).await? {
+            Until::NoFunction if !retyped => {
+                // The shell has no __sandmux_run: the command did not run.
+                retyped = true;
+                let (pos, _) = hub.subscribe(num);
+                *follow.lock().unwrap_or_else(|p| p.into_inner()) = Follow::new(&p, &nonce, pos);
+                type_line(c, &p.pane_id, &wrap_posix(&a.command, &nonce, quiet)).await?;
+            }
+            Until::Ended => break true,
+            _ => break false,
+        }
+    };
+    let f = follow.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut r = if ended {
+        f.result(f.status(), max_lines, total)
+    } else {
+        if a.interrupt_on_timeout {
+            hub.run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c"))
+                .await?;
+        }
+        let status = if a.interrupt_on_timeout {
+            "interrupted"
+        } else {
+            "timeout"
         };
-        let out = text::clean(body);
-        let out = out.strip_prefix('\n').unwrap_or(&out);
-        let out = out.strip_suffix('\n').unwrap_or(out);
-        let capped = text::cap(out, max_lines, 1_000_000);
-        RunResult {
-            status: status.into(),
-            exit_status: exit,
-            bytes: out.len(),
-            output: capped.text,
-            truncated: capped.truncated || self.head_lost,
-            truncated_lines: capped.truncated_lines,
-            missed: self.missed,
-            pane_id: self.pane_id.clone(),
-            elapsed: self.t0.elapsed().as_secs_f64(),
-            timeout,
-            timeout_note: None,
-            command_id: None,
+        let mut r = f.result(status, max_lines, total);
+        // Kept only when it was typed at a shell prompt: typed into another
+        // program (when_busy = "type"), no marker may ever come.
+        if !a.interrupt_on_timeout && at_prompt {
+            r.command_id =
+                c.s.commands
+                    .keep(hub.clone(), &c.s.info().generation, f, max_lines);
         }
-    }
-
-    /// The status word for how it ended (`running` while it has not).
-    pub fn status(&self) -> &'static str {
-        match self.ended {
-            Some(End::Completed(_)) => "completed",
-            Some(End::PaneExited(_)) => "pane_exited",
-            Some(End::Interrupted(_)) => "interrupted",
-            None => "running",
-        }
-    }
-}
-
-fn shell_says_no_function(line: &[u8]) -> bool {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let Some(at) = find(line, b"__sandmux_run: ") else {
-        return false;
+        r
     };
-    let (who, rest) = (&line[..at], &line[at..]);
-    let Some(shell) = who.strip_suffix(b": ") else {
-        return false;
-    };
-    // "bash" or "bash: line 1" (a shell's name, and a line number).
-    let name = shell.split(|b| *b == b':').next().unwrap_or_default();
-    !name.is_empty()
-        && !name.iter().any(|b| b.is_ascii_whitespace() || *b == b'\'')
-        && rest.ends_with(b"not found")
+    r.timeout_note = note;
+    Ok(r)
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Finds `head` followed by digits and BEL: (offset, length, the number).
-fn marker(hay: &[u8], head: &[u8]) -> Option<(usize, usize, u64)> {
-    let mut from = 0;
-    while let Some(i) = find(&hay[from..], head) {
-        let at = from + i;
-        let rest = &hay[at + head.len()..];
-        let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-        if (1..=10).contains(&n) && rest.get(n) == Some(&0x07) {
-            let v = std::str::from_utf8(&rest[..n]).ok()?.parse().ok()?;
-            return Some((at, head.len() + n + 1, v));
-        }
-        from = at + 1;
-    }
-    None
-}
-
-/// Why [`follow_until`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Until {
-    /// The command ended (see [`Follow::ended`]).
-    Ended,
-    /// The deadline passed first.
-    Deadline,
-    /// The shell said it has no `__sandmux_run`: the command never ran.
-    NoFunction,
-}
-
-/// A progress callback: seconds elapsed in, a notification out.
-pub type Tick<'a> = Box<
-    dyn FnMut(f64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>
-        + Send
-        + 'a,
->;
-
-/// Follows `f` until it ends (its marker, or its pane exits), the server
-/// generation ends, or `until` passes. Calls `tick` every 2 s.
-pub async fn follow_until(
-    hub: &Hub,
-    f: &Mutex<Follow>,
-    until: tokio::time::Instant,
-    alive_every: Duration,
-    mut tick: Tick<'_>,
-) -> Result<Until, ToolError> {
-    let (pane, num) = {
-        let g = f.lock().unwrap_or_else(|p| p.into_inner());
-        (g.pane_id.clone(), g.num)
-    };
-    let (_, mut rx) = hub.subscribe(num);
-    let mut progress = tokio::time::interval(Duration::from_secs(2));
-    progress.tick().await;
-    let mut alive = tokio::time::interval(alive_every);
-    alive.tick().await;
+/// The pane's foreground program (`#{pane_current_command}`), waiting (at
+/// most 3 s) while the pane is still starting (tmux's fork, then the gate).
+async fn foreground(c: &Call<'_>, pane: &str) -> Result<String, ToolError> {
+    let cmd = Cmd::new("display-message")
+        .flag("-p")
+        .opt("-t", pane)
+        .arg("#{pane_id} #{pane_current_command}");
+    let t0 = Instant::now();
     loop {
-        let t0 = {
-            let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
-            if g.poll(hub) {
-                return Ok(Until::Ended);
-            }
-            if g.no_function() {
-                return Ok(Until::NoFunction);
-            }
-            g.t0
-        };
-        tokio::select! {
-            r = rx.changed() => if r.is_err() { return Err(ToolError::stream_closed()); },
-            _ = progress.tick() => tick(t0.elapsed().as_secs_f64()).await,
-            _ = alive.tick() => {
-                let exited = match pane_exited(hub, &pane).await {
-                    // Frozen: the command is still there; asked after the thaw.
-                    Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen)) => continue,
-                    r => r?,
-                };
-                if let Some(status) = exited {
-                    // The pane's last output travels on its watcher's
-                    // connection, and may arrive after the command client's
-                    // answer that the pane is gone: take what still comes
-                    // (until 100 ms of quiet, at most 1 s).
-                    let settle = tokio::time::Instant::now() + Duration::from_secs(1);
-                    while let Ok(Ok(())) = tokio::time::timeout_at(
-                        settle.min(tokio::time::Instant::now() + Duration::from_millis(100)),
-                        rx.changed(),
-                    )
-                    .await
-                    {}
-                    let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
-                    if !g.poll(hub) {
-                        g.ended = Some(End::PaneExited(status));
-                    }
-                    return Ok(Until::Ended);
-                }
-            }
-            _ = tokio::time::sleep_until(until) => return Ok(Until::Deadline),
+        let lines = c.s.hub().run(&cmd).await?;
+        let l = lines
+            .first()
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .unwrap_or_default();
+        let (id, fg) = l.split_once(' ').unwrap_or((l.as_str(), ""));
+        if id != pane {
+            return Ok(String::new());
         }
+        let starting = fg == "tmux" || fg.starts_with(crate::sandbox::pane::GATE_NAME);
+        if !starting || t0.elapsed() > Duration::from_secs(3) {
+            return Ok(fg.to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Refuses when the pane's foreground program is not its shell: the
+/// command's keys would go to that program (a REPL, a pager, an editor) or
+/// queue behind a running job. A nested shell of the same name counts as the
+/// prompt.
+fn refuse_if_busy(c: &Call<'_>, pane: &str, fg: &str) -> Result<(), ToolError> {
+    let shell = std::path::Path::new(&c.s.policy.sandbox.shell)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if fg.is_empty() || fg == shell {
+        return Ok(());
+    }
+    let fg = text::clean(fg.as_bytes());
+    Err(ToolError::refused(format!(
+        "pane {pane} is not at its shell prompt: its foreground program is {fg:?}, not {shell}, so the command's keys would go to {fg:?} (or wait behind it). Use another pane (split_window), talk to {fg:?} with send_keys, wait for it to end (wait_for_stable), or pass when_busy = \"type\" to type the command anyway"
+    )))
 }
 
 struct Entry {
@@ -363,7 +295,7 @@ impl Commands {
             // In the background the pane is checked once a second (64 of
             // them must not keep tmux busy).
             let every = Duration::from_secs(1);
-            let _ = follow_until(&hub, &f, forever, every, Box::new(|_| Box::pin(async {}))).await;
+            let _ = follow_until(&hub, &f, &mut Wait::background(forever), every).await;
             tx.send_replace(true);
         });
         e.push(Entry {
@@ -411,19 +343,20 @@ pub async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult,
         }
         (x.follow.clone(), x.done.clone(), x.max_lines)
     };
-    let t0 = Instant::now();
-    let mut progress = tokio::time::interval(Duration::from_secs(2));
-    progress.tick().await;
-    let until = tokio::time::Instant::now() + timeout;
+    let mut wait = Wait::call(c, timeout)
+        .progress("command running")
+        .cancel_says("cancelled by the client; the command is still followed");
     let finished = loop {
         if *done.borrow() {
             break true;
         }
-        tokio::select! {
-            r = done.changed() => if r.is_err() { break *done.borrow() },
-            _ = progress.tick() => c.progress(t0.elapsed().as_secs_f64(), Some(timeout.as_secs_f64()), "command running").await,
-            _ = c.ct.cancelled() => return Err(ToolError::Internal("cancelled by the client; the command is still followed".into())),
-            _ = tokio::time::sleep_until(until) => break false,
+        match wait.until(done.changed()).await? {
+            Woke::Event(r) => {
+                if r.is_err() {
+                    break *done.borrow();
+                }
+            }
+            Woke::Deadline => break false,
         }
     };
     let g = follow.lock().unwrap_or_else(|p| p.into_inner());
@@ -441,55 +374,42 @@ pub async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult,
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_the_shell_says_the_function_is_missing() {
-        assert!(shell_says_no_function(
-            b"bash: __sandmux_run: command not found\r"
-        ));
-        assert!(shell_says_no_function(b"sh: 1: __sandmux_run: not found"));
-        assert!(!shell_says_no_function(
-            b"$  __sandmux_run ab 'grep \"bash: __sandmux_run: command not found\" log'"
-        ));
-        assert!(!shell_says_no_function(
-            b"> bash: __sandmux_run: command not found"
-        ));
-    }
+    const NASTY: &[&str] = &[
+        "echo 'unbalanced",
+        "a'b\"c$d`e\\f",
+        "tab\there\x01\x7f",
+        "line one\nline two!\n",
+        "héllo ✓ '' '\\''",
+    ];
 
-    /// A head of a begin marker that never completes does not hold the
-    /// bound: the follow moves on, and keeps at most BODY_CAP.
+    /// Bash reads the typed line back to exactly the command (a stub
+    /// `__sandmux_run` prints its second argument).
     #[test]
-    fn a_false_begin_marker_cannot_grow_the_buffer() {
-        use crate::tmux::hub::Chunk;
-        let mut f = Follow::new("%1", "ab", 0);
-        let mut end = 0;
-        let mut feed = |f: &mut Follow, data: Vec<u8>| {
-            end += data.len() as u64;
-            f.take(Chunk {
-                data,
-                end,
-                missed: 0,
-            })
-        };
-        assert!(!feed(&mut f, format!("{OSC}Bab;x").into_bytes()));
-        for _ in 0..40 {
-            assert!(!feed(&mut f, vec![b'0'; 64 * 1024]));
-            assert!(f.before.len() <= BODY_CAP + 64 * 1024 && f.body.len() <= BODY_CAP);
+    fn typed_line_carries_the_command_exactly() {
+        for cmd in NASTY {
+            let line = wrap(cmd, "abc123", true);
+            assert!(line.starts_with(' ') && !line.contains('\x1b'), "{line:?}");
+            let script = format!("__sandmux_run() {{ printf %s \"$2\"; }}\n{line}\n");
+            let out = std::process::Command::new("bash")
+                .args(["-c", &script])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), *cmd, "{line:?}");
         }
-        assert!(f.seen_begin && f.head_lost);
-        // A real marker after that still ends it.
-        assert!(feed(&mut f, format!("{OSC}Eab;3\x07").into_bytes()));
-        assert_eq!(f.ended, Some(End::Completed(3)));
     }
 
+    /// The POSIX line runs the command as data between its markers, whatever
+    /// quotes it holds, and its echo holds no marker.
     #[test]
-    fn markers_need_digits_and_bel() {
-        let end = b"\x1b]6973;Eab;";
-        assert_eq!(marker(b"x\x1b]6973;Eab;7\x07y", end), Some((1, 13, 7)));
-        assert_eq!(marker(b"\x1b]6973;Eab;\x07", end), None);
-        assert_eq!(marker(b"\x1b]6973;Eab;12", end), None);
-        assert_eq!(
-            marker(b"\x1b]6973;Eab;x\x1b]6973;Eab;0\x07", end),
-            Some((12, 13, 0))
-        );
+    fn posix_line_never_loses_its_end_marker() {
+        let line = wrap_posix("echo 'unbalanced", "abc123", false);
+        assert!(!line.contains('\x1b'));
+        let out = std::process::Command::new("bash")
+            .args(["-c", &line])
+            .output()
+            .unwrap();
+        let o = String::from_utf8_lossy(&out.stdout);
+        assert!(o.starts_with("\x1b]6973;Babc123;"), "{o:?}");
+        assert!(o.ends_with("\x1b]6973;Eabc123;2\x07"), "{o:?}");
     }
 }

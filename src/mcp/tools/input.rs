@@ -1,0 +1,299 @@
+//! Typing into a pane: text and keys, batches of them, and pastes (of text,
+//! or of a buffer made by load_buffer).
+
+use super::read::cursor_for;
+use super::{batch_rules, buffer_name, leave_modes, BUFFER_PREFIX};
+use crate::mcp::ctx::Call;
+use crate::mcp::error::ToolError;
+use crate::mcp::targets::{self, PaneRow, PaneSel};
+use crate::mcp::text;
+use crate::tmux::hub::Cmd;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Keys: one name (or several separated by spaces), or a list of names.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(untagged)]
+#[allow(missing_docs)]
+pub enum Keys {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `send_keys`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SendKeys {
+    /// Text typed literally.
+    pub text: Option<String>,
+    /// Key names pressed after the text, e.g. ["C-c"] or "Escape".
+    pub keys: Option<Keys>,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Press Enter after `text` (default true).
+    pub enter: Option<bool>,
+    /// Type a string `keys` as text (compatibility).
+    #[serde(default)]
+    pub literal: bool,
+    /// Prefix a space (keeps the text out of shell history).
+    #[serde(default)]
+    pub suppress_history: bool,
+}
+
+/// What was sent.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Sent {
+    /// The pane.
+    pub pane_id: String,
+    /// Bytes of text typed.
+    pub text_bytes: usize,
+    /// Keys pressed (including Enter).
+    pub keys: Vec<String>,
+    /// A cursor taken just before sending: pass it to wait_for_text or
+    /// capture_since to see exactly what followed.
+    pub cursor: String,
+}
+
+async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, ToolError> {
+    let (mut text_in, mut keys) = (a.text.clone(), Vec::new());
+    match (&a.keys, a.literal) {
+        (Some(Keys::One(s)), true) => text_in = Some(text_in.unwrap_or_default() + s),
+        (Some(Keys::One(s)), false) => keys = s.split_whitespace().map(str::to_string).collect(),
+        (Some(Keys::Many(v)), _) => keys = v.clone(),
+        (None, _) => {}
+    }
+    if text_in.is_none() && keys.is_empty() {
+        return Err(ToolError::invalid(
+            "text",
+            "nothing to send",
+            "give text (typed literally) and/or keys (key names)",
+        ));
+    }
+    for k in &keys {
+        text::key(k)?;
+    }
+    let mut sent_keys = Vec::new();
+    let mut bytes = 0;
+    let (offset, _) = c.s.hub().subscribe(pane.num);
+    let cursor = cursor_for(c, pane, offset);
+    if let Some(t) = &text_in {
+        text::input("text", t, c.s.max_input)?;
+        let t = if a.suppress_history {
+            format!(" {t}")
+        } else {
+            t.clone()
+        };
+        bytes = t.len();
+        if !t.is_empty() {
+            leave_modes(c, pane).await?;
+            c.s.hub()
+                .run(
+                    &Cmd::new("send-keys")
+                        .flag("-l")
+                        .opt("-t", &pane.pane_id)
+                        .rest([t.as_bytes()]),
+                )
+                .await?;
+        }
+    }
+    if !keys.is_empty() {
+        c.s.hub()
+            .run(
+                &Cmd::new("send-keys")
+                    .opt("-t", &pane.pane_id)
+                    .rest(keys.iter().map(|k| k.as_bytes())),
+            )
+            .await?;
+        sent_keys.extend(keys);
+    }
+    if text_in.is_some() && a.enter.unwrap_or(true) {
+        c.s.hub()
+            .run(&Cmd::new("send-keys").opt("-t", &pane.pane_id).arg("Enter"))
+            .await?;
+        sent_keys.push("Enter".into());
+    }
+    Ok(Sent {
+        pane_id: pane.pane_id.clone(),
+        text_bytes: bytes,
+        keys: sent_keys,
+        cursor,
+    })
+}
+
+/// Types text and/or presses keys.
+pub async fn send_keys(c: &Call<'_>, a: SendKeys) -> Result<Sent, ToolError> {
+    let p = targets::pane(c, &a.p).await?;
+    send_one(c, &p, &a).await
+}
+
+/// `send_keys_batch`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SendBatch {
+    /// 1–100 send_keys operations.
+    pub operations: Vec<SendKeys>,
+    /// After an error: stop (default) or continue.
+    pub on_error: Option<crate::mcp::choices::OnError>,
+    /// Seconds for the whole batch.
+    pub timeout: Option<f64>,
+}
+
+/// One batch result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchSentItem {
+    /// Position.
+    pub index: usize,
+    /// Pane, when resolved.
+    pub pane_id: Option<String>,
+    /// Whether it was sent.
+    pub success: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// Seconds since the batch began.
+    pub elapsed: f64,
+}
+
+/// Batch result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchSent {
+    /// Results in order.
+    pub results: Vec<BatchSentItem>,
+}
+
+/// Sends several operations.
+pub async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, ToolError> {
+    let total: usize = a
+        .operations
+        .iter()
+        .map(|o| o.text.as_ref().map_or(0, String::len))
+        .sum();
+    if total > c.s.max_input {
+        return Err(ToolError::invalid(
+            "operations",
+            &format!(
+                "carry {total} bytes of text; the limit is {}",
+                c.s.max_input
+            ),
+            "split the batch",
+        ));
+    }
+    let stop = batch_rules(a.operations.len(), a.on_error)?;
+    let limit = c.clamp(a.timeout, c.s.wait_max.as_secs_f64())?;
+    let t0 = Instant::now();
+    let mut results = Vec::new();
+    for (index, op) in a.operations.iter().enumerate() {
+        if t0.elapsed() > limit {
+            results.push(BatchSentItem {
+                index,
+                pane_id: None,
+                success: false,
+                error: Some("the batch deadline passed".into()),
+                elapsed: t0.elapsed().as_secs_f64(),
+            });
+            break;
+        }
+        let r = match targets::pane(c, &op.p).await {
+            Ok(p) => send_one(c, &p, op).await,
+            Err(e) => Err(e),
+        };
+        let failed = r.is_err();
+        results.push(match r {
+            Ok(s) => BatchSentItem {
+                index,
+                pane_id: Some(s.pane_id),
+                success: true,
+                error: None,
+                elapsed: t0.elapsed().as_secs_f64(),
+            },
+            Err(e) => BatchSentItem {
+                index,
+                pane_id: op.p.pane_id.clone(),
+                success: false,
+                error: Some(e.to_string()),
+                elapsed: t0.elapsed().as_secs_f64(),
+            },
+        });
+        if failed && stop {
+            break;
+        }
+    }
+    Ok(BatchSent { results })
+}
+
+/// `paste_text`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PasteText {
+    /// The text (multi-line is fine).
+    pub text: String,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Bracketed paste (default true).
+    pub bracket: Option<bool>,
+}
+
+/// Pastes text through a temporary buffer.
+pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
+    text::input("text", &a.text, c.s.max_input)?;
+    let p = targets::pane(c, &a.p).await?;
+    let name = format!("{}paste_{}", BUFFER_PREFIX, &crate::nonce::hex()[..8]);
+    let (offset, _) = c.s.hub().subscribe(p.num);
+    let cursor = cursor_for(c, &p, offset);
+    c.s.hub()
+        .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.text))
+        .await?;
+    let mut cmd = Cmd::new("paste-buffer")
+        .flag("-d")
+        .opt("-b", &name)
+        .opt("-t", &p.pane_id);
+    if a.bracket.unwrap_or(true) {
+        cmd = cmd.flag("-p");
+    }
+    let r = c.s.hub().run(&cmd).await;
+    if r.is_err() {
+        let _ =
+            c.s.hub()
+                .run(&Cmd::new("delete-buffer").opt("-b", &name))
+                .await;
+    }
+    r?;
+    Ok(Sent {
+        pane_id: p.pane_id,
+        text_bytes: a.text.len(),
+        keys: vec![],
+        cursor,
+    })
+}
+
+/// `paste_buffer`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PasteBuffer {
+    /// A name returned by load_buffer.
+    pub buffer_name: String,
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub p: PaneSel,
+    /// Bracketed paste (default true).
+    pub bracket: Option<bool>,
+}
+
+/// Pastes a buffer.
+pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolError> {
+    buffer_name(&a.buffer_name)?;
+    let p = targets::pane(c, &a.p).await?;
+    let (offset, _) = c.s.hub().subscribe(p.num);
+    let cursor = cursor_for(c, &p, offset);
+    let mut cmd = Cmd::new("paste-buffer")
+        .opt("-b", &a.buffer_name)
+        .opt("-t", &p.pane_id);
+    if a.bracket.unwrap_or(true) {
+        cmd = cmd.flag("-p");
+    }
+    c.s.hub().run(&cmd).await?;
+    Ok(Sent {
+        pane_id: p.pane_id,
+        text_bytes: 0,
+        keys: vec![],
+        cursor,
+    })
+}

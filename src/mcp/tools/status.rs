@@ -1,0 +1,185 @@
+//! `sandbox_status`: what confines this terminal, as observed.
+
+use super::NoArgs;
+use crate::mcp::ctx::Call;
+use crate::mcp::error::ToolError;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::Value;
+
+/// One line for `sandbox_status`: the state, its reason, the bytes used.
+fn audit_state(st: &Value) -> String {
+    let mut s = format!(
+        "{}: {} of {} bytes",
+        st["state"].as_str().unwrap_or("?"),
+        st["bytes"],
+        st["budget"]
+    );
+    if let Some(r) = st["reason"].as_str() {
+        s.push_str(&format!("; {r}"));
+    }
+    s
+}
+
+/// `sandbox_status` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Status {
+    /// Profile name.
+    pub profile: String,
+    /// Profile description.
+    pub description: String,
+    /// Workspace (read-write inside).
+    pub workspace: String,
+    /// Network mode.
+    pub network: String,
+    /// Every layer as the sandbox reported it while starting.
+    pub layers: Vec<LayerView>,
+    /// Layers dropped (best-effort).
+    pub dropped: Vec<String>,
+    /// Toolsets' tools enabled now.
+    pub tools_enabled: usize,
+    /// Where the audit log is.
+    pub audit_log: String,
+    /// Whether calls can be recorded: `ok`, or `full`/`failing` and why
+    /// (then every call is refused).
+    pub audit_state: String,
+    /// Drift status.
+    pub drift: String,
+    /// Bytes of pane output buffered by sandmux.
+    pub buffered_output_bytes: usize,
+    /// Processes the kernel killed for exceeding the memory limit (from the
+    /// instance's cgroup; null without one).
+    pub oom_kills: Option<u64>,
+    /// The workspace guard (P8): what kind of checkout the workspace is, what
+    /// is read-only, what is watched, what was reverted.
+    pub workspace_guard: crate::guard::View,
+    /// What the agent can rely on, and what it cannot do here.
+    pub limits: Limits,
+    /// Sessions, panes and host-side tmux clients now (null if tmux did not
+    /// answer).
+    pub in_use: Option<crate::mcp::bounds::InUse>,
+    /// The --record file (null without one).
+    pub recording: Option<crate::mcp::record::View>,
+    /// The operator froze the sandbox: other calls are refused until thawed.
+    pub frozen: bool,
+}
+
+/// The limits an agent meets, in one place.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Limits {
+    /// Paths that persist after the instance (read-write trees).
+    pub writable: Vec<String>,
+    /// Paths that are writable but vanish when the instance ends (tmpfs).
+    pub vanishes_at_end: Vec<String>,
+    /// Longest wait any call may ask for, in seconds.
+    pub wait_max_seconds: u64,
+    /// Largest text a call may send, in bytes.
+    pub max_input_bytes: u64,
+    /// Output kept per pane by sandmux (older output is dropped; captures of the screen still work).
+    pub output_ring_bytes: usize,
+    /// Sessions that may exist at once; creating one more is refused.
+    pub max_sessions: u32,
+    /// Panes that may exist at once, across all sessions.
+    pub max_panes: u32,
+    /// tmux clients the supervisor may run on the host (`1 + max_sessions`).
+    pub max_host_clients: u32,
+    /// What is impossible here, by policy.
+    pub impossible: Vec<String>,
+}
+
+/// A layer in the status.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct LayerView {
+    /// Layer name.
+    pub layer: String,
+    /// In force.
+    pub enforced: bool,
+    /// Detail or reason.
+    pub detail: String,
+}
+
+fn limits(p: &crate::profile::Policy) -> Limits {
+    use crate::profile::{MountKind, NetMode};
+    let of = |k: MountKind| -> Vec<String> {
+        p.fs.iter()
+            .filter(|e| e.kind == k)
+            .map(|e| e.path.display().to_string())
+            .collect()
+    };
+    let mut impossible = vec![
+        "reaching the host's tmux servers or any other tmux socket".to_string(),
+        "gaining privileges (no capabilities, no_new_privs, no setuid)".into(),
+    ];
+    if p.guard.git != crate::guard::GitMode::Unguarded {
+        impossible
+            .push("changing git's control plane in the workspace (history is readable)".into());
+    }
+    if !p.guard.names.is_empty() {
+        impossible.push("leaving tool configuration host programs obey (.envrc, .vscode, …): it is read-only or reverted".into());
+    }
+    impossible.push(format!(
+        "more than {} sessions or {} panes at once (creating one more is refused)",
+        p.limits.max_sessions, p.limits.max_panes
+    ));
+    impossible.push(match p.network.mode {
+        NetMode::None => "any network, DNS included".into(),
+        NetMode::Loopback => "any network beyond loopback, DNS included".into(),
+        NetMode::Host => "TCP to ports the profile does not list".into(),
+    });
+    Limits {
+        writable: of(MountKind::ReadWrite),
+        vanishes_at_end: of(MountKind::Tmpfs),
+        wait_max_seconds: p.mcp.wait_max_seconds,
+        max_input_bytes: p.mcp.max_input_bytes,
+        output_ring_bytes: crate::tmux::hub::RING_BYTES,
+        max_sessions: p.limits.max_sessions,
+        max_panes: p.limits.max_panes,
+        max_host_clients: 1 + p.limits.max_sessions,
+        impossible,
+    }
+}
+
+/// The status.
+pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError> {
+    let layers: Vec<LayerView> =
+        c.s.info()
+            .layers
+            .iter()
+            .map(|l| LayerView {
+                layer: l.layer.name().into(),
+                enforced: l.enforced,
+                detail: l.detail.clone(),
+            })
+            .collect();
+    let git_kernel = layers.iter().any(|l| l.layer == "git" && l.enforced);
+    Ok(Status {
+        profile: c.s.policy.name.clone(),
+        description: c.s.policy.description.clone(),
+        workspace: c.s.policy.workspace.display().to_string(),
+        network: c.s.policy.network.mode.name().into(),
+        dropped: layers
+            .iter()
+            .filter(|l| !l.enforced)
+            .map(|l| l.layer.clone())
+            .collect(),
+        layers,
+        tools_enabled: c.s.enabled.read().map(|e| e.len()).unwrap_or(0),
+        audit_log: c.s.audit.path().display().to_string(),
+        audit_state: audit_state(&c.s.audit.status()),
+        drift: c.s.drift.tripped().unwrap_or_else(|| "none".into()),
+        buffered_output_bytes: c.s.hub().buffered_bytes(),
+        oom_kills: c.s.info().cgroup.as_ref().map(|cg| cg.oom_kills()),
+        limits: limits(&c.s.policy),
+        in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
+        recording: c.s.record.as_ref().map(|r| r.view()),
+        frozen: c.s.freeze.is_frozen(),
+        workspace_guard: c.s.policy.guard.view(
+            git_kernel,
+            c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
+            &c.s.reverts
+                .as_ref()
+                .map(|r| r.quarantine.clone())
+                .unwrap_or_default(),
+        ),
+    })
+}
