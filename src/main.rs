@@ -475,7 +475,7 @@ fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
     let wsp = policy.workspace.clone();
-    let inst = match Instance::start(policy, None) {
+    let inst = match Instance::start(policy) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
@@ -547,7 +547,7 @@ fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
 }
 
 fn hold_instance(policy: profile::Policy) -> ExitCode {
-    let inst = match Instance::start(policy, None) {
+    let inst = match Instance::start(policy) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };

@@ -10,6 +10,7 @@ use crate::tmux::{control, Instance};
 use inside::Observation;
 use serde::Serialize;
 use std::io::{Read, Write};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,7 @@ pub fn run(policy: Policy) -> Report {
     let kernel = probe::kernel();
     let profile = policy.name.clone();
     let source = policy.source.to_string();
-    match Instance::start(policy, None) {
+    match Instance::start(policy) {
         Err(e) => Report {
             profile,
             source,
@@ -52,7 +53,9 @@ pub fn run(policy: Policy) -> Report {
         },
         Ok(inst) => {
             let mut layers = inst.layers();
-            let supervisor = crate::sandbox::supervisor::probe(&inst.policy);
+            let needs = inst.supervisor_needs(Path::new("/dev/null"), None);
+            let client = || inst.cmd(&["display-message", "-p", "ok"]).map(|_| ());
+            let supervisor = crate::sandbox::supervisor::probe(&inst.policy, &needs, &client);
             layers.push(match &supervisor {
                 Ok(s) => s.clone(),
                 Err(e) => LayerStatus {

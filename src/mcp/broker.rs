@@ -32,16 +32,29 @@ use std::sync::Mutex;
 /// Largest reply line (a generation's start-up report, as JSON).
 const MAX_LINE: u64 = 4 << 20;
 
+/// What the broker works for, fixed when it starts: the instance's final
+/// profile (after the workspace guard added its paths), its runtime
+/// directory and id, and the tmux binary. No request can change them.
+#[derive(Serialize, Deserialize)]
+struct Config {
+    policy: Policy,
+    rundir: PathBuf,
+    id: String,
+    tmux: PathBuf,
+    /// The instance's cgroup directories, removed at `End`.
+    cgroup: Option<crate::sandbox::cgroup::Cgroup>,
+}
+
 #[derive(Serialize, Deserialize)]
 enum Request {
-    Launch {
-        rundir: PathBuf,
-        id: String,
-        tmux: PathBuf,
-    },
+    /// A new generation: refused while one of the broker's runs, and past
+    /// the restart budget.
+    Launch,
     Alive(u32),
     Stop(u32),
     Signals(crate::sandbox::freeze::Op, u32),
+    /// The instance ends: its sandboxes, then its cgroup directory.
+    End,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -55,6 +68,7 @@ enum Reply {
     Alive(bool),
     Stopped,
     Signalled(Result<usize, String>),
+    Ended,
 }
 
 /// The supervisor's end of the broker.
@@ -67,8 +81,9 @@ pub struct Broker {
 const SOCKET_FD: i32 = 3;
 
 impl Broker {
-    /// Starts the broker and hands it the profile.
-    pub fn spawn(policy: &Policy) -> Result<Broker, String> {
+    /// Starts the broker for this instance (its final profile, runtime
+    /// directory and tmux binary).
+    pub fn spawn(policy: &Policy, rundir: &Rundir, tmux: &Path) -> Result<Broker, String> {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         let exe = std::env::current_exe().map_err(|e| format!("the broker: {e}"))?;
@@ -107,7 +122,14 @@ impl Broker {
             io: Mutex::new((BufReader::new(read), ours)),
             pid: Pid::from_raw(child.id() as i32),
         };
-        let mut line = serde_json::to_vec(policy).map_err(|e| e.to_string())?;
+        let config = Config {
+            policy: policy.clone(),
+            rundir: rundir.path.clone(),
+            id: rundir.id.clone(),
+            tmux: tmux.to_path_buf(),
+            cgroup: rundir.cgroup.clone(),
+        };
+        let mut line = serde_json::to_vec(&config).map_err(|e| e.to_string())?;
         line.push(b'\n');
         b.io.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -128,14 +150,9 @@ impl Broker {
             .and_then(|l| serde_json::from_slice(&l).map_err(|e| e.to_string()))
     }
 
-    /// Starts a generation in `rundir`'s directory; the caller proves it.
-    pub fn launch(&self, rundir: &Rundir, tmux: &Path) -> Result<Generation, StartError> {
-        let r = Request::Launch {
-            rundir: rundir.path.clone(),
-            id: rundir.id.clone(),
-            tmux: tmux.to_path_buf(),
-        };
-        match self.ask(&r).map_err(StartError::internal)? {
+    /// Starts a generation in the instance's directory; the caller proves it.
+    pub fn launch(&self) -> Result<Generation, StartError> {
+        match self.ask(&Request::Launch).map_err(StartError::internal)? {
             Reply::Launched(g) => Ok(g),
             Reply::Failed {
                 layer,
@@ -163,6 +180,13 @@ impl Broker {
             Reply::Signalled(r) => r,
             _ => Err("the broker answered out of turn".into()),
         }
+    }
+
+    /// The instance ends: the broker ends what it holds and removes the
+    /// instance's cgroup directory (below a parent the supervisor may not
+    /// write).
+    pub fn end(&self) {
+        let _ = self.ask(&Request::End);
     }
 
     /// Ends the sandbox with this `__init` (SIGTERM, then SIGKILL) and reaps it.
@@ -205,20 +229,21 @@ pub fn main() -> i32 {
         return 1;
     };
     let (mut read, mut write) = (BufReader::new(sock), write);
-    let policy: Policy = match read_line(&mut read)
-        .and_then(|l| l.ok_or_else(|| "no profile".into()))
+    let config: Config = match read_line(&mut read)
+        .and_then(|l| l.ok_or_else(|| "no configuration".into()))
         .and_then(|l| serde_json::from_slice(&l).map_err(|e| e.to_string()))
     {
-        Ok(p) => p,
+        Ok(c) => c,
         Err(e) => {
             eprintln!("sandmux-broker: {e}");
             return 1;
         }
     };
+    let mut launched = 0;
     let mut held: BTreeMap<u32, Child> = BTreeMap::new();
     while let Ok(Some(line)) = read_line(&mut read) {
         let reply = match serde_json::from_slice::<Request>(&line) {
-            Ok(r) => answer(r, &policy, &mut held),
+            Ok(r) => answer(r, &config, &mut held, &mut launched),
             Err(e) => Reply::Failed {
                 layer: None,
                 message: format!("the broker: {e}"),
@@ -235,6 +260,15 @@ pub fn main() -> i32 {
         end_init(c);
     }
     0
+}
+
+/// Whether a held `__init` still runs. It is not reaped here (`WNOWAIT`):
+/// its pid stays its own until `Stop`, so nothing signals a reused pid.
+fn running(c: &mut Child) -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let pid = Pid::from_raw(c.id() as i32);
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    matches!(waitid(Id::Pid(pid), flags), Ok(WaitStatus::StillAlive))
 }
 
 /// Whether `pid` is a sandbox's `__init` this broker or the supervisor
@@ -258,16 +292,28 @@ fn sandbox_of_ours(pid: u32, held: &BTreeMap<u32, Child>) -> Result<(), String> 
     }
 }
 
-fn answer(r: Request, policy: &Policy, held: &mut BTreeMap<u32, Child>) -> Reply {
+fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mut u32) -> Reply {
+    let failed = |message: String| Reply::Failed {
+        layer: None,
+        message,
+        code: None,
+    };
     match r {
-        Request::Launch { rundir, id, tmux } => {
+        Request::Launch if held.values_mut().any(running) => {
+            failed("the broker refuses a second live generation".into())
+        }
+        Request::Launch if *launched >= crate::profile::MAX_RESTARTS => {
+            failed("the broker's restart budget is spent".into())
+        }
+        Request::Launch => {
+            *launched += 1;
             // The supervisor owns the directory: this copy never removes it.
             let mut rd = std::mem::ManuallyDrop::new(Rundir {
-                path: rundir,
-                id,
+                path: c.rundir.clone(),
+                id: c.id.clone(),
                 cgroup: None,
             });
-            match start_generation(policy, &mut rd, &tmux) {
+            match start_generation(&c.policy, &mut rd, &c.tmux) {
                 Ok((child, g)) => {
                     held.insert(g.init_pid, child);
                     Reply::Launched(g)
@@ -279,13 +325,20 @@ fn answer(r: Request, policy: &Policy, held: &mut BTreeMap<u32, Child>) -> Reply
                 },
             }
         }
-        Request::Alive(pid) => Reply::Alive(
-            held.get_mut(&pid)
-                .is_some_and(|c| matches!(c.try_wait(), Ok(None))),
-        ),
+        Request::Alive(pid) => Reply::Alive(held.get_mut(&pid).is_some_and(running)),
         Request::Signals(op, pid) => Reply::Signalled(
             sandbox_of_ours(pid, held).and_then(|()| crate::sandbox::freeze::by_signals(op, pid)),
         ),
+        Request::End => {
+            for ch in held.values_mut() {
+                end_init(ch);
+            }
+            held.clear();
+            if let Some(cg) = &c.cgroup {
+                cg.remove_instance();
+            }
+            Reply::Ended
+        }
         Request::Stop(pid) => {
             if let Some(mut c) = held.remove(&pid) {
                 end_init(&mut c);

@@ -6,7 +6,6 @@ use super::{audit, ctx, oom, record};
 use crate::sandbox::pane::GATE_PATH;
 use crate::tmux::hub::{Hub, CONTROL_SESSION};
 use crate::tmux::Instance;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The session `serve` creates at start, so a client can run commands at once.
@@ -97,29 +96,10 @@ pub(super) fn confine_self(
     audit: &audit::Audit,
     record: Option<&record::Recording>,
 ) -> Result<crate::sandbox::report::LayerStatus, crate::sandbox::StartError> {
-    use crate::sandbox::supervisor::{confine, status, Files, Needs};
-    let trees: Vec<PathBuf> = inst
-        .policy
-        .guard
-        .trees
-        .iter()
-        .map(|t| t.root.clone())
-        .collect();
-    let cgroup = inst
-        .rundir
-        .cgroup
-        .as_ref()
-        .map(|c| c.dirs.clone())
-        .unwrap_or_default();
+    use crate::sandbox::supervisor::{confine, status};
+    let needs = inst.supervisor_needs(audit.path(), record.map(|r| r.path()));
+    let main = confine(&inst.policy, &needs)?;
     let guard = inst.guard.as_ref();
-    let files = Files {
-        rundir: &inst.rundir.path,
-        audit: audit.path(),
-        record: record.map(|r| r.path()),
-        cgroup: &cgroup,
-        guard: guard.map(|g| (trees.as_slice(), g.state.as_path())),
-    };
-    let main = confine(&inst.policy, &Needs::supervisor(&inst.policy, &files))?;
     // The guard thread's own restriction is part of the layer.
     match guard.and_then(|g| g.confined.clone()) {
         Some(Err(e)) if main.enforced => status(

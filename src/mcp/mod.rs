@@ -156,18 +156,9 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     if let Some(sig) = stop.signal() {
         return stopped(&audit, None, sig);
     }
-    // What the confined supervisor cannot do itself (later generations, the
-    // signals freezer) is the broker's.
-    let broker = match broker::Broker::spawn(&policy) {
-        Ok(b) => Arc::new(b),
-        Err(e) => {
-            eprintln!("sandmux: {e}");
-            return crate::sandbox::EXIT_INTERNAL;
-        }
-    };
     // A start-up step that fails while a stop is pending is reported, and the
     // stop decides the status (a terminal's ^C reaches the sandbox too).
-    let mut inst = match Instance::start(policy.clone(), Some(broker.clone())) {
+    let mut inst = match Instance::start(policy.clone()) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("sandmux: {e}");
@@ -180,6 +171,19 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     if let Some(sig) = stop.signal() {
         return stopped(&audit, Some(inst), sig);
     }
+    // What the confined supervisor cannot do itself (later generations, the
+    // signals freezer) is the broker's, for this instance's final profile
+    // (the workspace guard has added its paths).
+    let broker = match broker::Broker::spawn(&inst.policy, &inst.rundir, &inst.tmux) {
+        Ok(b) => Arc::new(b),
+        Err(e) => {
+            eprintln!("sandmux: {e}");
+            inst.stop();
+            audit.seal(crate::sandbox::EXIT_INTERNAL);
+            return crate::sandbox::EXIT_INTERNAL;
+        }
+    };
+    inst.broker = Some(broker.clone());
     let control_id = match sessions(&inst, opts.no_session) {
         Ok(id) => id,
         Err(e) => {

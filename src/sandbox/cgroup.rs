@@ -24,6 +24,11 @@ pub struct Cgroup {
     /// The systemd transient scope it was made in, if it was.
     #[serde(default)]
     pub scope: Option<String>,
+    /// The instance's directories (one per hierarchy) that hold `dirs`: every
+    /// server generation of an instance gets a cgroup below the same one, so
+    /// the confined supervisor's rules name only its own (`supervisor.rs`).
+    #[serde(default)]
+    pub instance: Vec<PathBuf>,
 }
 
 fn own_path(controller: Option<&str>) -> Option<String> {
@@ -68,17 +73,19 @@ pub(crate) fn v2_mount() -> Option<PathBuf> {
     mountpoint("cgroup2", None)
 }
 
-/// Creates a cgroup named `name` with the limits, or says why it cannot.
-pub fn create(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
-    let own = own_v2_dir().and_then(|p| try_v2(&p, name, pids, memory));
+/// Creates a cgroup with the limits, or says why it cannot: `name` below
+/// the instance's directory `instance` (made when missing).
+pub fn create(instance: &str, name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+    let at = Place { instance, name };
+    let own = own_v2_dir().and_then(|p| try_v2(&p, &at, pids, memory));
     let Err(own) = own else { return own };
     let scoped = super::systemd::delegated_scope().and_then(|scope| {
-        let mut cg = try_v2(&scope, name, pids, memory)?;
+        let mut cg = try_v2(&scope, &at, pids, memory)?;
         cg.scope = scope.file_name().map(|n| n.to_string_lossy().into_owned());
         Ok(cg)
     });
     let Err(scoped) = scoped else { return scoped };
-    try_v1(name, pids, memory)
+    try_v1(&at, pids, memory)
         .map_err(|v1| format!("no writable cgroup: v2: {own}; systemd: {scoped}; v1: {v1}"))
 }
 
@@ -89,7 +96,29 @@ fn own_v2_dir() -> Result<PathBuf, String> {
     Ok(mnt.join(own.trim_start_matches('/')))
 }
 
-fn try_v2(parent: &Path, name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+/// Where a cgroup goes: `name` in the directory `instance`.
+struct Place<'a> {
+    instance: &'a str,
+    name: &'a str,
+}
+
+/// Makes `parent/instance` if missing; with `v2`, lets the pids and memory
+/// controllers reach its children (it holds no process itself).
+fn instance_dir(parent: &Path, instance: &str, v2: bool) -> Result<PathBuf, String> {
+    let dir = parent.join(instance);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("create {}: {e}", dir.display())),
+    }
+    if v2 {
+        write(&dir.join("cgroup.subtree_control"), "+pids +memory")
+            .map_err(|e| format!("delegate pids and memory below {}: {e}", dir.display()))?;
+    }
+    Ok(dir)
+}
+
+fn try_v2(parent: &Path, at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
     let controllers =
         std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
     if !(controllers.split_whitespace().any(|c| c == "pids")
@@ -100,29 +129,42 @@ fn try_v2(parent: &Path, name: &str, pids: u64, memory: u64) -> Result<Cgroup, S
             parent.display()
         ));
     }
-    let dir = parent.join(name);
-    std::fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let cg = Cgroup {
-        dirs: vec![dir.clone()],
+    let inst = instance_dir(parent, at.instance, true)?;
+    let dir = inst.join(at.name);
+    let mut cg = Cgroup {
+        dirs: vec![],
         version: "v2".into(),
         scope: None,
+        instance: vec![inst],
     };
+    if let Err(e) = std::fs::create_dir(&dir) {
+        cg.remove_instance();
+        return Err(format!("create {}: {e}", dir.display()));
+    }
+    cg.dirs.push(dir.clone());
     let res = write(&dir.join("pids.max"), &pids.to_string())
         .and_then(|_| write(&dir.join("memory.max"), &memory.to_string()))
         .and_then(|_| write(&dir.join("memory.swap.max"), "0").or(Ok(())));
     if let Err(e) = res {
         cg.remove();
+        cg.remove_instance();
         return Err(format!("write limits in {}: {e}", dir.display()));
     }
     Ok(cg)
 }
 
-fn try_v1(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+fn try_v1(at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
     let mut dirs = Vec::new();
     let mut cg = Cgroup {
         dirs: vec![],
         version: "v1".into(),
         scope: None,
+        instance: vec![],
+    };
+    let fail = |cg: &Cgroup, e: String| {
+        cg.remove();
+        cg.remove_instance();
+        Err(e)
     };
     for (ctrl, file, value) in [
         ("pids", "pids.max", pids),
@@ -131,26 +173,32 @@ fn try_v1(name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
         let mnt =
             mountpoint("cgroup", Some(ctrl)).ok_or_else(|| format!("no v1 {ctrl} hierarchy"))?;
         let own = own_path(Some(ctrl)).unwrap_or_else(|| "/".into());
-        let dir = mnt.join(own.trim_start_matches('/')).join(name);
+        let inst = match instance_dir(&mnt.join(own.trim_start_matches('/')), at.instance, false) {
+            Ok(i) => i,
+            Err(e) => return fail(&cg, e),
+        };
+        cg.instance.push(inst.clone());
+        let dir = inst.join(at.name);
         if let Err(e) = std::fs::create_dir(&dir) {
-            cg.remove();
-            return Err(format!("create {}: {e}", dir.display()));
+            return fail(&cg, format!("create {}: {e}", dir.display()));
         }
         dirs.push(dir.clone());
         cg.dirs = dirs.clone();
         if let Err(e) = write(&dir.join(file), &value.to_string()) {
-            cg.remove();
-            return Err(format!("write {}: {e}", dir.join(file).display()));
+            return fail(&cg, format!("write {}: {e}", dir.join(file).display()));
         }
     }
     // A directory in the freezer hierarchy too, where there is one (for
     // `sandmux freeze`; without it a freeze stops the processes by signal).
     if let Some(mnt) = mountpoint("cgroup", Some("freezer")) {
         let own = own_path(Some("freezer")).unwrap_or_else(|| "/".into());
-        let dir = mnt.join(own.trim_start_matches('/')).join(name);
-        if std::fs::create_dir(&dir).is_ok() {
-            dirs.push(dir);
-            cg.dirs = dirs;
+        if let Ok(inst) = instance_dir(&mnt.join(own.trim_start_matches('/')), at.instance, false) {
+            cg.instance.push(inst.clone());
+            let dir = inst.join(at.name);
+            if std::fs::create_dir(&dir).is_ok() {
+                dirs.push(dir);
+                cg.dirs = dirs;
+            }
         }
     }
     Ok(cg)
@@ -197,6 +245,20 @@ impl Cgroup {
         }
     }
 
+    /// Removes the instance's directories (once every generation's is gone).
+    pub fn remove_instance(&self) {
+        for d in &self.instance {
+            for _ in 0..50 {
+                match std::fs::remove_dir(d) {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+
     /// Number of OOM kills recorded so far (v2 memory.events, v1 memory.oom_control).
     pub fn oom_kills(&self) -> u64 {
         for d in &self.dirs {
@@ -232,6 +294,7 @@ mod tests {
             dirs: vec![d.path().to_path_buf()],
             version: "v1".into(),
             scope: None,
+            instance: vec![],
         };
         // v1 lists oom_kill_disable before oom_kill.
         std::fs::write(

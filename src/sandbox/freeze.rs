@@ -265,6 +265,7 @@ mod tests {
     fn a_cgroup_without_a_freezer_falls_back_to_signals() {
         let d = tempfile::tempdir().unwrap();
         let cg = Cgroup {
+            instance: vec![],
             dirs: vec![d.path().to_path_buf()],
             version: "v1".into(),
             scope: None,

@@ -27,8 +27,9 @@ pub fn kernel() -> Kernel {
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
     let name = format!("sandmux-probe-{}", &crate::nonce::hex()[..8]);
-    let cgroup = super::cgroup::create(&name, 64, 64 << 20).map(|cg| {
+    let cgroup = super::cgroup::create(&name, "probe", 64, 64 << 20).map(|cg| {
         cg.remove();
+        cg.remove_instance();
         cg.place()
     });
     let systemd_user = super::systemd::detect(&super::systemd::Facts::here())

@@ -101,6 +101,7 @@ pub fn clean_stale(base: &Path) -> Vec<PathBuf> {
         if let Ok(t) = std::fs::read_to_string(claimed.join("cgroup.json")) {
             if let Ok(cg) = serde_json::from_str::<super::cgroup::Cgroup>(&t) {
                 cg.remove();
+                cg.remove_instance();
             }
         }
         if std::fs::remove_dir_all(&claimed).is_ok() {
@@ -167,6 +168,7 @@ impl Drop for Rundir {
     fn drop(&mut self) {
         if let Some(cg) = &self.cgroup {
             cg.remove();
+            cg.remove_instance();
         }
         let _ = std::fs::remove_dir_all(&self.path);
     }

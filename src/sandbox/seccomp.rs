@@ -205,13 +205,27 @@ pub fn build() -> Result<Filters, SeccompError> {
 }
 
 /// The supervisor's programs (`supervisor.rs`): the x32 guard, then `EPERM`
-/// for `denied`, `clone` with a `CLONE_NEW*` flag and every socket family but
-/// unix; `clone3` answers `ENOSYS` (its flags cannot be inspected; libc falls
-/// back to `clone`).
-pub(crate) fn supervisor_programs(denied: &[(&str, i64)]) -> Result<Vec<BpfProgram>, SeccompError> {
+/// for `denied`, for `setid_modes` with a set-ID bit in their mode, `clone`
+/// with a `CLONE_NEW*` flag and every socket family but unix; `clone3` and
+/// `openat2` answer `ENOSYS` (their flags and modes cannot be inspected; libc
+/// falls back to `clone` and `openat`).
+pub(crate) fn supervisor_programs(
+    denied: &[(&str, i64)],
+    setid_modes: &[(&str, i64, u8)],
+) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = arch()?;
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
         denied.iter().map(|(_, n)| (*n, vec![])).collect();
+    for (_, nr, arg) in setid_modes {
+        let bit = |b: u64| Cond::new(*arg, Len::Dword, Op::MaskedEq(b), b);
+        deny.insert(
+            *nr,
+            vec![
+                SeccompRule::new(vec![bit(libc::S_ISUID as u64)?])?,
+                SeccompRule::new(vec![bit(libc::S_ISGID as u64)?])?,
+            ],
+        );
+    }
     deny.insert(libc::SYS_clone, clone_ns_rules()?);
     deny.insert(
         libc::SYS_socket,
@@ -228,8 +242,9 @@ pub(crate) fn supervisor_programs(denied: &[(&str, i64)]) -> Result<Vec<BpfProgr
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
     )?;
+    // openat2's mode sits in a struct seccomp cannot read.
     let clone3 = SeccompFilter::new(
-        BTreeMap::from([(libc::SYS_clone3, vec![])]),
+        BTreeMap::from([(libc::SYS_clone3, vec![]), (libc::SYS_openat2, vec![])]),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,

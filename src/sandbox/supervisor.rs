@@ -65,7 +65,8 @@ impl Right {
             Right::Read => read,
             Right::Exec => read | AccessFs::Execute,
             Right::File => file,
-            Right::Tree => all,
+            // Device nodes are never made (seccomp refuses mknod as well).
+            Right::Tree => all & !(AccessFs::MakeChar | AccessFs::MakeBlock),
             Right::Cgroup => file | AccessFs::ReadDir | AccessFs::RemoveDir,
             Right::RemoveBelow => BitFlags::from(AccessFs::RemoveDir),
         } & all;
@@ -82,7 +83,7 @@ impl Right {
             Right::Read => "read",
             Right::Exec => "read + execute",
             Right::File => "read + write (no create)",
-            Right::Tree => "every right",
+            Right::Tree => "every right but making device nodes",
             Right::Cgroup => "control files + remove",
             Right::RemoveBelow => "remove an empty directory below",
         }
@@ -101,6 +102,46 @@ const ETC_FILES: [&str; 8] = [
     "/etc/terminfo",
 ];
 
+/// Where the tmux client and the loader find what they load, for read-only
+/// trees that have a mask below them (the tree itself cannot be granted).
+const LOADED: [&str; 9] = [
+    "/usr/lib",
+    "/usr/lib64",
+    "/usr/lib32",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/usr/share/locale",
+    "/usr/share/terminfo",
+    "/usr/share/zoneinfo",
+];
+
+/// Read + execute: each read-only tree of the profile with no mask below it
+/// (what the sandbox sees too); of a tree with a mask below, only the tmux
+/// binary and the [`LOADED`] directories with no mask below them.
+fn read_exec(policy: &Policy, tmux: &Path) -> Vec<(PathBuf, Right)> {
+    use crate::profile::MountKind;
+    let masked: Vec<&Path> = policy
+        .fs
+        .iter()
+        .filter(|e| e.kind == MountKind::Masked)
+        .map(|e| e.path.as_path())
+        .collect();
+    let clear = |p: &Path| !masked.iter().any(|m| m.starts_with(p));
+    let mut v = Vec::new();
+    for e in policy.fs.iter().filter(|e| e.kind == MountKind::ReadOnly) {
+        if clear(&e.path) {
+            v.push((e.path.clone(), Right::Exec));
+            continue;
+        }
+        let inside = LOADED.iter().map(Path::new).chain([tmux]);
+        for p in inside.filter(|p| p.starts_with(&e.path) && clear(p)) {
+            v.push((p.to_path_buf(), Right::Exec));
+        }
+    }
+    v
+}
+
 /// What a confined thread may touch, as (path, right) rules.
 #[derive(Debug, Clone, Default)]
 pub struct Needs {
@@ -112,11 +153,13 @@ pub struct Needs {
 pub struct Files<'a> {
     /// The instance's runtime directory (sockets, meta, operator endpoint).
     pub rundir: &'a Path,
+    /// The tmux binary its clients run.
+    pub tmux: &'a Path,
     /// The audit log.
     pub audit: &'a Path,
     /// The `--record` recording.
     pub record: Option<&'a Path>,
-    /// The instance's cgroup directories.
+    /// The instance's cgroup directories (`Cgroup::instance`).
     pub cgroup: &'a [PathBuf],
     /// The workspace guard's trees and state directory.
     pub guard: Option<(&'a [PathBuf], &'a Path)>,
@@ -144,18 +187,7 @@ impl Needs {
                 rules: vec![("/proc".into(), Right::Read)],
             },
         };
-        let masked: Vec<&Path> = policy
-            .fs
-            .iter()
-            .filter(|e| e.kind == crate::profile::MountKind::Masked)
-            .map(|e| e.path.as_path())
-            .collect();
-        for e in &policy.fs {
-            let clear = !masked.iter().any(|m| m.starts_with(&e.path));
-            if e.kind == crate::profile::MountKind::ReadOnly && clear {
-                n.rules.push((e.path.clone(), Right::Exec));
-            }
-        }
+        n.rules.extend(read_exec(policy, f.tmux));
         n.rules
             .extend(ETC_FILES.iter().map(|p| (PathBuf::from(p), Right::Read)));
         n.rules.push(("/dev/null".into(), Right::File));
@@ -167,10 +199,9 @@ impl Needs {
         if let Some(r) = f.record {
             n.rules.push((r.to_path_buf(), Right::File));
         }
+        // The instance's own directories: every generation's cgroup is below.
         for d in f.cgroup {
-            // The parent: a restart's new cgroup appears beside this one.
-            n.rules
-                .push((d.parent().unwrap_or(d).to_path_buf(), Right::Cgroup));
+            n.rules.push((d.clone(), Right::Cgroup));
         }
         n
     }
@@ -232,7 +263,7 @@ impl Prepared {
             return Err(format!("ruleset not fully enforced: {:?}", status.ruleset));
         }
         Ok(format!(
-            "Landlock ABI {abi} (kernel {kernel}): {rules} path rules{}",
+            "Landlock ABI {abi} (the kernel has {kernel}): {rules} path rules{}",
             if abi >= 4 { ", no TCP" } else { "" }
         ))
     }
@@ -246,14 +277,40 @@ pub fn denied() -> Vec<(&'static str, i64)> {
         .flat_map(|(_, g)| g.iter().copied())
         .filter(|(n, _)| *n != "setns")
         .collect();
-    v.push(("ptrace", libc::SYS_ptrace));
+    v.extend([
+        ("ptrace", libc::SYS_ptrace),
+        // Device nodes and fifos: never needed, and a node in a writable
+        // tree would reach a device Landlock does not name.
+        ("mknod", libc::SYS_mknod),
+        ("mknodat", libc::SYS_mknodat),
+        // File capabilities on a binary in the workspace.
+        ("setxattr", libc::SYS_setxattr),
+        ("lsetxattr", libc::SYS_lsetxattr),
+        ("fsetxattr", libc::SYS_fsetxattr),
+        ("setxattrat", 463),
+    ]);
     v
 }
+
+/// Calls refused with `EPERM` when their mode (argument index) carries the
+/// set-user-ID or set-group-ID bit: a confined root supervisor could
+/// otherwise leave a setuid-root binary in the workspace (Landlock does not
+/// mediate modes).
+pub const SETID_MODES: [(&str, i64, u8); 7] = [
+    ("chmod", libc::SYS_chmod, 1),
+    ("fchmod", libc::SYS_fchmod, 1),
+    ("fchmodat", libc::SYS_fchmodat, 2),
+    ("fchmodat2", 452, 2),
+    ("open", libc::SYS_open, 2),
+    ("openat", libc::SYS_openat, 3),
+    ("creat", libc::SYS_creat, 1),
+];
 
 /// Installs the supervisor's seccomp filter on every thread (TSYNC); returns
 /// how many calls it denies.
 pub fn seccomp_all_threads() -> Result<usize, String> {
-    let progs = super::seccomp::supervisor_programs(&denied()).map_err(|e| e.to_string())?;
+    let progs =
+        super::seccomp::supervisor_programs(&denied(), &SETID_MODES).map_err(|e| e.to_string())?;
     for p in &progs {
         seccompiler::apply_filter_all_threads(p).map_err(|e| e.to_string())?;
     }
@@ -318,40 +375,41 @@ pub fn status(
     })
 }
 
-/// What `serve` would achieve here (`sandmux check`): the same Landlock ABI
-/// and seccomp programs, tried for real on a short-lived thread (both bind
-/// only that thread without `TSYNC`), and the core limit's hard ceiling.
-pub fn probe(policy: &Policy) -> Result<LayerStatus, StartError> {
-    let policy = policy.clone();
-    let tried = std::thread::spawn(move || {
-        let mut done = Vec::new();
-        let mut failed = Vec::new();
-        let needs = Needs {
-            rules: vec![("/proc".into(), Right::Read)],
-        };
-        match prepare(&policy, &needs).and_then(Prepared::restrict) {
-            Ok(_) => done.push(format!(
-                "Landlock ABI {} on serve's threads",
-                effective_abi(&policy).1
-            )),
-            Err(e) => failed.push(format!("Landlock: {e}")),
-        }
-        let progs = super::seccomp::supervisor_programs(&denied()).map_err(|e| e.to_string());
-        match progs.and_then(|ps| {
-            ps.iter()
-                .try_for_each(|p| seccompiler::apply_filter(p).map_err(|e| e.to_string()))
-        }) {
-            Ok(()) => done.push(format!("seccomp: {} calls denied", denied().len())),
-            Err(e) => failed.push(format!("seccomp: {e}")),
-        }
-        done.push("RLIMIT_CORE=0".into());
-        (policy, done, failed)
-    })
-    .join();
-    match tried {
-        Ok((policy, done, failed)) => status(&policy, done, failed),
-        Err(_) => Err(StartError::internal(
-            "the supervisor probe thread panicked".into(),
-        )),
-    }
+/// What `serve` would achieve here (`sandmux check`): the same Landlock
+/// rules and seccomp programs, tried for real on a short-lived thread (both
+/// bind only that thread without `TSYNC`), and `client` (a tmux client of
+/// the instance) run under them.
+pub fn probe(
+    policy: &Policy,
+    needs: &Needs,
+    client: &(dyn Fn() -> Result<(), String> + Sync),
+) -> Result<LayerStatus, StartError> {
+    let (done, failed) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut done = Vec::new();
+            let mut failed = Vec::new();
+            match prepare(policy, needs).and_then(Prepared::restrict) {
+                Ok(d) => done.push(d),
+                Err(e) => failed.push(format!("Landlock: {e}")),
+            }
+            let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES)
+                .map_err(|e| e.to_string());
+            match progs.and_then(|ps| {
+                ps.iter()
+                    .try_for_each(|p| seccompiler::apply_filter(p).map_err(|e| e.to_string()))
+            }) {
+                Ok(()) => done.push(format!("seccomp: {} calls denied", denied().len())),
+                Err(e) => failed.push(format!("seccomp: {e}")),
+            }
+            match client() {
+                Ok(()) => done.push("a tmux client runs under them".into()),
+                Err(e) => failed.push(format!("a tmux client under these rules: {e}")),
+            }
+            done.push("RLIMIT_CORE=0".into());
+            (done, failed)
+        })
+        .join()
+        .unwrap_or_else(|_| (vec![], vec!["the probe thread panicked".into()]))
+    });
+    status(policy, done, failed)
 }

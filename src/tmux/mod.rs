@@ -159,6 +159,7 @@ pub fn make_cgroup(
 ) -> Result<Result<cgroup::Cgroup, String>, StartError> {
     match cgroup::create(
         &format!("sandmux-{}", rundir.id),
+        &format!("gen-{}", &nonce::hex()[..8]),
         policy.limits.processes,
         policy.limits.memory.0,
     ) {
@@ -221,10 +222,7 @@ pub fn plan(
 
 impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
-    pub fn start(
-        mut policy: Policy,
-        broker: Option<std::sync::Arc<crate::mcp::broker::Broker>>,
-    ) -> Result<Instance, StartError> {
+    pub fn start(mut policy: Policy) -> Result<Instance, StartError> {
         let tmux = find_tmux().map_err(StartError::internal)?;
         check_visible(&policy, &tmux).map_err(StartError::internal)?;
         let rundir = Rundir::create().map_err(StartError::internal)?;
@@ -238,7 +236,7 @@ impl Instance {
             tmux,
             policy,
             guard: Some(guard),
-            broker,
+            broker: None,
             supervisor: None,
         };
         inst.launch(true)?;
@@ -265,7 +263,7 @@ impl Instance {
     fn launch(&mut self, first: bool) -> Result<(), StartError> {
         let g = match &self.broker {
             Some(b) if !first => {
-                let g = b.launch(&self.rundir, &self.tmux)?;
+                let g = b.launch()?;
                 if let Some(cg) = g.cgroup.clone() {
                     self.rundir.set_cgroup(cg);
                 }
@@ -349,6 +347,41 @@ impl Instance {
         Ok(())
     }
 
+    /// What `serve` needs of the host once it confines itself
+    /// (`sandbox::supervisor`), with its audit log and recording.
+    pub fn supervisor_needs(
+        &self,
+        audit: &Path,
+        record: Option<&Path>,
+    ) -> crate::sandbox::supervisor::Needs {
+        use crate::sandbox::supervisor::{Files, Needs};
+        let trees: Vec<PathBuf> = self
+            .policy
+            .guard
+            .trees
+            .iter()
+            .map(|t| t.root.clone())
+            .collect();
+        let cgroup = self
+            .rundir
+            .cgroup
+            .as_ref()
+            .map(|c| c.instance.clone())
+            .unwrap_or_default();
+        let files = Files {
+            rundir: &self.rundir.path,
+            tmux: &self.tmux,
+            audit,
+            record,
+            cgroup: &cgroup,
+            guard: self
+                .guard
+                .as_ref()
+                .map(|g| (trees.as_slice(), g.state.as_path())),
+        };
+        Needs::supervisor(&self.policy, &files)
+    }
+
     /// The layer statuses reported at start.
     pub fn layers(&self) -> Vec<report::LayerStatus> {
         let mut l = report::layers(&self.messages);
@@ -377,10 +410,18 @@ impl Instance {
     /// Stops the instance: the server, every process inside, the runtime directory.
     pub fn stop(mut self) -> Vec<crate::guard::quarantine::Taken> {
         self.shutdown();
-        self.guard
+        let taken = self
+            .guard
             .take()
             .map(crate::guard::watch::finish_and_say)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        // The instance's cgroup directory lies below a parent a confined
+        // supervisor may not write: its broker removes it.
+        if let (Some(cg), Some(b)) = (self.rundir.cgroup.take(), &self.broker) {
+            cg.remove();
+            b.end();
+        }
+        taken
     }
 
     fn shutdown(&mut self) {

@@ -21,8 +21,9 @@ import time
 import anyio
 import pytest
 import test_faults
+import test_workspace
 
-from conftest import BIN, call, connect, serve_pids
+from conftest import BIN, call, connect, runtime_dir_of, serve_pids, tmux_server_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -68,8 +69,9 @@ def inject(pid, calls, thread=None):
     return [pairs[i * per:(i + 1) * per] for i in range(len(calls))], out
 
 
-def attacks(host, port, victim):
-    """C expressions, each an attack; `0101` is O_WRONLY|O_CREAT (octal)."""
+def attacks(host, work, port, victim, cgroup_file):
+    """C expressions, each an attack; `0101` is O_WRONLY|O_CREAT (octal),
+    `010644` a fifo, `04755` a set-user-ID mode."""
     return [
         f'(int)open("{host / "secret.txt"}", 0)',
         f'(int)open("{host / "planted"}", 0101, 0644)',
@@ -78,6 +80,10 @@ def attacks(host, port, victim):
         "(int)socket(2, 1, 0)",
         f"(long)ptrace(16, {victim}, 0, 0)",
         "(int)unshare(0x10000000)",
+        f'(int)mknod("{host / "node"}", 010644, 0)',
+        f'(int)chmod("{work / "setid"}", 04755)',
+        f'(int)system("cp /bin/true {work / "setid2"} && chmod 4755 {work / "setid2"}")',
+        f'(int)open("{cgroup_file}", 1)',
     ]
 
 
@@ -114,6 +120,7 @@ async def test_code_inside_serve_cannot_reach_the_host(ws):
     lst.settimeout(0.5)
     port = lst.getsockname()[1]
     victim = subprocess.Popen(["sleep", "120"])
+    (work / "setid").write_text("#!/bin/sh\n")
     prof = test_faults.limited_profile(ws, on_server_exit="restart")
     try:
         async with connect(ws, "-p", prof) as c:
@@ -122,7 +129,11 @@ async def test_code_inside_serve_cannot_reach_the_host(ws):
             broker = broker_of(pid)
             assert broker, "no broker beside serve"
             n = len(threads(pid))
-            calls = attacks(host, port, victim.pid)
+            # Another cgroup's file: the parent of this instance's own directory.
+            cg = runtime_dir_of(pid) / "cgroup.json"
+            parent = json.loads(cg.read_text())["instance"][0] if cg.exists() else None
+            cgroup_file = pathlib.Path(parent).parent / "cgroup.procs" if parent else host / "no-cgroup"
+            calls = attacks(host, work, port, victim.pid, cgroup_file)
             # One gdb run: every attack in every thread of serve.
             got, out = await anyio.to_thread.run_sync(inject, pid, calls)
             assert all(len(g) == n for g in got), out
@@ -133,6 +144,14 @@ async def test_code_inside_serve_cannot_reach_the_host(ws):
             assert denied(4, 1), ("an inet socket", got[4], out)
             assert denied(5, 1), ("ptrace", got[5], out)
             assert denied(6, 1), ("unshare", got[6], out)
+            assert denied(7, 1), ("mknod", got[7], out)
+            assert denied(8, 1), ("a set-user-ID bit", got[8], out)
+            assert all(rc != 0 for rc, _ in got[9]), ("a shell made a set-user-ID file", got[9], out)
+            if parent:
+                assert denied(10, 13), ("another cgroup's file", got[10], out)
+            assert not (host / "node").exists()
+            assert not (work / "setid").stat().st_mode & 0o6000
+            assert not (work / "setid2").exists() or not (work / "setid2").stat().st_mode & 0o6000
             # The host saw nothing: no file, no connection, the victim untraced.
             assert not (host / "planted").exists() and not (host / "shell-planted").exists()
             with pytest.raises(socket.timeout):
@@ -155,7 +174,66 @@ async def test_code_inside_serve_cannot_reach_the_host(ws):
                 await anyio.sleep(0.05)
             assert status(victim.pid, victim.pid)["TracerPid"] == str(broker)
             assert rc[6] == 0, out
+            assert rc[7] == 0 and (host / "node").exists(), out
+            assert rc[8] == 0 and (work / "setid").stat().st_mode & 0o4000, out
+            assert rc[9] == 0 and (work / "setid2").stat().st_mode & 0o4000, out
+            if parent:
+                assert rc[10] >= 0, ("the control could not open the parent cgroup's file", out)
     finally:
         victim.kill()
         victim.wait()
         lst.close()
+
+
+def git_profile(ws, git):
+    text = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    text, n = re.subn(r'^on_server_exit = "end".*$', 'on_server_exit = "restart"', text, flags=re.M)
+    text, m = re.subn(r'^git = "read-only"', f'git = "{git}"', text, flags=re.M)
+    assert n == 1 and m == 1
+    p = ws[1] / f"{git}.toml"
+    p.write_text(text)
+    return str(p)
+
+
+PLANT = "printf '#!/bin/sh\\ntouch /tmp/x\\n' > .git/hooks/post-checkout; a=$?; git config core.hooksPath /tmp; echo rc=$a,$?"
+
+
+async def plant_in_a_later_generation(ws, git):
+    """The agent waits for a restart, then plants a hook and a hooks path
+    in the real repository from the new generation's pane."""
+    async with connect(ws, "-p", git_profile(ws, git)) as c:
+        first = (await call(c, "run_command", {"command": PLANT}))["output"]
+        gen = (await call(c, "get_server_info"))["generation"]
+        pid = serve_pids(ws[0])[0]
+        os.kill(tmux_server_pid(pid), 9)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 20:
+            r = await c.call_tool("get_server_info", {})
+            if not r.is_error and r.structured_content["generation"] != gen:
+                break
+            await anyio.sleep(0.1)
+        assert not r.is_error and r.structured_content["generation"] != gen, r
+        later = (await call(c, "run_command", {"command": PLANT}))["output"]
+    return first, later
+
+
+async def test_a_later_generation_guards_the_repository_like_the_first(ws):
+    """Found in review: the broker built later generations from the profile
+    as it was before the workspace guard added its paths, so in commit mode
+    a restarted server let the agent write the real `.git`."""
+    work = ws[0]
+    test_workspace.make_repo(work)
+    first, later = await plant_in_a_later_generation(ws, "commit")
+    assert first.endswith("rc=1,255") or "rc=" in first and not first.endswith("rc=0,0"), first
+    assert later.split("rc=")[-1] != "0,0" and later.split("rc=")[-1].split(",")[0] != "0", later
+    assert not (work / ".git/hooks/post-checkout").exists()
+    assert "hookspath" not in (work / ".git/config").read_text().lower()
+
+
+async def test_control_without_the_guard_a_later_generation_plants_the_hook(ws):
+    work = ws[0]
+    test_workspace.make_repo(work)
+    _, later = await plant_in_a_later_generation(ws, "unguarded")
+    assert later.endswith("rc=0,0"), later
+    assert (work / ".git/hooks/post-checkout").exists()
+    assert "hookspath" in (work / ".git/config").read_text().lower()
