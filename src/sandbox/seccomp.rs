@@ -206,9 +206,10 @@ pub fn build() -> Result<Filters, SeccompError> {
 
 /// The supervisor's programs (`supervisor.rs`): the x32 guard, then `EPERM`
 /// for `denied`, for `setid_modes` with a set-ID bit in their mode, `clone`
-/// with a `CLONE_NEW*` flag and every socket family but unix; `clone3` and
-/// `openat2` answer `ENOSYS` (their flags and modes cannot be inspected; libc
-/// falls back to `clone` and `openat`).
+/// with a `CLONE_NEW*` flag and every socket family but unix; `clone3`
+/// answers `ENOSYS` (its flags cannot be inspected; libc falls back to
+/// `clone`). `openat2` stays: the workspace guard resolves with it
+/// (`RESOLVE_BENEATH`), and its mode, in a struct, cannot be inspected.
 pub(crate) fn supervisor_programs(
     denied: &[(&str, i64)],
     setid_modes: &[(&str, i64, u8)],
@@ -242,9 +243,8 @@ pub(crate) fn supervisor_programs(
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
     )?;
-    // openat2's mode sits in a struct seccomp cannot read.
     let clone3 = SeccompFilter::new(
-        BTreeMap::from([(libc::SYS_clone3, vec![]), (libc::SYS_openat2, vec![])]),
+        BTreeMap::from([(libc::SYS_clone3, vec![])]),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
