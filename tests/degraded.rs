@@ -466,19 +466,24 @@ fn no_landlock_fails_closed_and_the_opt_in_reports_it() {
         None,
     );
     let log = tmp.path().join("nosup.jsonl");
-    let o = sandmux_in(
-        Env::NoLandlock,
-        tmp.path(),
-        &[
-            "serve",
-            "-p",
-            sup.to_str().unwrap(),
-            "-w",
-            ws.path().to_str().unwrap(),
-            "--audit-log",
-            log.to_str().unwrap(),
-        ],
-    );
+    let wsp = ws.path().to_path_buf();
+    let args = [
+        "serve",
+        "-p",
+        sup.to_str().unwrap(),
+        "-w",
+        wsp.to_str().unwrap(),
+        "--audit-log",
+        log.to_str().unwrap(),
+    ];
+    let mut cmd = wrap(Env::NoLandlock, tmp.path(), bin().as_os_str(), &args);
+    // `serve` refuses SANDMUX_* variables it does not know (E30).
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("SANDMUX_") {
+            cmd.env_remove(k);
+        }
+    }
+    let o = cmd.output().expect("spawn sandmux");
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
