@@ -83,8 +83,9 @@ pub enum ProfileError {
     },
 }
 
-/// Where a profile came from.
+/// Where a profile came from; written `builtin:NAME` or the file's absolute path.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum Source {
     /// Embedded at build time.
     Builtin(String),
@@ -97,6 +98,21 @@ impl std::fmt::Display for Source {
         match self {
             Source::Builtin(n) => write!(f, "builtin:{n}"),
             Source::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+impl From<Source> for String {
+    fn from(s: Source) -> String {
+        s.to_string()
+    }
+}
+
+impl From<String> for Source {
+    fn from(s: String) -> Source {
+        match s.strip_prefix("builtin:") {
+            Some(n) => Source::Builtin(n.to_string()),
+            None => Source::File(s.into()),
         }
     }
 }
@@ -166,7 +182,9 @@ pub fn load_file(path: &Path) -> Result<Loaded, ProfileError> {
         source,
     })?;
     let profile = parse(&file, &text)?;
-    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let abs = std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf());
     Ok(Loaded {
         name: path
             .file_stem()
@@ -254,13 +272,56 @@ pub enum MountKind {
     Symlink(PathBuf),
 }
 
-/// One filesystem entry of a resolved policy.
+/// One filesystem entry of a resolved policy, written `{path, kind, target}`
+/// (`kind` one of `read-only`, `read-write`, `tmpfs`, `masked`, `symlink`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "FsEntryRepr", try_from = "FsEntryRepr")]
 pub struct FsEntry {
     /// The path, identical inside and outside.
     pub path: PathBuf,
     /// What is mounted there.
     pub kind: MountKind,
+}
+
+/// How an [`FsEntry`] is written: no enum tags.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FsEntryRepr {
+    path: PathBuf,
+    kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<PathBuf>,
+}
+
+impl From<FsEntry> for FsEntryRepr {
+    fn from(e: FsEntry) -> FsEntryRepr {
+        let (kind, target) = match e.kind {
+            MountKind::ReadOnly => ("read-only", None),
+            MountKind::ReadWrite => ("read-write", None),
+            MountKind::Tmpfs => ("tmpfs", None),
+            MountKind::Masked => ("masked", None),
+            MountKind::Symlink(t) => ("symlink", Some(t)),
+        };
+        FsEntryRepr {
+            path: e.path,
+            kind: kind.into(),
+            target,
+        }
+    }
+}
+
+impl TryFrom<FsEntryRepr> for FsEntry {
+    type Error = String;
+    fn try_from(r: FsEntryRepr) -> Result<FsEntry, String> {
+        let kind = match (r.kind.as_str(), r.target) {
+            ("read-only", None) => MountKind::ReadOnly,
+            ("read-write", None) => MountKind::ReadWrite,
+            ("tmpfs", None) => MountKind::Tmpfs,
+            ("masked", None) => MountKind::Masked,
+            ("symlink", Some(t)) => MountKind::Symlink(t),
+            (k, _) => return Err(format!("filesystem entry kind {k:?} (or its target)")),
+        };
+        Ok(FsEntry { path: r.path, kind })
+    }
 }
 
 /// A profile resolved against a workspace: concrete, checked paths.
