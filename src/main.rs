@@ -218,9 +218,13 @@ enum ProfileCmd {
     Show {
         /// Profile name or path.
         name: String,
-        /// Show the resolved policy (paths substituted and checked) as JSON.
+        /// Show the resolved policy (paths substituted and checked) and the
+        /// sandbox compiled from it: every mount, layer and Landlock rule.
         #[arg(long)]
         resolved: bool,
+        /// Format of --resolved: json or toml.
+        #[arg(long, default_value = "json", value_parser = ["json", "toml"])]
+        format: String,
         /// Workspace to resolve against (default: the current directory).
         #[arg(long, short)]
         workspace: Option<PathBuf>,
@@ -623,6 +627,7 @@ fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
         ProfileCmd::Show {
             name,
             resolved,
+            format,
             workspace,
         } => {
             let loaded = match profile::load(&name) {
@@ -637,13 +642,21 @@ fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
                 Ok(w) => w,
                 Err(e) => return fail(EXIT_USAGE, e),
             };
-            match loaded.resolve(&Context { workspace: ws }) {
-                Ok(p) => {
-                    let text = serde_json::to_string_pretty(&p).unwrap_or_default();
+            let policy = match loaded.resolve(&Context { workspace: ws }) {
+                Ok(p) => p,
+                Err(e) => return fail(EXIT_USAGE, e),
+            };
+            match sandmux::sandbox::view::resolved(&policy, &format) {
+                // Paths can be the agent's: escaped for terminals either way.
+                Ok(text) if format == "json" => {
                     println!("{}", sandmux::term::inert_json(text));
                     ExitCode::SUCCESS
                 }
-                Err(e) => fail(EXIT_USAGE, e),
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(EXIT_INTERNAL, e),
             }
         }
         ProfileCmd::Validate { file } => match profile::load_file(&file) {

@@ -27,6 +27,7 @@ pub mod seccomp;
 pub mod supervisor;
 pub(crate) mod syscalls;
 pub mod systemd;
+pub mod view;
 
 use crate::profile::{Layer, Policy};
 use report::Message;
