@@ -427,17 +427,31 @@ impl Default for McpSettings {
     }
 }
 
+/// A validation failure: the dotted key and the reason.
+type Invalid = Result<(), (&'static str, String)>;
+
+fn bad(key: &'static str, reason: String) -> Invalid {
+    Err((key, reason))
+}
+
 impl Profile {
     /// Checks values that parse but make no sense; errors name file, line and key.
     pub(crate) fn validate(&self, file: &str, text: &str) -> Result<(), ProfileError> {
-        let bad = |key: &str, reason: String| {
-            Err(ProfileError::Invalid {
+        self.check_version()
+            .and_then(|_| self.check_limits())
+            .and_then(|_| self.check_network_and_sandbox())
+            .and_then(|_| self.check_environment())
+            .and_then(|_| self.check_enforcement_and_mcp())
+            .map_err(|(key, reason)| ProfileError::Invalid {
                 file: file.to_string(),
                 line: line_of(text, key),
                 key: key.to_string(),
                 reason,
             })
-        };
+    }
+
+    /// `version`.
+    fn check_version(&self) -> Invalid {
         if self.version != 1 {
             return bad(
                 "version",
@@ -447,6 +461,11 @@ impl Profile {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// `[limits]`: the minimums and the session and pane bounds.
+    fn check_limits(&self) -> Invalid {
         let l = &self.limits;
         if l.nofile < 16 {
             return bad(
@@ -493,6 +512,11 @@ impl Profile {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// `[network]` port lists and `[sandbox]`.
+    fn check_network_and_sandbox(&self) -> Invalid {
         let n = &self.network;
         if n.mode != NetMode::Host && (!n.connect_tcp.is_empty() || !n.bind_tcp.is_empty()) {
             return bad(
@@ -525,6 +549,11 @@ impl Profile {
                 format!("{:?} must be an absolute path", s.shell),
             );
         }
+        Ok(())
+    }
+
+    /// `[environment]`: names only, never `*` or a forbidden name.
+    fn check_environment(&self) -> Invalid {
         for k in self
             .environment
             .set
@@ -547,6 +576,11 @@ impl Profile {
                 return bad("environment.keep", format!("{k:?} may not enter the sandbox (tmux, sandmux and loader variables are always removed)"));
             }
         }
+        Ok(())
+    }
+
+    /// `[enforcement]`, `[mcp]` and `[recording]`.
+    fn check_enforcement_and_mcp(&self) -> Invalid {
         if let Some(abi) = self.enforcement.landlock_abi {
             if !(1..=9).contains(&abi) {
                 return bad(
