@@ -9,6 +9,7 @@
 mod layer;
 mod schema;
 pub mod user;
+mod validate;
 
 pub use layer::Layer;
 pub use schema::{
