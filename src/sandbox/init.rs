@@ -120,15 +120,18 @@ pub fn main() -> ! {
     };
     let mut rep = Reporter::new(report);
     let mut buf = Vec::new();
-    let wire: Wire = match clean
-        .and_then(|_| plan_in.read_to_end(&mut buf).map_err(|e| e.to_string()))
-        .and_then(|_| serde_json::from_slice(&buf).map_err(|e| e.to_string()))
-    {
+    let wire: Wire = match clean.and_then(|_| {
+        plan_in
+            .read_to_end(&mut buf)
+            .map_err(|e| e.to_string())
+            .and_then(|_| serde_json::from_slice(&buf).map_err(|e| e.to_string()))
+            .map_err(|e| format!("reading the plan: {e}"))
+    }) {
         Ok(p) => p,
         Err(e) => {
             rep.send(&Message::Fatal {
                 layer: None,
-                message: format!("reading the plan: {e}"),
+                message: e,
                 unavailable: false,
             });
             std::process::exit(EXIT_INTERNAL);
