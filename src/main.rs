@@ -7,6 +7,9 @@ use sandmux::tmux::{self, Instance};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod profile_cmd;
+use profile_cmd::{profile_cmd, ProfileCmd};
+
 #[derive(Parser)]
 #[command(
     name = "sandmux",
@@ -210,29 +213,6 @@ enum AuditCmd {
     },
 }
 
-#[derive(Subcommand)]
-enum ProfileCmd {
-    /// List built-in and user profiles.
-    List,
-    /// Print a profile's TOML (or, with --resolved, the policy for a workspace).
-    Show {
-        /// Profile name or path.
-        name: String,
-        /// Show the resolved policy (paths substituted and checked) as JSON.
-        #[arg(long)]
-        resolved: bool,
-        /// Workspace to resolve against (default: the current directory).
-        #[arg(long, short)]
-        workspace: Option<PathBuf>,
-    },
-    /// Validate a profile file; exit status 2 if invalid.
-    Validate {
-        /// The file.
-        file: PathBuf,
-    },
-}
-
-/// Prints an error (through `term`: it may quote what the agent chose).
 fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("sandmux: {}", sandmux::term::message(&msg.to_string()));
     ExitCode::from(code as u8)
@@ -297,35 +277,7 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(1, e),
         },
-        Cmd::Stop { id } => match sandmux::operator::find(&id) {
-            Ok(f) if f.meta["kind"] == "serve" => {
-                match sandmux::operator::request(&f.dir, serde_json::json!({"v": 1, "op": "stop"}))
-                {
-                    Ok(_) => ExitCode::SUCCESS,
-                    Err(e) => fail(1, e),
-                }
-            }
-            Ok(f) => {
-                let pid = std::fs::read_to_string(f.dir.join("owner"))
-                    .ok()
-                    .and_then(|t| {
-                        t.split_whitespace()
-                            .next()
-                            .and_then(|p| p.parse::<i32>().ok())
-                    });
-                match pid {
-                    Some(p) => {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(p),
-                            nix::sys::signal::Signal::SIGTERM,
-                        );
-                        ExitCode::SUCCESS
-                    }
-                    None => fail(1, "cannot tell the instance's pid"),
-                }
-            }
-            Err(e) => fail(1, e),
-        },
+        Cmd::Stop { id } => stop_instance(&id),
         Cmd::ToolsDoc => {
             print!("{}", sandmux::mcp::catalog::markdown_table());
             ExitCode::SUCCESS
@@ -347,32 +299,17 @@ fn main() -> ExitCode {
             audit_log,
             no_session,
             record,
-        } => {
-            // First, before any thread exists: from here on a termination
-            // signal is serve's own (a clean stop), never the default action.
-            let stop = sandmux::mcp::exit::Stop::install();
-            let code = match resolve(&target) {
-                Ok(policy) => {
-                    let flags = sandmux::mcp::toolsets::Flags {
-                        toolsets,
-                        tools,
-                        exclude_tools,
-                    };
-                    sandmux::mcp::serve(
-                        policy,
-                        sandmux::mcp::Options {
-                            flags,
-                            audit_log,
-                            no_session,
-                            record,
-                        },
-                        &stop,
-                    )
-                }
-                Err(_) => EXIT_USAGE,
-            };
-            sandmux::mcp::exit::finish(code)
-        }
+        } => serve(
+            &target,
+            sandmux::mcp::toolsets::Flags {
+                toolsets,
+                tools,
+                exclude_tools,
+            },
+            audit_log,
+            no_session,
+            record,
+        ),
         Cmd::Git {
             cmd: GitCmd::Fetch { id, prune },
         } => match sandmux::guard::commit::fetch(&id, prune) {
@@ -386,25 +323,89 @@ fn main() -> ExitCode {
         },
         Cmd::Audit {
             cmd: AuditCmd::Verify { path },
-        } => match sandmux::mcp::audit::verify(&path) {
-            Ok(v) if v.sealed => {
-                println!(
-                    "{}: {} records, chain intact, sealed",
-                    path.display(),
-                    v.records
-                );
-                ExitCode::SUCCESS
-            }
-            Ok(v) => {
-                println!("{}: {} records, chain intact, NOT sealed: it does not end with the record a clean stop writes (the instance still runs, was killed, or records after the last one shown were removed)", path.display(), v.records);
-                ExitCode::from(3)
-            }
-            Err(e) => fail(1, format!("{}: {e}", path.display())),
-        },
+        } => audit_verify(&path),
         Cmd::Instance { target } => match resolve(&target) {
             Ok(policy) => hold_instance(policy),
             Err(c) => c,
         },
+    }
+}
+
+/// `sandmux stop ID`: a clean stop through the endpoint (`serve`), else SIGTERM to the owner.
+fn stop_instance(id: &str) -> ExitCode {
+    match sandmux::operator::find(id) {
+        Ok(f) if f.meta["kind"] == "serve" => {
+            match sandmux::operator::request(&f.dir, serde_json::json!({"v": 1, "op": "stop"})) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => fail(1, e),
+            }
+        }
+        Ok(f) => {
+            let pid = std::fs::read_to_string(f.dir.join("owner"))
+                .ok()
+                .and_then(|t| {
+                    t.split_whitespace()
+                        .next()
+                        .and_then(|p| p.parse::<i32>().ok())
+                });
+            match pid {
+                Some(p) => {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                    ExitCode::SUCCESS
+                }
+                None => fail(1, "cannot tell the instance's pid"),
+            }
+        }
+        Err(e) => fail(1, e),
+    }
+}
+
+/// `sandmux serve`.
+fn serve(
+    target: &Target,
+    flags: sandmux::mcp::toolsets::Flags,
+    audit_log: Option<PathBuf>,
+    no_session: bool,
+    record: Option<PathBuf>,
+) -> ExitCode {
+    // First, before any thread exists: from here on a termination signal is
+    // serve's own (a clean stop), never the default action.
+    let stop = sandmux::mcp::exit::Stop::install();
+    let code = match resolve(target) {
+        Ok(policy) => sandmux::mcp::serve(
+            policy,
+            sandmux::mcp::Options {
+                flags,
+                audit_log,
+                no_session,
+                record,
+            },
+            &stop,
+        ),
+        Err(_) => EXIT_USAGE,
+    };
+    sandmux::mcp::exit::finish(code)
+}
+
+/// `sandmux audit verify PATH`.
+fn audit_verify(path: &std::path::Path) -> ExitCode {
+    match sandmux::mcp::audit::verify(path) {
+        Ok(v) if v.sealed => {
+            println!(
+                "{}: {} records, chain intact, sealed",
+                path.display(),
+                v.records
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            println!("{}: {} records, chain intact, NOT sealed: it does not end with the record a clean stop writes (the instance still runs, was killed, or records after the last one shown were removed)", path.display(), v.records);
+            ExitCode::from(3)
+        }
+        Err(e) => fail(1, format!("{}: {e}", path.display())),
     }
 }
 
@@ -584,79 +585,5 @@ fn check(policy: profile::Policy, json: bool) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    }
-}
-
-fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
-    match cmd {
-        ProfileCmd::List => {
-            for (name, text) in profile::BUILTINS {
-                let d = profile::parse(name, text)
-                    .map(|p| p.description)
-                    .unwrap_or_default();
-                println!("{name:<12} builtin  {d}");
-            }
-            if let Ok(rd) = std::fs::read_dir(profile::config_dir()) {
-                for e in rd.flatten() {
-                    let p = e.path();
-                    if p.extension().and_then(|x| x.to_str()) == Some("toml") {
-                        let d = match profile::load_file(&p) {
-                            Ok(l) => l.profile.description,
-                            Err(e) => format!("INVALID: {e}"),
-                        };
-                        let stem = p
-                            .file_stem()
-                            .unwrap_or_default()
-                            .to_string_lossy()
-                            .into_owned();
-                        let note = if profile::BUILTINS.iter().any(|(n, _)| *n == stem) {
-                            " (NOT USED: the built-in of this name wins; rename the file)"
-                        } else {
-                            ""
-                        };
-                        println!("{stem:<12} user     {d}{note}");
-                    }
-                }
-            }
-            ExitCode::SUCCESS
-        }
-        ProfileCmd::Show {
-            name,
-            resolved,
-            workspace,
-        } => {
-            let loaded = match profile::load(&name) {
-                Ok(l) => l,
-                Err(e) => return fail(EXIT_USAGE, e),
-            };
-            if !resolved {
-                print!("{}", loaded.text);
-                return ExitCode::SUCCESS;
-            }
-            let ws = match profile::check_workspace(&workspace.unwrap_or_else(|| ".".into())) {
-                Ok(w) => w,
-                Err(e) => return fail(EXIT_USAGE, e),
-            };
-            match loaded.resolve(&Context { workspace: ws }) {
-                Ok(p) => {
-                    let text = serde_json::to_string_pretty(&p).unwrap_or_default();
-                    println!("{}", sandmux::term::inert_json(text));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(EXIT_USAGE, e),
-            }
-        }
-        ProfileCmd::Validate { file } => match profile::load_file(&file) {
-            Ok(l) => {
-                println!(
-                    "{}: valid (version {}): {}",
-                    file.display(),
-                    l.profile.version,
-                    l.profile.description
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(EXIT_USAGE, e),
-        },
     }
 }

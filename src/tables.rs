@@ -12,6 +12,7 @@ pub fn all() -> Vec<(&'static str, String)> {
         ("seccomp-denied", seccomp_denied()),
         ("layers", layers()),
         ("landlock", crate::sandbox::landlock::table()),
+        ("mount-view", crate::sandbox::view::table()),
     ]
 }
 

@@ -49,6 +49,144 @@ fn profile_list_show_validate() {
     );
 }
 
+/// Rust enum tags (`{"Builtin": …}`, `{"Symlink": …}`, `"ReadOnly"`) in a
+/// value: keys or strings in CamelCase.
+fn enum_tags(v: &serde_json::Value, at: &str, found: &mut Vec<String>) {
+    let camel = |s: &str| {
+        let b = s.as_bytes();
+        b.len() > 1 && b[0].is_ascii_uppercase() && b[1].is_ascii_lowercase()
+    };
+    match v {
+        serde_json::Value::Object(m) => {
+            // The profile's own prose is no tag.
+            for (k, x) in m.iter().filter(|(k, _)| *k != "description") {
+                if camel(k) {
+                    found.push(format!("{at}.{k}"));
+                }
+                enum_tags(x, &format!("{at}.{k}"), found);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                enum_tags(x, &format!("{at}[{i}]"), found);
+            }
+        }
+        serde_json::Value::String(s)
+            if camel(s) && s.chars().skip(1).any(|c| c.is_ascii_uppercase()) =>
+        {
+            found.push(format!("{at} = {s}"))
+        }
+        _ => {}
+    }
+}
+
+fn without_nulls(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => m
+            .into_iter()
+            .filter(|(_, x)| !x.is_null())
+            .map(|(k, x)| (k, without_nulls(x)))
+            .collect(),
+        serde_json::Value::Array(a) => a.into_iter().map(without_nulls).collect(),
+        x => x,
+    }
+}
+
+/// `profile show --resolved` shows the whole sandbox (every mount, `/dev`,
+/// `/proc`, `/run/sandmux` and `/etc` included; each layer's requirement;
+/// the Landlock rules of every role), in JSON and in TOML, the same data
+/// both ways, with no Rust enum tags anywhere.
+#[test]
+fn resolved_profile_shows_the_whole_sandbox_without_enum_tags() {
+    let ws = Ws::new();
+    std::fs::create_dir_all(ws.path().join("a/.vscode")).unwrap();
+    let wsp = ws.path().to_path_buf();
+    for name in ["default", "container"] {
+        let show = |format: &str| {
+            let w = wsp.to_str().unwrap();
+            let o = sandmux(&[
+                "profile",
+                "show",
+                name,
+                "--resolved",
+                "-w",
+                w,
+                "--format",
+                format,
+            ])
+            .output()
+            .unwrap();
+            assert!(o.status.success(), "{name} {format}: {}", text(&o));
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let json: serde_json::Value = serde_json::from_str(&show("json")).unwrap();
+        let table: toml::Table = toml::from_str(&show("toml")).unwrap();
+        let from_toml = serde_json::to_value(&table).unwrap();
+        assert_eq!(
+            without_nulls(json.clone()),
+            from_toml,
+            "{name}: JSON and TOML differ"
+        );
+        let mut tags = Vec::new();
+        enum_tags(&json, "", &mut tags);
+        assert!(tags.is_empty(), "{name}: enum tags at {tags:?}");
+        assert_eq!(json["source"], format!("builtin:{name}"));
+        let ws_entry = json["fs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"] == ws.path().to_str().unwrap());
+        assert_eq!(ws_entry.unwrap()["kind"], "read-write", "{json}");
+        let plan = &json["plan"];
+        let mounts = plan["mounts"].as_array().unwrap();
+        let at = |p: &str| mounts.iter().filter(|m| m["path"] == p).count();
+        for p in [
+            "/",
+            "/dev",
+            "/dev/pts",
+            "/proc",
+            "/run/sandmux",
+            "/run/sandmux/sock",
+            "/etc/passwd",
+        ] {
+            assert!(at(p) > 0, "{name}: no mount step at {p}: {plan}");
+        }
+        let protect = ws.path().join("a/.vscode");
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["path"] == protect.to_str().unwrap() && m["op"] == "protect"),
+            "{plan}"
+        );
+        assert!(mounts
+            .iter()
+            .all(|m| ["required", "if-present", "best-effort"]
+                .contains(&m["need"].as_str().unwrap())));
+        let roles: Vec<&str> = plan["landlock"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["server", "pane", "command"]);
+        let layers = plan["layers"].as_array().unwrap();
+        let need = |l: &str| {
+            layers
+                .iter()
+                .find(|x| x["layer"] == l)
+                .map(|x| x["need"].clone())
+        };
+        assert_eq!(need("cgroup"), Some("best-effort".into()));
+        let userns = if name == "container" {
+            "best-effort"
+        } else {
+            "required"
+        };
+        assert_eq!(need("userns"), Some(userns.into()));
+        assert_eq!(plan["paths"]["socket"], "/run/sandmux/sock/tmux.sock");
+    }
+}
+
 #[test]
 fn invalid_profiles_name_file_line_key_and_start_nothing() {
     let dir = host_dir();
@@ -336,7 +474,7 @@ fn fail_closed_on_missing_layer_and_report_the_opt_in() {
 fn docs_sandbox_tables_match_the_code() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/architecture.md"))
         .unwrap();
-    for name in ["seccomp-denied", "layers", "landlock"] {
+    for name in ["seccomp-denied", "layers", "landlock", "mount-view"] {
         let o = sandmux(&["__tables-doc", name]).output().unwrap();
         assert!(
             o.status.success(),

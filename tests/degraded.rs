@@ -170,7 +170,9 @@ fn wrap(env: Env, tmp: &Path, program: &OsStr, args: &[&str]) -> Command {
             c
         }
     };
-    c.args(args).stdin(Stdio::null());
+    // `serve` refuses every SANDMUX_* variable it does not read; the harness's
+    // own SANDMUX_BIN (set for the runs as uid 65534) is one.
+    c.args(args).stdin(Stdio::null()).env_remove("SANDMUX_BIN");
     if matches!(env, Env::NoUserns | Env::NoCgroupMount) {
         c.env("TMPDIR", tmp).env_remove("XDG_RUNTIME_DIR");
     }

@@ -61,9 +61,33 @@ fn try_create(p: &Path) -> Result<(), std::io::Error> {
 
 /// Runs every probe.
 pub fn run(policy: &Policy) -> Vec<Observation> {
-    let mut v = Vec::new();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut v = identity(policy, &status);
+    v.push(pid_view(&pids));
+    v.push(hostname(policy));
+    v.extend(writes(policy));
+    v.extend(protected_paths(policy));
+    v.extend(secrets());
+    v.push(tcp_probe(policy));
+    v.extend(tmux_socket());
+    v.extend(server_reach(&pids));
+    v.extend(signal_pid1());
+    v.push(tiocsti_probe());
+    v.extend(kernel_refusals());
+    v.extend(environment(policy));
+    v
+}
 
+/// Who the probe is: uid, no_new_privs, capabilities, seccomp.
+fn identity(policy: &Policy, status: &str) -> Vec<Observation> {
+    let mut v = Vec::new();
     let uid = nix::unistd::getuid().as_raw();
     v.push(obs(
         "identity",
@@ -71,7 +95,7 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
         format!("uid {uid}, gid {}", nix::unistd::getgid()),
     ));
 
-    let nnp = status_field(&status, "NoNewPrivs:");
+    let nnp = status_field(status, "NoNewPrivs:");
     v.push(obs(
         "no_new_privs",
         nnp == "1",
@@ -80,42 +104,47 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
 
     let caps: Vec<String> = ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"]
         .iter()
-        .map(|k| format!("{k} {}", status_field(&status, k)))
+        .map(|k| format!("{k} {}", status_field(status, k)))
         .collect();
     let all_zero = caps.iter().all(|c| c.ends_with("0000000000000000"));
     v.push(obs("capabilities", all_zero, caps.join(", ")));
 
-    let filters: u32 = status_field(&status, "Seccomp_filters:")
+    let filters: u32 = status_field(status, "Seccomp_filters:")
         .parse()
         .unwrap_or(0);
-    let mode = status_field(&status, "Seccomp:");
+    let mode = status_field(status, "Seccomp:");
     v.push(obs(
         "seccomp",
         mode == "2" && filters >= 3,
         format!("Seccomp: {mode}, Seccomp_filters: {filters}"),
     ));
 
-    let pids: Vec<u32> = std::fs::read_dir("/proc")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
+    v
+}
+
+/// How many processes are visible, and that PID 1 is sandmux's.
+fn pid_view(pids: &[u32]) -> Observation {
     let pid1 = std::fs::read_to_string("/proc/1/cmdline")
         .map(|s| s.replace('\0', " "))
         .unwrap_or_else(|e| errno_of(&e));
-    v.push(obs(
+    obs(
         "pid_view",
         pids.len() < 64 && pid1.contains("sandmux"),
         format!("{} processes visible; PID 1: {}", pids.len(), pid1.trim()),
-    ));
+    )
+}
 
+/// The sandbox's hostname.
+fn hostname(policy: &Policy) -> Observation {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    v.push(obs("hostname", host == policy.sandbox.hostname, host));
+    obs("hostname", host == policy.sandbox.hostname, host)
+}
 
+/// Writes outside the workspace fail; inside it they work.
+fn writes(policy: &Policy) -> Vec<Observation> {
+    let mut v = Vec::new();
     let mut outside = Vec::new();
     let mut all_refused = true;
     for p in [
@@ -150,6 +179,12 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
         Err(e) => v.push(obs("write_workspace", false, errno_of(&e))),
     }
 
+    v
+}
+
+/// Protected paths are read-only.
+fn protected_paths(policy: &Policy) -> Vec<Observation> {
+    let mut v = Vec::new();
     let mut prot = Vec::new();
     let mut prot_ok = true;
     for p in &policy.protected {
@@ -179,6 +214,12 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
     }
     v.push(obs("protected_paths", prot_ok, prot.join("; ")));
 
+    v
+}
+
+/// Secrets are masked or absent.
+fn secrets() -> Vec<Observation> {
+    let mut v = Vec::new();
     let shadow = match std::fs::read("/etc/shadow") {
         Ok(b) if b.is_empty() => (true, "/etc/shadow: masked (empty)".to_string()),
         Ok(b) => (false, format!("/etc/shadow: READ {} bytes", b.len())),
@@ -197,8 +238,12 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
         format!("{}; {}", shadow.1, home.1),
     ));
 
-    v.push(tcp_probe(policy));
+    v
+}
 
+/// The tmux socket cannot be reached by path.
+fn tmux_socket() -> Vec<Observation> {
+    let mut v = Vec::new();
     let sock = std::os::unix::net::UnixStream::connect(crate::sandbox::SOCKET_INSIDE);
     v.push(match sock {
         Ok(_) => obs(
@@ -213,6 +258,12 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
         ),
     });
 
+    v
+}
+
+/// The tmux server's /proc entries and signals are out of reach.
+fn server_reach(pids: &[u32]) -> Vec<Observation> {
+    let mut v = Vec::new();
     let server = pids.iter().copied().find(|p| {
         std::fs::read_to_string(format!("/proc/{p}/comm"))
             .map(|c| c.trim() == "tmux: server")
@@ -271,6 +322,12 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
         None => v.push(obs("tmux_server_reach", true, "no tmux server visible")),
     }
 
+    v
+}
+
+/// PID 1 cannot be signalled.
+fn signal_pid1() -> Vec<Observation> {
+    let mut v = Vec::new();
     let s1 = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(1),
         None::<nix::sys::signal::Signal>,
@@ -284,8 +341,12 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
         },
     ));
 
-    v.push(tiocsti_probe());
+    v
+}
 
+/// New user namespaces and mounts are refused.
+fn kernel_refusals() -> Vec<Observation> {
+    let mut v = Vec::new();
     let un = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER);
     v.push(obs(
         "unshare_user",
@@ -312,6 +373,12 @@ pub fn run(policy: &Policy) -> Vec<Observation> {
         },
     ));
 
+    v
+}
+
+/// Only allowlisted variables are in the environment.
+fn environment(policy: &Policy) -> Vec<Observation> {
+    let mut v = Vec::new();
     let names: Vec<String> = std::env::vars_os()
         .map(|(k, _)| k.to_string_lossy().into_owned())
         .collect();

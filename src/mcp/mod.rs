@@ -72,87 +72,77 @@ fn stopped(audit: &audit::Audit, inst: Option<Instance>, sig: nix::sys::signal::
     0
 }
 
+/// A set of tool names.
+type Tools = std::collections::BTreeSet<&'static str>;
+
+/// Start-up step 1: the tools `serve` offers (the ceiling) and those enabled
+/// at start (with act = "on-grant", execute-class tools wait for a grant).
+fn tools(policy: &Policy, opts: &Options) -> Result<(Tools, Tools), String> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let ceiling = toolsets::select(&policy.mcp.toolsets, policy.mcp.preset, &opts.flags, &env)
+        .map_err(|e| e.to_string())?;
+    let enabled = if policy.mcp.act == crate::profile::Act::OnGrant {
+        ceiling
+            .iter()
+            .copied()
+            .filter(|n| {
+                catalog::find(n).is_some_and(|t| t.toolset != crate::profile::Toolset::Execute)
+            })
+            .collect()
+    } else {
+        ceiling.clone()
+    };
+    Ok((ceiling, enabled))
+}
+
+/// Start-up step 2: the audit log and the recording, each outside every tree
+/// the agent can write; the user's retention for a log at the default path.
+fn host_files(
+    policy: &Policy,
+    opts: &Options,
+    id: &str,
+) -> Result<(Arc<audit::Audit>, Option<Arc<record::Recording>>), String> {
+    let audit_path = match opts.audit_log.clone() {
+        Some(p) => p,
+        None => default_audit_path(id)?,
+    };
+    let audit_path = outside_agent_writable(&audit_path, policy, "the audit log", "--audit-log")?;
+    let record = opts
+        .record
+        .as_deref()
+        .map(|r| outside_agent_writable(r, policy, "the recording", "--record"))
+        .transpose()?;
+    let record = record
+        .map(|r| record::Recording::open(&r, policy.recording.max_bytes.0))
+        .transpose()
+        .map_err(|e| format!("--record: {e}"))?;
+    let audit = audit::Audit::open(&audit_path, policy.mcp.audit_max_bytes.0)
+        .map(Arc::new)
+        .map_err(|e| format!("{e} (pass --audit-log PATH)"))?;
+    if opts.audit_log.is_none() {
+        retain(&audit).map_err(|e| e.to_string())?;
+    }
+    Ok((audit, record))
+}
+
 /// Runs the server; returns the process exit status. `stop` must have been
 /// installed before any thread was started ([`exit::Stop::install`]).
 pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
-    let env: Vec<(String, String)> = std::env::vars().collect();
-    let ceiling = match toolsets::select(&policy.mcp.toolsets, policy.mcp.preset, &opts.flags, &env)
-    {
-        Ok(e) => e,
+    let (ceiling, enabled) = match tools(&policy, &opts) {
+        Ok(t) => t,
         Err(e) => {
             eprintln!("sandmux: {e}");
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    // With act = "on-grant", execute-class tools wait for a human's grant.
-    let enabled: std::collections::BTreeSet<&'static str> =
-        if policy.mcp.act == crate::profile::Act::OnGrant {
-            ceiling
-                .iter()
-                .copied()
-                .filter(|n| {
-                    catalog::find(n).is_some_and(|t| t.toolset != crate::profile::Toolset::Execute)
-                })
-                .collect()
-        } else {
-            ceiling.clone()
-        };
     let id = crate::nonce::hex()[..12].to_string();
-    let audit_path = match opts
-        .audit_log
-        .clone()
-        .map(Ok)
-        .unwrap_or_else(|| default_audit_path(&id))
-    {
-        Ok(p) => p,
+    let (audit, record) = match host_files(&policy, &opts, &id) {
+        Ok(f) => f,
         Err(e) => {
             eprintln!("sandmux: {e}");
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    let audit_path =
-        match outside_agent_writable(&audit_path, &policy, "the audit log", "--audit-log") {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("sandmux: {e}");
-                return crate::sandbox::EXIT_USAGE;
-            }
-        };
-    let record = match opts
-        .record
-        .as_deref()
-        .map(|r| outside_agent_writable(r, &policy, "the recording", "--record"))
-        .transpose()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("sandmux: {e}");
-            return crate::sandbox::EXIT_USAGE;
-        }
-    };
-    let record = match record
-        .map(|r| record::Recording::open(&r, policy.recording.max_bytes.0))
-        .transpose()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("sandmux: --record: {e}");
-            return crate::sandbox::EXIT_USAGE;
-        }
-    };
-    let audit = match audit::Audit::open(&audit_path, policy.mcp.audit_max_bytes.0) {
-        Ok(a) => Arc::new(a),
-        Err(e) => {
-            eprintln!("sandmux: {e} (pass --audit-log PATH)");
-            return crate::sandbox::EXIT_USAGE;
-        }
-    };
-    if opts.audit_log.is_none() {
-        if let Err(e) = retain(&audit) {
-            eprintln!("sandmux: {e}");
-            return crate::sandbox::EXIT_USAGE;
-        }
-    }
     if let Some(sig) = stop.signal() {
         return stopped(&audit, None, sig);
     }

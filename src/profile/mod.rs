@@ -9,6 +9,7 @@
 mod layer;
 mod schema;
 pub mod user;
+mod validate;
 
 pub use layer::Layer;
 pub use schema::{
@@ -83,8 +84,9 @@ pub enum ProfileError {
     },
 }
 
-/// Where a profile came from.
+/// Where a profile came from; written `builtin:NAME` or the file's absolute path.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum Source {
     /// Embedded at build time.
     Builtin(String),
@@ -97,6 +99,21 @@ impl std::fmt::Display for Source {
         match self {
             Source::Builtin(n) => write!(f, "builtin:{n}"),
             Source::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+impl From<Source> for String {
+    fn from(s: Source) -> String {
+        s.to_string()
+    }
+}
+
+impl From<String> for Source {
+    fn from(s: String) -> Source {
+        match s.strip_prefix("builtin:") {
+            Some(n) => Source::Builtin(n.to_string()),
+            None => Source::File(s.into()),
         }
     }
 }
@@ -166,7 +183,9 @@ pub fn load_file(path: &Path) -> Result<Loaded, ProfileError> {
         source,
     })?;
     let profile = parse(&file, &text)?;
-    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let abs = std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf());
     Ok(Loaded {
         name: path
             .file_stem()
@@ -254,13 +273,56 @@ pub enum MountKind {
     Symlink(PathBuf),
 }
 
-/// One filesystem entry of a resolved policy.
+/// One filesystem entry of a resolved policy, written `{path, kind, target}`
+/// (`kind` one of `read-only`, `read-write`, `tmpfs`, `masked`, `symlink`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "FsEntryRepr", try_from = "FsEntryRepr")]
 pub struct FsEntry {
     /// The path, identical inside and outside.
     pub path: PathBuf,
     /// What is mounted there.
     pub kind: MountKind,
+}
+
+/// How an [`FsEntry`] is written: no enum tags.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FsEntryRepr {
+    path: PathBuf,
+    kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<PathBuf>,
+}
+
+impl From<FsEntry> for FsEntryRepr {
+    fn from(e: FsEntry) -> FsEntryRepr {
+        let (kind, target) = match e.kind {
+            MountKind::ReadOnly => ("read-only", None),
+            MountKind::ReadWrite => ("read-write", None),
+            MountKind::Tmpfs => ("tmpfs", None),
+            MountKind::Masked => ("masked", None),
+            MountKind::Symlink(t) => ("symlink", Some(t)),
+        };
+        FsEntryRepr {
+            path: e.path,
+            kind: kind.into(),
+            target,
+        }
+    }
+}
+
+impl TryFrom<FsEntryRepr> for FsEntry {
+    type Error = String;
+    fn try_from(r: FsEntryRepr) -> Result<FsEntry, String> {
+        let kind = match (r.kind.as_str(), r.target) {
+            ("read-only", None) => MountKind::ReadOnly,
+            ("read-write", None) => MountKind::ReadWrite,
+            ("tmpfs", None) => MountKind::Tmpfs,
+            ("masked", None) => MountKind::Masked,
+            ("symlink", Some(t)) => MountKind::Symlink(t),
+            (k, _) => return Err(format!("filesystem entry kind {k:?} (or its target)")),
+        };
+        Ok(FsEntry { path: r.path, kind })
+    }
 }
 
 /// A profile resolved against a workspace: concrete, checked paths.
@@ -304,154 +366,36 @@ pub struct Policy {
 
 impl Loaded {
     /// Resolves the profile for a workspace. Errors name the profile key.
+    /// The steps: the profile's place, its protected names (checked before
+    /// anything uses them), its filesystem entries, the workspace guard.
     pub fn resolve(&self, ctx: &Context) -> Result<Policy, ProfileError> {
-        let file = self.source.to_string();
         if let Source::File(p) = &self.source {
             if p.starts_with(&ctx.workspace) {
                 return Err(ProfileError::InWorkspace {
-                    file,
+                    file: self.source.to_string(),
                     workspace: ctx.workspace.display().to_string(),
                 });
             }
         }
-        let invalid = |key: &str, reason: String| ProfileError::Invalid {
-            file: file.clone(),
-            line: line_of(&self.text, key),
-            key: key.to_string(),
-            reason,
-        };
-        let subst = |s: &str| -> String {
-            s.replace("{workspace}", &ctx.workspace.to_string_lossy())
-                .replace("{home}", SANDBOX_HOME)
-        };
         let p = &self.profile;
-        let mut fs: Vec<FsEntry> = Vec::new();
-        let mut seen = BTreeSet::new();
-        let groups: [(&str, &Vec<String>, MountKind); 4] = [
-            (
-                "filesystem.read_only",
-                &p.filesystem.read_only,
-                MountKind::ReadOnly,
-            ),
-            (
-                "filesystem.read_write",
-                &p.filesystem.read_write,
-                MountKind::ReadWrite,
-            ),
-            ("filesystem.tmpfs", &p.filesystem.tmpfs, MountKind::Tmpfs),
-            ("filesystem.masked", &p.filesystem.masked, MountKind::Masked),
-        ];
-        for (key, list, kind) in groups {
-            for raw in list.iter() {
-                let (optional, s) = match raw.strip_prefix('?') {
-                    Some(rest) => (true, rest),
-                    None => (false, raw.as_str()),
-                };
-                let path = PathBuf::from(subst(s));
-                if !path.is_absolute() {
-                    return Err(invalid(key, format!("path {s:?} is not absolute")));
-                }
-                if path
-                    .components()
-                    .any(|c| matches!(c, std::path::Component::ParentDir))
-                {
-                    return Err(invalid(key, format!("path {s:?} contains '..'")));
-                }
-                if path == Path::new("/") {
-                    return Err(invalid(key, "the root itself cannot be listed; the sandbox root is always a fresh read-only tmpfs".into()));
-                }
-                if !seen.insert(path.clone()) {
-                    return Err(invalid(
-                        key,
-                        format!("path {} is listed twice", path.display()),
-                    ));
-                }
-                let mut kind = kind.clone();
-                // A masked path is hidden where it really lives: /lib/x on a
-                // merged-/usr host is /usr/lib/x inside the view.
-                let path = match (&kind, std::fs::canonicalize(&path)) {
-                    (MountKind::Masked, Ok(real)) => real,
-                    _ => path,
-                };
-                if kind != MountKind::Tmpfs {
-                    match std::fs::symlink_metadata(&path) {
-                        Err(_) if optional => continue,
-                        Err(e) => {
-                            return Err(invalid(
-                                key,
-                                format!(
-                                "{} does not exist ({e}); prefix it with '?' to make it optional",
-                                path.display()
-                            ),
-                            ))
-                        }
-                        Ok(m) if m.file_type().is_symlink() => {
-                            if kind == MountKind::ReadWrite {
-                                return Err(invalid(
-                                    key,
-                                    format!("{} is a symlink; give the real path", path.display()),
-                                ));
-                            }
-                            if kind == MountKind::ReadOnly {
-                                let target = std::fs::read_link(&path)
-                                    .map_err(|e| invalid(key, e.to_string()))?;
-                                kind = MountKind::Symlink(target);
-                            } else {
-                                continue; // masking a symlink: nothing readable behind it in the sandbox view
-                            }
-                        }
-                        Ok(_) => {}
-                    }
-                }
-                fs.push(FsEntry { path, kind });
-            }
-        }
-        // Parents before children; stable for equal depth.
-        fs.sort_by_key(|e| e.path.components().count());
-
-        let mut names = Vec::new();
-        for rel in &p.filesystem.protected {
-            let rp = Path::new(rel);
-            if rp.is_absolute()
-                || rel.is_empty()
-                || rp
-                    .components()
-                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
-            {
-                return Err(invalid(
-                    "filesystem.protected",
-                    format!("{rel:?} must be a relative path without '..' (it is taken inside each read-write root)"),
-                ));
-            }
-            names.push(rp.to_path_buf());
-        }
+        let names = self.protected_names()?;
+        let fs = self.fs_entries(ctx)?;
         let roots: Vec<PathBuf> = fs
             .iter()
             .filter(|e| e.kind == MountKind::ReadWrite)
             .map(|e| e.path.clone())
             .collect();
-        // The user's own sandmux config dir, wherever it is (gap 7): when it
-        // lies in a read-write tree, it is guarded there like a listed name.
-        if let Some(sandmux_dir) = config_dir().parent() {
-            for r in &roots {
-                if let Ok(rel) = sandmux_dir.strip_prefix(r) {
-                    if !rel.as_os_str().is_empty() && !names.iter().any(|n| n == rel) {
-                        names.push(rel.to_path_buf());
-                    }
-                }
-            }
-        }
+        let names = with_config_dir(names, &roots);
         let (guard, ro) = crate::guard::plan(
             &roots,
             &names,
             p.workspace.git,
             p.workspace.new_repositories,
         )
-        .map_err(|reason| invalid("workspace.git", reason))?;
-
+        .map_err(|reason| self.invalid("workspace.git", reason))?;
         let mut environment = p.environment.clone();
         for v in environment.set.values_mut() {
-            *v = subst(v);
+            *v = subst(ctx, v);
         }
         Ok(Policy {
             name: self.name.clone(),
@@ -472,6 +416,149 @@ impl Loaded {
             recording: p.recording.clone(),
         })
     }
+
+    /// An error at `key` of this profile.
+    fn invalid(&self, key: &str, reason: String) -> ProfileError {
+        ProfileError::Invalid {
+            file: self.source.to_string(),
+            line: line_of(&self.text, key),
+            key: key.to_string(),
+            reason,
+        }
+    }
+
+    /// `[filesystem] protected`: relative paths without `..`.
+    fn protected_names(&self) -> Result<Vec<PathBuf>, ProfileError> {
+        let mut names = Vec::new();
+        for rel in &self.profile.filesystem.protected {
+            let rp = Path::new(rel);
+            if rp.is_absolute()
+                || rel.is_empty()
+                || rp
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(self.invalid(
+                    "filesystem.protected",
+                    format!("{rel:?} must be a relative path without '..' (it is taken inside each read-write root)"),
+                ));
+            }
+            names.push(rp.to_path_buf());
+        }
+        Ok(names)
+    }
+
+    /// The filesystem entries, checked, parents before children.
+    fn fs_entries(&self, ctx: &Context) -> Result<Vec<FsEntry>, ProfileError> {
+        let f = &self.profile.filesystem;
+        let groups: [(&str, &Vec<String>, MountKind); 4] = [
+            ("filesystem.read_only", &f.read_only, MountKind::ReadOnly),
+            ("filesystem.read_write", &f.read_write, MountKind::ReadWrite),
+            ("filesystem.tmpfs", &f.tmpfs, MountKind::Tmpfs),
+            ("filesystem.masked", &f.masked, MountKind::Masked),
+        ];
+        let mut fs: Vec<FsEntry> = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (key, list, kind) in groups {
+            for raw in list.iter() {
+                if let Some(e) = self.fs_entry(ctx, key, raw, kind.clone(), &mut seen)? {
+                    fs.push(e);
+                }
+            }
+        }
+        // Parents before children; stable for equal depth.
+        fs.sort_by_key(|e| e.path.components().count());
+        Ok(fs)
+    }
+
+    /// One entry: substituted, absolute, no `..`, not `/`, listed once; a
+    /// missing optional (`?`) one is dropped.
+    fn fs_entry(
+        &self,
+        ctx: &Context,
+        key: &str,
+        raw: &str,
+        kind: MountKind,
+        seen: &mut BTreeSet<PathBuf>,
+    ) -> Result<Option<FsEntry>, ProfileError> {
+        let (optional, s) = match raw.strip_prefix('?') {
+            Some(rest) => (true, rest),
+            None => (false, raw),
+        };
+        let path = PathBuf::from(subst(ctx, s));
+        if !path.is_absolute() {
+            return Err(self.invalid(key, format!("path {s:?} is not absolute")));
+        }
+        if path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(self.invalid(key, format!("path {s:?} contains '..'")));
+        }
+        if path == Path::new("/") {
+            return Err(self.invalid(key, "the root itself cannot be listed; the sandbox root is always a fresh read-only tmpfs".into()));
+        }
+        if !seen.insert(path.clone()) {
+            return Err(self.invalid(key, format!("path {} is listed twice", path.display())));
+        }
+        // A masked path is hidden where it really lives: /lib/x on a
+        // merged-/usr host is /usr/lib/x inside the view.
+        let path = match (&kind, std::fs::canonicalize(&path)) {
+            (MountKind::Masked, Ok(real)) => real,
+            _ => path,
+        };
+        if kind == MountKind::Tmpfs {
+            return Ok(Some(FsEntry { path, kind }));
+        }
+        let kind = match std::fs::symlink_metadata(&path) {
+            Err(_) if optional => return Ok(None),
+            Err(e) => {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{} does not exist ({e}); prefix it with '?' to make it optional",
+                        path.display()
+                    ),
+                ))
+            }
+            Ok(m) if m.file_type().is_symlink() => match kind {
+                MountKind::ReadWrite => {
+                    return Err(self.invalid(
+                        key,
+                        format!("{} is a symlink; give the real path", path.display()),
+                    ))
+                }
+                MountKind::ReadOnly => MountKind::Symlink(
+                    std::fs::read_link(&path).map_err(|e| self.invalid(key, e.to_string()))?,
+                ),
+                // Masking a symlink: nothing readable behind it in the sandbox view.
+                _ => return Ok(None),
+            },
+            Ok(_) => kind,
+        };
+        Ok(Some(FsEntry { path, kind }))
+    }
+}
+
+/// `{workspace}` and `{home}` substituted.
+fn subst(ctx: &Context, s: &str) -> String {
+    s.replace("{workspace}", &ctx.workspace.to_string_lossy())
+        .replace("{home}", SANDBOX_HOME)
+}
+
+/// The user's own sandmux config dir, wherever it is (gap 7): when it lies
+/// in a read-write tree, it is guarded there like a listed name.
+fn with_config_dir(mut names: Vec<PathBuf>, roots: &[PathBuf]) -> Vec<PathBuf> {
+    if let Some(sandmux_dir) = config_dir().parent() {
+        for r in roots {
+            if let Ok(rel) = sandmux_dir.strip_prefix(r) {
+                if !rel.as_os_str().is_empty() && !names.iter().any(|n| n == rel) {
+                    names.push(rel.to_path_buf());
+                }
+            }
+        }
+    }
+    names
 }
 
 /// Checks a workspace argument: it must exist, be a directory, and contain no
@@ -521,195 +608,4 @@ pub fn check_workspace(arg: &Path) -> Result<PathBuf, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn builtins_parse() {
-        for (name, text) in BUILTINS {
-            parse(name, text).unwrap_or_else(|e| panic!("{name}: {e}"));
-        }
-    }
-
-    #[test]
-    fn unknown_key_names_line_and_key() {
-        let text = "version = 1\ndescription = \"x\"\n[network]\nmode = \"none\"\nbogus = 3\n";
-        let err = parse("p.toml", text).unwrap_err().to_string();
-        assert!(err.contains("p.toml"), "{err}");
-        assert!(err.contains("line 5"), "{err}");
-        assert!(err.contains("bogus"), "{err}");
-    }
-
-    #[test]
-    fn wrong_type_is_reported() {
-        let text = "version = 1\ndescription = \"x\"\n[limits]\nnofile = \"many\"\n";
-        let err = parse("p.toml", text).unwrap_err().to_string();
-        assert!(err.contains("line 4") && err.contains("nofile"), "{err}");
-    }
-
-    #[test]
-    fn bad_version_and_sizes() {
-        let err = parse("p.toml", "version = 2\ndescription = \"x\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`version`") && err.contains("line 1"), "{err}");
-        let err = parse(
-            "p.toml",
-            "version = 1\ndescription = \"x\"\n[limits]\nmemory = \"4 lots\"\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("memory") && err.contains("line 4") && err.contains("lots"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn session_and_pane_limits_are_bounded() {
-        let with = |body: &str| format!("version = 1\ndescription = \"x\"\n[limits]\n{body}\n");
-        for (body, key, reason) in [
-            ("max_sessions = 0", "limits.max_sessions", "outside 1-256"),
-            ("max_sessions = 257", "limits.max_sessions", "outside 1-256"),
-            ("max_panes = 0", "limits.max_panes", "outside 1-4096"),
-            ("max_panes = 5000", "limits.max_panes", "outside 1-4096"),
-            (
-                "max_sessions = 8\nmax_panes = 4",
-                "limits.max_panes",
-                "below max_sessions",
-            ),
-        ] {
-            let err = parse("p.toml", &with(body)).unwrap_err().to_string();
-            assert!(
-                err.contains("p.toml") && err.contains(key) && err.contains(reason),
-                "{body}: {err}"
-            );
-        }
-        let err = parse("p.toml", &with("max_sessions = -1"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("line 4") && err.contains("max_sessions"),
-            "{err}"
-        );
-        let p = parse("p.toml", &with("max_sessions = 3\nmax_panes = 5")).unwrap();
-        assert_eq!((p.limits.max_sessions, p.limits.max_panes), (3, 5));
-        let d = parse("p.toml", &with("")).unwrap();
-        assert_eq!((d.limits.max_sessions, d.limits.max_panes), (16, 128));
-        for (name, text) in BUILTINS {
-            let b = parse(name, text).unwrap();
-            assert_eq!(
-                (b.limits.max_sessions, b.limits.max_panes),
-                (16, 128),
-                "{name}"
-            );
-        }
-    }
-
-    #[test]
-    fn recording_cap_is_a_size_with_a_minimum() {
-        let text = "version = 1\ndescription = \"x\"\n[recording]\nmax_bytes = \"1KiB\"\n";
-        let err = parse("p.toml", text).unwrap_err().to_string();
-        assert!(
-            err.contains("p.toml")
-                && err.contains("recording.max_bytes")
-                && err.contains("line 4")
-                && err.contains("4KiB"),
-            "{err}"
-        );
-        let text = "version = 1\ndescription = \"x\"\n[recording]\nmax_bytes = \"8MiB\"\n";
-        assert_eq!(
-            parse("p.toml", text).unwrap().recording.max_bytes.0,
-            8 << 20
-        );
-        let p = parse("p.toml", "version = 1\ndescription = \"x\"\n").unwrap();
-        assert_eq!(p.recording.max_bytes.0, 64 << 20);
-        for (name, text) in BUILTINS {
-            let p = parse(name, text).unwrap();
-            assert_eq!(p.recording.max_bytes.0, 64 << 20, "{name}");
-        }
-    }
-
-    #[test]
-    fn unknown_layer_and_toolset_rejected() {
-        let err = parse(
-            "p.toml",
-            "version = 1\ndescription = \"x\"\n[enforcement]\nbest_effort = [\"landlok\"]\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("landlok") && err.contains("line 4"), "{err}");
-        let err = parse(
-            "p.toml",
-            "version = 1\ndescription = \"x\"\n[mcp]\ntoolsets = [\"evrything\"]\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("evrything"), "{err}");
-    }
-
-    #[test]
-    fn missing_path_names_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = check_workspace(dir.path()).unwrap();
-        let text = "version = 1\ndescription = \"x\"\n[filesystem]\nread_only = [\"/definitely/not/here\"]\n";
-        let loaded = Loaded {
-            name: "t".into(),
-            source: Source::File("/etc/t.toml".into()),
-            text: text.into(),
-            profile: parse("t", text).unwrap(),
-        };
-        let err = loaded
-            .resolve(&Context { workspace: ws })
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("filesystem.read_only")
-                && err.contains("line 4")
-                && err.contains("does not exist"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn symlinked_workspace_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let real = dir.path().join("real");
-        std::fs::create_dir(&real).unwrap();
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&real, &link).unwrap();
-        let err = check_workspace(&link).unwrap_err();
-        assert!(err.contains("symlink"), "{err}");
-        assert!(check_workspace(&link.join(".")).is_err());
-    }
-
-    #[test]
-    fn workspace_under_sandbox_mounts_refused() {
-        let err = check_workspace(Path::new("/dev/shm")).unwrap_err();
-        assert!(err.contains("/dev"), "{err}");
-        assert!(check_workspace(Path::new("/proc/self")).is_err());
-    }
-
-    #[test]
-    fn profile_inside_workspace_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = check_workspace(dir.path()).unwrap();
-        let f = ws.join("evil.toml");
-        std::fs::write(&f, BUILTINS[0].1).unwrap();
-        let loaded = load_file(&f).unwrap();
-        let err = loaded.resolve(&Context { workspace: ws }).unwrap_err();
-        assert!(matches!(err, ProfileError::InWorkspace { .. }));
-    }
-
-    #[test]
-    fn mount_order_parents_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = check_workspace(dir.path()).unwrap();
-        let l = load("default").unwrap();
-        let pol = l.resolve(&Context { workspace: ws }).unwrap();
-        let depths: Vec<usize> = pol.fs.iter().map(|e| e.path.components().count()).collect();
-        let mut sorted = depths.clone();
-        sorted.sort();
-        assert_eq!(depths, sorted);
-    }
-}
+mod tests;

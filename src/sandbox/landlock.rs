@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 pub const RUN_DIR: &str = "/run/sandmux";
 
 /// Which process the layer is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Role {
     /// The tmux server (and through it, the gate before it restricts itself).
     Server,
@@ -35,7 +36,8 @@ pub enum Role {
 }
 
 /// How a path may be used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Grant {
     /// List directories only.
     ListOnly,
@@ -239,14 +241,15 @@ fn access_for(grant: Grant, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
     }
 }
 
-/// Applies a Landlock layer for `role` to the calling thread. `Err` carries the
-/// layer that is missing; callers decide whether it was required.
+/// Applies a Landlock layer with `rules` (a role's, from [`rules`]) to the
+/// calling thread. `Err` carries the layer that is missing; callers decide
+/// whether it was required.
 /// `net_isolated` says whether the sandbox has its own network namespace; without
 /// one, `none` and `loopback` fall back to Landlock denying every TCP bind and
 /// connect (the best Landlock can do; UDP stays open and the report says so).
 pub fn restrict(
     policy: &Policy,
-    role: Role,
+    rules: &[(PathBuf, Grant)],
     net_isolated: bool,
 ) -> Result<Outcome, (Layer, String)> {
     let (kernel, eff) = effective_abi(policy);
@@ -277,13 +280,13 @@ pub fn restrict(
             .map_err(err(Layer::LandlockScope))?;
     }
     let mut created = rs.create().map_err(err(Layer::Landlock))?;
-    for (path, grant) in rules(policy, role) {
-        let Ok(meta) = std::fs::metadata(&path) else {
+    for (path, grant) in rules {
+        let Ok(meta) = std::fs::metadata(path) else {
             continue;
         };
-        let fd = PathFd::new(&path)
-            .map_err(|e| (Layer::Landlock, format!("{}: {e}", path.display())))?;
-        let access = access_for(grant, abi, meta.is_dir());
+        let fd =
+            PathFd::new(path).map_err(|e| (Layer::Landlock, format!("{}: {e}", path.display())))?;
+        let access = access_for(*grant, abi, meta.is_dir());
         if access.is_empty() {
             continue;
         }

@@ -17,6 +17,9 @@ pub mod namespaces;
 pub mod net;
 pub mod nssignal;
 pub mod pane;
+mod payload;
+mod pid1;
+pub mod plan;
 pub mod probe;
 pub mod report;
 pub mod rundir;
@@ -24,6 +27,7 @@ pub mod seccomp;
 pub mod supervisor;
 pub(crate) mod syscalls;
 pub mod systemd;
+pub mod view;
 
 use crate::profile::{Layer, Policy};
 use report::Message;
@@ -84,6 +88,28 @@ pub struct Plan {
     /// The payload's environment, built from the supervisor's by the profile's
     /// rules (`sandmux __init` itself runs with an empty environment).
     pub env: Vec<(OsString, OsString)>,
+}
+
+/// What `sandmux __init` receives on fd 3: the plan and its compiled steps.
+#[derive(Serialize)]
+struct WireOut<'a> {
+    plan: &'a Plan,
+    blueprint: &'a plan::Blueprint,
+}
+
+/// The init side of [`WireOut`].
+#[derive(Deserialize)]
+pub(crate) struct Wire {
+    pub(crate) plan: Plan,
+    pub(crate) blueprint: plan::Blueprint,
+}
+
+/// The plan's payload, as the compiled plan needs it.
+pub(crate) fn mode_of(payload: &Payload) -> plan::Mode {
+    match payload {
+        Payload::Command { .. } => plan::Mode::Run,
+        Payload::Tmux { .. } => plan::Mode::Tmux,
+    }
 }
 
 /// How the sandbox's standard streams are connected.
@@ -253,7 +279,12 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
         .spawn()
         .map_err(|e| internal(format!("starting sandmux __init: {e}")))?;
     drop((plan_r, rep_w));
-    let json = serde_json::to_vec(plan).map_err(internal)?;
+    let blueprint = plan::compile(&plan.policy, mode_of(&plan.payload));
+    let json = serde_json::to_vec(&WireOut {
+        plan,
+        blueprint: &blueprint,
+    })
+    .map_err(internal)?;
     let mut w = std::fs::File::from(plan_w);
     w.write_all(&json)
         .map_err(|e| internal(format!("sending the plan: {e}")))?;

@@ -123,7 +123,7 @@ pub fn main(args: Vec<OsString>) -> ! {
         add_run_functions(&mut env);
     }
     // TCP rules, when needed, are already in the server's layer, which panes inherit.
-    match landlock::restrict(policy, landlock::Role::Pane, true) {
+    match landlock::restrict(policy, &landlock::rules(policy, landlock::Role::Pane), true) {
         Ok(o) => {
             for (l, why) in o.missing {
                 if !policy.best_effort.contains(&l) {

@@ -1,0 +1,193 @@
+//! Profile parsing and resolution.
+
+use super::*;
+
+#[test]
+fn builtins_parse() {
+    for (name, text) in BUILTINS {
+        parse(name, text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn unknown_key_names_line_and_key() {
+    let text = "version = 1\ndescription = \"x\"\n[network]\nmode = \"none\"\nbogus = 3\n";
+    let err = parse("p.toml", text).unwrap_err().to_string();
+    assert!(err.contains("p.toml"), "{err}");
+    assert!(err.contains("line 5"), "{err}");
+    assert!(err.contains("bogus"), "{err}");
+}
+
+#[test]
+fn wrong_type_is_reported() {
+    let text = "version = 1\ndescription = \"x\"\n[limits]\nnofile = \"many\"\n";
+    let err = parse("p.toml", text).unwrap_err().to_string();
+    assert!(err.contains("line 4") && err.contains("nofile"), "{err}");
+}
+
+#[test]
+fn bad_version_and_sizes() {
+    let err = parse("p.toml", "version = 2\ndescription = \"x\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`version`") && err.contains("line 1"), "{err}");
+    let err = parse(
+        "p.toml",
+        "version = 1\ndescription = \"x\"\n[limits]\nmemory = \"4 lots\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("memory") && err.contains("line 4") && err.contains("lots"),
+        "{err}"
+    );
+}
+
+#[test]
+fn session_and_pane_limits_are_bounded() {
+    let with = |body: &str| format!("version = 1\ndescription = \"x\"\n[limits]\n{body}\n");
+    for (body, key, reason) in [
+        ("max_sessions = 0", "limits.max_sessions", "outside 1-256"),
+        ("max_sessions = 257", "limits.max_sessions", "outside 1-256"),
+        ("max_panes = 0", "limits.max_panes", "outside 1-4096"),
+        ("max_panes = 5000", "limits.max_panes", "outside 1-4096"),
+        (
+            "max_sessions = 8\nmax_panes = 4",
+            "limits.max_panes",
+            "below max_sessions",
+        ),
+    ] {
+        let err = parse("p.toml", &with(body)).unwrap_err().to_string();
+        assert!(
+            err.contains("p.toml") && err.contains(key) && err.contains(reason),
+            "{body}: {err}"
+        );
+    }
+    let err = parse("p.toml", &with("max_sessions = -1"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 4") && err.contains("max_sessions"),
+        "{err}"
+    );
+    let p = parse("p.toml", &with("max_sessions = 3\nmax_panes = 5")).unwrap();
+    assert_eq!((p.limits.max_sessions, p.limits.max_panes), (3, 5));
+    let d = parse("p.toml", &with("")).unwrap();
+    assert_eq!((d.limits.max_sessions, d.limits.max_panes), (16, 128));
+    for (name, text) in BUILTINS {
+        let b = parse(name, text).unwrap();
+        assert_eq!(
+            (b.limits.max_sessions, b.limits.max_panes),
+            (16, 128),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn recording_cap_is_a_size_with_a_minimum() {
+    let text = "version = 1\ndescription = \"x\"\n[recording]\nmax_bytes = \"1KiB\"\n";
+    let err = parse("p.toml", text).unwrap_err().to_string();
+    assert!(
+        err.contains("p.toml")
+            && err.contains("recording.max_bytes")
+            && err.contains("line 4")
+            && err.contains("4KiB"),
+        "{err}"
+    );
+    let text = "version = 1\ndescription = \"x\"\n[recording]\nmax_bytes = \"8MiB\"\n";
+    assert_eq!(
+        parse("p.toml", text).unwrap().recording.max_bytes.0,
+        8 << 20
+    );
+    let p = parse("p.toml", "version = 1\ndescription = \"x\"\n").unwrap();
+    assert_eq!(p.recording.max_bytes.0, 64 << 20);
+    for (name, text) in BUILTINS {
+        let p = parse(name, text).unwrap();
+        assert_eq!(p.recording.max_bytes.0, 64 << 20, "{name}");
+    }
+}
+
+#[test]
+fn unknown_layer_and_toolset_rejected() {
+    let err = parse(
+        "p.toml",
+        "version = 1\ndescription = \"x\"\n[enforcement]\nbest_effort = [\"landlok\"]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("landlok") && err.contains("line 4"), "{err}");
+    let err = parse(
+        "p.toml",
+        "version = 1\ndescription = \"x\"\n[mcp]\ntoolsets = [\"evrything\"]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("evrything"), "{err}");
+}
+
+#[test]
+fn missing_path_names_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = check_workspace(dir.path()).unwrap();
+    let text =
+        "version = 1\ndescription = \"x\"\n[filesystem]\nread_only = [\"/definitely/not/here\"]\n";
+    let loaded = Loaded {
+        name: "t".into(),
+        source: Source::File("/etc/t.toml".into()),
+        text: text.into(),
+        profile: parse("t", text).unwrap(),
+    };
+    let err = loaded
+        .resolve(&Context { workspace: ws })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("filesystem.read_only")
+            && err.contains("line 4")
+            && err.contains("does not exist"),
+        "{err}"
+    );
+}
+
+#[test]
+fn symlinked_workspace_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let err = check_workspace(&link).unwrap_err();
+    assert!(err.contains("symlink"), "{err}");
+    assert!(check_workspace(&link.join(".")).is_err());
+}
+
+#[test]
+fn workspace_under_sandbox_mounts_refused() {
+    let err = check_workspace(Path::new("/dev/shm")).unwrap_err();
+    assert!(err.contains("/dev"), "{err}");
+    assert!(check_workspace(Path::new("/proc/self")).is_err());
+}
+
+#[test]
+fn profile_inside_workspace_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = check_workspace(dir.path()).unwrap();
+    let f = ws.join("evil.toml");
+    std::fs::write(&f, BUILTINS[0].1).unwrap();
+    let loaded = load_file(&f).unwrap();
+    let err = loaded.resolve(&Context { workspace: ws }).unwrap_err();
+    assert!(matches!(err, ProfileError::InWorkspace { .. }));
+}
+
+#[test]
+fn mount_order_parents_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = check_workspace(dir.path()).unwrap();
+    let l = load("default").unwrap();
+    let pol = l.resolve(&Context { workspace: ws }).unwrap();
+    let depths: Vec<usize> = pol.fs.iter().map(|e| e.path.components().count()).collect();
+    let mut sorted = depths.clone();
+    sorted.sort();
+    assert_eq!(depths, sorted);
+}

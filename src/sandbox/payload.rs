@@ -1,0 +1,220 @@
+//! The payload: PID 1's child confines itself (capabilities, no_new_privs,
+//! Landlock with its role's rules from the plan, seccomp) and execs the tmux
+//! server or the command of `sandmux run`.
+
+use super::init::{Layers, Stop};
+use super::plan::Blueprint;
+use super::report::Message;
+use super::{caps, landlock, seccomp, Payload, Plan};
+use crate::profile::{Layer, NetMode, Policy};
+use nix::sys::signal::{SigSet, Signal};
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+/// What the payload execs, where, and with which Landlock rules.
+pub(super) struct Job {
+    argv: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    cwd: PathBuf,
+    rules: Vec<(PathBuf, landlock::Grant)>,
+    /// PID 1 drops privileges and installs the filter before the fork (run mode).
+    pub(super) pre_confined: bool,
+}
+
+impl Job {
+    /// The job of a plan.
+    pub(super) fn of(plan: &Plan, bp: &Blueprint) -> Job {
+        let (argv, role, cwd) = match &plan.payload {
+            Payload::Command { argv, cwd } => (argv.clone(), landlock::Role::Command, cwd.clone()),
+            Payload::Tmux { tmux, .. } => (
+                vec![
+                    tmux.clone().into_os_string(),
+                    "-D".into(),
+                    "-f".into(),
+                    super::plan::TMUX_CONF.into(),
+                    "-S".into(),
+                    super::SOCKET_INSIDE.into(),
+                ],
+                landlock::Role::Server,
+                plan.policy.workspace.clone(),
+            ),
+        };
+        let rules = bp
+            .landlock
+            .iter()
+            .filter(|r| r.role == role)
+            .flat_map(|r| r.rules.iter().map(|x| (x.path.clone(), x.grant)))
+            .collect();
+        Job {
+            argv,
+            env: plan.env.clone(),
+            cwd,
+            rules,
+            pre_confined: matches!(plan.payload, Payload::Command { .. }),
+        }
+    }
+}
+
+/// The payload child's inputs.
+pub(super) struct Exec<'a> {
+    pub(super) job: &'a Job,
+    pub(super) filters: &'a seccomp::Filters,
+    pub(super) net_isolated: bool,
+}
+
+/// Capabilities, then `no_new_privs` (which Landlock and seccomp need).
+pub(super) fn drop_privileges(layers: &mut Layers<'_>) -> Result<(), Stop> {
+    layers.result(Layer::Caps, caps::drop_all())?;
+    match caps::set_no_new_privs() {
+        Ok(()) => layers.ok(Layer::NoNewPrivs, "set"),
+        Err(e) => layers.missing(Layer::NoNewPrivs, e)?,
+    }
+    Ok(())
+}
+
+/// The syscall filter.
+pub(super) fn filter(layers: &mut Layers<'_>, filters: &seccomp::Filters) -> Result<(), Stop> {
+    match seccomp::install(filters) {
+        Ok(()) => layers.ok(
+            Layer::Seccomp,
+            format!(
+                "{} filters: x32 guard, allowlist (ENOSYS), denylist (EPERM)",
+                filters.count()
+            ),
+        ),
+        Err(e) => layers.missing(Layer::Seccomp, e.to_string())?,
+    }
+    Ok(())
+}
+
+type Never = std::convert::Infallible;
+
+/// In the payload child: confine, then exec. Returns only on failure.
+pub(super) fn confine_and_exec(
+    plan: &Plan,
+    x: Exec<'_>,
+    layers: &mut Layers<'_>,
+) -> Result<Never, Stop> {
+    let policy = &plan.policy;
+    let setup =
+        |what: &'static str| move |e: nix::Error| super::init::internal(what)(e.to_string());
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(setup("PR_SET_PDEATHSIG"))?;
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    set.thread_unblock().map_err(setup("unblocking SIGCHLD"))?;
+
+    if !x.job.pre_confined {
+        drop_privileges(layers)?;
+    }
+    restrict(policy, &x.job.rules, x.net_isolated, layers)?;
+    if !x.job.pre_confined {
+        filter(layers, x.filters)?;
+    }
+    exec(x.job, layers)
+}
+
+/// The Landlock layer and its sub-layers (TCP rules, scopes).
+fn restrict(
+    policy: &Policy,
+    rules: &[(PathBuf, landlock::Grant)],
+    net_isolated: bool,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
+    let host = policy.network.mode == NetMode::Host;
+    match landlock::restrict(policy, rules, net_isolated) {
+        Ok(o) => {
+            layers.ok(Layer::Landlock, o.detail.clone());
+            if host && o.net {
+                let ports = |v: &[u16]| {
+                    v.iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                layers.ok(
+                    Layer::LandlockNet,
+                    format!(
+                        "connect tcp [{}], bind tcp [{}]",
+                        ports(&policy.network.connect_tcp),
+                        ports(&policy.network.bind_tcp)
+                    ),
+                );
+            }
+            if o.scoped {
+                layers.ok(
+                    Layer::LandlockScope,
+                    "signals and abstract unix sockets scoped to the sandbox",
+                );
+            }
+            for (l, why) in o.missing {
+                layers.missing(l, why)?;
+            }
+        }
+        Err((layer, why)) => {
+            layers.missing(layer, why.clone())?;
+            if layer == Layer::Landlock {
+                layers.missing(Layer::LandlockScope, "Landlock unavailable")?;
+                if host {
+                    layers.missing(Layer::LandlockNet, "Landlock unavailable")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn nul(what: &str) -> Stop {
+    Stop {
+        unavailable: false,
+        layer: None,
+        message: format!("{what} contains a NUL byte"),
+    }
+}
+
+/// chdir and exec (argv[0] searched in the sandbox's PATH).
+fn exec(job: &Job, layers: &mut Layers<'_>) -> Result<Never, Stop> {
+    nix::unistd::chdir(&job.cwd).map_err(|e| Stop {
+        unavailable: false,
+        layer: None,
+        message: format!("chdir {}: {e}", job.cwd.display()),
+    })?;
+    let args: Vec<CString> = job
+        .argv
+        .iter()
+        .map(|s| CString::new(s.as_bytes()).map_err(|_| nul("argument")))
+        .collect::<Result<_, _>>()?;
+    let envp: Vec<CString> = job
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).map_err(|_| nul("environment"))
+        })
+        .collect::<Result<_, _>>()?;
+    if args.is_empty() {
+        return Err(Stop {
+            unavailable: false,
+            layer: None,
+            message: "no command given".into(),
+        });
+    }
+    // PATH lookup uses the sandbox's PATH, not the caller's.
+    if let Some((_, p)) = job.env.iter().find(|(k, _)| k == "PATH") {
+        std::env::set_var("PATH", p);
+    }
+    let e = nix::unistd::execvpe(&args[0], &args, &envp).unwrap_err();
+    let code = if e == nix::errno::Errno::ENOENT {
+        127
+    } else {
+        126
+    };
+    layers.rep.send(&Message::ExecFailed {
+        message: format!("cannot run {:?}: {}", args[0], e.desc()),
+        code,
+    });
+    // SAFETY: _exit in a forked child skips the parent's atexit handlers.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,314 @@
+//! PID 1 of the sandbox: its start-up as named steps, in the order [`run`]
+//! takes them (the numbers are those of docs/architecture.md). What the mount
+//! view holds and which layers are required come compiled in the plan.
+
+use super::init::{fatal, internal, relay_signals, Layers, Stop};
+use super::payload::{self, Exec};
+use super::plan::Blueprint;
+use super::report::{Message, Reporter};
+use super::{caps, fds, keyring, limits, mounts, namespaces, net, seccomp};
+use super::{Payload, Plan};
+use crate::profile::{Layer, NetMode, Policy};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+/// PID 1, from the fork to the payload's end; returns the exit status.
+pub(super) fn run(
+    plan: &Plan,
+    bp: &Blueprint,
+    ns: &namespaces::Created,
+    rep: &mut Reporter,
+) -> Result<i32, Stop> {
+    let policy = &plan.policy;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
+    let best_effort = bp.best_effort();
+    let mut layers = Layers {
+        rep,
+        best_effort: &best_effort,
+    };
+    mount_view(plan, bp, ns, &mut layers)?;
+    git_guard(policy, ns, &mut layers)?;
+    hostname_and_loopback(policy, ns)?;
+    rlimits_and_keyring(plan, &mut layers)?;
+    session_and_descriptors()?;
+    let filters = seccomp::build().map_err(|e| Stop::applying(Layer::Seccomp, e.to_string()))?;
+    let job = payload::Job::of(plan, bp);
+    // In `run` mode PID 1 needs no privilege after the fork: it drops it and
+    // installs the filter once, and the payload inherits both (the filter is
+    // costly to install, so this keeps it off the command's start-up path).
+    // The tmux server's PID 1 still has a mount to make after the fork.
+    if job.pre_confined {
+        payload::drop_privileges(&mut layers)?;
+        caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
+        payload::filter(&mut layers, &filters)?;
+    }
+    let payload = spawn_payload(plan, &job, &filters, ns, &mut layers)?;
+    // From here on a failure leaves a payload behind: end it first. PID 1's
+    // exit kills the namespace anyway, so a failed kill changes nothing.
+    let stop = |stop: Stop| {
+        let _ = kill(payload, Signal::SIGKILL);
+        stop
+    };
+    cover_socket(plan, bp, ns, payload).map_err(stop)?;
+    if !job.pre_confined {
+        confine_self(&layers, &filters).map_err(stop)?;
+    }
+    // Taken by sigwait from now on; blocked before the report pipe closes, so
+    // a failure can still be reported.
+    relay_signals()
+        .thread_block()
+        .map_err(|e| stop(internal("blocking the relayed signals")(e.to_string())))?;
+    if let Payload::Tmux { .. } = &plan.payload {
+        layers.rep.send(&Message::Ready {
+            server_pid: payload.as_raw(),
+        });
+    }
+    layers.rep.close();
+    Ok(reap(payload))
+}
+
+/// Step 4: The mount view: the plan's steps on a fresh root, then `pivot_root`.
+fn mount_view(
+    plan: &Plan,
+    bp: &Blueprint,
+    ns: &namespaces::Created,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
+    if !ns.has(Layer::Mount) {
+        return Ok(());
+    }
+    let policy = &plan.policy;
+    let sources = mounts::Sources {
+        newroot: &plan.rundir.join("root"),
+        host_sock_dir: &plan.rundir.join("sock"),
+        files: &plan.run_files,
+    };
+    let built = mounts::build_and_pivot(&bp.mounts, &sources, layers.best_effort)
+        .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
+    for (layer, reason) in built.dropped {
+        layers.rep.send(&Message::Dropped { layer, reason });
+    }
+    layers.ok(
+        Layer::Mount,
+        format!(
+            "fresh root; {} entries, {} masked, {} protected paths read-only ({} parents pinned), {} git directories outside bound read-only",
+            policy.fs.len(),
+            built.masked.len(),
+            built.protected.len(),
+            policy.pinned.len(),
+            policy.guard.git_outside.len(),
+        ),
+    );
+    Ok(())
+}
+
+/// Step 4b: The git guard rides on the mount view (P8).
+fn git_guard(
+    policy: &Policy,
+    ns: &namespaces::Created,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
+    if policy.guard.git == crate::guard::GitMode::Unguarded {
+        layers.rep.send(&Message::Dropped {
+            layer: Layer::Git,
+            reason: "UNGUARDED by the profile ([workspace] git = \"unguarded\"): the agent can change what host git obeys".into(),
+        });
+        return Ok(());
+    }
+    if policy.guard.commit.is_some() && !ns.has(Layer::Mount) {
+        return Err(Stop {
+            unavailable: true,
+            layer: Some(Layer::Git),
+            message: "git = \"commit\" needs a mount namespace (the agent's repository is mounted over .git); use git = \"read-only\" here".into(),
+        });
+    }
+    if ns.has(Layer::Mount) {
+        layers.ok(Layer::Git, policy.guard.describe(true).join(" | "));
+        Ok(())
+    } else {
+        layers.missing(
+            Layer::Git,
+            "no mount namespace: git's control plane cannot be made read-only inside a writable workspace (only watched and reverted)",
+        )
+    }
+}
+
+/// Step 5: Hostname and loopback.
+fn hostname_and_loopback(policy: &Policy, ns: &namespaces::Created) -> Result<(), Stop> {
+    if ns.has(Layer::Uts) {
+        namespaces::set_hostname(&policy.sandbox.hostname)
+            .map_err(|e| Stop::applying(Layer::Uts, format!("sethostname: {e}")))?;
+    }
+    if ns.has(Layer::Net) && policy.network.mode == NetMode::Loopback {
+        net::loopback_up()
+            .map_err(|e| Stop::applying(Layer::Net, format!("bringing lo up: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Step 6: rlimits (inherited by everything below), then a fresh, empty session
+/// keyring: keys of the caller's session stay outside (E8).
+fn rlimits_and_keyring(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
+    // The kernel never applies RLIMIT_NPROC to host uid 0, so for root only
+    // the cgroup limits processes.
+    let rl = limits::apply(&plan.policy.limits).map(|d| {
+        if plan.host_uid == 0 {
+            format!("{d} (nproc is not enforced for host root: the cgroup layer limits processes)")
+        } else {
+            d
+        }
+    });
+    layers.result(Layer::Rlimits, rl)?;
+    layers.result(Layer::Keyring, keyring::fresh_session())
+}
+
+/// Step 7–8: A new session (no controlling terminal from the host), and every
+/// inherited descriptor above stderr closes at exec (the report pipe too).
+fn session_and_descriptors() -> Result<(), Stop> {
+    nix::unistd::setsid().map_err(|e| internal("setsid")(e.to_string()))?;
+    fds::cloexec_above_stderr()
+        .map(drop)
+        .map_err(internal("inherited descriptors"))
+}
+
+/// Step 9: The payload: a child that confines itself, then execs.
+fn spawn_payload(
+    plan: &Plan,
+    job: &payload::Job,
+    filters: &seccomp::Filters,
+    ns: &namespaces::Created,
+    layers: &mut Layers<'_>,
+) -> Result<Pid, Stop> {
+    // SAFETY: PID 1 is single-threaded, so fork is sound.
+    match unsafe { fork() }.map_err(|e| internal("fork the payload")(e.to_string()))? {
+        ForkResult::Child => {
+            let x = Exec {
+                job,
+                filters,
+                net_isolated: ns.has(Layer::Net),
+            };
+            let code = match payload::confine_and_exec(plan, x, layers) {
+                Ok(never) => match never {},
+                Err(stop) => fatal(layers.rep, stop, 127),
+            };
+            // SAFETY: _exit in a forked child skips the parent's atexit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => Ok(child),
+    }
+}
+
+/// Step 10: tmux: once the server listens, cover its socket directory for
+/// everyone inside (the plan's after-ready mounts).
+fn cover_socket(
+    plan: &Plan,
+    bp: &Blueprint,
+    ns: &namespaces::Created,
+    server: Pid,
+) -> Result<(), Stop> {
+    if !matches!(plan.payload, Payload::Tmux { .. }) {
+        return Ok(());
+    }
+    wait_for_socket(server).map_err(internal("waiting for the tmux server"))?;
+    if ns.has(Layer::Mount) {
+        mounts::after_ready(&bp.after_ready)
+            .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Step 11: PID 1 itself: no capabilities, no new privileges, the same syscall
+/// filter. A failure here ends the sandbox like any other (PID 1 outlives
+/// everything inside). A layer the profile lets go (best_effort) was already
+/// reported dropped by the payload, which met the same kernel; PID 1 goes
+/// without it too.
+fn confine_self(layers: &Layers<'_>, filters: &seccomp::Filters) -> Result<(), Stop> {
+    let optional = |l: Layer, r: Result<(), String>| match r {
+        Err(_) if layers.best_effort.contains(&l) => Ok(()),
+        Err(e) => Err((l, e)),
+        Ok(()) => Ok(()),
+    };
+    optional(Layer::Caps, caps::drop_all().map(drop))
+        .and_then(|_| optional(Layer::NoNewPrivs, caps::set_no_new_privs()))
+        .and_then(|_| caps::set_nondumpable().map_err(|e| (Layer::Caps, e)))
+        .and_then(|_| {
+            optional(
+                Layer::Seccomp,
+                seccomp::install(filters).map_err(|e| e.to_string()),
+            )
+        })
+        .map_err(|(layer, e)| Stop {
+            unavailable: true,
+            layer: Some(layer),
+            message: format!("confining PID 1: {e}"),
+        })
+}
+
+/// Waits (event-driven, inotify) until the tmux socket exists, or the server dies.
+fn wait_for_socket(server: Pid) -> Result<(), String> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let sock = std::path::Path::new(super::SOCKET_INSIDE);
+    let ino =
+        Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(|e| e.to_string())?;
+    ino.add_watch(sock.parent().unwrap_or(sock), AddWatchFlags::IN_CREATE)
+        .map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if sock.exists() {
+            return Ok(());
+        }
+        match waitpid(server, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
+                return Err("the tmux server exited before it listened".into())
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("waiting for the server: {e}")),
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err("the tmux server did not create its socket within 10 s".into());
+        }
+        // A short cap on each wait also notices a server that dies without creating anything.
+        let ms = left.as_millis().min(100) as u16;
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&ino),
+            PollFlags::POLLIN,
+        )];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(format!("poll: {e}")),
+        }
+        // The events only wake us: the socket's existence is checked by path.
+        match ino.read_events() {
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(e) => return Err(format!("reading inotify events: {e}")),
+        }
+    }
+}
+
+/// PID 1's last job: reap every child; forward termination to the payload;
+/// return when the payload ends (the kernel then kills the whole namespace).
+/// The signals are blocked already.
+fn reap(payload: Pid) -> i32 {
+    let set = relay_signals();
+    loop {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(p, c)) if p == payload => return c,
+                Ok(WaitStatus::Signaled(p, s, _)) if p == payload => return 128 + s as i32,
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+        match set.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            // The payload may be gone already (ESRCH): its status is the next wait's.
+            Ok(s) => {
+                let _ = kill(payload, s);
+            }
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! `plan::compile`: the policy, step by step, into the plan's mount view,
+//! layers, Landlock rules and paths.
+
+use super::*;
+use crate::profile::{MountKind, Policy};
+use crate::sandbox::landlock::{self, RUN_DIR};
+use std::path::Path;
+
+fn step(path: impl Into<PathBuf>, part: Part, op: Op, need: Need) -> Step {
+    Step {
+        path: path.into(),
+        part,
+        op,
+        need,
+        layer: Layer::Mount,
+    }
+}
+
+fn bind(from: From, onto: Onto, attrs: Attrs) -> Op {
+    Op::Bind { from, onto, attrs }
+}
+
+fn tmpfs(options: impl Into<String>, attrs: Attrs) -> Op {
+    Op::Tmpfs {
+        options: options.into(),
+        attrs,
+    }
+}
+
+/// Compiles the policy into the plan `__init` executes.
+pub fn compile(policy: &Policy, mode: Mode) -> Blueprint {
+    let mut m = Vec::new();
+    m.push(step(
+        "/",
+        Part::Root,
+        tmpfs("size=16m,mode=0755", Attrs::NOSUID_NODEV),
+        Need::Required,
+    ));
+    run_dir(&mut m, policy, mode);
+    profile_entries(&mut m, policy);
+    guard(&mut m, policy);
+    dev(&mut m, policy);
+    proc(&mut m);
+    etc(&mut m, policy);
+    for p in [RUN_DIR, "/"] {
+        m.push(step(p, Part::Seal, Op::ReadOnly, Need::Required));
+    }
+    let after_ready = match mode {
+        Mode::Tmux => vec![step(
+            SOCK_DIR,
+            Part::SocketCover,
+            tmpfs("size=4k,mode=0", Attrs::RO_ALL),
+            Need::Required,
+        )],
+        Mode::Run => Vec::new(),
+    };
+    let layers = Layer::ALL
+        .into_iter()
+        .map(|layer| LayerNeed {
+            layer,
+            need: if policy.best_effort.contains(&layer) {
+                Need::BestEffort
+            } else {
+                Need::Required
+            },
+        })
+        .collect();
+    let landlock = [Role::Server, Role::Pane, Role::Command]
+        .into_iter()
+        .map(|role| RoleRules {
+            role,
+            rules: landlock::rules(policy, role)
+                .into_iter()
+                .map(|(path, grant)| Rule { path, grant })
+                .collect(),
+        })
+        .collect();
+    Blueprint {
+        layers,
+        mounts: m,
+        after_ready,
+        landlock,
+        paths: Paths {
+            workspace: policy.workspace.clone(),
+            home: crate::profile::SANDBOX_HOME.into(),
+            run_dir: RUN_DIR.into(),
+            socket: crate::sandbox::SOCKET_INSIDE.into(),
+            tmux_conf: TMUX_CONF.into(),
+            gate: GATE.into(),
+            gate_config: GATE_CONFIG.into(),
+        },
+    }
+}
+
+/// `/run/sandmux`: its files, the gate and the socket directory.
+fn run_dir(m: &mut Vec<Step>, policy: &Policy, mode: Mode) {
+    let run = Path::new(RUN_DIR);
+    m.push(step(
+        run,
+        Part::RunDir,
+        tmpfs("size=4m,mode=0755", Attrs::NOSUID_NODEV),
+        Need::Required,
+    ));
+    let mut files = vec![
+        ("empty", RunFile::Empty),
+        ("passwd", RunFile::Passwd),
+        ("group", RunFile::Group),
+        ("gate.json", RunFile::GateJson),
+    ];
+    if crate::sandbox::name_files(policy).is_some() {
+        files.push(("resolv.conf", RunFile::ResolvConf));
+        files.push(("hosts", RunFile::Hosts));
+    }
+    if mode == Mode::Tmux {
+        files.push(("tmux.conf", RunFile::TmuxConf));
+    }
+    for (name, content) in files {
+        m.push(step(
+            run.join(name),
+            Part::RunFile,
+            Op::File { content },
+            Need::Required,
+        ));
+    }
+    m.push(step(
+        GATE,
+        Part::Gate,
+        bind(From::Binary, Onto::Create, Attrs::RO_NOSUID_NODEV),
+        Need::Required,
+    ));
+    let sock = Attrs::new(false, true, true, true);
+    m.push(step(
+        SOCK_DIR,
+        Part::SocketDir,
+        bind(From::RundirSock, Onto::Create, sock),
+        Need::Required,
+    ));
+}
+
+/// The profile's entries, parents first.
+fn profile_entries(m: &mut Vec<Step>, policy: &Policy) {
+    for e in &policy.fs {
+        let p = e.path.clone();
+        m.push(match &e.kind {
+            MountKind::ReadOnly => step(
+                p,
+                Part::Profile,
+                bind(From::Host, Onto::Create, Attrs::RO_NOSUID_NODEV),
+                Need::Required,
+            ),
+            MountKind::ReadWrite => step(
+                p,
+                Part::Profile,
+                bind(From::Host, Onto::Create, Attrs::NOSUID_NODEV),
+                Need::Required,
+            ),
+            MountKind::Tmpfs => {
+                let mode = if p == Path::new("/tmp") {
+                    "1777"
+                } else {
+                    "0755"
+                };
+                let options = format!("size={},mode={mode}", policy.limits.tmpfs_size.0);
+                step(
+                    p,
+                    Part::Profile,
+                    tmpfs(options, Attrs::NOSUID_NODEV),
+                    Need::Required,
+                )
+            }
+            MountKind::Masked => step(p, Part::Mask, Op::Mask, Need::IfPresent),
+            MountKind::Symlink(target) => step(
+                p,
+                Part::Symlink,
+                Op::Symlink {
+                    target: target.clone(),
+                },
+                Need::Required,
+            ),
+        });
+    }
+}
+
+/// The workspace guard (P8): commit mode's repositories, pinned parents,
+/// protected paths, git directories outside every tree.
+fn guard(m: &mut Vec<Step>, policy: &Policy) {
+    if let Some(c) = &policy.guard.commit {
+        let agent = From::HostBeneath {
+            path: c.agent.clone(),
+        };
+        m.push(step(
+            &c.real,
+            Part::AgentRepo,
+            bind(agent, Onto::Existing, Attrs::NOSUID_NODEV),
+            Need::Required,
+        ));
+        let real = From::HostBeneath {
+            path: c.real.clone(),
+        };
+        m.push(step(
+            &c.origin,
+            Part::GitOrigin,
+            bind(real, Onto::Create, Attrs::RO_NOSUID_NODEV),
+            Need::Required,
+        ));
+    }
+    for p in &policy.pinned {
+        m.push(step(p, Part::Pin, Op::Pin, Need::IfPresent));
+    }
+    for p in &policy.protected {
+        m.push(step(p, Part::Protect, Op::Protect, Need::IfPresent));
+    }
+    for p in &policy.guard.git_outside {
+        let from = From::HostBeneath { path: p.clone() };
+        m.push(step(
+            p,
+            Part::GitOutside,
+            bind(from, Onto::Create, Attrs::RO_NOSUID_NODEV),
+            Need::Required,
+        ));
+    }
+}
+
+/// `/dev`: a tmpfs with host device nodes, a private devpts, `/dev/shm`.
+fn dev(m: &mut Vec<Step>, policy: &Policy) {
+    let nosuid_noexec = Attrs::new(false, true, false, true);
+    m.push(step(
+        "/dev",
+        Part::Dev,
+        tmpfs("size=64k,mode=0755", nosuid_noexec),
+        Need::Required,
+    ));
+    for n in ["null", "zero", "full", "random", "urandom", "tty"] {
+        m.push(step(
+            Path::new("/dev").join(n),
+            Part::Device,
+            bind(From::Host, Onto::Create, nosuid_noexec),
+            Need::Required,
+        ));
+    }
+    let devpts = Op::Devpts {
+        options: "newinstance,ptmxmode=0666,mode=0620".into(),
+        attrs: nosuid_noexec,
+    };
+    m.push(step("/dev/pts", Part::Devpts, devpts, Need::Required));
+    let shm = format!("size={},mode=1777", policy.limits.tmpfs_size.0);
+    m.push(step(
+        "/dev/shm",
+        Part::Shm,
+        tmpfs(shm, Attrs::new(false, true, true, true)),
+        Need::Required,
+    ));
+    for (name, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let op = Op::Symlink {
+            target: target.into(),
+        };
+        m.push(step(
+            Path::new("/dev").join(name),
+            Part::DevLink,
+            op,
+            Need::Required,
+        ));
+    }
+    m.push(step("/dev", Part::Seal, Op::ReadOnly, Need::Required));
+}
+
+/// `/proc`: fresh, its key lists emptied, read-only covers on the parts that
+/// reach the host kernel.
+fn proc(m: &mut Vec<Step>) {
+    let attrs = Attrs::new(false, true, true, true);
+    m.push(step(
+        "/proc",
+        Part::Proc,
+        Op::Procfs { attrs },
+        Need::Required,
+    ));
+    for n in ["keys", "key-users"] {
+        let empty = From::Inside { path: EMPTY.into() };
+        m.push(step(
+            Path::new("/proc").join(n),
+            Part::ProcMask,
+            bind(empty, Onto::IfPresent, Attrs::RO_ALL),
+            Need::IfPresent,
+        ));
+    }
+    for n in [
+        "sys",
+        "sysrq-trigger",
+        "irq",
+        "bus",
+        "fs",
+        "acpi",
+        "scsi",
+        "timer_list",
+        "latency_stats",
+        "sched_debug",
+        "kcore",
+    ] {
+        m.push(step(
+            Path::new("/proc").join(n),
+            Part::ProcCover,
+            bind(From::Itself, Onto::IfPresent, Attrs::RO_ALL),
+            Need::IfPresent,
+        ));
+    }
+}
+
+/// `/etc/passwd` and `/etc/group`: the sandbox's identity only; without a
+/// host network, `/etc/resolv.conf` and `/etc/hosts` say why.
+fn etc(m: &mut Vec<Step>, policy: &Policy) {
+    let mut names = vec!["passwd", "group"];
+    if crate::sandbox::name_files(policy).is_some() {
+        names.extend(["resolv.conf", "hosts"]);
+    }
+    for n in names {
+        let from = From::Inside {
+            path: Path::new(RUN_DIR).join(n),
+        };
+        m.push(step(
+            Path::new("/etc").join(n),
+            Part::Etc,
+            bind(from, Onto::IfPresent, Attrs::RO_NOSUID_NODEV),
+            Need::IfPresent,
+        ));
+    }
+}

@@ -1,0 +1,374 @@
+//! The start-up plan: the resolved policy compiled, on the supervisor's side,
+//! into every step the sandbox takes — the whole mount view in order (`/dev`,
+//! `/proc`, `/run/sandmux` and `/etc` included), each step marked required,
+//! if-present or best-effort; each layer's requirement; the Landlock rules per
+//! role; and the paths inside. `sandmux __init` only executes it, one loop per
+//! kind (`mounts::execute`), and `sandmux profile show --resolved` prints it.
+//!
+//! A container fallback is one entry here, not a special case in the
+//! executor: a step marked `best-effort` with the layer it reports under is
+//! skipped and reported as that layer dropped when the profile lets the layer
+//! go, and ends start-up (as that layer) when it does not.
+
+mod compile;
+pub use compile::compile;
+
+use super::landlock::{Grant, Role};
+use crate::profile::Layer;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The tmux socket's directory inside (a bind of `<rundir>/sock`).
+pub const SOCK_DIR: &str = "/run/sandmux/sock";
+/// The pane gate inside (the sandmux binary, read-only).
+pub const GATE: &str = "/run/sandmux/bin/sandmux-pane";
+/// The tmux configuration inside (tmux mode).
+pub const TMUX_CONF: &str = "/run/sandmux/tmux.conf";
+/// The gate's configuration inside.
+pub const GATE_CONFIG: &str = "/run/sandmux/gate.json";
+/// The empty file that masks files.
+pub const EMPTY: &str = "/run/sandmux/empty";
+
+/// Everything the sandbox will be, compiled from a policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blueprint {
+    /// Each layer and whether the profile requires it.
+    pub layers: Vec<LayerNeed>,
+    /// The mount view, built by PID 1 on a fresh tmpfs, in this order, before
+    /// `pivot_root`.
+    pub mounts: Vec<Step>,
+    /// Mounts made once the tmux server listens (tmux mode only).
+    pub after_ready: Vec<Step>,
+    /// The Landlock rules of each role.
+    pub landlock: Vec<RoleRules>,
+    /// Paths inside the sandbox.
+    pub paths: Paths,
+}
+
+/// A layer and its requirement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerNeed {
+    /// The layer.
+    pub layer: Layer,
+    /// `required` or `best-effort`.
+    pub need: Need,
+}
+
+/// What a failing step (or a missing layer) means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Need {
+    /// Failure ends start-up.
+    Required,
+    /// Skipped when its path is absent (on the host or in the view); any
+    /// other failure ends start-up.
+    IfPresent,
+    /// Failure is reported as the step's layer dropped when the profile lists
+    /// that layer as best-effort; otherwise it ends start-up.
+    BestEffort,
+}
+
+/// One mount step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// The path inside.
+    pub path: PathBuf,
+    /// What the step is for.
+    pub part: Part,
+    /// What is done.
+    #[serde(flatten)]
+    pub op: Op,
+    /// What a failure means.
+    pub need: Need,
+    /// The layer a failure is reported under.
+    pub layer: Layer,
+}
+
+/// What a step is for: names the step in reports, errors and the docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    /// The fresh root.
+    Root,
+    /// `/run/sandmux`, the sandbox's own files.
+    RunDir,
+    /// A file in `/run/sandmux`.
+    RunFile,
+    /// The pane gate binary.
+    Gate,
+    /// The tmux socket's directory.
+    SocketDir,
+    /// A profile `read_only`, `read_write` or `tmpfs` entry.
+    Profile,
+    /// A profile `read_only` entry that is a symlink on the host.
+    Symlink,
+    /// A profile `masked` entry.
+    Mask,
+    /// Commit mode: the agent's repository over the workspace's `.git`.
+    AgentRepo,
+    /// Commit mode: the real git directory, read-only.
+    GitOrigin,
+    /// A parent of a protected path, bound onto itself.
+    Pin,
+    /// A protected path, read-only.
+    Protect,
+    /// A git directory outside every tree a `.git` file names.
+    GitOutside,
+    /// `/dev`.
+    Dev,
+    /// A device node bound from the host.
+    Device,
+    /// `/dev/pts`.
+    Devpts,
+    /// `/dev/shm`.
+    Shm,
+    /// A symlink in `/dev`.
+    DevLink,
+    /// `/proc`.
+    Proc,
+    /// A `/proc` file that would list the caller's keys, emptied.
+    ProcMask,
+    /// A `/proc` entry that reaches the host kernel, read-only.
+    ProcCover,
+    /// An `/etc` file replaced by the sandbox's own.
+    Etc,
+    /// A mount made read-only once its contents are in place.
+    Seal,
+    /// The socket directory covered once the server listens.
+    SocketCover,
+}
+
+/// What a step does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Op {
+    /// A fresh tmpfs (a place where mount points may be created).
+    Tmpfs {
+        /// Mount options (`size=…,mode=…`).
+        options: String,
+        /// Mount attributes.
+        attrs: Attrs,
+    },
+    /// A fresh procfs of the sandbox's pid namespace.
+    Procfs {
+        /// Mount attributes.
+        attrs: Attrs,
+    },
+    /// A new devpts instance.
+    Devpts {
+        /// Mount options.
+        options: String,
+        /// Mount attributes.
+        attrs: Attrs,
+    },
+    /// A file written into a tmpfs of ours.
+    File {
+        /// Its contents.
+        content: RunFile,
+    },
+    /// A recursive bind.
+    Bind {
+        /// Where the tree comes from.
+        from: From,
+        /// How the mount point is found.
+        onto: Onto,
+        /// Mount attributes.
+        attrs: Attrs,
+    },
+    /// A symlink.
+    Symlink {
+        /// Its target.
+        target: PathBuf,
+    },
+    /// A masked path: an empty read-only directory or file over it.
+    Mask,
+    /// Bound onto itself, read-write (a mount point cannot be renamed).
+    Pin,
+    /// Bound onto itself read-only; a symlink here ends start-up.
+    Protect,
+    /// The mount made read-only (not its submounts).
+    ReadOnly,
+}
+
+/// Where a bind's tree comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum From {
+    /// The same path on the host (its last component not followed).
+    Host,
+    /// A path on the host, opened beneath `/` with no symlink anywhere.
+    HostBeneath {
+        /// The host path.
+        path: PathBuf,
+    },
+    /// The sandmux binary.
+    Binary,
+    /// The instance's `<rundir>/sock` on the host.
+    RundirSock,
+    /// A path already in the view.
+    Inside {
+        /// The path inside.
+        path: PathBuf,
+    },
+    /// The mount point itself.
+    Itself,
+}
+
+/// How a bind's mount point is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Onto {
+    /// Created on a tmpfs of ours if missing (a directory or file, as the
+    /// source is); a missing one in a host tree is an error.
+    Create,
+    /// Must exist, a directory, not a symlink.
+    Existing,
+    /// Skipped when it cannot be opened.
+    IfPresent,
+}
+
+/// A file of `/run/sandmux`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunFile {
+    /// Empty (what masks files).
+    Empty,
+    /// The sandbox's `/etc/passwd`.
+    Passwd,
+    /// The sandbox's `/etc/group`.
+    Group,
+    /// The gate's configuration.
+    GateJson,
+    /// `/etc/resolv.conf` explaining the network mode.
+    ResolvConf,
+    /// `/etc/hosts` explaining the network mode.
+    Hosts,
+    /// The tmux configuration.
+    TmuxConf,
+}
+
+/// Mount attributes, written as in `mount(8)`: `ro,nosuid,nodev,noexec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct Attrs {
+    /// Read-only.
+    pub ro: bool,
+    /// No set-uid.
+    pub nosuid: bool,
+    /// No devices.
+    pub nodev: bool,
+    /// No execution.
+    pub noexec: bool,
+}
+
+impl Attrs {
+    pub(crate) const fn new(ro: bool, nosuid: bool, nodev: bool, noexec: bool) -> Attrs {
+        Attrs {
+            ro,
+            nosuid,
+            nodev,
+            noexec,
+        }
+    }
+    pub(crate) const NOSUID_NODEV: Attrs = Attrs::new(false, true, true, false);
+    pub(crate) const RO_NOSUID_NODEV: Attrs = Attrs::new(true, true, true, false);
+    pub(crate) const RO_ALL: Attrs = Attrs::new(true, true, true, true);
+}
+
+impl std::fmt::Display for Attrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = [
+            (self.ro, "ro"),
+            (self.nosuid, "nosuid"),
+            (self.nodev, "nodev"),
+            (self.noexec, "noexec"),
+        ];
+        let on: Vec<&str> = names.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
+        if on.is_empty() {
+            f.write_str("rw")
+        } else {
+            f.write_str(&on.join(","))
+        }
+    }
+}
+
+impl std::convert::From<Attrs> for String {
+    fn from(a: Attrs) -> String {
+        a.to_string()
+    }
+}
+
+impl TryFrom<String> for Attrs {
+    type Error = String;
+    fn try_from(s: String) -> Result<Attrs, String> {
+        let mut a = Attrs::new(false, false, false, false);
+        for w in s.split(',') {
+            match w {
+                "ro" => a.ro = true,
+                "nosuid" => a.nosuid = true,
+                "nodev" => a.nodev = true,
+                "noexec" => a.noexec = true,
+                "rw" => {}
+                _ => return Err(format!("unknown mount attribute {w:?}")),
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// The Landlock rules of one role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleRules {
+    /// The role.
+    pub role: Role,
+    /// Its rules, in the order they are added.
+    pub rules: Vec<Rule>,
+}
+
+/// One Landlock rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    /// The path inside (skipped when it does not exist).
+    pub path: PathBuf,
+    /// What is granted beneath it.
+    pub grant: Grant,
+}
+
+/// Paths inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Paths {
+    /// The workspace (the same path as on the host).
+    pub workspace: PathBuf,
+    /// The home directory.
+    pub home: PathBuf,
+    /// The sandbox's own files.
+    pub run_dir: PathBuf,
+    /// The tmux socket (hidden once the server listens).
+    pub socket: PathBuf,
+    /// The tmux configuration (tmux mode).
+    pub tmux_conf: PathBuf,
+    /// The pane gate.
+    pub gate: PathBuf,
+    /// The gate's configuration.
+    pub gate_config: PathBuf,
+}
+
+/// Which payload the plan is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `sandmux run`: one command.
+    Run,
+    /// A tmux server (`serve`, `shell`, `check`).
+    Tmux,
+}
+
+impl Blueprint {
+    /// The layers the profile lets go.
+    pub fn best_effort(&self) -> std::collections::BTreeSet<Layer> {
+        self.layers
+            .iter()
+            .filter(|l| l.need == Need::BestEffort)
+            .map(|l| l.layer)
+            .collect()
+    }
+}

@@ -1,0 +1,198 @@
+//! What is shown of a compiled plan: `sandmux profile show --resolved` (the
+//! policy and the whole sandbox, JSON or TOML) and the mount-view table of
+//! docs/architecture.md (`sandmux __tables-doc mount-view`).
+
+use super::plan::{self, Blueprint, From, Mode, Need, Onto, Op, Part, RunFile, Step};
+use crate::profile::{FsEntry, MountKind, Policy};
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// The policy with the sandbox compiled from it (for a tmux server; `run`
+/// writes no `tmux.conf` and makes no after-ready mount).
+#[derive(Serialize)]
+struct Resolved<'a> {
+    #[serde(flatten)]
+    policy: &'a Policy,
+    plan: Blueprint,
+}
+
+/// `profile show --resolved` in `format` (`json` or `toml`).
+pub fn resolved(policy: &Policy, format: &str) -> Result<String, String> {
+    let r = Resolved {
+        policy,
+        plan: plan::compile(policy, Mode::Tmux),
+    };
+    match format {
+        "json" => serde_json::to_string_pretty(&r).map_err(|e| e.to_string()),
+        "toml" => {
+            let text = toml::to_string(&r).map_err(|e| e.to_string())?;
+            // TOML's literal strings cannot escape: refuse what a terminal acts on.
+            if text
+                .split('\n')
+                .any(|l| crate::term::printable(l) != l.replace('\\', "\\\\"))
+            {
+                return Err("a value holds control or reordering characters, which TOML's literal strings cannot escape; use --format json".into());
+            }
+            Ok(text)
+        }
+        other => Err(format!("unknown format {other:?}: use json or toml")),
+    }
+}
+
+/// The mount view of the `default` profile as a markdown table, with
+/// placeholders where the profile and the workspace decide.
+pub fn table() -> String {
+    let mut t = String::from("| # | path (inside) | step | source | attributes | if it fails |\n|---|---|---|---|---|---|\n");
+    let bp = plan::compile(&sample(), Mode::Tmux);
+    let steps = bp.mounts.iter().chain(bp.after_ready.iter());
+    for (i, s) in steps.enumerate() {
+        let path = format!("`{}`", s.path.display());
+        t.push_str(&format!(
+            "| {} | {}{} | {} | {} | {} | {} |\n",
+            i + 1,
+            path,
+            note(s),
+            what(&s.op),
+            source(s),
+            attrs(&s.op),
+            need(s),
+        ));
+    }
+    t
+}
+
+/// A policy whose host-dependent parts are placeholders.
+fn sample() -> Policy {
+    let (_, text) = crate::profile::BUILTINS[0];
+    let p = crate::profile::parse("default", text).expect("built-in profiles parse");
+    let entry = |path: &str, kind| FsEntry {
+        path: path.into(),
+        kind,
+    };
+    let ph = |s: &str| PathBuf::from(s);
+    Policy {
+        name: "default".into(),
+        source: crate::profile::Source::Builtin("default".into()),
+        description: p.description.clone(),
+        fs: vec![
+            entry("{read_only}", MountKind::ReadOnly),
+            entry("{read_only symlink}", MountKind::Symlink("{target}".into())),
+            entry("{read_write}", MountKind::ReadWrite),
+            entry("/tmp", MountKind::Tmpfs),
+            entry("{tmpfs}", MountKind::Tmpfs),
+            entry("{masked}", MountKind::Masked),
+        ],
+        protected: vec![ph("{protected}")],
+        guard: crate::guard::Guard {
+            git: p.workspace.git,
+            names: Vec::new(),
+            trees: Vec::new(),
+            git_outside: vec![ph("{git dir outside}")],
+            new_repositories: p.workspace.new_repositories,
+            commit: Some(crate::guard::commit::CommitRepo {
+                agent: ph("{state}/git/{id}/agent.git"),
+                real: ph("{workspace}/.git"),
+                origin: ph("{state}/git/{id}/origin"),
+            }),
+        },
+        pinned: vec![ph("{parent of a protected path}")],
+        network: p.network.clone(),
+        limits: p.limits.clone(),
+        environment: p.environment.clone(),
+        sandbox: p.sandbox.clone(),
+        best_effort: p.enforcement.best_effort.iter().copied().collect(),
+        landlock_abi: None,
+        workspace: ph("{workspace}"),
+        mcp: p.mcp.clone(),
+        recording: p.recording.clone(),
+    }
+}
+
+/// When a step exists only in some sandboxes.
+fn note(s: &Step) -> &'static str {
+    match (s.part, &s.op) {
+        (
+            _,
+            Op::File {
+                content: RunFile::TmuxConf,
+            },
+        )
+        | (Part::SocketCover, _) => " (tmux mode)",
+        (
+            _,
+            Op::File {
+                content: RunFile::ResolvConf | RunFile::Hosts,
+            },
+        ) => " (network `none`, `loopback`)",
+        (Part::Etc, _) if s.path.ends_with("resolv.conf") || s.path.ends_with("hosts") => {
+            " (network `none`, `loopback`)"
+        }
+        (Part::AgentRepo | Part::GitOrigin, _) => " (`git = \"commit\"`)",
+        _ => "",
+    }
+}
+
+fn what(op: &Op) -> String {
+    match op {
+        Op::Tmpfs { options, .. } => format!("tmpfs `{options}`"),
+        Op::Procfs { .. } => "fresh procfs".into(),
+        Op::Devpts { options, .. } => format!("devpts `{options}`"),
+        Op::File { .. } => "file, mode 0444".into(),
+        Op::Bind { .. } => "recursive bind".into(),
+        Op::Symlink { target } => format!("symlink → `{}`", target.display()),
+        Op::Mask => {
+            "masked: empty ro tmpfs (directory) or bind of `/run/sandmux/empty` (file)".into()
+        }
+        Op::Pin => "bound onto itself".into(),
+        Op::Protect => "bound onto itself read-only".into(),
+        Op::ReadOnly => "made read-only (not its submounts)".into(),
+    }
+}
+
+fn source(s: &Step) -> String {
+    let Op::Bind { from, .. } = &s.op else {
+        return "—".into();
+    };
+    match from {
+        From::Host => "the same host path".into(),
+        From::HostBeneath { path } => format!("host `{}` (no symlinks)", path.display()),
+        From::Binary => "the sandmux binary".into(),
+        From::RundirSock => "`<rundir>/sock`".into(),
+        From::Inside { path } => format!("`{}`", path.display()),
+        From::Itself => "itself".into(),
+    }
+}
+
+fn attrs(op: &Op) -> String {
+    match op {
+        Op::Tmpfs { attrs, .. }
+        | Op::Procfs { attrs }
+        | Op::Devpts { attrs, .. }
+        | Op::Bind { attrs, .. } => attrs.to_string(),
+        Op::Mask => "ro,nosuid,nodev,noexec".into(),
+        Op::Pin => "nosuid,nodev".into(),
+        Op::Protect => "ro,nosuid,nodev".into(),
+        Op::ReadOnly => "ro".into(),
+        Op::File { .. } | Op::Symlink { .. } => "—".into(),
+    }
+}
+
+fn need(s: &Step) -> String {
+    let skip = match (&s.op, s.need) {
+        (
+            Op::Bind {
+                onto: Onto::IfPresent,
+                ..
+            },
+            _,
+        ) => "skipped if absent inside",
+        (Op::Mask, _) => "skipped if absent on the host or inside",
+        (Op::Pin | Op::Protect, _) => "skipped if absent; a symlink ends start-up",
+        _ => "",
+    };
+    match s.need {
+        Need::Required => format!("ends start-up (`{}`)", s.layer),
+        Need::IfPresent => format!("{skip}; else ends start-up (`{}`)", s.layer),
+        Need::BestEffort => format!("`{}` dropped if best-effort, else ends start-up", s.layer),
+    }
+}
