@@ -98,19 +98,10 @@ impl Broker {
         unsafe {
             cmd.pre_exec(move || {
                 let moved = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-                if moved < 0
-                    || libc::dup2(moved, SOCKET_FD) < 0
-                    || libc::prctl(
-                        libc::PR_SET_PDEATHSIG,
-                        libc::SIGKILL as libc::c_ulong,
-                        0,
-                        0,
-                        0,
-                    ) != 0
-                {
+                if moved < 0 || libc::dup2(moved, SOCKET_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                Ok(())
+                crate::sandbox::die_with_parent()
             });
         }
         let child = cmd

@@ -227,6 +227,26 @@ pub fn identity_files(policy: &Policy) -> (String, String) {
     (passwd, group)
 }
 
+/// For a `pre_exec` hook: the child gets SIGKILL when the thread that
+/// spawned it ends (async-signal-safe: one prctl).
+pub(crate) fn die_with_parent() -> std::io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets this process's death signal.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Spawns `sandmux __init` with the plan and reads its report until the
 /// payload runs (`run`) or the tmux server is ready (`tmux`).
 ///
@@ -262,17 +282,7 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
             {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            die_with_parent()
         });
     }
     let child = cmd

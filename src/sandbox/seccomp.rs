@@ -192,12 +192,7 @@ pub fn build() -> Result<Filters, SeccompError> {
             SeccompRule::new(vec![eq32(2, libc::IPPROTO_SCTP as u64)?])?,
         ],
     );
-    let denylist = SeccompFilter::new(
-        deny,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )?;
+    let denylist = eperm(deny, arch)?;
 
     Ok(Filters {
         programs: vec![x32_guard(), compile(allowlist)?, compile(denylist)?],
@@ -237,12 +232,7 @@ pub(crate) fn supervisor_programs(
             libc::AF_UNIX as u64,
         )?])?],
     );
-    let denylist = SeccompFilter::new(
-        deny,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )?;
+    let denylist = eperm(deny, arch)?;
     let clone3 = SeccompFilter::new(
         BTreeMap::from([(libc::SYS_clone3, vec![])]),
         SeccompAction::Allow,
@@ -250,6 +240,19 @@ pub(crate) fn supervisor_programs(
         arch,
     )?;
     Ok(vec![x32_guard(), compile(denylist)?, compile(clone3)?])
+}
+
+/// A filter answering `EPERM` for the calls (and rules) of `deny`.
+fn eperm(
+    deny: BTreeMap<i64, Vec<SeccompRule>>,
+    arch: TargetArch,
+) -> Result<SeccompFilter, SeccompError> {
+    Ok(SeccompFilter::new(
+        deny,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )?)
 }
 
 /// `clone` with any `CLONE_NEW*` flag.
