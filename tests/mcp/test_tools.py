@@ -291,8 +291,15 @@ async def test_keys_and_text_are_kept_apart(ws):
         p = s["pane_id"]
         await call(c, "send_keys", {"pane_id": p, "text": "sleep 30"})
         await call(c, "send_keys", {"pane_id": p, "keys": ["C-c"]})
-        r = await call(c, "run_command", {"pane_id": p, "command": "echo back"})
-        assert r["output"] == "back"
+        # The ^C reached `sleep`; the shell is back at its prompt a moment later.
+        t0 = time.monotonic()
+        while True:
+            r = await c.call_tool("run_command", {"pane_id": p, "command": "echo back"})
+            busy = r.is_error and "not at its shell prompt" in r.content[0].text
+            if not busy or time.monotonic() - t0 > 10:
+                break
+            await anyio.sleep(0.05)
+        assert not r.is_error and r.structured_content["output"] == "back", r
         err = await call(c, "send_keys", {"pane_id": p, "keys": ["ls -la"]}, ok=False)
         assert "not a key name" in err and "text" in err
         # "C-c" as text is typed literally. The cursor send_keys returns makes the
