@@ -136,7 +136,6 @@ def test_stop_ends_serve_with_status_0_and_a_sealed_audit_log(anyrt):
     assert last["tool"] == "(sealed)", last
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: serve as PID 1 does not reap adopted orphans")
 def test_pid1_reaps_orphans(rootful):
     name = f"smx-reap-{os.getpid()}"
     p = start_serving(rootful, "full", name)
@@ -152,6 +151,17 @@ def test_pid1_reaps_orphans(rootful):
     finally:
         rootful.run("stop", "-t", "2", name)
         p.wait(60)
+
+
+def test_run_as_pid1_exits_with_the_commands_status(rootful):
+    """PID 1's reaping parent passes the command's status through (README's table)."""
+    def run(cmd):
+        return rootful.run("run", "--rm", "--network", "none", *rootful.flags("full"), IMAGE,
+                           "run", "-p", "default", "--", "/usr/bin/bash", "-c", cmd)
+    p = run("echo out; echo err >&2; exit 7")
+    assert (p.returncode, p.stdout) == (7, "out\n") and "err" in p.stderr, (p.returncode, p.stdout, p.stderr)
+    p = run("kill -USR1 $$")
+    assert p.returncode == 128 + 10, (p.returncode, p.stderr)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 12: a start-up failure reaches the client as a closed pipe")
