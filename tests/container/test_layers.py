@@ -108,7 +108,6 @@ def test_unprivileged_user_without_userns_refuses_naming_both_ways_out(docker):
     assert "root" in e and "seccomp" in e and "systempaths" in e, e
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: refusals in a container name a sysctl, not the runtime flag")
 def test_refusals_name_the_runtime_flags(request):
     podman, docker = request.getfixturevalue("rootful"), request.getfixturevalue("docker")
     _, rep, _ = podman.check("defaults", "default")
