@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod entrypoint;
 pub mod guard;
 pub mod mcp;
 pub mod nonce;

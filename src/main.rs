@@ -235,6 +235,10 @@ fn main() -> ExitCode {
         pane::main(args);
     }
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Run { .. }) {
+        // Before any thread: as a container's PID 1, a reaping parent stays PID 1.
+        sandmux::entrypoint::take_pid1_duties();
+    }
     match cli.cmd {
         Cmd::Init => sandbox::init::main(),
         Cmd::Broker => ExitCode::from(sandmux::mcp::broker::main() as u8),

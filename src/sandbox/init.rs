@@ -97,6 +97,26 @@ impl Layers<'_> {
         }
     }
 
+    /// A best-effort step of `layer`: on failure the layer is reported
+    /// dropped (the error, then `note`: what that leaves) when the profile
+    /// lets it go; otherwise start-up ends with the layer failing to apply.
+    pub(super) fn step(
+        &mut self,
+        layer: Layer,
+        r: Result<(), String>,
+        note: &str,
+    ) -> Result<(), Stop> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if self.best_effort.contains(&layer) => {
+                let reason = format!("{e}; {note}");
+                self.rep.send(&Message::Dropped { layer, reason });
+                Ok(())
+            }
+            Err(e) => Err(Stop::applying(layer, e)),
+        }
+    }
+
     pub(super) fn result(&mut self, layer: Layer, r: Result<String, String>) -> Result<(), Stop> {
         match r {
             Ok(d) => {

@@ -5,6 +5,7 @@
 
 pub mod caps;
 pub mod cgroup;
+mod container;
 pub mod env;
 mod fds;
 pub mod freeze;
@@ -169,11 +170,18 @@ impl StartError {
             layer: Some(layer),
             code: None,
             message: format!(
-                "required layer '{layer}' is unavailable: {reason}\n  fix: {}\n  (or, to run without it, add \"{layer}\" to [enforcement] best_effort in a profile of your own)",
-                layer.fix()
+                "required layer '{layer}' is unavailable: {reason}\n  fix{}\n  (or, to run without it, add \"{layer}\" to [enforcement] best_effort in a profile of your own)",
+                in_container(container::unavailable_fix(layer, reason)).unwrap_or(format!(": {}", layer.fix()))
             ),
         }
     }
+}
+
+/// A container's own fix, introduced by what says it is a container (` (in
+/// a container: /.dockerenv): …`); None outside one or without such a fix.
+fn in_container(fix: Option<String>) -> Option<String> {
+    let mark = container::detected()?;
+    fix.map(|f| format!(" (in a container: {mark}): {f}"))
 }
 
 fn internal(e: impl std::fmt::Display) -> StartError {
@@ -318,7 +326,12 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
             Some(l) if *unavailable => StartError::layer(*l, message),
             Some(l) => StartError {
                 layer: Some(*l),
-                message: format!("layer '{l}' could not be applied: {message}"),
+                message: format!(
+                    "layer '{l}' could not be applied: {message}{}",
+                    in_container(container::applying_fix(*l, message))
+                        .map(|f| format!("\n  fix{f}"))
+                        .unwrap_or_default()
+                ),
                 code: None,
             },
             None => internal(format!("sandbox start-up failed: {message}")),

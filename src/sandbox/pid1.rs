@@ -30,7 +30,7 @@ pub(super) fn run(
     };
     mount_view(plan, bp, ns, &mut layers)?;
     git_guard(policy, ns, &mut layers)?;
-    hostname_and_loopback(policy, ns)?;
+    hostname_and_loopback(policy, ns, &mut layers)?;
     rlimits_and_keyring(plan, &mut layers)?;
     session_and_descriptors()?;
     let filters = seccomp::build().map_err(|e| Stop::applying(Layer::Seccomp, e.to_string()))?;
@@ -135,11 +135,22 @@ fn git_guard(
     }
 }
 
-/// Step 5: Hostname and loopback.
-fn hostname_and_loopback(policy: &Policy, ns: &namespaces::Created) -> Result<(), Stop> {
+/// Step 5: Hostname and loopback. A refused `sethostname` (a container's
+/// seccomp profile denies it) is the `uts` layer's best-effort step: dropped
+/// and reported when the profile lets `uts` go, fatal otherwise.
+fn hostname_and_loopback(
+    policy: &Policy,
+    ns: &namespaces::Created,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
     if ns.has(Layer::Uts) {
-        namespaces::set_hostname(&policy.sandbox.hostname)
-            .map_err(|e| Stop::applying(Layer::Uts, format!("sethostname: {e}")))?;
+        let r = namespaces::set_hostname(&policy.sandbox.hostname)
+            .map_err(|e| format!("sethostname: {e}"));
+        layers.step(
+            Layer::Uts,
+            r,
+            "the new UTS namespace keeps the hostname it was created with",
+        )?;
     }
     if ns.has(Layer::Net) && policy.network.mode == NetMode::Loopback {
         net::loopback_up()

@@ -80,9 +80,11 @@ def test_container_profile_starts_under_podman_defaults(podman):
     _starts(podman, "defaults", must_drop=["cgroup"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: a refused sethostname is fatal although uts is best-effort")
 def test_container_profile_starts_when_only_sethostname_is_refused(podman):
     _starts(podman, "unmask", must_drop=["uts"])
+    # Positive control: where uts is required, the same refusal ends start-up.
+    status, rep, _ = podman.check("unmask", "default")
+    assert status == 3 and "sethostname" in rep["error"], rep["error"]
 
 
 @pytest.mark.xfail(strict=True, reason="issue 12: tmux mode without a mount namespace has no /run/sandmux (known gap 13)")
@@ -106,7 +108,6 @@ def test_unprivileged_user_without_userns_refuses_naming_both_ways_out(docker):
     assert "root" in e and "seccomp" in e and "systempaths" in e, e
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: refusals in a container name a sysctl, not the runtime flag")
 def test_refusals_name_the_runtime_flags(request):
     podman, docker = request.getfixturevalue("rootful"), request.getfixturevalue("docker")
     _, rep, _ = podman.check("defaults", "default")

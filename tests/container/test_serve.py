@@ -136,22 +136,52 @@ def test_stop_ends_serve_with_status_0_and_a_sealed_audit_log(anyrt):
     assert last["tool"] == "(sealed)", last
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: serve as PID 1 does not reap adopted orphans")
+def orphan_state(rt, name):
+    """Makes an orphan in container `name` (it ends at once, reparented to
+    PID 1) and returns its /proc stat after it ended: "" once reaped, a line
+    with state Z while a zombie. Waits up to 10 s for it to go."""
+    orphan = rt.run("exec", name, "/usr/bin/bash", "-c", "(sleep 0.2 & echo $!)").stdout.strip()
+    assert orphan.isdigit()
+    stat = lambda: rt.run("exec", name, "/usr/bin/bash", "-c", f"cat /proc/{orphan}/stat 2>/dev/null").stdout
+    end = time.monotonic() + 10
+    while time.monotonic() < end and (state := stat()) != "" and ") Z " not in state:
+        time.sleep(0.2)
+    if state and ") Z " in state:  # a zombie may still be reaped: give PID 1 its chance
+        while time.monotonic() < end and (state := stat()) != "":
+            time.sleep(0.2)
+    return state
+
+
 def test_pid1_reaps_orphans(rootful):
     name = f"smx-reap-{os.getpid()}"
     p = start_serving(rootful, "full", name)
     try:
-        orphan = rootful.run("exec", name, "/usr/bin/bash", "-c", "(sleep 0.2 & echo $!)").stdout.strip()
-        assert orphan.isdigit()
-        end = time.monotonic() + 10
-        while time.monotonic() < end and rootful.run("exec", name, "/usr/bin/bash", "-c",
-                                                     f"test -e /proc/{orphan}").returncode == 0:
-            time.sleep(0.2)
-        state = rootful.run("exec", name, "/usr/bin/bash", "-c", f"cat /proc/{orphan}/stat 2>/dev/null").stdout
+        state = orphan_state(rootful, name)
         assert state == "", f"the orphan is still there after 10 s: {state}"
     finally:
         rootful.run("stop", "-t", "2", name)
         p.wait(60)
+    # Positive control: the same orphan under a PID 1 that does not reap (sleep) stays a zombie.
+    ctl = f"smx-reap-ctl-{os.getpid()}"
+    r = rootful.run("run", "-d", "--rm", "--network", "none", "--name", ctl, "--entrypoint", "/usr/bin/sleep",
+                    IMAGE, "60")
+    assert r.returncode == 0, r.stderr
+    try:
+        state = orphan_state(rootful, ctl)
+        assert ") Z " in state, f"control: the orphan under a non-reaping PID 1: {state!r}"
+    finally:
+        rootful.run("rm", "-f", "-t", "0", ctl)
+
+
+def test_run_as_pid1_exits_with_the_commands_status(rootful):
+    """PID 1's reaping parent passes the command's status through (README's table)."""
+    def run(cmd):
+        return rootful.run("run", "--rm", "--network", "none", *rootful.flags("full"), IMAGE,
+                           "run", "-p", "default", "--", "/usr/bin/bash", "-c", cmd)
+    p = run("echo out; echo err >&2; exit 7")
+    assert (p.returncode, p.stdout) == (7, "out\n") and "err" in p.stderr, (p.returncode, p.stdout, p.stderr)
+    p = run("kill -USR1 $$")
+    assert p.returncode == 128 + 10, (p.returncode, p.stderr)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 12: a start-up failure reaches the client as a closed pipe")

@@ -1,0 +1,105 @@
+//! Whether sandmux runs inside a container, and the fixes that are right
+//! there: a refusal in a container comes from the runtime's confinement (its
+//! seccomp profile, its masked `/proc`), so the fix is a runtime flag, not a
+//! sysctl. Both runtimes' flags are named: the runtime cannot be told apart
+//! reliably from inside.
+
+use crate::profile::Layer;
+use std::path::Path;
+
+/// The seccomp flag: the profile file shipped with sandmux (docs/container.md).
+const SECCOMP: &str =
+    "--security-opt seccomp=/path/to/sandmux/container/seccomp.json (podman and docker)";
+/// The flags that unmask `/proc`.
+const UNMASK: &str =
+    "--security-opt unmask=/proc/* (podman) or --security-opt systempaths=unconfined (docker)";
+
+/// What says this process runs in a container, if anything does.
+pub(crate) fn detected() -> Option<&'static str> {
+    detected_in(Path::new("/"))
+}
+
+fn detected_in(root: &Path) -> Option<&'static str> {
+    if root.join("run/.containerenv").exists() {
+        return Some("/run/.containerenv");
+    }
+    if root.join(".dockerenv").exists() {
+        return Some("/.dockerenv");
+    }
+    let cg = std::fs::read_to_string(root.join("proc/1/cgroup")).unwrap_or_default();
+    let marks = ["/docker", "/libpod", "/containerd", "/kubepods", "/lxc/"];
+    cg.lines()
+        .any(|l| marks.iter().any(|m| l.contains(m)))
+        .then_some("/proc/1/cgroup")
+}
+
+/// The fix for `layer` unavailable in a container, if it differs from the
+/// host's: a namespace refused with EPERM, as a runtime's seccomp profile
+/// refuses it (a host's limits give other answers: `user.max_user_namespaces
+/// = 0` is ENOSPC, so its sysctl fix stays).
+pub(crate) fn unavailable_fix(layer: Layer, reason: &str) -> Option<String> {
+    let namespace = matches!(
+        layer,
+        Layer::Userns | Layer::Mount | Layer::Pid | Layer::Ipc | Layer::Uts | Layer::Net
+    );
+    (namespace && reason.contains("EPERM")).then(|| format!(
+        "the container runtime's seccomp profile refuses new namespaces (docker's default does): run the container with {SECCOMP}, or use the 'container' profile (see docs/container.md)"
+    ))
+}
+
+/// The fix for `layer` failing to apply with `message` in a container, if
+/// the runtime is the cause.
+pub(crate) fn applying_fix(layer: Layer, message: &str) -> Option<String> {
+    match layer {
+        Layer::Mount if message.contains("procfs") => Some(format!(
+            "the container runtime masks parts of /proc, so the kernel refuses a fresh procfs: run the container with {UNMASK} (see docs/container.md for what it loosens)"
+        )),
+        Layer::Uts if message.contains("sethostname") => Some(format!(
+            "the container runtime's seccomp profile refuses sethostname: run the container with {SECCOMP}, or use the 'container' profile (uts is best-effort there)"
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_reads_the_runtimes_marks() {
+        let d = tempfile_dir();
+        assert_eq!(detected_in(&d), None);
+        std::fs::create_dir_all(d.join("proc/1")).unwrap();
+        std::fs::write(d.join("proc/1/cgroup"), "0::/user.slice/session-1.scope\n").unwrap();
+        assert_eq!(detected_in(&d), None);
+        std::fs::write(d.join("proc/1/cgroup"), "3:pids:/docker/0123abcd\n").unwrap();
+        assert_eq!(detected_in(&d), Some("/proc/1/cgroup"));
+        std::fs::write(d.join(".dockerenv"), "").unwrap();
+        assert_eq!(detected_in(&d), Some("/.dockerenv"));
+        std::fs::create_dir_all(d.join("run")).unwrap();
+        std::fs::write(d.join("run/.containerenv"), "").unwrap();
+        assert_eq!(detected_in(&d), Some("/run/.containerenv"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn container_fixes_name_runtime_flags_not_sysctls() {
+        let u = unavailable_fix(Layer::Userns, "unshare: EPERM: Operation not permitted").unwrap();
+        assert!(u.contains("seccomp=") && !u.contains("sysctl"), "{u}");
+        let m = applying_fix(Layer::Mount, "mount a fresh procfs on /proc: EPERM").unwrap();
+        assert!(
+            m.contains("unmask=/proc/*") && m.contains("systempaths=unconfined"),
+            "{m}"
+        );
+        assert!(applying_fix(Layer::Mount, "bind /x: ENOENT").is_none());
+        assert!(unavailable_fix(Layer::Userns, "unshare: ENOSPC: No space left").is_none());
+        assert!(unavailable_fix(Layer::Landlock, "EPERM").is_none());
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("smx-ctr-detect-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
