@@ -16,7 +16,7 @@
 use crate::profile::{Layer, MountKind, NetMode, Policy};
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::path::{Path, PathBuf};
 
@@ -261,25 +261,77 @@ pub fn restrict(
     }
     let abi = abi_of(eff);
     let want_net = policy.network.mode == NetMode::Host || !net_isolated;
-    let can_net = eff >= 4;
-    let can_scope = eff >= 6;
-    let err = |l: Layer| move |e: landlock::RulesetError| (l, e.to_string());
+    let net = want_net && eff >= 4;
+    let scoped = eff >= 6;
+    let created = ruleset(abi, net, scoped)?;
+    let created = add_paths(created, rules, abi)?;
+    let created = if net {
+        add_ports(created, policy)?
+    } else {
+        created
+    };
+    let status = created.restrict_self().map_err(err(Layer::Landlock))?;
+    if status.ruleset != RulesetStatus::FullyEnforced {
+        return Err((
+            Layer::Landlock,
+            format!("ruleset not fully enforced: {:?}", status.ruleset),
+        ));
+    }
+    let mut missing = Vec::new();
+    if want_net && !net {
+        missing.push((
+            Layer::LandlockNet,
+            format!(
+                "network mode 'host' needs Landlock ABI 4 for TCP rules; effective ABI is {eff}"
+            ),
+        ));
+    }
+    if !scoped {
+        missing.push((
+            Layer::LandlockScope,
+            format!("scopes need Landlock ABI 6; effective ABI is {eff}"),
+        ));
+    }
+    Ok(Outcome {
+        abi: eff,
+        kernel_abi: kernel,
+        net,
+        scoped,
+        detail: describe(eff, kernel, net, scoped),
+        missing,
+    })
+}
 
+fn err(l: Layer) -> impl Fn(landlock::RulesetError) -> (Layer, String) {
+    move |e| (l, e.to_string())
+}
+
+/// A ruleset handling every filesystem right of `abi`, TCP if `net`, and
+/// both scopes if `scoped`; every one a hard requirement.
+fn ruleset(abi: ABI, net: bool, scoped: bool) -> Result<RulesetCreated, (Layer, String)> {
     let mut rs = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(abi))
         .map_err(err(Layer::Landlock))?;
-    if want_net && can_net {
+    if net {
         rs = rs
             .handle_access(AccessNet::from_all(abi))
             .map_err(err(Layer::LandlockNet))?;
     }
-    if can_scope {
+    if scoped {
         rs = rs
             .scope(Scope::from_all(abi))
             .map_err(err(Layer::LandlockScope))?;
     }
-    let mut created = rs.create().map_err(err(Layer::Landlock))?;
+    rs.create().map_err(err(Layer::Landlock))
+}
+
+/// One rule per path that exists; a path that does not is skipped.
+fn add_paths(
+    mut created: RulesetCreated,
+    rules: &[(PathBuf, Grant)],
+    abi: ABI,
+) -> Result<RulesetCreated, (Layer, String)> {
     for (path, grant) in rules {
         let Ok(meta) = std::fs::metadata(path) else {
             continue;
@@ -294,25 +346,29 @@ pub fn restrict(
             .add_rule(PathBeneath::new(fd, access))
             .map_err(|e| (Layer::Landlock, format!("rule for {}: {e}", path.display())))?;
     }
-    if want_net && can_net {
-        for &p in &policy.network.connect_tcp {
-            created = created
-                .add_rule(NetPort::new(p, AccessNet::ConnectTcp))
-                .map_err(err(Layer::LandlockNet))?;
-        }
-        for &p in &policy.network.bind_tcp {
-            created = created
-                .add_rule(NetPort::new(p, AccessNet::BindTcp))
-                .map_err(err(Layer::LandlockNet))?;
-        }
+    Ok(created)
+}
+
+/// The profile's TCP connect and bind ports.
+fn add_ports(
+    mut created: RulesetCreated,
+    policy: &Policy,
+) -> Result<RulesetCreated, (Layer, String)> {
+    for &p in &policy.network.connect_tcp {
+        created = created
+            .add_rule(NetPort::new(p, AccessNet::ConnectTcp))
+            .map_err(err(Layer::LandlockNet))?;
     }
-    let status = created.restrict_self().map_err(err(Layer::Landlock))?;
-    if status.ruleset != RulesetStatus::FullyEnforced {
-        return Err((
-            Layer::Landlock,
-            format!("ruleset not fully enforced: {:?}", status.ruleset),
-        ));
+    for &p in &policy.network.bind_tcp {
+        created = created
+            .add_rule(NetPort::new(p, AccessNet::BindTcp))
+            .map_err(err(Layer::LandlockNet))?;
     }
+    Ok(created)
+}
+
+/// The report's line: the ABI, what is enforced, what this ABI cannot mediate.
+fn describe(eff: u8, kernel: u8, net: bool, scoped: bool) -> String {
     let mut lacks = Vec::new();
     if eff < 2 {
         lacks.push("refer (cross-directory rename/link)");
@@ -326,14 +382,10 @@ pub fn restrict(
     if eff < 9 {
         lacks.push("pathname Unix socket connect (covered by the mount view)");
     }
-    let detail = format!(
+    format!(
         "ABI {eff} (kernel {kernel}){}{}{}",
-        if want_net && can_net {
-            ", TCP port rules"
-        } else {
-            ""
-        },
-        if can_scope {
+        if net { ", TCP port rules" } else { "" },
+        if scoped {
             ", scopes: signal + abstract unix"
         } else {
             ""
@@ -343,28 +395,5 @@ pub fn restrict(
         } else {
             format!("; not mediated at this ABI: {}", lacks.join(", "))
         }
-    );
-    let mut missing = Vec::new();
-    if want_net && !can_net {
-        missing.push((
-            Layer::LandlockNet,
-            format!(
-                "network mode 'host' needs Landlock ABI 4 for TCP rules; effective ABI is {eff}"
-            ),
-        ));
-    }
-    if !can_scope {
-        missing.push((
-            Layer::LandlockScope,
-            format!("scopes need Landlock ABI 6; effective ABI is {eff}"),
-        ));
-    }
-    Ok(Outcome {
-        abi: eff,
-        kernel_abi: kernel,
-        net: want_net && can_net,
-        scoped: can_scope,
-        detail,
-        missing,
-    })
+    )
 }

@@ -80,6 +80,7 @@ fn kill_inside(init_pid: u32, sig: i32) -> Result<(), String> {
         return Err(format!("fork: {}", std::io::Error::last_os_error()));
     }
     if child == 0 {
+        // SAFETY: in the forked child; `helper` never returns (it `_exit`s).
         unsafe { helper(user, pid, sig) }
     }
     let mut st = 0;

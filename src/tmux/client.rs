@@ -162,7 +162,7 @@ impl Client {
             .stdin
             .take()
             .ok_or_else(|| std::io::Error::other("no stdin"))?;
-        let mut stdout = child
+        let stdout = child
             .stdout
             .take()
             .ok_or_else(|| std::io::Error::other("no stdout"))?;
@@ -170,110 +170,14 @@ impl Client {
             q: Mutex::new(Queue::default()),
             ended: tokio::sync::watch::channel(false).0,
         });
-        let reader_shared = shared.clone();
-        let cname = name.to_string();
-        tokio::spawn(async move {
-            let mut parser = Parser::new();
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut held: Option<Held> = None;
-            let mut held_events: Vec<Event> = Vec::new();
-            let reason = 'outer: loop {
-                let n = match stdout.read(&mut buf).await {
-                    Ok(0) => break "end of output".to_string(),
-                    Ok(n) => n,
-                    Err(e) => break e.to_string(),
-                };
-                for ev in parser.feed(&buf[..n]) {
-                    if let Some(h) = held.take() {
-                        // Between a checked reply and its sentinel nothing may arrive.
-                        match ev {
-                            Event::Reply { flags, lines, .. }
-                                if flags & 1 == 1 && lines == [h.sentinel.clone()] =>
-                            {
-                                let _ = h.tx.send(to_reply(h.lines, h.error));
-                                for e in held_events.drain(..) {
-                                    dispatch(&*sink, &cname, e);
-                                }
-                                continue;
-                            }
-                            Event::Output { .. } | Event::Pause { .. } => {
-                                held_events.push(ev);
-                                held = Some(h);
-                                continue;
-                            }
-                            _ => {
-                                let _ = h.tx.send(Err(TmuxError::Closed(FORGED.into())));
-                                break 'outer FORGED.to_string();
-                            }
-                        }
-                    }
-                    match ev {
-                        Event::Reply {
-                            flags,
-                            error,
-                            lines,
-                            ..
-                        } => {
-                            if flags & 1 == 0 {
-                                continue; // the attach command's own block
-                            }
-                            let waiter = reader_shared
-                                .q
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .waiters
-                                .pop_front();
-                            match waiter {
-                                // After an error tmux runs no further command of the line,
-                                // so no sentinel follows: deliver at once.
-                                Some(Waiter {
-                                    tx,
-                                    sentinel: Some(s),
-                                }) if !error => {
-                                    held = Some(Held {
-                                        tx,
-                                        lines,
-                                        error,
-                                        sentinel: s,
-                                    })
-                                }
-                                Some(Waiter {
-                                    tx,
-                                    sentinel: Some(_),
-                                }) => {
-                                    let _ = tx.send(to_reply(lines, error));
-                                }
-                                Some(Waiter { tx, sentinel: None }) => {
-                                    let _ = tx.send(to_reply(lines, error));
-                                }
-                                None => {}
-                            }
-                        }
-                        Event::Exit(r) => break 'outer r.unwrap_or_else(|| "exit".into()),
-                        Event::Notification(ref line) if is_guard(line) => {
-                            // A guard outside any block: a block ended early.
-                            break 'outer FORGED.to_string();
-                        }
-                        other => dispatch(&*sink, &cname, other),
-                    }
-                }
-            };
-            if let Some(h) = held.take() {
-                let _ = h.tx.send(Err(TmuxError::Closed(reason.clone())));
-            }
-            // A connection already closed (given up on, dropped, or failed on
-            // a write) ends with that reason, not with its EOF.
-            let reason = reader_shared
-                .q
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .closed
-                .clone()
-                .unwrap_or(reason);
-            reader_shared.fail_all(&reason);
-            sink.closed(&cname, &reason);
-            reader_shared.ended.send_replace(true);
-        });
+        let reader = Reader {
+            shared: shared.clone(),
+            sink,
+            name: name.to_string(),
+            held: None,
+            held_events: Vec::new(),
+        };
+        tokio::spawn(reader.run(stdout));
         Ok(Client {
             name: name.to_string(),
             stdin: tokio::sync::Mutex::new(stdin),
@@ -424,6 +328,134 @@ impl Client {
                 });
             }
         }
+    }
+}
+
+/// The task that reads one client's output and answers its waiters.
+struct Reader {
+    shared: Arc<Shared>,
+    sink: Arc<dyn Sink>,
+    name: String,
+    /// A checked reply whose sentinel block has not arrived yet.
+    held: Option<Held>,
+    /// Pane output that arrived between a checked reply and its sentinel.
+    held_events: Vec<Event>,
+}
+
+impl Reader {
+    async fn run(mut self, mut stdout: tokio::process::ChildStdout) {
+        let mut parser = Parser::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let reason = 'outer: loop {
+            let n = match stdout.read(&mut buf).await {
+                Ok(0) => break "end of output".to_string(),
+                Ok(n) => n,
+                Err(e) => break e.to_string(),
+            };
+            for ev in parser.feed(&buf[..n]) {
+                if let Err(reason) = self.event(ev) {
+                    break 'outer reason;
+                }
+            }
+        };
+        self.end(reason);
+    }
+
+    /// Handles one event; `Err` ends the connection with that reason.
+    fn event(&mut self, ev: Event) -> Result<(), String> {
+        let Some(h) = self.held.take() else {
+            return self.unheld(ev);
+        };
+        // Between a checked reply and its sentinel nothing may arrive.
+        match ev {
+            Event::Reply { flags, lines, .. }
+                if flags & 1 == 1 && lines == [h.sentinel.clone()] =>
+            {
+                let _ = h.tx.send(to_reply(h.lines, h.error));
+                for e in std::mem::take(&mut self.held_events) {
+                    dispatch(&*self.sink, &self.name, e);
+                }
+                Ok(())
+            }
+            Event::Output { .. } | Event::Pause { .. } => {
+                self.held_events.push(ev);
+                self.held = Some(h);
+                Ok(())
+            }
+            _ => {
+                let _ = h.tx.send(Err(TmuxError::Closed(FORGED.into())));
+                Err(FORGED.to_string())
+            }
+        }
+    }
+
+    fn unheld(&mut self, ev: Event) -> Result<(), String> {
+        match ev {
+            Event::Reply {
+                flags,
+                error,
+                lines,
+                ..
+            } => {
+                // flags bit 0 clear: the attach command's own block.
+                if flags & 1 == 1 {
+                    self.reply(lines, error);
+                }
+                Ok(())
+            }
+            Event::Exit(r) => Err(r.unwrap_or_else(|| "exit".into())),
+            // A guard outside any block: a block ended early.
+            Event::Notification(ref line) if is_guard(line) => Err(FORGED.to_string()),
+            other => {
+                dispatch(&*self.sink, &self.name, other);
+                Ok(())
+            }
+        }
+    }
+
+    /// A command's reply: to its waiter, or held until its sentinel.
+    fn reply(&mut self, lines: Vec<Vec<u8>>, error: bool) {
+        let waiter = self
+            .shared
+            .q
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .waiters
+            .pop_front();
+        match waiter {
+            // After an error tmux runs no further command of the line, so no
+            // sentinel follows: deliver at once.
+            Some(Waiter {
+                tx,
+                sentinel: Some(sentinel),
+            }) if !error => {
+                self.held = Some(Held {
+                    tx,
+                    lines,
+                    error,
+                    sentinel,
+                })
+            }
+            Some(Waiter { tx, .. }) => {
+                let _ = tx.send(to_reply(lines, error));
+            }
+            None => {}
+        }
+    }
+
+    fn end(mut self, reason: String) {
+        if let Some(h) = self.held.take() {
+            let _ = h.tx.send(Err(TmuxError::Closed(reason.clone())));
+        }
+        // A connection already closed (given up on, dropped, or failed on a
+        // write) ends with that reason, not with its EOF.
+        let reason = {
+            let q = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
+            q.closed.clone().unwrap_or(reason)
+        };
+        self.shared.fail_all(&reason);
+        self.sink.closed(&self.name, &reason);
+        self.shared.ended.send_replace(true);
     }
 }
 

@@ -24,7 +24,7 @@
 //! and a human's terminal detaching: see `docs/architecture.md`.
 
 use super::client::{Client, Sink, TmuxError};
-use super::control::quote;
+pub use super::cmd::Cmd;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -137,65 +137,6 @@ pub struct Chunk {
     pub missed: u64,
 }
 
-/// A builder for one tmux command line; every argument is quoted.
-#[derive(Debug, Clone)]
-pub struct Cmd {
-    words: Vec<String>,
-    /// A positional argument (or `--`) was pushed: tmux reads no flags after it.
-    positional: bool,
-}
-
-impl Cmd {
-    /// A command by name (`send-keys`, ...).
-    pub fn new(name: &str) -> Cmd {
-        Cmd {
-            words: vec![name.to_string()],
-            positional: false,
-        }
-    }
-    /// A flag, unquoted (`-t`, `-p`): only ever a literal from sandmux's code.
-    pub fn flag(mut self, f: &'static str) -> Cmd {
-        self.words.push(f.to_string());
-        self
-    }
-    /// A positional argument, quoted for tmux's parser. tmux reads flags after
-    /// unquoting, so one that starts with `-` is put after a `--`.
-    pub fn arg(mut self, a: impl AsRef<[u8]>) -> Cmd {
-        let a = a.as_ref();
-        if !self.positional && a.first() == Some(&b'-') {
-            self.words.push("--".into());
-        }
-        self.positional = true;
-        self.words.push(quote(a));
-        self
-    }
-    /// A flag followed by its value (taken as the value whatever it starts with).
-    pub fn opt(mut self, f: &'static str, a: impl AsRef<[u8]>) -> Cmd {
-        self.words.push(f.to_string());
-        self.words.push(quote(a.as_ref()));
-        self
-    }
-    /// `--` then the rest as arguments.
-    pub fn rest<I: IntoIterator<Item = S>, S: AsRef<[u8]>>(mut self, args: I) -> Cmd {
-        if !self.positional {
-            self.words.push("--".into());
-            self.positional = true;
-        }
-        for a in args {
-            self.words.push(quote(a.as_ref()));
-        }
-        self
-    }
-    /// The command's name.
-    pub fn name(&self) -> &str {
-        &self.words[0]
-    }
-    /// The line sent to tmux.
-    pub fn line(&self) -> String {
-        self.words.join(" ")
-    }
-}
-
 /// The connection to the sandboxed server.
 pub struct Hub {
     tmux: PathBuf,
@@ -233,7 +174,7 @@ impl Hub {
         max_watchers: usize,
     ) -> Result<Arc<Hub>, String> {
         let (events, _) = broadcast::channel(64);
-        let (ptx, mut prx) = tokio::sync::mpsc::unbounded_channel();
+        let (ptx, prx) = tokio::sync::mpsc::unbounded_channel();
         let streams = Arc::new(Streams {
             panes: Mutex::new(HashMap::new()),
             tap: std::sync::RwLock::new(None),
@@ -273,49 +214,49 @@ impl Hub {
             control_session_id,
             frozen: watch::channel(false).0,
         });
-        // Paused panes are resumed at once: the reader is already past them.
-        let weak = Arc::downgrade(&hub);
-        tokio::spawn(async move {
-            while let Some((client, pane)) = prx.recv().await {
-                let Some(hub) = weak.upgrade() else { break };
-                let w = hub
-                    .watchers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .values()
-                    .find(|c| c.name() == client)
-                    .cloned();
-                if let Some(w) = w {
-                    // Not while frozen: a refusal would leave the pane paused.
-                    hub.thawed().await;
-                    // A deadline that passes here ends the watcher: not while
-                    // a client identifies.
-                    let _q = hub.quiet.read().await;
-                    let _ = w
-                        .run(
-                            &Cmd::new("refresh-client")
-                                .opt("-A", format!("%{pane}:continue"))
-                                .line(),
-                            DEADLINE,
-                        )
-                        .await;
-                }
-            }
-        });
-        // New sessions (also ones a human makes) get a watcher.
-        let weak = Arc::downgrade(&hub);
-        let mut rx = hub.events.subscribe();
-        tokio::spawn(async move {
-            while let Ok(HubEvent::SessionsChanged) | Err(broadcast::error::RecvError::Lagged(_)) =
-                rx.recv().await
-            {
-                let Some(hub) = weak.upgrade() else { break };
-                let _ = hub.sync_watchers().await;
-            }
-        });
+        tokio::spawn(Hub::resume_paused(Arc::downgrade(&hub), prx));
+        tokio::spawn(Hub::follow_sessions(
+            Arc::downgrade(&hub),
+            hub.events.subscribe(),
+        ));
         tokio::spawn(Hub::prune(Arc::downgrade(&hub), PRUNE_EVERY));
         hub.sync_watchers().await?;
         Ok(hub)
+    }
+
+    /// Paused panes are resumed at once: the reader is already past them.
+    async fn resume_paused(
+        weak: std::sync::Weak<Hub>,
+        mut paused: tokio::sync::mpsc::UnboundedReceiver<(String, u32)>,
+    ) {
+        while let Some((client, pane)) = paused.recv().await {
+            let Some(hub) = weak.upgrade() else { break };
+            let w = hub
+                .watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .find(|c| c.name() == client)
+                .cloned();
+            let Some(w) = w else { continue };
+            // Not while frozen: a refusal would leave the pane paused.
+            hub.thawed().await;
+            // A deadline that passes here ends the watcher: not while a
+            // client identifies.
+            let _q = hub.quiet.read().await;
+            let resume = Cmd::new("refresh-client").opt("-A", format!("%{pane}:continue"));
+            let _ = w.run(&resume.line(), DEADLINE).await;
+        }
+    }
+
+    /// New sessions (also ones a human makes) get a watcher.
+    async fn follow_sessions(weak: std::sync::Weak<Hub>, mut rx: broadcast::Receiver<HubEvent>) {
+        while let Ok(HubEvent::SessionsChanged) | Err(broadcast::error::RecvError::Lagged(_)) =
+            rx.recv().await
+        {
+            let Some(hub) = weak.upgrade() else { break };
+            let _ = hub.sync_watchers().await;
+        }
     }
 
     /// Runs one command with the default deadline.

@@ -3,6 +3,7 @@
 //! stopped with everything in it.
 
 pub mod client;
+pub mod cmd;
 pub mod control;
 pub mod hub;
 
