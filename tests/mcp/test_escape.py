@@ -172,6 +172,12 @@ async def run_probe(c, ws, tag, body, *args, pane_id=None, timeout=25):
     if pane_id:
         a["pane_id"] = pane_id
     r = await call(c, "run_command", a)
+    # A probe that walks the whole view can outlast one wait on a loaded
+    # machine: collect it as an agent would, with wait_for_command.
+    for _ in range(4):
+        if r["status"] != "timeout" or "command_id" not in r:
+            break
+        r = await call(c, "wait_for_command", {"command_id": r["command_id"], "timeout": timeout})
     assert r["status"] == "completed" and r["exit_status"] == 0 and "PROBE-DONE" in r["output"], r
     return json.loads(out.read_text()), r
 
