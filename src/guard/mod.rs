@@ -90,19 +90,59 @@ pub fn plan(
     git: GitMode,
     new_repositories: NewRepos,
 ) -> Result<(Guard, ReadOnly), String> {
-    let guard_git = git != GitMode::Unguarded;
-    let mut trees = Vec::new();
-    let mut outside: BTreeSet<PathBuf> = BTreeSet::new();
-    let mut protected: BTreeSet<PathBuf> = BTreeSet::new();
-    for root in roots {
-        let shape = if guard_git {
+    let mut p = Planner {
+        roots,
+        names,
+        git,
+        new_repositories,
+        protected: BTreeSet::new(),
+        outside: BTreeSet::new(),
+    };
+    let trees = roots
+        .iter()
+        .map(|root| p.tree(root))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pinned = pinned_parents(&p.protected, roots);
+    let guard = Guard {
+        git,
+        names: names.to_vec(),
+        trees,
+        git_outside: p.outside.into_iter().collect(),
+        new_repositories,
+        commit: None,
+    };
+    let protected = p.protected.into_iter().collect();
+    Ok((guard, ReadOnly { protected, pinned }))
+}
+
+/// What [`plan`] gathers across the trees.
+struct Planner<'a> {
+    roots: &'a [PathBuf],
+    names: &'a [PathBuf],
+    git: GitMode,
+    new_repositories: NewRepos,
+    /// Paths inside read-write trees that are bound read-only.
+    protected: BTreeSet<PathBuf>,
+    /// Git directories outside every tree.
+    outside: BTreeSet<PathBuf>,
+}
+
+impl Planner<'_> {
+    fn guard_git(&self) -> bool {
+        self.git != GitMode::Unguarded
+    }
+
+    /// One tree: its shape, what it holds at start, what is watched.
+    fn tree(&mut self, root: &PathBuf) -> Result<TreeGuard, String> {
+        let shape = if self.guard_git() {
             git::shape(root)?
         } else {
             Shape::Plain
         };
-        let found = scan::walk(root, names, guard_git)
+        let found = scan::walk(root, self.names, self.guard_git())
             .map_err(|e| format!("scanning {} for control files: {e}", root.display()))?;
-        if git == GitMode::Commit && root == &roots[0] && shape != Shape::Repository {
+        let workspace = root == &self.roots[0];
+        if self.git == GitMode::Commit && workspace && shape != Shape::Repository {
             return Err(format!(
                 "git = \"commit\" needs a workspace whose .git is a directory; {} is a {}",
                 root.display(),
@@ -110,66 +150,84 @@ pub fn plan(
             ));
         }
         if let Shape::Linked { gitdir, common, .. } = &shape {
-            for d in [common, gitdir] {
-                if d.starts_with(common) && d != common {
-                    continue; // covered by the common directory
-                }
-                match roots.iter().find(|r| d.starts_with(r)) {
-                    Some(_) => {
-                        protected.insert(d.clone());
-                    }
-                    None => {
-                        outside.insert(d.clone());
-                    }
-                }
-            }
+            self.linked(gitdir, common);
         }
         for rel in found.repos.iter().chain(found.names.iter()) {
             // In commit mode the workspace's own .git is covered by the agent's
             // repository inside (the real one is bound read-only elsewhere).
-            if !(git == GitMode::Commit && root == &roots[0] && rel == Path::new(".git")) {
-                protected.insert(root.join(rel));
+            if !(self.git == GitMode::Commit && workspace && rel == Path::new(".git")) {
+                self.protected.insert(root.join(rel));
             }
         }
-        let mut watched: Vec<PathBuf> = names
+        let mut watched: Vec<PathBuf> = self
+            .names
             .iter()
             .filter(|n| !found.names.contains(*n))
             .cloned()
             .collect();
-        // What the repositories' own config hands control to (hooksPath,
-        // includes) is control plane too, when it lies in this tree.
-        if guard_git {
-            for p in configs(root, &shape, &found)
-                .iter()
-                .flat_map(|(c, w)| git::delegated(c, w.as_deref()))
+        if self.guard_git() {
+            self.delegated(root, &shape, &found, &mut watched);
+            if self.new_repositories == NewRepos::Quarantine
+                && !found.repos.contains(Path::new(".git"))
             {
-                match p.strip_prefix(root) {
-                    Ok(rel) if !rel.as_os_str().is_empty() => {
-                        if std::fs::symlink_metadata(&p).is_ok() {
-                            protected.insert(p.clone());
-                        } else if !watched.iter().any(|w| w == rel) {
-                            watched.push(rel.to_path_buf());
-                        }
-                    }
-                    _ => {}
-                }
+                watched.push(PathBuf::from(".git"));
             }
         }
-        if guard_git
-            && new_repositories == NewRepos::Quarantine
-            && !found.repos.contains(Path::new(".git"))
-        {
-            watched.push(PathBuf::from(".git"));
-        }
-        trees.push(TreeGuard {
+        Ok(TreeGuard {
             root: root.clone(),
             shape,
             at_start: found,
             watched,
-        });
+        })
     }
+
+    /// A linked worktree's git directories: protected where a tree holds
+    /// them, bound read-only from outside otherwise.
+    fn linked(&mut self, gitdir: &Path, common: &Path) {
+        for d in [common, gitdir] {
+            if d.starts_with(common) && d != common {
+                continue; // covered by the common directory
+            }
+            if self.roots.iter().any(|r| d.starts_with(r)) {
+                self.protected.insert(d.to_path_buf());
+            } else {
+                self.outside.insert(d.to_path_buf());
+            }
+        }
+    }
+
+    /// What the repositories' own config hands control to (hooksPath,
+    /// includes) is control plane too, when it lies in this tree: protected
+    /// if it exists, watched if not.
+    fn delegated(
+        &mut self,
+        root: &Path,
+        shape: &Shape,
+        found: &scan::Found,
+        watched: &mut Vec<PathBuf>,
+    ) {
+        for p in configs(root, shape, found)
+            .iter()
+            .flat_map(|(c, w)| git::delegated(c, w.as_deref()))
+        {
+            match p.strip_prefix(root) {
+                Ok(rel) if !rel.as_os_str().is_empty() => {
+                    if std::fs::symlink_metadata(&p).is_ok() {
+                        self.protected.insert(p.clone());
+                    } else if !watched.iter().any(|w| w == rel) {
+                        watched.push(rel.to_path_buf());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The parents of `protected` paths below their tree's root, parents first.
+fn pinned_parents(protected: &BTreeSet<PathBuf>, roots: &[PathBuf]) -> Vec<PathBuf> {
     let mut pinned = BTreeSet::new();
-    for p in &protected {
+    for p in protected {
         let Some(root) = roots.iter().find(|r| p.starts_with(r)) else {
             continue;
         };
@@ -184,21 +242,7 @@ pub fn plan(
     }
     let mut pinned: Vec<PathBuf> = pinned.into_iter().collect();
     pinned.sort_by_key(|p| p.components().count());
-    let guard = Guard {
-        git,
-        names: names.to_vec(),
-        trees,
-        git_outside: outside.into_iter().collect(),
-        new_repositories,
-        commit: None,
-    };
-    Ok((
-        guard,
-        ReadOnly {
-            protected: protected.into_iter().collect(),
-            pinned,
-        },
-    ))
+    pinned
 }
 
 /// The config files of the repositories in a tree (at most 64), each with

@@ -5,32 +5,18 @@ use super::ctx::Call;
 use super::error::ToolError;
 use super::tools::{self, capture, panes, sessions, status, windows};
 
+/// A resource's text and mime type.
+type Read = Result<(String, &'static str), ToolError>;
+
 /// Reads a resource: (text, mime type).
-pub async fn read(
-    c: &Call<'_>,
-    uri: &str,
-    inspect_enabled: bool,
-) -> Result<(String, &'static str), ToolError> {
-    let js = |v: serde_json::Value| {
-        Ok((
-            serde_json::to_string_pretty(&v).unwrap_or_default(),
-            "application/json",
-        ))
-    };
+pub async fn read(c: &Call<'_>, uri: &str, inspect_enabled: bool) -> Read {
     match uri {
-        "sandmux://status" => {
-            return js(
-                serde_json::to_value(status::sandbox_status(c, tools::NoArgs {}).await?)
-                    .unwrap_or_default(),
-            )
-        }
+        "sandmux://status" => return json(status::sandbox_status(c, tools::NoArgs {}).await),
         "sandmux://journal" => {
             // The stored lines, compact, within one response's cap.
             let lines = c.s.audit.recent(100, super::server::RESPONSE_CAP - 64);
-            return Ok((
-                format!("{{\"records\":[{}]}}", lines.join(",")),
-                "application/json",
-            ));
+            let text = format!("{{\"records\":[{}]}}", lines.join(","));
+            return Ok((text, "application/json"));
         }
         _ => {}
     }
@@ -39,90 +25,88 @@ pub async fn read(
             "tmux resources need the inspect toolset",
         ));
     }
-    let rest = uri.strip_prefix("tmux://").ok_or_else(|| {
-        ToolError::not_found(format!("resource {uri}"), "list resources and templates")
-    })?;
-    let parts: Vec<&str> = rest.split('/').collect();
-    let name = |s: &str| Some(s.to_string());
-    match parts.as_slice() {
-        ["sessions"] => js(serde_json::to_value(
-            sessions::list_sessions(c, sessions::ListSessions { filters: None }).await?,
-        )
-        .unwrap_or_default()),
-        ["sessions", s] => js(serde_json::to_value(
-            sessions::get_session_info(
-                c,
-                sessions::SessionArgs {
-                    session_id: None,
-                    session_name: name(s),
-                },
-            )
-            .await?,
-        )
-        .unwrap_or_default()),
-        ["sessions", s, "windows"] => js(serde_json::to_value(
-            windows::list_windows(
-                c,
-                windows::ListWindows {
-                    session_name: name(s),
-                    session_id: None,
-                    filters: None,
-                },
-            )
-            .await?,
-        )
-        .unwrap_or_default()),
-        ["sessions", s, "windows", i] => js(serde_json::to_value(
-            panes::list_panes(
-                c,
-                panes::ListPanes {
-                    session_name: name(s),
-                    session_id: None,
-                    window_id: None,
-                    window_index: name(i),
-                    filters: None,
-                },
-            )
-            .await?,
-        )
-        .unwrap_or_default()),
-        ["panes", p] => js(serde_json::to_value(
-            panes::get_pane_info(
-                c,
-                panes::PaneArgs {
-                    p: super::targets::PaneSel {
-                        pane_id: name(p),
-                        ..Default::default()
-                    },
-                },
-            )
-            .await?,
-        )
-        .unwrap_or_default()),
-        ["panes", p, "content"] => {
-            let r = capture::capture_pane(
-                c,
-                capture::Capture {
-                    p: super::targets::PaneSel {
-                        pane_id: name(p),
-                        ..Default::default()
-                    },
-                    start: None,
-                    end: None,
-                    max_lines: None,
-                    max_bytes: None,
-                },
-            )
-            .await?;
-            let mut t = r.content.text;
-            if r.content.truncated {
-                t = format!("[truncated: {} lines cut]\n{t}", r.content.truncated_lines);
-            }
-            Ok((t, "text/plain"))
-        }
-        _ => Err(ToolError::not_found(
-            format!("resource {uri}"),
-            "list resources and templates",
-        )),
+    let parts: Option<Vec<&str>> = uri.strip_prefix("tmux://").map(|r| r.split('/').collect());
+    match parts.as_deref() {
+        Some(["panes", p, "content"]) => pane_content(c, p).await,
+        Some(parts) => tmux_json(c, parts)
+            .await
+            .unwrap_or_else(|| Err(not_found(uri))),
+        None => Err(not_found(uri)),
     }
+}
+
+fn not_found(uri: &str) -> ToolError {
+    ToolError::not_found(format!("resource {uri}"), "list resources and templates")
+}
+
+/// A tool's result as pretty JSON.
+fn json<T: serde::Serialize>(r: Result<T, ToolError>) -> Read {
+    let v = serde_json::to_value(r?).unwrap_or_default();
+    let text = serde_json::to_string_pretty(&v).unwrap_or_default();
+    Ok((text, "application/json"))
+}
+
+/// The `tmux://` listings, each the result of the tool of the same name;
+/// `None` for a path that names no resource.
+async fn tmux_json(c: &Call<'_>, parts: &[&str]) -> Option<Read> {
+    let name = |s: &str| Some(s.to_string());
+    Some(match parts {
+        ["sessions"] => {
+            json(sessions::list_sessions(c, sessions::ListSessions { filters: None }).await)
+        }
+        ["sessions", s] => {
+            let a = sessions::SessionArgs {
+                session_id: None,
+                session_name: name(s),
+            };
+            json(sessions::get_session_info(c, a).await)
+        }
+        ["sessions", s, "windows"] => {
+            let a = windows::ListWindows {
+                session_name: name(s),
+                session_id: None,
+                filters: None,
+            };
+            json(windows::list_windows(c, a).await)
+        }
+        ["sessions", s, "windows", i] => {
+            let a = panes::ListPanes {
+                session_name: name(s),
+                session_id: None,
+                window_id: None,
+                window_index: name(i),
+                filters: None,
+            };
+            json(panes::list_panes(c, a).await)
+        }
+        ["panes", p] => {
+            let a = panes::PaneArgs { p: pane(p) };
+            json(panes::get_pane_info(c, a).await)
+        }
+        _ => return None,
+    })
+}
+
+fn pane(id: &str) -> super::targets::PaneSel {
+    super::targets::PaneSel {
+        pane_id: Some(id.to_string()),
+        ..Default::default()
+    }
+}
+
+/// `tmux://panes/ID/content`: the pane's text, with a note when cut.
+async fn pane_content(c: &Call<'_>, p: &str) -> Read {
+    let a = capture::Capture {
+        p: pane(p),
+        start: None,
+        end: None,
+        max_lines: None,
+        max_bytes: None,
+    };
+    let r = capture::capture_pane(c, a).await?;
+    let mut t = r.content.text;
+    if r.content.truncated {
+        t = format!("[truncated: {} lines cut]\n{t}", r.content.truncated_lines);
+    }
+    Ok((t, "text/plain"))
 }
