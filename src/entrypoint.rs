@@ -43,7 +43,7 @@ pub fn take_pid1_duties() {
     let mut old = SigSet::empty();
     if let Err(e) = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut old))
     {
-        eprintln!("sandmux: PID 1: blocking signals: {e}; not reaping orphans");
+        tracing::warn!("PID 1: blocking signals: {e}; not reaping orphans");
         return;
     }
     // PID 1 adopts orphans anyway; as a subreaper it also would outside a pid namespace.
@@ -62,7 +62,7 @@ pub fn take_pid1_duties() {
         }
         Err(e) => {
             let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
-            eprintln!("sandmux: PID 1: fork: {e}; not reaping orphans");
+            tracing::warn!("PID 1: fork: {e}; not reaping orphans");
         }
     }
 }

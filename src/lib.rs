@@ -9,6 +9,7 @@
 pub mod check;
 pub mod entrypoint;
 pub mod guard;
+pub mod log;
 pub mod mcp;
 pub mod nonce;
 pub mod operator;

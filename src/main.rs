@@ -19,6 +19,10 @@ use profile_cmd::{profile_cmd, ProfileCmd};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// How diagnostics on stderr are written: text lines, or JSON lines
+    /// (levels from SANDMUX_LOG, env-filter syntax; default info).
+    #[arg(long, global = true, value_enum, default_value_t)]
+    log_format: sandmux::log::Format,
 }
 
 #[derive(clap::Args, Clone)]
@@ -235,6 +239,13 @@ fn main() -> ExitCode {
         pane::main(args);
     }
     let cli = Cli::parse();
+    // Nothing inside the sandbox logs: `__init` gets its level in the plan,
+    // and the probe's stderr is its answer.
+    if !matches!(cli.cmd, Cmd::Init | Cmd::ProbeUserns) {
+        if let Err(e) = sandmux::log::init(cli.log_format) {
+            return fail(EXIT_USAGE, e);
+        }
+    }
     if matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Run { .. }) {
         // Before any thread: as a container's PID 1, a reaping parent stays PID 1.
         sandmux::entrypoint::take_pid1_duties();
@@ -464,6 +475,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCod
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;
             let code = s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0));
+            tracing::debug!(code, "the command ended");
             ExitCode::from(code as u8)
         }
         Err(e) => fail(EXIT_INTERNAL, e),

@@ -241,18 +241,10 @@ fn invalid_profiles_name_file_line_key_and_start_nothing() {
     for (name, body, needles) in cases {
         let p = write(dir.path(), name, body);
         let marker = ws.join("ran");
-        let o = sandmux(&[
-            "run",
-            "-p",
-            p.to_str().unwrap(),
-            "-w",
-            ws.path().to_str().unwrap(),
-            "--",
-            "touch",
-            marker.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+        let o = run(ws.path())
+            .profile(&p)
+            .cmd(["touch", marker.to_str().unwrap()])
+            .output();
         let t = text(&o);
         assert_eq!(o.status.code(), Some(2), "{name}: {t}");
         assert!(
@@ -279,42 +271,25 @@ fn bad_workspace_and_profile_sources() {
     // A symlinked workspace is refused.
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(ws.path(), &link).unwrap();
-    let o = sandmux(&["run", "-w", link.to_str().unwrap(), "--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).contains("symlink"), "{}", text(&o));
+    run(&link).cmd(["true"]).output().code(2).says("symlink");
     // A missing workspace is refused.
-    let o = sandmux(&["run", "-w", "/no/such/workspace", "--", "true"])
+    run("/no/such/workspace")
+        .cmd(["true"])
         .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).contains("/no/such/workspace"), "{}", text(&o));
+        .code(2)
+        .says("/no/such/workspace");
     // A profile inside the workspace is refused (E30: the agent must not widen its sandbox).
     let p = profile_file(&ws.path(), "evil", "dev", |t| t);
-    let o = sandmux(&[
-        "run",
-        "-p",
-        p.to_str().unwrap(),
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "true",
-    ])
-    .output()
-    .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).contains("inside the workspace"), "{}", text(&o));
-    // An unknown profile name lists the built-ins.
-    let o = sandmux(&["run", "-p", "nosuch", "--", "true"])
+    run(ws.path())
+        .profile(&p)
+        .cmd(["true"])
         .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        text(&o).contains("default, ci, dev, container"),
-        "{}",
-        text(&o)
-    );
+        .code(2)
+        .says("inside the workspace");
+    // An unknown profile name lists the built-ins.
+    ran(&mut sandmux(&["run", "-p", "nosuch", "--", "true"]))
+        .code(2)
+        .says("default, ci, dev, container");
 }
 
 #[test]
@@ -402,19 +377,11 @@ fn fail_closed_on_missing_layer_and_report_the_opt_in() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(t.contains("landlock-scope") && t.contains("fix:"), "{t}");
-    let o = sandmux(&[
-        "run",
-        "-p",
-        pinned.to_str().unwrap(),
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "touch",
-        "ran",
-    ])
-    .output()
-    .unwrap();
-    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    run(ws.path())
+        .profile(&pinned)
+        .cmd(["touch", "ran"])
+        .output()
+        .code(3);
     assert!(
         !ws.join("ran").exists(),
         "the command ran without a required layer"

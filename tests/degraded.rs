@@ -200,6 +200,13 @@ fn sandmux_in(env: Env, tmp: &Path, args: &[&str]) -> Output {
         .expect("spawn sandmux")
 }
 
+/// A `sandmux run` ([`run`]) in `env`.
+fn run_in(env: Env, tmp: &Path, r: Run) -> Output {
+    let args = r.args();
+    let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
+    sandmux_in(env, tmp, &args)
+}
+
 /// `sandmux check --json -p PROFILE -w WS` in `env`: exit status and report.
 fn check_json(env: Env, tmp: &Path, profile: &str, ws: &Ws) -> (Option<i32>, Value) {
     let o = sandmux_in(
@@ -315,12 +322,10 @@ fn assert_case(c: &Case<'_>, ws: &Ws, tmp: &Path) -> (Value, Value) {
 
 /// `run -p PROFILE -- touch ran` refuses naming `layer`, and `ran` never appears.
 fn assert_run_refused(env: Env, tmp: &Path, profile: &str, ws: &Ws, what: &str, layer: Layer) {
-    let wsp = ws.path();
-    let w = wsp.to_str().unwrap();
-    let o = sandmux_in(
+    let o = run_in(
         env,
         tmp,
-        &["run", "-p", profile, "-w", w, "--", "touch", "ran"],
+        run(ws.path()).profile(profile).cmd(["touch", "ran"]),
     );
     assert_refused(what, &o, layer);
     assert!(
@@ -351,10 +356,7 @@ fn assert_refuses(c: &Case<'_>, ws: &Ws, tmp: &Path) {
 
 /// The explicit opt-in starts: `run -- true` exits 0.
 fn assert_opt_in_runs(c: &Case<'_>, ws: &Ws, tmp: &Path) {
-    let wsp = ws.path();
-    let opt = c.opt_in.to_str().unwrap();
-    let args = ["run", "-p", opt, "-w", wsp.to_str().unwrap(), "--", "true"];
-    let o = sandmux_in(c.env, tmp, &args);
+    let o = run_in(c.env, tmp, run(ws.path()).profile(c.opt_in).cmd(["true"]));
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -578,13 +580,8 @@ fn writable_cgroups(env: Env, tmp: &Path) -> String {
 /// No writable cgroup, for a profile that requires the cgroup layer.
 /// `/proc/self/cgroup` as a command run by `profile` in `env` sees it.
 fn cgroup_inside(env: Env, tmp: &Path, profile: &Path, ws: &Ws) -> Output {
-    let wp = ws.path();
-    let (p, w) = (profile.to_str().unwrap(), wp.to_str().unwrap());
-    sandmux_in(
-        env,
-        tmp,
-        &["run", "-p", p, "-w", w, "--", "cat", "/proc/self/cgroup"],
-    )
+    let r = run(ws.path()).profile(profile);
+    run_in(env, tmp, r.cmd(["cat", "/proc/self/cgroup"]))
 }
 
 #[test]
@@ -753,20 +750,11 @@ fn no_seccomp_fails_closed_and_run_starts_with_the_opt_in() {
     assert_refuses(&c, &ws, tmp.path());
     assert_opt_in_runs(&c, &ws, tmp.path());
     // Observed from inside: the command has only the test's own filter, none of sandmux's.
-    let o = sandmux_in(
+    let grep = ["grep", "^Seccomp_filters:", "/proc/self/status"];
+    let o = run_in(
         Env::NoSeccomp,
         tmp.path(),
-        &[
-            "run",
-            "-p",
-            opt.to_str().unwrap(),
-            "-w",
-            ws.path().to_str().unwrap(),
-            "--",
-            "grep",
-            "^Seccomp_filters:",
-            "/proc/self/status",
-        ],
+        run(ws.path()).profile(&opt).cmd(grep),
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let filters = String::from_utf8_lossy(&o.stdout);
@@ -846,19 +834,11 @@ fn inherited_descriptors_close_where_close_range_is_refused() {
         "control: {}",
         text(&plain)
     );
-    let wsp = ws.path();
-    let w = wsp.to_str().unwrap();
-    let args = [
-        "run",
-        "-p",
-        "default",
-        "-w",
-        w,
-        "--",
-        "sh",
-        "-c",
-        "ls /proc/self/fd",
-    ];
+    let args = run(ws.path())
+        .profile("default")
+        .cmd(["sh", "-c", "ls /proc/self/fd"])
+        .args();
+    let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
     let o = list(bin().as_os_str(), &args);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let fds: Vec<&str> = std::str::from_utf8(&o.stdout)

@@ -240,20 +240,14 @@ fn tiocsti_injection_refused() {
     let pty = nix::pty::openpty(None, None).unwrap();
     let slave = std::fs::File::from(pty.slave);
     let script = "python3 -c \"\nimport fcntl,os\nres=[]\nfds=[0,1,2]\ntry:\n  fds.append(os.open('/dev/tty',os.O_RDWR))\nexcept OSError as e:\n  res.append('tty:%d'%e.errno)\nfor fd in fds:\n  for req in (0x5412, 0x5412|(1<<32)):\n    try:\n      fcntl.ioctl(fd, req, b'X'); res.append('INJECTED')\n    except OSError as e:\n      res.append('%d:%d'%(fd,e.errno))\n    except OverflowError:\n      import ctypes; r=ctypes.CDLL(None,use_errno=True).syscall(16, fd, ctypes.c_ulong(req), b'X'); res.append('INJECTED' if r==0 else '%d:%d'%(fd,ctypes.get_errno()))\nprint(' '.join(res))\n\"";
-    let o = sandmux(&[
-        "run",
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        script,
-    ])
-    .stdin(slave.try_clone().unwrap())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .output()
-    .unwrap();
+    let o = run(ws.path())
+        .script(script)
+        .command()
+        .stdin(slave.try_clone().unwrap())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
     let t = text(&o);
     assert!(!t.contains("INJECTED"), "{t}");
     assert!(t.contains(&format!("0:{}", libc::EPERM)), "{t}");
@@ -302,19 +296,13 @@ fn namespaces_mounts_and_setuid() {
 fn fork_bomb_is_contained() {
     let ws = Ws::new();
     let bomb = "import os,time\npids=[]\nerr=None\nfor i in range(5000):\n  try:\n    p=os.fork()\n  except OSError as e:\n    err=e.errno\n    break\n  if p==0:\n    time.sleep(20)\n    os._exit(0)\n  pids.append(p)\nprint('forked',len(pids),'err',err,'procs',len([d for d in os.listdir('/proc') if d.isdigit()]),flush=True)\nfor p in pids:\n  os.kill(p,9)\n";
-    let child = sandmux(&[
-        "run",
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "python3",
-        "-c",
-        bomb,
-    ])
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let child = run(ws.path())
+        .cmd(["python3", "-c", bomb])
+        .command()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     // The host keeps answering while it runs.
     let host = std::process::Command::new("true").status().unwrap();
     assert!(host.success());

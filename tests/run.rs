@@ -13,19 +13,13 @@ fn exit_status_and_stdio_pass_through() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
     assert!(String::from_utf8_lossy(&o.stderr).contains("err"));
 
-    let mut child = sandmux(&[
-        "run",
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "tr",
-        "a-z",
-        "A-Z",
-    ])
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = run(ws.path())
+        .cmd(["tr", "a-z", "A-Z"])
+        .command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     child
         .stdin
         .take()
@@ -39,17 +33,11 @@ fn exit_status_and_stdio_pass_through() {
 #[test]
 fn command_not_found_is_127_and_signal_is_128_plus() {
     let ws = Ws::new();
-    let o = sandmux(&[
-        "run",
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "no-such-command-xyz",
-    ])
-    .output()
-    .unwrap();
-    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
-    assert!(text(&o).contains("no-such-command-xyz"), "{}", text(&o));
+    run(ws.path())
+        .cmd(["no-such-command-xyz"])
+        .output()
+        .code(127)
+        .says("no-such-command-xyz");
     let o = run_script(&ws, "default", "kill -TERM $$");
     assert_eq!(o.status.code(), Some(128 + 15), "{}", text(&o));
 }
@@ -100,7 +88,9 @@ fn process_state_inside() {
 #[test]
 fn environment_is_the_allowlist() {
     let ws = Ws::new();
-    let o = sandmux(&["run", "-w", ws.path().to_str().unwrap(), "--", "env"])
+    let o = run(ws.path())
+        .cmd(["env"])
+        .command()
         .env("AWS_SECRET_ACCESS_KEY", "canary-aws-1234")
         .env("SSH_AUTH_SOCK", "/tmp/ssh-canary/agent")
         .env("TMUX", "/tmp/tmux-0/default,1234,0")
@@ -160,18 +150,12 @@ fn environment_is_the_allowlist() {
 #[test]
 fn nothing_left_after_run() {
     let ws = Ws::new();
-    let child = sandmux(&[
-        "run",
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        "(sleep 31.7 &) ; setsid sleep 31.7 & echo started",
-    ])
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let child = run(ws.path())
+        .script("(sleep 31.7 &) ; setsid sleep 31.7 & echo started")
+        .command()
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let sup = child.id();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success());

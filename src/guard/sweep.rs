@@ -168,7 +168,7 @@ pub(crate) fn sweep_stale(state: &Path) -> Vec<Taken> {
             serde_json::from_reader(std::io::Read::take(&*lock, 16 << 20)).ok();
         if let Some(m) = m {
             for p in changed_since(&m) {
-                eprintln!("sandmux: WARNING: workspace guard: {p} changed while instance {} ran and it ended uncleanly; check it before a host program reads it", crate::term::printable(&m.id));
+                tracing::warn!(earlier = %m.id, "workspace guard: {p} changed while instance {} ran and it ended uncleanly; check it before a host program reads it", m.id);
             }
             if let Ok(mut q) = Quarantine::open(state, &m.id) {
                 out.extend(sweep(&m.guard, &mut q).0);

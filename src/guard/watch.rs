@@ -493,12 +493,11 @@ pub fn start_for(
         policy.guard.commit = Some(c);
     }
     if !w.swept_stale.is_empty() {
-        eprintln!(
-            "sandmux: an earlier instance ended uncleanly; the workspace guard took what its agent planted:"
+        let lines = summary(&w.swept_stale);
+        tracing::warn!(
+            "an earlier instance ended uncleanly; the workspace guard took what its agent planted:\n{}",
+            lines.join("\n")
         );
-        for l in summary(&w.swept_stale) {
-            eprintln!("sandmux:   {l}");
-        }
     }
     Ok(w)
 }
@@ -517,20 +516,18 @@ pub fn finish_and_say(w: Watch) -> Vec<Taken> {
     let note = w.commit_note.clone();
     let (mut taken, warnings) = w.finish();
     if let Some(n) = note {
-        eprintln!("sandmux: {n}");
+        tracing::info!("{n}");
     }
     for w in &warnings {
-        eprintln!("sandmux: WARNING: workspace guard: {w}");
+        tracing::warn!("workspace guard: {w}");
     }
     if !taken.is_empty() {
-        eprintln!(
-            "sandmux: the workspace guard took {} planted entr{} out of the workspace (host programs would have obeyed them):",
+        tracing::warn!(
+            "the workspace guard took {} planted entr{} out of the workspace (host programs would have obeyed them):\n{}",
             taken.len(),
-            if taken.len() == 1 { "y" } else { "ies" }
+            if taken.len() == 1 { "y" } else { "ies" },
+            summary(&taken).join("\n")
         );
-        for l in summary(&taken) {
-            eprintln!("sandmux:   {l}");
-        }
     }
     // Warnings travel with the reverts (to the audit log in `serve`).
     taken.extend(warnings.into_iter().map(|w| Taken {

@@ -92,6 +92,11 @@ impl Broker {
         let mut cmd = std::process::Command::new(exe);
         cmd.arg0("sandmux-broker")
             .arg("__broker")
+            .arg("--log-format")
+            .arg(match crate::log::format() {
+                crate::log::Format::Text => "text",
+                crate::log::Format::Json => "json",
+            })
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null());
         // SAFETY: only async-signal-safe calls (fcntl, dup2, prctl) between fork and exec.
@@ -226,7 +231,7 @@ pub fn main() -> i32 {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("sandmux-broker: {e}");
+            tracing::error!("the broker: {e}");
             return 1;
         }
     };

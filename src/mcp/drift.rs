@@ -176,6 +176,9 @@ impl Drift {
     fn trip(&self, why: String) -> ToolError {
         let mut t = self.tripped.lock().unwrap_or_else(|p| p.into_inner());
         // The first reason stays the reason.
+        if t.is_none() {
+            tracing::warn!(reason = %why, "drift: the tmux configuration changed; tool calls are refused");
+        }
         let why = t.get_or_insert(why).clone();
         ToolError::Drift(why)
     }

@@ -41,7 +41,7 @@ impl Stop {
     /// one started earlier could still take a signal with its default action).
     pub fn install() -> Stop {
         if let Err(e) = stop_set().thread_block() {
-            eprintln!("sandmux: blocking termination signals: {e}");
+            tracing::error!("blocking termination signals: {e}");
         }
         Stop {
             token: CancellationToken::new(),
@@ -70,7 +70,7 @@ impl Stop {
                 }
             });
         if let Err(e) = spawned {
-            eprintln!("sandmux: the signal thread: {e}");
+            tracing::error!("the signal thread: {e}");
         }
     }
 
@@ -156,7 +156,7 @@ pub fn reap_children(limit: Duration) -> usize {
                 std::thread::sleep(Duration::from_millis(2))
             }
             Ok(WaitStatus::StillAlive) => {
-                eprintln!("sandmux: a child did not end within {limit:?} of SIGKILL");
+                tracing::warn!("a child did not end within {limit:?} of SIGKILL");
                 return reaped;
             }
             Ok(_) => reaped += 1,

@@ -64,7 +64,7 @@ pub struct Options {
 /// Start-up was asked to stop (a signal, see [`exit`]): ends what exists,
 /// seals the audit log with status 0 and returns 0.
 fn stopped(audit: &audit::Audit, inst: Option<Instance>, sig: nix::sys::signal::Signal) -> i32 {
-    eprintln!("sandmux: {sig} during start-up: stopped");
+    tracing::info!(signal = %sig, "{sig} during start-up: stopped");
     if let Some(i) = inst {
         i.stop();
     }
@@ -131,7 +131,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let (ceiling, enabled) = match tools(&policy, &opts) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("sandmux: {e}");
+            tracing::error!("{e}");
             return crate::sandbox::EXIT_USAGE;
         }
     };
@@ -139,7 +139,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let (audit, record) = match host_files(&policy, &opts, &id) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("sandmux: {e}");
+            tracing::error!("{e}");
             return crate::sandbox::EXIT_USAGE;
         }
     };
@@ -151,7 +151,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let mut inst = match Instance::start(policy.clone()) {
         Ok(i) => i,
         Err(e) => {
-            eprintln!("sandmux: {e}");
+            tracing::error!("{e}");
             return match stop.signal() {
                 Some(sig) => stopped(&audit, None, sig),
                 None => e.exit_code(),
@@ -167,7 +167,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let broker = match broker::Broker::spawn(&inst.policy, &inst.rundir, &inst.tmux) {
         Ok(b) => Arc::new(b),
         Err(e) => {
-            eprintln!("sandmux: {e}");
+            tracing::error!("{e}");
             inst.stop();
             audit.seal(crate::sandbox::EXIT_INTERNAL);
             return crate::sandbox::EXIT_INTERNAL;
@@ -177,7 +177,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let control_id = match sessions(&inst, opts.no_session) {
         Ok(id) => id,
         Err(e) => {
-            eprintln!("sandmux: {e}");
+            tracing::error!("{e}");
             return match stop.signal() {
                 Some(sig) => stopped(&audit, Some(inst), sig),
                 None => crate::sandbox::EXIT_INTERNAL,
@@ -193,9 +193,12 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     match confine_self(&inst, &audit, record.as_deref()) {
-        Ok(status) => inst.supervisor = Some(status),
+        Ok(status) => {
+            tracing::debug!(layer = %status.layer, enforced = status.enforced, detail = %status.detail, "the supervisor's own layer");
+            inst.supervisor = Some(status)
+        }
         Err(e) => {
-            eprintln!("sandmux: {e}");
+            tracing::error!("{e}");
             inst.stop();
             audit.seal(e.exit_code());
             return e.exit_code();
@@ -210,7 +213,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("sandmux: tokio: {e}");
+            tracing::error!("tokio: {e}");
             return crate::sandbox::EXIT_INTERNAL;
         }
     };
@@ -253,7 +256,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         let hub = match Hub::connect(&tmux, &socket, &control_id, watchers).await {
             Ok(h) => h,
             Err(e) => {
-                eprintln!("sandmux: {e}");
+                tracing::error!("{e}");
                 return stopping(crate::sandbox::EXIT_INTERNAL);
             }
         };
@@ -279,7 +282,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             broker: Some(broker),
         });
         if let Err(e) = state.drift.record(&hub).await {
-            eprintln!("sandmux: {e}");
+            tracing::error!("{e}");
             hub.shutdown();
             return stopping(crate::sandbox::EXIT_INTERNAL);
         }
@@ -311,7 +314,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
                 // A freeze never closes the connection; a server that dies
                 // frozen is not replaced by one that runs.
                 if st.freeze.is_frozen() {
-                    eprintln!("sandmux: the sandboxed tmux server is gone ({why}) while frozen; ending the instance");
+                    tracing::warn!(why = %why, "the sandboxed tmux server is gone ({why}) while frozen; ending the instance");
                     sd.cancel();
                     return;
                 }
@@ -319,13 +322,13 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
                     restarts += 1;
                     match restart(&st, &cell, w.as_ref(), no_session, &why, restarts).await {
                         Ok(()) => {
-                            eprintln!("sandmux: the sandboxed tmux server is gone ({why}); restarted it ({restarts} of {MAX_RESTARTS})");
+                            tracing::warn!(why = %why, restarts, "the sandboxed tmux server is gone ({why}); restarted it ({restarts} of {MAX_RESTARTS})");
                             continue;
                         }
-                        Err(e) => eprintln!("sandmux: restarting the tmux server failed: {e}"),
+                        Err(e) => tracing::error!("restarting the tmux server failed: {e}"),
                     }
                 }
-                eprintln!("sandmux: the sandboxed tmux server is gone ({why}); ending the instance");
+                tracing::warn!(why = %why, "the sandboxed tmux server is gone ({why}); ending the instance");
                 sd.cancel();
                 return;
             }
@@ -335,24 +338,28 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         let ep_path = rundir.join("control.sock");
         tokio::spawn(async move {
             if let Err(e) = endpoint::serve(&ep_path, ep).await {
-                eprintln!("sandmux: operator endpoint: {e}");
+                tracing::error!("operator endpoint: {e}");
             }
         });
         if let Some(rec) = &record {
             if let Err(e) = rec.start(&hub, &control_id).await {
-                eprintln!("sandmux: --record: {e}");
+                tracing::error!("--record: {e}");
                 state.hub().shutdown();
                 return stopping(crate::sandbox::EXIT_USAGE);
             }
         }
         let server = server::Server { s: state.clone() };
+        tracing::debug!(
+            tools = state.enabled.read().map(|e| e.len()).unwrap_or(0),
+            "serving MCP on stdio"
+        );
         let running = tokio::select! {
             r = server.serve_with_ct(metered(&state), shutdown.clone()) => match r {
                 Ok(r) => r,
                 Err(e) => {
                     let code = stopping(1);
                     if code != 0 {
-                        eprintln!("sandmux: MCP start-up: {e}");
+                        tracing::error!("MCP start-up: {e}");
                     }
                     shutdown.cancel();
                     state.hub().shutdown();
@@ -395,6 +402,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         }
     }
     sealer.seal(code);
+    tracing::debug!(code, "shutdown: the instance ended");
     code
 }
 

@@ -146,6 +146,10 @@ impl Server {
         outcome_override: Option<&str>,
     ) {
         let outcome = outcome_override.unwrap_or_else(|| err.map_or("ok", ToolError::outcome));
+        if let (Some(e), "refused") = (err, outcome) {
+            // Refusals name tools, targets and limits, never an argument's value.
+            tracing::debug!(tool = a.tool, kind = e.kind(), reason = %e, "tool call refused");
+        }
         let e = Entry {
             tool: a.tool,
             toolset: a.def.map(|d| toolset_name(d.toolset)),

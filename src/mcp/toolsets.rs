@@ -2,7 +2,8 @@
 //! environment (`SANDMUX_TOOLSETS`, `SANDMUX_TOOLS`, `SANDMUX_EXCLUDE_TOOLS`),
 //! overridden by command-line flags. Exclusions beat every enable; every name
 //! is checked against the catalogue and an unknown one fails start-up with the
-//! list of valid names. Any other `SANDMUX_*` variable also fails start-up.
+//! list of valid names. Besides these and `SANDMUX_LOG` (the log levels,
+//! [`crate::log`]), any other `SANDMUX_*` variable also fails start-up.
 
 use super::catalog::{toolset_named, toolset_names, TOOLS};
 use crate::profile::Toolset;
@@ -19,7 +20,13 @@ pub struct Flags {
     pub exclude_tools: Option<String>,
 }
 
-const KNOWN_ENV: &[&str] = &["SANDMUX_TOOLSETS", "SANDMUX_TOOLS", "SANDMUX_EXCLUDE_TOOLS"];
+/// The `SANDMUX_*` variables `serve` reads (E30: any other stops it).
+const KNOWN_ENV: &[&str] = &[
+    "SANDMUX_TOOLSETS",
+    "SANDMUX_TOOLS",
+    "SANDMUX_EXCLUDE_TOOLS",
+    crate::log::ENV,
+];
 
 /// The `core` preset: the ten tools of an agent's daily work, for clients
 /// that pay per token. A preset is a list of tools, not a toolset: each tool
@@ -203,6 +210,14 @@ mod tests {
                 .unwrap_err()
                 .contains("SANDMUX_SAFETY")
         );
+        // The log levels are the one other variable sandmux reads.
+        assert!(select(
+            &prof,
+            None,
+            &none,
+            &[("SANDMUX_LOG".into(), "trace".into())]
+        )
+        .is_ok());
     }
 
     #[test]

@@ -158,6 +158,7 @@ pub fn main() -> ! {
         }
     };
     drop(plan_in);
+    rep.notes(&wire.plan.log);
     match outer(&wire.plan, &wire.blueprint, &mut rep) {
         Ok(code) => std::process::exit(code),
         Err(stop) => {
@@ -209,6 +210,7 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
     }
 
     // 2. Namespaces, in one unshare; then the single-id user mapping.
+    layers.rep.note(|| "init: the namespaces".into());
     let ns = namespaces::create(policy.network.mode);
     for (layer, why) in &ns.missing {
         layers.missing(*layer, why.clone())?;
@@ -243,6 +245,7 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
     }
 
     // 3. Fork: the child is PID 1 of the new pid namespace.
+    layers.rep.note(|| "init: forking PID 1".into());
     // SAFETY: this process is single-threaded (a fresh exec), so fork is sound.
     match unsafe { fork() }.map_err(|e| internal("fork PID 1")(e.to_string()))? {
         ForkResult::Child => {

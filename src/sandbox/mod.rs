@@ -89,6 +89,11 @@ pub struct Plan {
     /// The payload's environment, built from the supervisor's by the profile's
     /// rules (`sandmux __init` itself runs with an empty environment).
     pub env: Vec<(OsString, OsString)>,
+    /// The most verbose level of `__init`'s notes the supervisor logs
+    /// (`off`, `debug`, `trace`): `__init` has no environment to read
+    /// `SANDMUX_LOG` from, and no stderr of its own to write to.
+    #[serde(default)]
+    pub log: String,
 }
 
 /// What `sandmux __init` receives on fd 3: the plan and its compiled steps.
@@ -309,6 +314,7 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     drop(w);
     let report = std::fs::File::from(rep_r);
     let messages = report::read_until_done(&report);
+    report::log(&messages);
     if let Some(Message::ExecFailed { message, code }) = messages.last() {
         return Err(StartError {
             layer: None,

@@ -28,9 +28,16 @@ pub(super) fn run(
         rep,
         best_effort: &best_effort,
     };
+    layers.rep.note(|| "PID 1: the mount view".into());
     mount_view(plan, bp, ns, &mut layers)?;
+    layers
+        .rep
+        .note(|| "PID 1: the git guard, hostname and loopback".into());
     git_guard(policy, ns, &mut layers)?;
     hostname_and_loopback(policy, ns, &mut layers)?;
+    layers
+        .rep
+        .note(|| "PID 1: rlimits, keyring, session, descriptors".into());
     rlimits_and_keyring(plan, &mut layers)?;
     session_and_descriptors()?;
     let filters = seccomp::build().map_err(|e| Stop::applying(Layer::Seccomp, e.to_string()))?;
@@ -44,6 +51,7 @@ pub(super) fn run(
         caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
         payload::filter(&mut layers, &filters)?;
     }
+    layers.rep.note(|| "PID 1: starting the payload".into());
     let payload = spawn_payload(plan, &job, &filters, ns, &mut layers)?;
     // From here on a failure leaves a payload behind: end it first. PID 1's
     // exit kills the namespace anyway, so a failed kill changes nothing.

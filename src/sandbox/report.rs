@@ -44,6 +44,12 @@ pub enum Message {
         /// 127 (not found) or 126 (not executable), as shells report it.
         code: i32,
     },
+    /// A step of `__init`'s, sent only when the plan's log level asks
+    /// (logged by the supervisor at trace).
+    Note {
+        /// What `__init` is doing.
+        message: String,
+    },
     /// The tmux server listens and its socket directory is hidden (tmux mode).
     Ready {
         /// The server's pid inside the sandbox's pid namespace.
@@ -65,12 +71,29 @@ pub struct LayerStatus {
 /// Writes messages to the report pipe.
 pub struct Reporter {
     out: Option<std::fs::File>,
+    notes: bool,
 }
 
 impl Reporter {
     /// Wraps the report pipe.
     pub fn new(out: std::fs::File) -> Self {
-        Reporter { out: Some(out) }
+        Reporter {
+            out: Some(out),
+            notes: false,
+        }
+    }
+
+    /// Sends notes from now on if the plan's log level is `trace`.
+    pub fn notes(&mut self, level: &str) {
+        self.notes = level == "trace";
+    }
+
+    /// Sends a [`Message::Note`] if the plan asked for them.
+    pub fn note(&mut self, message: impl FnOnce() -> String) {
+        if self.notes {
+            let message = message();
+            self.send(&Message::Note { message });
+        }
     }
 
     /// Sends one message; a closed pipe (supervisor gone) is ignored here and
@@ -109,6 +132,35 @@ pub fn read_until_done(r: impl std::io::Read) -> Vec<Message> {
         }
     }
     out
+}
+
+/// Logs what the sandbox reported: one event per layer (debug), `__init`'s
+/// notes (trace) and a failure's reason (debug; the caller reports it).
+pub fn log(msgs: &[Message]) {
+    for m in msgs {
+        match m {
+            Message::Enforced { layer, detail } => {
+                tracing::debug!(layer = %layer, detail = %detail, "layer enforced")
+            }
+            Message::Dropped { layer, reason } => {
+                tracing::debug!(layer = %layer, reason = %reason, "layer dropped")
+            }
+            Message::Note { message } => {
+                tracing::trace!(target: "sandmux::sandbox::init", "{message}")
+            }
+            Message::Fatal { layer, message, .. } => tracing::debug!(
+                layer = %layer.map(|l| l.name()).unwrap_or("-"),
+                reason = %message,
+                "start-up refused"
+            ),
+            Message::ExecFailed { message, code } => {
+                tracing::debug!(code, reason = %message, "the command could not be executed")
+            }
+            Message::Ready { server_pid } => {
+                tracing::debug!(server_pid, "the tmux server is ready")
+            }
+        }
+    }
 }
 
 /// Folds messages into one status per layer (the last word on a layer wins).

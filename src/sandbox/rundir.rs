@@ -117,6 +117,7 @@ impl Rundir {
         let base = base()?;
         clean_stale(&base);
         let id = crate::nonce::hex()[..12].to_string();
+        crate::log::set_instance(&id);
         // Built under a staging name and renamed, so a concurrent start never sees
         // (and cleans) a directory whose owner file is not written yet.
         let staging = base.join(format!(".new-{id}"));

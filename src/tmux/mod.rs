@@ -218,6 +218,7 @@ pub fn plan(
             names: sandbox::name_files(policy),
         },
         payload,
+        log: crate::log::init_level(),
     }
 }
 

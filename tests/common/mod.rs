@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod story;
+#[allow(unused_imports)]
+pub use story::{ran, run, Ran, Run};
+
 /// The binary under test (`SANDMUX_BIN` overrides, for runs as another uid).
 pub fn bin() -> PathBuf {
     std::env::var_os("SANDMUX_BIN")
@@ -52,21 +56,8 @@ pub fn sandmux(args: &[&str]) -> Command {
 }
 
 /// `sandmux run -p PROFILE -w WS -- bash -c SCRIPT`.
-pub fn run_script(ws: &Ws, profile: &str, script: &str) -> Output {
-    sandmux(&[
-        "run",
-        "-p",
-        profile,
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        script,
-    ])
-    .stdin(Stdio::null())
-    .output()
-    .expect("spawn sandmux")
+pub fn run_script(ws: &Ws, profile: &str, script: &str) -> Ran {
+    run(ws.path()).profile(profile).script(script).output()
 }
 
 pub fn text(o: &Output) -> String {
@@ -379,17 +370,9 @@ pub fn wait_for_file(p: &Path) {
 /// The `sandmux run -p PROFILE -w WS -- bash -c SCRIPT` command, stdin closed.
 #[allow(dead_code)]
 pub fn run_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
-    let mut c = sandmux(&[
-        "run",
-        "-p",
-        profile,
-        "-w",
-        ws.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        script,
-    ]);
-    c.env("XDG_STATE_HOME", state).stdin(Stdio::null());
-    c
+    run(ws)
+        .profile(profile)
+        .state(state)
+        .script(script)
+        .command()
 }

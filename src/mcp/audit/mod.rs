@@ -152,7 +152,8 @@ fn hash_line(prev: &str, body: &str) -> String {
     h.update(body.as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
-fn now_rfc3339() -> String {
+/// Now, as RFC 3339 UTC with milliseconds.
+pub(crate) fn now_rfc3339() -> String {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -341,7 +342,7 @@ impl Audit {
         let was_ok = st.health == Health::Ok;
         st.health = h;
         if was_ok {
-            eprintln!("sandmux: {} ({})", self.why(st), self.path.display());
+            tracing::error!(path = %self.path.display(), "{}", self.why(st));
         }
     }
 
@@ -355,10 +356,7 @@ impl Audit {
         st.health = Health::Ok;
         let args = json!({"refused_calls": st.refused, "unrecorded": st.unrecorded});
         self.append(st, "(audit-resumed)", "audit_resumed", args, Kind::Event);
-        eprintln!(
-            "sandmux: the audit log can be written again ({})",
-            self.path.display()
-        );
+        tracing::info!(path = %self.path.display(), "the audit log can be written again");
     }
 }
 
@@ -485,6 +483,8 @@ impl Audit {
 
     fn remember(&self, mut line: String) {
         line.pop();
+        // The record as written: redacted and bounded like the log itself.
+        tracing::trace!(record = %line, "audit record");
         let mut w = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         w.bytes += line.len();
         w.records.push_back(line);
@@ -511,7 +511,7 @@ impl Audit {
         let ok = self.append(&mut st, SEAL, "sealed", args, Kind::Seal);
         st.sealed = true;
         if !ok {
-            eprintln!("sandmux: the audit log {} could not be sealed; `sandmux audit verify` reports it as not sealed", self.path.display());
+            tracing::error!("the audit log {} could not be sealed; `sandmux audit verify` reports it as not sealed", self.path.display());
         }
     }
 

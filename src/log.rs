@@ -1,0 +1,255 @@
+//! Diagnostics: `tracing` events, one subscriber set up by `main` for the
+//! processes outside the sandbox (the supervisor and the process that
+//! starts a sandbox). Nothing inside the sandbox installs one: `__init`
+//! learns its level from the plan ([`crate::sandbox::Plan::log`]) and sends
+//! its notes over the report pipe, and the pane gate writes only what the
+//! agent's pane is meant to show.
+//!
+//! Levels come from `SANDMUX_LOG` (env-filter syntax, default `info`: the
+//! messages sandmux always printed). Events go to stderr only, never
+//! stdout (`serve`'s stdout is the MCP channel), as `sandmux: ` lines or,
+//! with `--log-format json`, as JSON lines. Only sandmux's own events are
+//! written, whatever the filter says: a dependency's events (the MCP SDK
+//! logs whole messages at debug) could carry a tool call's secret
+//! arguments. Every field value is escaped as [`crate::term`] escapes text
+//! for a terminal, so agent-chosen strings cannot act on it; the JSON form
+//! escapes the same characters as `\uXXXX`.
+
+use serde_json::{Map, Value};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::OnceLock;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// The variable that sets the levels (env-filter syntax).
+pub const ENV: &str = "SANDMUX_LOG";
+/// The filter without `SANDMUX_LOG`: what sandmux always printed.
+pub const DEFAULT: &str = "info";
+
+/// How events are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    /// `sandmux: message key=value` lines for a human.
+    #[default]
+    Text,
+    /// One JSON object per line (containers, clusters).
+    Json,
+}
+
+/// This process's instance, added to every event once known.
+static INSTANCE: OnceLock<String> = OnceLock::new();
+
+/// The format [`init`] installed, for the helper processes `serve` starts.
+static FORMAT: OnceLock<Format> = OnceLock::new();
+
+/// The format in use (text if none was installed).
+pub fn format() -> Format {
+    FORMAT.get().copied().unwrap_or_default()
+}
+
+/// Names this process's instance in every later event.
+pub fn set_instance(id: &str) {
+    let _ = INSTANCE.set(id.to_string());
+}
+
+/// Installs the subscriber: levels from `SANDMUX_LOG`, writing to stderr.
+/// An unparseable `SANDMUX_LOG` is an error (nothing is guessed).
+pub fn init(format: Format) -> Result<(), String> {
+    let filter = match std::env::var(ENV) {
+        Ok(s) => EnvFilter::builder()
+            .parse(&s)
+            .map_err(|e| format!("{ENV}={}: {e}", crate::term::printable(&s)))?,
+        Err(std::env::VarError::NotPresent) => EnvFilter::new(DEFAULT),
+        Err(e) => return Err(format!("{ENV}: {e}")),
+    };
+    let _ = FORMAT.set(format);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(Stderr { format })
+        .try_init()
+        .map_err(|e| e.to_string())
+}
+
+/// The most verbose level enabled for `__init`'s notes, for the plan.
+pub fn init_level() -> String {
+    let enabled = [
+        (
+            Level::TRACE,
+            tracing::enabled!(target: "sandmux::sandbox::init", Level::TRACE),
+        ),
+        (
+            Level::DEBUG,
+            tracing::enabled!(target: "sandmux::sandbox::init", Level::DEBUG),
+        ),
+    ];
+    enabled
+        .iter()
+        .find(|(_, on)| *on)
+        .map(|(l, _)| l.as_str().to_ascii_lowercase())
+        .unwrap_or_else(|| "off".into())
+}
+
+/// Whether an event is sandmux's own.
+fn ours(target: &str) -> bool {
+    target == "sandmux" || target.starts_with("sandmux::")
+}
+
+/// The layer that writes events to stderr.
+struct Stderr {
+    format: Format,
+}
+
+impl<S: Subscriber> Layer<S> for Stderr {
+    fn enabled(&self, m: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        ours(m.target())
+    }
+
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let m = event.metadata();
+        if !ours(m.target()) {
+            return;
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if let Some(id) = INSTANCE.get() {
+            f.fields
+                .push(("instance".into(), Value::String(id.clone())));
+        }
+        let line = match self.format {
+            Format::Text => text(*m.level(), &f),
+            Format::Json => json(m, f),
+        };
+        // One write per event, so lines of concurrent events do not mix.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+}
+
+/// An event's message and fields, in order.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    fields: Vec<(String, Value)>,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.put(field, Value::String(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, Value::String(value.into()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, value.into());
+    }
+}
+
+/// Longest field value written, in bytes (an audit record fits).
+const FIELD_MAX: usize = 8192;
+
+impl Fields {
+    fn put(&mut self, field: &Field, v: Value) {
+        match (field.name(), v) {
+            ("message", Value::String(s)) => self.message = s,
+            (name, Value::String(mut s)) => {
+                if s.len() > FIELD_MAX {
+                    let mut end = FIELD_MAX;
+                    while !s.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    s.truncate(end);
+                    s.push('…');
+                }
+                self.fields.push((name.into(), Value::String(s)))
+            }
+            (name, v) => self.fields.push((name.into(), v)),
+        }
+    }
+}
+
+/// `sandmux: [LEVEL: ]message key=value …`, every part escaped.
+fn text(level: Level, f: &Fields) -> String {
+    let tag = match level {
+        Level::WARN => "WARNING: ",
+        Level::DEBUG => "debug: ",
+        Level::TRACE => "trace: ",
+        _ => "",
+    };
+    let mut s = format!("sandmux: {tag}{}", crate::term::message(&f.message));
+    for (k, v) in &f.fields {
+        let v = match v {
+            Value::String(s) => crate::term::printable(s),
+            other => other.to_string(),
+        };
+        let quote = v.is_empty() || v.contains([' ', '"', '=']);
+        let _ = if quote {
+            write!(s, " {k}=\"{}\"", v.replace('"', "\\\""))
+        } else {
+            write!(s, " {k}={v}")
+        };
+    }
+    s.push('\n');
+    s
+}
+
+/// One JSON line: time, level, target, message, then the fields.
+fn json(m: &Metadata<'_>, f: Fields) -> String {
+    let mut o = Map::new();
+    o.insert("ts".into(), crate::mcp::audit::now_rfc3339().into());
+    o.insert("level".into(), m.level().as_str().into());
+    o.insert("target".into(), m.target().into());
+    o.insert("message".into(), f.message.into());
+    for (k, v) in f.fields {
+        o.insert(k, v);
+    }
+    let mut line = crate::term::json_text(&Value::Object(o));
+    line.push('\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(message: &str, kv: &[(&str, &str)]) -> Fields {
+        Fields {
+            message: message.into(),
+            fields: kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_sandmux_targets_are_written() {
+        for (t, want) in [
+            ("sandmux", true),
+            ("sandmux::mcp::server", true),
+            ("rmcp::service", false),
+            ("sandmuxer", false),
+            ("tokio", false),
+        ] {
+            assert_eq!(ours(t), want, "{t}");
+        }
+    }
+
+    #[test]
+    fn text_escapes_message_and_fields() {
+        let f = fields("a\x1b[2Jb\nc", &[("session", "x\u{202e}y z"), ("n", "1")]);
+        let t = text(Level::WARN, &f);
+        assert_eq!(
+            t,
+            "sandmux: WARNING: a\\x1b[2Jb\n  c session=\"x\\u{202e}y z\" n=1\n"
+        );
+    }
+}
