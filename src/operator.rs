@@ -106,6 +106,7 @@ pub fn ps(json_out: bool) -> String {
             "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
             "frozen": st.as_ref().map(|s| s["frozen"].clone()),
             "audit": st.as_ref().map(|s| s["audit"].clone()),
+            "http": f.meta["http"],
         }));
     }
     if json_out {
