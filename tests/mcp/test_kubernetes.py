@@ -63,7 +63,7 @@ def test_the_pod_gives_sandmux_its_layers(rendered):
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["procMount"] == "Unmasked"
-    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SETFCAP"]}
     assert not any(k in p for k in ("hostNetwork", "hostPID", "hostIPC"))
     assert re.fullmatch(r"[a-z0-9.\-/]+@sha256:[0-9a-f]{64}", c["image"]), "image pinned by digest"
     for k in ("cpu", "memory", "ephemeral-storage"):
