@@ -337,6 +337,9 @@ async fn accept(
             front.rejects.count(rejects::Why::Busy, peer.ip());
             continue;
         };
+        // Answers go out in several writes (headers, SSE events): without
+        // this, Nagle's algorithm holds each for the client's delayed ACK.
+        let _ = stream.set_nodelay(true);
         let f = front.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
