@@ -112,6 +112,19 @@ pub fn ps(json_out: bool) -> String {
     if json_out {
         return format!("{}\n", term::json_text(&Value::Array(rows)));
     }
+    // `serve --http`: where clients connect and where the token is.
+    let http: Vec<String> = rows
+        .iter()
+        .filter(|r| r["http"]["url"].is_string())
+        .map(|r| {
+            format!(
+                "{}: MCP at {} (Bearer token in {})\n",
+                term::field(&r["id"], ""),
+                term::field(&r["http"]["url"], ""),
+                term::field(&r["http"]["token_file"], "")
+            )
+        })
+        .collect();
     let down: Vec<String> = rows
         .iter()
         .filter(|r| r["audit"]["reason"].is_string())
@@ -177,6 +190,7 @@ pub fn ps(json_out: bool) -> String {
             term::field(&r["workspace"], "")
         ));
     }
+    out.extend(http);
     out.extend(down);
     out
 }

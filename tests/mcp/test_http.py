@@ -121,6 +121,8 @@ def test_healthz_needs_no_token_says_only_ready_and_is_not_audited(ws):
         assert me and me[0]["http"]["url"] == url
         assert open(me[0]["http"]["token_file"]).read().strip() == token
         assert oct(os.stat(me[0]["http"]["token_file"]).st_mode & 0o777) == "0o600"
+        text = subprocess.run([BIN, "ps"], capture_output=True, text=True, check=True).stdout
+        assert f"MCP at {url} (Bearer token in {me[0]['http']['token_file']})" in text
         stopped(proc)
     tools = [r["tool"] for r in audit_records(ws)]
     assert "(healthz)" not in tools and tools.count("(http-rejected)") == 1

@@ -62,6 +62,8 @@ pub(crate) fn host_of(authority: &str) -> String {
     let a = authority.trim();
     let h = if let Some(rest) = a.strip_prefix('[') {
         rest.split(']').next().unwrap_or("")
+    } else if a.matches(':').count() > 1 {
+        a // a bare IPv6 address has no port
     } else {
         a.rsplit_once(':')
             .filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
@@ -269,6 +271,7 @@ mod tests {
     fn hosts_without_ports() {
         assert_eq!(host_of("127.0.0.1:8765"), "127.0.0.1");
         assert_eq!(host_of("[::1]:80"), "::1");
+        assert_eq!(host_of("fd00::1"), "fd00::1");
         assert_eq!(host_of("LocalHost"), "localhost");
         assert_eq!(host_of("sandmux-abc.agents.svc"), "sandmux-abc.agents.svc");
         assert_eq!(host_of("evil.example:x"), "evil.example:x");

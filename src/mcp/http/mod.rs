@@ -95,7 +95,7 @@ pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
             && n.len() <= 253
             && n.chars()
                 .all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c));
-        if !plain || front::host_of(&n) != n && !n.contains("::") {
+        if !plain || front::host_of(&n) != n {
             return Err(format!("--allowed-host {h:?}: expected a host name or address without port, scheme or path"));
         }
         hosts.push(n);
