@@ -51,7 +51,7 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
     },
-    /// Serve MCP over stdio against a fresh confined tmux server.
+    /// Serve MCP over stdio (or streamable HTTP, --http) against a fresh confined tmux server.
     Serve {
         #[command(flatten)]
         target: Target,
@@ -73,6 +73,15 @@ enum Cmd {
         /// Record the first session's terminal output as an asciicast v2 file.
         #[arg(long)]
         record: Option<PathBuf>,
+        /// Serve MCP over streamable HTTP at http://IP:PORT/mcp instead of stdio.
+        #[arg(long, value_name = "IP:PORT")]
+        http: Option<String>,
+        /// The Bearer token's file (0400/0600; required unless --http is loopback).
+        #[arg(long, requires = "http")]
+        token_file: Option<PathBuf>,
+        /// A further name a Host or Origin header may carry (repeatable).
+        #[arg(long, requires = "http", value_name = "NAME")]
+        allowed_host: Vec<String>,
     },
     /// List this user's running instances.
     Ps {
@@ -314,6 +323,9 @@ fn main() -> ExitCode {
             audit_log,
             no_session,
             record,
+            http,
+            token_file,
+            allowed_host,
         } => serve(
             &target,
             sandmux::mcp::toolsets::Flags {
@@ -324,6 +336,11 @@ fn main() -> ExitCode {
             audit_log,
             no_session,
             record,
+            http.map(|addr| sandmux::mcp::http::Flags {
+                addr,
+                token_file,
+                allowed_hosts: allowed_host,
+            }),
         ),
         Cmd::Git {
             cmd: GitCmd::Fetch { id, prune },
@@ -385,6 +402,7 @@ fn serve(
     audit_log: Option<PathBuf>,
     no_session: bool,
     record: Option<PathBuf>,
+    http: Option<sandmux::mcp::http::Flags>,
 ) -> ExitCode {
     // First, before any thread exists: from here on a termination signal is
     // serve's own (a clean stop), never the default action.
@@ -397,6 +415,7 @@ fn serve(
                 audit_log,
                 no_session,
                 record,
+                http,
             },
             &stop,
         ),

@@ -106,11 +106,25 @@ pub fn ps(json_out: bool) -> String {
             "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
             "frozen": st.as_ref().map(|s| s["frozen"].clone()),
             "audit": st.as_ref().map(|s| s["audit"].clone()),
+            "http": f.meta["http"],
         }));
     }
     if json_out {
         return format!("{}\n", term::json_text(&Value::Array(rows)));
     }
+    // `serve --http`: where clients connect and where the token is.
+    let http: Vec<String> = rows
+        .iter()
+        .filter(|r| r["http"]["url"].is_string())
+        .map(|r| {
+            format!(
+                "{}: MCP at {} (Bearer token in {})\n",
+                term::field(&r["id"], ""),
+                term::field(&r["http"]["url"], ""),
+                term::field(&r["http"]["token_file"], "")
+            )
+        })
+        .collect();
     let down: Vec<String> = rows
         .iter()
         .filter(|r| r["audit"]["reason"].is_string())
@@ -176,6 +190,7 @@ pub fn ps(json_out: bool) -> String {
             term::field(&r["workspace"], "")
         ));
     }
+    out.extend(http);
     out.extend(down);
     out
 }

@@ -40,7 +40,8 @@ impl Backlog {
         }
     }
 
-    fn pay(&self, n: usize) {
+    /// `n` bytes of answers reached the client.
+    pub(crate) fn pay(&self, n: usize) {
         let _ = self
             .owed
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| {

@@ -54,8 +54,10 @@ pub struct State {
     pub ceiling: std::collections::BTreeSet<&'static str>,
     /// The `--record` recording, if any.
     pub record: Option<Arc<super::record::Recording>>,
-    /// The MCP client, once connected (for tools/list_changed).
-    pub peer: std::sync::OnceLock<Peer<RoleServer>>,
+    /// The MCP clients, once connected (for tools/list_changed).
+    pub peers: Peers,
+    /// `serve --http`: its URL, token file and counters, once it listens.
+    pub(crate) http: std::sync::OnceLock<super::http::Info>,
     /// Open capture_since cursors are keyed by this instance.
     pub started: Instant,
     /// Long commands (`command_id`s for `wait_for_command`).
@@ -69,6 +71,37 @@ pub struct State {
     pub freeze: Arc<super::freeze::Freeze>,
     /// What the confined supervisor has done unconfined (`mcp::broker`).
     pub broker: Option<Arc<super::broker::Broker>>,
+}
+
+/// Connected MCP clients: the one over stdio, or one per HTTP session (at
+/// most the session cap; closed ones are dropped as others come).
+#[derive(Default)]
+pub struct Peers(std::sync::Mutex<Vec<Peer<RoleServer>>>);
+
+impl Peers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Peer<RoleServer>>> {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|p| !p.is_transport_closed());
+        v
+    }
+
+    /// A client that completed its handshake.
+    pub fn add(&self, p: Peer<RoleServer>) {
+        self.lock().push(p);
+    }
+
+    /// How many are connected.
+    pub fn connected(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Tells each that the tool list changed.
+    pub async fn tools_changed(&self) {
+        let all: Vec<Peer<RoleServer>> = self.lock().clone();
+        for p in all {
+            let _ = p.notify_tool_list_changed().await;
+        }
+    }
 }
 
 impl State {

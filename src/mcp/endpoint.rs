@@ -74,7 +74,9 @@ pub fn status(s: &State) -> Value {
         "toolsets": toolsets,
         "tools_enabled": enabled.len(),
         "tools_ceiling": s.ceiling.len(),
-        "client_connected": s.peer.get().is_some_and(|p| !p.is_transport_closed()),
+        "client_connected": s.peers.connected() > 0,
+        "clients": s.peers.connected(),
+        "http": s.http.get().map(|h| h.status()),
         "audit_log": s.audit.path(),
         "audit": s.audit.status(),
         "drift": s.drift.tripped(),
@@ -137,9 +139,7 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
                 }
             }
             // The client learns at once; the next call is checked against the new set.
-            if let Some(peer) = s.peer.get() {
-                let _ = peer.notify_tool_list_changed().await;
-            }
+            s.peers.tools_changed().await;
             if r.op == "revoke" && r.freeze {
                 let mut st = freezing(s, false).await;
                 if let Some(e) = st["error"].as_str() {

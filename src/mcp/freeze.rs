@@ -84,6 +84,7 @@ fn event(s: &State, tool: &str, args: &Value) {
         duration_ms: 0,
         request_id: String::new(),
         client_id: None,
+        http: None,
         args,
     });
 }

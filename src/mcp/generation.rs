@@ -157,6 +157,7 @@ pub(super) async fn restart(
             duration_ms: 0,
             request_id: String::new(),
             client_id: None,
+            http: None,
             args: &serde_json::json!({"reason": why, "restart": n, "generation": generation, "server_pid": server_pid}),
         });
     Ok(())

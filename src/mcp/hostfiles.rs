@@ -107,6 +107,7 @@ pub(super) fn retain(audit: &audit::Audit) -> Result<(), String> {
             duration_ms: 0,
             request_id: String::new(),
             client_id: None,
+            http: None,
             args: &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()}),
         });
     }

@@ -67,6 +67,7 @@ impl Watch {
             duration_ms: 0,
             request_id: String::new(),
             client_id: None,
+            http: None,
             args: &json!({"oom_kills": now, "new": now - seen}),
         });
     }

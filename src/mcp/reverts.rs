@@ -67,6 +67,7 @@ impl Reverts {
                 duration_ms: 0,
                 request_id: String::new(),
                 client_id: None,
+                http: None,
                 args: &args,
             });
         }

@@ -25,6 +25,8 @@ struct Audited<'a> {
     t0: Instant,
     request_id: String,
     client: Option<String>,
+    /// Over HTTP, who sent it ([`caller`]).
+    http: Option<Value>,
     args: &'a Value,
 }
 
@@ -42,6 +44,7 @@ impl<'a> Audited<'a> {
             t0,
             request_id: request_id_text(&cx.id),
             client: None,
+            http: caller(cx),
             args,
         }
     }
@@ -158,6 +161,7 @@ impl Server {
             duration_ms: a.t0.elapsed().as_millis() as u64,
             request_id: a.request_id.clone(),
             client_id: a.client.clone(),
+            http: a.http.clone(),
             args: a.args,
         };
         match ticket {
@@ -179,6 +183,7 @@ impl Server {
                 t0: Instant::now(),
                 request_id,
                 client: None,
+                http: None,
                 args: raw,
             },
             Some(&e),
@@ -251,6 +256,24 @@ Targets: pane_id (%N), window_id (@N), session_id ($N) or session_name; with non
         s.truncate(2048);
         s
     }
+}
+
+/// Over HTTP, who sent a request: the MCP session id (protocol 2025-11-25;
+/// none in the stateless 2026-07-28), the token's digest and the client's
+/// address. `None` over stdio.
+fn caller(cx: &RequestContext<RoleServer>) -> Option<Value> {
+    let parts = cx.extensions.get::<hyper::http::request::Parts>()?;
+    let c = parts.extensions.get::<super::http::front::Caller>();
+    let session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(super::text::shown);
+    Some(json!({
+        "session": session,
+        "token": c.map(|c| c.token.clone()),
+        "client": c.map(|c| c.addr.to_string()),
+    }))
 }
 
 /// A JSON-RPC request id as text: `2` or `abc`, never a Rust spelling
@@ -326,6 +349,7 @@ pub async fn dispatch_nested(c: &Call<'_>, name: &str, args: Value) -> Result<Va
         duration_ms: t0.elapsed().as_millis() as u64,
         request_id: "batch".into(),
         client_id: None,
+        http: None,
         args: &args,
     });
     res
@@ -348,6 +372,14 @@ impl ServerHandler for Server {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    /// Over HTTP, each session's client is told of tool list changes (over
+    /// stdio, `serve` registers its one client itself).
+    async fn on_initialized(&self, cx: rmcp::service::NotificationContext<RoleServer>) {
+        if cx.extensions.get::<hyper::http::request::Parts>().is_some() {
+            self.s.peers.add(cx.peer);
+        }
     }
 
     async fn list_tools(
@@ -387,6 +419,7 @@ impl ServerHandler for Server {
                     t0,
                     request_id: rid,
                     client,
+                    http: caller(&cx),
                     args: &args,
                 },
                 Some(&e),
@@ -419,6 +452,7 @@ impl ServerHandler for Server {
                 t0,
                 request_id: rid,
                 client,
+                http: caller(&cx),
                 args: &args,
             },
             r.as_ref().err(),
@@ -488,6 +522,7 @@ impl ServerHandler for Server {
                     t0: Instant::now(),
                     request_id: request_id_text(&cx.id),
                     client: None,
+                    http: caller(&cx),
                     args: &raw,
                 },
                 Some(&e),

@@ -372,6 +372,19 @@ pub struct McpSettings {
     /// or "restart" a fresh generation (at most [`MAX_RESTARTS`] times).
     #[serde(default)]
     pub on_server_exit: ServerExit,
+    /// `serve --http`: end the instance after this many seconds with no
+    /// request in flight (0: never; else 5-604800).
+    #[serde(default)]
+    pub http_idle_seconds: u64,
+    /// `serve --http`: most open MCP sessions (1-256).
+    #[serde(default = "d_http_sessions")]
+    pub http_max_sessions: u64,
+    /// `serve --http`: most requests served at once (1-1024).
+    #[serde(default = "d_http_requests")]
+    pub http_max_requests: u64,
+    /// `serve --http`: largest request body, in bytes (64 KiB-16 MiB).
+    #[serde(default = "d_http_body")]
+    pub http_max_body_bytes: u64,
 }
 
 /// Most restarts one `serve` instance makes before it ends anyway.
@@ -409,6 +422,15 @@ fn d_max_input() -> u64 {
 fn d_wait_max() -> u64 {
     30
 }
+fn d_http_sessions() -> u64 {
+    8
+}
+fn d_http_requests() -> u64 {
+    32
+}
+fn d_http_body() -> u64 {
+    1 << 20
+}
 fn d_audit_max() -> Size {
     Size(256 << 20)
 }
@@ -423,6 +445,10 @@ impl Default for McpSettings {
             audit_max_bytes: d_audit_max(),
             act: Act::Always,
             on_server_exit: ServerExit::End,
+            http_idle_seconds: 0,
+            http_max_sessions: d_http_sessions(),
+            http_max_requests: d_http_requests(),
+            http_max_body_bytes: d_http_body(),
         }
     }
 }

@@ -185,6 +185,33 @@ impl Profile {
                 format!("{} is outside 1024-1048576", m.max_input_bytes),
             );
         }
+        if m.http_idle_seconds != 0 && !(5..=604800).contains(&m.http_idle_seconds) {
+            return bad(
+                "mcp.http_idle_seconds",
+                format!(
+                    "{} is neither 0 (never) nor within 5-604800",
+                    m.http_idle_seconds
+                ),
+            );
+        }
+        if !(1..=256).contains(&m.http_max_sessions) {
+            return bad(
+                "mcp.http_max_sessions",
+                format!("{} is outside 1-256", m.http_max_sessions),
+            );
+        }
+        if !(1..=1024).contains(&m.http_max_requests) {
+            return bad(
+                "mcp.http_max_requests",
+                format!("{} is outside 1-1024", m.http_max_requests),
+            );
+        }
+        if !(64 << 10..=16 << 20).contains(&m.http_max_body_bytes) {
+            return bad(
+                "mcp.http_max_body_bytes",
+                format!("{} is outside 65536-16777216", m.http_max_body_bytes),
+            );
+        }
         if self.recording.max_bytes.0 < MIN_RECORDING_BYTES {
             return bad("recording.max_bytes", "must be at least 4KiB".into());
         }

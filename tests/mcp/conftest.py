@@ -1,5 +1,6 @@
-"""Shared fixtures: the real sandmux binary, driven over stdio by the official
-MCP Python SDK. Nothing here stands in for sandmux, tmux or the kernel."""
+"""Shared fixtures: the real sandmux binary, driven over stdio (or, with
+TRANSPORT = "http", over streamable HTTP: test_http.py) by the official MCP
+Python SDK. Nothing here stands in for sandmux, tmux or the kernel."""
 
 import contextlib
 import json
@@ -36,9 +37,53 @@ def server_params(ws, *extra, env=None):
     return StdioServerParameters(command=BIN, args=args, env=e)
 
 
+# "stdio", or "http": connect() then starts `serve --http 127.0.0.1:0` and
+# talks to it with the SDK's streamable HTTP client (test_http.py sets it).
+TRANSPORT = "stdio"
+
+
+@contextlib.contextmanager
+def http_server(ws, *extra, env=None):
+    """`serve --http` on a free loopback port: yields (url, token, process);
+    stopped with SIGTERM at the end."""
+    p = server_params(ws, "--http", "127.0.0.1:0", *extra, env=env)
+    proc = subprocess.Popen([p.command, *p.args], env=p.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        for line in proc.stderr:
+            if "serving MCP at " in line:
+                break
+        assert "serving MCP at " in line, f"serve --http did not start: {line}"
+        url = line.split("serving MCP at ")[1].split()[0]
+        token = pathlib.Path(line.split("Bearer token in ")[1].rstrip(")\n")).read_text().strip()
+        yield url, token, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        finally:
+            proc.stderr.close()
+
+
+def http_client(token, **kw):
+    import httpx2
+
+    return httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(60.0, read=300.0), **kw)
+
+
 @contextlib.asynccontextmanager
-async def connect(ws, *extra, mode="auto", env=None):
-    async with Client(server_params(ws, *extra, env=env), mode=mode) as c:
+async def connect(ws, *extra, mode="auto", env=None, message_handler=None):
+    kw = {} if message_handler is None else {"message_handler": message_handler}
+    if TRANSPORT == "http":
+        from mcp.client.streamable_http import streamable_http_client
+
+        with http_server(ws, *extra, env=env) as (url, token, _):
+            async with http_client(token) as h:
+                async with Client(streamable_http_client(url, http_client=h), mode=mode, **kw) as c:
+                    yield c
+        return
+    async with Client(server_params(ws, *extra, env=env), mode=mode, **kw) as c:
         yield c
 
 

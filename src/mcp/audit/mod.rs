@@ -105,6 +105,9 @@ pub struct Entry<'a> {
     pub request_id: String,
     /// The client's name, if it said.
     pub client_id: Option<String>,
+    /// Over HTTP: the MCP session id (2025-11-25), the token's digest and
+    /// the client's address (`mcp::http`); the field is absent over stdio.
+    pub http: Option<Value>,
     /// The raw arguments (redacted here).
     pub args: &'a Value,
 }
@@ -137,6 +140,7 @@ impl Drop for Admission<'_> {
                 duration_ms: 0,
                 request_id: String::new(),
                 client_id: None,
+                http: None,
                 args: &Value::Null,
             };
             self.audit.write(e, Kind::Admitted);
@@ -393,6 +397,10 @@ impl Audit {
             "client_id": e.client_id.as_deref().map(redact::cut_str),
             "args": args,
         });
+        let mut rec = rec;
+        if let Some(h) = e.http {
+            rec["http"] = h;
+        }
         let mut st = self.lock();
         self.append_fields(&mut st, rec, e.args, kind)
     }

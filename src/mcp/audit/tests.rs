@@ -11,6 +11,7 @@ fn entry<'a>(tool: &'a str, args: &'a Value) -> Entry<'a> {
         duration_ms: 1,
         request_id: "1".into(),
         client_id: None,
+        http: None,
         args,
     }
 }
@@ -97,6 +98,7 @@ fn every_record_and_the_window_are_bounded() {
         t.record(Entry {
             request_id: huge.clone(),
             client_id: Some(huge.clone()),
+            http: None,
             ..entry(&huge, &args)
         });
     }

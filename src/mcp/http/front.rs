@@ -1,0 +1,279 @@
+//! The layer in front of rmcp's streamable HTTP service. In order: the
+//! readiness probe (`GET /healthz`, no token, says only ready or not), the
+//! Host and Origin checks (DNS rebinding), the path, the Bearer token, the
+//! body cap, the concurrent request cap and (for `initialize`) the session
+//! cap. Every refusal is counted ([`super::rejects`]) and none reaches MCP.
+
+use super::rejects::{Rejects, Why};
+use super::token::Token;
+use super::Limits;
+use crate::mcp::ctx::State;
+use crate::mcp::server::Server;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::StreamableHttpService;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// What rmcp answers with.
+pub(crate) type Answer = Response<http_body_util::combinators::BoxBody<Bytes, Infallible>>;
+
+/// Who sent a request, as audit records name it (put into the request's
+/// extensions, where the handler finds it through rmcp's `Parts`).
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    /// The client's address.
+    pub(crate) addr: SocketAddr,
+    /// The digest naming the token it presented.
+    pub(crate) token: String,
+}
+
+/// The front layer and the rmcp service behind it.
+pub(crate) struct Front {
+    pub(crate) state: Arc<State>,
+    pub(crate) mcp: StreamableHttpService<Server, LocalSessionManager>,
+    pub(crate) sessions: Arc<LocalSessionManager>,
+    pub(crate) token: Token,
+    pub(crate) hosts: Vec<String>,
+    pub(crate) limits: Limits,
+    pub(crate) requests: Arc<Semaphore>,
+    /// Held while an `initialize` is counted against the session cap and served.
+    pub(crate) initializing: tokio::sync::Mutex<()>,
+    pub(crate) rejects: Arc<Rejects>,
+    pub(crate) activity: Arc<super::Activity>,
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Answer {
+    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
+    *r.status_mut() = status;
+    r
+}
+
+/// The host part of a `Host` value or of an origin's authority, lowercased:
+/// `[::1]:8765` → `::1`, `Example:80` → `example`.
+pub(crate) fn host_of(authority: &str) -> String {
+    let a = authority.trim();
+    let h = if let Some(rest) = a.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else if a.matches(':').count() > 1 {
+        a // a bare IPv6 address has no port
+    } else {
+        a.rsplit_once(':')
+            .filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
+            .map_or(a, |(h, _)| h)
+    };
+    h.to_ascii_lowercase()
+}
+
+impl Front {
+    fn allowed(&self, host: &str) -> bool {
+        let h = host_of(host);
+        !h.is_empty() && self.hosts.contains(&h)
+    }
+
+    /// Host must be allowed; an Origin, when present, must be http(s) on an
+    /// allowed host (`null` and other schemes are refused).
+    fn rebinding(&self, req: &Request<Incoming>) -> Option<Why> {
+        let host = req
+            .headers()
+            .get(hyper::header::HOST)
+            .and_then(|v| v.to_str().ok());
+        if !host.is_some_and(|h| self.allowed(h)) {
+            return Some(Why::Host);
+        }
+        let origin = req.headers().get(hyper::header::ORIGIN)?;
+        let ok = origin
+            .to_str()
+            .ok()
+            .and_then(|o| {
+                o.strip_prefix("http://")
+                    .or_else(|| o.strip_prefix("https://"))
+            })
+            .is_some_and(|auth| !auth.contains('/') && self.allowed(auth));
+        (!ok).then_some(Why::Origin)
+    }
+
+    fn refuse(&self, why: Why, peer: SocketAddr) -> Answer {
+        self.rejects.count(why, peer.ip());
+        match why {
+            Why::NoToken | Why::BadToken => {
+                let mut r = plain(StatusCode::UNAUTHORIZED, "Unauthorized\n");
+                r.headers_mut().insert(
+                    hyper::header::WWW_AUTHENTICATE,
+                    hyper::header::HeaderValue::from_static("Bearer"),
+                );
+                r
+            }
+            Why::Host | Why::Origin => plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: Host or Origin not allowed\n",
+            ),
+            Why::TooLarge => plain(StatusCode::PAYLOAD_TOO_LARGE, "Payload Too Large\n"),
+            Why::Sessions => plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable: the session cap is reached\n",
+            ),
+            Why::Busy => plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable: too many requests at once\n",
+            ),
+            Why::NotFound => plain(StatusCode::NOT_FOUND, "Not Found\n"),
+        }
+    }
+
+    fn ready(&self) -> Answer {
+        self.rejects.probe();
+        let ok = !self.state.shutdown.is_cancelled() && self.state.audit.status()["state"] == "ok";
+        if ok {
+            plain(StatusCode::OK, "ready\n")
+        } else {
+            plain(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        }
+    }
+
+    /// Serves one request.
+    pub(crate) async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Answer {
+        if req.uri().path() == "/healthz" && req.method() == hyper::Method::GET {
+            return self.ready();
+        }
+        if let Some(why) = self.rebinding(&req) {
+            return self.refuse(why, peer);
+        }
+        if req.uri().path() != "/mcp" {
+            return self.refuse(Why::NotFound, peer);
+        }
+        let auth = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        if !self.token.admits(auth) {
+            return self.refuse(
+                if auth.is_none() {
+                    Why::NoToken
+                } else {
+                    Why::BadToken
+                },
+                peer,
+            );
+        }
+        let Ok(permit) = self.requests.clone().try_acquire_owned() else {
+            return self.refuse(Why::Busy, peer);
+        };
+        let (mut parts, body) = req.into_parts();
+        let max = self.limits.max_body;
+        let declared = parts
+            .headers
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max as u64) {
+            return self.refuse(Why::TooLarge, peer);
+        }
+        let Ok(body) = Limited::new(body, max)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+        else {
+            return self.refuse(Why::TooLarge, peer);
+        };
+        parts.extensions.insert(Caller {
+            addr: peer,
+            token: self.token.id.clone(),
+        });
+        let is_get = parts.method == hyper::Method::GET;
+        let init = is_initialize(&parts, &body);
+        let req = Request::from_parts(parts, Full::new(body));
+        let busy = (!is_get).then(|| self.activity.begin());
+        let answer = if init {
+            let _one = self.initializing.lock().await;
+            if self.sessions.sessions.read().await.len() >= self.limits.max_sessions {
+                return self.refuse(Why::Sessions, peer);
+            }
+            self.mcp.handle(req).await
+        } else {
+            self.mcp.handle(req).await
+        };
+        let (parts, body) = answer.into_parts();
+        let held = Held {
+            inner: body,
+            _permit: permit,
+            _busy: busy,
+            state: self.state.clone(),
+        };
+        Response::from_parts(parts, held.boxed())
+    }
+}
+
+/// An `initialize` request that starts a session (no session id yet).
+fn is_initialize(parts: &hyper::http::request::Parts, body: &Bytes) -> bool {
+    if parts.method != hyper::Method::POST || parts.headers.contains_key("mcp-session-id") {
+        return false;
+    }
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Method>(body).is_ok_and(|m| m.method.as_deref() == Some("initialize"))
+}
+
+/// A response body that holds the request's place under the cap until its
+/// last byte is written, and pays what it writes off the backlog (answers
+/// owed to clients, `mcp::backlog`).
+struct Held {
+    inner: http_body_util::combinators::BoxBody<Bytes, Infallible>,
+    _permit: OwnedSemaphorePermit,
+    _busy: Option<super::Busy>,
+    state: Arc<State>,
+}
+
+impl Body for Held {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &r {
+            if let Some(d) = f.data_ref() {
+                self.state.backlog.pay(d.len());
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn hosts_without_ports() {
+        assert_eq!(host_of("127.0.0.1:8765"), "127.0.0.1");
+        assert_eq!(host_of("[::1]:80"), "::1");
+        assert_eq!(host_of("fd00::1"), "fd00::1");
+        assert_eq!(host_of("LocalHost"), "localhost");
+        assert_eq!(host_of("sandmux-abc.agents.svc"), "sandmux-abc.agents.svc");
+        assert_eq!(host_of("evil.example:x"), "evil.example:x");
+    }
+}

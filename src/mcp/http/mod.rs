@@ -1,0 +1,359 @@
+//! `sandmux serve --http ADDR`: the same tools, resources and prompts over
+//! MCP's streamable HTTP transport at `/mcp` (rmcp's service, protocol
+//! 2025-11-25 with sessions and the stateless 2026-07-28), behind our
+//! [`front`] layer. One sandbox per process: rmcp's service factory runs per
+//! session (and per request when stateless) and only hands out a handle to
+//! the one instance's state; it never starts anything.
+//!
+//! The listener is bound before the supervisor confines itself, so its
+//! confinement gains nothing: Landlock still denies every TCP bind and
+//! connect, seccomp still refuses every socket family but `AF_UNIX`, and
+//! `accept(2)` on the socket bound earlier is all the network it has.
+
+pub(crate) mod front;
+mod rejects;
+mod token;
+
+use crate::mcp::ctx::State;
+use crate::mcp::server::Server;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The names a Host or Origin may always carry.
+const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+/// How long a client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// At the stop, answers in flight get up to this many steps to be written.
+const DRAIN_STEPS: u32 = 200;
+const DRAIN_STEP: Duration = Duration::from_millis(10);
+/// Open connections allowed per allowed concurrent request.
+const CONNECTIONS_PER_REQUEST: usize = 4;
+
+/// The flags of `serve --http`.
+#[derive(Debug, Clone)]
+pub struct Flags {
+    /// `IP:PORT` to listen on.
+    pub addr: String,
+    /// The Bearer token's file (required unless the address is loopback).
+    pub token_file: Option<PathBuf>,
+    /// More names a Host or Origin may carry (a Service name, a pod address).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// The caps, from the profile's `[mcp]` `http_*` keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) max_body: usize,
+    pub(crate) max_sessions: usize,
+    pub(crate) max_requests: usize,
+    pub(crate) idle: Option<Duration>,
+}
+
+impl Limits {
+    fn of(p: &crate::profile::McpSettings) -> Limits {
+        Limits {
+            max_body: p.http_max_body_bytes as usize,
+            max_sessions: p.http_max_sessions as usize,
+            max_requests: p.http_max_requests as usize,
+            idle: (p.http_idle_seconds > 0).then(|| Duration::from_secs(p.http_idle_seconds)),
+        }
+    }
+}
+
+/// `serve --http` checked before any sandbox exists.
+pub(crate) struct Plan {
+    addr: SocketAddr,
+    token: Option<token::Token>,
+    token_file: Option<PathBuf>,
+    hosts: Vec<String>,
+}
+
+/// Checks the flags: an `IP:PORT` address, a token file for any bind but
+/// loopback (read and checked now), and plain host names.
+pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
+    let addr: SocketAddr = f.addr.parse().map_err(|_| {
+        format!(
+            "--http {:?}: expected IP:PORT, e.g. 127.0.0.1:8765 or [::]:8765",
+            f.addr
+        )
+    })?;
+    if !addr.ip().is_loopback() && f.token_file.is_none() {
+        return Err(format!("--http {addr} is not a loopback address: pass --token-file PATH (a generated token is only for loopback binds)"));
+    }
+    let token = f.token_file.as_deref().map(token::read).transpose()?;
+    let mut hosts: Vec<String> = LOOPBACK_NAMES.iter().map(|s| s.to_string()).collect();
+    for h in &f.allowed_hosts {
+        let n = h.trim().to_ascii_lowercase();
+        let plain = !n.is_empty()
+            && n.len() <= 253
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c));
+        if !plain || front::host_of(&n) != n {
+            return Err(format!("--allowed-host {h:?}: expected a host name or address without port, scheme or path"));
+        }
+        hosts.push(n);
+    }
+    Ok(Plan {
+        addr,
+        token,
+        token_file: f.token_file.clone(),
+        hosts,
+    })
+}
+
+/// A bound listener and its token, ready to serve once the runtime runs.
+pub(crate) struct Listening {
+    listener: std::net::TcpListener,
+    token: token::Token,
+    /// Where the token is (the given file, or the generated one).
+    pub(crate) token_file: PathBuf,
+    /// The URL clients use.
+    pub(crate) url: String,
+    hosts: Vec<String>,
+}
+
+/// Binds the listener (before confinement) and, without `--token-file`,
+/// writes a fresh token into the runtime directory.
+pub(crate) fn open(plan: Plan, rundir: &std::path::Path) -> Result<Listening, String> {
+    let listener =
+        std::net::TcpListener::bind(plan.addr).map_err(|e| format!("--http {}: {e}", plan.addr))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("--http {}: {e}", plan.addr))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let (token, token_file) = match (plan.token, plan.token_file) {
+        (Some(t), Some(p)) => (t, p),
+        _ => {
+            let p = rundir.join("http-token");
+            (token::generate(&p)?, p)
+        }
+    };
+    Ok(Listening {
+        listener,
+        token,
+        token_file,
+        url: format!("http://{local}/mcp"),
+        hosts: plan.hosts,
+    })
+}
+
+/// What the operator endpoint reports (`sandmux ps`).
+pub(crate) struct Info {
+    url: String,
+    token_file: PathBuf,
+    rejects: Arc<rejects::Rejects>,
+    sessions: Arc<LocalSessionManager>,
+}
+
+impl Info {
+    /// The URL, the token's file, the open sessions and the refusal counts.
+    pub(crate) fn status(&self) -> Value {
+        let sessions = self.sessions.sessions.try_read().map(|s| s.len()).ok();
+        let mut v = json!({"url": self.url, "token_file": self.token_file, "sessions": sessions});
+        if let (Value::Object(m), Value::Object(t)) = (&mut v, self.rejects.totals()) {
+            m.extend(t);
+        }
+        v
+    }
+
+    /// Writes the last aggregated record of refusals.
+    pub(crate) fn flush(&self, audit: &crate::mcp::audit::Audit) {
+        self.rejects.flush(audit);
+    }
+}
+
+/// Requests in flight and when the last one ended (the idle timeout).
+pub(crate) struct Activity {
+    inflight: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+/// One request in flight, until its answer is written.
+pub(crate) struct Busy(Arc<Activity>);
+
+impl Activity {
+    pub(crate) fn begin(self: &Arc<Self>) -> Busy {
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        Busy(self.clone())
+    }
+
+    /// How long nothing has been in flight (`None` while something is).
+    fn idle_for(&self) -> Option<Duration> {
+        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        (self.inflight.load(Ordering::SeqCst) == 0).then(|| last.elapsed())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Serves until `shutdown`: the accept loop, the refusals' flush and the
+/// idle timeout. Clients coming and going never end the instance.
+pub(crate) async fn serve(
+    state: Arc<State>,
+    l: Listening,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let limits = Limits::of(&state.policy.mcp);
+    // Cancelled once the answers in flight at the stop are written (a
+    // `kill_server` call gets its answer).
+    let sessions_end = CancellationToken::new();
+    let sessions = Arc::new(LocalSessionManager::default());
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(l.hosts.clone())
+        .with_max_request_body_bytes(limits.max_body)
+        .with_cancellation_token(sessions_end.clone());
+    let st = state.clone();
+    // The factory hands out the one instance's state: it starts nothing.
+    let mcp = StreamableHttpService::new(
+        move || Ok(Server { s: st.clone() }),
+        sessions.clone(),
+        config,
+    );
+    let rejects = Arc::new(rejects::Rejects::default());
+    let activity = Arc::new(Activity {
+        inflight: AtomicUsize::new(0),
+        last: Mutex::new(Instant::now()),
+    });
+    let _ = state.http.set(Info {
+        url: l.url.clone(),
+        token_file: l.token_file.clone(),
+        rejects: rejects.clone(),
+        sessions: sessions.clone(),
+    });
+    let front = Arc::new(front::Front {
+        state: state.clone(),
+        mcp,
+        sessions,
+        token: l.token,
+        hosts: l.hosts,
+        limits,
+        requests: Arc::new(tokio::sync::Semaphore::new(limits.max_requests)),
+        initializing: Default::default(),
+        rejects: rejects.clone(),
+        activity: activity.clone(),
+    });
+    tracing::info!(
+        url = %l.url,
+        "serving MCP at {} (Bearer token in {})",
+        l.url,
+        l.token_file.display()
+    );
+    let (st, sd) = (state.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(rejects::FLUSH) => rejects.flush(&st.audit),
+                _ = sd.cancelled() => return,
+            }
+        }
+    });
+    if let Some(idle) = limits.idle {
+        tokio::spawn(idle_watch(
+            state.clone(),
+            activity.clone(),
+            idle,
+            shutdown.clone(),
+        ));
+    }
+    let r = accept(front, l.listener, limits, shutdown).await;
+    for _ in 0..DRAIN_STEPS {
+        if activity.idle_for().is_some() {
+            break;
+        }
+        tokio::time::sleep(DRAIN_STEP).await;
+    }
+    sessions_end.cancel();
+    r
+}
+
+/// Ends the instance once no request was in flight for `idle`.
+async fn idle_watch(
+    state: Arc<State>,
+    a: Arc<Activity>,
+    idle: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        if a.idle_for().is_some_and(|d| d >= idle) {
+            tracing::info!(
+                "no MCP request for {} s ([mcp] http_idle_seconds): ending the instance",
+                idle.as_secs()
+            );
+            state.audit.event(crate::mcp::audit::Entry {
+                tool: "(http-idle)",
+                toolset: None,
+                outcome: "event",
+                error_type: Some("idle_timeout"),
+                duration_ms: 0,
+                request_id: String::new(),
+                client_id: None,
+                http: None,
+                args: &json!({"idle_seconds": idle.as_secs()}),
+            });
+            shutdown.cancel();
+            return;
+        }
+    }
+}
+
+/// The accept loop: one task per connection (HTTP/1.1), at most
+/// [`CONNECTIONS_PER_REQUEST`] × the request cap open at once.
+async fn accept(
+    front: Arc<front::Front>,
+    listener: std::net::TcpListener,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let conns = Arc::new(tokio::sync::Semaphore::new(
+        limits.max_requests * CONNECTIONS_PER_REQUEST,
+    ));
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // Out of descriptors and the like: wait, never spin.
+                Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue; }
+            },
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let Ok(permit) = conns.clone().try_acquire_owned() else {
+            front.rejects.count(rejects::Why::Busy, peer.ip());
+            continue;
+        };
+        // Answers go out in several writes (headers, SSE events): without
+        // this, Nagle's algorithm holds each for the client's delayed ACK.
+        let _ = stream.set_nodelay(true);
+        let f = front.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let f = f.clone();
+                async move { Ok::<_, std::convert::Infallible>(f.handle(req, peer).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(64 << 10)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+            drop(permit);
+        });
+    }
+}
