@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def http_serve(bin_, tmp, name):
         else:
             raise SystemExit("serve --http did not start")
         url = line.split("serving MCP at ")[1].split()[0]
-        token = pathlib.Path(line.split("Bearer token in ")[1].rstrip(")\n")).read_text().strip()
+        token = pathlib.Path(re.search(r"Bearer token in (.+?)\)( |$)", line).group(1)).read_text().strip()
         yield url, token
     finally:
         p.terminate()

@@ -556,6 +556,7 @@ fn teardown(left: Leftovers, code: i32) -> i32 {
         }
     }
     left.audit.seal(code);
+    tracing::debug!(code, "shutdown: the instance ended");
     code
 }
 

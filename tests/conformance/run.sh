@@ -39,7 +39,7 @@ for version in 2025-11-25 2026-07-28; do
   for _ in $(seq 200); do grep -qs 'serving MCP at' "$work/host/serve-$version.err" && break; sleep 0.1; done
   line=$(grep 'serving MCP at' "$work/host/serve-$version.err") || { cat "$work/host/serve-$version.err" >&2; exit 1; }
   port=$(sed -E 's/.*127\.0\.0\.1:([0-9]+).*/\1/' <<<"$line")
-  token_file=$(sed -E 's/.*Bearer token in (.*)\)$/\1/' <<<"$line")
+  token_file=$(sed -E 's/.*Bearer token in (.*)\)( .*)?$/\1/' <<<"$line")
   relay_port=$((port == 65535 ? port - 1 : port + 1))
   "$py" "$here/bearer_proxy.py" "$relay_port" "$port" "$token_file" &
   pids+=("$!")

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import tempfile
 
@@ -55,7 +56,8 @@ def http_server(ws, *extra, env=None):
                 break
         assert "serving MCP at " in line, f"serve --http did not start: {line}"
         url = line.split("serving MCP at ")[1].split()[0]
-        token = pathlib.Path(line.split("Bearer token in ")[1].rstrip(")\n")).read_text().strip()
+        # The line ends with the log's fields (instance=…) after the path.
+        token = pathlib.Path(re.search(r"Bearer token in (.+?)\)( |$)", line).group(1)).read_text().strip()
         yield url, token, proc
     finally:
         if proc.poll() is None:
