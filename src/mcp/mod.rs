@@ -27,6 +27,7 @@ mod hostfiles;
 pub mod oom;
 pub mod prompts;
 pub mod record;
+mod refusal;
 pub mod replay_filter;
 pub mod resources;
 pub mod reverts;
@@ -154,7 +155,10 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             eprintln!("sandmux: {e}");
             return match stop.signal() {
                 Some(sig) => stopped(&audit, None, sig),
-                None => e.exit_code(),
+                None => {
+                    refusal::tell_client(&e.message);
+                    e.exit_code()
+                }
             };
         }
     };

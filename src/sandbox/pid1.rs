@@ -34,6 +34,7 @@ pub(super) fn run(
     rlimits_and_keyring(plan, &mut layers)?;
     session_and_descriptors()?;
     let filters = seccomp::build().map_err(|e| Stop::applying(Layer::Seccomp, e.to_string()))?;
+    tmux_needs_a_view(plan, ns)?;
     let job = payload::Job::of(plan, bp);
     // In `run` mode PID 1 needs no privilege after the fork: it drops it and
     // installs the filter once, and the payload inherits both (the filter is
@@ -182,6 +183,24 @@ fn session_and_descriptors() -> Result<(), Stop> {
     fds::cloexec_above_stderr()
         .map(drop)
         .map_err(internal("inherited descriptors"))
+}
+
+/// Step 8b: tmux mode keeps its socket, configuration and gate in
+/// `/run/sandmux`, which only a mount view has: without one it refuses,
+/// naming the ways out, rather than failing later on a missing path.
+fn tmux_needs_a_view(plan: &Plan, ns: &namespaces::Created) -> Result<(), Stop> {
+    if ns.has(Layer::Mount) || !matches!(plan.payload, Payload::Tmux { .. }) {
+        return Ok(());
+    }
+    let why = if ns.has(Layer::Userns) || nix::unistd::geteuid().is_root() {
+        "no mount namespace could be made"
+    } else {
+        "no user namespace could be made (a container runtime's seccomp profile refuses it), so no mount namespace either"
+    };
+    Err(Stop::applying(
+        Layer::Mount,
+        format!("tmux mode needs a mount namespace for /run/sandmux (its socket, configuration and pane gate), and {why}; sandmux run works without one"),
+    ))
 }
 
 /// Step 9: The payload: a child that confines itself, then execs.

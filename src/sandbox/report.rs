@@ -65,17 +65,35 @@ pub struct LayerStatus {
 /// Writes messages to the report pipe.
 pub struct Reporter {
     out: Option<std::fs::File>,
+    /// The layers reported dropped so far (the last word on a layer wins).
+    dropped: Vec<Layer>,
 }
 
 impl Reporter {
     /// Wraps the report pipe.
     pub fn new(out: std::fs::File) -> Self {
-        Reporter { out: Some(out) }
+        Reporter {
+            out: Some(out),
+            dropped: Vec::new(),
+        }
+    }
+
+    /// The layers this process (and the ones it forked from) reported
+    /// dropped, in report order.
+    pub fn dropped(&self) -> &[Layer] {
+        &self.dropped
     }
 
     /// Sends one message; a closed pipe (supervisor gone) is ignored here and
     /// handled by the death signal.
     pub fn send(&mut self, m: &Message) {
+        match m {
+            Message::Dropped { layer, .. } if !self.dropped.contains(layer) => {
+                self.dropped.push(*layer)
+            }
+            Message::Enforced { layer, .. } => self.dropped.retain(|l| l != layer),
+            _ => {}
+        }
         if let Some(out) = &mut self.out {
             let mut line = serde_json::to_vec(m).unwrap_or_default();
             line.push(b'\n');

@@ -55,7 +55,9 @@ def test_check_in_the_container_is_the_documented_table(request, rt, mode, flags
         assert dropped(rep) == expected
     else:
         assert first_line(rep["error"]) == expected
-        assert rep["layers"] == []
+        # What the sandbox reported before it stopped; the failing layer not in force.
+        if failed := re.search(r"layer '([\w-]+)'", expected):
+            assert {l["layer"]: l["enforced"] for l in rep["layers"]}.get(failed.group(1)) is False, rep["layers"]
 
 
 def test_the_table_covers_every_runtime_configuration():
@@ -92,14 +94,13 @@ def test_container_profile_starts_without_user_namespaces(request):
         _starts(rt, flags, must_drop=["userns", "mount", "pid", "ipc", "uts", "net"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: check reports no layers when tmux mode cannot start")
 def test_check_reports_layers_even_when_tmux_mode_cannot_start(docker):
     status, rep, _ = docker.check("defaults-user", "container")
     assert rep is not None and status == 3
     assert {l["layer"] for l in rep["layers"]} >= {"userns", "landlock", "seccomp"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: an unprivileged --user without user namespaces fails with ENOENT")
+@pytest.mark.xfail(strict=True, reason="issue 12: no uid drop as root yet, so running as root is not yet a way out to name")
 def test_unprivileged_user_without_userns_refuses_naming_both_ways_out(docker):
     status, rep, _ = docker.check("defaults-user", "container")
     assert status == 3 and rep is not None

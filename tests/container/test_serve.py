@@ -184,7 +184,6 @@ def test_run_as_pid1_exits_with_the_commands_status(rootful):
     assert p.returncode == 128 + 10, (p.returncode, p.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: a start-up failure reaches the client as a closed pipe")
 async def test_a_start_up_failure_reaches_the_client_as_an_error(rootful):
     with pytest.raises(Exception) as e:
         async with Client(server(rootful, "defaults", "serve", "-p", "default")):
@@ -231,7 +230,6 @@ def test_without_userns_run_cannot_write_the_runtime_dir_or_read_shadow(docker):
     assert "root:" not in out and "wrote" not in out and seen == [], (out, seen)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: run says nothing about the layers it dropped")
 def test_without_userns_run_names_the_dropped_layers_unless_quiet(docker):
     p = run_in(docker, "defaults", "true")
     _, err = p.communicate("", timeout=60)
