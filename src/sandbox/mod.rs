@@ -28,6 +28,7 @@ pub mod seccomp;
 pub mod supervisor;
 pub(crate) mod syscalls;
 pub mod systemd;
+pub(crate) mod uid;
 pub mod view;
 
 use crate::profile::{Layer, Policy};

@@ -61,6 +61,14 @@ impl Job {
     }
 }
 
+impl Job {
+    /// Without a mount view: no write grant on a tree holding `keep`
+    /// (returns the trees whose write was withheld).
+    pub(super) fn withhold_writes(&mut self, keep: &[PathBuf]) -> Vec<PathBuf> {
+        super::uid::withhold_writes(&mut self.rules, keep)
+    }
+}
+
 /// The payload child's inputs.
 pub(super) struct Exec<'a> {
     pub(super) job: &'a Job,
