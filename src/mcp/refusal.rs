@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 /// How long the client has to send its first request.
-pub const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// Requests answered at most before giving up on an `initialize`.
 const MAX_ANSWERS: usize = 8;
@@ -26,7 +26,7 @@ const CODE: i64 = -32603;
 
 /// Answers the client's requests on stdin with `message` as an error, until
 /// `initialize` is answered.
-pub fn tell_client(message: &str) {
+pub(crate) fn tell_client(message: &str) {
     let stdin = std::io::stdin();
     if nix::unistd::isatty(stdin.as_fd()).unwrap_or(false) {
         return;
