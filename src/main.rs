@@ -42,6 +42,9 @@ enum Cmd {
     Run {
         #[command(flatten)]
         target: Target,
+        /// No `sandmux:` line on stderr naming the layers dropped.
+        #[arg(long, short)]
+        quiet: bool,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
         command: Vec<std::ffi::OsString>,
@@ -263,8 +266,12 @@ fn main() -> ExitCode {
         Cmd::Init => sandbox::init::main(),
         Cmd::Broker => ExitCode::from(sandmux::mcp::broker::main() as u8),
         Cmd::ProbeUserns => ExitCode::from(sandbox::probe::userns_child() as u8),
-        Cmd::Run { target, command } => match resolve(&target) {
-            Ok(policy) => run(policy, command),
+        Cmd::Run {
+            target,
+            quiet,
+            command,
+        } => match resolve(&target) {
+            Ok(policy) => run(policy, command, quiet),
             Err(c) => c,
         },
         Cmd::Shell { target } => match resolve(&target) {
@@ -443,7 +450,7 @@ fn audit_verify(path: &std::path::Path) -> ExitCode {
     }
 }
 
-fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCode {
+fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
     use nix::sys::signal::{SigSet, Signal};
     let mut rundir = match Rundir::create() {
         Ok(r) => r,
@@ -466,7 +473,11 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>) -> ExitCod
         &policy,
         &rundir,
         cg,
-        Payload::Command { argv: command, cwd },
+        Payload::Command {
+            argv: command,
+            cwd,
+            quiet,
+        },
         None,
     );
     // Termination signals are forwarded to the sandbox by a helper thread.

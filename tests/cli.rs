@@ -160,7 +160,7 @@ fn resolved_profile_shows_the_whole_sandbox_without_enum_tags() {
         );
         assert!(mounts
             .iter()
-            .all(|m| ["required", "if-present", "best-effort"]
+            .all(|m| ["required", "if-present", "best-effort", "if-dropped"]
                 .contains(&m["need"].as_str().unwrap())));
         let roles: Vec<&str> = plan["landlock"]
             .as_array()

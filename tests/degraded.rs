@@ -351,7 +351,17 @@ fn assert_refuses(c: &Case<'_>, ws: &Ws, tmp: &Path) {
             && err.contains(&format!("fix: {}", c.layer.fix())),
         "{err}"
     );
-    assert_eq!(v["layers"], Value::Array(vec![]), "{v:#}");
+    // What the sandbox reported before it stopped: the refusing layer not in force.
+    let refused = v["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .find(|l| l["layer"] == c.layer.name());
+    assert_eq!(
+        refused.map(|l| &l["enforced"]),
+        Some(&Value::Bool(false)),
+        "{v:#}"
+    );
 }
 
 /// The explicit opt-in starts: `run -- true` exits 0.

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Command, Output};
 
 /// A filter that makes `unshare(2)` fail with EPERM, allowing everything else.
 fn no_unshare() -> seccompiler::BpfProgram {
@@ -60,6 +60,16 @@ fn without_a_mount_namespace_changes_are_restored() {
             assert!(git(&w, a).status.success());
         }
         put(&w.join(".envrc"), "export A=1\n");
+        // As root without a user namespace sandmux drops to the workspace's
+        // owner: make that an unprivileged uid, as a user's volume is.
+        if nix::unistd::geteuid().is_root() {
+            let o = Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(&w)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+        }
         let config = std::fs::read(w.join(".git/config")).unwrap();
         let host = host_dir();
         let marker = host.path().join("MARKER");

@@ -46,8 +46,10 @@ pub fn run(policy: Policy) -> Report {
             source,
             kernel,
             enforceable: false,
+            layers: with_unreached(crate::sandbox::reported_before(
+                e.layers, e.layer, &e.message,
+            )),
             error: Some(e.message),
-            layers: vec![],
             observations: vec![],
             all_passed: false,
         },
@@ -86,6 +88,29 @@ pub fn run(policy: Policy) -> Report {
             }
         }
     }
+}
+
+/// The layers a failed start-up reported, then every other one as not
+/// reached (start-up ended before it was applied), so the report names them all.
+fn with_unreached(mut layers: Vec<LayerStatus>) -> Vec<LayerStatus> {
+    if layers.is_empty() {
+        return layers;
+    }
+    for l in crate::profile::Layer::ALL {
+        if !layers.iter().any(|s| s.layer == l) {
+            layers.push(LayerStatus {
+                layer: l,
+                enforced: false,
+                detail: "not reached: start-up ended before this layer was applied".into(),
+            });
+        }
+    }
+    layers.sort_by_key(|s| {
+        crate::profile::Layer::ALL
+            .iter()
+            .position(|l| *l == s.layer)
+    });
+    layers
 }
 
 /// An observation that only a layer the report shows dropped (best-effort)

@@ -456,6 +456,7 @@ pub fn start_for(
         layer: None,
         message: format!("the workspace guard cannot start: {e}"),
         code: Some(crate::sandbox::EXIT_USAGE),
+        layers: vec![],
     };
     // Where the mount layer may be missing, keep copies to restore from.
     let snapshots = if policy.best_effort.contains(&crate::profile::Layer::Mount) {

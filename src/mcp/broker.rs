@@ -158,6 +158,7 @@ impl Broker {
                 layer,
                 message,
                 code,
+                layers: vec![],
             }),
             _ => Err(StartError::internal(
                 "the broker answered out of turn".into(),

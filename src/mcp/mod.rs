@@ -28,6 +28,7 @@ pub mod http;
 pub mod oom;
 pub mod prompts;
 pub mod record;
+mod refusal;
 pub mod replay_filter;
 pub mod resources;
 pub mod reverts;
@@ -151,7 +152,10 @@ fn start(
         tracing::error!("{e}");
         match stop.signal() {
             Some(sig) => stopped(audit, None, sig),
-            None => e.exit_code(),
+            None => {
+                refusal::tell_client(&e.message);
+                e.exit_code()
+            }
         }
     })?;
     if let Some(sig) = stop.signal() {

@@ -51,8 +51,11 @@ pub(crate) fn unavailable_fix(layer: Layer, reason: &str) -> Option<String> {
 /// the runtime is the cause.
 pub(crate) fn applying_fix(layer: Layer, message: &str) -> Option<String> {
     match layer {
-        Layer::Mount if message.contains("procfs") => Some(format!(
+        Layer::Pid | Layer::Mount if message.contains("procfs") => Some(format!(
             "the container runtime masks parts of /proc, so the kernel refuses a fresh procfs: run the container with {UNMASK} (see docs/container.md for what it loosens)"
+        )),
+        Layer::Mount if message.starts_with("tmux mode needs a mount namespace") => Some(format!(
+            "the container runtime's seccomp profile refuses the namespaces: run the container with {SECCOMP} and {UNMASK} (see docs/container.md)"
         )),
         Layer::Uts if message.contains("sethostname") => Some(format!(
             "the container runtime's seccomp profile refuses sethostname: run the container with {SECCOMP}, or use the 'container' profile (uts is best-effort there)"

@@ -28,6 +28,7 @@ pub mod seccomp;
 pub mod supervisor;
 pub(crate) mod syscalls;
 pub mod systemd;
+pub(crate) mod uid;
 pub mod view;
 
 use crate::profile::{Layer, Policy};
@@ -59,6 +60,9 @@ pub enum Payload {
         argv: Vec<OsString>,
         /// Working directory inside.
         cwd: PathBuf,
+        /// No `sandmux:` line on stderr naming the dropped layers.
+        #[serde(default)]
+        quiet: bool,
     },
     /// A fresh tmux server in the foreground.
     Tmux {
@@ -146,6 +150,8 @@ pub struct StartError {
     pub message: String,
     /// Exit status to use instead of the default for this kind of failure.
     pub code: Option<i32>,
+    /// The layers the sandbox reported before it failed (for `check`).
+    pub layers: Vec<report::LayerStatus>,
 }
 
 impl StartError {
@@ -166,6 +172,7 @@ impl StartError {
             layer: None,
             code: None,
             message,
+            layers: vec![],
         }
     }
 
@@ -174,12 +181,32 @@ impl StartError {
         StartError {
             layer: Some(layer),
             code: None,
+            layers: vec![],
             message: format!(
                 "required layer '{layer}' is unavailable: {reason}\n  fix{}\n  (or, to run without it, add \"{layer}\" to [enforcement] best_effort in a profile of your own)",
                 in_container(container::unavailable_fix(layer, reason)).unwrap_or(format!(": {}", layer.fix()))
             ),
         }
     }
+}
+
+/// The layers reported before a failure, the failing one (if a layer is
+/// the cause) marked not in force with the failure.
+pub(crate) fn reported_before(
+    mut v: Vec<report::LayerStatus>,
+    failed: Option<Layer>,
+    why: &str,
+) -> Vec<report::LayerStatus> {
+    if let Some(l) = failed {
+        v.retain(|s| s.layer != l);
+        v.push(report::LayerStatus {
+            layer: l,
+            enforced: false,
+            detail: why.lines().next().unwrap_or_default().to_string(),
+        });
+        v.sort_by_key(|s| Layer::ALL.iter().position(|x| *x == s.layer));
+    }
+    v
 }
 
 /// A container's own fix, introduced by what says it is a container (` (in
@@ -194,6 +221,7 @@ fn internal(e: impl std::fmt::Display) -> StartError {
         layer: None,
         message: e.to_string(),
         code: None,
+        layers: vec![],
     }
 }
 
@@ -320,6 +348,7 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
             layer: None,
             message: message.clone(),
             code: Some(*code),
+            layers: report::layers(&messages),
         });
     }
     if let Some(Message::Fatal {
@@ -328,7 +357,7 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
         unavailable,
     }) = messages.last()
     {
-        return Err(match layer {
+        let e = match layer {
             Some(l) if *unavailable => StartError::layer(*l, message),
             Some(l) => StartError {
                 layer: Some(*l),
@@ -339,8 +368,13 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
                         .unwrap_or_default()
                 ),
                 code: None,
+                layers: vec![],
             },
             None => internal(format!("sandbox start-up failed: {message}")),
+        };
+        return Err(StartError {
+            layers: reported_before(report::layers(&messages), e.layer, &e.message),
+            ..e
         });
     }
     Ok(Started {

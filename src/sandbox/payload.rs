@@ -20,13 +20,17 @@ pub(super) struct Job {
     rules: Vec<(PathBuf, landlock::Grant)>,
     /// PID 1 drops privileges and installs the filter before the fork (run mode).
     pub(super) pre_confined: bool,
+    /// Say on stderr which layers were dropped, before the command starts.
+    say_dropped: bool,
 }
 
 impl Job {
     /// The job of a plan.
     pub(super) fn of(plan: &Plan, bp: &Blueprint) -> Job {
         let (argv, role, cwd) = match &plan.payload {
-            Payload::Command { argv, cwd } => (argv.clone(), landlock::Role::Command, cwd.clone()),
+            Payload::Command { argv, cwd, .. } => {
+                (argv.clone(), landlock::Role::Command, cwd.clone())
+            }
             Payload::Tmux { tmux, .. } => (
                 vec![
                     tmux.clone().into_os_string(),
@@ -52,7 +56,16 @@ impl Job {
             cwd,
             rules,
             pre_confined: matches!(plan.payload, Payload::Command { .. }),
+            say_dropped: matches!(plan.payload, Payload::Command { quiet: false, .. }),
         }
+    }
+}
+
+impl Job {
+    /// Without a mount view: no write grant on a tree holding `keep`
+    /// (returns the trees whose write was withheld).
+    pub(super) fn withhold_writes(&mut self, keep: &[PathBuf]) -> Vec<PathBuf> {
+        super::uid::withhold_writes(&mut self.rules, keep)
     }
 }
 
@@ -173,6 +186,20 @@ fn nul(what: &str) -> Stop {
 }
 
 /// chdir and exec (argv[0] searched in the sandbox's PATH).
+/// `run`: one line on stderr, before the command starts, naming the layers
+/// not in force (`--quiet` silences it); nothing when every layer is.
+fn say_dropped(dropped: &[Layer]) {
+    if dropped.is_empty() {
+        return;
+    }
+    let names: Vec<String> = dropped.iter().map(|l| l.to_string()).collect();
+    let line = format!(
+        "sandmux: running without {} (best-effort layers this system refused; `sandmux check` says why; --quiet silences this)\n",
+        names.join(", ")
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
 fn exec(job: &Job, layers: &mut Layers<'_>) -> Result<Never, Stop> {
     nix::unistd::chdir(&job.cwd).map_err(|e| Stop {
         unavailable: false,
@@ -204,6 +231,9 @@ fn exec(job: &Job, layers: &mut Layers<'_>) -> Result<Never, Stop> {
     // PATH lookup uses the sandbox's PATH, not the caller's.
     if let Some((_, p)) = job.env.iter().find(|(k, _)| k == "PATH") {
         std::env::set_var("PATH", p);
+    }
+    if job.say_dropped {
+        say_dropped(layers.rep.dropped());
     }
     let e = nix::unistd::execvpe(&args[0], &args, &envp).unwrap_err();
     let code = if e == nix::errno::Errno::ENOENT {

@@ -41,7 +41,9 @@ pub(super) fn run(
     rlimits_and_keyring(plan, &mut layers)?;
     session_and_descriptors()?;
     let filters = seccomp::build().map_err(|e| Stop::applying(Layer::Seccomp, e.to_string()))?;
-    let job = payload::Job::of(plan, bp);
+    tmux_needs_a_view(plan, ns)?;
+    let mut job = payload::Job::of(plan, bp);
+    without_userns(plan, ns, &mut job, &mut layers)?;
     // In `run` mode PID 1 needs no privilege after the fork: it drops it and
     // installs the filter once, and the payload inherits both (the filter is
     // costly to install, so this keeps it off the command's start-up path).
@@ -190,6 +192,73 @@ fn session_and_descriptors() -> Result<(), Stop> {
     fds::cloexec_above_stderr()
         .map(drop)
         .map_err(internal("inherited descriptors"))
+}
+
+/// Step 8b: tmux mode keeps its socket, configuration and gate in
+/// `/run/sandmux`, which only a mount view has: without one it refuses,
+/// naming the ways out, rather than failing later on a missing path.
+fn tmux_needs_a_view(plan: &Plan, ns: &namespaces::Created) -> Result<(), Stop> {
+    if ns.has(Layer::Mount) || !matches!(plan.payload, Payload::Tmux { .. }) {
+        return Ok(());
+    }
+    let why = if ns.has(Layer::Userns) || nix::unistd::geteuid().is_root() {
+        "no mount namespace could be made"
+    } else {
+        "no user namespace could be made (a container runtime's seccomp profile refuses it), so no mount namespace either"
+    };
+    Err(Stop::applying(
+        Layer::Mount,
+        format!("tmux mode needs a mount namespace for /run/sandmux (its socket, configuration and pane gate), and {why}; sandmux run works without one"),
+    ))
+}
+
+/// Step 8c: Without a user namespace, sandmux's own files are kept by
+/// permissions and grants (`uid`): no write grant on a tree holding the
+/// runtime directory or the binary (without a mount view), and as root the
+/// drop to an unprivileged uid. Both are reported in the userns layer's line.
+fn without_userns(
+    plan: &Plan,
+    ns: &namespaces::Created,
+    job: &mut payload::Job,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
+    if ns.has(Layer::Userns) {
+        return Ok(());
+    }
+    let mut said = vec![ns
+        .missing
+        .iter()
+        .find(|(l, _)| *l == Layer::Userns)
+        .map(|(_, r)| r.clone())
+        .unwrap_or_else(|| "no user namespace".into())];
+    if !ns.has(Layer::Mount) {
+        let exe = std::fs::read_link("/proc/self/exe")
+            .map_err(|e| internal("reading /proc/self/exe")(e.to_string()))?;
+        let withheld = job.withhold_writes(&[plan.rundir.clone(), exe]);
+        if !withheld.is_empty() {
+            let trees: Vec<String> = withheld.iter().map(|p| p.display().to_string()).collect();
+            said.push(format!(
+                "read-only instead of writable (they hold the runtime directory or the sandmux binary): {}",
+                trees.join(", ")
+            ));
+        }
+    }
+    if nix::unistd::geteuid().is_root() {
+        let t = super::uid::target(&plan.policy);
+        match super::uid::drop_uid(t) {
+            Ok(d) => said.push(d),
+            Err(e) if !super::uid::host_root() => said.push(format!(
+                "confined processes keep uid 0, this user namespace's root, not the host's (the drop to uid {} failed: {e})",
+                t.uid
+            )),
+            Err(e) => return Err(Stop::applying(Layer::Caps, e)),
+        }
+    }
+    layers.rep.send(&Message::Dropped {
+        layer: Layer::Userns,
+        reason: said.join("; "),
+    });
+    Ok(())
 }
 
 /// Step 9: The payload: a child that confines itself, then execs.

@@ -72,6 +72,8 @@ pub struct LayerStatus {
 pub struct Reporter {
     out: Option<std::fs::File>,
     notes: bool,
+    /// The layers reported dropped so far (the last word on a layer wins).
+    dropped: Vec<Layer>,
 }
 
 impl Reporter {
@@ -80,7 +82,14 @@ impl Reporter {
         Reporter {
             out: Some(out),
             notes: false,
+            dropped: Vec::new(),
         }
+    }
+
+    /// The layers this process (and the ones it forked from) reported
+    /// dropped, in report order.
+    pub fn dropped(&self) -> &[Layer] {
+        &self.dropped
     }
 
     /// Sends notes from now on if the plan's log level is `trace`.
@@ -99,6 +108,13 @@ impl Reporter {
     /// Sends one message; a closed pipe (supervisor gone) is ignored here and
     /// handled by the death signal.
     pub fn send(&mut self, m: &Message) {
+        match m {
+            Message::Dropped { layer, .. } if !self.dropped.contains(layer) => {
+                self.dropped.push(*layer)
+            }
+            Message::Enforced { layer, .. } => self.dropped.retain(|l| l != layer),
+            _ => {}
+        }
         if let Some(out) = &mut self.out {
             let mut line = serde_json::to_vec(m).unwrap_or_default();
             line.push(b'\n');

@@ -132,6 +132,17 @@ fn note(s: &Step) -> &'static str {
     }
 }
 
+/// One step in a sentence (a fallback's, in the report of the step it replaced).
+pub(crate) fn describe(s: &Step) -> String {
+    format!(
+        "{} `{}` from {}, {}",
+        what(&s.op),
+        s.path.display(),
+        source(s),
+        attrs(&s.op)
+    )
+}
+
 fn what(op: &Op) -> String {
     match op {
         Op::Tmpfs { options, .. } => format!("tmpfs `{options}`"),
@@ -194,5 +205,9 @@ fn need(s: &Step) -> String {
         Need::Required => format!("ends start-up (`{}`)", s.layer),
         Need::IfPresent => format!("{skip}; else ends start-up (`{}`)", s.layer),
         Need::BestEffort => format!("`{}` dropped if best-effort, else ends start-up", s.layer),
+        Need::IfDropped => format!(
+            "only if the step before is dropped; then ends start-up (`{}`)",
+            s.layer
+        ),
     }
 }

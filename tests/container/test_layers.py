@@ -55,7 +55,9 @@ def test_check_in_the_container_is_the_documented_table(request, rt, mode, flags
         assert dropped(rep) == expected
     else:
         assert first_line(rep["error"]) == expected
-        assert rep["layers"] == []
+        # What the sandbox reported before it stopped; the failing layer not in force.
+        if failed := re.search(r"layer '([\w-]+)'", expected):
+            assert {l["layer"]: l["enforced"] for l in rep["layers"]}.get(failed.group(1)) is False, rep["layers"]
 
 
 def test_the_table_covers_every_runtime_configuration():
@@ -75,7 +77,6 @@ def _starts(rt, flags, must_drop=()):
     assert set(must_drop) <= set(dropped(rep)), dropped(rep)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: a refused fresh procfs is fatal; no fallback in the pid/proc layer")
 def test_container_profile_starts_under_podman_defaults(podman):
     _starts(podman, "defaults", must_drop=["cgroup"])
 
@@ -93,14 +94,13 @@ def test_container_profile_starts_without_user_namespaces(request):
         _starts(rt, flags, must_drop=["userns", "mount", "pid", "ipc", "uts", "net"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: check reports no layers when tmux mode cannot start")
 def test_check_reports_layers_even_when_tmux_mode_cannot_start(docker):
     status, rep, _ = docker.check("defaults-user", "container")
     assert rep is not None and status == 3
     assert {l["layer"] for l in rep["layers"]} >= {"userns", "landlock", "seccomp"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: an unprivileged --user without user namespaces fails with ENOENT")
+@pytest.mark.xfail(strict=True, reason="issue 12: no uid drop as root yet, so running as root is not yet a way out to name")
 def test_unprivileged_user_without_userns_refuses_naming_both_ways_out(docker):
     status, rep, _ = docker.check("defaults-user", "container")
     assert status == 3 and rep is not None
@@ -114,3 +114,18 @@ def test_refusals_name_the_runtime_flags(request):
     assert "unmask=" in rep["error"] and "systempaths=unconfined" in rep["error"], rep["error"]
     _, rep, _ = docker.check("defaults", "default")
     assert "seccomp=" in rep["error"] and "sysctl" not in rep["error"], rep["error"]
+
+
+def test_with_the_containers_proc_a_pane_cannot_read_the_supervisors_environ(podman):
+    """The procfs fallback lists the container's processes: their environ
+    stays out of reach (the ptrace check, Landlock's ptrace rule)."""
+    mark = ["-e", "SMX_MARK=secret-of-the-supervisor"]
+    probe = "cat /proc/1/environ /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; echo probe-done"
+    p = podman.run("run", "--rm", "--network", "none", *mark, harness.IMAGE,
+                   "run", "-p", "container", "--", "/usr/bin/bash", "-c", probe)
+    assert "probe-done" in p.stdout and "fresh procfs" not in p.stderr, p.stdout + p.stderr
+    assert "secret-of-the-supervisor" not in p.stdout, p.stdout
+    # Positive control: the same read, unconfined in the same kind of container.
+    ctl = podman.run("run", "--rm", "--network", "none", *mark, "--entrypoint", "/usr/bin/bash", harness.IMAGE,
+                     "-c", probe)
+    assert "secret-of-the-supervisor" in ctl.stdout, ctl.stdout + ctl.stderr

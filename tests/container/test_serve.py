@@ -184,7 +184,6 @@ def test_run_as_pid1_exits_with_the_commands_status(rootful):
     assert p.returncode == 128 + 10, (p.returncode, p.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: a start-up failure reaches the client as a closed pipe")
 async def test_a_start_up_failure_reaches_the_client_as_an_error(rootful):
     with pytest.raises(Exception) as e:
         async with Client(server(rootful, "defaults", "serve", "-p", "default")):
@@ -207,31 +206,37 @@ async def test_without_userns_serve_works_and_a_pane_cannot_read_shadow_or_write
     assert "root:" not in out and "wrote" not in out and pwned(tmp) == [], out
 
 
-def run_in(rt, flags, script, volumes=()):
+def run_in(rt, flags, script, volumes=(), name=None):
     """`sandmux run -p container -- bash -c SCRIPT` in a fresh container; the
     script may wait on stdin, which the test holds."""
-    opts = [a for h, i in volumes for a in ("-v", f"{h}:{i}")]
+    opts = [a for h, i in volumes for a in ("-v", f"{h}:{i}")] + (["--name", name] if name else [])
     return subprocess.Popen(rt.argv("run", "-i", "--rm", "--network", "none", *opts, *rt.flags(flags), IMAGE,
                                     "run", "-p", "container", "--", "/usr/bin/bash", "-c", script),
                             env=rt.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: run under docker's defaults may write the runtime directory "
-                   "(tmpfs /tmp became a read-write grant) and read /etc/shadow (uid 0, no uid drop)")
 def test_without_userns_run_cannot_write_the_runtime_dir_or_read_shadow(docker):
+    """As root with no user namespace, `run` drops to an unprivileged uid and
+    withholds write on the real /tmp (it holds the runtime directory)."""
     tmp = host_dir(docker, 0o1777)
-    p = run_in(docker, "defaults", "cat /etc/shadow; " + PROBE + "; read x", volumes=[(tmp, "/tmp")])
+    name = f"smx-drop-{os.getpid()}"
+    p = run_in(docker, "defaults", "id -u; cat /etc/shadow; " + PROBE + "; read x", volumes=[(tmp, "/tmp")], name=name)
     out = ""
     while (line := p.stdout.readline()) and "probe-done" not in line:
         out += line
     seen = pwned(tmp)  # while run still holds its runtime directory
+    assert (tmp / "sandmux-0").is_dir(), "no runtime directory on the bind mount: the check would be vacuous"
+    # Positive control: uid 0 in the same container (what the command was
+    # before the drop) writes the runtime directory and reads the shadow file.
+    ctl = docker.run("exec", name, "/usr/bin/bash", "-c", "cat /etc/shadow; " + PROBE)
     p.communicate("\n", timeout=60)
     assert "probe-done" in line, out + p.stderr.read()
+    assert out.splitlines()[0] == "1000", out
     assert "root:" not in out and "wrote" not in out and seen == [], (out, seen)
+    assert "root:" in ctl.stdout and "wrote" in ctl.stdout, ctl.stdout + ctl.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: run says nothing about the layers it dropped")
 def test_without_userns_run_names_the_dropped_layers_unless_quiet(docker):
     p = run_in(docker, "defaults", "true")
     _, err = p.communicate("", timeout=60)

@@ -71,6 +71,7 @@ impl Part {
             Part::Device => "bind device onto",
             Part::ProcMask => "mask",
             Part::ProcCover => "cover",
+            Part::ProcFallback => "bind the existing /proc read-only onto",
             _ => "bind onto",
         }
     }
@@ -95,13 +96,24 @@ pub fn build_and_pivot(
     })?;
     let mut root = make_root(first, src.newroot).map_err(fail(first.layer))?;
     let mut built = Built::default();
+    let mut dropped = false;
     for s in rest {
+        if s.need == Need::IfDropped && !dropped {
+            continue;
+        }
+        dropped = false;
         match run(&mut root, s, src, &mut built) {
             Ok(()) => {}
             Err(e) if s.need == Need::BestEffort && best_effort.contains(&s.layer) => {
                 built.dropped.push((s.layer, e.to_string()));
+                dropped = true;
             }
             Err(e) => return Err(fail(s.layer)(e)),
+        }
+        if s.need == Need::IfDropped {
+            if let Some(d) = built.dropped.last_mut() {
+                d.1 = format!("{}; instead: {}", d.1, crate::sandbox::view::describe(s));
+            }
         }
     }
     fchdir(&root.fd)

@@ -271,15 +271,22 @@ fn dev(m: &mut Vec<Step>, policy: &Policy) {
 }
 
 /// `/proc`: fresh, its key lists emptied, read-only covers on the parts that
-/// reach the host kernel.
+/// reach the host kernel. A fresh procfs is the pid layer's best-effort step
+/// (a container runtime that masks parts of its `/proc` makes the kernel
+/// refuse it): its fallback is the existing `/proc`, bound read-only.
 fn proc(m: &mut Vec<Step>) {
     let attrs = Attrs::new(false, true, true, true);
-    m.push(step(
+    let mut fresh = step("/proc", Part::Proc, Op::Procfs { attrs }, Need::BestEffort);
+    fresh.layer = Layer::Pid;
+    m.push(fresh);
+    let mut fallback = step(
         "/proc",
-        Part::Proc,
-        Op::Procfs { attrs },
-        Need::Required,
-    ));
+        Part::ProcFallback,
+        bind(From::Host, Onto::Create, Attrs::RO_ALL),
+        Need::IfDropped,
+    );
+    fallback.layer = Layer::Pid;
+    m.push(fallback);
     for n in ["keys", "key-users"] {
         let empty = From::Inside { path: EMPTY.into() };
         m.push(step(

@@ -66,6 +66,9 @@ pub enum Need {
     /// Failure is reported as the step's layer dropped when the profile lists
     /// that layer as best-effort; otherwise it ends start-up.
     BestEffort,
+    /// A fallback: runs only when the step before it was dropped (its
+    /// failure then ends start-up); skipped when that step succeeded.
+    IfDropped,
 }
 
 /// One mount step.
@@ -126,6 +129,8 @@ pub enum Part {
     DevLink,
     /// `/proc`.
     Proc,
+    /// `/proc` when a fresh procfs is refused: the existing one, read-only.
+    ProcFallback,
     /// A `/proc` file that would list the caller's keys, emptied.
     ProcMask,
     /// A `/proc` entry that reaches the host kernel, read-only.
