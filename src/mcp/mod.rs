@@ -26,6 +26,7 @@ mod generation;
 mod hostfiles;
 pub mod oom;
 pub mod prompts;
+mod proxy;
 pub mod record;
 pub mod replay_filter;
 pub mod resources;
@@ -241,6 +242,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let shutdown = stop.token();
     let frozen = Arc::new(freeze::Freeze::default());
     let last_frozen = frozen.clone();
+    let listener = inst.proxy.take();
     let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
     let cell = inst.clone();
     let code = rt.block_on(async move {
@@ -248,6 +250,15 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         let stopping = |code| if shutdown.is_cancelled() { 0 } else { code };
         if shutdown.is_cancelled() {
             return 0;
+        }
+        if let Some(l) = listener {
+            match crate::proxy::Config::of(&policy.network) {
+                Ok(cfg) => proxy::start(l, cfg, audit.clone()),
+                Err((k, e)) => {
+                    eprintln!("sandmux: {k}: {e}");
+                    return crate::sandbox::EXIT_INTERNAL;
+                }
+            }
         }
         let watchers = policy.limits.max_sessions as usize;
         let hub = match Hub::connect(&tmux, &socket, &control_id, watchers).await {

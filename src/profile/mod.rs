@@ -397,6 +397,10 @@ impl Loaded {
         for v in environment.set.values_mut() {
             *v = subst(ctx, v);
         }
+        if p.network.mode == NetMode::Proxy {
+            // The proxy is the only way out: every spelling tools read.
+            environment.set.extend(crate::proxy::env_vars());
+        }
         Ok(Policy {
             name: self.name.clone(),
             source: self.source.clone(),

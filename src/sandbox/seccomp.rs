@@ -208,6 +208,7 @@ pub fn build() -> Result<Filters, SeccompError> {
 pub(crate) fn supervisor_programs(
     denied: &[(&str, i64)],
     setid_modes: &[(&str, i64, u8)],
+    inet: bool,
 ) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = arch()?;
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
@@ -223,15 +224,16 @@ pub(crate) fn supervisor_programs(
         );
     }
     deny.insert(libc::SYS_clone, clone_ns_rules()?);
-    deny.insert(
-        libc::SYS_socket,
-        vec![SeccompRule::new(vec![Cond::new(
-            0,
-            Len::Dword,
-            Op::Ne,
-            libc::AF_UNIX as u64,
-        )?])?],
-    );
+    // One rule, its conditions and-ed: a family other than all of these.
+    let mut families = vec![libc::AF_UNIX as u64];
+    if inet {
+        families.extend([libc::AF_INET as u64, libc::AF_INET6 as u64]);
+    }
+    let mut other = Vec::new();
+    for fam in families {
+        other.push(Cond::new(0, Len::Dword, Op::Ne, fam)?);
+    }
+    deny.insert(libc::SYS_socket, vec![SeccompRule::new(other)?]);
     let denylist = eperm(deny, arch)?;
     let clone3 = SeccompFilter::new(
         BTreeMap::from([(libc::SYS_clone3, vec![])]),

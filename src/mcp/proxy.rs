@@ -1,0 +1,107 @@
+//! The proxy's decisions in the audit log (`serve`): one record per
+//! decision — tool `(proxy)`, outcome `event`, `error_type`
+//! `proxy_allowed` or `proxy_denied`, `args` with the name, port, method,
+//! address, reason, bytes and duration — up to [`PER_INTERVAL`] records per
+//! [`INTERVAL`]; past that, decisions are counted per name and verdict and
+//! written as one record per name when the interval ends (`args.count`,
+//! `args.aggregated: true`), so a flood stays inside the audit budget.
+
+use super::audit::{Audit, Entry};
+use crate::proxy::tally::{self, Tally};
+use crate::proxy::{Config, Event, Sink};
+use crate::term::printable;
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Tool name of the records this writes.
+pub const TOOL: &str = "(proxy)";
+/// Records written one by one per interval.
+pub const PER_INTERVAL: usize = 32;
+/// The aggregation interval.
+pub const INTERVAL: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct State {
+    written: usize,
+    pending: Tally,
+}
+
+/// Starts serving `listener` on the current runtime (after confinement, so
+/// its tasks are confined too), its decisions going to `audit`.
+pub(super) fn start(listener: std::net::TcpListener, cfg: Config, audit: Arc<Audit>) {
+    let state = Arc::new(Mutex::new(State::default()));
+    let (st, au) = (state.clone(), audit.clone());
+    let sink: Sink = Arc::new(move |ev: Event| {
+        let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+        if s.written < PER_INTERVAL {
+            s.written += 1;
+            drop(s);
+            write_one(&au, &ev);
+        } else {
+            s.pending.add(&ev);
+        }
+    });
+    match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => {
+            tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink));
+        }
+        Err(e) => eprintln!("sandmux: the proxy's listener: {e}"),
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(INTERVAL).await;
+            let pending = {
+                let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                s.written = 0;
+                s.pending.take()
+            };
+            for ((name, ok), c) in pending {
+                write(
+                    &audit,
+                    ok,
+                    json!({
+                        "name": printable(&name),
+                        "count": c.n,
+                        "bytes_up": c.up,
+                        "bytes_down": c.down,
+                        "reason": c.reason.as_deref().map(printable),
+                        "aggregated": true,
+                        "interval_s": INTERVAL.as_secs(),
+                    }),
+                    0,
+                );
+            }
+        }
+    });
+}
+
+fn write_one(audit: &Audit, ev: &Event) {
+    let args = json!({
+        "name": printable(&tally::label(ev)),
+        "method": printable(&ev.method),
+        "address": ev.address.map(|a| a.to_string()),
+        "reason": ev.denied.as_deref().map(printable),
+        "bytes_up": ev.bytes_up,
+        "bytes_down": ev.bytes_down,
+    });
+    write(
+        audit,
+        ev.denied.is_none(),
+        args,
+        ev.duration.as_millis() as u64,
+    );
+}
+
+fn write(audit: &Audit, ok: bool, args: serde_json::Value, ms: u64) {
+    audit.event(Entry {
+        tool: TOOL,
+        toolset: None,
+        outcome: "event",
+        error_type: Some(if ok { "proxy_allowed" } else { "proxy_denied" }),
+        duration_ms: ms,
+        request_id: String::new(),
+        client_id: None,
+        args: &args,
+    });
+}
