@@ -243,6 +243,8 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let frozen = Arc::new(freeze::Freeze::default());
     let last_frozen = frozen.clone();
     let listener = inst.proxy.take();
+    let flood = proxy::Flood::new(audit.clone());
+    let last_flood = flood.clone();
     let inst = Arc::new(std::sync::Mutex::new(Some(inst)));
     let cell = inst.clone();
     let code = rt.block_on(async move {
@@ -253,7 +255,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         }
         if let Some(l) = listener {
             match crate::proxy::Config::of(&policy.network) {
-                Ok(cfg) => proxy::start(l, cfg, audit.clone()),
+                Ok(cfg) => flood.start(l, cfg),
                 Err((k, e)) => {
                     eprintln!("sandmux: {k}: {e}");
                     return crate::sandbox::EXIT_INTERNAL;
@@ -405,6 +407,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             r.record(&taken);
         }
     }
+    last_flood.flush();
     sealer.seal(code);
     code
 }

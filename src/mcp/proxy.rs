@@ -27,53 +27,72 @@ struct State {
     pending: Tally,
 }
 
-/// Starts serving `listener` on the current runtime (after confinement, so
-/// its tasks are confined too), its decisions going to `audit`.
-pub(super) fn start(listener: std::net::TcpListener, cfg: Config, audit: Arc<Audit>) {
-    let state = Arc::new(Mutex::new(State::default()));
-    let (st, au) = (state.clone(), audit.clone());
-    let sink: Sink = Arc::new(move |ev: Event| {
-        let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+/// The decisions on their way to the audit log.
+pub(super) struct Flood {
+    state: Mutex<State>,
+    audit: Arc<Audit>,
+}
+
+impl Flood {
+    /// Decisions for `audit`.
+    pub(super) fn new(audit: Arc<Audit>) -> Arc<Flood> {
+        Arc::new(Flood {
+            state: Mutex::default(),
+            audit,
+        })
+    }
+
+    fn add(&self, ev: Event) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.written < PER_INTERVAL {
             s.written += 1;
             drop(s);
-            write_one(&au, &ev);
+            write_one(&self.audit, &ev);
         } else {
             s.pending.add(&ev);
         }
-    });
-    match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => {
-            tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink));
-        }
-        Err(e) => eprintln!("sandmux: the proxy's listener: {e}"),
     }
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(INTERVAL).await;
-            let pending = {
-                let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-                s.written = 0;
-                s.pending.take()
-            };
-            for ((name, ok), c) in pending {
-                write(
-                    &audit,
-                    ok,
-                    json!({
-                        "name": printable(&name),
-                        "count": c.n,
-                        "bytes_up": c.up,
-                        "bytes_down": c.down,
-                        "reason": c.reason.as_deref().map(printable),
-                        "aggregated": true,
-                        "interval_s": INTERVAL.as_secs(),
-                    }),
-                    0,
-                );
-            }
+
+    /// Writes what was aggregated (each interval, and once more at the end).
+    pub(super) fn flush(&self) {
+        let pending = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.written = 0;
+            s.pending.take()
+        };
+        for ((name, ok), c) in pending {
+            let args = json!({
+                "name": printable(&name),
+                "count": c.n,
+                "bytes_up": c.up,
+                "bytes_down": c.down,
+                "reason": c.reason.as_deref().map(printable),
+                "aggregated": true,
+                "interval_s": INTERVAL.as_secs(),
+            });
+            write(&self.audit, ok, args, 0);
         }
-    });
+    }
+
+    /// Starts serving `listener` on the current runtime (after confinement,
+    /// so its tasks are confined too).
+    pub(super) fn start(self: &Arc<Flood>, listener: std::net::TcpListener, cfg: Config) {
+        let me = self.clone();
+        let sink: Sink = Arc::new(move |ev: Event| me.add(ev));
+        match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => {
+                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink));
+            }
+            Err(e) => eprintln!("sandmux: the proxy's listener: {e}"),
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(INTERVAL).await;
+                me.flush();
+            }
+        });
+    }
 }
 
 fn write_one(audit: &Audit, ev: &Event) {

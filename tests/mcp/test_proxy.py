@@ -1,0 +1,252 @@
+"""Network mode `proxy`, driven through MCP as an agent would: real clients
+(curl, git over smart HTTP, pip, npm) in a pane reach local HTTPS stand-ins
+on the host's loopback through the proxy the supervisor serves, by pinned
+names ending in `.test` (the test profile allows 127.0.0.0/8); escapes from
+a pane reach nothing, each with a positive control; a flood of connections
+is refused past the cap with the supervisor's memory bounded. The
+stand-ins' certificates come from a CA made at run time; the proxy never
+sees plaintext."""
+
+import json
+import os
+import pathlib
+import shlex
+import socket
+import time
+
+import pytest
+
+from conftest import audit_records, call, serve_pids
+from standins import NAMES, Canary, Standins
+from test_escape import host_ipv4, launch, profile, run_probe
+
+pytestmark = pytest.mark.anyio
+
+ALL = ["--toolsets", "inspect,manage,execute,teardown"]
+
+
+def proxy_net(port, allow=(), private=("127.0.0.0/8",), pins=None):
+    names = [f"{n}:{port}" for n in NAMES] + list(allow)
+    pins = {**{n: "127.0.0.1" for n in NAMES}, **(pins or {})}
+    table = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in pins.items())
+    return lambda t: t.replace('mode = "none"', f'mode = "proxy"\nallow = {json.dumps(names)}\nallow_private = {json.dumps(list(private))}\nhosts = {{ {table} }}')
+
+
+@pytest.fixture
+def standins(tmp_path):
+    s = Standins(tmp_path).start()
+    yield s
+    s.stop()
+
+
+async def sh(c, cmd, timeout=30):
+    r = await call(c, "run_command", {"command": cmd, "timeout": timeout})
+    assert r["status"] == "completed", r
+    return r
+
+
+async def test_real_clients_through_the_proxy(ws, standins):
+    (ws[0] / "ca.pem").write_bytes(standins.ca.read_bytes())
+    port = standins.port
+    prof = profile(ws, "proxy-clients", proxy_net(port))
+    async with launch(ws, "-p", prof, *ALL) as c:
+        st = await call(c, "sandbox_status")
+        net = st["limits"]["network"]
+        assert net["mode"] == "proxy" and net["proxy"] == "http://127.0.0.1:3128", net
+        assert f"files.test:{port}" in net["allow"], net
+        r = await sh(c, f"curl -sS --cacert ca.pem https://files.test:{port}/hello.txt")
+        assert "hello through the proxy" in r["output"] and r["exit_status"] == 0, r
+        r = await sh(c, f"git -c http.sslCAInfo=$PWD/ca.pem clone -q https://git.test:{port}/repo.git cloned && cat cloned/README")
+        assert "cloned through the proxy" in r["output"] and r["exit_status"] == 0, r
+        r = await sh(c, f"python3 -m pip install -q --disable-pip-version-check --no-cache-dir --cert ca.pem --index-url https://pypi.test:{port}/simple --target pipout sandmuxdemo && PYTHONPATH=pipout python3 -c 'import sandmuxdemo; print(sandmuxdemo.MESSAGE)'")
+        assert "installed through the proxy" in r["output"] and r["exit_status"] == 0, r
+        r = await sh(c, f"mkdir -p npmdir && cd npmdir && npm install --no-audit --no-fund --loglevel=error --cafile ../ca.pem --registry https://npm.test:{port}/ sandmux-demo && node -e 'console.log(require(\"sandmux-demo\"))'")
+        assert "installed through the proxy" in r["output"] and r["exit_status"] == 0, r
+        # Denied: a name not on the list gets an answer that names it.
+        r = await sh(c, f"curl -sS -i -x http://127.0.0.1:3128 http://unlisted.test:{port}/hello.txt")
+        assert "403" in r["output"] and "unlisted.test" in r["output"] and "the profile decides" in r["output"], r
+    hosts = {h.split(":")[0] for h, _, _ in standins.requests}
+    assert {"files.test", "git.test", "pypi.test", "npm.test"} <= hosts, standins.requests
+    recs = [r for r in audit_records(ws) if r["tool"] == "(proxy)"]
+    allowed = {r["args"]["name"] for r in recs if r["error_type"] == "proxy_allowed"}
+    assert {f"{n}:{port}" for n in NAMES} <= allowed, recs
+    denied = [r for r in recs if r["error_type"] == "proxy_denied"]
+    assert any(r["args"]["name"] == f"unlisted.test:{port}" for r in denied), recs
+
+
+ESCAPE_PROBE = r'''
+import ssl
+port, cport, hip, lan_port = (int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+def hello(sni):
+    ctx = ssl.create_default_context()
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    o = ctx.wrap_bio(inc, out, server_hostname=sni)
+    try:
+        o.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return out.read()
+def ask(head):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(head)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    code = int(got.split(b" ")[1]) if got.startswith(b"HTTP/") else ("closed" if not got else got[:40].decode(errors="replace"))
+    return s, code
+def connect(target, host=None):
+    h = b"CONNECT " + target.encode() + b" HTTP/1.1\r\n" + (b"Host: " + host.encode() + b"\r\n" if host else b"") + b"\r\n"
+    s, code = ask(h)
+    s.close()
+    return code
+def tunnel(target, first):
+    """CONNECT, then `first`; what comes back (b'' when the proxy closes)."""
+    s, code = ask(b"CONNECT " + target.encode() + b" HTTP/1.1\r\n\r\n")
+    if code != 200:
+        return code
+    s.sendall(first)
+    try:
+        back = s.recv(8)
+    except OSError as e:
+        back = en(e.errno)
+    s.close()
+    if isinstance(back, bytes):
+        return back[:1].hex() if back else "closed"
+    return back
+def plain(head):
+    s, code = ask(head)
+    s.close()
+    return code
+R["direct_loopback"] = tr(lambda: socket.create_connection(("127.0.0.1", cport), timeout=5) and 0)
+R["direct_host_ip"] = tr(lambda: socket.create_connection((hip, cport), timeout=5) and 0)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+R["udp53"] = tr(lambda: u.sendto(b"\x00" * 12, (hip, 53)) and 0)
+R["udp53_public"] = tr(lambda: u.sendto(b"\x00" * 12, ("8.8.8.8", 53)) and 0)
+R["ipv6"] = tr(lambda: socket.create_connection(("2001:4860:4860::8888", 443), timeout=5) and 0)
+R["noproxy"] = subprocess.run(["curl", "-sS", "--noproxy", "*", "--cacert", "ca.pem", f"https://files.test:{port}/hello.txt"], capture_output=True).returncode
+R["name"] = connect(f"canary.test:{cport}")
+R["name_case"] = connect(f"CANARY.Test:{cport}")
+R["name_dot"] = connect(f"canary.test.:{cport}")
+R["name_unicode"] = connect(f"c\u00e4nary.test:{cport}")
+R["ip_literal"] = connect(f"127.0.0.1:{cport}")
+R["ip6_literal"] = connect(f"[::1]:{cport}")
+R["numeric_name"] = connect(f"2130706433:{cport}")
+R["host_header"] = connect(f"files.test:{port}", host=f"canary.test:{cport}")
+R["lan_private"] = connect(f"lan.test:{lan_port}")
+R["sni_mismatch"] = tunnel(f"files.test:{port}", hello("canary.test"))
+R["sni_none"] = tunnel(f"files.test:{port}", b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00")
+R["chained"] = tunnel(f"files.test:{port}", f"CONNECT canary.test:{cport} HTTP/1.1\r\n\r\n".encode())
+R["plain_in_tunnel"] = tunnel(f"files.test:{port}", b"GET / HTTP/1.1\r\nHost: canary.test\r\n\r\n")
+R["dup_cl"] = plain(f"POST http://files.test:{port}/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx".encode())
+R["cl_te"] = plain(f"POST http://files.test:{port}/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\nx".encode())
+R["te"] = plain(f"POST http://files.test:{port}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".encode())
+R["origin_form"] = plain(b"GET / HTTP/1.1\r\nHost: canary.test\r\n\r\n")
+R["plain_name"] = plain(f"GET http://canary.test:{cport}/ HTTP/1.1\r\n\r\n".encode())
+R["sni_ok"] = tunnel(f"files.test:{port}", hello("files.test"))
+'''
+
+
+async def test_escapes_from_a_pane_reach_nothing(ws, standins):
+    (ws[0] / "ca.pem").write_bytes(standins.ca.read_bytes())
+    canary = Canary("127.0.0.1")
+    hip = host_ipv4()
+    lan = Canary(hip)
+    port = standins.port
+    pins = {"canary.test": "127.0.0.1", "lan.test": hip}
+    allow = [f"lan.test:{lan.port}"]
+    try:
+        prof = profile(ws, "proxy-escape", proxy_net(port, allow=allow, pins=pins))
+        before = standins.accepted
+        async with launch(ws, "-p", prof, *ALL) as c:
+            r, _ = await run_probe(c, ws, "proxy", ESCAPE_PROBE, port, canary.port, hip, lan.port, timeout=30)
+        assert r["direct_loopback"] == "ECONNREFUSED", r  # the sandbox's own loopback
+        assert r["direct_host_ip"] == "ENETUNREACH" and r["udp53"] == "ENETUNREACH" and r["udp53_public"] == "ENETUNREACH", r
+        assert r["ipv6"] in ("ENETUNREACH", "EADDRNOTAVAIL"), r
+        assert r["noproxy"] != 0, r
+        for k in ("name", "name_case", "name_dot", "ip_literal", "ip6_literal", "numeric_name", "plain_name"):
+            assert r[k] == 403, (k, r)
+        assert r["name_unicode"] in (400, 403), r
+        for k in ("host_header", "dup_cl", "cl_te", "origin_form"):
+            assert r[k] == 400, (k, r)
+        assert r["te"] == 411, r
+        if hip != "127.0.0.1":
+            assert r["lan_private"] == 403, r
+        for k in ("sni_mismatch", "sni_none", "chained", "plain_in_tunnel"):
+            assert r[k] in ("closed", "ECONNRESET"), (k, r)
+        # The one allowed tunnel (SNI = CONNECT host) got a TLS answer.
+        assert r["sni_ok"] == "16", r
+        time.sleep(0.2)
+        assert canary.seen == [] and lan.seen == [], (canary.seen, lan.seen)
+        assert standins.accepted == before + 1, "only the allowed tunnel reached the stand-in"
+        denied = [x for x in audit_records(ws) if x["tool"] == "(proxy)" and x["error_type"] == "proxy_denied"]
+        assert any("ClientHello names canary.test" in (x["args"]["reason"] or "") for x in denied), denied
+        # Positive controls. (a) The same direct connect from the host reaches the canary.
+        socket.create_connection(("127.0.0.1", canary.port), timeout=5).close()
+        # (b) A profile that lists canary.test (and allows the LAN address):
+        # the same CONNECTs reach both listeners.
+        time.sleep(0.2)
+        assert len(canary.seen) == 1
+        priv = ["127.0.0.0/8"] + ([f"{hip}/32"] if hip != "127.0.0.1" else [])
+        open_prof = profile(ws, "proxy-escape-open", proxy_net(port, allow=allow + [f"canary.test:{canary.port}"], private=priv, pins=pins))
+        async with launch(ws, "-p", open_prof, *ALL) as c:
+            r, _ = await run_probe(c, ws, "proxy2", ESCAPE_PROBE.replace('R["sni_mismatch"]', 'R["open"] = tunnel(f"canary.test:{cport}", hello("canary.test"))\nR["lan_open"] = tunnel(f"lan.test:{lan_port}", hello("lan.test"))\nR["sni_mismatch"]'), port, canary.port, hip, lan.port, timeout=30)
+        assert r["name"] == 200 and r["name_case"] == 200 and r["name_dot"] == 200, r
+        time.sleep(0.2)
+        assert any(s.startswith(b"\x16") for s in canary.seen), canary.seen
+        if hip != "127.0.0.1":
+            assert r["lan_private"] == 200 and any(s.startswith(b"\x16") for s in lan.seen), (r, lan.seen)
+    finally:
+        canary.close()
+        lan.close()
+
+
+FLOOD_PROBE = r'''
+n = int(sys.argv[2])
+held, refused, other = [], 0, 0
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    held.append(s)
+time.sleep(1)
+for s in held:
+    s.setblocking(False)
+    try:
+        b = s.recv(200)
+        if b.startswith(b"HTTP/1.1 503"):
+            refused += 1
+        else:
+            other += 1
+    except BlockingIOError:
+        pass
+R["refused"] = refused
+R["other"] = other
+R["open"] = n - refused - other
+for s in held:
+    s.close()
+'''
+
+
+def rss_kib(pid):
+    for l in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if l.startswith("VmRSS:"):
+            return int(l.split()[1])
+    return 0
+
+
+async def test_a_flood_is_refused_past_the_cap_and_memory_stays_bounded(ws, standins):
+    port = standins.port
+    prof = profile(ws, "proxy-flood", proxy_net(port))
+    async with launch(ws, "-p", prof, *ALL) as c:
+        pid = serve_pids(ws[0])[0]
+        before = rss_kib(pid)
+        r, _ = await run_probe(c, ws, "flood", FLOOD_PROBE, 400, timeout=30)
+        after = rss_kib(pid)
+    print(f"proxy flood: 400 connections, {r}, supervisor RSS {before} KiB -> {after} KiB")
+    assert r["open"] == 64 and r["refused"] == 336 and r["other"] == 0, r
+    assert after - before < 32 * 1024, (before, after)
+    recs = [x for x in audit_records(ws) if x["tool"] == "(proxy)"]
+    # Aggregated past the first records of an interval: far fewer records than decisions.
+    assert 0 < len(recs) < 200, len(recs)
+    assert any(x["args"].get("aggregated") for x in recs), recs[-3:]
