@@ -28,6 +28,7 @@ pub const BUILTINS: &[(&str, &str)] = &[
     ("ci", include_str!("../../profiles/ci.toml")),
     ("dev", include_str!("../../profiles/dev.toml")),
     ("container", include_str!("../../profiles/container.toml")),
+    ("registries", include_str!("../../profiles/registries.toml")),
 ];
 
 /// The home directory every sandbox sees (a tmpfs in the built-in profiles).
