@@ -81,6 +81,7 @@ fn response(code: u16, msg: &str) -> Vec<u8> {
 /// One connection, start to end: its decision as an event.
 async fn connection(mut s: TcpStream, cfg: &Config) -> Event {
     let t0 = Instant::now();
+    let _ = s.set_nodelay(true);
     let mut ev = Event {
         method: "-".into(),
         host: String::new(),
@@ -225,7 +226,12 @@ async fn resolve(cfg: &Config, req: &Request) -> Result<SocketAddr, Refusal> {
 /// Dials the checked address, within the idle time.
 async fn dial(cfg: &Config, to: SocketAddr) -> Result<TcpStream, Refusal> {
     match timeout(cfg.idle, TcpStream::connect(to)).await {
-        Ok(Ok(u)) => Ok(u),
+        Ok(Ok(u)) => {
+            // Relayed segments go out as they come (Nagle would hold the
+            // small ones of a handshake for a delayed ACK).
+            let _ = u.set_nodelay(true);
+            Ok(u)
+        }
         Ok(Err(e)) => Err((502, format!("sandmux proxy: connecting to {to}: {e}"))),
         Err(_) => Err((504, format!("sandmux proxy: connecting to {to} timed out"))),
     }
