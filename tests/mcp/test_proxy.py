@@ -10,10 +10,11 @@ sees plaintext."""
 import json
 import os
 import pathlib
-import shlex
+import shutil
 import socket
 import time
 
+import anyio
 import pytest
 
 from conftest import audit_records, call, serve_pids
@@ -250,3 +251,49 @@ async def test_a_flood_is_refused_past_the_cap_and_memory_stays_bounded(ws, stan
     # Aggregated past the first records of an interval: far fewer records than decisions.
     assert 0 < len(recs) < 200, len(recs)
     assert any(x["args"].get("aggregated") for x in recs), recs[-3:]
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed (.ci/run installs it)")
+async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, standins):
+    """In proxy mode serve may make inet sockets and connect, but only to the
+    ports the allow list can reach: code injected into serve (gdb, as in
+    test_self_confinement.py) reaches a listener on such a port and not one
+    on any other port, and it can make no other socket family. The unlisted-port attempt is its own negative control."""
+    from test_self_confinement import inject
+
+    port = standins.port
+    other = Canary("127.0.0.1")
+    listed = socket.socket()
+    try:
+        listed.bind(("127.0.0.2", port))  # same port number as the stand-in, another address
+    except OSError as e:
+        pytest.skip(f"cannot bind 127.0.0.2:{port}: {e}")
+    listed.listen(4)
+    listed.settimeout(5)
+    prof = profile(ws, "proxy-sup", proxy_net(port))
+    try:
+        async with launch(ws, "-p", prof, *ALL) as c:
+            st = await call(c, "sandbox_status")
+            sup = [l for l in st["layers"] if l["layer"] == "supervisor"][0]
+            assert sup["enforced"] and f"TCP connect only to ports [{port}]" in sup["detail"], sup
+            pid = serve_pids(ws[0])[0]
+            calls = [
+                f"(int)system(\"bash -c 'echo unlisted >/dev/tcp/127.0.0.1/{other.port}'\")",
+                f"(int)system(\"bash -c 'echo listed >/dev/tcp/127.0.0.2/{port}'\")",
+                "(int)socket(17, 3, 0)",  # AF_PACKET
+                "(int)socket(2, 1, 0)",  # AF_INET: allowed in this mode
+            ]
+            got, out = await anyio.to_thread.run_sync(inject, pid, calls, 1)
+            rc = [g[0][0] for g in got]
+            assert rc[0] != 0, ("connected to an unlisted port", out)
+            assert rc[1] == 0, ("the listed port was not reachable", out)
+            conn, _ = listed.accept()
+            assert conn.recv(16) == b"listed\n"
+            conn.close()
+            assert rc[2] == -1 and got[2][0][1] == 1, ("a packet socket", out)
+            assert rc[3] >= 0, ("no inet socket in proxy mode", out)
+            time.sleep(0.2)
+            assert other.seen == [], other.seen
+    finally:
+        other.close()
+        listed.close()
