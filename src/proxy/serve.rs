@@ -130,11 +130,16 @@ async fn decide_and_pass(s: &mut TcpStream, cfg: &Config, ev: &mut Event) -> Res
 
 /// Reads until a whole head is in `buf`, at most `header_bytes`.
 async fn read_head(s: &mut TcpStream, cfg: &Config, buf: &mut Vec<u8>) -> Result<Request, Refusal> {
+    // A head ends at a newline: bytes without one are not parsed again (a
+    // client sending one byte at a time costs no quadratic parsing).
+    let mut fresh = 0;
     loop {
-        match head::parse(buf) {
-            Parsed::Done(r) => return Ok(r),
-            Parsed::Bad(code, why) => return Err((code, format!("sandmux proxy: {why}"))),
-            Parsed::More => {}
+        if buf[buf.len() - fresh..].contains(&b'\n') {
+            match head::parse(buf) {
+                Parsed::Done(r) => return Ok(r),
+                Parsed::Bad(code, why) => return Err((code, format!("sandmux proxy: {why}"))),
+                Parsed::More => {}
+            }
         }
         if buf.len() >= cfg.header_bytes {
             return Err((
@@ -146,8 +151,8 @@ async fn read_head(s: &mut TcpStream, cfg: &Config, buf: &mut Vec<u8>) -> Result
             ));
         }
         let room = cfg.header_bytes - buf.len();
-        let n = read_some(s, cfg, buf, room.min(4096)).await?;
-        if n == 0 {
+        fresh = read_some(s, cfg, buf, room.min(4096)).await?;
+        if fresh == 0 {
             return Err((0, "the client closed before a whole request head".into()));
         }
     }

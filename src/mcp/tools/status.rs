@@ -85,20 +85,6 @@ pub struct Limits {
     pub max_host_clients: u32,
     /// What is impossible here, by policy.
     pub impossible: Vec<String>,
-    /// The network: the mode, and in proxy mode the proxy and its list.
-    pub network: NetworkView,
-}
-
-/// The network as the agent meets it.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct NetworkView {
-    /// none | loopback | host | proxy.
-    pub mode: String,
-    /// Proxy mode: the proxy's URL inside (also in the proxy variables).
-    pub proxy: Option<String>,
-    /// Proxy mode: the names that may be reached (`*.` matches names below;
-    /// without a port, CONNECT goes to 443 and plain HTTP to 80).
-    pub allow: Vec<String>,
 }
 
 /// A layer in the status.
@@ -139,7 +125,13 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         NetMode::None => "any network, DNS included".into(),
         NetMode::Loopback => "any network beyond loopback, DNS included".into(),
         NetMode::Host => "TCP to ports the profile does not list".into(),
-        NetMode::Proxy => "any network but the proxy's allow list (by name, through http://127.0.0.1:3128; UDP and DNS included)".into(),
+        NetMode::Proxy => format!(
+            "any network but these names, through the proxy {} (no DNS, no UDP, no address by number): {}",
+            crate::proxy::url(),
+            crate::proxy::Config::of(&p.network)
+                .map(|c| c.list().join(", "))
+                .unwrap_or_default()
+        ),
     });
     Limits {
         writable: of(MountKind::ReadWrite),
@@ -151,13 +143,6 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         max_panes: p.limits.max_panes,
         max_host_clients: 1 + p.limits.max_sessions,
         impossible,
-        network: NetworkView {
-            mode: p.network.mode.name().into(),
-            proxy: (p.network.mode == NetMode::Proxy).then(crate::proxy::url),
-            allow: crate::proxy::Config::of(&p.network)
-                .map(|c| c.list())
-                .unwrap_or_default(),
-        },
     }
 }
 
