@@ -407,7 +407,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             r.record(&taken);
         }
     }
-    last_flood.flush();
+    last_flood.finish();
     sealer.seal(code);
     code
 }

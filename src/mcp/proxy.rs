@@ -4,13 +4,15 @@
 //! address, reason, bytes and duration — up to [`PER_INTERVAL`] records per
 //! [`INTERVAL`]; past that, decisions are counted per name and verdict and
 //! written as one record per name when the interval ends (`args.count`,
-//! `args.aggregated: true`), so a flood stays inside the audit budget.
+//! `args.aggregated: true`), so a flood stays inside the audit budget. At
+//! the stop, connections still open are one record (`args.open_at_stop`).
 
 use super::audit::{Audit, Entry};
 use crate::proxy::tally::{self, Tally};
 use crate::proxy::{Config, Event, Sink};
 use crate::term::printable;
 use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +33,7 @@ struct State {
 pub(super) struct Flood {
     state: Mutex<State>,
     audit: Arc<Audit>,
+    open: Arc<AtomicUsize>,
 }
 
 impl Flood {
@@ -39,6 +42,7 @@ impl Flood {
         Arc::new(Flood {
             state: Mutex::default(),
             audit,
+            open: Arc::default(),
         })
     }
 
@@ -50,6 +54,16 @@ impl Flood {
             write_one(&self.audit, &ev);
         } else {
             s.pending.add(&ev);
+        }
+    }
+
+    /// At the stop: what was aggregated, and how many connections were
+    /// still open (their records never come).
+    pub(super) fn finish(&self) {
+        self.flush();
+        let open = self.open.load(Ordering::Relaxed);
+        if open > 0 {
+            write(&self.audit, true, json!({"open_at_stop": open}), 0);
         }
     }
 
@@ -81,7 +95,8 @@ impl Flood {
         let sink: Sink = Arc::new(move |ev: Event| me.add(ev));
         match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => {
-                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink));
+                let open = self.open.clone();
+                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open));
             }
             Err(e) => eprintln!("sandmux: the proxy's listener: {e}"),
         }

@@ -138,6 +138,7 @@ pub fn spawn_counted(
     cfg: Config,
 ) -> Result<Arc<Mutex<tally::Tally>>, String> {
     let t = Arc::new(Mutex::new(tally::Tally::default()));
+    let open = t.lock().unwrap_or_else(|p| p.into_inner()).open.clone();
     let t2 = t.clone();
     let sink: Sink = Arc::new(move |ev| t2.lock().unwrap_or_else(|p| p.into_inner()).add(&ev));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -149,7 +150,7 @@ pub fn spawn_counted(
         .spawn(move || {
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, Arc::new(cfg), sink).await,
+                    Ok(l) => serve(l, Arc::new(cfg), sink, open).await,
                     Err(e) => eprintln!("sandmux: the proxy's listener: {e}"),
                 }
             })
@@ -161,10 +162,16 @@ pub fn spawn_counted(
 /// The summary `run` and `shell` print on stderr when they end.
 pub fn summary(t: &Mutex<tally::Tally>) -> String {
     let t = t.lock().unwrap_or_else(|p| p.into_inner());
-    if t.map.is_empty() {
+    let open = t.open.load(std::sync::atomic::Ordering::Relaxed);
+    if t.map.is_empty() && open == 0 {
         return "sandmux: proxy: no connections".into();
     }
     let mut out = vec!["sandmux: proxy decisions:".to_string()];
     out.extend(t.summary());
+    if open > 0 {
+        out.push(format!(
+            "  {open} connections still open at the end (not counted above)"
+        ));
+    }
     out.join("\n")
 }

@@ -7,6 +7,7 @@ use super::head::{self, Parsed, Request};
 use super::hello::{self, Hello};
 use super::{addr, name, Config, Event, Sink};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,8 +18,9 @@ use tokio::time::timeout;
 /// Copy buffer per direction.
 const BUF: usize = 16 * 1024;
 
-/// Serves `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, cfg: Arc<Config>, sink: Sink) {
+/// Serves `listener` until the task is dropped; `open` counts the
+/// connections being served (whose event comes when they end).
+pub async fn serve(listener: TcpListener, cfg: Arc<Config>, sink: Sink, open: Arc<AtomicUsize>) {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     loop {
         let s = match listener.accept().await {
@@ -31,11 +33,13 @@ pub async fn serve(listener: TcpListener, cfg: Arc<Config>, sink: Sink) {
         };
         match slots.clone().try_acquire_owned() {
             Ok(permit) => {
-                let (cfg, sink) = (cfg.clone(), sink.clone());
+                let (cfg, sink, open) = (cfg.clone(), sink.clone(), open.clone());
+                open.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
                     let ev = connection(s, &cfg).await;
                     drop(permit);
                     sink(ev);
+                    open.fetch_sub(1, Ordering::Relaxed);
                 });
             }
             Err(_) => {

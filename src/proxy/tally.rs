@@ -29,6 +29,8 @@ pub type Key = (String, bool);
 pub struct Tally {
     /// The counts.
     pub map: BTreeMap<Key, Count>,
+    /// Connections being served now (counted when they end).
+    pub open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The name an event is counted under.
