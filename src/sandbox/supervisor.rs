@@ -19,8 +19,9 @@
 //!   (`TSYNC`): namespaces, the mount API, ptrace, keyrings, bpf, module
 //!   loading and the rest of the sandbox's denylist, except `setns`, which
 //!   the freeze helper needs (`nssignal`); sockets of every family but unix
-//!   (and, in network mode `proxy` only, inet and inet6, for the proxy's
-//!   upstream connections and the host's resolver).
+//!   (and, in network mode `proxy` only, inet and inet6 TCP for the proxy's
+//!   upstream connections, UDP only for the host's resolver: [`Needs::inet`]);
+//!   the socket configuration ioctls.
 //! - **rlimits**: no core dumps (`RLIMIT_CORE` 0, soft and hard): a dump
 //!   would write the supervisor's memory to disk.
 //!
@@ -32,6 +33,7 @@
 
 use super::landlock::{abi_of, effective_abi};
 use super::report::LayerStatus;
+use super::seccomp::Inet;
 use super::StartError;
 use crate::profile::{Layer, Policy};
 use landlock::{
@@ -154,6 +156,9 @@ pub struct Needs {
     /// TCP ports that may be connected to (network mode `proxy`: the
     /// allow list's); empty: none.
     pub connect_tcp: Vec<u16>,
+    /// UDP sockets allowed (network mode `proxy` with a name the host's
+    /// resolver must look up: one not pinned in `hosts`).
+    pub udp: bool,
 }
 
 /// What the host's resolver reads (network mode `proxy`).
@@ -165,6 +170,22 @@ const RESOLVER: [&str; 6] = [
     "/run/systemd/resolve",
     "/etc/services",
 ];
+
+/// Whether the proxy may have to ask the host's resolver (which asks its
+/// name servers over UDP): an allow entry that is a `*.` suffix or a name
+/// not pinned in `[network] hosts`.
+pub fn proxy_resolves(policy: &Policy) -> bool {
+    if policy.network.mode != crate::profile::NetMode::Proxy {
+        return false;
+    }
+    crate::proxy::Config::of(&policy.network)
+        .map(|c| {
+            c.allow
+                .iter()
+                .any(|r| r.suffix || !c.hosts.contains_key(&r.name))
+        })
+        .unwrap_or(true)
+}
 
 /// The ports the proxy may dial for `policy` (empty outside proxy mode).
 pub fn proxy_ports(policy: &Policy) -> Vec<u16> {
@@ -218,6 +239,7 @@ impl Needs {
         Needs {
             rules,
             connect_tcp: vec![],
+            udp: false,
         }
     }
 
@@ -231,9 +253,11 @@ impl Needs {
             None => Needs {
                 rules: vec![("/proc".into(), Right::Read)],
                 connect_tcp: vec![],
+                udp: false,
             },
         };
         n.connect_tcp = proxy_ports(policy);
+        n.udp = proxy_resolves(policy);
         if !n.connect_tcp.is_empty() {
             n.rules
                 .extend(RESOLVER.iter().map(|p| (PathBuf::from(p), Right::Read)));
@@ -255,6 +279,17 @@ impl Needs {
             n.rules.push((d.clone(), Right::Cgroup));
         }
         n
+    }
+}
+
+impl Needs {
+    /// The inet sockets seccomp leaves to the supervisor.
+    pub(crate) fn inet(&self) -> Inet {
+        match (self.connect_tcp.is_empty(), self.udp) {
+            (true, _) => Inet::No,
+            (false, false) => Inet::Tcp,
+            (false, true) => Inet::TcpUdp,
+        }
     }
 }
 
@@ -375,9 +410,9 @@ pub const SETID_MODES: [(&str, i64, u8); 7] = [
 ];
 
 /// Installs the supervisor's seccomp filter on every thread (TSYNC); returns
-/// how many calls it denies. `inet`: inet and inet6 sockets stay allowed
-/// (network mode `proxy`).
-pub fn seccomp_all_threads(inet: bool) -> Result<usize, String> {
+/// how many calls it denies. `inet`: which inet and inet6 sockets stay
+/// allowed (network mode `proxy`).
+pub fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
     let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, inet)
         .map_err(|e| e.to_string())?;
     for p in &progs {
@@ -402,14 +437,14 @@ pub fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, StartError
         Ok(d) => done.push(d),
         Err(e) => failed.push(format!("Landlock: {e}")),
     }
-    let inet = !needs.connect_tcp.is_empty();
+    let inet = needs.inet();
     match seccomp_all_threads(inet) {
         Ok(n) => done.push(format!(
-            "seccomp on every thread: {n} calls and every socket family but unix{} denied",
-            if inet {
-                ", inet and inet6 (the proxy)"
-            } else {
-                ""
+            "seccomp on every thread: {n} calls, socket configuration ioctls and every socket {} denied",
+            match inet {
+                Inet::No => "family but unix",
+                Inet::Tcp => "but unix and TCP (the proxy's upstreams)",
+                Inet::TcpUdp => "but unix, TCP (the proxy's upstreams) and UDP (the host's resolver)",
             }
         )),
         Err(e) => failed.push(format!("seccomp: {e}")),
@@ -467,8 +502,7 @@ pub fn probe(
                 Ok(d) => done.push(d),
                 Err(e) => failed.push(format!("Landlock: {e}")),
             }
-            let inet = !needs.connect_tcp.is_empty();
-            let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, inet)
+            let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, needs.inet())
                 .map_err(|e| e.to_string());
             match progs.and_then(|ps| {
                 ps.iter()

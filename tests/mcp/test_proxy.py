@@ -7,6 +7,8 @@ is refused past the cap with the supervisor's memory bounded. The
 stand-ins' certificates come from a CA made at run time; the proxy never
 sees plaintext."""
 
+import errno
+import fcntl
 import json
 import os
 import pathlib
@@ -23,6 +25,7 @@ from test_escape import host_ipv4, launch, profile, run_probe
 
 pytestmark = pytest.mark.anyio
 
+SIOCSIFMTU = 0x8922
 ALL = ["--toolsets", "inspect,manage,execute,teardown"]
 
 
@@ -258,7 +261,11 @@ async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, stan
     """In proxy mode serve may make inet sockets and connect, but only to the
     ports the allow list can reach: code injected into serve (gdb, as in
     test_self_confinement.py) reaches a listener on such a port and not one
-    on any other port, and it can make no other socket family. The unlisted-port attempt is its own negative control."""
+    on any other port, and it can make no other socket family, no raw, SCTP
+    or UDP inet socket (every name is pinned: no resolver) and no socket
+    configuration ioctl (SIOCSIFMTU, `ifconfig … mtu`). The unlisted-port
+    attempt is its own negative control; the host, unconfined, makes the
+    same UDP datagram arrive and the same ioctl reach the network stack."""
     from test_self_confinement import inject
 
     port = standins.port
@@ -270,6 +277,16 @@ async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, stan
         pytest.skip(f"cannot bind 127.0.0.2:{port}: {e}")
     listed.listen(4)
     listed.settimeout(5)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.settimeout(0.5)
+    # Controls, on the host: the datagram arrives; the ioctl reaches the
+    # stack through a unix socket (ENODEV: no interface named "").
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"host\n", udp.getsockname())
+    assert udp.recv(16) == b"host\n"
+    with pytest.raises(OSError) as e, socket.socket(socket.AF_UNIX) as u:
+        fcntl.ioctl(u, SIOCSIFMTU, bytes(40))
+    assert e.value.errno == errno.ENODEV, e.value
     prof = profile(ws, "proxy-sup", proxy_net(port))
     try:
         async with launch(ws, "-p", prof, *ALL) as c:
@@ -282,6 +299,13 @@ async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, stan
                 f"(int)system(\"bash -c 'echo listed >/dev/tcp/127.0.0.2/{port}'\")",
                 "(int)socket(17, 3, 0)",  # AF_PACKET
                 "(int)socket(2, 1, 0)",  # AF_INET: allowed in this mode
+                "(int)socket(2, 3, 1)",  # raw ICMP
+                "(int)socket(10, 3, 58)",  # raw ICMPv6
+                "(int)socket(2, 2, 0)",  # UDP: every name is pinned
+                "(int)socket(2, 2, 1)",  # ICMP "ping" socket
+                "(int)socket(2, 1, 132)",  # SCTP, one-to-one style
+                f"(int)ioctl((int)socket(1, 1, 0), {SIOCSIFMTU}, ((void*(*)(long, long))calloc)(1, 64))",
+                f"(int)system(\"bash -c 'echo udp >/dev/udp/127.0.0.1/{udp.getsockname()[1]}'\")",
             ]
             got, out = await anyio.to_thread.run_sync(inject, pid, calls, 1)
             rc = [g[0][0] for g in got]
@@ -292,8 +316,14 @@ async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, stan
             conn.close()
             assert rc[2] == -1 and got[2][0][1] == 1, ("a packet socket", out)
             assert rc[3] >= 0, ("no inet socket in proxy mode", out)
+            for i in range(4, 10):
+                assert got[i][0] == (-1, errno.EPERM), (calls[i], got[i], out)
+            assert rc[10] != 0, ("a UDP datagram from serve", out)
+            with pytest.raises(socket.timeout):
+                udp.recv(16)
             time.sleep(0.2)
             assert other.seen == [], other.seen
     finally:
         other.close()
         listed.close()
+        udp.close()
