@@ -194,16 +194,14 @@ async fn read_some(
 }
 
 /// The one address to dial: the pinned one, or the first the host's
-/// resolver gives that the classifier passes.
+/// resolver gives that the classifier passes. The name is asked for fully
+/// qualified (a trailing dot): the resolver's `search` domains are never
+/// appended (`x.allowed.test` must not become `x.allowed.test.corp.example`).
 async fn resolve(cfg: &Config, req: &Request) -> Result<SocketAddr, Refusal> {
+    let fqdn = format!("{}.", req.host);
     let ips: Vec<IpAddr> = match cfg.hosts.get(&req.host) {
         Some(ip) => vec![*ip],
-        None => match timeout(
-            cfg.idle,
-            tokio::net::lookup_host((req.host.as_str(), req.port)),
-        )
-        .await
-        {
+        None => match timeout(cfg.idle, tokio::net::lookup_host((fqdn.as_str(), req.port))).await {
             Ok(Ok(it)) => it.map(|a| a.ip()).collect(),
             Ok(Err(e)) => {
                 return Err((
