@@ -3,9 +3,13 @@
 //! `proxy_allowed` or `proxy_denied`, `args` with the name, port, method,
 //! address, reason, bytes and duration — up to [`PER_INTERVAL`] records per
 //! [`INTERVAL`]; past that, decisions are counted per name and verdict and
-//! written as one record per name when the interval ends (`args.count`,
-//! `args.aggregated: true`), so a flood stays inside the audit budget. At
-//! the stop, connections still open are one record (`args.open_at_stop`).
+//! written as one summary record when the interval ends (`args.aggregated:
+//! true`, the decisions, the distinct names and the [`TOP`] most frequent).
+//! All of them share an eighth of the audit budget ([`Audit::proxy`]):
+//! past it decisions are only counted (`proxy_unrecorded` in the seal), so
+//! a flood from a pane can crowd out neither tool calls nor sandmux's
+//! events. At the stop, connections still open are one record
+//! (`args.open_at_stop`).
 
 use super::audit::{Audit, Entry};
 use crate::proxy::tally::{self, Tally};
@@ -20,6 +24,8 @@ use std::time::Duration;
 pub const TOOL: &str = "(proxy)";
 /// Records written one by one per interval.
 pub const PER_INTERVAL: usize = 32;
+/// Names a summary record lists.
+pub const TOP: usize = 5;
 /// The aggregation interval.
 pub const INTERVAL: Duration = Duration::from_secs(5);
 
@@ -74,18 +80,12 @@ impl Flood {
             s.written = 0;
             s.pending.take()
         };
-        for ((name, ok), c) in pending {
-            let args = json!({
-                "name": printable(&name),
-                "count": c.n,
-                "bytes_up": c.up,
-                "bytes_down": c.down,
-                "reason": c.reason.as_deref().map(printable),
-                "aggregated": true,
-                "interval_s": INTERVAL.as_secs(),
-            });
-            write(&self.audit, ok, args, 0);
+        if pending.is_empty() {
+            return;
         }
+        let args = summary(&pending);
+        let ok = args["denied"] == 0;
+        write(&self.audit, ok, args, 0);
     }
 
     /// Starts serving `listener` on the current runtime (after confinement,
@@ -110,6 +110,33 @@ impl Flood {
     }
 }
 
+/// One record for an interval's aggregated decisions.
+fn summary(pending: &std::collections::BTreeMap<tally::Key, tally::Count>) -> serde_json::Value {
+    let (mut allowed, mut denied, mut up, mut down) = (0u64, 0u64, 0u64, 0u64);
+    for ((_, ok), c) in pending {
+        *(if *ok { &mut allowed } else { &mut denied }) += c.n;
+        up += c.up;
+        down += c.down;
+    }
+    let mut by_count: Vec<_> = pending.iter().collect();
+    by_count.sort_by_key(|e| std::cmp::Reverse(e.1.n));
+    let top: Vec<_> = by_count
+        .iter()
+        .take(TOP)
+        .map(|((name, ok), c)| json!({"name": printable(name), "allowed": ok, "count": c.n}))
+        .collect();
+    json!({
+        "aggregated": true,
+        "interval_s": INTERVAL.as_secs(),
+        "allowed": allowed,
+        "denied": denied,
+        "names": pending.len(),
+        "top": top,
+        "bytes_up": up,
+        "bytes_down": down,
+    })
+}
+
 fn write_one(audit: &Audit, ev: &Event) {
     let args = json!({
         "name": printable(&tally::label(ev)),
@@ -128,7 +155,7 @@ fn write_one(audit: &Audit, ev: &Event) {
 }
 
 fn write(audit: &Audit, ok: bool, args: serde_json::Value, ms: u64) {
-    audit.event(Entry {
+    audit.proxy(Entry {
         tool: TOOL,
         toolset: None,
         outcome: "event",

@@ -256,6 +256,45 @@ async def test_a_flood_is_refused_past_the_cap_and_memory_stays_bounded(ws, stan
     assert any(x["args"].get("aggregated") for x in recs), recs[-3:]
 
 
+AUDIT_FLOOD_PROBE = r'''
+# Denied CONNECTs to 400 distinct long names, for 12 s.
+end, n = time.time() + 12, 0
+while time.time() < end:
+    for i in range(400):
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+        s.sendall(f"CONNECT {'x' * 200}{i}.flood.test:443 HTTP/1.1\r\n\r\n".encode())
+        s.recv(512)
+        s.close()
+        n += 1
+R["sent"] = n
+'''
+
+
+async def test_a_pane_flood_cannot_spend_the_audit_budget(ws, standins):
+    """A pane floods the proxy with denied CONNECTs to many distinct long
+    names under the smallest audit budget (64 KiB). The proxy's records stay
+    inside their share (an eighth), the rest is counted in the seal, and
+    tool calls are still admitted afterwards. Without the share (the
+    positive control, before the fix) the flood filled the budget and
+    every later call was refused."""
+    prof = profile(ws, "proxy-audit", lambda t: proxy_net(standins.port)(t).replace('audit_max_bytes = "256MiB"', 'audit_max_bytes = "64KiB"'))
+    async with launch(ws, "-p", prof, *ALL) as c:
+        r, _ = await run_probe(c, ws, "auditflood", AUDIT_FLOOD_PROBE, timeout=40)
+        assert r["sent"] > 2000, r
+        st = await call(c, "sandbox_status")
+        assert "network" in st, st
+        await sh(c, "echo still-admitted")
+    lines = (ws[1] / "audit.jsonl").read_text().splitlines(keepends=True)
+    proxy = [json.loads(l) for l in lines if json.loads(l)["tool"] == "(proxy)"]
+    size = sum(len(l) for l in lines if json.loads(l)["tool"] == "(proxy)")
+    assert 0 < size <= 64 * 1024 // 8, size
+    seal = json.loads(lines[-1])
+    assert seal["tool"] == "(sealed)" and seal["args"]["proxy_unrecorded"] > 0, seal
+    assert seal["args"]["refused_calls"] == 0, seal
+    summaries = [x for x in proxy if x["args"].get("aggregated")]
+    assert all(len(x["args"]["top"]) <= 5 for x in summaries), summaries[:2]
+
+
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed (.ci/run installs it)")
 async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, standins):
     """In proxy mode serve may make inet sockets and connect, but only to the
