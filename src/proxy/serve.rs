@@ -110,8 +110,12 @@ async fn connection(mut s: TcpStream, cfg: &Config) -> Event {
 type Refusal = (u16, String);
 
 async fn decide_and_pass(s: &mut TcpStream, cfg: &Config, ev: &mut Event) -> Result<(), Refusal> {
+    // The head and (for a tunnel) the ClientHello, together, must come
+    // within one idle time of the accept: a client trickling a byte at a
+    // time cannot hold a slot for longer.
+    let by = tokio::time::Instant::now() + cfg.idle;
     let mut buf = Vec::with_capacity(1024);
-    let req = read_head(s, cfg, &mut buf).await?;
+    let req = read_head(s, cfg, &mut buf, by).await?;
     ev.method = req.method.clone();
     ev.host = req.host.clone();
     ev.port = req.port;
@@ -127,13 +131,18 @@ async fn decide_and_pass(s: &mut TcpStream, cfg: &Config, ev: &mut Event) -> Res
     ev.address = Some(to);
     let rest = buf.split_off(req.len);
     match &req.forward {
-        None => tunnel(s, cfg, &req, to, rest, ev).await,
+        None => tunnel(s, cfg, &req, to, rest, ev, by).await,
         Some((head, body)) => plain(s, cfg, to, head, *body, rest, ev).await,
     }
 }
 
-/// Reads until a whole head is in `buf`, at most `header_bytes`.
-async fn read_head(s: &mut TcpStream, cfg: &Config, buf: &mut Vec<u8>) -> Result<Request, Refusal> {
+/// Reads until a whole head is in `buf`, at most `header_bytes`, by `by`.
+async fn read_head(
+    s: &mut TcpStream,
+    cfg: &Config,
+    buf: &mut Vec<u8>,
+    by: Deadline,
+) -> Result<Request, Refusal> {
     // A head ends at a newline: bytes without one are not parsed again (a
     // client sending one byte at a time costs no quadratic parsing).
     let mut fresh = 0;
@@ -155,23 +164,28 @@ async fn read_head(s: &mut TcpStream, cfg: &Config, buf: &mut Vec<u8>) -> Result
             ));
         }
         let room = cfg.header_bytes - buf.len();
-        fresh = read_some(s, cfg, buf, room.min(4096)).await?;
+        fresh = read_some(s, cfg, buf, room.min(4096), by).await?;
         if fresh == 0 {
             return Err((0, "the client closed before a whole request head".into()));
         }
     }
 }
 
-/// One read of at most `max` bytes appended to `buf`, within the idle time.
+/// When the head and ClientHello must be in.
+type Deadline = tokio::time::Instant;
+
+/// One read of at most `max` bytes appended to `buf`, by `by` (which is
+/// never later than one idle time from now).
 async fn read_some(
     s: &mut TcpStream,
     cfg: &Config,
     buf: &mut Vec<u8>,
     max: usize,
+    by: Deadline,
 ) -> Result<usize, Refusal> {
     let at = buf.len();
     buf.resize(at + max, 0);
-    let r = timeout(cfg.idle, s.read(&mut buf[at..])).await;
+    let r = tokio::time::timeout_at(by, s.read(&mut buf[at..])).await;
     let n = match r {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => {
@@ -183,7 +197,7 @@ async fn read_some(
             return Err((
                 0,
                 format!(
-                    "idle for {} s ([network] proxy_idle_seconds)",
+                    "no whole request head and ClientHello within {} s of the connection ([network] proxy_idle_seconds)",
                     cfg.idle.as_secs()
                 ),
             ));
@@ -253,6 +267,7 @@ async fn tunnel(
     to: SocketAddr,
     mut first: Vec<u8>,
     ev: &mut Event,
+    by: Deadline,
 ) -> Result<(), Refusal> {
     timeout(
         cfg.idle,
@@ -277,7 +292,7 @@ async fn tunnel(
             Hello::More => {}
         }
         let room = hello::MAX_BYTES.saturating_sub(first.len()).max(1);
-        if read_some(s, cfg, &mut first, room.min(4096)).await? == 0 {
+        if read_some(s, cfg, &mut first, room.min(4096), by).await? == 0 {
             return Err((0, "the client closed before a whole ClientHello".into()));
         }
     }

@@ -295,6 +295,38 @@ async def test_a_pane_flood_cannot_spend_the_audit_budget(ws, standins):
     assert all(len(x["args"]["top"]) <= 5 for x in summaries), summaries[:2]
 
 
+TRICKLE_PROBE = r'''
+# A request head one byte every 0.3 s: never idle for 1 s, but 9 s in all.
+head = b"CONNECT unlisted.test:1 HTTP/1.1\r\n\r\n"
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+sent = 0
+try:
+    for b in head:
+        s.send(bytes([b]))
+        sent += 1
+        time.sleep(0.3)
+    R["answer"] = s.recv(64).decode(errors="replace")
+except OSError as e:
+    R["answer"] = "closed: " + en(e.errno)
+R["sent"], R["len"] = sent, len(head)
+'''
+
+
+async def test_a_trickled_head_cannot_hold_a_slot(ws, standins):
+    """A pane client sends its request head a byte at a time, each gap
+    shorter than the idle time (1 s here): the head and ClientHello have
+    one deadline in all, so the proxy closes the connection before the head
+    is whole. Before the deadline (the positive control) each byte restarted
+    the idle timer and the head, once whole after 9 s, was answered 403."""
+    prof = profile(ws, "proxy-trickle", lambda t: proxy_net(standins.port)(t).replace('mode = "proxy"', 'mode = "proxy"\nproxy_idle_seconds = 1'))
+    async with launch(ws, "-p", prof, *ALL) as c:
+        r, _ = await run_probe(c, ws, "trickle", TRICKLE_PROBE, timeout=30)
+    assert "403" not in r["answer"], r
+    assert r["sent"] < r["len"] or r["answer"] in ("", "closed: ECONNRESET"), r
+    recs = [x for x in audit_records(ws) if x["tool"] == "(proxy)"]
+    assert any("no whole request head" in (x["args"].get("reason") or "") for x in recs), recs
+
+
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed (.ci/run installs it)")
 async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, standins):
     """In proxy mode serve may make inet sockets and connect, but only to the
