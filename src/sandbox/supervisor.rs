@@ -308,6 +308,14 @@ pub fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
     if eff == 0 {
         return Err("Landlock is not available in this kernel".into());
     }
+    if eff < 4 && !needs.connect_tcp.is_empty() {
+        // seccomp lets the supervisor make TCP sockets in proxy mode; only
+        // Landlock's port rules (ABI 4) keep them to the allow list's ports.
+        return Err(format!(
+            "network mode proxy needs Landlock ABI 4 for the supervisor's TCP port rules (ABI {eff} here{}); without them its connections would reach every port",
+            if kernel > eff { ", capped by [enforcement] landlock_abi" } else { "" }
+        ));
+    }
     let abi = abi_of(eff);
     let e = |e: landlock::RulesetError| e.to_string();
     let mut rs = Ruleset::default()

@@ -14,12 +14,13 @@ import os
 import pathlib
 import shutil
 import socket
+import subprocess
 import time
 
 import anyio
 import pytest
 
-from conftest import audit_records, call, serve_pids
+from conftest import audit_records, call, serve_pids, server_params
 from standins import NAMES, Canary, Standins
 from test_escape import host_ipv4, launch, profile, run_probe
 
@@ -325,6 +326,29 @@ async def test_a_trickled_head_cannot_hold_a_slot(ws, standins):
     assert r["sent"] < r["len"] or r["answer"] in ("", "closed: ECONNRESET"), r
     recs = [x for x in audit_records(ws) if x["tool"] == "(proxy)"]
     assert any("no whole request head" in (x["args"].get("reason") or "") for x in recs), recs
+
+
+def test_proxy_mode_needs_landlock_abi_4_for_the_supervisor(ws, standins):
+    """Below Landlock ABI 4 the supervisor's TCP connects could not be kept
+    to the allow list's ports, so `serve` in proxy mode refuses to start
+    (exit 3, naming the reason); with `supervisor` best effort it starts.
+    Control: the same profile at ABI 4 starts."""
+    def serve(abi, best_effort=False):
+        def edit(t):
+            t = proxy_net(standins.port)(t).replace("[enforcement]\n", f"[enforcement]\nlandlock_abi = {abi}\n", 1)
+            # The sandbox's own layers that need a later ABI are best effort in all three.
+            t = t.replace("best_effort = [", 'best_effort = ["landlock-scope", "landlock-net", ', 1)
+            return t.replace("best_effort = [", 'best_effort = ["supervisor", ', 1) if best_effort else t
+        prof = profile(ws, f"proxy-abi{abi}{'-be' if best_effort else ''}", edit)
+        p = server_params(ws, "-p", prof)
+        return subprocess.run([p.command, *p.args], env=p.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    low = serve(3)
+    assert low.returncode == 3 and "network mode proxy needs Landlock ABI 4" in low.stderr, (low.returncode, low.stderr)
+    # Started: the sandbox is up and serve waits for a client (stdin is empty).
+    ok = serve(4)
+    assert ok.returncode != 3 and "initialize request" in ok.stderr, (ok.returncode, ok.stderr)
+    be = serve(3, best_effort=True)
+    assert be.returncode != 3 and "initialize request" in be.stderr, (be.returncode, be.stderr)
 
 
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed (.ci/run installs it)")
