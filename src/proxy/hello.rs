@@ -123,6 +123,7 @@ fn body(b: &[u8]) -> Result<String, String> {
             0 if name.is_some() => return Err("two server_name extensions".into()),
             0 => name = Some(server_name(data)?),
             0xfe0d => return Err("an encrypted ClientHello (ECH) hides the server name".into()),
+            0xffce => return Err("encrypted SNI (the ESNI draft) hides the server name".into()),
             _ => {}
         }
     }

@@ -91,6 +91,15 @@ def hello(sni):
     except ssl.SSLWantReadError:
         pass
     return out.read()
+def with_ext(h, typ):
+    """The ClientHello `h` with one more (empty) extension `typ` at the end."""
+    i = 5 + 4 + 2 + 32
+    i += 1 + h[i]
+    i += 2 + int.from_bytes(h[i:i + 2], "big")
+    i += 1 + h[i]
+    ext = typ.to_bytes(2, "big") + b"\x00\x00"
+    grow = lambda b, n: (int.from_bytes(b, "big") + n).to_bytes(len(b), "big")
+    return h[:3] + grow(h[3:5], 4) + h[5:6] + grow(h[6:9], 4) + h[9:i] + grow(h[i:i + 2], 4) + h[i + 2:] + ext
 def ask(head):
     s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
     s.sendall(head)
@@ -142,6 +151,7 @@ R["numeric_name"] = connect(f"2130706433:{cport}")
 R["host_header"] = connect(f"files.test:{port}", host=f"canary.test:{cport}")
 R["lan_private"] = connect(f"lan.test:{lan_port}")
 R["sni_mismatch"] = tunnel(f"files.test:{port}", hello("canary.test"))
+R["esni_draft"] = tunnel(f"files.test:{port}", with_ext(hello("files.test"), 0xffce))
 R["sni_none"] = tunnel(f"files.test:{port}", b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00")
 R["chained"] = tunnel(f"files.test:{port}", f"CONNECT canary.test:{cport} HTTP/1.1\r\n\r\n".encode())
 R["plain_in_tunnel"] = tunnel(f"files.test:{port}", b"GET / HTTP/1.1\r\nHost: canary.test\r\n\r\n")
@@ -179,7 +189,7 @@ async def test_escapes_from_a_pane_reach_nothing(ws, standins):
         assert r["te"] == 411, r
         if hip != "127.0.0.1":
             assert r["lan_private"] == 403, r
-        for k in ("sni_mismatch", "sni_none", "chained", "plain_in_tunnel"):
+        for k in ("sni_mismatch", "esni_draft", "sni_none", "chained", "plain_in_tunnel"):
             assert r[k] in ("closed", "ECONNRESET"), (k, r)
         # The one allowed tunnel (SNI = CONNECT host) got a TLS answer.
         assert r["sni_ok"] == "16", r
