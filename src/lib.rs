@@ -14,6 +14,7 @@ pub mod mcp;
 pub mod nonce;
 pub mod operator;
 pub mod profile;
+pub mod proxy;
 pub mod sandbox;
 pub mod tables;
 pub mod term;

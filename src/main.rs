@@ -486,9 +486,13 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         set.add(s);
     }
     let _ = set.thread_block();
-    let started = match sandbox::start(&plan, Stdio3::Inherit) {
+    let mut started = match sandbox::start(&plan, Stdio3::Inherit) {
         Ok(s) => s,
         Err(e) => return fail(e.exit_code(), e),
+    };
+    let tally = match serve_proxy(&policy, started.proxy.take()) {
+        Ok(t) => t,
+        Err(e) => return fail(EXIT_INTERNAL, e),
     };
     guard.mount_in_force(mount_in_force(&started.messages));
     let pid = nix::unistd::Pid::from_raw(started.child.id() as i32);
@@ -500,6 +504,9 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     let mut child = started.child;
     let status = child.wait();
     drop(rundir);
+    if let Some(t) = tally {
+        eprintln!("{}", sandmux::proxy::summary(&t));
+    }
     sandmux::guard::watch::finish_and_say(guard);
     match status {
         Ok(s) => {
@@ -512,6 +519,17 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     }
 }
 
+/// Proxy mode (`run`, `shell`): serves the sandbox's listener on a thread
+/// of this process; the tally is for the summary at the end.
+fn serve_proxy(
+    policy: &profile::Policy,
+    listener: Option<std::net::TcpListener>,
+) -> Result<Option<std::sync::Arc<std::sync::Mutex<sandmux::proxy::tally::Tally>>>, String> {
+    let Some(l) = listener else { return Ok(None) };
+    let cfg = sandmux::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
+    sandmux::proxy::spawn_counted(l, cfg).map(Some)
+}
+
 fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {
     sandbox::report::layers(messages)
         .iter()
@@ -522,9 +540,16 @@ fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
     let wsp = policy.workspace.clone();
-    let inst = match Instance::start(policy) {
+    let mut inst = match Instance::start(policy) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
+    };
+    let tally = match serve_proxy(&inst.policy, inst.proxy.take()) {
+        Ok(t) => t,
+        Err(e) => {
+            inst.stop();
+            return fail(EXIT_INTERNAL, e);
+        }
     };
     inst.rundir.write_meta(&serde_json::json!({"kind": "shell", "id": inst.rundir.id, "profile": name, "workspace": wsp, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
     let status = inst
@@ -532,6 +557,9 @@ fn shell(policy: profile::Policy) -> ExitCode {
         .args(["new-session", "-s", "sandmux", "-c", &ws])
         .status();
     inst.stop();
+    if let Some(t) = tally {
+        eprintln!("{}", sandmux::proxy::summary(&t));
+    }
     match status {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => fail(EXIT_INTERNAL, format!("tmux client: {e}")),

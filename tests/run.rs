@@ -199,3 +199,33 @@ fn name_files_explain_the_network_policy() {
     let o = run_script(&ws, "dev", "cat /etc/resolv.conf 2>&1; true");
     assert!(!text(&o).contains("sandmux: no DNS"), "{}", text(&o));
 }
+
+/// Network mode `proxy` under `run` (the built-in `registries`): the proxy
+/// variables in every spelling, name files that say names resolve through
+/// the proxy, a refusal answered by the proxy the outer process serves, and
+/// its decisions summed up on stderr at the end.
+#[test]
+fn proxy_mode_run_serves_the_proxy_and_sums_up_its_decisions() {
+    let ws = Ws::new();
+    let o = run_script(
+        &ws,
+        "registries",
+        "for v in http_proxy HTTP_PROXY https_proxy HTTPS_PROXY all_proxy ALL_PROXY no_proxy NO_PROXY; do printenv $v >/dev/null && echo have-$v; done; \
+         cat /etc/resolv.conf; \
+         exec 3<>/dev/tcp/127.0.0.1/3128; printf 'CONNECT unlisted.test:443 HTTP/1.1\\r\\n\\r\\n' >&3; head -1 <&3",
+    );
+    let out = text(&o);
+    for v in ["http_proxy", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"] {
+        assert!(out.contains(&format!("have-{v}")), "{out}");
+    }
+    assert!(
+        out.contains("names resolve through the proxy only"),
+        "{out}"
+    );
+    assert!(out.contains("HTTP/1.1 403"), "{out}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sandmux: proxy decisions:") && err.contains("DENIED  unlisted.test:443"),
+        "{err}"
+    );
+}

@@ -428,7 +428,7 @@ fn tcp_probe(policy: &Policy) -> Observation {
                 | Some(libc::EPERM)
                 | Some(libc::EHOSTUNREACH)
         ),
-        NetMode::Loopback => code == Some(libc::ECONNREFUSED) || r.is_ok(),
+        NetMode::Loopback | NetMode::Proxy => code == Some(libc::ECONNREFUSED) || r.is_ok(),
         NetMode::Host => {
             if policy.network.connect_tcp.contains(&9) {
                 true

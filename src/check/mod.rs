@@ -33,6 +33,26 @@ pub struct Report {
     pub observations: Vec<Observation>,
     /// Whether every observation matched the profile.
     pub all_passed: bool,
+    /// The network mode, and in `proxy` mode the allow list.
+    pub network: NetworkView,
+}
+
+/// The profile's network, as `check` reports it.
+#[derive(Debug, Serialize)]
+pub struct NetworkView {
+    /// none | loopback | host | proxy.
+    pub mode: String,
+    /// `proxy` mode: the names that may be reached, canonical.
+    pub allow: Vec<String>,
+}
+
+fn network_of(policy: &Policy) -> NetworkView {
+    NetworkView {
+        mode: policy.network.mode.name().into(),
+        allow: crate::proxy::Config::of(&policy.network)
+            .map(|c| c.list())
+            .unwrap_or_default(),
+    }
 }
 
 /// Runs the whole check.
@@ -40,6 +60,7 @@ pub fn run(policy: Policy) -> Report {
     let kernel = probe::kernel();
     let profile = policy.name.clone();
     let source = policy.source.to_string();
+    let network = network_of(&policy);
     match Instance::start(policy) {
         Err(e) => Report {
             profile,
@@ -52,6 +73,7 @@ pub fn run(policy: Policy) -> Report {
             error: Some(e.message),
             observations: vec![],
             all_passed: false,
+            network,
         },
         Ok(inst) => {
             let mut layers = inst.layers();
@@ -85,6 +107,7 @@ pub fn run(policy: Policy) -> Report {
                 layers,
                 observations,
                 all_passed,
+                network,
             }
         }
     }
@@ -253,6 +276,21 @@ pub fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<()> {
             Err(e) => format!("none ({e})"),
         }
     )?;
+    let n = &r.network;
+    if n.mode == "proxy" {
+        writeln!(
+            out,
+            "\nnetwork: proxy at {} (names only): {}",
+            crate::proxy::url(),
+            if n.allow.is_empty() {
+                "nothing allowed".to_string()
+            } else {
+                n.allow.join(", ")
+            }
+        )?;
+    } else {
+        writeln!(out, "\nnetwork: {}", n.mode)?;
+    }
     if let Some(e) = &r.error {
         writeln!(out, "\nERROR: {e}")?;
     }

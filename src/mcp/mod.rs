@@ -27,6 +27,7 @@ mod hostfiles;
 pub mod http;
 pub mod oom;
 pub mod prompts;
+mod proxy;
 pub mod record;
 mod refusal;
 pub mod replay_filter;
@@ -257,6 +258,8 @@ struct Leftovers {
     reverts: Option<Arc<reverts::Reverts>>,
     frozen: Arc<freeze::Freeze>,
     audit: Arc<audit::Audit>,
+    /// The allowlist proxy's decisions (network mode `proxy`).
+    flood: Arc<proxy::Flood>,
 }
 
 /// Runs the server; returns the process exit status. `stop` must have been
@@ -291,7 +294,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let (st, listening) = match listen_and_confine(started, plan, &audit, record.as_deref()) {
+    let (mut st, listening) = match listen_and_confine(started, plan, &audit, record.as_deref()) {
         Ok(l) => l,
         Err(code) => return code,
     };
@@ -320,8 +323,23 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             .as_ref()
             .map(|g| reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir())),
         frozen: Arc::new(freeze::Freeze::default()),
+        flood: proxy::Flood::new(audit.clone()),
         audit: audit.clone(),
         inst: Arc::new(std::sync::Mutex::new(None)),
+    };
+    // The allowlist proxy's listener, made in the sandbox's network namespace.
+    let proxy = match st
+        .inst
+        .proxy
+        .take()
+        .map(|l| crate::proxy::Config::of(&policy.network).map(|c| (l, c)))
+    {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err((k, e))) => {
+            tracing::error!("{k}: {e}");
+            return crate::sandbox::EXIT_INTERNAL;
+        }
     };
     let watchers = policy.limits.max_sessions as usize;
     let (socket, tmux, rundir) = (
@@ -364,6 +382,7 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         rundir,
         no_session: opts.no_session,
         watchers,
+        proxy,
     };
     let (code, state) = rt.block_on(run(make, conn, &left, listening, stop.token()));
     // stdin's reader is a blocking thread that only ends when the client
@@ -384,6 +403,8 @@ struct Conn {
     no_session: bool,
     /// Hub watchers: the profile's session limit.
     watchers: usize,
+    /// The allowlist proxy's listener and configuration (network mode `proxy`).
+    proxy: Option<(std::net::TcpListener, crate::proxy::Config)>,
 }
 
 /// The runtime's part: the hub, the state, the watchers, then MCP over
@@ -399,6 +420,9 @@ async fn run(
     let stopping = |code| if shutdown.is_cancelled() { 0 } else { code };
     if shutdown.is_cancelled() {
         return (0, None);
+    }
+    if let Some((l, cfg)) = c.proxy {
+        left.flood.start(l, cfg);
     }
     let hub = match Hub::connect(&c.tmux, &c.socket, &c.control_id, c.watchers).await {
         Ok(h) => h,
@@ -559,6 +583,7 @@ fn teardown(left: Leftovers, code: i32) -> i32 {
             r.record(&taken);
         }
     }
+    left.flood.finish();
     left.audit.seal(code);
     tracing::debug!(code, "shutdown: the instance ended");
     code

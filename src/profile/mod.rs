@@ -28,6 +28,7 @@ pub const BUILTINS: &[(&str, &str)] = &[
     ("ci", include_str!("../../profiles/ci.toml")),
     ("dev", include_str!("../../profiles/dev.toml")),
     ("container", include_str!("../../profiles/container.toml")),
+    ("registries", include_str!("../../profiles/registries.toml")),
 ];
 
 /// The home directory every sandbox sees (a tmpfs in the built-in profiles).
@@ -396,6 +397,10 @@ impl Loaded {
         let mut environment = p.environment.clone();
         for v in environment.set.values_mut() {
             *v = subst(ctx, v);
+        }
+        if p.network.mode == NetMode::Proxy {
+            // The proxy is the only way out: every spelling tools read.
+            environment.set.extend(crate::proxy::env_vars());
         }
         Ok(Policy {
             name: self.name.clone(),

@@ -115,6 +115,9 @@ pub enum NetMode {
     Loopback,
     /// The host's network, limited by Landlock TCP port rules.
     Host,
+    /// A new network namespace with `lo` up and the supervisor's allowlist
+    /// proxy on 127.0.0.1:3128 (`crate::proxy`).
+    Proxy,
 }
 
 impl NetMode {
@@ -124,15 +127,16 @@ impl NetMode {
             NetMode::None => "none",
             NetMode::Loopback => "loopback",
             NetMode::Host => "host",
+            NetMode::Proxy => "proxy",
         }
     }
 }
 
 /// `[network]`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Network {
-    /// none | loopback | host.
+    /// none | loopback | host | proxy.
     #[serde(default)]
     pub mode: NetMode,
     /// TCP ports that may be connected to (host mode).
@@ -141,6 +145,52 @@ pub struct Network {
     /// TCP ports that may be bound (host mode).
     #[serde(default)]
     pub bind_tcp: Vec<u16>,
+    /// Proxy mode: the names that may be reached (`name`, `*.suffix`, either
+    /// with `:port`; without one CONNECT goes to 443, plain HTTP to 80).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Proxy mode: address ranges (CIDR) the proxy may dial although they
+    /// are loopback, private, link-local or otherwise refused by default.
+    #[serde(default)]
+    pub allow_private: Vec<String>,
+    /// Proxy mode: names pinned to an address (never resolved).
+    #[serde(default)]
+    pub hosts: std::collections::BTreeMap<String, String>,
+    /// Proxy mode: connections served at once; more are refused (503).
+    #[serde(default = "d_proxy_connections")]
+    pub proxy_connections: u32,
+    /// Proxy mode: a connection with no traffic for this long is closed.
+    #[serde(default = "d_proxy_idle")]
+    pub proxy_idle_seconds: u64,
+    /// Proxy mode: the largest request head, in bytes.
+    #[serde(default = "d_proxy_header")]
+    pub proxy_header_bytes: u32,
+}
+
+fn d_proxy_connections() -> u32 {
+    64
+}
+fn d_proxy_idle() -> u64 {
+    30
+}
+fn d_proxy_header() -> u32 {
+    16 * 1024
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            mode: NetMode::None,
+            connect_tcp: vec![],
+            bind_tcp: vec![],
+            allow: vec![],
+            allow_private: vec![],
+            hosts: Default::default(),
+            proxy_connections: d_proxy_connections(),
+            proxy_idle_seconds: d_proxy_idle(),
+            proxy_header_bytes: d_proxy_header(),
+        }
+    }
 }
 
 /// `[limits]`. Sizes are strings like "4GiB" or plain byte counts.

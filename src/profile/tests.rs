@@ -191,3 +191,39 @@ fn mount_order_parents_first() {
     sorted.sort();
     assert_eq!(depths, sorted);
 }
+
+#[test]
+fn proxy_keys_are_checked_and_named() {
+    let base = "version = 1\ndescription = \"x\"\n[network]\n";
+    let err = |net: &str| {
+        parse("p.toml", &format!("{base}{net}"))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err("mode = \"loopback\"\nallow = [\"pypi.org\"]\n");
+    assert!(
+        e.contains("network.allow") && e.contains("only to mode = \"proxy\""),
+        "{e}"
+    );
+    let e = err("mode = \"proxy\"\nallow = [\"10.0.0.1\"]\n");
+    assert!(
+        e.contains("network.allow") && e.contains("IP address"),
+        "{e}"
+    );
+    let e = err("mode = \"proxy\"\nallow = [\"bücher.test\"]\n");
+    assert!(e.contains("network.allow") && e.contains("punycode"), "{e}");
+    let e = err("mode = \"proxy\"\nallow_private = [\"127.0.0.1/8\"]\n");
+    assert!(e.contains("network.allow_private"), "{e}");
+    let e = err("mode = \"proxy\"\nhosts = { \"a.test\" = \"nowhere\" }\n");
+    assert!(
+        e.contains("network.hosts") && e.contains("not an IP address"),
+        "{e}"
+    );
+    let e = err("mode = \"proxy\"\nproxy_connections = 0\n");
+    assert!(e.contains("network.proxy_connections"), "{e}");
+    let ok = format!("{base}mode = \"proxy\"\nallow = [\"*.crates.io\", \"Mirror.Test.:8443\"]\nallow_private = [\"127.0.0.0/8\"]\nhosts = {{ \"mirror.test\" = \"127.0.0.1\" }}\n");
+    let p = parse("p.toml", &ok).unwrap();
+    assert_eq!(p.network.proxy_connections, 64);
+    assert_eq!(p.network.proxy_idle_seconds, 30);
+    assert_eq!(p.network.proxy_header_bytes, 16384);
+}

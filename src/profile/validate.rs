@@ -101,6 +101,7 @@ impl Profile {
                 "TCP port lists apply only to mode = \"host\"".into(),
             );
         }
+        self.check_proxy()?;
         let s = &self.sandbox;
         if s.uid == 0 {
             return bad(
@@ -124,6 +125,47 @@ impl Profile {
             return bad(
                 "sandbox.shell",
                 format!("{:?} must be an absolute path", s.shell),
+            );
+        }
+        Ok(())
+    }
+
+    /// `[network]` proxy keys: only in proxy mode, each entry parsed as the
+    /// proxy will read it, the caps within bounds.
+    fn check_proxy(&self) -> Invalid {
+        let n = &self.network;
+        if n.mode != NetMode::Proxy {
+            if !n.allow.is_empty() || !n.allow_private.is_empty() || !n.hosts.is_empty() {
+                return bad(
+                    "network.allow",
+                    "allow, allow_private and hosts apply only to mode = \"proxy\"".into(),
+                );
+            }
+            return Ok(());
+        }
+        crate::proxy::Config::of(n)?;
+        if self.mcp.on_server_exit == ServerExit::Restart {
+            return bad(
+                "mcp.on_server_exit",
+                "\"restart\" is not available with network mode \"proxy\" (a later generation's listener would be the broker's); use \"end\"".into(),
+            );
+        }
+        if !(1..=4096).contains(&n.proxy_connections) {
+            return bad(
+                "network.proxy_connections",
+                format!("{} is outside 1-4096", n.proxy_connections),
+            );
+        }
+        if !(1..=3600).contains(&n.proxy_idle_seconds) {
+            return bad(
+                "network.proxy_idle_seconds",
+                format!("{} is outside 1-3600", n.proxy_idle_seconds),
+            );
+        }
+        if !(1024..=1 << 20).contains(&n.proxy_header_bytes) {
+            return bad(
+                "network.proxy_header_bytes",
+                format!("{} is outside 1024-1048576", n.proxy_header_bytes),
             );
         }
         Ok(())

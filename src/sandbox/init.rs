@@ -243,6 +243,18 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
             layers.ok(l, "new namespace");
         }
     }
+    // 2b. Proxy mode: the listener is made here, in the new network
+    // namespace, and handed to the supervisor, which serves it.
+    if policy.network.mode == NetMode::Proxy {
+        if !ns.has(Layer::Net) {
+            return Err(Stop::applying(
+                Layer::Net,
+                "network mode 'proxy' needs the sandbox's own network namespace",
+            ));
+        }
+        super::net::send_listener()
+            .map_err(|e| Stop::applying(Layer::Net, format!("the proxy's listener: {e}")))?;
+    }
 
     // 3. Fork: the child is PID 1 of the new pid namespace.
     layers.rep.note(|| "init: forking PID 1".into());

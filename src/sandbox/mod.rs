@@ -138,6 +138,9 @@ pub struct Started {
     pub messages: Vec<Message>,
     /// The rest of the report pipe (tmux mode: closes when PID 1 finishes start-up).
     pub report: std::fs::File,
+    /// Proxy mode: the listener made inside the sandbox's network namespace,
+    /// for this process to serve (`crate::proxy`).
+    pub proxy: Option<std::net::TcpListener>,
 }
 
 /// A start-up failure, with the exit status sandmux should use.
@@ -235,6 +238,7 @@ pub fn name_files(policy: &Policy) -> Option<(String, String)> {
     }
     let why = match mode {
         NetMode::Loopback => "only loopback (127.0.0.1, ::1) is reachable",
+        NetMode::Proxy => "names resolve through the proxy only (http://127.0.0.1:3128, set in http_proxy, https_proxy and the other proxy variables); it reaches the profile's [network] allow list and nothing else, and a program that ignores the proxy variables has no route",
         _ => "there is no network at all",
     };
     let resolv = format!(
@@ -309,17 +313,30 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
                 .stderr(Stdio::null());
         }
     }
+    let chan = if plan.policy.network.mode == crate::profile::NetMode::Proxy {
+        Some(std::os::unix::net::UnixStream::pair().map_err(internal)?)
+    } else {
+        None
+    };
     let (pr, rw) = (plan_r.as_raw_fd(), rep_w.as_raw_fd());
+    let px = chan.as_ref().map_or(-1, |(_, theirs)| theirs.as_raw_fd());
     // SAFETY: only async-signal-safe calls (fcntl, dup2, prctl) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            // Move both out of the way first: either may already sit on 3 or 4.
+            // Move all out of the way first: any may already sit on 3, 4 or 5.
             let a = libc::fcntl(pr, libc::F_DUPFD_CLOEXEC, 10);
             let b = libc::fcntl(rw, libc::F_DUPFD_CLOEXEC, 10);
+            let c = if px < 0 {
+                -1
+            } else {
+                libc::fcntl(px, libc::F_DUPFD_CLOEXEC, 10)
+            };
             if a < 0
                 || b < 0
+                || (px >= 0 && c < 0)
                 || libc::dup2(a, init::PLAN_FD) < 0
                 || libc::dup2(b, init::REPORT_FD) < 0
+                || (c >= 0 && libc::dup2(c, net::PROXY_FD) < 0)
             {
                 return Err(std::io::Error::last_os_error());
             }
@@ -330,6 +347,7 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
         .spawn()
         .map_err(|e| internal(format!("starting sandmux __init: {e}")))?;
     drop((plan_r, rep_w));
+    let chan = chan.map(|(ours, _theirs)| ours);
     let blueprint = plan::compile(&plan.policy, mode_of(&plan.payload));
     let json = serde_json::to_vec(&WireOut {
         plan,
@@ -377,9 +395,14 @@ pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
             ..e
         });
     }
+    let proxy = match &chan {
+        Some(c) => Some(net::recv_listener(c).map_err(|e| internal(format!("proxy mode: {e}")))?),
+        None => None,
+    };
     Ok(Started {
         child,
         messages,
         report,
+        proxy,
     })
 }

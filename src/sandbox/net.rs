@@ -1,6 +1,66 @@
 //! Network: in `loopback` mode, bring `lo` up in the sandbox's own network
 //! namespace. (`none` leaves it down; `host` shares the host's network and is
-//! limited by Landlock TCP rules, see `landlock.rs`.)
+//! limited by Landlock TCP rules, see `landlock.rs`.) In `proxy` mode the
+//! outer `__init` also brings `lo` up, binds the proxy's listener there and
+//! hands it to the supervisor over [`PROXY_FD`] ([`send_listener`],
+//! [`recv_listener`]), which serves it (`crate::proxy`).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// The descriptor `__init` gets in proxy mode: a Unix socket to the supervisor.
+pub const PROXY_FD: i32 = 5;
+
+/// In the sandbox's network namespace: `lo` up, the proxy's listener bound
+/// there and sent over [`PROXY_FD`], which is then closed (nothing below
+/// the outer process inherits it, nor the listener).
+pub fn send_listener() -> Result<(), String> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
+    let l = std::net::TcpListener::bind(crate::proxy::LISTEN)
+        .map_err(|e| format!("binding {}: {e}", crate::proxy::LISTEN))?;
+    // SAFETY: the supervisor passes PROXY_FD in proxy mode; owned from here on.
+    let chan = unsafe { OwnedFd::from_raw_fd(PROXY_FD) };
+    let fds = [l.as_raw_fd()];
+    let iov = [std::io::IoSlice::new(b"L")];
+    sendmsg::<()>(
+        chan.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| format!("handing the listener to the supervisor: {e}"))?;
+    Ok(())
+}
+
+/// The supervisor's side: the listener `__init` sent, which must be there
+/// once the sandbox reported start-up done.
+pub fn recv_listener(
+    chan: &std::os::unix::net::UnixStream,
+) -> Result<std::net::TcpListener, String> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        chan.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("the sandbox sent no proxy listener: {e}"))?;
+    for c in msg.cmsgs().map_err(|e| e.to_string())? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            if let [fd] = fds.as_slice() {
+                // SAFETY: the kernel just installed this descriptor for us.
+                let l = unsafe { std::net::TcpListener::from_raw_fd(*fd) };
+                l.set_nonblocking(true).map_err(|e| e.to_string())?;
+                return Ok(l);
+            }
+        }
+    }
+    Err("the sandbox sent no proxy listener".into())
+}
 
 /// Brings the loopback interface up (needs CAP_NET_ADMIN in the namespace).
 pub fn loopback_up() -> std::io::Result<()> {
@@ -10,8 +70,7 @@ pub fn loopback_up() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fd is a fresh, valid descriptor we exclusively own.
-    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    use std::os::fd::AsRawFd;
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (i, b) in b"lo".iter().enumerate() {

@@ -208,6 +208,7 @@ pub fn build() -> Result<Filters, SeccompError> {
 pub(crate) fn supervisor_programs(
     denied: &[(&str, i64)],
     setid_modes: &[(&str, i64, u8)],
+    inet: Inet,
 ) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = arch()?;
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
@@ -223,15 +224,8 @@ pub(crate) fn supervisor_programs(
         );
     }
     deny.insert(libc::SYS_clone, clone_ns_rules()?);
-    deny.insert(
-        libc::SYS_socket,
-        vec![SeccompRule::new(vec![Cond::new(
-            0,
-            Len::Dword,
-            Op::Ne,
-            libc::AF_UNIX as u64,
-        )?])?],
-    );
+    deny.insert(libc::SYS_socket, socket_rules(inet)?);
+    deny.insert(libc::SYS_ioctl, socket_ioctl_rules()?);
     let denylist = eperm(deny, arch)?;
     let clone3 = SeccompFilter::new(
         BTreeMap::from([(libc::SYS_clone3, vec![])]),
@@ -240,6 +234,74 @@ pub(crate) fn supervisor_programs(
         arch,
     )?;
     Ok(vec![x32_guard(), compile(denylist)?, compile(clone3)?])
+}
+
+/// Which inet sockets the supervisor may make (network mode `proxy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inet {
+    /// None: unix sockets only.
+    No,
+    /// TCP (`SOCK_STREAM`, protocol 0 or TCP), inet and inet6.
+    Tcp,
+    /// TCP and UDP (`SOCK_DGRAM`, protocol 0 or UDP): the host's resolver
+    /// asks its name servers over UDP.
+    TcpUdp,
+}
+
+/// `socket` rules (any one denies): a family other than unix (and inet,
+/// inet6 when `inet` allows them); an inet or inet6 socket of a type or
+/// protocol `inet` does not name (raw, packet-like, SCTP, ICMP "ping").
+fn socket_rules(inet: Inet) -> Result<Vec<SeccompRule>, SeccompError> {
+    let mut families = vec![libc::AF_UNIX as u64];
+    let (mut types, mut protos) = (vec![], vec![0u64]);
+    if inet != Inet::No {
+        families.extend([libc::AF_INET as u64, libc::AF_INET6 as u64]);
+        types.push(libc::SOCK_STREAM as u64);
+        protos.push(libc::IPPROTO_TCP as u64);
+    }
+    if inet == Inet::TcpUdp {
+        types.push(libc::SOCK_DGRAM as u64);
+        protos.push(libc::IPPROTO_UDP as u64);
+    }
+    let mut other = Vec::new();
+    for fam in &families {
+        other.push(Cond::new(0, Len::Dword, Op::Ne, *fam)?);
+    }
+    let mut rules = vec![SeccompRule::new(other)?];
+    for fam in [libc::AF_INET as u64, libc::AF_INET6 as u64] {
+        if inet == Inet::No {
+            break;
+        }
+        // The type's low 4 bits (SOCK_NONBLOCK and SOCK_CLOEXEC above).
+        for t in (0..16u64).filter(|t| !types.contains(t)) {
+            rules.push(SeccompRule::new(vec![
+                Cond::new(0, Len::Dword, Op::Eq, fam)?,
+                Cond::new(1, Len::Dword, Op::MaskedEq(0xf), t)?,
+            ])?);
+        }
+        let mut c = vec![Cond::new(0, Len::Dword, Op::Eq, fam)?];
+        for p in &protos {
+            c.push(Cond::new(2, Len::Dword, Op::Ne, *p)?);
+        }
+        rules.push(SeccompRule::new(c)?);
+    }
+    Ok(rules)
+}
+
+/// `ioctl` with a socket configuration request (0x89xx: interfaces,
+/// routes, ARP, device-private; 0x8bxx: wireless), which any socket, unix
+/// included, passes to the host's network stack (`ifconfig … mtu`).
+fn socket_ioctl_rules() -> Result<Vec<SeccompRule>, SeccompError> {
+    let mut rules = Vec::new();
+    for base in [0x8900u64, 0x8b00] {
+        rules.push(SeccompRule::new(vec![Cond::new(
+            1,
+            Len::Dword,
+            Op::MaskedEq(0xff00),
+            base,
+        )?])?);
+    }
+    Ok(rules)
 }
 
 /// A filter answering `EPERM` for the calls (and rules) of `deny`.

@@ -5,7 +5,9 @@
 //! up, so a bug in handling agent input cannot become host access:
 //!
 //! - **Landlock**: the filesystem rules of [`Needs`]; every TCP bind and
-//!   connect denied (ABI 4); abstract Unix sockets scoped (ABI 6). Signals are
+//!   connect denied (ABI 4) — in network mode `proxy`, connect is allowed
+//!   to the ports the allow list can reach ([`Needs::connect_tcp`]), and
+//!   the resolver's files are readable; abstract Unix sockets scoped (ABI 6). Signals are
 //!   not scoped: the supervisor signals its sandbox, which is outside its
 //!   domain. Landlock binds the calling thread and the threads and processes
 //!   it starts later, never the threads that exist already: `serve` confines
@@ -16,7 +18,10 @@
 //! - **seccomp**: a denylist ([`denied`]) installed on every thread at once
 //!   (`TSYNC`): namespaces, the mount API, ptrace, keyrings, bpf, module
 //!   loading and the rest of the sandbox's denylist, except `setns`, which
-//!   the freeze helper needs (`nssignal`).
+//!   the freeze helper needs (`nssignal`); sockets of every family but unix
+//!   (and, in network mode `proxy` only, inet and inet6 TCP for the proxy's
+//!   upstream connections, UDP only for the host's resolver: [`Needs::inet`]);
+//!   the socket configuration ioctls.
 //! - **rlimits**: no core dumps (`RLIMIT_CORE` 0, soft and hard): a dump
 //!   would write the supervisor's memory to disk.
 //!
@@ -28,6 +33,7 @@
 
 use super::landlock::{abi_of, effective_abi};
 use super::report::LayerStatus;
+use super::seccomp::Inet;
 use super::StartError;
 use crate::profile::{Layer, Policy};
 use landlock::{
@@ -147,6 +153,63 @@ fn read_exec(policy: &Policy, tmux: &Path) -> Vec<(PathBuf, Right)> {
 pub struct Needs {
     /// The rules; paths that do not exist are skipped when applied.
     pub rules: Vec<(PathBuf, Right)>,
+    /// TCP ports that may be connected to (network mode `proxy`: the
+    /// allow list's); empty: none.
+    pub connect_tcp: Vec<u16>,
+    /// UDP sockets allowed (network mode `proxy` with a name the host's
+    /// resolver must look up: one not pinned in `hosts`).
+    pub udp: bool,
+}
+
+/// What the host's resolver reads (network mode `proxy`).
+const RESOLVER: [&str; 6] = [
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/run/systemd/resolve",
+    "/etc/services",
+];
+
+/// Whether the proxy may have to ask the host's resolver (which asks its
+/// name servers over UDP): an allow entry that is a `*.` suffix or a name
+/// not pinned in `[network] hosts`.
+pub fn proxy_resolves(policy: &Policy) -> bool {
+    if policy.network.mode != crate::profile::NetMode::Proxy {
+        return false;
+    }
+    crate::proxy::Config::of(&policy.network)
+        .map(|c| {
+            c.allow
+                .iter()
+                .any(|r| r.suffix || !c.hosts.contains_key(&r.name))
+        })
+        .unwrap_or(true)
+}
+
+/// The ports the proxy may dial for `policy` (empty outside proxy mode).
+pub fn proxy_ports(policy: &Policy) -> Vec<u16> {
+    if policy.network.mode != crate::profile::NetMode::Proxy {
+        return vec![];
+    }
+    let cfg = crate::proxy::Config::of(&policy.network);
+    let mut v: Vec<u16> = cfg
+        .map(|c| {
+            c.allow
+                .iter()
+                .flat_map(|r| match r.port {
+                    Some(p) => vec![p],
+                    None => vec![
+                        crate::proxy::name::CONNECT_PORT,
+                        crate::proxy::name::HTTP_PORT,
+                    ],
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// The inputs of [`Needs::supervisor`]: every file `serve` keeps using.
@@ -173,7 +236,11 @@ impl Needs {
             trees.iter().map(|t| (t.clone(), Right::Tree)).collect();
         rules.push((state.to_path_buf(), Right::Tree));
         rules.push(("/proc".into(), Right::Read));
-        Needs { rules }
+        Needs {
+            rules,
+            connect_tcp: vec![],
+            udp: false,
+        }
     }
 
     /// `serve` after start-up: [`Files`], the tmux client's binary and
@@ -185,8 +252,16 @@ impl Needs {
             Some((trees, state)) => Needs::guard(trees, state),
             None => Needs {
                 rules: vec![("/proc".into(), Right::Read)],
+                connect_tcp: vec![],
+                udp: false,
             },
         };
+        n.connect_tcp = proxy_ports(policy);
+        n.udp = proxy_resolves(policy);
+        if !n.connect_tcp.is_empty() {
+            n.rules
+                .extend(RESOLVER.iter().map(|p| (PathBuf::from(p), Right::Read)));
+        }
         n.rules.extend(read_exec(policy, f.tmux));
         n.rules
             .extend(ETC_FILES.iter().map(|p| (PathBuf::from(p), Right::Read)));
@@ -207,9 +282,21 @@ impl Needs {
     }
 }
 
+impl Needs {
+    /// The inet sockets seccomp leaves to the supervisor.
+    pub(crate) fn inet(&self) -> Inet {
+        match (self.connect_tcp.is_empty(), self.udp) {
+            (true, _) => Inet::No,
+            (false, false) => Inet::Tcp,
+            (false, true) => Inet::TcpUdp,
+        }
+    }
+}
+
 /// A Landlock ruleset built on one thread and applied on another.
 pub struct Prepared {
     ruleset: RulesetCreated,
+    ports: Vec<u16>,
     abi: u8,
     kernel: u8,
     rules: usize,
@@ -220,6 +307,14 @@ pub fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
     let (kernel, eff) = effective_abi(policy);
     if eff == 0 {
         return Err("Landlock is not available in this kernel".into());
+    }
+    if eff < 4 && !needs.connect_tcp.is_empty() {
+        // seccomp lets the supervisor make TCP sockets in proxy mode; only
+        // Landlock's port rules (ABI 4) keep them to the allow list's ports.
+        return Err(format!(
+            "network mode proxy needs Landlock ABI 4 for the supervisor's TCP port rules (ABI {eff} here{}); without them its connections would reach every port",
+            if kernel > eff { ", capped by [enforcement] landlock_abi" } else { "" }
+        ));
     }
     let abi = abi_of(eff);
     let e = |e: landlock::RulesetError| e.to_string();
@@ -246,11 +341,20 @@ pub fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
             .map_err(|e| format!("rule for {}: {e}", path.display()))?;
         rules += 1;
     }
+    if eff >= 4 {
+        for &port in &needs.connect_tcp {
+            ruleset = ruleset
+                .add_rule(landlock::NetPort::new(port, AccessNet::ConnectTcp))
+                .map_err(|e| format!("rule for TCP port {port}: {e}"))?;
+        }
+    }
+    let ports = needs.connect_tcp.clone();
     Ok(Prepared {
         ruleset,
         abi: eff,
         kernel,
         rules,
+        ports,
     })
 }
 
@@ -258,13 +362,20 @@ impl Prepared {
     /// Restricts the calling thread (and what it starts from now on).
     pub fn restrict(self) -> Result<String, String> {
         let (abi, kernel, rules) = (self.abi, self.kernel, self.rules);
+        let tcp = match (abi >= 4, self.ports.is_empty()) {
+            (false, _) => String::new(),
+            (true, true) => ", no TCP".to_string(),
+            (true, false) => format!(
+                ", no TCP bind, TCP connect only to ports {:?} (the proxy's upstreams)",
+                self.ports
+            ),
+        };
         let status = self.ruleset.restrict_self().map_err(|e| e.to_string())?;
         if status.ruleset != RulesetStatus::FullyEnforced {
             return Err(format!("ruleset not fully enforced: {:?}", status.ruleset));
         }
         Ok(format!(
-            "Landlock ABI {abi} (the kernel has {kernel}): {rules} path rules{}",
-            if abi >= 4 { ", no TCP" } else { "" }
+            "Landlock ABI {abi} (the kernel has {kernel}): {rules} path rules{tcp}"
         ))
     }
 }
@@ -307,10 +418,11 @@ pub const SETID_MODES: [(&str, i64, u8); 7] = [
 ];
 
 /// Installs the supervisor's seccomp filter on every thread (TSYNC); returns
-/// how many calls it denies.
-pub fn seccomp_all_threads() -> Result<usize, String> {
-    let progs =
-        super::seccomp::supervisor_programs(&denied(), &SETID_MODES).map_err(|e| e.to_string())?;
+/// how many calls it denies. `inet`: which inet and inet6 sockets stay
+/// allowed (network mode `proxy`).
+pub fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
+    let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, inet)
+        .map_err(|e| e.to_string())?;
     for p in &progs {
         seccompiler::apply_filter_all_threads(p).map_err(|e| e.to_string())?;
     }
@@ -333,9 +445,15 @@ pub fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, StartError
         Ok(d) => done.push(d),
         Err(e) => failed.push(format!("Landlock: {e}")),
     }
-    match seccomp_all_threads() {
+    let inet = needs.inet();
+    match seccomp_all_threads(inet) {
         Ok(n) => done.push(format!(
-            "seccomp on every thread: {n} calls and every socket family but unix denied"
+            "seccomp on every thread: {n} calls, socket configuration ioctls and every socket {} denied",
+            match inet {
+                Inet::No => "family but unix",
+                Inet::Tcp => "but unix and TCP (the proxy's upstreams)",
+                Inet::TcpUdp => "but unix, TCP (the proxy's upstreams) and UDP (the host's resolver)",
+            }
         )),
         Err(e) => failed.push(format!("seccomp: {e}")),
     }
@@ -392,7 +510,7 @@ pub fn probe(
                 Ok(d) => done.push(d),
                 Err(e) => failed.push(format!("Landlock: {e}")),
             }
-            let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES)
+            let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, needs.inet())
                 .map_err(|e| e.to_string());
             match progs.and_then(|ps| {
                 ps.iter()

@@ -123,9 +123,9 @@ fn note(s: &Step) -> &'static str {
             Op::File {
                 content: RunFile::ResolvConf | RunFile::Hosts,
             },
-        ) => " (network `none`, `loopback`)",
+        ) => " (network `none`, `loopback`, `proxy`)",
         (Part::Etc, _) if s.path.ends_with("resolv.conf") || s.path.ends_with("hosts") => {
-            " (network `none`, `loopback`)"
+            " (network `none`, `loopback`, `proxy`)"
         }
         (Part::AgentRepo | Part::GitOrigin, _) => " (`git = \"commit\"`)",
         _ => "",

@@ -44,6 +44,8 @@ pub struct Instance {
     pub broker: Option<std::sync::Arc<crate::mcp::broker::Broker>>,
     /// The supervisor's own confinement, once `serve` applied it.
     pub supervisor: Option<report::LayerStatus>,
+    /// Proxy mode: the listener to serve, until the caller takes it.
+    pub proxy: Option<std::net::TcpListener>,
 }
 
 /// The sandbox `__init` of a generation: this process's child, or the broker's.
@@ -65,6 +67,10 @@ pub struct Generation {
     pub generation: String,
     /// The cgroup made for it.
     pub cgroup: Option<cgroup::Cgroup>,
+    /// Proxy mode: the listener made in its network namespace (never sent
+    /// by the broker: a restarted generation in proxy mode is refused).
+    #[serde(skip)]
+    pub proxy: Option<std::net::TcpListener>,
 }
 
 /// Makes the cgroup and the sandbox and starts tmux in it (the first
@@ -103,6 +109,7 @@ pub fn start_generation(
         server_pid,
         generation,
         cgroup: rundir.cgroup.clone(),
+        proxy: started.proxy,
     };
     Ok((started.child, g))
 }
@@ -240,6 +247,7 @@ impl Instance {
             guard: Some(guard),
             broker: None,
             supervisor: None,
+            proxy: None,
         };
         inst.launch(true)?;
         Ok(inst)
@@ -278,6 +286,7 @@ impl Instance {
                 g
             }
         };
+        self.proxy = g.proxy;
         self.messages = g.messages;
         self.server_pid = g.server_pid;
         self.generation = g.generation;

@@ -63,6 +63,10 @@ struct State {
     refused: u64,
     /// Records that could not be written (events, refusals) since the last one that was.
     unrecorded: u64,
+    /// Bytes of the proxy's records (at most [`Audit::proxy_share`]).
+    proxy_bytes: u64,
+    /// The proxy's decisions past its share: only counted (the seal).
+    proxy_unrecorded: u64,
     sealed: bool,
     /// Where the bytes a failed write left end (0: none): the next record
     /// is written over them and padded to cover them all. The file is never
@@ -196,6 +200,9 @@ enum Kind {
     /// room kept for events (an eighth of the budget), so a flood of cheap
     /// refusals cannot crowd events out.
     Other,
+    /// The proxy's decisions (network mode `proxy`): as `Other`, and in
+    /// all at most [`Audit::proxy_share`] bytes; past that only counted.
+    Proxy,
     /// The final record: the room kept since the start.
     Seal,
 }
@@ -278,6 +285,8 @@ impl Audit {
             inflight: 0,
             refused: 0,
             unrecorded: 0,
+            proxy_bytes: 0,
+            proxy_unrecorded: 0,
             sealed: false,
             dirty_end: 0,
         };
@@ -381,6 +390,19 @@ impl Audit {
         self.write(e, Kind::Event)
     }
 
+    /// Records a decision of the proxy: inside its share of the budget, and
+    /// like a refusal it leaves the events' room; past the share it is only
+    /// counted (`proxy_unrecorded` in the seal). Whether it was written.
+    pub fn proxy(&self, e: Entry<'_>) -> bool {
+        self.write(e, Kind::Proxy)
+    }
+
+    /// The proxy's share of the budget: an eighth, so a pane's flood of
+    /// connections can neither crowd out tool calls nor sandmux's events.
+    pub fn proxy_share(&self) -> u64 {
+        self.budget / 8
+    }
+
     fn write(&self, e: Entry<'_>, kind: Kind) -> bool {
         let args = if e.outcome == "malformed" {
             json!({"digest": redact::digest(&self.key, e.args)})
@@ -435,6 +457,10 @@ impl Audit {
             st.dirty_end.saturating_sub(end) as usize,
         ));
         line.push_str("}\n");
+        if kind == Kind::Proxy && st.proxy_bytes + line.len() as u64 > self.proxy_share() {
+            st.proxy_unrecorded += 1;
+            return false;
+        }
         if !kept && !self.fits(st, line.len() as u64, kind) {
             st.unrecorded += 1;
             return false;
@@ -448,6 +474,9 @@ impl Audit {
             return false;
         }
         st.dirty_end = 0;
+        if kind == Kind::Proxy {
+            st.proxy_bytes += line.len() as u64;
+        }
         st.len += line.len() as u64;
         st.seq += 1;
         st.prev = hash;
@@ -480,7 +509,7 @@ impl Audit {
     /// the budget and on disk. A miss only counts the record: it says
     /// nothing about the log's health.
     fn fits(&self, st: &State, n: u64, kind: Kind) -> bool {
-        let events = if kind == Kind::Other {
+        let events = if matches!(kind, Kind::Other | Kind::Proxy) {
             self.budget / 8
         } else {
             0
@@ -515,7 +544,7 @@ impl Audit {
         if matches!(st.health, Health::Failing(_)) {
             self.recover(&mut st);
         }
-        let args = json!({"records": st.seq, "refused_calls": st.refused, "unrecorded": st.unrecorded, "budget_reached": st.health == Health::Full, "exit_status": exit_status});
+        let args = json!({"records": st.seq, "refused_calls": st.refused, "unrecorded": st.unrecorded, "proxy_unrecorded": st.proxy_unrecorded, "budget_reached": st.health == Health::Full, "exit_status": exit_status});
         let ok = self.append(&mut st, SEAL, "sealed", args, Kind::Seal);
         st.sealed = true;
         if !ok {

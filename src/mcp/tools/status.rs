@@ -125,6 +125,13 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         NetMode::None => "any network, DNS included".into(),
         NetMode::Loopback => "any network beyond loopback, DNS included".into(),
         NetMode::Host => "TCP to ports the profile does not list".into(),
+        NetMode::Proxy => format!(
+            "any network but these names, through the proxy {} (no DNS, no UDP, no address by number): {}",
+            crate::proxy::url(),
+            crate::proxy::Config::of(&p.network)
+                .map(|c| c.list().join(", "))
+                .unwrap_or_default()
+        ),
     });
     Limits {
         writable: of(MountKind::ReadWrite),

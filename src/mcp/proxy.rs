@@ -1,0 +1,169 @@
+//! The proxy's decisions in the audit log (`serve`): one record per
+//! decision — tool `(proxy)`, outcome `event`, `error_type`
+//! `proxy_allowed` or `proxy_denied`, `args` with the name, port, method,
+//! address, reason, bytes and duration — up to [`PER_INTERVAL`] records per
+//! [`INTERVAL`]; past that, decisions are counted per name and verdict and
+//! written as one summary record when the interval ends (`args.aggregated:
+//! true`, the decisions, the distinct names and the [`TOP`] most frequent).
+//! All of them share an eighth of the audit budget ([`Audit::proxy`]):
+//! past it decisions are only counted (`proxy_unrecorded` in the seal), so
+//! a flood from a pane can crowd out neither tool calls nor sandmux's
+//! events. At the stop, connections still open are one record
+//! (`args.open_at_stop`).
+
+use super::audit::{Audit, Entry};
+use crate::proxy::tally::{self, Tally};
+use crate::proxy::{Config, Event, Sink};
+use crate::term::printable;
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Tool name of the records this writes.
+pub const TOOL: &str = "(proxy)";
+/// Records written one by one per interval.
+pub const PER_INTERVAL: usize = 32;
+/// Names a summary record lists.
+pub const TOP: usize = 5;
+/// The aggregation interval.
+pub const INTERVAL: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct State {
+    written: usize,
+    pending: Tally,
+}
+
+/// The decisions on their way to the audit log.
+pub(super) struct Flood {
+    state: Mutex<State>,
+    audit: Arc<Audit>,
+    open: Arc<AtomicUsize>,
+}
+
+impl Flood {
+    /// Decisions for `audit`.
+    pub(super) fn new(audit: Arc<Audit>) -> Arc<Flood> {
+        Arc::new(Flood {
+            state: Mutex::default(),
+            audit,
+            open: Arc::default(),
+        })
+    }
+
+    fn add(&self, ev: Event) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.written < PER_INTERVAL {
+            s.written += 1;
+            drop(s);
+            write_one(&self.audit, &ev);
+        } else {
+            s.pending.add(&ev);
+        }
+    }
+
+    /// At the stop: what was aggregated, and how many connections were
+    /// still open (their records never come).
+    pub(super) fn finish(&self) {
+        self.flush();
+        let open = self.open.load(Ordering::Relaxed);
+        if open > 0 {
+            write(&self.audit, true, json!({"open_at_stop": open}), 0);
+        }
+    }
+
+    /// Writes what was aggregated (each interval, and once more at the end).
+    pub(super) fn flush(&self) {
+        let pending = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.written = 0;
+            s.pending.take()
+        };
+        if pending.is_empty() {
+            return;
+        }
+        let args = summary(&pending);
+        let ok = args["denied"] == 0;
+        write(&self.audit, ok, args, 0);
+    }
+
+    /// Starts serving `listener` on the current runtime (after confinement,
+    /// so its tasks are confined too).
+    pub(super) fn start(self: &Arc<Flood>, listener: std::net::TcpListener, cfg: Config) {
+        let me = self.clone();
+        let sink: Sink = Arc::new(move |ev: Event| me.add(ev));
+        match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => {
+                let open = self.open.clone();
+                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open));
+            }
+            Err(e) => tracing::error!("the proxy's listener: {e}"),
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(INTERVAL).await;
+                me.flush();
+            }
+        });
+    }
+}
+
+/// One record for an interval's aggregated decisions.
+fn summary(pending: &std::collections::BTreeMap<tally::Key, tally::Count>) -> serde_json::Value {
+    let (mut allowed, mut denied, mut up, mut down) = (0u64, 0u64, 0u64, 0u64);
+    for ((_, ok), c) in pending {
+        *(if *ok { &mut allowed } else { &mut denied }) += c.n;
+        up += c.up;
+        down += c.down;
+    }
+    let mut by_count: Vec<_> = pending.iter().collect();
+    by_count.sort_by_key(|e| std::cmp::Reverse(e.1.n));
+    let top: Vec<_> = by_count
+        .iter()
+        .take(TOP)
+        .map(|((name, ok), c)| json!({"name": printable(name), "allowed": ok, "count": c.n}))
+        .collect();
+    json!({
+        "aggregated": true,
+        "interval_s": INTERVAL.as_secs(),
+        "allowed": allowed,
+        "denied": denied,
+        "names": pending.len(),
+        "top": top,
+        "bytes_up": up,
+        "bytes_down": down,
+    })
+}
+
+fn write_one(audit: &Audit, ev: &Event) {
+    let args = json!({
+        "name": printable(&tally::label(ev)),
+        "method": printable(&ev.method),
+        "address": ev.address.map(|a| a.to_string()),
+        "reason": ev.denied.as_deref().map(printable),
+        "bytes_up": ev.bytes_up,
+        "bytes_down": ev.bytes_down,
+    });
+    write(
+        audit,
+        ev.denied.is_none(),
+        args,
+        ev.duration.as_millis() as u64,
+    );
+}
+
+fn write(audit: &Audit, ok: bool, args: serde_json::Value, ms: u64) {
+    audit.proxy(Entry {
+        tool: TOOL,
+        toolset: None,
+        outcome: "event",
+        error_type: Some(if ok { "proxy_allowed" } else { "proxy_denied" }),
+        duration_ms: ms,
+        request_id: String::new(),
+        client_id: None,
+        args: &args,
+        http: None,
+    });
+}

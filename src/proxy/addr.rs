@@ -1,0 +1,196 @@
+//! Addresses the proxy refuses to dial: loopback, private, link-local (and
+//! so cloud metadata), shared, multicast, reserved, unspecified, and IPv6
+//! forms that embed an IPv4 address (mapped, compatible, NAT64, 6to4,
+//! Teredo) — unless a CIDR of the profile's `allow_private` covers it.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// An address range, `addr/len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    net: IpAddr,
+    len: u8,
+}
+
+impl Cidr {
+    /// Parses `a.b.c.d/n` or `v6/n` (host bits must be zero); a bare
+    /// address is the range of that one address.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (a, l) = s.split_once('/').unwrap_or((s, ""));
+        let net: IpAddr = a
+            .parse()
+            .map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let len = if l.is_empty() {
+            max
+        } else {
+            l.parse::<u8>()
+                .ok()
+                .filter(|n| *n <= max)
+                .ok_or_else(|| format!("{s:?}: prefix length must be 0-{max}"))?
+        };
+        let c = Cidr { net, len };
+        if !c.contains(net) || masked(net, len) != bits(net) {
+            return Err(format!("{s:?}: bits set below the prefix length"));
+        }
+        Ok(c)
+    }
+
+    /// Whether `ip` is inside (same family only).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.net.is_ipv4() == ip.is_ipv4() && masked(ip, self.len) == bits(self.net)
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.len)
+    }
+}
+
+fn bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u32::from(a) as u128,
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+fn masked(ip: IpAddr, len: u8) -> u128 {
+    let width = if ip.is_ipv4() { 32 } else { 128 };
+    let b = bits(ip);
+    if len == 0 {
+        0
+    } else {
+        b & (u128::MAX << (width - len as u32)) & (u128::MAX >> (128 - width))
+    }
+}
+
+/// The IPv4 ranges refused, with their reason.
+const V4: [(u32, u8, &str); 14] = [
+    (0x0000_0000, 8, "unspecified (0.0.0.0/8)"),
+    (0x0a00_0000, 8, "private (10.0.0.0/8)"),
+    (0x6440_0000, 10, "shared address space (100.64.0.0/10)"),
+    (0x7f00_0000, 8, "loopback (127.0.0.0/8)"),
+    (
+        0xa9fe_0000,
+        16,
+        "link-local and cloud metadata (169.254.0.0/16)",
+    ),
+    (0xac10_0000, 12, "private (172.16.0.0/12)"),
+    (0xc000_0000, 24, "IETF protocol assignments (192.0.0.0/24)"),
+    (0xc000_0200, 24, "documentation (192.0.2.0/24)"),
+    (0xc0a8_0000, 16, "private (192.168.0.0/16)"),
+    (0xc612_0000, 15, "benchmarking (198.18.0.0/15)"),
+    (0xc633_6400, 24, "documentation (198.51.100.0/24)"),
+    (0xcb00_7100, 24, "documentation (203.0.113.0/24)"),
+    (0xe000_0000, 4, "multicast (224.0.0.0/4)"),
+    (0xf000_0000, 4, "reserved and broadcast (240.0.0.0/4)"),
+];
+
+/// The IPv6 ranges refused, with their reason.
+const V6: [(u128, u8, &str); 11] = [
+    (0, 128, "unspecified (::)"),
+    (1, 128, "loopback (::1)"),
+    (0xffff_0000_0000, 96, "IPv4-mapped (::ffff:0:0/96)"),
+    (0, 96, "IPv4-compatible (::/96)"),
+    (0x0064_ff9b << 96, 96, "NAT64 (64:ff9b::/96)"),
+    (0x0064_ff9b_0001 << 80, 48, "local NAT64 (64:ff9b:1::/48)"),
+    (0x2001_0000 << 96, 32, "Teredo (2001::/32)"),
+    (0x2002 << 112, 16, "6to4 (2002::/16)"),
+    (0xfc << 120, 7, "unique local, private (fc00::/7)"),
+    (0xfe80 << 112, 10, "link-local (fe80::/10)"),
+    (0xff << 120, 8, "multicast (ff00::/8)"),
+];
+
+/// Why `ip` is refused by default, or None for a public address.
+pub fn class(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(a) => V4
+            .iter()
+            .find(|(n, l, _)| masked(IpAddr::V4(a), *l) == *n as u128)
+            .map(|(_, _, why)| *why),
+        IpAddr::V6(a) => V6
+            .iter()
+            .find(|(n, l, _)| masked(IpAddr::V6(a), *l) == *n)
+            .map(|(_, _, why)| *why)
+            .or(if (a.segments()[0] & 0xffc0) == 0xfec0 {
+                Some("site-local (fec0::/10)")
+            } else {
+                None
+            }),
+    }
+}
+
+/// Whether the proxy may dial `ip`: public, or covered by `allow_private`.
+pub fn check(ip: IpAddr, allow_private: &[Cidr]) -> Result<(), String> {
+    match class(ip) {
+        None => Ok(()),
+        Some(_) if allow_private.iter().any(|c| c.contains(ip)) => Ok(()),
+        Some(why) => Err(format!("{ip} is {why}; [network] allow_private decides")),
+    }
+}
+
+/// The addresses tests and docs name (kept here so the table stays one).
+pub const METADATA: [IpAddr; 2] = [
+    IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        let refused = [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.31.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.100.100.200",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "::ffff:127.0.0.1",
+            "::ffff:8.8.8.8",
+            "fe80::1",
+            "fd00:ec2::254",
+            "64:ff9b::a00:1",
+            "2002:7f00:1::",
+            "fec0::1",
+            "ff02::1",
+        ];
+        for a in refused {
+            assert!(class(a.parse().unwrap()).is_some(), "{a}");
+        }
+        for a in [
+            "8.8.8.8",
+            "151.101.0.223",
+            "2a04:4e42::223",
+            "172.32.0.1",
+            "11.0.0.1",
+        ] {
+            assert!(class(a.parse().unwrap()).is_none(), "{a}");
+        }
+        for m in METADATA {
+            assert!(class(m).is_some());
+        }
+    }
+
+    #[test]
+    fn cidrs() {
+        let c = Cidr::parse("127.0.0.0/8").unwrap();
+        assert!(c.contains("127.9.9.9".parse().unwrap()));
+        assert!(!c.contains("128.0.0.1".parse().unwrap()));
+        assert!(!c.contains("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(Cidr::parse("127.0.0.1/8").is_err());
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("fd00::/8").is_ok());
+        assert!(Cidr::parse("0.0.0.0/0").is_ok());
+        assert!(check("127.0.0.1".parse().unwrap(), &[c]).is_ok());
+        assert!(check("10.0.0.1".parse().unwrap(), &[c]).is_err());
+    }
+}

@@ -1,0 +1,177 @@
+//! `[network] mode = "proxy"`: the allowlist proxy the supervisor serves.
+//!
+//! The listening socket is made inside the sandbox's network namespace at
+//! start-up (by `sandmux __init`, `sandbox::init`) and handed over; the
+//! process that started the sandbox serves it ([`serve`]), so nothing inside
+//! runs the proxy. Each connection is one decision: the request head
+//! ([`head`]), the name against the list ([`name`]), the address it resolves
+//! to on the host against the refused ranges ([`addr`]), and for a tunnel
+//! the ClientHello's server name ([`hello`]). TLS is never terminated.
+
+pub mod addr;
+pub mod head;
+pub mod hello;
+pub mod name;
+mod serve;
+pub mod tally;
+
+pub use serve::serve;
+
+use crate::profile::Network;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The proxy's address inside the sandbox.
+pub const LISTEN: std::net::SocketAddrV4 =
+    std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 3128);
+
+/// The proxy as `http://…`, for the environment.
+pub fn url() -> String {
+    format!("http://{LISTEN}")
+}
+
+/// The environment variables set for every process inside, in each
+/// spelling tools read.
+pub fn env_vars() -> Vec<(String, String)> {
+    let u = url();
+    let mut v = Vec::new();
+    for n in ["http_proxy", "https_proxy", "all_proxy"] {
+        v.push((n.to_string(), u.clone()));
+        v.push((n.to_ascii_uppercase(), u.clone()));
+    }
+    for n in ["no_proxy", "NO_PROXY"] {
+        v.push((n.to_string(), "localhost,127.0.0.1,::1".to_string()));
+    }
+    v
+}
+
+/// The proxy's settings, parsed from `[network]`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The allowlist.
+    pub allow: Vec<name::Rule>,
+    /// Ranges that may be dialled although refused by default.
+    pub allow_private: Vec<addr::Cidr>,
+    /// Names pinned to an address (no resolution).
+    pub hosts: BTreeMap<String, IpAddr>,
+    /// Connections served at once; more are refused.
+    pub max_connections: usize,
+    /// A connection with no traffic for this long is closed.
+    pub idle: Duration,
+    /// Largest request head.
+    pub header_bytes: usize,
+}
+
+impl Config {
+    /// Parses `[network]`; errors name the key.
+    pub fn of(n: &Network) -> Result<Config, (&'static str, String)> {
+        let allow = n
+            .allow
+            .iter()
+            .map(|e| name::Rule::parse(e))
+            .collect::<Result<_, _>>()
+            .map_err(|e| ("network.allow", e))?;
+        let allow_private = n
+            .allow_private
+            .iter()
+            .map(|c| addr::Cidr::parse(c))
+            .collect::<Result<_, _>>()
+            .map_err(|e| ("network.allow_private", e))?;
+        let mut hosts = BTreeMap::new();
+        for (k, v) in &n.hosts {
+            let key = name::canonical(k).map_err(|e| ("network.hosts", format!("{k:?}: {e}")))?;
+            let ip = v.parse().map_err(|_| {
+                (
+                    "network.hosts",
+                    format!("{k:?}: {v:?} is not an IP address"),
+                )
+            })?;
+            hosts.insert(key, ip);
+        }
+        Ok(Config {
+            allow,
+            allow_private,
+            hosts,
+            max_connections: n.proxy_connections as usize,
+            idle: Duration::from_secs(n.proxy_idle_seconds),
+            header_bytes: n.proxy_header_bytes as usize,
+        })
+    }
+
+    /// The allowlist as written canonically (reports).
+    pub fn list(&self) -> Vec<String> {
+        self.allow.iter().map(|r| r.show()).collect()
+    }
+}
+
+/// One decision, reported when the connection ends (or is refused).
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// `CONNECT` or the plain request's method (`-` when none was read).
+    pub method: String,
+    /// The canonical name asked for (or what was refused as one).
+    pub host: String,
+    /// The port asked for.
+    pub port: u16,
+    /// The address dialled, when allowed.
+    pub address: Option<std::net::SocketAddr>,
+    /// Why it was refused; None when allowed.
+    pub denied: Option<String>,
+    /// Bytes from the sandbox to the upstream.
+    pub bytes_up: u64,
+    /// Bytes from the upstream to the sandbox.
+    pub bytes_down: u64,
+    /// How long the connection lasted.
+    pub duration: Duration,
+}
+
+/// Where decisions go.
+pub type Sink = Arc<dyn Fn(Event) + Send + Sync>;
+
+/// Serves `listener` on a thread of its own until the process ends (`run`,
+/// `shell`: their supervisor is not confined); decisions are counted in
+/// the tally returned, for [`summary`].
+pub fn spawn_counted(
+    listener: std::net::TcpListener,
+    cfg: Config,
+) -> Result<Arc<Mutex<tally::Tally>>, String> {
+    let t = Arc::new(Mutex::new(tally::Tally::default()));
+    let open = t.lock().unwrap_or_else(|p| p.into_inner()).open.clone();
+    let t2 = t.clone();
+    let sink: Sink = Arc::new(move |ev| t2.lock().unwrap_or_else(|p| p.into_inner()).add(&ev));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("the proxy's runtime: {e}"))?;
+    std::thread::Builder::new()
+        .name("sandmux-proxy".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => serve(l, Arc::new(cfg), sink, open).await,
+                    Err(e) => tracing::error!("the proxy's listener: {e}"),
+                }
+            })
+        })
+        .map_err(|e| format!("the proxy's thread: {e}"))?;
+    Ok(t)
+}
+
+/// The summary `run` and `shell` print on stderr when they end.
+pub fn summary(t: &Mutex<tally::Tally>) -> String {
+    let t = t.lock().unwrap_or_else(|p| p.into_inner());
+    let open = t.open.load(std::sync::atomic::Ordering::Relaxed);
+    if t.map.is_empty() && open == 0 {
+        return "sandmux: proxy: no connections".into();
+    }
+    let mut out = vec!["sandmux: proxy decisions:".to_string()];
+    out.extend(t.summary());
+    if open > 0 {
+        out.push(format!(
+            "  {open} connections still open at the end (not counted above)"
+        ));
+    }
+    out.join("\n")
+}

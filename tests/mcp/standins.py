@@ -1,0 +1,224 @@
+"""Local HTTPS stand-ins for registries, for the proxy tests: a test CA made
+at run time with the openssl CLI, and one threaded HTTPS server on the
+host's loopback that serves, by name (SNI and Host), a static tree, a git
+repository over smart HTTP (`git http-backend` as CGI), a PEP 503 simple
+index with a real wheel, and an npm registry document with its tarball.
+It counts the connections it accepts (a host-side checker)."""
+
+import base64
+import hashlib
+import http.server
+import io
+import json
+import os
+import pathlib
+import socket
+import ssl
+import subprocess
+import tarfile
+import threading
+import zipfile
+
+NAMES = ["files.test", "git.test", "pypi.test", "npm.test"]
+
+
+def make_ca(d, names=NAMES):
+    """A CA and a server certificate for `names`, both made now."""
+    d = pathlib.Path(d)
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=sandmux test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=" + names[0])
+    (d / "ext").write_text("subjectAltName=" + ",".join("DNS:" + n for n in names) + "\n")
+    run("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.pem", "-days", "1", "-extfile", "ext")
+    return d / "ca.pem", d / "srv.pem", d / "srv.key"
+
+
+def make_wheel(d, name="sandmuxdemo", version="1.0"):
+    """A real, minimal pure-Python wheel."""
+    fn = f"{name}-{version}-py3-none-any.whl"
+    di = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": b"MESSAGE = 'installed through the proxy'\n",
+        f"{di}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: sandmux-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rec = []
+    for p, b in files.items():
+        h = base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+        rec.append(f"{p},sha256={h},{len(b)}")
+    rec.append(f"{di}/RECORD,,")
+    files[f"{di}/RECORD"] = ("\n".join(rec) + "\n").encode()
+    with zipfile.ZipFile(pathlib.Path(d) / fn, "w") as z:
+        for p, b in files.items():
+            z.writestr(p, b)
+    return fn
+
+
+def make_npm(d, port, name="sandmux-demo", version="1.0.0"):
+    """An npm registry document and its tarball."""
+    buf = io.BytesIO()
+    pkg = json.dumps({"name": name, "version": version, "main": "index.js"}).encode()
+    idx = b"module.exports = 'installed through the proxy';\n"
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for p, b in (("package/package.json", pkg), ("package/index.js", idx)):
+            i = tarfile.TarInfo(p)
+            i.size = len(b)
+            i.mode = 0o644
+            t.addfile(i, io.BytesIO(b))
+    tgz = buf.getvalue()
+    tname = f"{name}-{version}.tgz"
+    (pathlib.Path(d) / tname).write_bytes(tgz)
+    doc = {
+        "name": name,
+        "dist-tags": {"latest": version},
+        "versions": {version: {
+            "name": name, "version": version,
+            "dist": {
+                "tarball": f"https://npm.test:{port}/{name}/-/{tname}",
+                "shasum": hashlib.sha1(tgz).hexdigest(),
+                "integrity": "sha512-" + base64.b64encode(hashlib.sha512(tgz).digest()).decode(),
+            },
+        }},
+    }
+    return doc, tname
+
+
+def make_repo(d):
+    """A bare repository with one commit, for `git http-backend`."""
+    d = pathlib.Path(d)
+    src = d / "src"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(d)}
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True, env=env)
+    (src / "README").write_text("cloned through the proxy\n")
+    subprocess.run(["git", "-C", str(src), "add", "README"], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "commit", "-qm", "one"], check=True, env=env)
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(d / "git" / "repo.git")], check=True, env=env)
+    return d / "git"
+
+
+class Standins:
+    """The HTTPS stand-in server (start with `start()`, stop with `stop()`)."""
+
+    def __init__(self, d):
+        self.dir = pathlib.Path(d)
+        self.ca, cert, key = make_ca(self.dir)
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(cert, key)
+        self.accepted = 0
+        self.requests = []
+        (self.dir / "www").mkdir()
+        (self.dir / "www" / "hello.txt").write_text("hello through the proxy\n")
+        self.git = make_repo(self.dir)
+        self.wheel = make_wheel(self.dir / "www")
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.requests.append((self.headers.get("Host", ""), self.command, self.path))
+                outer.route(self)
+
+            do_POST = do_GET
+
+        class S(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def get_request(self):
+                s, a = self.socket.accept()
+                outer.accepted += 1
+                return outer.ctx.wrap_socket(s, server_side=True), a
+
+        self.srv = S(("127.0.0.1", 0), H)
+        self.port = self.srv.server_address[1]
+        self.npm_doc, self.npm_tgz = make_npm(self.dir / "www", self.port)
+
+    def start(self):
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+    def route(self, h):
+        host = h.headers.get("Host", "").split(":")[0]
+        if host == "git.test":
+            return self.cgi(h)
+        if host == "pypi.test" and h.path.rstrip("/") == "/simple/sandmuxdemo":
+            body = f'<html><body><a href="/{self.wheel}">{self.wheel}</a></body></html>'.encode()
+            return self.send(h, 200, body, "text/html")
+        if host == "npm.test" and h.path == "/sandmux-demo":
+            return self.send(h, 200, json.dumps(self.npm_doc).encode(), "application/json")
+        if host == "npm.test" and h.path.endswith(".tgz"):
+            h.path = "/" + self.npm_tgz
+        p = (self.dir / "www" / h.path.lstrip("/").split("?")[0]).resolve()
+        if p.is_file() and p.is_relative_to(self.dir / "www"):
+            return self.send(h, 200, p.read_bytes(), "application/octet-stream")
+        self.send(h, 404, b"not here\n", "text/plain")
+
+    def send(self, h, code, body, ctype):
+        h.send_response(code)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def cgi(self, h):
+        """`git http-backend`, as CGI."""
+        path, _, query = h.path.partition("?")
+        n = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(n) if n else b""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": str(self.git), "GIT_HTTP_EXPORT_ALL": "1",
+            "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": h.command,
+            "CONTENT_TYPE": h.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+            "GIT_PROTOCOL": h.headers.get("Git-Protocol", ""), "REMOTE_ADDR": "127.0.0.1",
+        }
+        out = subprocess.run(["git", "http-backend"], input=body, capture_output=True, env=env).stdout
+        head, _, rest = out.partition(b"\r\n\r\n")
+        status = 200
+        headers = []
+        for line in head.split(b"\r\n"):
+            k, _, v = line.decode().partition(":")
+            if k.lower() == "status":
+                status = int(v.split()[0])
+            elif k:
+                headers.append((k, v.strip()))
+        h.send_response(status)
+        for k, v in headers:
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(rest)))
+        h.end_headers()
+        h.wfile.write(rest)
+
+
+class Canary:
+    """A plain TCP listener that records every connection (nothing may reach it)."""
+
+    def __init__(self, ip="127.0.0.1"):
+        self.sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+        self.sock.bind((ip, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.seen = []
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        while True:
+            try:
+                c, a = self.sock.accept()
+            except OSError:
+                return
+            c.settimeout(1)
+            try:
+                self.seen.append(c.recv(64))
+            except OSError:
+                self.seen.append(b"")
+            c.close()
+
+    def close(self):
+        self.sock.close()
