@@ -34,7 +34,7 @@ const STOP: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
 /// When this process is PID 1: forks, returns in the child (which goes on as
 /// the command), and never returns in the parent. Otherwise does nothing.
 /// Must run before any thread exists.
-pub fn take_pid1_duties() {
+pub(crate) fn take_pid1_duties() {
     if nix::unistd::getpid().as_raw() != 1 {
         return;
     }

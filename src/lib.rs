@@ -1,21 +1,39 @@
 //! sandmux: a terminal an AI agent cannot escape.
 //!
-//! The library holds everything the `sandmux` binary does: profiles
-//! ([`profile`]), the sandbox and its start-up order ([`sandbox`]), the tmux
-//! server it owns ([`tmux`]), and the live enforcement check ([`check`]).
+//! The library holds everything the `sandmux` binary does; its one public
+//! entry is the command line ([`cli::main`]). Inside: profiles (`profile`),
+//! the sandbox and its start-up order (`sandbox`), the tmux server it owns
+//! (`tmux`), the MCP server (`mcp`), the allowlist proxy (`proxy`) and the
+//! live enforcement check (`check`). Everything else is `pub(crate)`;
+//! [`testing`] re-exports what the integration tests and fuzz targets drive
+//! directly.
 
 #![warn(missing_docs)]
 
-pub mod check;
-pub mod entrypoint;
-pub mod guard;
-pub mod log;
-pub mod mcp;
-pub mod nonce;
-pub mod operator;
-pub mod profile;
-pub mod proxy;
-pub mod sandbox;
-pub mod tables;
-pub mod term;
-pub mod tmux;
+pub(crate) mod check;
+pub mod cli;
+pub(crate) mod entrypoint;
+pub(crate) mod guard;
+pub(crate) mod log;
+pub(crate) mod mcp;
+pub(crate) mod nonce;
+pub(crate) mod operator;
+pub(crate) mod profile;
+pub(crate) mod proxy;
+pub(crate) mod sandbox;
+pub(crate) mod tables;
+pub(crate) mod term;
+pub(crate) mod tmux;
+
+/// What the integration tests and the fuzz targets drive directly: the byte
+/// parsers (control mode, the replay filter, the proxy's request heads and
+/// ClientHellos), the proxy's matcher and address classifier, the tmux
+/// command builder, the layer names, and tmux's lookup.
+pub mod testing {
+    pub use crate::mcp::replay_filter;
+    pub use crate::profile::Layer;
+    pub use crate::proxy::{addr, head, hello, name};
+    pub use crate::tmux::cmd::Cmd;
+    pub use crate::tmux::control;
+    pub use crate::tmux::find_tmux;
+}

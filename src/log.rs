@@ -26,13 +26,13 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 /// The variable that sets the levels (env-filter syntax).
-pub const ENV: &str = "SANDMUX_LOG";
+pub(crate) const ENV: &str = "SANDMUX_LOG";
 /// The filter without `SANDMUX_LOG`: what sandmux always printed.
-pub const DEFAULT: &str = "info";
+pub(crate) const DEFAULT: &str = "info";
 
 /// How events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// `sandmux: message key=value` lines for a human.
     #[default]
     Text,
@@ -47,18 +47,18 @@ static INSTANCE: OnceLock<String> = OnceLock::new();
 static FORMAT: OnceLock<Format> = OnceLock::new();
 
 /// The format in use (text if none was installed).
-pub fn format() -> Format {
+pub(crate) fn format() -> Format {
     FORMAT.get().copied().unwrap_or_default()
 }
 
 /// Names this process's instance in every later event.
-pub fn set_instance(id: &str) {
+pub(crate) fn set_instance(id: &str) {
     let _ = INSTANCE.set(id.to_string());
 }
 
 /// Installs the subscriber: levels from `SANDMUX_LOG`, writing to stderr.
 /// An unparseable `SANDMUX_LOG` is an error (nothing is guessed).
-pub fn init(format: Format) -> Result<(), String> {
+pub(crate) fn init(format: Format) -> Result<(), String> {
     let filter = match std::env::var(ENV) {
         Ok(s) => EnvFilter::builder()
             .parse(&s)
@@ -75,7 +75,7 @@ pub fn init(format: Format) -> Result<(), String> {
 }
 
 /// The most verbose level enabled for `__init`'s notes, for the plan.
-pub fn init_level() -> String {
+pub(crate) fn init_level() -> String {
     let enabled = [
         (
             Level::TRACE,

@@ -4,7 +4,7 @@
 //! source: if the kernel cannot give randomness, sandmux stops here.
 
 /// `N` random bytes.
-pub fn bytes<const N: usize>() -> [u8; N] {
+pub(crate) fn bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     let mut filled = 0;
     while filled < b.len() {
@@ -23,7 +23,7 @@ pub fn bytes<const N: usize>() -> [u8; N] {
 }
 
 /// 16 random bytes as 32 hex digits.
-pub fn hex() -> String {
+pub(crate) fn hex() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     bytes::<16>()
         .iter()

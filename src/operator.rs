@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// One running instance.
 #[derive(Debug, Clone)]
-pub struct Found {
+pub(crate) struct Found {
     /// Instance id (the runtime directory's name).
     pub id: String,
     /// Its runtime directory.
@@ -22,7 +22,7 @@ pub struct Found {
 }
 
 /// This user's live instances.
-pub fn instances() -> Vec<Found> {
+pub(crate) fn instances() -> Vec<Found> {
     let Ok(base) = rundir::base() else {
         return vec![];
     };
@@ -48,7 +48,7 @@ pub fn instances() -> Vec<Found> {
 }
 
 /// Finds an instance by id or unique id prefix.
-pub fn find(id: &str) -> Result<Found, String> {
+pub(crate) fn find(id: &str) -> Result<Found, String> {
     let all: Vec<Found> = instances()
         .into_iter()
         .filter(|f| f.id.starts_with(id))
@@ -61,7 +61,7 @@ pub fn find(id: &str) -> Result<Found, String> {
 }
 
 /// Sends one request to an instance's endpoint.
-pub fn request(dir: &Path, req: Value) -> Result<Value, String> {
+pub(crate) fn request(dir: &Path, req: Value) -> Result<Value, String> {
     let path = dir.join("control.sock");
     let mut s = UnixStream::connect(&path).map_err(|e| {
         format!(
@@ -86,7 +86,7 @@ pub fn request(dir: &Path, req: Value) -> Result<Value, String> {
 }
 
 /// The `ps` table.
-pub fn ps(json_out: bool) -> String {
+pub(crate) fn ps(json_out: bool) -> String {
     let mut rows = Vec::new();
     for f in instances() {
         let st = if f.meta["kind"] == "serve" {
@@ -196,7 +196,7 @@ pub fn ps(json_out: bool) -> String {
 }
 
 /// The request for `revoke`/`grant` (`freeze`: revoke, then freeze).
-pub fn change(
+pub(crate) fn change(
     op: &str,
     toolset: Option<String>,
     tool: Option<String>,
@@ -207,7 +207,7 @@ pub fn change(
 }
 
 /// What `freeze`/`thaw` print, from the endpoint's answer.
-pub fn freeze_line(op: &str, id: &str, v: &Value) -> String {
+pub(crate) fn freeze_line(op: &str, id: &str, v: &Value) -> String {
     let f = &v["frozen"];
     match (op, v["already"].as_bool().unwrap_or(false)) {
         ("thaw", true) => format!("{id} was not frozen"),
@@ -223,7 +223,7 @@ pub fn freeze_line(op: &str, id: &str, v: &Value) -> String {
 
 /// Prints an instance's audit records; with `follow`, keeps printing new
 /// ones until the instance ends.
-pub fn journal(
+pub(crate) fn journal(
     f: &Found,
     follow: bool,
     json_out: bool,
@@ -303,7 +303,7 @@ fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
 /// Attaches this terminal to an instance's tmux server (read-only unless
 /// `read_write`), to the first session that is not sandmux's own. A frozen
 /// instance is refused: its stopped server would answer nothing.
-pub fn attach(f: &Found, read_write: bool) -> Result<i32, String> {
+pub(crate) fn attach(f: &Found, read_write: bool) -> Result<i32, String> {
     if f.meta["kind"] == "serve" {
         let st = request(&f.dir, json!({"v": 1, "op": "status"}))?;
         if !st["frozen"].is_null() {

@@ -7,7 +7,7 @@ use crate::profile::{self, Layer};
 
 /// Every table: its name (the document's `<!-- NAME:begin -->` marker) and
 /// its text.
-pub fn all() -> Vec<(&'static str, String)> {
+pub(crate) fn all() -> Vec<(&'static str, String)> {
     vec![
         ("seccomp-denied", seccomp_denied()),
         ("layers", layers()),

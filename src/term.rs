@@ -22,7 +22,7 @@ fn reorders(c: char) -> bool {
 }
 
 /// `s` with every control character escaped: `\x1b`, `\u{202e}`, `\\`.
-pub fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -39,7 +39,7 @@ pub fn printable(s: &str) -> String {
 
 /// [`printable`] of a JSON value that should be a string (anything else
 /// prints as its JSON text, escaped the same way); `dflt` when absent.
-pub fn field(v: &serde_json::Value, dflt: &str) -> String {
+pub(crate) fn field(v: &serde_json::Value, dflt: &str) -> String {
     match v {
         serde_json::Value::String(s) => printable(s),
         serde_json::Value::Null => dflt.to_string(),
@@ -48,13 +48,13 @@ pub fn field(v: &serde_json::Value, dflt: &str) -> String {
 }
 
 /// [`printable`] line by line: newlines stay, every other control is escaped.
-pub fn lines(s: &str) -> String {
+pub(crate) fn lines(s: &str) -> String {
     s.split('\n').map(printable).collect::<Vec<_>>().join("\n")
 }
 
 /// [`lines`] for a message printed after a `sandmux: ` prefix: lines after
 /// the first are indented, so none can pass for a message of its own.
-pub fn message(s: &str) -> String {
+pub(crate) fn message(s: &str) -> String {
     lines(s).replace('\n', "\n  ")
 }
 
@@ -62,12 +62,12 @@ pub fn message(s: &str) -> String {
 /// JSON leaves raw (DEL, C1 controls, bidi and line separators) written as
 /// `\uXXXX`. Still valid JSON, parsing to the same value; outside strings
 /// JSON text is plain ASCII, so escaping every such character is exact.
-pub fn json_text(v: &serde_json::Value) -> String {
+pub(crate) fn json_text(v: &serde_json::Value) -> String {
     inert_json(v.to_string())
 }
 
 /// [`json_text`] of JSON text already written (e.g. pretty-printed).
-pub fn inert_json(raw: String) -> String {
+pub(crate) fn inert_json(raw: String) -> String {
     if raw.is_ascii() && !raw.contains('\x7f') {
         return raw;
     }
@@ -84,7 +84,7 @@ pub fn inert_json(raw: String) -> String {
 
 /// A writer whose text reaches a terminal through [`lines`]: what the
 /// program formats keeps its newlines, and nothing inside can act.
-pub struct Safe<W: std::io::Write>(pub W);
+pub(crate) struct Safe<W: std::io::Write>(pub W);
 
 impl<W: std::io::Write> std::io::Write for Safe<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

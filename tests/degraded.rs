@@ -13,7 +13,7 @@
 
 mod common;
 use common::*;
-use sandmux::profile::Layer;
+use sandmux::testing::Layer;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::ffi::OsStr;

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 mod props;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{TestCaseError, TestRunner};
-use sandmux::tmux::control::{quote, unquote_q, Event, Parser, MAX_LINE};
+use sandmux::testing::control::{quote, unquote_q, Event, Parser, MAX_LINE};
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
 
@@ -359,7 +359,7 @@ struct Tmux {
 
 impl Tmux {
     fn start() -> Tmux {
-        let tmux = sandmux::tmux::find_tmux().expect("tmux is installed");
+        let tmux = sandmux::testing::find_tmux().expect("tmux is installed");
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().canonicalize().unwrap();
         let mut child = Command::new(tmux)
@@ -558,7 +558,7 @@ fn unquote_q_inverts_real_tmux_q() {
 /// raw quoting alone is not enough (so this test can fail).
 #[test]
 fn leading_dash_arguments_stay_arguments() {
-    use sandmux::tmux::hub::Cmd;
+    use sandmux::testing::Cmd;
     let mut t = Tmux::start();
     let data = b"-nfz-other";
     let r = t.run(&[

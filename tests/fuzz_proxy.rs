@@ -7,10 +7,10 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use sandmux::proxy::addr::{check as addr_check, class, Cidr};
-use sandmux::proxy::head::{self, Parsed};
-use sandmux::proxy::hello::{self, Hello};
-use sandmux::proxy::name::{canonical, Rule};
+use sandmux::testing::addr::{check as addr_check, class, Cidr};
+use sandmux::testing::head::{self, Parsed};
+use sandmux::testing::hello::{self, Hello};
+use sandmux::testing::name::{canonical, Rule};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 #[path = "common/prop.rs"]

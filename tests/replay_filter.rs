@@ -11,7 +11,7 @@ use proptest::prelude::*;
 #[path = "common/prop.rs"]
 mod props;
 use proptest::test_runner::TestCaseError;
-use sandmux::mcp::replay_filter::{filter_all, Filter, CSI_MAX};
+use sandmux::testing::replay_filter::{filter_all, Filter, CSI_MAX};
 
 #[path = "common/replay_spec.rs"]
 mod spec;

@@ -38,7 +38,7 @@ fn pane_cannot_reach_own_socket() {
 fn pane_cannot_reach_host_tmux() {
     let ws = Ws::new();
     let name = format!("sandmux-test-{:x}", rand_u64());
-    let tmux = sandmux::tmux::find_tmux().unwrap();
+    let tmux = sandmux::testing::find_tmux().unwrap();
     let host = |args: &[&str]| {
         std::process::Command::new(&tmux)
             .arg("-L")

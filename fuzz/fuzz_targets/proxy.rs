@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sandmux::proxy::{head, hello, name};
+use sandmux::testing::{head, hello, name};
 
 fuzz_target!(|data: &[u8]| {
     match hello::parse(data) {

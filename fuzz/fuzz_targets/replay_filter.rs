@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sandmux::mcp::replay_filter::{filter_all, Filter, CSI_MAX};
+use sandmux::testing::replay_filter::{filter_all, Filter, CSI_MAX};
 
 #[path = "../../tests/common/replay_spec.rs"]
 mod spec;

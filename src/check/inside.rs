@@ -9,13 +9,13 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 
 /// Marker lines framing the probe's JSON in the pane output.
-pub const BEGIN: &str = "SANDMUX-PROBE-BEGIN";
+pub(crate) const BEGIN: &str = "SANDMUX-PROBE-BEGIN";
 /// See [`BEGIN`].
-pub const END: &str = "SANDMUX-PROBE-END";
+pub(crate) const END: &str = "SANDMUX-PROBE-END";
 
 /// One thing the probe tried.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Observation {
+pub(crate) struct Observation {
     /// Short name.
     pub name: String,
     /// Whether the result is what the profile promises.
@@ -60,7 +60,7 @@ fn try_create(p: &Path) -> Result<(), std::io::Error> {
 }
 
 /// Runs every probe.
-pub fn run(policy: &Policy) -> Vec<Observation> {
+pub(crate) fn run(policy: &Policy) -> Vec<Observation> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|rd| {
@@ -482,7 +482,7 @@ fn tiocsti_probe() -> Observation {
 }
 
 /// Runs the probe and prints the framed JSON on stdout.
-pub fn run_and_print(policy: &Policy) {
+pub(crate) fn run_and_print(policy: &Policy) {
     let obs = run(policy);
     let json = serde_json::to_string(&obs).unwrap_or_else(|_| "[]".into());
     // ASCII only, so the terminal passes it through unchanged.

@@ -1,7 +1,7 @@
 //! `sandmux check`: what this machine can enforce for a profile, and what a
 //! live probe observed from inside a real sandboxed tmux pane.
 
-pub mod inside;
+pub(crate) mod inside;
 
 use crate::profile::Policy;
 use crate::sandbox::probe;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 /// The full report.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Profile name.
     pub profile: String,
     /// Profile source.
@@ -39,7 +39,7 @@ pub struct Report {
 
 /// The profile's network, as `check` reports it.
 #[derive(Debug, Serialize)]
-pub struct NetworkView {
+pub(crate) struct NetworkView {
     /// none | loopback | host | proxy.
     pub mode: String,
     /// `proxy` mode: the names that may be reached, canonical.
@@ -56,7 +56,7 @@ fn network_of(policy: &Policy) -> NetworkView {
 }
 
 /// Runs the whole check.
-pub fn run(policy: Policy) -> Report {
+pub(crate) fn run(policy: Policy) -> Report {
     let kernel = probe::kernel();
     let profile = policy.name.clone();
     let source = policy.source.to_string();
@@ -154,7 +154,7 @@ fn judge_dropped(mut obs: Vec<Observation>, layers: &[LayerStatus]) -> Vec<Obser
 
 /// Starts a pane running the probe, through a control-mode client attached
 /// from the session's creation, and collects its output from `%output`.
-pub fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
+pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
     let ws = inst.policy.workspace.display().to_string();
     let mut child = inst
         .client()
@@ -230,7 +230,7 @@ pub fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
 }
 
 /// Prints the report for a person.
-pub fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<()> {
+pub(crate) fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "sandmux check: profile '{}' ({})", r.profile, r.source)?;
     let k = &r.kernel;
     writeln!(out, "\nkernel {}", k.release)?;

@@ -23,7 +23,7 @@ use std::process::Command;
 
 /// The agent's repository of one instance, as the mount layer needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommitRepo {
+pub(crate) struct CommitRepo {
     /// The agent's git directory on the host (`<state>/git/<id>/agent.git`).
     pub agent: PathBuf,
     /// The real git directory (`<workspace>/.git`).
@@ -76,7 +76,7 @@ const DATA: &[&str] = &[
 ];
 
 /// Whether git writes `name` at the top of a git directory as data.
-pub fn is_git_data(name: &str) -> bool {
+pub(crate) fn is_git_data(name: &str) -> bool {
     (DATA.contains(&name) && !matches!(name, "config" | "hooks" | "info"))
         || name.ends_with(".lock")
         || matches!(name, "gc.pid" | "gc.log")
@@ -109,7 +109,12 @@ fn git_out(dir: &Path, args: &[&str]) -> Result<String, String> {
 }
 
 /// Makes the agent's repository for instance `id` of the tree at `root`.
-pub fn prepare(state: &Path, id: &str, root: &Path, shape: &Shape) -> Result<CommitRepo, String> {
+pub(crate) fn prepare(
+    state: &Path,
+    id: &str,
+    root: &Path,
+    shape: &Shape,
+) -> Result<CommitRepo, String> {
     if *shape != Shape::Repository {
         return Err(format!(
             "[workspace] git = \"commit\" needs a workspace whose .git is a directory; {} is a {}",
@@ -331,7 +336,7 @@ fn wait_bounded(
 
 /// `sandmux git fetch ID [--prune]`: the instance's commits into
 /// `refs/sandmux/<id>/*` of the workspace's repository. Returns the lines to print.
-pub fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
+pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!(
             "{:?} is not an instance id (see sandmux ps)",

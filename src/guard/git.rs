@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// How git is guarded: `[workspace] git` in a profile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum GitMode {
+pub(crate) enum GitMode {
     /// Git's control plane is read-only inside (kernel-enforced by mounts);
     /// repositories created during the instance are quarantined at its end.
     #[default]
@@ -29,7 +29,7 @@ pub enum GitMode {
 
 impl GitMode {
     /// The spelling used in profiles and reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             GitMode::ReadOnly => "read-only",
             GitMode::Commit => "commit",
@@ -41,7 +41,7 @@ impl GitMode {
 /// What kind of checkout a read-write tree is, at its root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum Shape {
+pub(crate) enum Shape {
     /// Not inside any git repository.
     Plain,
     /// A repository: `.git` is a directory.
@@ -66,7 +66,7 @@ pub enum Shape {
 
 impl Shape {
     /// One phrase for reports.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Shape::Plain => "plain directory (no git repository)".into(),
             Shape::Repository => "git repository (.git is a directory)".into(),
@@ -112,7 +112,7 @@ fn resolve_in(base: &Path, written: &str) -> std::io::Result<PathBuf> {
 }
 
 /// Classifies the tree at `root` (a real, canonical directory).
-pub fn shape(root: &Path) -> Result<Shape, String> {
+pub(crate) fn shape(root: &Path) -> Result<Shape, String> {
     let dotgit = root.join(".git");
     match std::fs::symlink_metadata(&dotgit) {
         Ok(m) if m.is_dir() => return Ok(Shape::Repository),
@@ -188,7 +188,7 @@ fn normal(p: &Path) -> PathBuf {
 /// (`None` for a bare repository). Read with the host's git, which only parses
 /// the one file (`--file` does not follow includes); without git on the host
 /// there is nothing to obey them.
-pub fn delegated(config: &Path, worktree: Option<&Path>) -> Vec<PathBuf> {
+pub(crate) fn delegated(config: &Path, worktree: Option<&Path>) -> Vec<PathBuf> {
     if !config.is_file() {
         return Vec::new();
     }

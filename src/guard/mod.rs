@@ -17,15 +17,15 @@
 //!   sweep finds what appeared deeper down (new repositories, nested names).
 //!   A manifest written at start lets the next start sweep after an unclean end.
 
-pub mod commit;
-pub mod git;
-pub mod quarantine;
-pub mod restore;
-pub mod scan;
-pub mod sweep;
-pub mod watch;
+pub(crate) mod commit;
+pub(crate) mod git;
+pub(crate) mod quarantine;
+pub(crate) mod restore;
+pub(crate) mod scan;
+pub(crate) mod sweep;
+pub(crate) mod watch;
 
-pub use git::{GitMode, Shape};
+pub(crate) use git::{GitMode, Shape};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 /// What happens to repositories the agent creates (`[workspace] new_repositories`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum NewRepos {
+pub(crate) enum NewRepos {
     /// Moved into the quarantine when the instance ends (`.git` at the top at once).
     #[default]
     Quarantine,
@@ -43,7 +43,7 @@ pub enum NewRepos {
 
 /// The guard of one read-write tree, as planned at start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TreeGuard {
+pub(crate) struct TreeGuard {
     /// The tree's root (absolute, canonical).
     pub root: PathBuf,
     /// What kind of checkout it is.
@@ -56,7 +56,7 @@ pub struct TreeGuard {
 
 /// The whole guard of an instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Guard {
+pub(crate) struct Guard {
     /// How git is guarded.
     pub git: GitMode,
     /// The guarded tool-configuration names (relative paths).
@@ -76,7 +76,7 @@ pub struct Guard {
 
 /// What the mount layer must make read-only, computed with the guard.
 #[derive(Debug, Default)]
-pub struct ReadOnly {
+pub(crate) struct ReadOnly {
     /// Absolute paths inside read-write trees, bound read-only onto themselves.
     pub protected: Vec<PathBuf>,
     /// Their parents below each tree's root, pinned (parents first).
@@ -84,7 +84,7 @@ pub struct ReadOnly {
 }
 
 /// Plans the guard for the read-write trees `roots`.
-pub fn plan(
+pub(crate) fn plan(
     roots: &[PathBuf],
     names: &[PathBuf],
     git: GitMode,
@@ -273,7 +273,7 @@ fn configs(root: &Path, shape: &Shape, found: &scan::Found) -> Vec<(PathBuf, Opt
 
 impl Guard {
     /// One line per tree for reports: its kind and how each part is guarded.
-    pub fn describe(&self, kernel: bool) -> Vec<String> {
+    pub(crate) fn describe(&self, kernel: bool) -> Vec<String> {
         let how_ro = if kernel {
             "read-only (kernel: bind mount)"
         } else {
@@ -340,7 +340,7 @@ impl Guard {
 
 /// The guard as `sandbox_status` and `sandmux://status` show it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct View {
+pub(crate) struct View {
     /// `read-only` or `unguarded` (`[workspace] git`).
     pub git: String,
     /// Whether git's control plane is read-only by the kernel (the `git`
@@ -356,7 +356,7 @@ pub struct View {
 
 /// One read-write tree in [`View`].
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct TreeView {
+pub(crate) struct TreeView {
     /// The tree (the workspace, or another read-write root).
     pub root: String,
     /// What kind of checkout it is.
@@ -371,7 +371,12 @@ pub struct TreeView {
 
 impl Guard {
     /// The view for status reports.
-    pub fn view(&self, git_kernel_enforced: bool, reverted: usize, quarantine: &Path) -> View {
+    pub(crate) fn view(
+        &self,
+        git_kernel_enforced: bool,
+        reverted: usize,
+        quarantine: &Path,
+    ) -> View {
         let trees = self
             .trees
             .iter()

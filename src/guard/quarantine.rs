@@ -21,17 +21,17 @@ use std::path::{Path, PathBuf};
 
 /// Bytes a quarantine keeps per instance; past it, planted entries are still
 /// removed from the workspace, but not kept.
-pub const MAX_KEPT_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_KEPT_BYTES: u64 = 64 << 20;
 /// Entries a quarantine keeps per instance.
-pub const MAX_KEPT_ITEMS: usize = 1000;
+pub(crate) const MAX_KEPT_ITEMS: usize = 1000;
 /// Entries (files, directories, links) a quarantine copies per instance.
-pub const MAX_KEPT_ENTRIES: usize = 100_000;
+pub(crate) const MAX_KEPT_ENTRIES: usize = 100_000;
 /// Depth of a planted directory tree that is copied and removed entry by entry.
 const MAX_DEPTH: usize = 64;
 
 /// One planted entry the guard took out of a workspace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Taken {
+pub(crate) struct Taken {
     /// Where it was (host path).
     pub path: PathBuf,
     /// Where it is kept now, if it was kept.
@@ -45,7 +45,7 @@ pub struct Taken {
 }
 
 /// sandmux's state directory, created 0700, outside every tree in `forbidden`.
-pub fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+pub(crate) fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
     let uid = nix::unistd::geteuid().as_raw();
     let xdg = std::env::var_os("XDG_STATE_HOME")
         .filter(|v| !v.is_empty())
@@ -89,7 +89,7 @@ fn usable(p: &Path, uid: u32, forbidden: &[PathBuf]) -> Result<PathBuf, String> 
 }
 
 /// The quarantine of one instance: `<state>/quarantine/<id>/`.
-pub struct Quarantine {
+pub(crate) struct Quarantine {
     /// Its directory.
     pub dir: PathBuf,
     fd: OwnedFd,
@@ -100,7 +100,7 @@ pub struct Quarantine {
 
 impl Quarantine {
     /// Opens (creating) the quarantine for instance `id` under `state`.
-    pub fn open(state: &Path, id: &str) -> Result<Quarantine, String> {
+    pub(crate) fn open(state: &Path, id: &str) -> Result<Quarantine, String> {
         let dir = state.join("quarantine").join(id);
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -125,7 +125,13 @@ impl Quarantine {
     /// the tree. When a directory on the way is a symlink, that link is what
     /// redirects the guarded path, and it is taken instead. `None` when there
     /// was nothing there.
-    pub fn take(&mut self, root_fd: &OwnedFd, root: &Path, rel: &Path, why: &str) -> Option<Taken> {
+    pub(crate) fn take(
+        &mut self,
+        root_fd: &OwnedFd,
+        root: &Path,
+        rel: &Path,
+        why: &str,
+    ) -> Option<Taken> {
         let t0 = std::time::Instant::now();
         let rel = redirect_or_self(root_fd, rel)?;
         let rel = rel.as_path();

@@ -47,7 +47,7 @@ struct Saved {
 }
 
 /// The copies of one tree's guarded files.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     root: PathBuf,
     fd: OwnedFd,
     files: Vec<Saved>,
@@ -91,7 +91,11 @@ impl Snapshot {
     /// Copies the guarded files of the tree at `root`: `protected` are the
     /// absolute paths the mount layer would make read-only, `repos` the git
     /// directories among them (relative).
-    pub fn take(root: &Path, protected: &[PathBuf], repos: &BTreeSet<PathBuf>) -> Option<Snapshot> {
+    pub(crate) fn take(
+        root: &Path,
+        protected: &[PathBuf],
+        repos: &BTreeSet<PathBuf>,
+    ) -> Option<Snapshot> {
         let fd = super::scan::open_root(root).ok()?;
         let mut s = Snapshot {
             root: root.to_path_buf(),
@@ -159,12 +163,12 @@ impl Snapshot {
     }
 
     /// The tree's root, opened.
-    pub fn fd(&self) -> &OwnedFd {
+    pub(crate) fn fd(&self) -> &OwnedFd {
         &self.fd
     }
 
     /// The directories to watch (relative to the tree).
-    pub fn dirs(&self) -> BTreeSet<PathBuf> {
+    pub(crate) fn dirs(&self) -> BTreeSet<PathBuf> {
         let mut d: BTreeSet<PathBuf> = self.closed.iter().map(|c| c.0.clone()).collect();
         for f in &self.files {
             d.insert(f.rel.parent().unwrap_or(Path::new("")).to_path_buf());
@@ -174,7 +178,7 @@ impl Snapshot {
 
     /// Restores what changed in `dir` (or everywhere), taking the agent's
     /// version into the quarantine first.
-    pub fn check(&self, dir: Option<&Path>, q: &mut Quarantine) -> Vec<Taken> {
+    pub(crate) fn check(&self, dir: Option<&Path>, q: &mut Quarantine) -> Vec<Taken> {
         let mut out = Vec::new();
         let here = |p: &Path| dir.is_none_or(|d| p.parent().unwrap_or(Path::new("")) == d);
         for f in self.files.iter().filter(|f| here(&f.rel)) {

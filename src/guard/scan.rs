@@ -17,11 +17,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Entries visited before a walk stops (and says it stopped).
-pub const MAX_ENTRIES: usize = 1_000_000;
+pub(crate) const MAX_ENTRIES: usize = 1_000_000;
 
 /// What a walk found, every path relative to the tree's root.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Found {
+pub(crate) struct Found {
     /// `.git` entries (directories or files) and bare-repository directories.
     pub repos: BTreeSet<PathBuf>,
     /// Guarded names that exist.
@@ -72,7 +72,7 @@ fn exists_beneath(dir: &impl AsFd, rel: &Path) -> bool {
 /// Walks the tree at `root`. `guarded` are relative paths (their first
 /// component is matched at every depth); `git` adds `.git` entries and
 /// bare-repository directories.
-pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
+pub(crate) fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
     walk_with(root, guarded, git, None)
 }
 
@@ -80,7 +80,7 @@ pub fn walk(root: &Path, guarded: &[PathBuf], git: bool) -> nix::Result<Found> {
 /// cannot open (the end sweep: the agent's directories, which the user owns)
 /// — except those that were already unreadable at start (`keep`): the
 /// human's own locked directories stay as they are.
-pub fn walk_unlocking(
+pub(crate) fn walk_unlocking(
     root: &Path,
     guarded: &[PathBuf],
     git: bool,

@@ -181,7 +181,7 @@ pub(crate) fn sweep_stale(state: &Path) -> Vec<Taken> {
 }
 
 /// Lines for a human: what was taken and where it is kept.
-pub fn summary(taken: &[Taken]) -> Vec<String> {
+pub(crate) fn summary(taken: &[Taken]) -> Vec<String> {
     taken
         .iter()
         .map(|t| {

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A running watch; [`Watch::finish`] ends it with the end sweep.
-pub struct Watch {
+pub(crate) struct Watch {
     taken: Arc<Mutex<Vec<Taken>>>,
     quarantine: Arc<Mutex<Quarantine>>,
     guard: Guard,
@@ -47,7 +47,7 @@ impl Watch {
     /// Sweeps stale manifests, writes this instance's, and starts watching.
     /// With `confine`, the watching thread first restricts itself to its
     /// trees and state (`sandbox::supervisor`), under that profile's ABI.
-    pub fn start(
+    pub(crate) fn start(
         guard: &Guard,
         snapshots: Vec<super::restore::Snapshot>,
         id: &str,
@@ -125,25 +125,25 @@ impl Watch {
     /// Tells the watch how the sandbox started: with the mount layer in
     /// force, guarded files are read-only and snapshot-and-restore stays off;
     /// without it, it starts restoring (and checks everything once).
-    pub fn mount_in_force(&self, yes: bool) {
+    pub(crate) fn mount_in_force(&self, yes: bool) {
         let v = if yes { RESTORE_OFF } else { RESTORE_ON };
         self.restore_mode
             .store(v, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// What the watch took so far (shared with the audit ticker).
-    pub fn taken(&self) -> Arc<Mutex<Vec<Taken>>> {
+    pub(crate) fn taken(&self) -> Arc<Mutex<Vec<Taken>>> {
         self.taken.clone()
     }
 
     /// The quarantine directory of this instance.
-    pub fn quarantine_dir(&self) -> PathBuf {
+    pub(crate) fn quarantine_dir(&self) -> PathBuf {
         lock(&self.quarantine).dir.clone()
     }
 
     /// Stops watching, sweeps the trees (call it once the sandbox is gone),
     /// removes the manifest, and returns everything taken during the instance.
-    pub fn finish(mut self) -> (Vec<Taken>, Vec<String>) {
+    pub(crate) fn finish(mut self) -> (Vec<Taken>, Vec<String>) {
         let taken = self.end();
         (taken, std::mem::take(&mut self.warnings))
     }
@@ -186,7 +186,7 @@ impl Drop for Watch {
 /// Entries listed (in memory, on stderr, in the audit log) per instance;
 /// past that, reverts still happen and are only counted, so an agent that
 /// plants in a loop cannot grow the supervisor or the log (P9).
-pub const MAX_LISTED: usize = 1000;
+pub(crate) const MAX_LISTED: usize = 1000;
 
 /// Appends `new` to `list` up to [`MAX_LISTED`], counting the rest.
 fn push_bounded(
@@ -448,7 +448,7 @@ impl Armed {
 
 /// Starts the watch for a resolved policy and says what a stale sweep took;
 /// a guard that cannot start refuses the instance (fail closed).
-pub fn start_for(
+pub(crate) fn start_for(
     policy: &mut crate::profile::Policy,
     id: &str,
 ) -> Result<Watch, crate::sandbox::StartError> {
@@ -504,7 +504,7 @@ pub fn start_for(
 }
 
 /// Whether instance `id`'s manifest is held by a live instance.
-pub fn is_live(state: &Path, id: &str) -> bool {
+pub(crate) fn is_live(state: &Path, id: &str) -> bool {
     let p = state.join("guard").join(format!("{id}.json"));
     match std::fs::OpenOptions::new().read(true).open(&p) {
         Ok(f) => Flock::lock(f, FlockArg::LockSharedNonblock).is_err(),
@@ -513,7 +513,7 @@ pub fn is_live(state: &Path, id: &str) -> bool {
 }
 
 /// Ends a watch and says on stderr what it took during the instance.
-pub fn finish_and_say(w: Watch) -> Vec<Taken> {
+pub(crate) fn finish_and_say(w: Watch) -> Vec<Taken> {
     let note = w.commit_note.clone();
     let (mut taken, warnings) = w.finish();
     if let Some(n) = note {

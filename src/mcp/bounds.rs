@@ -32,7 +32,7 @@ pub(crate) enum Adds {
 
 /// What exists now (sandmux's control session aside).
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
-pub struct InUse {
+pub(crate) struct InUse {
     /// Sessions.
     pub sessions: usize,
     /// Panes across all sessions, dead ones (remain-on-exit) included.

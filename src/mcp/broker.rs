@@ -50,7 +50,6 @@ enum Request {
     /// A new generation: refused while one of the broker's runs, and past
     /// the restart budget.
     Launch,
-    Alive(u32),
     Stop(u32),
     Signals(crate::sandbox::freeze::Op, u32),
     /// The instance ends: its sandboxes, then its cgroup directory.
@@ -65,14 +64,13 @@ enum Reply {
         message: String,
         code: Option<i32>,
     },
-    Alive(bool),
     Stopped,
     Signalled(Result<usize, String>),
     Ended,
 }
 
 /// The supervisor's end of the broker.
-pub struct Broker {
+pub(crate) struct Broker {
     io: Mutex<(BufReader<UnixStream>, UnixStream)>,
     pid: Pid,
 }
@@ -83,7 +81,7 @@ const SOCKET_FD: i32 = 3;
 impl Broker {
     /// Starts the broker for this instance (its final profile, runtime
     /// directory and tmux binary).
-    pub fn spawn(policy: &Policy, rundir: &Rundir, tmux: &Path) -> Result<Broker, String> {
+    pub(crate) fn spawn(policy: &Policy, rundir: &Rundir, tmux: &Path) -> Result<Broker, String> {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         let exe = std::env::current_exe().map_err(|e| format!("the broker: {e}"))?;
@@ -147,7 +145,7 @@ impl Broker {
     }
 
     /// Starts a generation in the instance's directory; the caller proves it.
-    pub fn launch(&self) -> Result<Generation, StartError> {
+    pub(crate) fn launch(&self) -> Result<Generation, StartError> {
         match self.ask(&Request::Launch).map_err(StartError::internal)? {
             Reply::Launched(g) => Ok(g),
             Reply::Failed {
@@ -166,13 +164,12 @@ impl Broker {
         }
     }
 
-    /// Whether the sandbox with this `__init` still runs.
-    pub fn alive(&self, init_pid: u32) -> bool {
-        matches!(self.ask(&Request::Alive(init_pid)), Ok(Reply::Alive(true)))
-    }
-
     /// Runs the signals freezer on the sandbox of this `__init`.
-    pub fn signals(&self, op: crate::sandbox::freeze::Op, init_pid: u32) -> Result<usize, String> {
+    pub(crate) fn signals(
+        &self,
+        op: crate::sandbox::freeze::Op,
+        init_pid: u32,
+    ) -> Result<usize, String> {
         match self.ask(&Request::Signals(op, init_pid))? {
             Reply::Signalled(r) => r,
             _ => Err("the broker answered out of turn".into()),
@@ -182,12 +179,12 @@ impl Broker {
     /// The instance ends: the broker ends what it holds and removes the
     /// instance's cgroup directory (below a parent the supervisor may not
     /// write).
-    pub fn end(&self) {
+    pub(crate) fn end(&self) {
         let _ = self.ask(&Request::End);
     }
 
     /// Ends the sandbox with this `__init` (SIGTERM, then SIGKILL) and reaps it.
-    pub fn stop(&self, init_pid: u32) {
+    pub(crate) fn stop(&self, init_pid: u32) {
         let _ = self.ask(&Request::Stop(init_pid));
     }
 }
@@ -217,7 +214,7 @@ fn read_line(r: &mut BufReader<UnixStream>) -> Result<Option<Vec<u8>>, String> {
 
 /// `sandmux __broker`: reads the profile, then answers requests until the
 /// socket ends, and ends what it still holds.
-pub fn main() -> i32 {
+pub(crate) fn main() -> i32 {
     use std::os::fd::FromRawFd;
     // SAFETY: descriptor 3 is the socket `Broker::spawn` put there; nothing
     // else in this fresh process owns it.
@@ -322,7 +319,6 @@ fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mu
                 },
             }
         }
-        Request::Alive(pid) => Reply::Alive(held.get_mut(&pid).is_some_and(running)),
         Request::Signals(op, pid) => Reply::Signalled(
             sandbox_of_ours(pid, held).and_then(|()| crate::sandbox::freeze::by_signals(op, pid)),
         ),

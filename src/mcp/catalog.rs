@@ -19,7 +19,7 @@ use std::pin::Pin;
 /// are precise because no other client reaches the server (P2) and its
 /// configuration is known and watched for drift (P3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub(crate) enum Class {
     /// Reads tmux metadata.
     MetadataRead,
     /// Reads pane content (text comes from programs the agent runs).
@@ -38,7 +38,7 @@ pub enum Class {
 
 impl Class {
     /// (readOnly, destructive, idempotent, openWorld).
-    pub fn hints(self) -> (bool, bool, bool, bool) {
+    pub(crate) fn hints(self) -> (bool, bool, bool, bool) {
         match self {
             Class::MetadataRead => (true, false, true, false),
             Class::ContentRead => (true, false, true, true),
@@ -54,7 +54,7 @@ impl Class {
 /// The toolsets, each with its name (in flags, profiles, the operator's
 /// requests, the audit log, the docs): the one place they are spelled (a
 /// test holds the profile's serde names to it).
-pub const TOOLSETS: [(Toolset, &str); 4] = [
+pub(crate) const TOOLSETS: [(Toolset, &str); 4] = [
     (Toolset::Inspect, "inspect"),
     (Toolset::Manage, "manage"),
     (Toolset::Execute, "execute"),
@@ -62,7 +62,7 @@ pub const TOOLSETS: [(Toolset, &str); 4] = [
 ];
 
 /// A toolset's name.
-pub fn toolset_name(t: Toolset) -> &'static str {
+pub(crate) fn toolset_name(t: Toolset) -> &'static str {
     TOOLSETS
         .iter()
         .find(|(s, _)| *s == t)
@@ -70,19 +70,19 @@ pub fn toolset_name(t: Toolset) -> &'static str {
 }
 
 /// The toolset of a name.
-pub fn toolset_named(name: &str) -> Option<Toolset> {
+pub(crate) fn toolset_named(name: &str) -> Option<Toolset> {
     TOOLSETS.iter().find(|(_, n)| *n == name).map(|(t, _)| *t)
 }
 
 /// Every toolset's name, as a list for messages: "inspect, manage, …".
-pub fn toolset_names() -> String {
+pub(crate) fn toolset_names() -> String {
     TOOLSETS.map(|(_, n)| n).join(", ")
 }
 
 /// What the server and the audit log treat specially about a tool, declared
 /// with the tool instead of matched by its name where it matters.
 #[derive(Debug, Clone, Copy)]
-pub struct Props {
+pub(crate) struct Props {
     /// Arguments the audit log keeps only as `{len, sha256}` digests (a
     /// batch's: those of its operations).
     pub secret: &'static [&'static str],
@@ -102,7 +102,7 @@ pub struct Props {
 
 impl Props {
     /// Nothing special.
-    pub const NONE: Props = Props {
+    pub(crate) const NONE: Props = Props {
         secret: &[],
         secret_values: &[],
         waits: false,
@@ -113,12 +113,12 @@ impl Props {
 }
 
 /// A boxed handler future.
-pub type BoxFut<'a> = Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + 'a>>;
+pub(crate) type BoxFut<'a> = Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + 'a>>;
 /// A handler: raw arguments in, structured result out.
-pub type Handler = for<'a> fn(&'a Call<'a>, Value) -> BoxFut<'a>;
+pub(crate) type Handler = for<'a> fn(&'a Call<'a>, Value) -> BoxFut<'a>;
 
 /// One tool.
-pub struct ToolDef {
+pub(crate) struct ToolDef {
     /// Name on the wire.
     pub name: &'static str,
     /// Toolset it belongs to.
@@ -140,7 +140,7 @@ pub struct ToolDef {
 impl ToolDef {
     /// Whether `call_read_tools_batch` may run it: an inspect tool that
     /// neither waits nor runs operations itself.
-    pub fn in_read_batch(&self) -> bool {
+    pub(crate) fn in_read_batch(&self) -> bool {
         self.toolset == Toolset::Inspect && !self.props.waits && !self.props.batch
     }
 }
@@ -149,7 +149,7 @@ impl ToolDef {
 /// `{NAME: value}` one. The audit log applies both to every call, a call
 /// of an unknown tool and a batch's operations included, so what is secret
 /// for one tool is never written in clear for another.
-pub fn secrets() -> &'static (Vec<&'static str>, Vec<&'static str>) {
+pub(crate) fn secrets() -> &'static (Vec<&'static str>, Vec<&'static str>) {
     static ALL: std::sync::OnceLock<(Vec<&str>, Vec<&str>)> = std::sync::OnceLock::new();
     ALL.get_or_init(|| {
         let mut digested: Vec<&str> = Vec::new();
@@ -167,7 +167,7 @@ pub fn secrets() -> &'static (Vec<&'static str>, Vec<&'static str>) {
 }
 
 /// JSON schema of a type, as a plain object (see [`super::schema`]).
-pub fn schema_of<T: schemars::JsonSchema>() -> Value {
+pub(crate) fn schema_of<T: schemars::JsonSchema>() -> Value {
     super::schema::plain(serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default())
 }
 
@@ -175,7 +175,7 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
 /// null for [`Done`](super::tools::tools::Done): a sentence saying what was
 /// done needs no schema, and fourteen copies of one would cost every
 /// conversation a kilobyte.
-pub fn output_schema_of<T: schemars::JsonSchema>() -> Value {
+pub(crate) fn output_schema_of<T: schemars::JsonSchema>() -> Value {
     if T::schema_name() == "Done" {
         return Value::Null;
     }
@@ -183,7 +183,7 @@ pub fn output_schema_of<T: schemars::JsonSchema>() -> Value {
 }
 
 /// The argument names a schema declares (its top-level `properties`).
-pub fn property_names(schema: &Value) -> Vec<String> {
+pub(crate) fn property_names(schema: &Value) -> Vec<String> {
     schema
         .get("properties")
         .and_then(Value::as_object)
@@ -193,7 +193,7 @@ pub fn property_names(schema: &Value) -> Vec<String> {
 
 /// Parses arguments after checking that every key is one of `known` (the
 /// names the tool's input schema declares).
-pub fn parse_args<T: serde::de::DeserializeOwned>(
+pub(crate) fn parse_args<T: serde::de::DeserializeOwned>(
     v: Value,
     known: &[String],
 ) -> Result<T, ToolError> {
@@ -278,7 +278,7 @@ macro_rules! tool {
 /// Every tool sandmux has. (libtmux-mcp's `list_servers`, `pipe_pane`,
 /// `wait_for_channel` and `signal_channel` are absent on purpose: see
 /// docs/mcp.md.)
-pub static TOOLS: &[ToolDef] = &[
+pub(crate) static TOOLS: &[ToolDef] = &[
     // inspect
     tool!("list_sessions", Inspect, MetadataRead, sessions::ListSessions, sessions::Sessions, sessions::list_sessions, "List tmux sessions (id, name, windows, attached). Optional `filters` such as {\"session_name__contains\": \"dev\"}."),
     tool!("get_session_info", Inspect, MetadataRead, sessions::SessionArgs, sessions::SessionRow, sessions::get_session_info, "Metadata of one session (default: the first)."),
@@ -341,13 +341,13 @@ pub static TOOLS: &[ToolDef] = &[
 ];
 
 /// Looks a tool up by name.
-pub fn find(name: &str) -> Option<&'static ToolDef> {
+pub(crate) fn find(name: &str) -> Option<&'static ToolDef> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
 /// The tool table for docs/mcp.md, generated from [`TOOLS`] (a test keeps the
 /// document in step with the catalogue).
-pub fn markdown_table() -> String {
+pub(crate) fn markdown_table() -> String {
     let mut s = String::from("| Tool | Toolset | readOnly | destructive | idempotent | openWorld | What it does |\n|---|---|---|---|---|---|---|\n");
     for t in TOOLS {
         let (ro, de, id, ow) = t.class.hints();

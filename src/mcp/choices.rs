@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[allow(missing_docs)]
-pub enum Corner {
+pub(crate) enum Corner {
     TopLeft,
     TopRight,
     BottomLeft,
@@ -20,7 +20,7 @@ pub enum Corner {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[allow(missing_docs)]
-pub enum OnError {
+pub(crate) enum OnError {
     #[default]
     Stop,
     Continue,
@@ -30,7 +30,7 @@ pub enum OnError {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[allow(missing_docs)]
-pub enum Split {
+pub(crate) enum Split {
     Above,
     #[default]
     Below,
@@ -42,7 +42,7 @@ pub enum Split {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[allow(missing_docs)]
-pub enum Beside {
+pub(crate) enum Beside {
     Before,
     After,
 }
@@ -51,7 +51,7 @@ pub enum Beside {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[allow(missing_docs)]
-pub enum WindowStep {
+pub(crate) enum WindowStep {
     Next,
     Previous,
     Last,
@@ -61,7 +61,7 @@ pub enum WindowStep {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[allow(missing_docs)]
-pub enum PaneStep {
+pub(crate) enum PaneStep {
     Up,
     Down,
     Left,
@@ -76,7 +76,7 @@ pub enum PaneStep {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[allow(missing_docs)]
-pub enum Layout {
+pub(crate) enum Layout {
     EvenHorizontal,
     EvenVertical,
     MainHorizontal,

@@ -8,12 +8,12 @@ use crate::tmux::hub::Hub;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Facts about the running instance.
 #[derive(Debug, Clone)]
-pub struct InstanceInfo {
+pub(crate) struct InstanceInfo {
     /// The generation id set in the server at start.
     pub generation: String,
     /// The server's pid inside the sandbox.
@@ -29,7 +29,7 @@ pub struct InstanceInfo {
 }
 
 /// State shared by all calls.
-pub struct State {
+pub(crate) struct State {
     /// The connection to the server (replaced when a new generation starts).
     pub hub_now: std::sync::RwLock<Arc<Hub>>,
     /// The resolved profile.
@@ -58,8 +58,6 @@ pub struct State {
     pub peers: Peers,
     /// `serve --http`: its URL, token file and counters, once it listens.
     pub(crate) http: std::sync::OnceLock<super::http::Info>,
-    /// Open capture_since cursors are keyed by this instance.
-    pub started: Instant,
     /// Long commands (`command_id`s for `wait_for_command`).
     pub commands: super::tools::commands::Commands,
     /// The workspace guard's reverts (counted in the status, audited).
@@ -76,7 +74,7 @@ pub struct State {
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at
 /// most the session cap; closed ones are dropped as others come).
 #[derive(Default)]
-pub struct Peers(std::sync::Mutex<Vec<Peer<RoleServer>>>);
+pub(crate) struct Peers(std::sync::Mutex<Vec<Peer<RoleServer>>>);
 
 impl Peers {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Peer<RoleServer>>> {
@@ -86,17 +84,17 @@ impl Peers {
     }
 
     /// A client that completed its handshake.
-    pub fn add(&self, p: Peer<RoleServer>) {
+    pub(crate) fn add(&self, p: Peer<RoleServer>) {
         self.lock().push(p);
     }
 
     /// How many are connected.
-    pub fn connected(&self) -> usize {
+    pub(crate) fn connected(&self) -> usize {
         self.lock().len()
     }
 
     /// Tells each that the tool list changed.
-    pub async fn tools_changed(&self) {
+    pub(crate) async fn tools_changed(&self) {
         let all: Vec<Peer<RoleServer>> = self.lock().clone();
         for p in all {
             let _ = p.notify_tool_list_changed().await;
@@ -106,7 +104,7 @@ impl Peers {
 
 impl State {
     /// The connection to the current server generation.
-    pub fn hub(&self) -> Arc<Hub> {
+    pub(crate) fn hub(&self) -> Arc<Hub> {
         self.hub_now
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -114,7 +112,7 @@ impl State {
     }
 
     /// Facts about the current server generation.
-    pub fn info(&self) -> InstanceInfo {
+    pub(crate) fn info(&self) -> InstanceInfo {
         self.info_now
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -122,14 +120,14 @@ impl State {
     }
 
     /// Switches to a new server generation.
-    pub fn replace(&self, hub: Arc<Hub>, info: InstanceInfo) {
+    pub(crate) fn replace(&self, hub: Arc<Hub>, info: InstanceInfo) {
         *self.hub_now.write().unwrap_or_else(|p| p.into_inner()) = hub;
         *self.info_now.write().unwrap_or_else(|p| p.into_inner()) = info;
     }
 }
 
 /// One tool call.
-pub struct Call<'a> {
+pub(crate) struct Call<'a> {
     /// Shared state.
     pub s: &'a State,
     /// Progress reporting, when the client asked for it.
@@ -140,7 +138,7 @@ pub struct Call<'a> {
 
 impl Call<'_> {
     /// Clamps a requested wait to the profile's ceiling.
-    pub fn clamp(
+    pub(crate) fn clamp(
         &self,
         requested_secs: Option<f64>,
         default_secs: f64,
@@ -160,7 +158,7 @@ impl Call<'_> {
     }
 
     /// Sends a progress notification if the client gave a token.
-    pub async fn progress(&self, done: f64, total: Option<f64>, message: &str) {
+    pub(crate) async fn progress(&self, done: f64, total: Option<f64>, message: &str) {
         if let Some((peer, token)) = &self.progress {
             let mut p = ProgressNotificationParam::new(token.clone(), done)
                 .with_message(message.to_string());

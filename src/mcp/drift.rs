@@ -102,7 +102,7 @@ fn key_of(line: &str) -> &str {
 }
 
 /// The baseline, whether drift was seen, and the background scan's progress.
-pub struct Drift {
+pub(crate) struct Drift {
     baseline: Mutex<Vec<String>>,
     hooks: Mutex<Vec<String>>,
     tripped: Mutex<Option<String>>,
@@ -145,7 +145,7 @@ const SCAN_WAIT: Duration = Duration::from_secs(10);
 
 impl Drift {
     /// Records the baseline (at start) and runs the first full scan.
-    pub async fn record(&self, hub: &Hub) -> Result<(), ToolError> {
+    pub(crate) async fn record(&self, hub: &Hub) -> Result<(), ToolError> {
         let s = snapshot(hub).await?;
         // Unset hooks are listed by name alone; a set one shows `name[N] command`.
         if let Some(h) = s[..2]
@@ -166,7 +166,7 @@ impl Drift {
     }
 
     /// Why calls are refused, if they are.
-    pub fn tripped(&self) -> Option<String> {
+    pub(crate) fn tripped(&self) -> Option<String> {
         self.tripped
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -185,7 +185,7 @@ impl Drift {
 
     /// Before a call: waits for the full scan the previous call asked for,
     /// then runs the global check.
-    pub async fn before_call(&self, hub: &Hub) -> Result<(), ToolError> {
+    pub(crate) async fn before_call(&self, hub: &Hub) -> Result<(), ToolError> {
         let want = *self.asked.borrow();
         let mut done = self.scanned.subscribe();
         if tokio::time::timeout(SCAN_WAIT, done.wait_for(|d| *d >= want))
@@ -201,13 +201,13 @@ impl Drift {
     }
 
     /// After a call: asks the background scanner for a full scan.
-    pub fn after_call(&self) {
+    pub(crate) fn after_call(&self) {
         self.asked.send_modify(|n| *n += 1);
     }
 
     /// The background scanner; runs for the life of the instance.
     /// `hub` gives the connection to the current server generation.
-    pub async fn scanner(&self, hub: impl Fn() -> std::sync::Arc<Hub>) {
+    pub(crate) async fn scanner(&self, hub: impl Fn() -> std::sync::Arc<Hub>) {
         let mut asked = self.asked.subscribe();
         loop {
             tokio::select! {
@@ -241,7 +241,7 @@ impl Drift {
 
     /// The global check: compares with the baseline; on a difference, trips
     /// for good.
-    pub async fn check(&self, hub: &Hub) -> Result<(), ToolError> {
+    pub(crate) async fn check(&self, hub: &Hub) -> Result<(), ToolError> {
         if let Some(why) = self.tripped() {
             return Err(ToolError::Drift(why));
         }
@@ -261,7 +261,7 @@ impl Drift {
 
     /// The global check and every session's, window's and pane's own hooks
     /// and watched options.
-    pub async fn full(&self, hub: &Hub) -> Result<(), ToolError> {
+    pub(crate) async fn full(&self, hub: &Hub) -> Result<(), ToolError> {
         self.check(hub).await?;
         self.local(hub).await
     }

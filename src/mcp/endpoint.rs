@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
 /// Protocol version.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 #[derive(Debug, Deserialize)]
 struct Req {
@@ -56,7 +56,7 @@ fn selected(r: &Req) -> Result<BTreeSet<&'static str>, String> {
 }
 
 /// Status of the instance, as `ps` shows it.
-pub fn status(s: &State) -> Value {
+pub(crate) fn status(s: &State) -> Value {
     let enabled = s.enabled.read().map(|e| e.clone()).unwrap_or_default();
     let toolsets: Vec<&str> = TOOLSETS
         .iter()
@@ -157,7 +157,7 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
 }
 
 /// Serves the endpoint until the instance ends.
-pub async fn serve(path: &Path, s: Arc<State>) -> std::io::Result<()> {
+pub(crate) async fn serve(path: &Path, s: Arc<State>) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
     use std::os::unix::fs::PermissionsExt;

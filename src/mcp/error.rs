@@ -5,7 +5,7 @@ use crate::tmux::client::TmuxError;
 
 /// A tool call that did not succeed.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum ToolError {
+pub(crate) enum ToolError {
     /// An argument is missing, of the wrong type, unknown or out of range.
     #[error("invalid argument `{arg}`: {message} (hint: {hint})")]
     Invalid {
@@ -52,14 +52,14 @@ pub enum ToolError {
 
 impl ToolError {
     /// A pane's output stream closed under a wait: that server generation is gone.
-    pub fn stream_closed() -> ToolError {
+    pub(crate) fn stream_closed() -> ToolError {
         ToolError::Tmux(TmuxError::Closed(
             "the tmux server is gone (the pane's output stream closed)".into(),
         ))
     }
 
     /// An invalid argument.
-    pub fn invalid(arg: &str, message: &str, hint: &str) -> ToolError {
+    pub(crate) fn invalid(arg: &str, message: &str, hint: &str) -> ToolError {
         ToolError::Invalid {
             arg: arg.into(),
             message: message.into(),
@@ -67,18 +67,18 @@ impl ToolError {
         }
     }
     /// A missing target.
-    pub fn not_found(what: impl Into<String>, hint: &str) -> ToolError {
+    pub(crate) fn not_found(what: impl Into<String>, hint: &str) -> ToolError {
         ToolError::NotFound {
             what: what.into(),
             hint: hint.into(),
         }
     }
     /// A policy refusal.
-    pub fn refused(why: impl Into<String>) -> ToolError {
+    pub(crate) fn refused(why: impl Into<String>) -> ToolError {
         ToolError::Refused(why.into())
     }
     /// The error's kind, as reported to clients and the audit log.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             ToolError::Invalid { .. } => "invalid_argument",
             ToolError::NotFound { .. } => "not_found",
@@ -94,7 +94,7 @@ impl ToolError {
         }
     }
     /// The audit outcome: `malformed`, `refused` or `error`.
-    pub fn outcome(&self) -> &'static str {
+    pub(crate) fn outcome(&self) -> &'static str {
         match self {
             ToolError::Invalid { .. } => "malformed",
             ToolError::Refused(_)
@@ -104,9 +104,5 @@ impl ToolError {
             | ToolError::Tmux(TmuxError::Frozen) => "refused",
             _ => "error",
         }
-    }
-    /// Whether retrying the same call may succeed.
-    pub fn retryable(&self) -> bool {
-        matches!(self, ToolError::Tmux(TmuxError::Timeout(_)))
     }
 }

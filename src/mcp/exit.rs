@@ -25,12 +25,12 @@ use tokio_util::sync::CancellationToken;
 const STOP_SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
 
 /// How long the last sweep waits for killed children to be reapable.
-pub const REAP_LIMIT: Duration = Duration::from_secs(3);
+pub(crate) const REAP_LIMIT: Duration = Duration::from_secs(3);
 
 /// A request to stop: the first termination signal, or any other cause that
 /// cancels the token (stdin closed, `sandmux stop`, `kill_server`).
 #[derive(Clone)]
-pub struct Stop {
+pub(crate) struct Stop {
     token: CancellationToken,
     signal: Arc<AtomicI32>,
 }
@@ -39,7 +39,7 @@ impl Stop {
     /// Blocks the stop signals in the calling thread. Call it on the main
     /// thread before any other thread is started (threads inherit the mask;
     /// one started earlier could still take a signal with its default action).
-    pub fn install() -> Stop {
+    pub(crate) fn install() -> Stop {
         if let Err(e) = stop_set().thread_block() {
             tracing::error!("blocking termination signals: {e}");
         }
@@ -51,7 +51,7 @@ impl Stop {
 
     /// Starts the thread that takes the stop signals (one already pending
     /// included) and cancels the token. Call it once, after confinement.
-    pub fn take_signals(&self) {
+    pub(crate) fn take_signals(&self) {
         let set = stop_set();
         let s = self.clone();
         let spawned = std::thread::Builder::new()
@@ -75,13 +75,13 @@ impl Stop {
     }
 
     /// The token the runtime shuts down on.
-    pub fn token(&self) -> CancellationToken {
+    pub(crate) fn token(&self) -> CancellationToken {
         self.token.clone()
     }
 
     /// The termination signal received so far, if any: taken by the signal
     /// thread, or still pending (before [`Stop::take_signals`]).
-    pub fn signal(&self) -> Option<Signal> {
+    pub(crate) fn signal(&self) -> Option<Signal> {
         match self.signal.load(Ordering::SeqCst) {
             0 => pending(),
             n => Signal::try_from(n).ok(),
@@ -114,7 +114,7 @@ fn pending() -> Option<Signal> {
 
 /// Ends `serve`: reaps every child, then exits with `code` (never through
 /// the runtime: stdin's blocking reader would hold it).
-pub fn finish(code: i32) -> ! {
+pub(crate) fn finish(code: i32) -> ! {
     reap_children(REAP_LIMIT);
     std::process::exit(code)
 }
@@ -144,7 +144,7 @@ fn children() -> Vec<Pid> {
 /// so none is left as a zombie for the parent to collect. A child's pid
 /// cannot be reused before this process reaps it, so the kill cannot hit
 /// another process. Returns how many were reaped.
-pub fn reap_children(limit: Duration) -> usize {
+pub(crate) fn reap_children(limit: Duration) -> usize {
     for pid in children() {
         let _ = kill(pid, Signal::SIGKILL);
     }

@@ -20,7 +20,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A freeze in force.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Frozen {
+pub(crate) struct Frozen {
     /// Unix time of the freeze.
     pub since: u64,
     /// The freezer used.
@@ -35,7 +35,7 @@ pub struct Frozen {
 
 /// The instance's freeze state.
 #[derive(Default)]
-pub struct Freeze {
+pub(crate) struct Freeze {
     now: Mutex<Option<Frozen>>,
     /// One freeze or thaw at a time.
     one: tokio::sync::Mutex<()>,
@@ -43,12 +43,12 @@ pub struct Freeze {
 
 impl Freeze {
     /// The freeze in force, if any.
-    pub fn get(&self) -> Option<Frozen> {
+    pub(crate) fn get(&self) -> Option<Frozen> {
         self.now.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether the instance is frozen (also while the freeze is under way).
-    pub fn is_frozen(&self) -> bool {
+    pub(crate) fn is_frozen(&self) -> bool {
         self.now.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
@@ -59,7 +59,11 @@ impl Freeze {
 
 /// The signals freezer, run by the broker: it reads the sandbox's
 /// `/proc/PID/ns`, which Landlock closes to the confined supervisor.
-pub fn signals(b: &Option<Arc<Broker>>, op: mech::Op, init_pid: u32) -> Result<usize, String> {
+pub(crate) fn signals(
+    b: &Option<Arc<Broker>>,
+    op: mech::Op,
+    init_pid: u32,
+) -> Result<usize, String> {
     match b {
         Some(b) => b.signals(op, init_pid),
         None => mech::by_signals(op, init_pid),
@@ -67,7 +71,7 @@ pub fn signals(b: &Option<Arc<Broker>>, op: mech::Op, init_pid: u32) -> Result<u
 }
 
 /// The sandbox a freeze acts on (the current server generation).
-pub fn target(s: &State) -> Target {
+pub(crate) fn target(s: &State) -> Target {
     let info = s.info();
     Target {
         init_pid: info.init_pid,
@@ -92,7 +96,7 @@ fn event(s: &State, tool: &str, args: &Value) {
 /// Freezes the instance: calls are refused from the first moment, then
 /// everything inside is stopped. A freeze that cannot stop everything stays
 /// in force (fail closed) and says why.
-pub async fn freeze(s: &State) -> Result<Value, String> {
+pub(crate) async fn freeze(s: &State) -> Result<Value, String> {
     let _one = s.freeze.one.lock().await;
     if let Some(f) = s.freeze.get() {
         return Ok(json!({"already": true, "frozen": f}));
@@ -132,7 +136,7 @@ pub async fn freeze(s: &State) -> Result<Value, String> {
 }
 
 /// Thaws the instance: everything inside runs again, then calls are served.
-pub async fn thaw(s: &State) -> Result<Value, String> {
+pub(crate) async fn thaw(s: &State) -> Result<Value, String> {
     let _one = s.freeze.one.lock().await;
     let Some(f) = s.freeze.get() else {
         return Ok(json!({"already": true, "frozen": null}));

@@ -9,7 +9,7 @@ use crate::tmux::Instance;
 use std::sync::Arc;
 
 /// The session `serve` creates at start, so a client can run commands at once.
-pub const FIRST_SESSION: &str = "main";
+pub(super) const FIRST_SESSION: &str = "main";
 
 /// Creates the hidden control session and, unless `no_session`, the first
 /// session; returns the control session's id.

@@ -74,7 +74,7 @@ pub(super) fn outside_agent_writable(
 
 /// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
 /// (or `~/.local/state/...`).
-pub fn default_audit_path(id: &str) -> Result<PathBuf, String> {
+pub(super) fn default_audit_path(id: &str) -> Result<PathBuf, String> {
     let base = std::env::var_os("XDG_STATE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

@@ -10,36 +10,36 @@
 //! `kill_server` or the server's death all end in the same teardown; a signal
 //! during start-up ends it at the next step ([`exit`]).
 
-pub mod audit;
+pub(crate) mod audit;
 mod backlog;
 pub(crate) mod bounds;
-pub mod broker;
-pub mod catalog;
-pub mod choices;
-pub mod ctx;
-pub mod drift;
-pub mod endpoint;
-pub mod error;
-pub mod exit;
-pub mod freeze;
+pub(crate) mod broker;
+pub(crate) mod catalog;
+pub(crate) mod choices;
+pub(crate) mod ctx;
+pub(crate) mod drift;
+pub(crate) mod endpoint;
+pub(crate) mod error;
+pub(crate) mod exit;
+pub(crate) mod freeze;
 mod generation;
 mod hostfiles;
-pub mod http;
-pub mod oom;
-pub mod prompts;
+pub(crate) mod http;
+pub(crate) mod oom;
+pub(crate) mod prompts;
 mod proxy;
-pub mod record;
+pub(crate) mod record;
 mod refusal;
 pub mod replay_filter;
-pub mod resources;
-pub mod reverts;
+pub(crate) mod resources;
+pub(crate) mod reverts;
 pub(crate) mod schema;
-pub mod server;
-pub mod stdio;
-pub mod targets;
-pub mod text;
-pub mod tools;
-pub mod toolsets;
+pub(crate) mod server;
+pub(crate) mod stdio;
+pub(crate) mod targets;
+pub(crate) mod text;
+pub(crate) mod tools;
+pub(crate) mod toolsets;
 
 use crate::profile::{Policy, ServerExit, MAX_RESTARTS};
 use crate::tmux::hub::{Hub, HubEvent};
@@ -49,11 +49,11 @@ use hostfiles::{default_audit_path, outside_agent_writable, retain};
 use rmcp::ServiceExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Options of `sandmux serve`.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Tool selection flags.
     pub flags: toolsets::Flags,
     /// Where the audit log goes (default: the state directory).
@@ -264,7 +264,7 @@ struct Leftovers {
 
 /// Runs the server; returns the process exit status. `stop` must have been
 /// installed before any thread was started ([`exit::Stop::install`]).
-pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
+pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     let (ceiling, enabled) = match tools(&policy, &opts) {
         Ok(t) => t,
         Err(e) => {
@@ -367,7 +367,6 @@ pub fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             record,
             peers: Default::default(),
             http: Default::default(),
-            started: Instant::now(),
             reverts,
             commands: Default::default(),
             creating: Default::default(),

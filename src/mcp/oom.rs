@@ -19,10 +19,10 @@ use std::time::Duration;
 const EVERY: Duration = Duration::from_secs(1);
 
 /// Tool name of the records this writes.
-pub const TOOL: &str = "(oom-kill)";
+pub(crate) const TOOL: &str = "(oom-kill)";
 
 /// The OOM-kill count of one instance's cgroup, and what was recorded of it.
-pub struct Watch {
+pub(crate) struct Watch {
     audit: Arc<Audit>,
     cgroup: std::sync::Mutex<Cgroup>,
     /// Kills already recorded. The cgroup is new with the instance, so this
@@ -32,7 +32,7 @@ pub struct Watch {
 
 impl Watch {
     /// A watch over `cgroup`, recording into `audit`.
-    pub fn new(audit: Arc<Audit>, cgroup: Cgroup) -> Arc<Watch> {
+    pub(crate) fn new(audit: Arc<Audit>, cgroup: Cgroup) -> Arc<Watch> {
         Arc::new(Watch {
             audit,
             cgroup: std::sync::Mutex::new(cgroup),
@@ -42,14 +42,14 @@ impl Watch {
 
     /// Records what the old cgroup still holds, then watches a new server
     /// generation's cgroup from 0.
-    pub fn replace(&self, cgroup: Cgroup) {
+    pub(crate) fn replace(&self, cgroup: Cgroup) {
         self.check();
         *self.cgroup.lock().unwrap_or_else(|p| p.into_inner()) = cgroup;
         self.seen.store(0, Ordering::SeqCst);
     }
 
     /// Reads the count and records a rise since the last read.
-    pub fn check(&self) {
+    pub(crate) fn check(&self) {
         let now = self
             .cgroup
             .lock()
@@ -73,7 +73,7 @@ impl Watch {
     }
 
     /// Checks once a second until the task is dropped with the runtime.
-    pub async fn run(self: Arc<Watch>) {
+    pub(crate) async fn run(self: Arc<Watch>) {
         loop {
             tokio::time::sleep(EVERY).await;
             self.check();

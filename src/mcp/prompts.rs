@@ -10,7 +10,7 @@ fn arg(name: &str, desc: &str, required: bool) -> PromptArgument {
 }
 
 /// The prompts.
-pub fn list() -> Vec<Prompt> {
+pub(crate) fn list() -> Vec<Prompt> {
     vec![
         Prompt::new(
             "run_and_wait",
@@ -53,7 +53,7 @@ fn get_str(args: Option<&Map<String, Value>>, k: &str) -> Option<String> {
 const MAX_ARG: usize = 32 * 1024;
 
 /// Renders a prompt.
-pub fn get(
+pub(crate) fn get(
     name: &str,
     args: Option<&Map<String, Value>>,
     ceiling: f64,

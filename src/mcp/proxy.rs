@@ -21,13 +21,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Tool name of the records this writes.
-pub const TOOL: &str = "(proxy)";
+pub(super) const TOOL: &str = "(proxy)";
 /// Records written one by one per interval.
-pub const PER_INTERVAL: usize = 32;
+pub(super) const PER_INTERVAL: usize = 32;
 /// Names a summary record lists.
-pub const TOP: usize = 5;
+pub(super) const TOP: usize = 5;
 /// The aggregation interval.
-pub const INTERVAL: Duration = Duration::from_secs(5);
+pub(super) const INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct State {

@@ -30,10 +30,10 @@ const HELD_MAX: usize = 1 << 20;
 /// events have a known greatest length.
 const MAX_T: f64 = 1e9;
 /// The marker label that ends a cut recording.
-pub const CUT_MARKER: &str = "sandmux: recording cut at max_bytes";
+pub(crate) const CUT_MARKER: &str = "sandmux: recording cut at max_bytes";
 
 /// Builds the asciicast header line.
-pub fn header(width: u32, height: u32) -> String {
+pub(crate) fn header(width: u32, height: u32) -> String {
     let ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -101,7 +101,7 @@ async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), String> {
 }
 
 /// A pane's screen now as a whole asciicast (header and filtered events).
-pub async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, String> {
+pub(crate) async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, String> {
     let (text, w, h) = screen(hub, pane).await?;
     let mut cast = header(w, h) + "\n";
     let (mut filter, mut out) = (Filter::new(), String::new());
@@ -116,7 +116,7 @@ pub async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, String> {
 
 /// What `sandbox_status` says about the recording.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct View {
+pub(crate) struct View {
     /// The file.
     pub path: String,
     /// Bytes written.
@@ -130,7 +130,7 @@ pub struct View {
 }
 
 /// A running (or finished) recording.
-pub struct Recording {
+pub(crate) struct Recording {
     path: PathBuf,
     max: u64,
     inner: Mutex<Inner>,
@@ -150,7 +150,7 @@ struct Inner {
 
 impl Recording {
     /// Creates (or empties) the file, mode 0600, never through a symlink.
-    pub fn open(path: &Path, max_bytes: u64) -> Result<Arc<Recording>, String> {
+    pub(crate) fn open(path: &Path, max_bytes: u64) -> Result<Arc<Recording>, String> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -178,7 +178,7 @@ impl Recording {
     }
 
     /// The file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -187,7 +187,7 @@ impl Recording {
     }
 
     /// What the status reports.
-    pub fn view(&self) -> View {
+    pub(crate) fn view(&self) -> View {
         let r = self.lock();
         View {
             path: self.path.display().to_string(),
@@ -200,7 +200,11 @@ impl Recording {
 
     /// Starts recording the first pane of the first session other than
     /// `control_id`.
-    pub async fn start(self: &Arc<Self>, hub: &Arc<Hub>, control_id: &str) -> Result<(), String> {
+    pub(crate) async fn start(
+        self: &Arc<Self>,
+        hub: &Arc<Hub>,
+        control_id: &str,
+    ) -> Result<(), String> {
         let pane = first_pane(hub, control_id).await?;
         let num = crate::mcp::targets::pane_num(&pane).ok_or("bad pane id")?;
         let me = self.clone();
@@ -294,7 +298,7 @@ async fn first_pane(hub: &Hub, control_id: &str) -> Result<String, String> {
 
 /// Part of a recording: whole lines from `offset`, at most `max` bytes.
 #[derive(Debug)]
-pub struct Window {
+pub(crate) struct Window {
     /// The lines.
     pub text: String,
     /// The file's size when read.
@@ -305,7 +309,7 @@ pub struct Window {
 
 /// Reads whole lines of the file from `offset` (0 or the start of a line),
 /// at most `max` bytes: never more of the file than that.
-pub fn read_window(path: &Path, offset: u64, max: usize) -> Result<Window, String> {
+pub(crate) fn read_window(path: &Path, offset: u64, max: usize) -> Result<Window, String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let size = f.metadata().map_err(|e| e.to_string())?.len();
@@ -339,7 +343,7 @@ pub fn read_window(path: &Path, offset: u64, max: usize) -> Result<Window, Strin
 }
 
 /// Whole lines of `text`, at most `max` bytes; and whether any were left out.
-pub fn cut_lines(mut text: String, max: usize) -> (String, bool) {
+pub(crate) fn cut_lines(mut text: String, max: usize) -> (String, bool) {
     if text.len() <= max {
         return (text, false);
     }

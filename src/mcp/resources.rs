@@ -9,7 +9,7 @@ use super::tools::{self, capture, panes, sessions, status, windows};
 type Read = Result<(String, &'static str), ToolError>;
 
 /// Reads a resource: (text, mime type).
-pub async fn read(c: &Call<'_>, uri: &str, inspect_enabled: bool) -> Read {
+pub(crate) async fn read(c: &Call<'_>, uri: &str, inspect_enabled: bool) -> Read {
     match uri {
         "sandmux://status" => return json(status::sandbox_status(c, tools::NoArgs {}).await),
         "sandmux://journal" => {

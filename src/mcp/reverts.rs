@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Tool name of the records this writes.
-pub const TOOL: &str = "(workspace-revert)";
+pub(crate) const TOOL: &str = "(workspace-revert)";
 
 /// Reverts already recorded, out of the guard's list.
-pub struct Reverts {
+pub(crate) struct Reverts {
     /// The quarantine directory of the instance.
     pub quarantine: std::path::PathBuf,
     audit: Arc<Audit>,
@@ -28,7 +28,7 @@ pub struct Reverts {
 
 impl Reverts {
     /// Records what `taken` gains into `audit`.
-    pub fn new(
+    pub(crate) fn new(
         audit: Arc<Audit>,
         taken: Arc<Mutex<Vec<Taken>>>,
         quarantine: std::path::PathBuf,
@@ -43,7 +43,7 @@ impl Reverts {
 
     /// Records the entries of `all` (the guard's list, or the final one
     /// including the end sweep) not recorded yet.
-    pub fn record(&self, all: &[Taken]) {
+    pub(crate) fn record(&self, all: &[Taken]) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         for t in all.iter().skip(*seen) {
             // Paths are the agent's bytes: escaped text, never raw (and
@@ -75,12 +75,12 @@ impl Reverts {
     }
 
     /// How many entries the guard has taken so far.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.taken.lock().map(|t| t.len()).unwrap_or(0)
     }
 
     /// Records new reverts four times a second until dropped with the runtime.
-    pub async fn run(self: Arc<Reverts>) {
+    pub(crate) async fn run(self: Arc<Reverts>) {
         loop {
             tokio::time::sleep(Duration::from_millis(250)).await;
             let now = self.taken.lock().unwrap_or_else(|p| p.into_inner()).clone();

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Largest text content of one result, in bytes.
-pub const RESPONSE_CAP: usize = 1_000_000;
+pub(crate) const RESPONSE_CAP: usize = 1_000_000;
 
 /// What an audit record says about the call.
 struct Audited<'a> {
@@ -51,7 +51,7 @@ impl<'a> Audited<'a> {
 }
 
 /// The handler.
-pub struct Server {
+pub(crate) struct Server {
     /// Shared state.
     pub s: Arc<State>,
 }
@@ -69,7 +69,7 @@ fn described() -> &'static [Tool] {
 }
 
 /// The MCP description of a tool.
-pub fn tool_of(t: &ToolDef) -> Tool {
+pub(crate) fn tool_of(t: &ToolDef) -> Tool {
     let (ro, destructive, idempotent, open) = t.class.hints();
     let tool = Tool::new(t.name, t.description, obj((t.input_schema)()))
         .with_annotations(annotations(ro, destructive, idempotent, open));
@@ -324,7 +324,11 @@ fn success(v: Value) -> CallToolResult {
 
 /// A call made from inside `call_read_tools_batch`: inspect tools only, no
 /// recursion, each audited on its own.
-pub async fn dispatch_nested(c: &Call<'_>, name: &str, args: Value) -> Result<Value, ToolError> {
+pub(crate) async fn dispatch_nested(
+    c: &Call<'_>,
+    name: &str,
+    args: Value,
+) -> Result<Value, ToolError> {
     let t0 = Instant::now();
     let ticket = c.s.audit.admit(name).map_err(ToolError::Unaudited)?;
     let def = catalog::find(name).filter(|d| {

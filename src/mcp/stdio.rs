@@ -19,12 +19,12 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The read half of the transport.
-pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
+pub(crate) type Reader = Box<dyn AsyncRead + Send + Unpin>;
 /// The write half of the transport.
-pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+pub(crate) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// stdin and stdout as an MCP transport. Must be called inside the runtime.
-pub fn transport() -> (Reader, Writer) {
+pub(crate) fn transport() -> (Reader, Writer) {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     let r = match own(stdin.as_fd()) {
@@ -49,13 +49,13 @@ pub fn transport() -> (Reader, Writer) {
 }
 
 /// The longest line passed on (a call's input is capped far lower).
-pub const MAX_LINE: usize = 8 << 20;
+pub(crate) const MAX_LINE: usize = 8 << 20;
 
 /// The method a line that did not parse is turned into.
-pub const UNPARSEABLE: &str = "sandmux/unparseable";
+pub(crate) const UNPARSEABLE: &str = "sandmux/unparseable";
 
 /// A reader that passes whole lines that parse as JSON and replaces the rest.
-pub struct Screened<R> {
+pub(crate) struct Screened<R> {
     inner: R,
     /// Bytes read but not yet split into lines.
     pending: Vec<u8>,
@@ -74,7 +74,7 @@ pub struct Screened<R> {
 
 impl<R> Screened<R> {
     /// Wraps a reader.
-    pub fn new(inner: R) -> Screened<R> {
+    pub(crate) fn new(inner: R) -> Screened<R> {
         Screened {
             inner,
             pending: Vec::new(),

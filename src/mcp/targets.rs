@@ -14,7 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Names starting with this are sandmux's own and never listed or targeted.
-pub const RESERVED_PREFIX: &str = "_sandmux";
+pub(crate) const RESERVED_PREFIX: &str = "_sandmux";
 
 /// A field of a listing: its tmux variable and whether it needs `q:`.
 type Field = (&'static str, bool);
@@ -50,7 +50,7 @@ const PANE_FIELDS: &[Field] = &[
 
 /// One pane.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-pub struct PaneRow {
+pub(crate) struct PaneRow {
     /// `%N`.
     pub pane_id: String,
     /// N of `%N`, the key of the pane's output stream (not on the wire).
@@ -111,7 +111,7 @@ pub struct PaneRow {
 }
 
 /// Runs a listing command and splits it into rows of fields.
-pub async fn listing(
+pub(crate) async fn listing(
     c: &Call<'_>,
     cmd: Cmd,
     fields: &[Field],
@@ -121,7 +121,7 @@ pub async fn listing(
 
 /// Like [`listing`], the format given to `with` (e.g. as display-message's
 /// argument).
-pub async fn listing_by(
+pub(crate) async fn listing_by(
     c: &Call<'_>,
     with: impl FnOnce(String) -> Cmd,
     fields: &[Field],
@@ -180,7 +180,7 @@ fn id_num(s: &str) -> u64 {
 }
 
 /// Every pane (except sandmux's own), sorted by session id, window index, pane index.
-pub async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
+pub(crate) async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
     let rows = listing(c, Cmd::new("list-panes").flag("-a"), PANE_FIELDS).await?;
     let mut out = rows_of(c, rows);
     out.sort_by_key(|p| (id_num(&p.session_id), p.window_index, p.pane_index));
@@ -251,14 +251,14 @@ fn rows_of(c: &Call<'_>, rows: Vec<Vec<String>>) -> Vec<PaneRow> {
 /// builds one with [`SessionSel::new`].)
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[allow(missing_docs)]
-pub struct SessionSel {
+pub(crate) struct SessionSel {
     pub session_name: Option<String>,
     pub session_id: Option<String>,
 }
 
 impl SessionSel {
     /// A selector from a tool's own session arguments.
-    pub fn new(name: &Option<String>, id: &Option<String>) -> SessionSel {
+    pub(crate) fn new(name: &Option<String>, id: &Option<String>) -> SessionSel {
         SessionSel {
             session_name: name.clone(),
             session_id: id.clone(),
@@ -266,7 +266,7 @@ impl SessionSel {
     }
 
     /// Whether a session is named at all (by name or id).
-    pub fn given(&self) -> bool {
+    pub(crate) fn given(&self) -> bool {
         self.session_name.is_some() || self.session_id.is_some()
     }
 
@@ -292,7 +292,7 @@ impl SessionSel {
 /// than every tool's schema.)
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[allow(missing_docs)]
-pub struct PaneSel {
+pub(crate) struct PaneSel {
     pub pane_id: Option<String>,
     #[serde(flatten)]
     pub s: SessionSel,
@@ -303,7 +303,7 @@ pub struct PaneSel {
 /// session ([`SessionSel`]); see [`PaneSel`].
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[allow(missing_docs)]
-pub struct WindowSel {
+pub(crate) struct WindowSel {
     pub window_id: Option<String>,
     pub window_index: Option<String>,
     #[serde(flatten)]
@@ -312,7 +312,7 @@ pub struct WindowSel {
 
 impl WindowSel {
     /// A selector from a tool's own window and session arguments.
-    pub fn new(
+    pub(crate) fn new(
         window_id: Option<String>,
         window_index: Option<String>,
         session_name: &Option<String>,
@@ -334,7 +334,7 @@ pub(crate) fn is_id(v: &str, sigils: &[char]) -> bool {
 
 /// A pane id's number (`%3` is 3): the key of the pane's output stream.
 /// Parsed once, when a pane's row is read ([`PaneRow::num`]).
-pub fn pane_num(id: &str) -> Option<u32> {
+pub(crate) fn pane_num(id: &str) -> Option<u32> {
     id.strip_prefix('%')?.parse().ok()
 }
 
@@ -352,7 +352,7 @@ fn check_id(arg: &str, v: &str, sigil: char) -> Result<(), ToolError> {
 
 /// Resolves a pane. With nothing given: the first session's first window's
 /// first pane (by index). Anything given must exist.
-pub async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolError> {
+pub(crate) async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolError> {
     if let Some(id) = &sel.pane_id {
         return explicit_pane(c, id).await;
     }
@@ -381,7 +381,7 @@ pub async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolError> {
 }
 
 /// Resolves a pane from an explicit id only (kill and respawn never fall back).
-pub async fn explicit_pane(c: &Call<'_>, pane_id: &str) -> Result<PaneRow, ToolError> {
+pub(crate) async fn explicit_pane(c: &Call<'_>, pane_id: &str) -> Result<PaneRow, ToolError> {
     check_id("pane_id", pane_id, '%')?;
     one_pane(c, pane_id).await?.ok_or_else(|| {
         ToolError::not_found(
@@ -392,7 +392,7 @@ pub async fn explicit_pane(c: &Call<'_>, pane_id: &str) -> Result<PaneRow, ToolE
 }
 
 /// Resolves a window to its first pane's row (which carries the window's ids).
-pub async fn window(c: &Call<'_>, sel: &WindowSel) -> Result<PaneRow, ToolError> {
+pub(crate) async fn window(c: &Call<'_>, sel: &WindowSel) -> Result<PaneRow, ToolError> {
     if let (None, Some(idx)) = (&sel.window_id, &sel.window_index) {
         let want: u32 = idx
             .parse()
@@ -426,7 +426,7 @@ pub async fn window(c: &Call<'_>, sel: &WindowSel) -> Result<PaneRow, ToolError>
 }
 
 /// Resolves a session (default the first) to its first pane's row.
-pub async fn session(c: &Call<'_>, sel: &SessionSel) -> Result<PaneRow, ToolError> {
+pub(crate) async fn session(c: &Call<'_>, sel: &SessionSel) -> Result<PaneRow, ToolError> {
     pane(
         c,
         &PaneSel {
@@ -439,7 +439,7 @@ pub async fn session(c: &Call<'_>, sel: &SessionSel) -> Result<PaneRow, ToolErro
 
 /// Keeps rows matching `filters` (`field`, `field__exact`, `__contains`,
 /// `__icontains`, `__startswith`, `__endswith`, `__in`), libtmux-style.
-pub fn filter<T: Serialize>(
+pub(crate) fn filter<T: Serialize>(
     rows: Vec<T>,
     filters: &Option<serde_json::Value>,
 ) -> Result<Vec<T>, ToolError> {

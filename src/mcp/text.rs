@@ -7,12 +7,12 @@ use super::error::ToolError;
 /// Makes `s` literal for an argument tmux expands as a format (session and
 /// window names, pane titles): each `#` is doubled, so tmux's single expansion
 /// yields exactly `s` and `#(...)` can never run (T3).
-pub fn fmt_literal(s: &str) -> String {
+pub(crate) fn fmt_literal(s: &str) -> String {
     s.replace('#', "##")
 }
 
 /// A name or title: 1–128 characters, no control characters.
-pub fn name(arg: &str, s: &str) -> Result<(), ToolError> {
+pub(crate) fn name(arg: &str, s: &str) -> Result<(), ToolError> {
     if s.is_empty() || s.chars().count() > 128 {
         return Err(ToolError::invalid(
             arg,
@@ -31,7 +31,7 @@ pub fn name(arg: &str, s: &str) -> Result<(), ToolError> {
 }
 
 /// A session name: a name without `:` or `.` (tmux target separators).
-pub fn session_name(arg: &str, s: &str) -> Result<(), ToolError> {
+pub(crate) fn session_name(arg: &str, s: &str) -> Result<(), ToolError> {
     name(arg, s)?;
     if s.contains(':') || s.contains('.') {
         return Err(ToolError::invalid(
@@ -50,7 +50,7 @@ pub fn session_name(arg: &str, s: &str) -> Result<(), ToolError> {
 }
 
 /// Text input capped at the profile's `max_input_bytes`, without NUL bytes.
-pub fn input(arg: &str, s: &str, max: usize) -> Result<(), ToolError> {
+pub(crate) fn input(arg: &str, s: &str, max: usize) -> Result<(), ToolError> {
     if s.len() > max {
         return Err(ToolError::invalid(
             arg,
@@ -74,7 +74,7 @@ const KEYS: &[&str] = &[
 
 /// Validates a tmux key name such as `C-c`, `M-x`, `Enter`, `S-Up`, `F5` or a
 /// single character. Anything else is refused, never typed as text.
-pub fn key(k: &str) -> Result<(), ToolError> {
+pub(crate) fn key(k: &str) -> Result<(), ToolError> {
     let mut rest = k;
     loop {
         match rest.get(..2) {
@@ -95,7 +95,11 @@ pub fn key(k: &str) -> Result<(), ToolError> {
 }
 
 /// Names that may not be set in the sandbox's environment.
-pub fn env_name(arg: &str, n: &str, policy: &crate::profile::Policy) -> Result<(), ToolError> {
+pub(crate) fn env_name(
+    arg: &str,
+    n: &str,
+    policy: &crate::profile::Policy,
+) -> Result<(), ToolError> {
     let ok = !n.is_empty()
         && n.len() <= 128
         && !n.starts_with(|c: char| c.is_ascii_digit())
@@ -115,7 +119,7 @@ pub fn env_name(arg: &str, n: &str, policy: &crate::profile::Policy) -> Result<(
 }
 
 /// An environment value: capped, no control characters but tab.
-pub fn env_value(arg: &str, v: &str, max: usize) -> Result<(), ToolError> {
+pub(crate) fn env_value(arg: &str, v: &str, max: usize) -> Result<(), ToolError> {
     input(arg, v, max)?;
     if v.chars().any(|c| c.is_control() && c != '\t') {
         return Err(ToolError::invalid(
@@ -131,7 +135,7 @@ pub fn env_value(arg: &str, v: &str, max: usize) -> Result<(), ToolError> {
 /// APC, PM, SOS and two-byte ESC sequences) are removed, `\r\n` becomes `\n`,
 /// a lone `\r` and other control characters except `\n` and `\t` are dropped,
 /// and invalid UTF-8 becomes U+FFFD. Nothing raw reaches the client (E3).
-pub fn clean(bytes: &[u8]) -> String {
+pub(crate) fn clean(bytes: &[u8]) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -189,7 +193,7 @@ pub fn clean(bytes: &[u8]) -> String {
 
 /// Text kept within a line and byte budget, tail first.
 #[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
-pub struct Capped {
+pub(crate) struct Capped {
     /// The text (the tail when cut).
     pub text: String,
     /// Lines returned.
@@ -201,7 +205,7 @@ pub struct Capped {
 }
 
 /// Keeps the last `max_lines` lines and at most `max_bytes` bytes of `text`.
-pub fn cap(text: &str, max_lines: usize, max_bytes: usize) -> Capped {
+pub(crate) fn cap(text: &str, max_lines: usize, max_bytes: usize) -> Capped {
     let trimmed = text.strip_suffix('\n').unwrap_or(text);
     let all: Vec<&str> = if trimmed.is_empty() {
         vec![]
@@ -235,7 +239,7 @@ pub fn cap(text: &str, max_lines: usize, max_bytes: usize) -> Capped {
 
 /// A string the client sent, as an error message quotes it: at most 200
 /// characters, so no answer echoes megabytes back.
-pub fn shown(s: &str) -> String {
+pub(crate) fn shown(s: &str) -> String {
     match s.char_indices().nth(200) {
         Some((i, _)) => format!("{}…", &s[..i]),
         None => s.to_string(),

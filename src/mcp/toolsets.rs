@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 /// Command-line selection (each `None` when the flag was not given).
 #[derive(Debug, Clone, Default)]
-pub struct Flags {
+pub(crate) struct Flags {
     /// `--toolsets a,b`.
     pub toolsets: Option<String>,
     /// `--tools x,y`.
@@ -31,7 +31,7 @@ const KNOWN_ENV: &[&str] = &[
 /// The `core` preset: the ten tools of an agent's daily work, for clients
 /// that pay per token. A preset is a list of tools, not a toolset: each tool
 /// stays in its own toolset, which remains the unit of revoke and grant.
-pub const CORE: &[&str] = &[
+pub(crate) const CORE: &[&str] = &[
     "list_panes",
     "capture_pane",
     "capture_since",
@@ -86,7 +86,7 @@ fn tool(name: &str) -> Result<&'static str, String> {
 /// Computes the enabled tools. `preset`: the profile's `[mcp] preset`
 /// (narrows the profile's toolsets to the preset's tools); `core` in
 /// `--toolsets` or `SANDMUX_TOOLSETS` adds the preset's tools.
-pub fn select(
+pub(crate) fn select(
     profile: &[Toolset],
     preset: Option<crate::profile::Preset>,
     flags: &Flags,

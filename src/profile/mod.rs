@@ -8,22 +8,23 @@
 
 mod layer;
 mod schema;
-pub mod user;
+pub(crate) mod user;
 mod validate;
 
 pub use layer::Layer;
-pub use schema::{
-    is_forbidden_env as schema_is_forbidden_env, parse_size, Act, Enforcement, Environment,
-    Filesystem, Limits, McpSettings, NetMode, Network, Preset, Profile, RecordingSettings,
-    SandboxSettings, ServerExit, Size, Toolset, WorkspaceSettings, MAX_RESTARTS,
-    MIN_RECORDING_BYTES,
+#[cfg(test)]
+pub(crate) use schema::MIN_RECORDING_BYTES;
+pub(crate) use schema::{
+    is_forbidden_env as schema_is_forbidden_env, Act, Environment, Limits, McpSettings, NetMode,
+    Network, Preset, Profile, RecordingSettings, SandboxSettings, ServerExit, Toolset,
+    MAX_RESTARTS,
 };
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Built-in profiles, embedded at build time: (name, TOML source).
-pub const BUILTINS: &[(&str, &str)] = &[
+pub(crate) const BUILTINS: &[(&str, &str)] = &[
     ("default", include_str!("../../profiles/default.toml")),
     ("ci", include_str!("../../profiles/ci.toml")),
     ("dev", include_str!("../../profiles/dev.toml")),
@@ -32,11 +33,11 @@ pub const BUILTINS: &[(&str, &str)] = &[
 ];
 
 /// The home directory every sandbox sees (a tmpfs in the built-in profiles).
-pub const SANDBOX_HOME: &str = "/home/sandmux";
+pub(crate) const SANDBOX_HOME: &str = "/home/sandmux";
 
 /// An error in a profile: always says where and why.
 #[derive(Debug, thiserror::Error)]
-pub enum ProfileError {
+pub(crate) enum ProfileError {
     /// No built-in, config-dir or path profile by that name.
     #[error("profile '{name}' not found: not a built-in ({builtins}), not in {config_dir}, and not a path")]
     NotFound {
@@ -121,7 +122,7 @@ impl From<String> for Source {
 
 /// A profile with its name, source text and origin.
 #[derive(Debug, Clone)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     /// Short name (built-in name or file stem).
     pub name: String,
     /// Where it came from.
@@ -134,7 +135,7 @@ pub struct Loaded {
 
 /// The user's profile directory: `$XDG_CONFIG_HOME/sandmux/profiles` or
 /// `~/.config/sandmux/profiles`.
-pub fn config_dir() -> PathBuf {
+pub(crate) fn config_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -145,7 +146,7 @@ pub fn config_dir() -> PathBuf {
 
 /// Loads a profile by path (contains `/` or ends in `.toml`), built-in name, or
 /// name in the user's config dir. Built-in names cannot be overridden.
-pub fn load(name: &str) -> Result<Loaded, ProfileError> {
+pub(crate) fn load(name: &str) -> Result<Loaded, ProfileError> {
     if name.contains('/') || name.ends_with(".toml") {
         return load_file(Path::new(name));
     }
@@ -177,7 +178,7 @@ pub fn load(name: &str) -> Result<Loaded, ProfileError> {
 }
 
 /// Loads and validates a profile file.
-pub fn load_file(path: &Path) -> Result<Loaded, ProfileError> {
+pub(crate) fn load_file(path: &Path) -> Result<Loaded, ProfileError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
         file: file.clone(),
@@ -199,7 +200,7 @@ pub fn load_file(path: &Path) -> Result<Loaded, ProfileError> {
 }
 
 /// Parses and statically validates TOML text (`file` is used in messages only).
-pub fn parse(file: &str, text: &str) -> Result<Profile, ProfileError> {
+pub(crate) fn parse(file: &str, text: &str) -> Result<Profile, ProfileError> {
     let profile: Profile = toml::from_str(text).map_err(|e| ProfileError::Parse {
         file: file.to_string(),
         message: describe_toml_error(text, &e),
@@ -254,14 +255,14 @@ pub(crate) fn line_of(text: &str, dotted: &str) -> usize {
 
 /// Paths and variables a profile is resolved against.
 #[derive(Debug, Clone)]
-pub struct Context {
+pub(crate) struct Context {
     /// The workspace on the host (absolute, canonical, not a symlink).
     pub workspace: PathBuf,
 }
 
 /// A mount the sandbox makes, in the order it is made.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum MountKind {
+pub(crate) enum MountKind {
     /// Read-only bind of the same host path.
     ReadOnly,
     /// Read-write bind of the same host path.
@@ -278,7 +279,7 @@ pub enum MountKind {
 /// (`kind` one of `read-only`, `read-write`, `tmpfs`, `masked`, `symlink`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(into = "FsEntryRepr", try_from = "FsEntryRepr")]
-pub struct FsEntry {
+pub(crate) struct FsEntry {
     /// The path, identical inside and outside.
     pub path: PathBuf,
     /// What is mounted there.
@@ -328,7 +329,7 @@ impl TryFrom<FsEntryRepr> for FsEntry {
 
 /// A profile resolved against a workspace: concrete, checked paths.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// Profile name.
     pub name: String,
     /// Where it came from.
@@ -369,7 +370,7 @@ impl Loaded {
     /// Resolves the profile for a workspace. Errors name the profile key.
     /// The steps: the profile's place, its protected names (checked before
     /// anything uses them), its filesystem entries, the workspace guard.
-    pub fn resolve(&self, ctx: &Context) -> Result<Policy, ProfileError> {
+    pub(crate) fn resolve(&self, ctx: &Context) -> Result<Policy, ProfileError> {
         if let Source::File(p) = &self.source {
             if p.starts_with(&ctx.workspace) {
                 return Err(ProfileError::InWorkspace {
@@ -568,7 +569,7 @@ fn with_config_dir(mut names: Vec<PathBuf>, roots: &[PathBuf]) -> Vec<PathBuf> {
 
 /// Checks a workspace argument: it must exist, be a directory, and contain no
 /// symlink anywhere in its path (setup must never follow a planted link).
-pub fn check_workspace(arg: &Path) -> Result<PathBuf, String> {
+pub(crate) fn check_workspace(arg: &Path) -> Result<PathBuf, String> {
     let abs = if arg.is_absolute() {
         arg.to_path_buf()
     } else {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 /// A sandmux profile, as written in TOML.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Profile {
+pub(crate) struct Profile {
     /// Schema version; only 1 exists.
     pub version: u32,
     /// One line saying what the profile is for.
@@ -44,7 +44,7 @@ pub struct Profile {
 /// `[recording]`: the `serve --record` file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RecordingSettings {
+pub(crate) struct RecordingSettings {
     /// Largest size of the file; at it the recording ends with a notice and
     /// a marker event (default 64MiB, at least 4KiB).
     #[serde(default = "d_recording_max")]
@@ -52,7 +52,7 @@ pub struct RecordingSettings {
 }
 
 /// The smallest `[recording] max_bytes`: a header and the closing lines fit.
-pub const MIN_RECORDING_BYTES: u64 = 4096;
+pub(crate) const MIN_RECORDING_BYTES: u64 = 4096;
 
 fn d_recording_max() -> Size {
     Size(64 << 20)
@@ -69,7 +69,7 @@ impl Default for RecordingSettings {
 /// `[workspace]`: the workspace guard (P8).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WorkspaceSettings {
+pub(crate) struct WorkspaceSettings {
     /// `read-only` (default: git's control plane is read-only inside, new
     /// repositories are quarantined) or `unguarded` (no git guard).
     #[serde(default)]
@@ -84,7 +84,7 @@ pub struct WorkspaceSettings {
 /// a leading `?` marks a path as optional.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Filesystem {
+pub(crate) struct Filesystem {
     /// Bound read-only (and executable).
     #[serde(default)]
     pub read_only: Vec<String>,
@@ -107,7 +107,7 @@ pub struct Filesystem {
 /// Network mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum NetMode {
+pub(crate) enum NetMode {
     /// A new network namespace with nothing up.
     #[default]
     None,
@@ -122,7 +122,7 @@ pub enum NetMode {
 
 impl NetMode {
     /// The spelling used in profiles and reports.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             NetMode::None => "none",
             NetMode::Loopback => "loopback",
@@ -135,7 +135,7 @@ impl NetMode {
 /// `[network]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Network {
+pub(crate) struct Network {
     /// none | loopback | host | proxy.
     #[serde(default)]
     pub mode: NetMode,
@@ -196,7 +196,7 @@ impl Default for Network {
 /// `[limits]`. Sizes are strings like "4GiB" or plain byte counts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// RLIMIT_NOFILE.
     #[serde(default = "d_nofile")]
     pub nofile: u64,
@@ -225,9 +225,9 @@ pub struct Limits {
 }
 
 /// Highest `max_sessions` a profile may set (each session is a host process).
-pub const MAX_SESSIONS_CEILING: u32 = 256;
+pub(super) const MAX_SESSIONS_CEILING: u32 = 256;
 /// Highest `max_panes` a profile may set (each pane has a ring in the supervisor).
-pub const MAX_PANES_CEILING: u32 = 4096;
+pub(super) const MAX_PANES_CEILING: u32 = 4096;
 
 fn d_nofile() -> u64 {
     4096
@@ -269,7 +269,7 @@ impl Default for Limits {
 /// A byte size; parsed from "512MiB", "4GiB", "100kB" or an integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
-pub struct Size(pub u64);
+pub(crate) struct Size(pub u64);
 
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -287,7 +287,7 @@ impl<'de> Deserialize<'de> for Size {
 }
 
 /// Parses "4GiB", "512 MiB", "100kB", "123".
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -316,7 +316,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// `[environment]`: what every process inside sees.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Environment {
+pub(crate) struct Environment {
     /// Names kept from the caller's environment; a trailing `*` matches a prefix.
     #[serde(default)]
     pub keep: Vec<String>,
@@ -328,7 +328,7 @@ pub struct Environment {
 /// `[sandbox]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SandboxSettings {
+pub(crate) struct SandboxSettings {
     /// Hostname in the UTS namespace.
     #[serde(default = "d_hostname")]
     pub hostname: String,
@@ -363,7 +363,7 @@ impl Default for SandboxSettings {
 /// `[enforcement]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Enforcement {
+pub(crate) struct Enforcement {
     /// Layers allowed to be missing, by name; empty means all are required.
     #[serde(default)]
     pub best_effort: Vec<Layer>,
@@ -375,7 +375,7 @@ pub struct Enforcement {
 /// An MCP toolset (same meaning as libtmux-mcp's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Toolset {
+pub(crate) enum Toolset {
     /// Read-only tools.
     Inspect,
     /// Layout and naming tools.
@@ -389,7 +389,7 @@ pub enum Toolset {
 /// A named selection of tools (see `mcp::toolsets::CORE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Preset {
+pub(crate) enum Preset {
     /// Ten tools that cover an agent's daily work.
     Core,
 }
@@ -397,7 +397,7 @@ pub enum Preset {
 /// `[mcp]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct McpSettings {
+pub(crate) struct McpSettings {
     /// Toolsets enabled by default.
     #[serde(default = "d_toolsets")]
     pub toolsets: Vec<Toolset>,
@@ -438,12 +438,12 @@ pub struct McpSettings {
 }
 
 /// Most restarts one `serve` instance makes before it ends anyway.
-pub const MAX_RESTARTS: u32 = 3;
+pub(crate) const MAX_RESTARTS: u32 = 3;
 
 /// What `serve` does when its tmux server dies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum ServerExit {
+pub(crate) enum ServerExit {
     /// End the instance (the client sees the connection end).
     #[default]
     End,
@@ -455,7 +455,7 @@ pub enum ServerExit {
 /// When the execute toolset is live.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Act {
+pub(crate) enum Act {
     /// From the start.
     #[default]
     Always,
@@ -504,7 +504,7 @@ impl Default for McpSettings {
 }
 
 /// Variables that never enter the sandbox, whatever a profile says.
-pub fn is_forbidden_env(name: &str) -> bool {
+pub(crate) fn is_forbidden_env(name: &str) -> bool {
     name.starts_with("TMUX")
         || name.starts_with("SANDMUX")
         || name.starts_with("LD_")

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct UserConfig {
+pub(crate) struct UserConfig {
     /// `[audit]`.
     #[serde(default)]
     pub audit: AuditRetention,
@@ -23,7 +23,7 @@ pub struct UserConfig {
 /// directory.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AuditRetention {
+pub(crate) struct AuditRetention {
     /// Days since a finished log's last record; 0 keeps every log.
     #[serde(default = "d_keep_days")]
     pub keep_days: u32,
@@ -42,7 +42,7 @@ fn d_keep_days() -> u32 {
 }
 
 /// Where the file is.
-pub fn path() -> PathBuf {
+pub(crate) fn path() -> PathBuf {
     super::config_dir()
         .parent()
         .map(|p| p.join("config.toml"))
@@ -51,7 +51,7 @@ pub fn path() -> PathBuf {
 
 /// Reads the file; none means every default. An error names the file, the
 /// line and key, and what is wrong.
-pub fn load() -> Result<UserConfig, String> {
+pub(crate) fn load() -> Result<UserConfig, String> {
     let p = path();
     let text = match std::fs::read_to_string(&p) {
         Ok(t) => t,

@@ -13,9 +13,9 @@ pub mod head;
 pub mod hello;
 pub mod name;
 mod serve;
-pub mod tally;
+pub(crate) mod tally;
 
-pub use serve::serve;
+pub(crate) use serve::serve;
 
 use crate::profile::Network;
 use std::collections::BTreeMap;
@@ -24,17 +24,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The proxy's address inside the sandbox.
-pub const LISTEN: std::net::SocketAddrV4 =
+pub(crate) const LISTEN: std::net::SocketAddrV4 =
     std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 3128);
 
 /// The proxy as `http://…`, for the environment.
-pub fn url() -> String {
+pub(crate) fn url() -> String {
     format!("http://{LISTEN}")
 }
 
 /// The environment variables set for every process inside, in each
 /// spelling tools read.
-pub fn env_vars() -> Vec<(String, String)> {
+pub(crate) fn env_vars() -> Vec<(String, String)> {
     let u = url();
     let mut v = Vec::new();
     for n in ["http_proxy", "https_proxy", "all_proxy"] {
@@ -49,7 +49,7 @@ pub fn env_vars() -> Vec<(String, String)> {
 
 /// The proxy's settings, parsed from `[network]`.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub(crate) struct Config {
     /// The allowlist.
     pub allow: Vec<name::Rule>,
     /// Ranges that may be dialled although refused by default.
@@ -66,7 +66,7 @@ pub struct Config {
 
 impl Config {
     /// Parses `[network]`; errors name the key.
-    pub fn of(n: &Network) -> Result<Config, (&'static str, String)> {
+    pub(crate) fn of(n: &Network) -> Result<Config, (&'static str, String)> {
         let allow = n
             .allow
             .iter()
@@ -101,14 +101,14 @@ impl Config {
     }
 
     /// The allowlist as written canonically (reports).
-    pub fn list(&self) -> Vec<String> {
+    pub(crate) fn list(&self) -> Vec<String> {
         self.allow.iter().map(|r| r.show()).collect()
     }
 }
 
 /// One decision, reported when the connection ends (or is refused).
 #[derive(Debug, Clone)]
-pub struct Event {
+pub(crate) struct Event {
     /// `CONNECT` or the plain request's method (`-` when none was read).
     pub method: String,
     /// The canonical name asked for (or what was refused as one).
@@ -128,12 +128,12 @@ pub struct Event {
 }
 
 /// Where decisions go.
-pub type Sink = Arc<dyn Fn(Event) + Send + Sync>;
+pub(crate) type Sink = Arc<dyn Fn(Event) + Send + Sync>;
 
 /// Serves `listener` on a thread of its own until the process ends (`run`,
 /// `shell`: their supervisor is not confined); decisions are counted in
 /// the tally returned, for [`summary`].
-pub fn spawn_counted(
+pub(crate) fn spawn_counted(
     listener: std::net::TcpListener,
     cfg: Config,
 ) -> Result<Arc<Mutex<tally::Tally>>, String> {
@@ -160,7 +160,7 @@ pub fn spawn_counted(
 }
 
 /// The summary `run` and `shell` print on stderr when they end.
-pub fn summary(t: &Mutex<tally::Tally>) -> String {
+pub(crate) fn summary(t: &Mutex<tally::Tally>) -> String {
     let t = t.lock().unwrap_or_else(|p| p.into_inner());
     let open = t.open.load(std::sync::atomic::Ordering::Relaxed);
     if t.map.is_empty() && open == 0 {

@@ -20,7 +20,12 @@ const BUF: usize = 16 * 1024;
 
 /// Serves `listener` until the task is dropped; `open` counts the
 /// connections being served (whose event comes when they end).
-pub async fn serve(listener: TcpListener, cfg: Arc<Config>, sink: Sink, open: Arc<AtomicUsize>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    cfg: Arc<Config>,
+    sink: Sink,
+    open: Arc<AtomicUsize>,
+) {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     loop {
         let s = match listener.accept().await {

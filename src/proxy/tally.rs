@@ -6,11 +6,11 @@ use super::Event;
 use std::collections::BTreeMap;
 
 /// Most names counted separately.
-pub const MAX_NAMES: usize = 256;
+pub(crate) const MAX_NAMES: usize = 256;
 
 /// What one name (and verdict) adds up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Count {
+pub(crate) struct Count {
     /// Decisions.
     pub n: u64,
     /// Bytes up and down.
@@ -22,11 +22,11 @@ pub struct Count {
 }
 
 /// The key: `host:port` (or what stands for it) and whether it was allowed.
-pub type Key = (String, bool);
+pub(crate) type Key = (String, bool);
 
 /// Counts per name.
 #[derive(Debug, Default)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// The counts.
     pub map: BTreeMap<Key, Count>,
     /// Connections being served now (counted when they end).
@@ -34,7 +34,7 @@ pub struct Tally {
 }
 
 /// The name an event is counted under.
-pub fn label(ev: &Event) -> String {
+pub(crate) fn label(ev: &Event) -> String {
     if ev.host.is_empty() {
         "(no name read)".to_string()
     } else {
@@ -44,7 +44,7 @@ pub fn label(ev: &Event) -> String {
 
 impl Tally {
     /// Counts `ev`.
-    pub fn add(&mut self, ev: &Event) {
+    pub(crate) fn add(&mut self, ev: &Event) {
         let mut key = (label(ev), ev.denied.is_none());
         if !self.map.contains_key(&key) && self.map.len() >= MAX_NAMES {
             key.0 = "(other names)".to_string();
@@ -59,13 +59,13 @@ impl Tally {
     }
 
     /// The counts so far, leaving none.
-    pub fn take(&mut self) -> BTreeMap<Key, Count> {
+    pub(crate) fn take(&mut self) -> BTreeMap<Key, Count> {
         std::mem::take(&mut self.map)
     }
 
     /// One line per name, for a human's terminal (names are the agent's
     /// bytes: shown escaped).
-    pub fn summary(&self) -> Vec<String> {
+    pub(crate) fn summary(&self) -> Vec<String> {
         self.map
             .iter()
             .map(|((name, ok), c)| {

@@ -15,7 +15,7 @@ const SECUREBITS_LOCKED: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40
 
 /// Drops every capability from every set, bounding and ambient included, and
 /// locks the securebits when the process may still change them.
-pub fn drop_all() -> Result<String, String> {
+pub(crate) fn drop_all() -> Result<String, String> {
     let mut locked = false;
     if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false) {
         for cap in caps::all() {
@@ -45,12 +45,12 @@ pub fn drop_all() -> Result<String, String> {
 }
 
 /// Sets `no_new_privs`.
-pub fn set_no_new_privs() -> Result<(), String> {
+pub(crate) fn set_no_new_privs() -> Result<(), String> {
     nix::sys::prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))
 }
 
 /// Makes the process non-dumpable: its /proc entries become root-owned and it
 /// cannot be ptraced by same-uid processes.
-pub fn set_nondumpable() -> Result<(), String> {
+pub(crate) fn set_nondumpable() -> Result<(), String> {
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("PR_SET_DUMPABLE: {e}"))
 }

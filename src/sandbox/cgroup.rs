@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 /// A created cgroup (one directory per hierarchy).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Cgroup {
+pub(crate) struct Cgroup {
     /// Directories, one per hierarchy (one for v2).
     pub dirs: Vec<PathBuf>,
     /// "v2" or "v1".
@@ -75,7 +75,7 @@ pub(crate) fn v2_mount() -> Option<PathBuf> {
 
 /// Creates a cgroup with the limits, or says why it cannot: `name` below
 /// the instance's directory `instance` (made when missing).
-pub fn create(instance: &str, name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+pub(crate) fn create(instance: &str, name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
     let at = Place { instance, name };
     let own = own_v2_dir().and_then(|p| try_v2(&p, &at, pids, memory));
     let Err(own) = own else { return own };
@@ -206,7 +206,7 @@ fn try_v1(at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
 
 impl Cgroup {
     /// Where it is, for reports: "v2", "v1", or "v2 in the systemd scope …".
-    pub fn place(&self) -> String {
+    pub(crate) fn place(&self) -> String {
         match &self.scope {
             Some(s) => format!(
                 "{} in the systemd transient scope {s} (Delegate=yes)",
@@ -217,7 +217,7 @@ impl Cgroup {
     }
 
     /// Moves the calling process into the cgroup.
-    pub fn join_self(&self) -> std::io::Result<()> {
+    pub(crate) fn join_self(&self) -> std::io::Result<()> {
         for d in &self.dirs {
             write(&d.join("cgroup.procs"), "0")?;
         }
@@ -227,7 +227,7 @@ impl Cgroup {
     /// Kills everything left (v2 `cgroup.kill`; in a v1 freezer directory
     /// each process, then a thaw, so a frozen one dies), then removes the
     /// directories.
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         for d in &self.dirs {
             let _ = write(&d.join("cgroup.kill"), "1");
             if d.join("freezer.state").exists() {
@@ -246,7 +246,7 @@ impl Cgroup {
     }
 
     /// Removes the instance's directories (once every generation's is gone).
-    pub fn remove_instance(&self) {
+    pub(crate) fn remove_instance(&self) {
         for d in &self.instance {
             for _ in 0..50 {
                 match std::fs::remove_dir(d) {
@@ -260,7 +260,7 @@ impl Cgroup {
     }
 
     /// Number of OOM kills recorded so far (v2 memory.events, v1 memory.oom_control).
-    pub fn oom_kills(&self) -> u64 {
+    pub(crate) fn oom_kills(&self) -> u64 {
         for d in &self.dirs {
             for (f, key) in [
                 ("memory.events", "oom_kill"),

@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 
 /// Builds the environment for a process inside from `from` (usually the
 /// caller's own environment).
-pub fn build(
+pub(crate) fn build(
     policy: &Environment,
     from: impl IntoIterator<Item = (OsString, OsString)>,
 ) -> Vec<(OsString, OsString)> {
@@ -50,7 +50,7 @@ pub fn build(
 /// environment plus variables sandmux's tools set, already checked) minus
 /// every forbidden name (`TMUX`, `TMUX_PANE`, loader and bus variables), then
 /// the profile's `set` entries.
-pub fn gate(
+pub(crate) fn gate(
     policy: &Environment,
     from: impl IntoIterator<Item = (OsString, OsString)>,
 ) -> Vec<(OsString, OsString)> {

@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a freeze may take to settle.
-pub const SETTLE: Duration = Duration::from_secs(5);
+pub(crate) const SETTLE: Duration = Duration::from_secs(5);
 
 /// What a sandbox is frozen with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Freezer {
+pub(crate) enum Freezer {
     /// cgroup v2: `cgroup.freeze` / `cgroup.events` in this directory.
     V2(PathBuf),
     /// cgroup v1: `freezer.state` in this directory.
@@ -38,7 +38,7 @@ pub enum Freezer {
 
 impl Freezer {
     /// The freezer of a cgroup, if it has one.
-    pub fn of(cg: &Cgroup) -> Option<Freezer> {
+    pub(crate) fn of(cg: &Cgroup) -> Option<Freezer> {
         cg.dirs.iter().find_map(|d| {
             if cg.version == "v2" && d.join("cgroup.freeze").exists() {
                 Some(Freezer::V2(d.clone()))
@@ -51,7 +51,7 @@ impl Freezer {
     }
 
     /// How it is named in reports.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Freezer::V2(_) => "cgroup v2 freezer",
             Freezer::V1(_) => "cgroup v1 freezer",
@@ -62,7 +62,7 @@ impl Freezer {
 
 /// The sandbox to act on.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// Host pid of the outer `sandmux __init`.
     pub init_pid: u32,
     /// The instance's cgroup, when it has one.
@@ -71,7 +71,7 @@ pub struct Target {
 
 impl Target {
     /// The freezer used for this sandbox.
-    pub fn freezer(&self) -> Freezer {
+    pub(crate) fn freezer(&self) -> Freezer {
         self.cgroup
             .as_ref()
             .and_then(Freezer::of)
@@ -81,7 +81,7 @@ impl Target {
 
 /// What the signals freezer is asked to do.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
-pub enum Op {
+pub(crate) enum Op {
     /// SIGSTOP everything until it is still.
     Freeze,
     /// SIGCONT everything.
@@ -93,7 +93,7 @@ pub enum Op {
 /// The signals freezer (no cgroup): needs `/proc/PID/ns` of the sandbox,
 /// which a Landlock-confined supervisor cannot read, so `serve` has the
 /// broker run it (`mcp::broker`). Returns how many processes it acted on.
-pub fn by_signals(op: Op, init_pid: u32) -> Result<usize, String> {
+pub(crate) fn by_signals(op: Op, init_pid: u32) -> Result<usize, String> {
     match op {
         Op::Freeze => stop_all(init_pid),
         Op::Thaw => {
@@ -108,11 +108,11 @@ pub fn by_signals(op: Op, init_pid: u32) -> Result<usize, String> {
 
 /// Who runs the signals freezer: [`by_signals`] here, or a helper that may
 /// (the broker, for a confined supervisor).
-pub type Signals<'a> = &'a dyn Fn(Op, u32) -> Result<usize, String>;
+pub(crate) type Signals<'a> = &'a dyn Fn(Op, u32) -> Result<usize, String>;
 
 /// What a freeze or thaw did.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Done {
+pub(crate) struct Done {
     /// The freezer's name.
     pub method: &'static str,
     /// Processes it acted on.
@@ -120,7 +120,7 @@ pub struct Done {
 }
 
 /// Stops every process inside; an error says what is still running.
-pub fn freeze(t: &Target, signals: Signals) -> Result<Done, String> {
+pub(crate) fn freeze(t: &Target, signals: Signals) -> Result<Done, String> {
     let f = t.freezer();
     let processes = match &f {
         Freezer::V2(d) => {
@@ -140,7 +140,7 @@ pub fn freeze(t: &Target, signals: Signals) -> Result<Done, String> {
 }
 
 /// Lets every process inside run again.
-pub fn thaw(t: &Target, signals: Signals) -> Result<Done, String> {
+pub(crate) fn thaw(t: &Target, signals: Signals) -> Result<Done, String> {
     let f = t.freezer();
     let processes = match &f {
         Freezer::V2(d) => {
@@ -161,7 +161,7 @@ pub fn thaw(t: &Target, signals: Signals) -> Result<Done, String> {
 
 /// Ends a frozen sandbox without letting anything inside run: every process
 /// is killed, then the freezer let go (a frozen v1 task dies once thawed).
-pub fn kill(t: &Target, signals: Signals) {
+pub(crate) fn kill(t: &Target, signals: Signals) {
     match t.freezer() {
         Freezer::V2(d) => {
             let _ = std::fs::write(d.join("cgroup.kill"), "1");
@@ -179,7 +179,7 @@ pub fn kill(t: &Target, signals: Signals) {
 }
 
 /// Kills what is left in a v1 freezer directory (frozen or not), then thaws it.
-pub fn kill_v1(dir: &Path) {
+pub(crate) fn kill_v1(dir: &Path) {
     for pid in procs(dir) {
         if let Some(fd) = open_proc(pid) {
             let _ = send(&fd, libc::SIGKILL);

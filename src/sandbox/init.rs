@@ -30,9 +30,9 @@ use std::io::Read;
 use std::os::fd::FromRawFd;
 
 /// File descriptor the plan arrives on.
-pub const PLAN_FD: i32 = 3;
+pub(crate) const PLAN_FD: i32 = 3;
 /// File descriptor reports leave on.
-pub const REPORT_FD: i32 = 4;
+pub(crate) const REPORT_FD: i32 = 4;
 
 /// Why start-up stopped.
 pub(super) struct Stop {
@@ -129,7 +129,7 @@ impl Layers<'_> {
 }
 
 /// Entry point of `sandmux __init`. Never returns.
-pub fn main() -> ! {
+pub(crate) fn main() -> ! {
     let clean = reset_signals();
     // SAFETY: the supervisor hands us fd 3 (plan) and fd 4 (report) and nothing else uses them.
     let (mut plan_in, report) = unsafe {

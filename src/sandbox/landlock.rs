@@ -21,12 +21,12 @@ use landlock::{
 use std::path::{Path, PathBuf};
 
 /// Where the sandbox's own files live inside (see `mounts.rs`).
-pub const RUN_DIR: &str = "/run/sandmux";
+pub(crate) const RUN_DIR: &str = "/run/sandmux";
 
 /// Which process the layer is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Role {
+pub(crate) enum Role {
     /// The tmux server (and through it, the gate before it restricts itself).
     Server,
     /// A pane, added by the gate.
@@ -38,7 +38,7 @@ pub enum Role {
 /// How a path may be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Grant {
+pub(crate) enum Grant {
     /// List directories only.
     ListOnly,
     /// Read files and list directories, no execution.
@@ -53,11 +53,7 @@ pub enum Grant {
 
 /// What the Landlock step achieved.
 #[derive(Debug, Clone)]
-pub struct Outcome {
-    /// ABI used.
-    pub abi: u8,
-    /// The kernel's ABI.
-    pub kernel_abi: u8,
+pub(crate) struct Outcome {
     /// Whether TCP rules were applied.
     pub net: bool,
     /// Whether scopes were applied.
@@ -69,7 +65,7 @@ pub struct Outcome {
 }
 
 /// The kernel's Landlock ABI (0: unavailable).
-pub fn kernel_abi() -> u8 {
+pub(crate) fn kernel_abi() -> u8 {
     const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
     // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns an integer.
     let r = unsafe {
@@ -103,7 +99,7 @@ pub(crate) fn abi_of(n: u8) -> ABI {
 }
 
 /// The effective ABI for a policy (the kernel's, capped by the profile's pin).
-pub fn effective_abi(policy: &Policy) -> (u8, u8) {
+pub(crate) fn effective_abi(policy: &Policy) -> (u8, u8) {
     let k = kernel_abi();
     let e = match policy.landlock_abi {
         Some(pin) => k.min(pin),
@@ -154,7 +150,7 @@ fn fixed(role: Role) -> Vec<(PathBuf, Grant)> {
 }
 
 /// The rules for a role, as (path, grant) pairs.
-pub fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
+pub(crate) fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
     let mut r: Vec<(PathBuf, Grant)> = vec![("/".into(), Grant::ListOnly)];
     for e in &policy.fs {
         if let Some(g) = grant_of(&e.kind) {
@@ -174,7 +170,7 @@ pub fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
 }
 
 /// The rules by role as a markdown table (`docs/architecture.md`).
-pub fn table() -> String {
+pub(crate) fn table() -> String {
     const ROLES: [Role; 3] = [Role::Server, Role::Pane, Role::Command];
     let mut t = String::from("| path (inside) | server | pane | command |\n|---|---|---|---|\n");
     let row = |path: &str, g: &dyn Fn(Role) -> Option<Grant>| {
@@ -247,7 +243,7 @@ fn access_for(grant: Grant, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
 /// `net_isolated` says whether the sandbox has its own network namespace; without
 /// one, `none` and `loopback` fall back to Landlock denying every TCP bind and
 /// connect (the best Landlock can do; UDP stays open and the report says so).
-pub fn restrict(
+pub(crate) fn restrict(
     policy: &Policy,
     rules: &[(PathBuf, Grant)],
     net_isolated: bool,
@@ -293,8 +289,6 @@ pub fn restrict(
         ));
     }
     Ok(Outcome {
-        abi: eff,
-        kernel_abi: kernel,
         net,
         scoped,
         detail: describe(eff, kernel, net, scoped),

@@ -9,7 +9,7 @@ use crate::profile::Limits;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 /// What was set, for the report.
-pub fn apply(l: &Limits) -> Result<String, String> {
+pub(crate) fn apply(l: &Limits) -> Result<String, String> {
     // A limit above the caller's hard limit cannot be raised without privilege
     // over the host: it is clamped (only ever lowered), and the report shows it.
     let set = |r: Resource, v: u64, name: &str| -> Result<u64, String> {

@@ -3,33 +3,33 @@
 //! directory and a cgroup, writes a [`Plan`] to `sandmux __init` over a pipe,
 //! and reads back what each layer did ([`report`]).
 
-pub mod caps;
-pub mod cgroup;
+pub(crate) mod caps;
+pub(crate) mod cgroup;
 mod container;
-pub mod env;
+pub(crate) mod env;
 mod fds;
-pub mod freeze;
-pub mod init;
+pub(crate) mod freeze;
+pub(crate) mod init;
 mod keyring;
-pub mod landlock;
-pub mod limits;
-pub mod mounts;
-pub mod namespaces;
-pub mod net;
-pub mod nssignal;
-pub mod pane;
+pub(crate) mod landlock;
+pub(crate) mod limits;
+pub(crate) mod mounts;
+pub(crate) mod namespaces;
+pub(crate) mod net;
+pub(crate) mod nssignal;
+pub(crate) mod pane;
 mod payload;
 mod pid1;
-pub mod plan;
-pub mod probe;
-pub mod report;
-pub mod rundir;
-pub mod seccomp;
-pub mod supervisor;
+pub(crate) mod plan;
+pub(crate) mod probe;
+pub(crate) mod report;
+pub(crate) mod rundir;
+pub(crate) mod seccomp;
+pub(crate) mod supervisor;
 pub(crate) mod syscalls;
-pub mod systemd;
+pub(crate) mod systemd;
 pub(crate) mod uid;
-pub mod view;
+pub(crate) mod view;
 
 use crate::profile::{Layer, Policy};
 use report::Message;
@@ -42,18 +42,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 /// Exit status: invalid profile or arguments.
-pub const EXIT_USAGE: i32 = 2;
+pub(crate) const EXIT_USAGE: i32 = 2;
 /// Exit status: a layer the profile requires is unavailable (fail closed).
-pub const EXIT_LAYER: i32 = 3;
+pub(crate) const EXIT_LAYER: i32 = 3;
 /// Exit status: sandmux itself failed.
-pub const EXIT_INTERNAL: i32 = 125;
+pub(crate) const EXIT_INTERNAL: i32 = 125;
 
 /// The tmux socket, as seen inside the sandbox (hidden once the server listens).
-pub const SOCKET_INSIDE: &str = "/run/sandmux/sock/tmux.sock";
+pub(crate) const SOCKET_INSIDE: &str = "/run/sandmux/sock/tmux.sock";
 
 /// What runs inside.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// One command (`sandmux run`).
     Command {
         /// argv; argv[0] is looked up in the sandbox's PATH.
@@ -73,7 +73,7 @@ pub enum Payload {
 
 /// Everything `sandmux __init` needs, sent as JSON on fd 3.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The resolved profile.
     pub policy: Policy,
     /// This instance's private runtime directory on the host.
@@ -123,7 +123,7 @@ pub(crate) fn mode_of(payload: &Payload) -> plan::Mode {
 }
 
 /// How the sandbox's standard streams are connected.
-pub enum Stdio3 {
+pub(crate) enum Stdio3 {
     /// Inherit the supervisor's (`sandmux run`).
     Inherit,
     /// /dev/null for all three (tmux server; the supervisor's stdout may be MCP).
@@ -131,12 +131,14 @@ pub enum Stdio3 {
 }
 
 /// A started sandbox, as the supervisor holds it.
-pub struct Started {
+pub(crate) struct Started {
     /// The `sandmux __init` process.
     pub child: Child,
     /// Everything the sandbox reported during start-up.
     pub messages: Vec<Message>,
-    /// The rest of the report pipe (tmux mode: closes when PID 1 finishes start-up).
+    /// The rest of the report pipe (tmux mode: closes when PID 1 finishes
+    /// start-up), held so that PID 1's last writes never meet a closed pipe.
+    #[allow(dead_code)]
     pub report: std::fs::File,
     /// Proxy mode: the listener made inside the sandbox's network namespace,
     /// for this process to serve (`crate::proxy`).
@@ -146,7 +148,7 @@ pub struct Started {
 /// A start-up failure, with the exit status sandmux should use.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct StartError {
+pub(crate) struct StartError {
     /// The missing layer, if that is the cause.
     pub layer: Option<Layer>,
     /// What went wrong (and for a layer, the fix).
@@ -159,7 +161,7 @@ pub struct StartError {
 
 impl StartError {
     /// Exit status for this failure.
-    pub fn exit_code(&self) -> i32 {
+    pub(crate) fn exit_code(&self) -> i32 {
         if let Some(c) = self.code {
             c
         } else if self.layer.is_some() {
@@ -170,7 +172,7 @@ impl StartError {
     }
 
     /// An error of sandmux itself (no layer), exit status 125.
-    pub fn internal(message: String) -> Self {
+    pub(crate) fn internal(message: String) -> Self {
         StartError {
             layer: None,
             code: None,
@@ -180,7 +182,7 @@ impl StartError {
     }
 
     /// Builds the error for a layer, naming the fix.
-    pub fn layer(layer: Layer, reason: &str) -> Self {
+    pub(crate) fn layer(layer: Layer, reason: &str) -> Self {
         StartError {
             layer: Some(layer),
             code: None,
@@ -230,7 +232,7 @@ fn internal(e: impl std::fmt::Display) -> StartError {
 
 /// The `/etc/resolv.conf` and `/etc/hosts` shown inside when the sandbox
 /// has no host network: they say why names do not resolve.
-pub fn name_files(policy: &Policy) -> Option<(String, String)> {
+pub(crate) fn name_files(policy: &Policy) -> Option<(String, String)> {
     use crate::profile::NetMode;
     let mode = policy.network.mode;
     if mode == NetMode::Host {
@@ -256,7 +258,7 @@ pub fn name_files(policy: &Policy) -> Option<(String, String)> {
 }
 
 /// The `/etc/passwd` and `/etc/group` shown inside.
-pub fn identity_files(policy: &Policy) -> (String, String) {
+pub(crate) fn identity_files(policy: &Policy) -> (String, String) {
     let uid = policy.sandbox.uid;
     let home = policy
         .environment
@@ -297,7 +299,7 @@ pub(crate) fn die_with_parent() -> std::io::Result<()> {
 ///
 /// Call this from a thread that lives as long as the sandbox should: the child
 /// gets `PR_SET_PDEATHSIG`, which fires when the *spawning thread* exits.
-pub fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
+pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     let exe = std::env::current_exe().map_err(internal)?;
     let (plan_r, plan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
     let (rep_r, rep_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;

@@ -11,7 +11,7 @@ use std::io::Write;
 
 /// What the namespace step achieved.
 #[derive(Debug, Clone, Default)]
-pub struct Created {
+pub(crate) struct Created {
     /// Layers created.
     pub created: Vec<Layer>,
     /// Layers that could not be created, with the reason.
@@ -20,7 +20,7 @@ pub struct Created {
 
 impl Created {
     /// Whether `layer` was created.
-    pub fn has(&self, layer: Layer) -> bool {
+    pub(crate) fn has(&self, layer: Layer) -> bool {
         self.created.contains(&layer)
     }
 }
@@ -45,7 +45,7 @@ fn flags_for(net: NetMode, with_user: bool) -> (CloneFlags, Vec<Layer>) {
 /// Creates the namespaces. Tries with a user namespace first; without one (only
 /// possible for a caller holding CAP_SYS_ADMIN) the other namespaces are tried
 /// alone. The caller decides whether what is missing is acceptable.
-pub fn create(net: NetMode) -> Created {
+pub(crate) fn create(net: NetMode) -> Created {
     let (flags, layers) = flags_for(net, true);
     match unshare(flags) {
         Ok(()) => Created {
@@ -76,7 +76,7 @@ pub fn create(net: NetMode) -> Created {
 }
 
 /// Writes the single-id maps of a fresh user namespace (from inside it).
-pub fn write_id_maps(inside: u32, host_uid: u32, host_gid: u32) -> std::io::Result<()> {
+pub(crate) fn write_id_maps(inside: u32, host_uid: u32, host_gid: u32) -> std::io::Result<()> {
     std::fs::OpenOptions::new()
         .write(true)
         .open("/proc/self/setgroups")?
@@ -93,6 +93,6 @@ pub fn write_id_maps(inside: u32, host_uid: u32, host_gid: u32) -> std::io::Resu
 }
 
 /// Sets the hostname of the UTS namespace.
-pub fn set_hostname(name: &str) -> nix::Result<()> {
+pub(crate) fn set_hostname(name: &str) -> nix::Result<()> {
     nix::unistd::sethostname(name)
 }

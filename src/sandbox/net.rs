@@ -8,12 +8,12 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// The descriptor `__init` gets in proxy mode: a Unix socket to the supervisor.
-pub const PROXY_FD: i32 = 5;
+pub(crate) const PROXY_FD: i32 = 5;
 
 /// In the sandbox's network namespace: `lo` up, the proxy's listener bound
 /// there and sent over [`PROXY_FD`], which is then closed (nothing below
 /// the outer process inherits it, nor the listener).
-pub fn send_listener() -> Result<(), String> {
+pub(crate) fn send_listener() -> Result<(), String> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
     let l = std::net::TcpListener::bind(crate::proxy::LISTEN)
@@ -35,7 +35,7 @@ pub fn send_listener() -> Result<(), String> {
 
 /// The supervisor's side: the listener `__init` sent, which must be there
 /// once the sandbox reported start-up done.
-pub fn recv_listener(
+pub(crate) fn recv_listener(
     chan: &std::os::unix::net::UnixStream,
 ) -> Result<std::net::TcpListener, String> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
@@ -63,7 +63,7 @@ pub fn recv_listener(
 }
 
 /// Brings the loopback interface up (needs CAP_NET_ADMIN in the namespace).
-pub fn loopback_up() -> std::io::Result<()> {
+pub(crate) fn loopback_up() -> std::io::Result<()> {
     // SAFETY: plain socket(2) call; the fd is owned right after.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {

@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 /// The sandbox's pid namespace (`pid:[N]`), refused when it is the
 /// supervisor's own (a profile that let the pid layer go): signalling
 /// "every process of the namespace" would then reach the host's.
-pub fn sandbox_ns(init_pid: u32) -> Result<String, String> {
+pub(crate) fn sandbox_ns(init_pid: u32) -> Result<String, String> {
     let p = format!("/proc/{init_pid}/ns/pid_for_children");
     let ns = std::fs::read_link(&p)
         .map_err(|e| format!("{p}: {e} (is the sandbox still running?)"))?
@@ -35,7 +35,7 @@ pub fn sandbox_ns(init_pid: u32) -> Result<String, String> {
 
 /// Sends `sig` to every process of the sandbox (the pid namespace the outer
 /// `__init`, `init_pid`, made for its children) and to its PID 1.
-pub fn signal_all(init_pid: u32, sig: i32) -> Result<(), String> {
+pub(crate) fn signal_all(init_pid: u32, sig: i32) -> Result<(), String> {
     let inside = kill_inside(init_pid, sig);
     let one = pid1(init_pid).map(|fd| send(&fd, sig));
     match (inside, one) {
@@ -47,7 +47,7 @@ pub fn signal_all(init_pid: u32, sig: i32) -> Result<(), String> {
 }
 
 /// The sandbox's PID 1, held open: the outer `__init`'s only child.
-pub fn pid1(init_pid: u32) -> Option<OwnedFd> {
+pub(crate) fn pid1(init_pid: u32) -> Option<OwnedFd> {
     let kids =
         std::fs::read_to_string(format!("/proc/{init_pid}/task/{init_pid}/children")).ok()?;
     let pid: i32 = kids.split_whitespace().next()?.parse().ok()?;
@@ -134,17 +134,15 @@ unsafe fn helper(user: Option<i32>, pid: i32, sig: i32) -> ! {
     }
 }
 
-/// A process inside, held open as `/proc/PID`.
-pub struct Member {
-    /// The descriptor (signals go through it).
-    pub fd: OwnedFd,
+/// A process inside, as its state was read through `/proc/PID`.
+pub(crate) struct Member {
     /// It can run no more user code: stopped, traced, dead, or with a stop
     /// pending (the next thing it does is stop).
     pub still: bool,
 }
 
 /// Opens `/proc/PID` (a handle on that process, not on its number).
-pub fn open_proc(pid: i32) -> Option<OwnedFd> {
+pub(crate) fn open_proc(pid: i32) -> Option<OwnedFd> {
     open(
         format!("/proc/{pid}").as_str(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -161,11 +159,11 @@ fn read_at(fd: &OwnedFd, name: &str) -> Option<String> {
 }
 
 /// The processes of namespace `ns` that the host can inspect now, and PID 1.
-pub fn members(ns: &str, init_pid: u32) -> Vec<Member> {
+pub(crate) fn members(ns: &str, init_pid: u32) -> Vec<Member> {
     let mut out = Vec::new();
     if let Some(fd) = pid1(init_pid) {
         let still = is_still(&fd);
-        out.push(Member { fd, still });
+        out.push(Member { still });
     }
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
@@ -177,7 +175,7 @@ pub fn members(ns: &str, init_pid: u32) -> Vec<Member> {
         let Some(fd) = open_proc(pid) else { continue };
         if readlinkat(&fd, "ns/pid").is_ok_and(|l| l.to_string_lossy() == ns) {
             let still = is_still(&fd);
-            out.push(Member { fd, still });
+            out.push(Member { still });
         }
     }
     out
@@ -185,7 +183,7 @@ pub fn members(ns: &str, init_pid: u32) -> Vec<Member> {
 
 /// Reads `status`: state T/t/Z/X, or SIGSTOP pending (a process that is gone
 /// is still).
-pub fn is_still(fd: &OwnedFd) -> bool {
+pub(crate) fn is_still(fd: &OwnedFd) -> bool {
     let Some(text) = read_at(fd, "status") else {
         return true;
     };
@@ -204,7 +202,7 @@ pub fn is_still(fd: &OwnedFd) -> bool {
 }
 
 /// Sends `sig` to the process `fd` holds (never to a reused pid).
-pub fn send(fd: &OwnedFd, sig: i32) -> std::io::Result<()> {
+pub(crate) fn send(fd: &OwnedFd, sig: i32) -> std::io::Result<()> {
     // SAFETY: pidfd_send_signal with a valid descriptor, no siginfo, no flags.
     let r = unsafe {
         libc::syscall(

@@ -28,14 +28,14 @@ use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 
 /// Path of the gate inside the sandbox.
-pub const GATE_PATH: &str = "/run/sandmux/bin/sandmux-pane";
+pub(crate) const GATE_PATH: &str = "/run/sandmux/bin/sandmux-pane";
 /// Basename the binary recognises as the gate.
-pub const GATE_NAME: &str = "sandmux-pane";
+pub(crate) const GATE_NAME: &str = "sandmux-pane";
 const CONFIG: &str = "/run/sandmux/gate.json";
 
 /// Configuration the gate reads.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct GateConfig {
+pub(crate) struct GateConfig {
     /// The resolved policy.
     pub policy: Policy,
 }
@@ -46,16 +46,16 @@ pub struct GateConfig {
 /// persist and no quote in it can swallow what follows) between two markers
 /// that are OSC sequences: they reach sandmux's `%output` stream, and tmux
 /// draws nothing for them, so neither the screen nor a capture shows them.
-pub const RUN_FUNCTION: &str = r#"() { printf '\033]6973;B%s;%s\007' "$1" "$$"; __sandmux_n=$1; __sandmux_c=$2; shift 2; eval "$__sandmux_c"; set -- "$?"; printf '\033]6973;E%s;%s\007' "$__sandmux_n" "$1"; unset __sandmux_n __sandmux_c; return "$1"; }"#;
+pub(crate) const RUN_FUNCTION: &str = r#"() { printf '\033]6973;B%s;%s\007' "$1" "$$"; __sandmux_n=$1; __sandmux_c=$2; shift 2; eval "$__sandmux_c"; set -- "$?"; printf '\033]6973;E%s;%s\007' "$__sandmux_n" "$1"; unset __sandmux_n __sandmux_c; return "$1"; }"#;
 /// The environment variable bash imports [`RUN_FUNCTION`] from, as `__sandmux_run`.
-pub const RUN_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_run%%";
+pub(crate) const RUN_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_run%%";
 /// Run from `PROMPT_COMMAND`: a marker with the shell's pid and `$?` before
 /// every prompt, so a command that never printed its end marker (C-c aborts
 /// the whole function) is seen to be over when its shell prompts again.
-pub const PROMPT_FUNCTION: &str =
+pub(crate) const PROMPT_FUNCTION: &str =
     r#"() { set -- "$?"; printf '\033]6973;P%s;%s\007' "$$" "$1"; return "$1"; }"#;
 /// The environment variable bash imports [`PROMPT_FUNCTION`] from.
-pub const PROMPT_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_prompt%%";
+pub(crate) const PROMPT_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_prompt%%";
 
 /// Adds the functions above to a pane's environment (`PROMPT_COMMAND` runs
 /// `__sandmux_prompt` first, then whatever the profile set).
@@ -78,7 +78,7 @@ fn add_run_functions(env: &mut Vec<(OsString, OsString)>) {
 
 /// What the gate was asked to run.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Request {
+pub(crate) enum Request {
     /// An interactive shell (tmux asks for a login shell; the pane gets the
     /// profile's environment instead of `/etc/profile`'s).
     Interactive,
@@ -91,7 +91,7 @@ pub enum Request {
 }
 
 /// Parses the gate's argv (including argv[0]).
-pub fn parse(args: &[OsString]) -> Result<Request, String> {
+pub(crate) fn parse(args: &[OsString]) -> Result<Request, String> {
     let rest = &args[1.min(args.len())..];
     match rest.first().map(|a| a.as_bytes()) {
         None => Ok(Request::Interactive),
@@ -110,7 +110,7 @@ fn fail(msg: &str) -> ! {
 }
 
 /// Entry point when the binary runs as the gate. Never returns.
-pub fn main(args: Vec<OsString>) -> ! {
+pub(crate) fn main(args: Vec<OsString>) -> ! {
     let req = parse(&args).unwrap_or_else(|e| fail(&e));
     let text =
         std::fs::read(CONFIG).unwrap_or_else(|e| fail(&format!("cannot read {CONFIG}: {e}")));

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 /// Kernel features relevant to the layers.
 #[derive(Debug, Clone, Serialize)]
-pub struct Kernel {
+pub(crate) struct Kernel {
     /// `uname -r`.
     pub release: String,
     /// Landlock ABI (0: none).
@@ -22,7 +22,7 @@ pub struct Kernel {
 }
 
 /// Measures the kernel: each feature is tried, not assumed.
-pub fn kernel() -> Kernel {
+pub(crate) fn kernel() -> Kernel {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -61,7 +61,7 @@ fn try_userns() -> Result<(), String> {
 }
 
 /// Body of `sandmux __probe-userns`.
-pub fn userns_child() -> i32 {
+pub(crate) fn userns_child() -> i32 {
     match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER) {
         Ok(()) => 0,
         Err(e) => {

@@ -11,7 +11,7 @@ use std::io::{BufRead, Write};
 /// One message from the sandbox to the supervisor (JSON lines on fd 4).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Message {
+pub(crate) enum Message {
     /// A layer is in force.
     Enforced {
         /// The layer.
@@ -59,7 +59,7 @@ pub enum Message {
 
 /// The status of one layer in a finished report.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct LayerStatus {
+pub(crate) struct LayerStatus {
     /// The layer.
     pub layer: Layer,
     /// Whether it is in force.
@@ -69,7 +69,7 @@ pub struct LayerStatus {
 }
 
 /// Writes messages to the report pipe.
-pub struct Reporter {
+pub(crate) struct Reporter {
     out: Option<std::fs::File>,
     notes: bool,
     /// The layers reported dropped so far (the last word on a layer wins).
@@ -78,7 +78,7 @@ pub struct Reporter {
 
 impl Reporter {
     /// Wraps the report pipe.
-    pub fn new(out: std::fs::File) -> Self {
+    pub(crate) fn new(out: std::fs::File) -> Self {
         Reporter {
             out: Some(out),
             notes: false,
@@ -88,17 +88,17 @@ impl Reporter {
 
     /// The layers this process (and the ones it forked from) reported
     /// dropped, in report order.
-    pub fn dropped(&self) -> &[Layer] {
+    pub(crate) fn dropped(&self) -> &[Layer] {
         &self.dropped
     }
 
     /// Sends notes from now on if the plan's log level is `trace`.
-    pub fn notes(&mut self, level: &str) {
+    pub(crate) fn notes(&mut self, level: &str) {
         self.notes = level == "trace";
     }
 
     /// Sends a [`Message::Note`] if the plan asked for them.
-    pub fn note(&mut self, message: impl FnOnce() -> String) {
+    pub(crate) fn note(&mut self, message: impl FnOnce() -> String) {
         if self.notes {
             let message = message();
             self.send(&Message::Note { message });
@@ -107,7 +107,7 @@ impl Reporter {
 
     /// Sends one message; a closed pipe (supervisor gone) is ignored here and
     /// handled by the death signal.
-    pub fn send(&mut self, m: &Message) {
+    pub(crate) fn send(&mut self, m: &Message) {
         match m {
             Message::Dropped { layer, .. } if !self.dropped.contains(layer) => {
                 self.dropped.push(*layer)
@@ -123,13 +123,13 @@ impl Reporter {
     }
 
     /// Closes the pipe (the supervisor sees end-of-file).
-    pub fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         self.out = None;
     }
 }
 
 /// Reads messages until `Ready`, `Fatal` or end-of-file.
-pub fn read_until_done(r: impl std::io::Read) -> Vec<Message> {
+pub(crate) fn read_until_done(r: impl std::io::Read) -> Vec<Message> {
     let mut out = Vec::new();
     for line in std::io::BufReader::new(r).split(b'\n') {
         let Ok(line) = line else { break };
@@ -152,7 +152,7 @@ pub fn read_until_done(r: impl std::io::Read) -> Vec<Message> {
 
 /// Logs what the sandbox reported: one event per layer (debug), `__init`'s
 /// notes (trace) and a failure's reason (debug; the caller reports it).
-pub fn log(msgs: &[Message]) {
+pub(crate) fn log(msgs: &[Message]) {
     for m in msgs {
         match m {
             Message::Enforced { layer, detail } => {
@@ -180,7 +180,7 @@ pub fn log(msgs: &[Message]) {
 }
 
 /// Folds messages into one status per layer (the last word on a layer wins).
-pub fn layers(msgs: &[Message]) -> Vec<LayerStatus> {
+pub(crate) fn layers(msgs: &[Message]) -> Vec<LayerStatus> {
     let mut v: Vec<LayerStatus> = Vec::new();
     for m in msgs {
         let (layer, enforced, detail) = match m {

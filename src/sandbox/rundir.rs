@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// A runtime directory owned by this process; removed on drop.
 #[derive(Debug)]
-pub struct Rundir {
+pub(crate) struct Rundir {
     /// The directory.
     pub path: PathBuf,
     /// Random instance id (hex).
@@ -19,7 +19,7 @@ pub struct Rundir {
 }
 
 /// The base directory for this user's instances, created 0700 and checked.
-pub fn base() -> Result<PathBuf, String> {
+pub(crate) fn base() -> Result<PathBuf, String> {
     let uid = nix::unistd::geteuid().as_raw();
     let candidate = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
@@ -58,7 +58,7 @@ fn start_time(pid: i32) -> Option<String> {
 }
 
 /// Whether the supervisor that owns `dir` is still running.
-pub fn owner_alive(dir: &Path) -> bool {
+pub(crate) fn owner_alive(dir: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string(dir.join("owner")) else {
         return false;
     };
@@ -70,7 +70,7 @@ pub fn owner_alive(dir: &Path) -> bool {
 }
 
 /// Removes directories left by supervisors that no longer run.
-pub fn clean_stale(base: &Path) -> Vec<PathBuf> {
+pub(crate) fn clean_stale(base: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Ok(rd) = std::fs::read_dir(base) else {
         return removed;
@@ -113,7 +113,7 @@ pub fn clean_stale(base: &Path) -> Vec<PathBuf> {
 
 impl Rundir {
     /// Creates a fresh instance directory (after cleaning stale ones).
-    pub fn create() -> Result<Rundir, String> {
+    pub(crate) fn create() -> Result<Rundir, String> {
         let base = base()?;
         clean_stale(&base);
         let id = crate::nonce::hex()[..12].to_string();
@@ -146,7 +146,7 @@ impl Rundir {
     }
 
     /// Records the instance's cgroup so a later start can remove it.
-    pub fn set_cgroup(&mut self, cg: super::cgroup::Cgroup) {
+    pub(crate) fn set_cgroup(&mut self, cg: super::cgroup::Cgroup) {
         let _ = std::fs::write(
             self.path.join("cgroup.json"),
             serde_json::to_vec(&cg).unwrap_or_default(),
@@ -155,12 +155,12 @@ impl Rundir {
     }
 
     /// Records what runs here (for `sandmux ps`): written beside the socket.
-    pub fn write_meta(&self, meta: &serde_json::Value) {
+    pub(crate) fn write_meta(&self, meta: &serde_json::Value) {
         let _ = std::fs::write(self.path.join("meta.json"), meta.to_string());
     }
 
     /// The tmux socket on the host side.
-    pub fn socket(&self) -> PathBuf {
+    pub(crate) fn socket(&self) -> PathBuf {
         self.path.join("sock").join("tmux.sock")
     }
 }

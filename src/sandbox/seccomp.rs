@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 
 /// Errors while building or installing the filter.
 #[derive(Debug, thiserror::Error)]
-pub enum SeccompError {
+pub(crate) enum SeccompError {
     /// seccompiler refused the rules (a bug in this file).
     #[error("building the seccomp filter: {0}")]
     Build(#[from] seccompiler::BackendError),
@@ -50,9 +50,9 @@ pub enum SeccompError {
 }
 
 /// `TIOCSTI`: push a byte into a terminal's input queue (E1).
-pub const TIOCSTI: u64 = 0x5412;
+pub(crate) const TIOCSTI: u64 = 0x5412;
 /// `TIOCLINUX`: console selection and paste (E2).
-pub const TIOCLINUX: u64 = 0x541C;
+pub(crate) const TIOCLINUX: u64 = 0x541C;
 
 /// Every `CLONE_NEW*` flag (and `CLONE_NEWTIME`).
 const CLONE_NS_FLAGS: [u64; 8] = [
@@ -75,13 +75,13 @@ const SOCKET_FAMILIES: [u64; 4] = [
 ];
 
 /// The compiled programs, in installation order.
-pub struct Filters {
+pub(crate) struct Filters {
     programs: Vec<BpfProgram>,
 }
 
 impl Filters {
     /// Number of BPF programs (each shows as one entry in `Seccomp_filters`).
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.programs.len()
     }
 }
@@ -106,7 +106,7 @@ fn compile(filter: SeccompFilter) -> Result<BpfProgram, SeccompError> {
 /// Whether this kernel lets a process install a filter: tried for real, on a
 /// short-lived thread (a filter and `no_new_privs` set without TSYNC bind only
 /// the calling thread), with a one-instruction program that allows everything.
-pub fn probe() -> Result<(), String> {
+pub(crate) fn probe() -> Result<(), String> {
     std::thread::spawn(|| {
         let allow: BpfProgram = vec![seccompiler::sock_filter {
             code: 0x06, // BPF_RET | BPF_K
@@ -160,7 +160,7 @@ fn all(list: &'static [(&str, &[(&str, i64)])]) -> impl Iterator<Item = i64> {
 }
 
 /// Builds the sandbox filter (all three programs).
-pub fn build() -> Result<Filters, SeccompError> {
+pub(crate) fn build() -> Result<Filters, SeccompError> {
     let arch = arch()?;
     let allow: BTreeMap<i64, Vec<SeccompRule>> = all(ALLOWED).map(|n| (n, vec![])).collect();
     let allowlist = SeccompFilter::new(
@@ -238,7 +238,7 @@ pub(crate) fn supervisor_programs(
 
 /// Which inet sockets the supervisor may make (network mode `proxy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Inet {
+pub(crate) enum Inet {
     /// None: unix sockets only.
     No,
     /// TCP (`SOCK_STREAM`, protocol 0 or TCP), inet and inet6.
@@ -332,7 +332,7 @@ fn clone_ns_rules() -> Result<Vec<SeccompRule>, SeccompError> {
 }
 
 /// Installs the filters on the calling thread. `no_new_privs` must already be set.
-pub fn install(filters: &Filters) -> Result<(), SeccompError> {
+pub(crate) fn install(filters: &Filters) -> Result<(), SeccompError> {
     for p in &filters.programs {
         apply_filter(p)?;
     }

@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 
 /// How the supervisor may use a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Right {
+pub(crate) enum Right {
     /// Read files and list directories.
     Read,
     /// Read and execute (the tmux binary and the libraries it loads).
@@ -80,18 +80,6 @@ impl Right {
             a
         } else {
             a & AccessFs::from_file(abi)
-        }
-    }
-
-    /// The right, in words (reports and docs).
-    pub fn describe(self) -> &'static str {
-        match self {
-            Right::Read => "read",
-            Right::Exec => "read + execute",
-            Right::File => "read + write (no create)",
-            Right::Tree => "every right but making device nodes",
-            Right::Cgroup => "control files + remove",
-            Right::RemoveBelow => "remove an empty directory below",
         }
     }
 }
@@ -150,7 +138,7 @@ fn read_exec(policy: &Policy, tmux: &Path) -> Vec<(PathBuf, Right)> {
 
 /// What a confined thread may touch, as (path, right) rules.
 #[derive(Debug, Clone, Default)]
-pub struct Needs {
+pub(crate) struct Needs {
     /// The rules; paths that do not exist are skipped when applied.
     pub rules: Vec<(PathBuf, Right)>,
     /// TCP ports that may be connected to (network mode `proxy`: the
@@ -174,7 +162,7 @@ const RESOLVER: [&str; 6] = [
 /// Whether the proxy may have to ask the host's resolver (which asks its
 /// name servers over UDP): an allow entry that is a `*.` suffix or a name
 /// not pinned in `[network] hosts`.
-pub fn proxy_resolves(policy: &Policy) -> bool {
+pub(crate) fn proxy_resolves(policy: &Policy) -> bool {
     if policy.network.mode != crate::profile::NetMode::Proxy {
         return false;
     }
@@ -188,7 +176,7 @@ pub fn proxy_resolves(policy: &Policy) -> bool {
 }
 
 /// The ports the proxy may dial for `policy` (empty outside proxy mode).
-pub fn proxy_ports(policy: &Policy) -> Vec<u16> {
+pub(crate) fn proxy_ports(policy: &Policy) -> Vec<u16> {
     if policy.network.mode != crate::profile::NetMode::Proxy {
         return vec![];
     }
@@ -213,7 +201,7 @@ pub fn proxy_ports(policy: &Policy) -> Vec<u16> {
 }
 
 /// The inputs of [`Needs::supervisor`]: every file `serve` keeps using.
-pub struct Files<'a> {
+pub(crate) struct Files<'a> {
     /// The instance's runtime directory (sockets, meta, operator endpoint).
     pub rundir: &'a Path,
     /// The tmux binary its clients run.
@@ -231,7 +219,7 @@ pub struct Files<'a> {
 impl Needs {
     /// The workspace guard's thread: its trees and state directory (it
     /// reverts, quarantines and keeps manifests there), and `/proc`.
-    pub fn guard(trees: &[PathBuf], state: &Path) -> Needs {
+    pub(crate) fn guard(trees: &[PathBuf], state: &Path) -> Needs {
         let mut rules: Vec<(PathBuf, Right)> =
             trees.iter().map(|t| (t.clone(), Right::Tree)).collect();
         rules.push((state.to_path_buf(), Right::Tree));
@@ -247,7 +235,7 @@ impl Needs {
     /// libraries (the profile's read-only trees with nothing masked below
     /// them, and the few files of `/etc` a client and the loader read),
     /// `/proc` (the freezer, reaping, OOM counts) and `/dev/null`.
-    pub fn supervisor(policy: &Policy, f: &Files) -> Needs {
+    pub(crate) fn supervisor(policy: &Policy, f: &Files) -> Needs {
         let mut n = match f.guard {
             Some((trees, state)) => Needs::guard(trees, state),
             None => Needs {
@@ -294,7 +282,7 @@ impl Needs {
 }
 
 /// A Landlock ruleset built on one thread and applied on another.
-pub struct Prepared {
+pub(crate) struct Prepared {
     ruleset: RulesetCreated,
     ports: Vec<u16>,
     abi: u8,
@@ -303,7 +291,7 @@ pub struct Prepared {
 }
 
 /// Builds the ruleset for `needs` at the profile's Landlock ABI.
-pub fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
+pub(crate) fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
     let (kernel, eff) = effective_abi(policy);
     if eff == 0 {
         return Err("Landlock is not available in this kernel".into());
@@ -360,7 +348,7 @@ pub fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
 
 impl Prepared {
     /// Restricts the calling thread (and what it starts from now on).
-    pub fn restrict(self) -> Result<String, String> {
+    pub(crate) fn restrict(self) -> Result<String, String> {
         let (abi, kernel, rules) = (self.abi, self.kernel, self.rules);
         let tcp = match (abi >= 4, self.ports.is_empty()) {
             (false, _) => String::new(),
@@ -382,7 +370,7 @@ impl Prepared {
 
 /// The calls the supervisor's filter refuses with `EPERM`: the sandbox's
 /// denylist but `setns`, plus `ptrace`.
-pub fn denied() -> Vec<(&'static str, i64)> {
+pub(crate) fn denied() -> Vec<(&'static str, i64)> {
     let mut v: Vec<(&'static str, i64)> = super::syscalls::DENIED
         .iter()
         .flat_map(|(_, g)| g.iter().copied())
@@ -407,7 +395,7 @@ pub fn denied() -> Vec<(&'static str, i64)> {
 /// set-user-ID or set-group-ID bit: a confined root supervisor could
 /// otherwise leave a setuid-root binary in the workspace (Landlock does not
 /// mediate modes).
-pub const SETID_MODES: [(&str, i64, u8); 7] = [
+pub(crate) const SETID_MODES: [(&str, i64, u8); 7] = [
     ("chmod", libc::SYS_chmod, 1),
     ("fchmod", libc::SYS_fchmod, 1),
     ("fchmodat", libc::SYS_fchmodat, 2),
@@ -420,7 +408,7 @@ pub const SETID_MODES: [(&str, i64, u8); 7] = [
 /// Installs the supervisor's seccomp filter on every thread (TSYNC); returns
 /// how many calls it denies. `inet`: which inet and inet6 sockets stay
 /// allowed (network mode `proxy`).
-pub fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
+pub(crate) fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
     let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, inet)
         .map_err(|e| e.to_string())?;
     for p in &progs {
@@ -430,7 +418,7 @@ pub fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
 }
 
 /// No core dumps, ever (soft and hard limit 0).
-pub fn no_core() -> Result<(), String> {
+pub(crate) fn no_core() -> Result<(), String> {
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
         .map_err(|e| format!("setrlimit(RLIMIT_CORE, 0): {e}"))
 }
@@ -438,7 +426,7 @@ pub fn no_core() -> Result<(), String> {
 /// Confines the calling (main) thread with `needs` and every thread with the
 /// seccomp filter. Whatever part fails makes the layer missing: refused
 /// start-up, unless the profile lists `supervisor` as best effort.
-pub fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, StartError> {
+pub(crate) fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, StartError> {
     let mut done = Vec::new();
     let mut failed = Vec::new();
     match prepare(policy, needs).and_then(Prepared::restrict) {
@@ -465,7 +453,7 @@ pub fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, StartError
 }
 
 /// The layer's status from what was done and what failed.
-pub fn status(
+pub(crate) fn status(
     policy: &Policy,
     done: Vec<String>,
     failed: Vec<String>,
@@ -497,7 +485,7 @@ pub fn status(
 /// rules and seccomp programs, tried for real on a short-lived thread (both
 /// bind only that thread without `TSYNC`), and `client` (a tmux client of
 /// the instance) run under them.
-pub fn probe(
+pub(crate) fn probe(
     policy: &Policy,
     needs: &Needs,
     client: &(dyn Fn() -> Result<(), String> + Sync),

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 /// What detection looks at (the real machine's in [`Facts::here`]).
 #[derive(Debug, Clone)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// `/run/systemd/system` (exists when systemd is PID 1).
     pub booted_marker: PathBuf,
     /// `/proc/1/comm`, to name PID 1 when it is not systemd.
@@ -39,7 +39,7 @@ pub struct Facts {
 
 /// A systemd user manager this process can ask for a scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserManager {
+pub(crate) struct UserManager {
     /// The user bus socket.
     pub bus: PathBuf,
     /// `busctl`.
@@ -48,7 +48,7 @@ pub struct UserManager {
 
 impl Facts {
     /// This machine and this process's environment.
-    pub fn here() -> Facts {
+    pub(crate) fn here() -> Facts {
         Facts {
             booted_marker: "/run/systemd/system".into(),
             pid1_comm: "/proc/1/comm".into(),
@@ -81,7 +81,7 @@ fn bus_path(f: &Facts) -> Option<PathBuf> {
 
 /// Finds the user manager, or says exactly why there is none (every missing
 /// piece, in one line).
-pub fn detect(f: &Facts) -> Result<UserManager, String> {
+pub(crate) fn detect(f: &Facts) -> Result<UserManager, String> {
     let mut why = Vec::new();
     if !f.booted_marker.is_dir() {
         let pid1 = std::fs::read_to_string(&f.pid1_comm)
@@ -124,7 +124,7 @@ pub fn detect(f: &Facts) -> Result<UserManager, String> {
 
 /// The delegated scope's directory to make instance cgroups in, set up on
 /// first use (see the module doc); the same answer for the whole process.
-pub fn delegated_scope() -> Result<PathBuf, String> {
+pub(crate) fn delegated_scope() -> Result<PathBuf, String> {
     static SCOPE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     SCOPE
         .get_or_init(|| {

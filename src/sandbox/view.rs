@@ -17,7 +17,7 @@ struct Resolved<'a> {
 }
 
 /// `profile show --resolved` in `format` (`json` or `toml`).
-pub fn resolved(policy: &Policy, format: &str) -> Result<String, String> {
+pub(crate) fn resolved(policy: &Policy, format: &str) -> Result<String, String> {
     let r = Resolved {
         policy,
         plan: plan::compile(policy, Mode::Tmux),
@@ -41,7 +41,7 @@ pub fn resolved(policy: &Policy, format: &str) -> Result<String, String> {
 
 /// The mount view of the `default` profile as a markdown table, with
 /// placeholders where the profile and the workspace decide.
-pub fn table() -> String {
+pub(crate) fn table() -> String {
     let mut t = String::from("| # | path (inside) | step | source | attributes | if it fails |\n|---|---|---|---|---|---|\n");
     let bp = plan::compile(&sample(), Mode::Tmux);
     let steps = bp.mounts.iter().chain(bp.after_ready.iter());

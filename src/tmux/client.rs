@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 /// A failed tmux command.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum TmuxError {
+pub(crate) enum TmuxError {
     /// tmux answered `%error` with this text.
     #[error("tmux: {0}")]
     Command(String),
@@ -38,7 +38,7 @@ pub enum TmuxError {
 }
 
 /// Where non-reply events go.
-pub trait Sink: Send + Sync + 'static {
+pub(crate) trait Sink: Send + Sync + 'static {
     /// Output of a pane.
     fn output(&self, pane: u32, data: &[u8]);
     /// Any notification line (e.g. `%sessions-changed`).
@@ -88,20 +88,20 @@ struct Held {
 }
 
 /// Why a client was closed after detecting forged framing.
-pub const FORGED: &str =
+pub(crate) const FORGED: &str =
     "pane output tried to forge control-mode framing; the connection was reset";
 
 /// Why a client was closed after a command outlived its deadline: whatever
 /// held it (a stopped server, or a prompt a key binding opened on this
 /// client, which blocks its command queue) goes with the connection, and the
 /// next command gets a fresh one.
-pub const WEDGED: &str = "tmux did not answer in time; the connection was replaced";
+pub(crate) const WEDGED: &str = "tmux did not answer in time; the connection was replaced";
 
 /// Why a client sandmux itself let go of (replaced or dropped) was closed.
-pub const DROPPED: &str = "the connection was closed by sandmux";
+pub(crate) const DROPPED: &str = "the connection was closed by sandmux";
 
 /// A running control-mode client.
-pub struct Client {
+pub(crate) struct Client {
     name: String,
     stdin: tokio::sync::Mutex<ChildStdin>,
     shared: Arc<Shared>,
@@ -130,7 +130,7 @@ impl Client {
     /// Starts `tmux -N -u -S SOCKET -C attach-session -t TARGET -f FLAGS`.
     /// `-N`: never start a server (a missing one is an error, not a new
     /// unconfined server on the host).
-    pub async fn attach(
+    pub(crate) async fn attach(
         name: &str,
         tmux: &Path,
         socket: &Path,
@@ -187,7 +187,7 @@ impl Client {
     }
 
     /// The client's name (for logs and routing).
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -231,7 +231,7 @@ impl Client {
 
     /// Sends several command lines in one write and waits for all replies
     /// (one round trip instead of one per command).
-    pub async fn run_many(&self, lines: &[String], deadline: Duration) -> Vec<Reply> {
+    pub(crate) async fn run_many(&self, lines: &[String], deadline: Duration) -> Vec<Reply> {
         let mut rxs = Vec::with_capacity(lines.len());
         {
             let mut stdin = self.stdin.lock().await;
@@ -277,12 +277,12 @@ impl Client {
     }
 
     /// Sends one command line and waits for its reply, at most `deadline`.
-    pub async fn run(&self, line: &str, deadline: Duration) -> Reply {
+    pub(crate) async fn run(&self, line: &str, deadline: Duration) -> Reply {
         self.send(line, None, deadline).await
     }
 
     /// Like [`run`](Self::run), for replies that carry pane-controlled text.
-    pub async fn run_checked(&self, line: &str, deadline: Duration) -> Reply {
+    pub(crate) async fn run_checked(&self, line: &str, deadline: Duration) -> Reply {
         let sentinel = format!("sandmux-{}", crate::nonce::hex());
         let full = format!("{line} ; display-message -p {sentinel}");
         self.send(&full, Some(sentinel.into_bytes()), deadline)
@@ -290,7 +290,7 @@ impl Client {
     }
 
     /// Whether the connection is closed.
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.shared
             .q
             .lock()
@@ -301,14 +301,14 @@ impl Client {
 
     /// Waits until the client's output has ended (its process exited and the
     /// server saw its connection close), at most `limit`.
-    pub async fn ended(&self, limit: Duration) {
+    pub(crate) async fn ended(&self, limit: Duration) {
         let mut rx = self.shared.ended.subscribe();
         let _ = tokio::time::timeout(limit, rx.wait_for(|e| *e)).await;
     }
 
     /// Ends the client process (a connection not closed yet is marked as
     /// closed by sandmux, so its end is not taken for the server's).
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         let open = self
             .shared
             .q

@@ -24,7 +24,7 @@
 //! and a human's terminal detaching: see `docs/architecture.md`.
 
 use super::client::{Client, Sink, TmuxError};
-pub use super::cmd::Cmd;
+pub(crate) use super::cmd::Cmd;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -32,11 +32,11 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 /// Bytes of recent output kept per pane.
-pub const RING_BYTES: usize = 256 * 1024;
+pub(crate) const RING_BYTES: usize = 256 * 1024;
 /// The hidden session the command client is attached to.
-pub const CONTROL_SESSION: &str = "_sandmux";
+pub(crate) const CONTROL_SESSION: &str = "_sandmux";
 /// Default bound for one tmux command.
-pub const DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(5);
 /// How often the output of closed panes is looked for (and dropped one
 /// interval later).
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
@@ -45,7 +45,7 @@ const ENDED_WAIT: Duration = Duration::from_secs(2);
 
 /// Something every tool may want to know about.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HubEvent {
+pub(crate) enum HubEvent {
     /// Sessions were created or destroyed.
     SessionsChanged,
     /// The command connection to the server closed.
@@ -59,14 +59,13 @@ struct PaneStream {
 }
 
 /// A function that sees one pane's output as it arrives (the recorder).
-pub type Tap = Box<dyn Fn(&[u8]) + Send + Sync>;
+pub(crate) type Tap = Box<dyn Fn(&[u8]) + Send + Sync>;
 
 /// The pane output store (the [`Sink`] of every client).
-pub struct Streams {
+pub(crate) struct Streams {
     panes: Mutex<HashMap<u32, PaneStream>>,
     tap: std::sync::RwLock<Option<(u32, Tap)>>,
     events: broadcast::Sender<HubEvent>,
-    paused: Mutex<Vec<(String, u32)>>,
     paused_tx: tokio::sync::mpsc::UnboundedSender<(String, u32)>,
     command_client: String,
 }
@@ -108,10 +107,6 @@ impl Sink for Streams {
     }
 
     fn paused(&self, client: &str, pane: u32) {
-        self.paused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((client.to_string(), pane));
         let _ = self.paused_tx.send((client.to_string(), pane));
     }
 
@@ -128,7 +123,7 @@ impl Sink for Streams {
 
 /// Output read from a pane's ring.
 #[derive(Debug, Clone, Default)]
-pub struct Chunk {
+pub(crate) struct Chunk {
     /// The bytes from the requested offset (or the oldest kept) to the end.
     pub data: Vec<u8>,
     /// Offset just past `data`.
@@ -138,7 +133,7 @@ pub struct Chunk {
 }
 
 /// The connection to the sandboxed server.
-pub struct Hub {
+pub(crate) struct Hub {
     tmux: PathBuf,
     socket: PathBuf,
     cmd: Mutex<Arc<Client>>,
@@ -167,7 +162,7 @@ pub struct Hub {
 impl Hub {
     /// Connects to the server at `socket`, whose control session already
     /// exists; at most `max_watchers` sessions get a watcher.
-    pub async fn connect(
+    pub(crate) async fn connect(
         tmux: &Path,
         socket: &Path,
         control_session_id: &str,
@@ -179,7 +174,6 @@ impl Hub {
             panes: Mutex::new(HashMap::new()),
             tap: std::sync::RwLock::new(None),
             events: events.clone(),
-            paused: Mutex::new(Vec::new()),
             paused_tx: ptx,
             command_client: "command".into(),
         });
@@ -260,22 +254,22 @@ impl Hub {
     }
 
     /// Runs one command with the default deadline.
-    pub async fn run(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
+    pub(crate) async fn run(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
         self.run_for(cmd, DEADLINE).await
     }
 
     /// Freezes or thaws the hub (see `frozen`).
-    pub fn set_frozen(&self, on: bool) {
+    pub(crate) fn set_frozen(&self, on: bool) {
         self.frozen.send_replace(on);
     }
 
     /// Whether the hub is frozen.
-    pub fn is_frozen(&self) -> bool {
+    pub(crate) fn is_frozen(&self) -> bool {
         *self.frozen.borrow()
     }
 
     /// Waits until the hub is not frozen.
-    pub async fn thawed(&self) {
+    pub(crate) async fn thawed(&self) {
         let mut rx = self.frozen.subscribe();
         let _ = rx.wait_for(|f| !*f).await;
     }
@@ -295,19 +289,23 @@ impl Hub {
     }
 
     /// Runs one command with a given deadline.
-    pub async fn run_for(&self, cmd: &Cmd, deadline: Duration) -> Result<Vec<Vec<u8>>, TmuxError> {
+    pub(crate) async fn run_for(
+        &self,
+        cmd: &Cmd,
+        deadline: Duration,
+    ) -> Result<Vec<Vec<u8>>, TmuxError> {
         let c = self.client().await?;
         let _q = self.quiet.read().await;
         self.unless_frozen(c.run(&cmd.line(), deadline)).await
     }
 
     /// Runs several commands in one round trip.
-    pub async fn run_many(&self, cmds: &[Cmd]) -> Result<Vec<Vec<Vec<u8>>>, TmuxError> {
+    pub(crate) async fn run_many(&self, cmds: &[Cmd]) -> Result<Vec<Vec<Vec<u8>>>, TmuxError> {
         self.run_each(cmds).await?.into_iter().collect()
     }
 
     /// Like [`run_many`](Self::run_many), with each command's own result.
-    pub async fn run_each(
+    pub(crate) async fn run_each(
         &self,
         cmds: &[Cmd],
     ) -> Result<Vec<Result<Vec<Vec<u8>>, TmuxError>>, TmuxError> {
@@ -320,7 +318,7 @@ impl Hub {
 
     /// Runs a command whose reply carries pane-controlled text (see
     /// [`Client::run_checked`]).
-    pub async fn run_checked(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
+    pub(crate) async fn run_checked(&self, cmd: &Cmd) -> Result<Vec<Vec<u8>>, TmuxError> {
         let c = self.client().await?;
         let _q = self.quiet.read().await;
         self.unless_frozen(c.run_checked(&cmd.line(), DEADLINE))
@@ -375,20 +373,12 @@ impl Hub {
         Ok(fresh)
     }
 
-    /// Whether the command connection is gone.
-    pub fn closed(&self) -> bool {
-        self.cmd
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_closed()
-    }
-
     /// Attaches a watcher to every session that has none; drops those of
     /// sessions that are gone. One sync at a time; every attach in quiet.
     /// Sessions beyond `max_watchers` (only a human's host-side client can
     /// make them: tools refuse at the limit) get none, so the host's tmux
     /// clients stay at most `1 + max_watchers`; their output is not followed.
-    pub async fn sync_watchers(&self) -> Result<(), String> {
+    pub(crate) async fn sync_watchers(&self) -> Result<(), String> {
         let _one = self.syncing.lock().await;
         let rows = self
             .run(&Cmd::new("list-sessions").opt("-F", "#{session_id}"))
@@ -455,14 +445,14 @@ impl Hub {
 
     /// The current end offset of a pane's output, and a receiver that changes
     /// whenever the pane writes.
-    pub fn subscribe(&self, pane: u32) -> (u64, watch::Receiver<u64>) {
+    pub(crate) fn subscribe(&self, pane: u32) -> (u64, watch::Receiver<u64>) {
         let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
         let s = Streams::stream(&mut map, pane);
         (s.end, s.tx.subscribe())
     }
 
     /// Output of `pane` from `offset` on (as much as the ring still holds).
-    pub fn read_since(&self, pane: u32, offset: u64) -> Chunk {
+    pub(crate) fn read_since(&self, pane: u32, offset: u64) -> Chunk {
         let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
         let s = Streams::stream(&mut map, pane);
         let start = s.end - s.ring.len() as u64;
@@ -476,7 +466,7 @@ impl Hub {
     }
 
     /// Sends one pane's output to `f` as it arrives (replacing any earlier tap).
-    pub fn set_tap(&self, pane: u32, f: Tap) {
+    pub(crate) fn set_tap(&self, pane: u32, f: Tap) {
         if let Ok(mut t) = self.streams.tap.write() {
             *t = Some((pane, f));
         }
@@ -487,7 +477,7 @@ impl Hub {
     /// forgotten only after a whole interval gone, so a wait that saw it exit
     /// still reads its last output, and a pane made after a listing is not
     /// forgotten for it.
-    pub fn forget_panes(&self, alive: &[u32], absent: &mut Vec<u32>) {
+    pub(crate) fn forget_panes(&self, alive: &[u32], absent: &mut Vec<u32>) {
         let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
         let now: Vec<u32> = map.keys().filter(|p| !alive.contains(p)).copied().collect();
         map.retain(|p, _| !(now.contains(p) && absent.contains(p)));
@@ -517,7 +507,7 @@ impl Hub {
     }
 
     /// Total bytes held in rings (for the status report and tests).
-    pub fn buffered_bytes(&self) -> usize {
+    pub(crate) fn buffered_bytes(&self) -> usize {
         self.streams
             .panes
             .lock()
@@ -529,29 +519,20 @@ impl Hub {
 
     /// tmux clients this hub runs on the host: the command client and the
     /// watchers (at most `1 + max_watchers`).
-    pub fn host_clients(&self) -> usize {
+    pub(crate) fn host_clients(&self) -> usize {
         1 + self.watcher_count()
     }
 
     /// Number of watcher clients.
-    pub fn watcher_count(&self) -> usize {
+    pub(crate) fn watcher_count(&self) -> usize {
         self.watchers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
     }
 
-    /// Number of times tmux paused a pane for us (flow control).
-    pub fn pauses(&self) -> usize {
-        self.streams
-            .paused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
-    }
-
     /// Ends every client. Pending waits see their pane's stream close.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         self.streams
             .panes
             .lock()

@@ -2,10 +2,10 @@
 //! embedded minimal configuration, proven to be the one this run started, and
 //! stopped with everything in it.
 
-pub mod client;
-pub mod cmd;
+pub(crate) mod client;
+pub(crate) mod cmd;
 pub mod control;
-pub mod hub;
+pub(crate) mod hub;
 
 use crate::nonce;
 use crate::profile::{MountKind, Policy};
@@ -17,13 +17,13 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// The embedded configuration (see `minimal-tmux.conf`).
-pub const MINIMAL_CONF: &str = include_str!("../../minimal-tmux.conf");
+pub(crate) const MINIMAL_CONF: &str = include_str!("../../minimal-tmux.conf");
 
 /// Oldest tmux sandmux runs (allow-passthrough appeared in 3.3).
-pub const MIN_VERSION: (u32, u32) = (3, 3);
+pub(crate) const MIN_VERSION: (u32, u32) = (3, 3);
 
 /// A running, confined tmux server.
-pub struct Instance {
+pub(crate) struct Instance {
     /// Runtime directory (removed on drop).
     pub rundir: Rundir,
     init: Option<Init>,
@@ -56,7 +56,7 @@ enum Init {
 
 /// A generation just started, before it is proven ([`Instance::verify`]).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct Generation {
+pub(crate) struct Generation {
     /// Host pid of its `sandmux __init`.
     pub init_pid: u32,
     /// What the sandbox reported while starting.
@@ -75,7 +75,7 @@ pub struct Generation {
 
 /// Makes the cgroup and the sandbox and starts tmux in it (the first
 /// generation in `Instance::start`, later ones in the broker when there is one).
-pub fn start_generation(
+pub(crate) fn start_generation(
     policy: &Policy,
     rundir: &mut Rundir,
     tmux: &Path,
@@ -148,7 +148,7 @@ pub fn find_tmux() -> Result<PathBuf, String> {
 }
 
 /// Checks that `bin` is visible inside the sandbox through a read-only entry.
-pub fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
+pub(crate) fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
     let ok = policy
         .fs
         .iter()
@@ -161,7 +161,7 @@ pub fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
 }
 
 /// Creates the instance's cgroup, or applies the profile's rule when there is none.
-pub fn make_cgroup(
+pub(crate) fn make_cgroup(
     policy: &Policy,
     rundir: &mut Rundir,
 ) -> Result<Result<cgroup::Cgroup, String>, StartError> {
@@ -184,7 +184,7 @@ pub fn make_cgroup(
 
 /// What limits a sandbox without a cgroup: no memory limit at all, and
 /// processes only by RLIMIT_NPROC (which the kernel ignores for host root).
-pub fn without_cgroup(policy: &Policy) -> String {
+pub(crate) fn without_cgroup(policy: &Policy) -> String {
     let nproc = if nix::unistd::geteuid().is_root() {
         "no process limit (RLIMIT_NPROC is not enforced for host root)".to_string()
     } else {
@@ -197,7 +197,7 @@ pub fn without_cgroup(policy: &Policy) -> String {
 }
 
 /// The plan for a sandbox (shared by `run` and the tmux instance).
-pub fn plan(
+pub(crate) fn plan(
     policy: &Policy,
     rundir: &Rundir,
     cgroup: Result<cgroup::Cgroup, String>,
@@ -231,7 +231,7 @@ pub fn plan(
 
 impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
-    pub fn start(mut policy: Policy) -> Result<Instance, StartError> {
+    pub(crate) fn start(mut policy: Policy) -> Result<Instance, StartError> {
         let tmux = find_tmux().map_err(StartError::internal)?;
         check_visible(&policy, &tmux).map_err(StartError::internal)?;
         let rundir = Rundir::create().map_err(StartError::internal)?;
@@ -257,7 +257,7 @@ impl Instance {
     /// directory (same id, socket path and operator endpoint): the old sandbox
     /// and its cgroup are ended first, then a new sandbox, cgroup and
     /// generation id are made exactly as at start.
-    pub fn restart(&mut self) -> Result<(), StartError> {
+    pub(crate) fn restart(&mut self) -> Result<(), StartError> {
         self.shutdown();
         if let Some(cg) = self.rundir.cgroup.take() {
             cg.remove();
@@ -300,13 +300,13 @@ impl Instance {
     }
 
     /// The socket, host side.
-    pub fn socket(&self) -> PathBuf {
+    pub(crate) fn socket(&self) -> PathBuf {
         self.rundir.socket()
     }
 
     /// A tmux client command for this server: `-N` so it can never start a
     /// server of its own on the host, `-u` for UTF-8, no `TMUX` from the caller.
-    pub fn client(&self) -> Command {
+    pub(crate) fn client(&self) -> Command {
         let mut c = Command::new(&self.tmux);
         c.arg("-N").arg("-u").arg("-S").arg(self.socket());
         c.env_remove("TMUX").env_remove("TMUX_PANE");
@@ -314,7 +314,7 @@ impl Instance {
     }
 
     /// Runs one tmux command and returns its standard output.
-    pub fn cmd(&self, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn cmd(&self, args: &[&str]) -> Result<String, String> {
         let out = self
             .client()
             .args(args)
@@ -333,7 +333,7 @@ impl Instance {
 
     /// Proves the server at the socket is the one this run started: it carries
     /// this run's generation id and has the pid PID 1 reported.
-    pub fn verify(&self) -> Result<(), String> {
+    pub(crate) fn verify(&self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(3);
         let generation = loop {
             match self.cmd(&["show-options", "-gv", "@sandmux_generation"]) {
@@ -360,7 +360,7 @@ impl Instance {
 
     /// What `serve` needs of the host once it confines itself
     /// (`sandbox::supervisor`), with its audit log and recording.
-    pub fn supervisor_needs(
+    pub(crate) fn supervisor_needs(
         &self,
         audit: &Path,
         record: Option<&Path>,
@@ -394,14 +394,14 @@ impl Instance {
     }
 
     /// The layer statuses reported at start.
-    pub fn layers(&self) -> Vec<report::LayerStatus> {
+    pub(crate) fn layers(&self) -> Vec<report::LayerStatus> {
         let mut l = report::layers(&self.messages);
         l.extend(self.supervisor.clone());
         l
     }
 
     /// Host pid of the `sandmux __init` process (0 once stopped).
-    pub fn init_pid(&self) -> u32 {
+    pub(crate) fn init_pid(&self) -> u32 {
         match &self.init {
             Some(Init::Own(c)) => c.id(),
             Some(Init::Brokered(pid)) => *pid,
@@ -409,17 +409,8 @@ impl Instance {
         }
     }
 
-    /// Whether the sandbox is still running.
-    pub fn alive(&mut self) -> bool {
-        match &mut self.init {
-            Some(Init::Own(c)) => matches!(c.try_wait(), Ok(None)),
-            Some(Init::Brokered(pid)) => self.broker.as_ref().is_some_and(|b| b.alive(*pid)),
-            None => false,
-        }
-    }
-
     /// Stops the instance: the server, every process inside, the runtime directory.
-    pub fn stop(mut self) -> Vec<crate::guard::quarantine::Taken> {
+    pub(crate) fn stop(mut self) -> Vec<crate::guard::quarantine::Taken> {
         self.shutdown();
         let taken = self
             .guard
@@ -451,7 +442,7 @@ impl Instance {
 }
 
 /// Ends a sandbox: SIGTERM to its `__init`, SIGKILL after 3 s, reaped.
-pub fn end_init(child: &mut Child) {
+pub(crate) fn end_init(child: &mut Child) {
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(3);

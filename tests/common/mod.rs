@@ -10,22 +10,22 @@ use std::time::{Duration, Instant};
 
 mod story;
 #[allow(unused_imports)]
-pub use story::{ran, run, Ran, Run};
+pub(crate) use story::{ran, run, Ran, Run};
 
 /// The binary under test (`SANDMUX_BIN` overrides, for runs as another uid).
-pub fn bin() -> PathBuf {
+pub(crate) fn bin() -> PathBuf {
     std::env::var_os("SANDMUX_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sandmux")))
 }
 
 /// A fresh workspace directory (real path, no symlinks), removed on drop.
-pub struct Ws {
+pub(crate) struct Ws {
     pub dir: tempfile::TempDir,
 }
 
 impl Ws {
-    pub fn new() -> Ws {
+    pub(crate) fn new() -> Ws {
         let dir = tempfile::Builder::new()
             .prefix("sandmux-test-ws-")
             .tempdir()
@@ -33,34 +33,34 @@ impl Ws {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         Ws { dir }
     }
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         std::fs::canonicalize(self.dir.path()).unwrap()
     }
-    pub fn join(&self, p: &str) -> PathBuf {
+    pub(crate) fn join(&self, p: &str) -> PathBuf {
         self.path().join(p)
     }
 }
 
 /// A directory on the host outside any workspace, for canaries.
-pub fn host_dir() -> tempfile::TempDir {
+pub(crate) fn host_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("sandmux-test-host-")
         .tempdir()
         .expect("tempdir")
 }
 
-pub fn sandmux(args: &[&str]) -> Command {
+pub(crate) fn sandmux(args: &[&str]) -> Command {
     let mut c = Command::new(bin());
     c.args(args);
     c
 }
 
 /// `sandmux run -p PROFILE -w WS -- bash -c SCRIPT`.
-pub fn run_script(ws: &Ws, profile: &str, script: &str) -> Ran {
+pub(crate) fn run_script(ws: &Ws, profile: &str, script: &str) -> Ran {
     run(ws.path()).profile(profile).script(script).output()
 }
 
-pub fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -69,7 +69,7 @@ pub fn text(o: &Output) -> String {
 }
 
 /// Writes a profile file (outside the workspace) derived from a built-in.
-pub fn profile_file(
+pub(crate) fn profile_file(
     dir: &Path,
     name: &str,
     base: &str,
@@ -83,7 +83,7 @@ pub fn profile_file(
 }
 
 /// A running instance (`sandmux __instance`), driven with plain tmux clients.
-pub struct Inst {
+pub(crate) struct Inst {
     pub child: Child,
     pub socket: PathBuf,
     pub rundir: PathBuf,
@@ -94,11 +94,11 @@ pub struct Inst {
 }
 
 impl Inst {
-    pub fn start(ws: &Ws, profile: &str) -> Inst {
+    pub(crate) fn start(ws: &Ws, profile: &str) -> Inst {
         Self::start_env(ws, profile, &[])
     }
 
-    pub fn start_env(ws: &Ws, profile: &str, env: &[(&str, &str)]) -> Inst {
+    pub(crate) fn start_env(ws: &Ws, profile: &str, env: &[(&str, &str)]) -> Inst {
         let mut c = sandmux(&[
             "__instance",
             "-p",
@@ -158,7 +158,7 @@ impl Inst {
     }
 
     /// A host-side tmux client of this instance's server.
-    pub fn tmux(&self, args: &[&str]) -> Output {
+    pub(crate) fn tmux(&self, args: &[&str]) -> Output {
         Command::new(&self.tmux)
             .arg("-N")
             .arg("-S")
@@ -169,7 +169,7 @@ impl Inst {
             .unwrap()
     }
 
-    pub fn tmux_ok(&self, args: &[&str]) -> String {
+    pub(crate) fn tmux_ok(&self, args: &[&str]) -> String {
         let o = self.tmux(args);
         assert!(o.status.success(), "tmux {args:?}: {}", text(&o));
         String::from_utf8_lossy(&o.stdout).into_owned()
@@ -177,12 +177,12 @@ impl Inst {
 
     /// Runs `script` in a new pane (shell-string form, through the gate) and
     /// returns what it wrote. Output goes to a file in the workspace.
-    pub fn pane(&self, ws: &Ws, script: &str) -> String {
+    pub(crate) fn pane(&self, ws: &Ws, script: &str) -> String {
         self.pane_with(ws, script, &[])
     }
 
     /// Like [`pane`], with extra tmux arguments for new-window (e.g. argv form).
-    pub fn pane_with(&self, ws: &Ws, script: &str, _extra: &[&str]) -> String {
+    pub(crate) fn pane_with(&self, ws: &Ws, script: &str, _extra: &[&str]) -> String {
         let id = format!("{:x}", rand_u64());
         let out = ws.join(&format!(".pane-{id}.out"));
         let done = ws.join(&format!(".pane-{id}.done"));
@@ -204,11 +204,11 @@ impl Inst {
     }
 
     /// Host pids of every process in the sandbox (descendants of the init).
-    pub fn host_pids(&self) -> Vec<u32> {
+    pub(crate) fn host_pids(&self) -> Vec<u32> {
         descendants(self.init_pid)
     }
 
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         drop(self.child.stdin.take());
         let _ = self.child.wait();
     }
@@ -229,7 +229,7 @@ impl Drop for Inst {
     }
 }
 
-pub fn rand_u64() -> u64 {
+pub(crate) fn rand_u64() -> u64 {
     let mut b = [0u8; 8];
     std::fs::File::open("/dev/urandom")
         .unwrap()
@@ -238,7 +238,7 @@ pub fn rand_u64() -> u64 {
     u64::from_le_bytes(b)
 }
 
-pub fn wait_for(mut f: impl FnMut() -> bool, limit: Duration, what: &str) {
+pub(crate) fn wait_for(mut f: impl FnMut() -> bool, limit: Duration, what: &str) {
     let deadline = Instant::now() + limit;
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -247,7 +247,7 @@ pub fn wait_for(mut f: impl FnMut() -> bool, limit: Duration, what: &str) {
 }
 
 /// All descendants of `root` (by scanning /proc for parent links).
-pub fn descendants(root: u32) -> Vec<u32> {
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
     let mut parent = std::collections::HashMap::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -277,19 +277,19 @@ pub fn descendants(root: u32) -> Vec<u32> {
     out
 }
 
-pub fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     // A zombie counts as dead.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s.contains(") Z "))
         .unwrap_or(false)
 }
 
-pub fn uid() -> u32 {
+pub(crate) fn uid() -> u32 {
     nix::unistd::getuid().as_raw()
 }
 
 /// Writes bytes to a file, creating parents.
-pub fn put(p: &Path, content: &str) {
+pub(crate) fn put(p: &Path, content: &str) {
     if let Some(d) = p.parent() {
         std::fs::create_dir_all(d).unwrap();
     }
@@ -298,7 +298,7 @@ pub fn put(p: &Path, content: &str) {
 }
 
 /// This user's runtime base directory (as sandmux chooses it).
-pub fn runtime_base() -> PathBuf {
+pub(crate) fn runtime_base() -> PathBuf {
     std::env::var_os("XDG_RUNTIME_DIR")
         .map(|d| PathBuf::from(d).join("sandmux"))
         .filter(|p| p.exists())
@@ -306,7 +306,7 @@ pub fn runtime_base() -> PathBuf {
 }
 
 /// Asserts that no runtime directory owned by supervisor `sup` is left.
-pub fn assert_no_rundir_of(sup: u32) {
+pub(crate) fn assert_no_rundir_of(sup: u32) {
     for e in std::fs::read_dir(runtime_base())
         .into_iter()
         .flatten()
@@ -323,7 +323,7 @@ pub fn assert_no_rundir_of(sup: u32) {
 
 /// Host-side git, as the user runs it: no system or global config of the
 /// machine, any owner accepted (the workspace may belong to another uid).
-pub fn host_git(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn host_git(dir: &Path, args: &[&str]) -> Output {
     Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -347,7 +347,7 @@ pub fn host_git(dir: &Path, args: &[&str]) -> Output {
 }
 
 /// A profile text with the workspace guard off: no guarded names, git unguarded.
-pub fn unguard(t: String) -> String {
+pub(crate) fn unguard(t: String) -> String {
     let start = t.find("protected = [").expect("protected list");
     let end = start + t[start..].find("\n]\n").expect("end of the protected list") + 3;
     format!("{}protected = []\n{}", &t[..start], &t[end..])
@@ -355,7 +355,7 @@ pub fn unguard(t: String) -> String {
 }
 
 /// Waits (at most 20 s) until `p` exists.
-pub fn wait_for_file(p: &Path) {
+pub(crate) fn wait_for_file(p: &Path) {
     let t0 = Instant::now();
     while !p.exists() {
         assert!(
@@ -369,7 +369,7 @@ pub fn wait_for_file(p: &Path) {
 
 /// The `sandmux run -p PROFILE -w WS -- bash -c SCRIPT` command, stdin closed.
 #[allow(dead_code)]
-pub fn run_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
+pub(crate) fn run_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
     run(ws)
         .profile(profile)
         .state(state)

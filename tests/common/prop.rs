@@ -5,7 +5,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// Runs `f` on `cases` inputs from `strategy`; fails with proptest's minimal
 /// counterexample; prints the number of inputs run, under `suite: name`.
-pub fn check<S: Strategy>(
+pub(crate) fn check<S: Strategy>(
     suite: &str,
     name: &str,
     cases: u32,

@@ -3,7 +3,7 @@
 //! and the coverage-guided target `fuzz/fuzz_targets/replay_filter.rs`.
 
 /// The allowlist: Err names the first thing in `out` that is not kept.
-pub fn allowed(out: &str) -> Result<(), String> {
+pub(crate) fn allowed(out: &str) -> Result<(), String> {
     let mut it = out.char_indices().peekable();
     while let Some((i, c)) = it.next() {
         let code = c as u32;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// `sandmux run` in workspace `ws` (profile `default` unless [`Run::profile`]).
-pub fn run(ws: impl AsRef<Path>) -> Run {
+pub(crate) fn run(ws: impl AsRef<Path>) -> Run {
     Run {
         profile: None,
         ws: ws.as_ref().to_path_buf(),
@@ -18,7 +18,7 @@ pub fn run(ws: impl AsRef<Path>) -> Run {
 
 /// A `sandmux run` invocation being built.
 #[derive(Clone)]
-pub struct Run {
+pub(crate) struct Run {
     profile: Option<OsString>,
     ws: PathBuf,
     argv: Vec<OsString>,
@@ -27,13 +27,13 @@ pub struct Run {
 
 impl Run {
     /// `-p PROFILE`: a built-in name or a file.
-    pub fn profile(mut self, p: impl AsRef<OsStr>) -> Run {
+    pub(crate) fn profile(mut self, p: impl AsRef<OsStr>) -> Run {
         self.profile = Some(p.as_ref().to_os_string());
         self
     }
 
     /// The command to run inside, after `--`.
-    pub fn cmd<S: AsRef<OsStr>>(mut self, argv: impl IntoIterator<Item = S>) -> Run {
+    pub(crate) fn cmd<S: AsRef<OsStr>>(mut self, argv: impl IntoIterator<Item = S>) -> Run {
         self.argv = argv
             .into_iter()
             .map(|a| a.as_ref().to_os_string())
@@ -42,19 +42,19 @@ impl Run {
     }
 
     /// `bash -c SCRIPT` inside.
-    pub fn script(self, script: &str) -> Run {
+    pub(crate) fn script(self, script: &str) -> Run {
         self.cmd(["bash", "-c", script])
     }
 
     /// `XDG_STATE_HOME` for the run (the workspace guard's state).
-    pub fn state(mut self, dir: impl AsRef<Path>) -> Run {
+    pub(crate) fn state(mut self, dir: impl AsRef<Path>) -> Run {
         self.state = Some(dir.as_ref().to_path_buf());
         self
     }
 
     /// sandmux's arguments: `run [-p P] -w WS -- ARGV…` (for wrappers that
     /// start the binary under another program).
-    pub fn args(&self) -> Vec<OsString> {
+    pub(crate) fn args(&self) -> Vec<OsString> {
         let mut v: Vec<OsString> = vec!["run".into()];
         if let Some(p) = &self.profile {
             v.extend(["-p".into(), p.clone()]);
@@ -65,7 +65,7 @@ impl Run {
     }
 
     /// The command, stdin closed; stdout and stderr as `Command` leaves them.
-    pub fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let mut c = Command::new(super::bin());
         c.args(self.args()).stdin(Stdio::null());
         if let Some(s) = &self.state {
@@ -75,13 +75,13 @@ impl Run {
     }
 
     /// Runs it to the end.
-    pub fn output(&self) -> Ran {
+    pub(crate) fn output(&self) -> Ran {
         ran(&mut self.command())
     }
 }
 
 /// Runs `cmd` to the end, keeping what it was for the story.
-pub fn ran(cmd: &mut Command) -> Ran {
+pub(crate) fn ran(cmd: &mut Command) -> Ran {
     let line = shown(cmd);
     let out = cmd
         .output()
@@ -91,7 +91,7 @@ pub fn ran(cmd: &mut Command) -> Ran {
 
 /// A finished command: derefs to its [`Output`]; the checks panic with
 /// the whole story.
-pub struct Ran {
+pub(crate) struct Ran {
     /// The command line, shell-quoted.
     pub cmd: String,
     /// What it did.
@@ -107,18 +107,18 @@ impl std::ops::Deref for Ran {
 
 impl Ran {
     /// stdout, lossily decoded.
-    pub fn stdout(&self) -> String {
+    pub(crate) fn stdout(&self) -> String {
         String::from_utf8_lossy(&self.out.stdout).into_owned()
     }
 
     /// stderr, lossily decoded.
-    pub fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.out.stderr).into_owned()
     }
 
     /// Asserts the exit status.
     #[track_caller]
-    pub fn code(&self, want: i32) -> &Ran {
+    pub(crate) fn code(&self, want: i32) -> &Ran {
         if self.out.status.code() != Some(want) {
             panic!("expected exit status {want}\n{self}");
         }
@@ -127,7 +127,7 @@ impl Ran {
 
     /// Asserts `needle` is in stdout or stderr.
     #[track_caller]
-    pub fn says(&self, needle: &str) -> &Ran {
+    pub(crate) fn says(&self, needle: &str) -> &Ran {
         if !self.stdout().contains(needle) && !self.stderr().contains(needle) {
             panic!("expected {needle:?} in the output\n{self}");
         }

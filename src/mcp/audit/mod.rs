@@ -17,11 +17,12 @@
 //! what could not be written is counted in the seal.
 
 mod redact;
-pub mod retention;
+pub(crate) mod retention;
 mod verify;
 
-pub use redact::STRING_MAX;
-pub use verify::{verify, Verified};
+pub(crate) use verify::verify;
+#[cfg(test)]
+use verify::Verified;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -30,11 +31,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// Largest record, in bytes.
-pub const RECORD_MAX: usize = 8192;
+pub(crate) const RECORD_MAX: usize = 8192;
 /// The in-memory window of recent records (the journal resource), in bytes.
-pub const WINDOW_MAX: usize = 1 << 20;
+pub(crate) const WINDOW_MAX: usize = 1 << 20;
 /// The tool name of the final record a clean stop writes.
-pub const SEAL: &str = "(sealed)";
+pub(crate) const SEAL: &str = "(sealed)";
 const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Whether records can be written.
@@ -81,7 +82,7 @@ struct Window {
 }
 
 /// An open audit log.
-pub struct Audit {
+pub(crate) struct Audit {
     path: PathBuf,
     key: [u8; 16],
     /// The profile's budget for this instance's records.
@@ -94,7 +95,7 @@ pub struct Audit {
 }
 
 /// One call to record.
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     /// Tool name (or `resource:<uri>`).
     pub tool: &'a str,
     /// The tool's toolset, if it has one.
@@ -119,7 +120,7 @@ pub struct Entry<'a> {
 /// Room for one call's record, held from before the call runs until its
 /// record is written ([`Admission::record`]). Dropped unrecorded (a handler
 /// cancelled at shutdown), it writes an `abandoned` record into that room.
-pub struct Admission<'a> {
+pub(crate) struct Admission<'a> {
     audit: &'a Audit,
     /// The call, until its record is written.
     tool: Option<String>,
@@ -127,7 +128,7 @@ pub struct Admission<'a> {
 
 impl Admission<'_> {
     /// Writes the admitted call's record (into the room kept for it).
-    pub fn record(mut self, e: Entry<'_>) {
+    pub(crate) fn record(mut self, e: Entry<'_>) {
         self.tool = None;
         self.audit.write(e, Kind::Admitted);
     }
@@ -255,7 +256,7 @@ fn last_link(file: &std::fs::File, path: &Path) -> Result<(u64, String), String>
 impl Audit {
     /// Opens (or continues) the log at `path`, mode 0600, append-only, with
     /// a budget of `budget` bytes for this instance's records.
-    pub fn open(path: &Path, budget: u64) -> Result<Audit, String> {
+    pub(crate) fn open(path: &Path, budget: u64) -> Result<Audit, String> {
         use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
@@ -304,7 +305,7 @@ impl Audit {
     }
 
     /// The log's path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -314,7 +315,7 @@ impl Audit {
 
     /// Room for one tool call's record, or why there is none: the call must
     /// then be refused (it is counted, and the seal reports the count).
-    pub fn admit(&self, tool: &str) -> Result<Admission<'_>, String> {
+    pub(crate) fn admit(&self, tool: &str) -> Result<Admission<'_>, String> {
         let mut st = self.lock();
         if matches!(st.health, Health::Failing(_)) {
             self.recover(&mut st);
@@ -380,26 +381,26 @@ impl Audit {
     /// Records what was not admitted (a refusal, a malformed line) or an
     /// event: written if there is room beyond what admitted calls and the
     /// seal hold, else counted (`status`, the seal). Whether it was written.
-    pub fn record(&self, e: Entry<'_>) -> bool {
+    pub(crate) fn record(&self, e: Entry<'_>) -> bool {
         self.write(e, Kind::Other)
     }
 
     /// Records sandmux's own event (outcome `event`), which may use the room
     /// kept for events. Whether it was written.
-    pub fn event(&self, e: Entry<'_>) -> bool {
+    pub(crate) fn event(&self, e: Entry<'_>) -> bool {
         self.write(e, Kind::Event)
     }
 
     /// Records a decision of the proxy: inside its share of the budget, and
     /// like a refusal it leaves the events' room; past the share it is only
     /// counted (`proxy_unrecorded` in the seal). Whether it was written.
-    pub fn proxy(&self, e: Entry<'_>) -> bool {
+    pub(crate) fn proxy(&self, e: Entry<'_>) -> bool {
         self.write(e, Kind::Proxy)
     }
 
     /// The proxy's share of the budget: an eighth, so a pane's flood of
     /// connections can neither crowd out tool calls nor sandmux's events.
-    pub fn proxy_share(&self) -> u64 {
+    pub(crate) fn proxy_share(&self) -> u64 {
         self.budget / 8
     }
 
@@ -536,7 +537,7 @@ impl Audit {
     /// Writes the final record of a clean stop: how many calls were refused
     /// and records could not be written, and the exit status. `verify`
     /// reports a log whose last record is not a seal.
-    pub fn seal(&self, exit_status: i32) {
+    pub(crate) fn seal(&self, exit_status: i32) {
         let mut st = self.lock();
         if st.sealed {
             return;
@@ -553,7 +554,7 @@ impl Audit {
     }
 
     /// The log's state for `ps`, the operator endpoint and `sandbox_status`.
-    pub fn status(&self) -> Value {
+    pub(crate) fn status(&self) -> Value {
         let st = self.lock();
         let state = match (&st.health, st.sealed) {
             (Health::Ok, false) => "ok",
@@ -567,7 +568,7 @@ impl Audit {
 
     /// The last `n` records as JSON, newest last, at most `max_bytes` of
     /// text in all (older records give way).
-    pub fn recent(&self, n: usize, max_bytes: usize) -> Vec<String> {
+    pub(crate) fn recent(&self, n: usize, max_bytes: usize) -> Vec<String> {
         let w = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
         let mut bytes = 0;

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 /// Longest string (or object key) a record keeps, in bytes.
-pub const STRING_MAX: usize = 1024;
+pub(crate) const STRING_MAX: usize = 1024;
 
 /// `{len, sha256}`: the first 12 hex digits of SHA-256 over the log's key
 /// and the value (equal inputs are equal within one log; short secrets

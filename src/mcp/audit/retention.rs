@@ -32,7 +32,7 @@ fn held(d: &nix::dir::Dir, name: &str) -> bool {
 
 /// Removes the finished logs in `dir` whose last write is older than
 /// `keep_days`. Returns how many it removed.
-pub fn apply(dir: &Path, keep_days: u32, now: SystemTime) -> Result<usize, String> {
+pub(crate) fn apply(dir: &Path, keep_days: u32, now: SystemTime) -> Result<usize, String> {
     if keep_days == 0 {
         return Ok(0);
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// What an intact log holds.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Verified {
+pub(crate) struct Verified {
     /// Records in the chain.
     pub records: u64,
     /// Whether the last record is a seal (the instance stopped cleanly and
@@ -17,7 +17,7 @@ pub struct Verified {
 
 /// Checks a log's hash chain. Returns what it holds, or the first problem
 /// with its line number.
-pub fn verify(path: &Path) -> Result<Verified, String> {
+pub(crate) fn verify(path: &Path) -> Result<Verified, String> {
     let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut r = std::io::BufReader::new(f);
     let mut prev = GENESIS.to_string();

@@ -38,7 +38,7 @@ const CONNECTIONS_PER_REQUEST: usize = 4;
 
 /// The flags of `serve --http`.
 #[derive(Debug, Clone)]
-pub struct Flags {
+pub(crate) struct Flags {
     /// `IP:PORT` to listen on.
     pub addr: String,
     /// The Bearer token's file (required unless the address is loopback).

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 /// `load_buffer`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct LoadBuffer {
+pub(crate) struct LoadBuffer {
     /// The text to store.
     pub content: String,
     /// A label ([A-Za-z0-9_.-], at most 64) that becomes part of the name.
@@ -22,7 +22,7 @@ pub struct LoadBuffer {
 
 /// A buffer reference.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct BufferRef {
+pub(crate) struct BufferRef {
     /// The buffer's name; pass it to paste_buffer, show_buffer, delete_buffer.
     pub buffer_name: String,
     /// Bytes stored.
@@ -30,7 +30,7 @@ pub struct BufferRef {
 }
 
 /// Stores text in a new buffer.
-pub async fn load_buffer(c: &Call<'_>, a: LoadBuffer) -> Result<BufferRef, ToolError> {
+pub(crate) async fn load_buffer(c: &Call<'_>, a: LoadBuffer) -> Result<BufferRef, ToolError> {
     text::input("content", &a.content, c.s.max_input)?;
     let label = a.logical_name.unwrap_or_default();
     if label.len() > 64
@@ -61,7 +61,7 @@ pub async fn load_buffer(c: &Call<'_>, a: LoadBuffer) -> Result<BufferRef, ToolE
 
 /// `show_buffer`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ShowBuffer {
+pub(crate) struct ShowBuffer {
     /// A name returned by load_buffer.
     pub buffer_name: String,
     /// Line cap (default 500).
@@ -69,7 +69,7 @@ pub struct ShowBuffer {
 }
 
 /// Shows a buffer.
-pub async fn show_buffer(c: &Call<'_>, a: ShowBuffer) -> Result<Captured, ToolError> {
+pub(crate) async fn show_buffer(c: &Call<'_>, a: ShowBuffer) -> Result<Captured, ToolError> {
     buffer_name(&a.buffer_name)?;
     let r =
         c.s.hub()
@@ -85,13 +85,13 @@ pub async fn show_buffer(c: &Call<'_>, a: ShowBuffer) -> Result<Captured, ToolEr
 
 /// `delete_buffer`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct DeleteBuffer {
+pub(crate) struct DeleteBuffer {
     /// A name returned by load_buffer.
     pub buffer_name: String,
 }
 
 /// Deletes a buffer.
-pub async fn delete_buffer(c: &Call<'_>, a: DeleteBuffer) -> Result<Done, ToolError> {
+pub(crate) async fn delete_buffer(c: &Call<'_>, a: DeleteBuffer) -> Result<Done, ToolError> {
     buffer_name(&a.buffer_name)?;
     c.s.hub()
         .run(&Cmd::new("delete-buffer").opt("-b", &a.buffer_name))

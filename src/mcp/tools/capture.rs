@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// `capture_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct Capture {
+pub(crate) struct Capture {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -27,7 +27,7 @@ pub struct Capture {
 }
 
 /// Captures a pane.
-pub async fn capture_pane(c: &Call<'_>, a: Capture) -> Result<Captured, ToolError> {
+pub(crate) async fn capture_pane(c: &Call<'_>, a: Capture) -> Result<Captured, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     let t = capture_text(c, &p.pane_id, a.start, a.end).await?;
     let (l, b) = caps(a.max_lines, a.max_bytes);
@@ -39,7 +39,7 @@ pub async fn capture_pane(c: &Call<'_>, a: Capture) -> Result<Captured, ToolErro
 
 /// `capture_since`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct CaptureSince {
+pub(crate) struct CaptureSince {
     /// The cursor from the previous call (omit on the first call).
     pub cursor: Option<String>,
     #[serde(flatten)]
@@ -53,7 +53,7 @@ pub struct CaptureSince {
 
 /// `capture_since` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct SinceResult {
+pub(crate) struct SinceResult {
     /// Pane read.
     pub pane_id: String,
     /// Pass this to the next call.
@@ -68,7 +68,7 @@ pub struct SinceResult {
 }
 
 /// Output since a cursor, from the `%output` stream.
-pub async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult, ToolError> {
+pub(crate) async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult, ToolError> {
     let (l, b) = caps(a.max_lines, a.max_bytes);
     let Some(cur) = a.cursor else {
         let p = targets::pane(c, &a.p).await?;
@@ -107,7 +107,7 @@ pub async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<SinceResult,
 
 /// `snapshot_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -117,7 +117,7 @@ pub struct Snapshot {
 
 /// Pane state plus content.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct SnapshotResult {
+pub(crate) struct SnapshotResult {
     /// Pane metadata.
     pub pane: PaneRow,
     /// Content.
@@ -125,7 +125,7 @@ pub struct SnapshotResult {
 }
 
 /// Snapshot of a pane.
-pub async fn snapshot_pane(c: &Call<'_>, a: Snapshot) -> Result<SnapshotResult, ToolError> {
+pub(crate) async fn snapshot_pane(c: &Call<'_>, a: Snapshot) -> Result<SnapshotResult, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     let t = capture_text(c, &p.pane_id, None, None).await?;
     let (l, b) = caps(a.max_lines, None);
@@ -137,7 +137,7 @@ pub async fn snapshot_pane(c: &Call<'_>, a: Snapshot) -> Result<SnapshotResult, 
 
 /// `search_panes`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct Search {
+pub(crate) struct Search {
     /// Text or regular expression.
     pub pattern: String,
     /// `pattern` is a regular expression (no backreferences).
@@ -165,7 +165,7 @@ pub struct Search {
 
 /// Matches in one pane.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct PaneMatches {
+pub(crate) struct PaneMatches {
     /// Pane.
     pub pane_id: String,
     /// Session.
@@ -178,7 +178,7 @@ pub struct PaneMatches {
 
 /// `search_panes` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct SearchResult {
+pub(crate) struct SearchResult {
     /// Panes with matches (this page).
     pub matches: Vec<PaneMatches>,
     /// Panes with matches in all.
@@ -188,7 +188,7 @@ pub struct SearchResult {
 }
 
 /// Searches panes.
-pub async fn search_panes(c: &Call<'_>, a: Search) -> Result<SearchResult, ToolError> {
+pub(crate) async fn search_panes(c: &Call<'_>, a: Search) -> Result<SearchResult, ToolError> {
     let re = matcher("pattern", &a.pattern, a.regex, a.match_case)?;
     let mut panes = targets::panes(c).await?;
     if SessionSel::new(&a.session_name, &a.session_id).given() {
@@ -263,7 +263,7 @@ const FORMAT_VARS: &[&str] = &[
 
 /// `display_message`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct Display {
+pub(crate) struct Display {
     /// Literal text with plain #{variable} lookups, e.g. "#{pane_current_command} in #{pane_current_path}".
     pub format_string: String,
     #[serde(flatten)]
@@ -273,7 +273,7 @@ pub struct Display {
 
 /// `display_message` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Displayed {
+pub(crate) struct Displayed {
     /// The expanded text.
     pub text: String,
 }
@@ -281,7 +281,7 @@ pub struct Displayed {
 /// Turns the caller's format into a safe tmux format: literal text has every
 /// `#` doubled; each `#{name}` of a known variable becomes `#{q:name}` (undone
 /// after), so no modifier, `#(`, conditional or second expansion gets through.
-pub fn safe_format(f: &str) -> Result<String, ToolError> {
+pub(crate) fn safe_format(f: &str) -> Result<String, ToolError> {
     if f.chars().any(|c| c.is_control()) || f.len() > 2048 {
         return Err(ToolError::invalid(
             "format_string",
@@ -325,7 +325,7 @@ pub fn safe_format(f: &str) -> Result<String, ToolError> {
 }
 
 /// Expands a restricted format against a pane.
-pub async fn display_message(c: &Call<'_>, a: Display) -> Result<Displayed, ToolError> {
+pub(crate) async fn display_message(c: &Call<'_>, a: Display) -> Result<Displayed, ToolError> {
     let fmt = safe_format(&a.format_string)?;
     let p = targets::pane(c, &a.p).await?;
     let r =

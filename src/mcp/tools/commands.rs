@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Long commands kept per instance.
-pub const MAX_COMMANDS: usize = 64;
+pub(crate) const MAX_COMMANDS: usize = 64;
 
 /// `run_command`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct RunCommand {
+pub(crate) struct RunCommand {
     /// A shell command line.
     pub command: String,
     #[serde(flatten)]
@@ -48,7 +48,7 @@ pub struct RunCommand {
 /// What `run_command` does with a pane that is not at its prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum WhenBusy {
+pub(crate) enum WhenBusy {
     /// Refuse, naming the foreground program.
     #[default]
     Refuse,
@@ -62,7 +62,7 @@ pub enum WhenBusy {
 /// (`'` as `'\''`; control characters other than newline, which would act as
 /// keys in the line editor, as `$(printf '\ooo')`). The markers are printed by
 /// the function as OSC sequences nothing draws.
-pub fn wrap(command: &str, nonce: &str, quiet: bool) -> String {
+pub(crate) fn wrap(command: &str, nonce: &str, quiet: bool) -> String {
     let mut q = String::with_capacity(command.len() + 16);
     for ch in command.chars() {
         match ch {
@@ -83,7 +83,7 @@ pub fn wrap(command: &str, nonce: &str, quiet: bool) -> String {
 /// The same for a shell without `__sandmux_run` (not bash, or the function
 /// was removed): one POSIX line, the command as octal escapes for `eval`, so
 /// no quote in it can swallow the end marker; longer on screen.
-pub fn wrap_posix(command: &str, nonce: &str, quiet: bool) -> String {
+pub(crate) fn wrap_posix(command: &str, nonce: &str, quiet: bool) -> String {
     let mut oct = String::new();
     for &b in command.as_bytes() {
         if b.is_ascii_alphanumeric() {
@@ -115,7 +115,7 @@ async fn type_line(c: &Call<'_>, pane: &str, line: &str) -> Result<(), ToolError
 }
 
 /// Runs a command and follows its output until its end marker.
-pub async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolError> {
+pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolError> {
     text::input("command", &a.command, c.s.max_input)?;
     if a.command.trim().is_empty() {
         return Err(ToolError::invalid("command", "is empty", "give a command"));
@@ -258,7 +258,7 @@ struct Entry {
 
 /// The instance's long commands.
 #[derive(Default)]
-pub struct Commands {
+pub(crate) struct Commands {
     entries: Mutex<Vec<Entry>>,
     next: std::sync::atomic::AtomicU64,
 }
@@ -266,14 +266,14 @@ pub struct Commands {
 impl Commands {
     /// Whether a new long command can be kept (a finished one can be evicted,
     /// or there is room).
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         e.len() < MAX_COMMANDS || e.iter().any(|x| *x.done.borrow())
     }
 
     /// Keeps a command that outlived its call, following it in the
     /// background; returns its id, or None when every slot holds a running one.
-    pub fn keep(
+    pub(crate) fn keep(
         &self,
         hub: Arc<Hub>,
         generation: &str,
@@ -311,7 +311,7 @@ impl Commands {
 
 /// `wait_for_command`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct WaitCommand {
+pub(crate) struct WaitCommand {
     /// The `command_id` a `run_command` result gave.
     pub command_id: String,
     /// Seconds (default 30).
@@ -319,7 +319,7 @@ pub struct WaitCommand {
 }
 
 /// Waits for a long command to end; the same result shape as `run_command`.
-pub async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult, ToolError> {
+pub(crate) async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult, ToolError> {
     let timeout = c.clamp(a.timeout, 30.0)?;
     let generation = c.s.info().generation;
     let (follow, mut done, max_lines) = {

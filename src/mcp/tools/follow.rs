@@ -21,7 +21,7 @@ const OSC: &str = "\x1b]6973;";
 
 /// A command's result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct RunResult {
+pub(crate) struct RunResult {
     /// completed | timeout | interrupted | pane_exited (the command ended the
     /// pane's shell: `exit`, `set -e` and a failure).
     pub status: String,
@@ -54,7 +54,7 @@ pub struct RunResult {
 
 /// How a followed command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
+pub(crate) enum End {
     /// Its end marker arrived, with this exit status.
     Completed(i32),
     /// The pane's shell ended (with tmux's status when it kept the pane).
@@ -65,7 +65,7 @@ pub enum End {
 }
 
 /// One command's output, read from its pane's ring as it arrives.
-pub struct Follow {
+pub(crate) struct Follow {
     /// The pane (`%N`).
     pub pane_id: String,
     num: u32,
@@ -87,7 +87,7 @@ pub struct Follow {
 
 impl Follow {
     /// Follows the command with `nonce` in `pane` from ring offset `pos`.
-    pub fn new(pane: &PaneRow, nonce: &str, pos: u64) -> Follow {
+    pub(crate) fn new(pane: &PaneRow, nonce: &str, pos: u64) -> Follow {
         Follow {
             pane_id: pane.pane_id.clone(),
             num: pane.num,
@@ -110,7 +110,7 @@ impl Follow {
     /// the shell's own, `SHELL: [line N: ]__sandmux_run: [command ]not found`
     /// — never the echo of the typed line, which starts otherwise (a command
     /// that mentions the message must not be typed, and run, twice).
-    pub fn no_function(&self) -> bool {
+    pub(crate) fn no_function(&self) -> bool {
         !self.seen_begin
             && self
                 .before
@@ -119,7 +119,7 @@ impl Follow {
     }
 
     /// Reads what arrived; true once the end marker has.
-    pub fn poll(&mut self, hub: &Hub) -> bool {
+    pub(crate) fn poll(&mut self, hub: &Hub) -> bool {
         if self.ended.is_some() {
             return true;
         }
@@ -183,7 +183,7 @@ impl Follow {
     }
 
     /// The result as it stands.
-    pub fn result(&self, status: &str, max_lines: usize, timeout: f64) -> RunResult {
+    pub(crate) fn result(&self, status: &str, max_lines: usize, timeout: f64) -> RunResult {
         let exit = match self.ended {
             Some(End::Completed(c)) => Some(c),
             Some(End::PaneExited(c)) => c,
@@ -216,7 +216,7 @@ impl Follow {
     }
 
     /// The status word for how it ended (`running` while it has not).
-    pub fn status(&self) -> &'static str {
+    pub(crate) fn status(&self) -> &'static str {
         match self.ended {
             Some(End::Completed(_)) => "completed",
             Some(End::PaneExited(_)) => "pane_exited",
@@ -264,7 +264,7 @@ fn marker(hay: &[u8], head: &[u8]) -> Option<(usize, usize, u64)> {
 
 /// Why [`follow_until`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Until {
+pub(crate) enum Until {
     /// The command ended (see [`Follow::ended`]).
     Ended,
     /// The deadline passed first.

@@ -16,14 +16,14 @@ use std::time::Instant;
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 #[allow(missing_docs)]
-pub enum Keys {
+pub(crate) enum Keys {
     One(String),
     Many(Vec<String>),
 }
 
 /// `send_keys`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SendKeys {
+pub(crate) struct SendKeys {
     /// Text typed literally.
     pub text: Option<String>,
     /// Key names pressed after the text, e.g. ["C-c"] or "Escape".
@@ -43,7 +43,7 @@ pub struct SendKeys {
 
 /// What was sent.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Sent {
+pub(crate) struct Sent {
     /// The pane.
     pub pane_id: String,
     /// Bytes of text typed.
@@ -122,14 +122,14 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
 }
 
 /// Types text and/or presses keys.
-pub async fn send_keys(c: &Call<'_>, a: SendKeys) -> Result<Sent, ToolError> {
+pub(crate) async fn send_keys(c: &Call<'_>, a: SendKeys) -> Result<Sent, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     send_one(c, &p, &a).await
 }
 
 /// `send_keys_batch`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SendBatch {
+pub(crate) struct SendBatch {
     /// 1–100 send_keys operations.
     pub operations: Vec<SendKeys>,
     /// After an error: stop (default) or continue.
@@ -140,7 +140,7 @@ pub struct SendBatch {
 
 /// One batch result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct BatchSentItem {
+pub(crate) struct BatchSentItem {
     /// Position.
     pub index: usize,
     /// Pane, when resolved.
@@ -155,13 +155,13 @@ pub struct BatchSentItem {
 
 /// Batch result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct BatchSent {
+pub(crate) struct BatchSent {
     /// Results in order.
     pub results: Vec<BatchSentItem>,
 }
 
 /// Sends several operations.
-pub async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, ToolError> {
+pub(crate) async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, ToolError> {
     let total: usize = a
         .operations
         .iter()
@@ -222,7 +222,7 @@ pub async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchSent, To
 
 /// `paste_text`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct PasteText {
+pub(crate) struct PasteText {
     /// The text (multi-line is fine).
     pub text: String,
     #[serde(flatten)]
@@ -233,7 +233,7 @@ pub struct PasteText {
 }
 
 /// Pastes text through a temporary buffer.
-pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
+pub(crate) async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
     text::input("text", &a.text, c.s.max_input)?;
     let p = targets::pane(c, &a.p).await?;
     let name = format!("{}paste_{}", BUFFER_PREFIX, &crate::nonce::hex()[..8]);
@@ -267,7 +267,7 @@ pub async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolError> {
 
 /// `paste_buffer`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct PasteBuffer {
+pub(crate) struct PasteBuffer {
     /// A name returned by load_buffer.
     pub buffer_name: String,
     #[serde(flatten)]
@@ -278,7 +278,7 @@ pub struct PasteBuffer {
 }
 
 /// Pastes a buffer.
-pub async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolError> {
+pub(crate) async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, ToolError> {
     buffer_name(&a.buffer_name)?;
     let p = targets::pane(c, &a.p).await?;
     let (offset, _) = c.s.hub().subscribe(p.num);

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 /// `get_server_info` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ServerInfo {
+pub(crate) struct ServerInfo {
     /// Always true while sandmux answers.
     pub alive: bool,
     /// tmux version.
@@ -32,7 +32,7 @@ pub struct ServerInfo {
 }
 
 /// The server.
-pub async fn get_server_info(c: &Call<'_>, _: NoArgs) -> Result<ServerInfo, ToolError> {
+pub(crate) async fn get_server_info(c: &Call<'_>, _: NoArgs) -> Result<ServerInfo, ToolError> {
     let panes = targets::panes(c).await?;
     Ok(ServerInfo {
         alive: true,
@@ -51,14 +51,14 @@ pub async fn get_server_info(c: &Call<'_>, _: NoArgs) -> Result<ServerInfo, Tool
 }
 
 /// Ends the instance: answers first, then the server stops.
-pub async fn kill_server(c: &Call<'_>, _: NoArgs) -> Result<Done, ToolError> {
+pub(crate) async fn kill_server(c: &Call<'_>, _: NoArgs) -> Result<Done, ToolError> {
     c.s.shutdown.cancel();
     done("the instance is ending: the tmux server, every process in the sandbox and the runtime directory go away after this reply; start sandmux again for a fresh one")
 }
 
 /// One operation of a read batch.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct BatchOp {
+pub(crate) struct BatchOp {
     /// An inspect tool's name.
     pub tool: String,
     /// Its arguments.
@@ -68,7 +68,7 @@ pub struct BatchOp {
 
 /// `call_read_tools_batch`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// 1–100 operations.
     pub operations: Vec<BatchOp>,
     /// After an error: stop (default) or continue.
@@ -77,7 +77,7 @@ pub struct Batch {
 
 /// One result of a batch.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct BatchItem {
+pub(crate) struct BatchItem {
     /// Position.
     pub index: usize,
     /// Tool.
@@ -92,13 +92,16 @@ pub struct BatchItem {
 
 /// Batch result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct BatchResult {
+pub(crate) struct BatchResult {
     /// Results in order.
     pub results: Vec<BatchItem>,
 }
 
 /// Runs several inspect tools (each checked and audited on its own by the server).
-pub async fn call_read_tools_batch(c: &Call<'_>, a: Batch) -> Result<BatchResult, ToolError> {
+pub(crate) async fn call_read_tools_batch(
+    c: &Call<'_>,
+    a: Batch,
+) -> Result<BatchResult, ToolError> {
     let stop = batch_rules(a.operations.len(), a.on_error)?;
     let deadline = Instant::now() + c.s.wait_max;
     let mut results = Vec::new();
@@ -139,13 +142,13 @@ pub async fn call_read_tools_batch(c: &Call<'_>, a: Batch) -> Result<BatchResult
 }
 
 /// Most bytes of cast one `export_replay` answer holds.
-pub const REPLAY_MAX_BYTES: usize = 900_000;
+pub(crate) const REPLAY_MAX_BYTES: usize = 900_000;
 /// Fewest bytes a window may ask for (every line of a cast is shorter).
 const REPLAY_MIN_BYTES: usize = 65_536;
 
 /// `export_replay`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct Replay {
+pub(crate) struct Replay {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -157,7 +160,7 @@ pub struct Replay {
 
 /// An asciicast v2 document, or a window of one.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ReplayResult {
+pub(crate) struct ReplayResult {
     /// "recording" (the --record file so far) or "snapshot" (the pane's screen now).
     pub mode: String,
     /// Whole lines of asciicast v2 (a header at offset 0, then events).
@@ -177,7 +180,7 @@ pub struct ReplayResult {
 /// The instance's terminal output as asciicast v2: a window of the running
 /// recording when serve has --record, else a snapshot of a pane's screen.
 /// Never reads more of the file than the window.
-pub async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResult, ToolError> {
+pub(crate) async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResult, ToolError> {
     let max = a.max_bytes.unwrap_or(REPLAY_MAX_BYTES);
     if !(REPLAY_MIN_BYTES..=REPLAY_MAX_BYTES).contains(&max) {
         return Err(ToolError::invalid(

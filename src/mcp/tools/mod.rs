@@ -5,21 +5,21 @@
 //! through the pane gate), `wait` (the one wait loop) and `follow` (a typed
 //! command followed to its end marker).
 
-pub mod buffers;
-pub mod capture;
-pub mod commands;
-pub mod follow;
-pub mod input;
-pub mod instance;
-pub mod options;
-pub mod panes;
-pub mod read;
-pub mod sessions;
-pub mod spawn;
-pub mod status;
+pub(crate) mod buffers;
+pub(crate) mod capture;
+pub(crate) mod commands;
+pub(crate) mod follow;
+pub(crate) mod input;
+pub(crate) mod instance;
+pub(crate) mod options;
+pub(crate) mod panes;
+pub(crate) mod read;
+pub(crate) mod sessions;
+pub(crate) mod spawn;
+pub(crate) mod status;
 mod wait;
-pub mod waits;
-pub mod windows;
+pub(crate) mod waits;
+pub(crate) mod windows;
 
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
@@ -30,11 +30,11 @@ use serde::{Deserialize, Serialize};
 
 /// No arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct NoArgs {}
+pub(crate) struct NoArgs {}
 
 /// A change was made.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Done {
+pub(crate) struct Done {
     /// What was done, in words.
     pub done: String,
 }
@@ -44,10 +44,10 @@ fn done(s: impl Into<String>) -> Result<Done, ToolError> {
 }
 
 /// Buffers made by sandmux start with this.
-pub const BUFFER_PREFIX: &str = "sandmux_";
+pub(crate) const BUFFER_PREFIX: &str = "sandmux_";
 
 /// Checks that a buffer name is one sandmux made.
-pub fn buffer_name(n: &str) -> Result<(), ToolError> {
+pub(crate) fn buffer_name(n: &str) -> Result<(), ToolError> {
     let ok = n.starts_with(BUFFER_PREFIX)
         && n.len() <= 100
         && n.chars()
@@ -64,7 +64,7 @@ pub fn buffer_name(n: &str) -> Result<(), ToolError> {
 
 /// The rules every batch follows: 1–100 operations, and `on_error` is `stop`
 /// (the default) or `continue`. Returns whether to stop at the first error.
-pub fn batch_rules(
+pub(crate) fn batch_rules(
     len: usize,
     on_error: Option<crate::mcp::choices::OnError>,
 ) -> Result<bool, ToolError> {

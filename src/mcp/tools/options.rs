@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 /// Option scope.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "lowercase")]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Server options.
     Server,
     /// Session options.
@@ -27,7 +27,7 @@ pub enum Scope {
 
 /// `show_option`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ShowOption {
+pub(crate) struct ShowOption {
     /// Option name, e.g. "history-limit".
     pub option: String,
     /// server, session, window or pane.
@@ -41,7 +41,7 @@ pub struct ShowOption {
 
 /// An option's value.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct OptionValue {
+pub(crate) struct OptionValue {
     /// Option name.
     pub option: String,
     /// Value (null when unset).
@@ -49,7 +49,7 @@ pub struct OptionValue {
 }
 
 /// Checks an option name.
-pub fn option_name(o: &str) -> Result<(), ToolError> {
+pub(crate) fn option_name(o: &str) -> Result<(), ToolError> {
     let ok = !o.is_empty()
         && o.len() <= 64
         && o.chars().all(|c| {
@@ -67,7 +67,7 @@ pub fn option_name(o: &str) -> Result<(), ToolError> {
 }
 
 /// Builds the scope flags for show/set-option.
-pub fn scope_cmd(
+pub(crate) fn scope_cmd(
     mut cmd: Cmd,
     scope: Option<Scope>,
     target: &Option<String>,
@@ -103,7 +103,7 @@ pub fn scope_cmd(
 }
 
 /// Shows an option.
-pub async fn show_option(c: &Call<'_>, a: ShowOption) -> Result<OptionValue, ToolError> {
+pub(crate) async fn show_option(c: &Call<'_>, a: ShowOption) -> Result<OptionValue, ToolError> {
     option_name(&a.option)?;
     let cmd = scope_cmd(
         Cmd::new("show-options").flag("-v").flag("-q"),
@@ -148,7 +148,7 @@ const OPTIONS: &[(&str, &str)] = &[
 
 /// `set_option`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SetOption {
+pub(crate) struct SetOption {
     /// One of the allowed option names.
     pub option: String,
     /// Its new value.
@@ -163,7 +163,7 @@ pub struct SetOption {
 }
 
 /// Sets an allowlisted option.
-pub async fn set_option(c: &Call<'_>, a: SetOption) -> Result<Done, ToolError> {
+pub(crate) async fn set_option(c: &Call<'_>, a: SetOption) -> Result<Done, ToolError> {
     let Some((_, rule)) = OPTIONS.iter().find(|(n, _)| *n == a.option) else {
         return Err(ToolError::refused(format!(
             "option {:?} is not on sandmux's list of harmless options ({}); shells, commands, formats, hooks, passthrough and clipboard options are never settable",
@@ -196,7 +196,7 @@ pub async fn set_option(c: &Call<'_>, a: SetOption) -> Result<Done, ToolError> {
 
 /// `show_hooks`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ShowHooks {
+pub(crate) struct ShowHooks {
     /// server, session, window or pane.
     pub scope: Option<Scope>,
     /// A session, window or pane id.
@@ -208,13 +208,13 @@ pub struct ShowHooks {
 
 /// Hooks.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Hooks {
+pub(crate) struct Hooks {
     /// One line per hook (sandmux keeps this empty; anything else is drift).
     pub hooks: Vec<String>,
 }
 
 /// Lists hooks.
-pub async fn show_hooks(c: &Call<'_>, a: ShowHooks) -> Result<Hooks, ToolError> {
+pub(crate) async fn show_hooks(c: &Call<'_>, a: ShowHooks) -> Result<Hooks, ToolError> {
     hooks(c, a.scope, &a.target, a.global_, None).await
 }
 
@@ -243,7 +243,7 @@ async fn hooks(
 
 /// `show_hook`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ShowHook {
+pub(crate) struct ShowHook {
     /// Hook name, e.g. "after-new-window".
     pub hook_name: String,
     /// server, session, window or pane.
@@ -256,14 +256,14 @@ pub struct ShowHook {
 }
 
 /// Shows one hook.
-pub async fn show_hook(c: &Call<'_>, a: ShowHook) -> Result<Hooks, ToolError> {
+pub(crate) async fn show_hook(c: &Call<'_>, a: ShowHook) -> Result<Hooks, ToolError> {
     option_name(&a.hook_name)?;
     hooks(c, a.scope, &a.target, a.global_, Some(&a.hook_name)).await
 }
 
 /// `show_environment`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ShowEnv {
+pub(crate) struct ShowEnv {
     /// Session name (global environment when omitted).
     pub session_name: Option<String>,
     /// Session id (`$N`).
@@ -272,13 +272,13 @@ pub struct ShowEnv {
 
 /// An environment.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct EnvList {
+pub(crate) struct EnvList {
     /// Variables; a null value means "removed in this session".
     pub environment: std::collections::BTreeMap<String, Option<String>>,
 }
 
 /// Shows an environment.
-pub async fn show_environment(c: &Call<'_>, a: ShowEnv) -> Result<EnvList, ToolError> {
+pub(crate) async fn show_environment(c: &Call<'_>, a: ShowEnv) -> Result<EnvList, ToolError> {
     let cmd = if a.session_name.is_none() && a.session_id.is_none() {
         Cmd::new("show-environment").flag("-g")
     } else {
@@ -299,7 +299,7 @@ pub async fn show_environment(c: &Call<'_>, a: ShowEnv) -> Result<EnvList, ToolE
 
 /// `set_environment`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SetEnv {
+pub(crate) struct SetEnv {
     /// Variable name.
     pub name: String,
     /// The value to set.
@@ -311,7 +311,7 @@ pub struct SetEnv {
 }
 
 /// Sets an environment variable for later panes.
-pub async fn set_environment(c: &Call<'_>, a: SetEnv) -> Result<Done, ToolError> {
+pub(crate) async fn set_environment(c: &Call<'_>, a: SetEnv) -> Result<Done, ToolError> {
     text::env_name("name", &a.name, &c.s.policy)?;
     text::env_value("value", &a.value, c.s.max_input)?;
     let cmd = if a.session_name.is_none() && a.session_id.is_none() {

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 /// `list_panes`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ListPanes {
+pub(crate) struct ListPanes {
     /// Session name.
     pub session_name: Option<String>,
     /// Session id (`$N`).
@@ -30,13 +30,13 @@ pub struct ListPanes {
 
 /// `list_panes` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Panes {
+pub(crate) struct Panes {
     /// The panes.
     pub panes: Vec<PaneRow>,
 }
 
 /// Lists panes.
-pub async fn list_panes(c: &Call<'_>, a: ListPanes) -> Result<Panes, ToolError> {
+pub(crate) async fn list_panes(c: &Call<'_>, a: ListPanes) -> Result<Panes, ToolError> {
     let mut panes = targets::panes(c).await?;
     if a.window_id.is_some() || a.window_index.is_some() {
         let w = targets::window(
@@ -56,20 +56,20 @@ pub async fn list_panes(c: &Call<'_>, a: ListPanes) -> Result<Panes, ToolError> 
 
 /// Pane target only.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct PaneArgs {
+pub(crate) struct PaneArgs {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
 }
 
 /// One pane's metadata.
-pub async fn get_pane_info(c: &Call<'_>, a: PaneArgs) -> Result<PaneRow, ToolError> {
+pub(crate) async fn get_pane_info(c: &Call<'_>, a: PaneArgs) -> Result<PaneRow, ToolError> {
     targets::pane(c, &a.p).await
 }
 
 /// `find_pane_by_position`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct FindPane {
+pub(crate) struct FindPane {
     /// Which corner.
     pub corner: crate::mcp::choices::Corner,
     #[serde(flatten)]
@@ -78,7 +78,7 @@ pub struct FindPane {
 }
 
 /// The pane at a window corner.
-pub async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<PaneRow, ToolError> {
+pub(crate) async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<PaneRow, ToolError> {
     let w = targets::window(c, &a.w).await?;
     let panes: Vec<PaneRow> = targets::panes(c)
         .await?
@@ -102,7 +102,7 @@ pub async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<PaneRow,
 
 /// `split_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SplitWindow {
+pub(crate) struct SplitWindow {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -119,7 +119,7 @@ pub struct SplitWindow {
 }
 
 /// Splits a pane.
-pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolError> {
+pub(crate) async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     let mut cmd = spawn::making("split-window")
         .flag("-d")
@@ -154,7 +154,7 @@ pub async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created, ToolE
 
 /// `respawn_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct Respawn {
+pub(crate) struct Respawn {
     /// Pane id (required).
     pub pane_id: String,
     /// Kill the running process first (default true).
@@ -168,7 +168,7 @@ pub struct Respawn {
 }
 
 /// Respawns a pane.
-pub async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, ToolError> {
+pub(crate) async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, ToolError> {
     let p = targets::explicit_pane(c, &a.pane_id).await?;
     let mut cmd = Cmd::new("respawn-pane").opt("-t", &p.pane_id);
     if a.kill.unwrap_or(true) {
@@ -187,7 +187,7 @@ pub async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, ToolError
 
 /// `select_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SelectPane {
+pub(crate) struct SelectPane {
     /// The pane to select.
     pub pane_id: Option<String>,
     /// Move from the active pane instead of naming one.
@@ -198,7 +198,7 @@ pub struct SelectPane {
 }
 
 /// Selects a pane.
-pub async fn select_pane(c: &Call<'_>, a: SelectPane) -> Result<Done, ToolError> {
+pub(crate) async fn select_pane(c: &Call<'_>, a: SelectPane) -> Result<Done, ToolError> {
     if let Some(id) = &a.pane_id {
         let p = targets::explicit_pane(c, id).await?;
         c.s.hub()
@@ -235,7 +235,7 @@ pub async fn select_pane(c: &Call<'_>, a: SelectPane) -> Result<Done, ToolError>
 
 /// `swap_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SwapPane {
+pub(crate) struct SwapPane {
     /// First pane id.
     pub source_pane_id: String,
     /// Second pane id.
@@ -243,7 +243,7 @@ pub struct SwapPane {
 }
 
 /// Swaps panes.
-pub async fn swap_pane(c: &Call<'_>, a: SwapPane) -> Result<Done, ToolError> {
+pub(crate) async fn swap_pane(c: &Call<'_>, a: SwapPane) -> Result<Done, ToolError> {
     let s = targets::explicit_pane(c, &a.source_pane_id).await?;
     let t = targets::explicit_pane(c, &a.target_pane_id).await?;
     c.s.hub()
@@ -258,7 +258,7 @@ pub async fn swap_pane(c: &Call<'_>, a: SwapPane) -> Result<Done, ToolError> {
 
 /// `resize_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ResizePane {
+pub(crate) struct ResizePane {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -271,7 +271,7 @@ pub struct ResizePane {
 }
 
 /// Resizes a pane.
-pub async fn resize_pane(c: &Call<'_>, a: ResizePane) -> Result<Done, ToolError> {
+pub(crate) async fn resize_pane(c: &Call<'_>, a: ResizePane) -> Result<Done, ToolError> {
     if a.zoom.is_some() && (a.height.is_some() || a.width.is_some()) {
         return Err(ToolError::invalid(
             "zoom",
@@ -296,7 +296,7 @@ pub async fn resize_pane(c: &Call<'_>, a: ResizePane) -> Result<Done, ToolError>
 
 /// `set_pane_title`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SetTitle {
+pub(crate) struct SetTitle {
     /// The new title.
     pub title: String,
     #[serde(flatten)]
@@ -305,7 +305,7 @@ pub struct SetTitle {
 }
 
 /// Sets a pane title (stored as text).
-pub async fn set_pane_title(c: &Call<'_>, a: SetTitle) -> Result<Done, ToolError> {
+pub(crate) async fn set_pane_title(c: &Call<'_>, a: SetTitle) -> Result<Done, ToolError> {
     text::name("title", &a.title)?;
     let p = targets::pane(c, &a.p).await?;
     c.s.hub()
@@ -320,7 +320,7 @@ pub async fn set_pane_title(c: &Call<'_>, a: SetTitle) -> Result<Done, ToolError
 
 /// `enter_copy_mode`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct CopyMode {
+pub(crate) struct CopyMode {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -329,7 +329,7 @@ pub struct CopyMode {
 }
 
 /// Enters copy mode.
-pub async fn enter_copy_mode(c: &Call<'_>, a: CopyMode) -> Result<Done, ToolError> {
+pub(crate) async fn enter_copy_mode(c: &Call<'_>, a: CopyMode) -> Result<Done, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     c.s.hub()
         .run(&Cmd::new("copy-mode").opt("-t", &p.pane_id))
@@ -350,14 +350,14 @@ pub async fn enter_copy_mode(c: &Call<'_>, a: CopyMode) -> Result<Done, ToolErro
 
 /// Pane target only.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct PaneOnly {
+pub(crate) struct PaneOnly {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
 }
 
 /// Leaves copy mode.
-pub async fn exit_copy_mode(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError> {
+pub(crate) async fn exit_copy_mode(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     if p.in_mode {
         c.s.hub()
@@ -374,19 +374,19 @@ pub async fn exit_copy_mode(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError
 
 /// `kill_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct KillPane {
+pub(crate) struct KillPane {
     /// Pane id (required).
     pub pane_id: String,
 }
 
 /// Kills a pane.
-pub async fn kill_pane(c: &Call<'_>, a: KillPane) -> Result<Done, ToolError> {
+pub(crate) async fn kill_pane(c: &Call<'_>, a: KillPane) -> Result<Done, ToolError> {
     let p = targets::explicit_pane(c, &a.pane_id).await?;
     kill(c, "pane", &p.pane_id).await
 }
 
 /// Resets a pane and clears its history.
-pub async fn clear_pane(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError> {
+pub(crate) async fn clear_pane(c: &Call<'_>, a: PaneOnly) -> Result<Done, ToolError> {
     let p = targets::pane(c, &a.p).await?;
     c.s.hub()
         .run(&Cmd::new("send-keys").flag("-R").opt("-t", &p.pane_id))

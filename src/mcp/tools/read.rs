@@ -10,9 +10,9 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 /// Default line cap for captures.
-pub const MAX_LINES: usize = 500;
+pub(crate) const MAX_LINES: usize = 500;
 /// Default byte cap for captures.
-pub const MAX_BYTES: usize = 128_000;
+pub(crate) const MAX_BYTES: usize = 128_000;
 
 pub(crate) fn caps(max_lines: Option<usize>, max_bytes: Option<usize>) -> (usize, usize) {
     (
@@ -23,7 +23,7 @@ pub(crate) fn caps(max_lines: Option<usize>, max_bytes: Option<usize>) -> (usize
 
 /// Captured text.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Captured {
+pub(crate) struct Captured {
     /// The pane (or buffer) read.
     pub source: String,
     #[serde(flatten)]
@@ -32,7 +32,7 @@ pub struct Captured {
 }
 
 /// Captures a pane as plain text (checked reply, see `tmux::client`).
-pub async fn capture_text(
+pub(crate) async fn capture_text(
     c: &Call<'_>,
     pane: &str,
     start: Option<i64>,
@@ -65,7 +65,7 @@ pub async fn capture_text(
 }
 
 /// A capture_since cursor for a pane at a stream offset.
-pub fn cursor_for(c: &Call<'_>, pane: &PaneRow, offset: u64) -> String {
+pub(crate) fn cursor_for(c: &Call<'_>, pane: &PaneRow, offset: u64) -> String {
     format!(
         "sc1.{}.{}.{}",
         pane.num,
@@ -75,7 +75,7 @@ pub fn cursor_for(c: &Call<'_>, pane: &PaneRow, offset: u64) -> String {
 }
 
 /// Parses a cursor of this instance: (pane number, offset).
-pub fn parse_cursor(c: &Call<'_>, cur: &str) -> Result<(u32, u64), ToolError> {
+pub(crate) fn parse_cursor(c: &Call<'_>, cur: &str) -> Result<(u32, u64), ToolError> {
     let parts: Vec<&str> = cur.split('.').collect();
     let bad = || {
         ToolError::invalid(
@@ -94,7 +94,7 @@ pub fn parse_cursor(c: &Call<'_>, cur: &str) -> Result<(u32, u64), ToolError> {
 }
 
 /// Builds a matcher for a literal or regex pattern, size-limited.
-pub fn matcher(
+pub(crate) fn matcher(
     arg: &str,
     pattern: &str,
     regex: bool,

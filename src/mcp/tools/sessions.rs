@@ -14,14 +14,14 @@ use serde_json::Value;
 
 /// `list_sessions`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ListSessions {
+pub(crate) struct ListSessions {
     /// Lookups such as {"session_name__contains": "dev"}.
     pub filters: Option<Value>,
 }
 
 /// One session.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct SessionRow {
+pub(crate) struct SessionRow {
     /// `$N`.
     pub session_id: String,
     /// Name.
@@ -34,7 +34,7 @@ pub struct SessionRow {
 
 /// `list_sessions` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     /// The sessions.
     pub sessions: Vec<SessionRow>,
 }
@@ -65,7 +65,7 @@ fn sessions_of(panes: &[PaneRow]) -> Vec<SessionRow> {
 }
 
 /// Lists sessions.
-pub async fn list_sessions(c: &Call<'_>, a: ListSessions) -> Result<Sessions, ToolError> {
+pub(crate) async fn list_sessions(c: &Call<'_>, a: ListSessions) -> Result<Sessions, ToolError> {
     let panes = targets::panes(c).await?;
     Ok(Sessions {
         sessions: targets::filter(sessions_of(&panes), &a.filters)?,
@@ -74,7 +74,7 @@ pub async fn list_sessions(c: &Call<'_>, a: ListSessions) -> Result<Sessions, To
 
 /// `get_session_info`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SessionArgs {
+pub(crate) struct SessionArgs {
     /// Session id such as "$1".
     pub session_id: Option<String>,
     /// Session name.
@@ -82,7 +82,10 @@ pub struct SessionArgs {
 }
 
 /// One session's metadata.
-pub async fn get_session_info(c: &Call<'_>, a: SessionArgs) -> Result<SessionRow, ToolError> {
+pub(crate) async fn get_session_info(
+    c: &Call<'_>,
+    a: SessionArgs,
+) -> Result<SessionRow, ToolError> {
     let first = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
     let panes = targets::panes(c).await?;
     sessions_of(&panes)
@@ -93,7 +96,7 @@ pub async fn get_session_info(c: &Call<'_>, a: SessionArgs) -> Result<SessionRow
 
 /// `create_session`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct CreateSession {
+pub(crate) struct CreateSession {
     /// Session name.
     pub session_name: Option<String>,
     /// First window's name.
@@ -109,7 +112,7 @@ pub struct CreateSession {
 }
 
 /// Creates a session.
-pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, ToolError> {
+pub(crate) async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, ToolError> {
     let mut cmd = spawn::making("new-session").flag("-d");
     if let Some(n) = &a.session_name {
         text::session_name("session_name", n)?;
@@ -127,7 +130,7 @@ pub async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Created, T
 
 /// `rename_session`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct RenameSession {
+pub(crate) struct RenameSession {
     /// The new name.
     pub new_name: String,
     /// Session name.
@@ -137,7 +140,7 @@ pub struct RenameSession {
 }
 
 /// Renames a session.
-pub async fn rename_session(c: &Call<'_>, a: RenameSession) -> Result<Done, ToolError> {
+pub(crate) async fn rename_session(c: &Call<'_>, a: RenameSession) -> Result<Done, ToolError> {
     text::session_name("new_name", &a.new_name)?;
     let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
     c.s.hub()
@@ -152,7 +155,7 @@ pub async fn rename_session(c: &Call<'_>, a: RenameSession) -> Result<Done, Tool
 
 /// `kill_session`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct KillSession {
+pub(crate) struct KillSession {
     /// Session name.
     pub session_name: Option<String>,
     /// Session id (`$N`).
@@ -160,7 +163,7 @@ pub struct KillSession {
 }
 
 /// Kills a session (explicit target only).
-pub async fn kill_session(c: &Call<'_>, a: KillSession) -> Result<Done, ToolError> {
+pub(crate) async fn kill_session(c: &Call<'_>, a: KillSession) -> Result<Done, ToolError> {
     if a.session_name.is_none() && a.session_id.is_none() {
         return Err(ToolError::invalid(
             "session_id",

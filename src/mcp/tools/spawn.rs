@@ -16,7 +16,7 @@ use std::path::Path;
 
 /// Where a spawn landed.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Created {
+pub(crate) struct Created {
     /// `$N`.
     pub session_id: String,
     /// Session name.

@@ -23,7 +23,7 @@ fn audit_state(st: &Value) -> String {
 
 /// `sandbox_status` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Status {
+pub(crate) struct Status {
     /// Profile name.
     pub profile: String,
     /// Profile description.
@@ -66,7 +66,7 @@ pub struct Status {
 
 /// The limits an agent meets, in one place.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Paths that persist after the instance (read-write trees).
     pub writable: Vec<String>,
     /// Paths that are writable but vanish when the instance ends (tmpfs).
@@ -89,7 +89,7 @@ pub struct Limits {
 
 /// A layer in the status.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct LayerView {
+pub(crate) struct LayerView {
     /// Layer name.
     pub layer: String,
     /// In force.
@@ -147,7 +147,7 @@ fn limits(p: &crate::profile::Policy) -> Limits {
 }
 
 /// The status.
-pub async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError> {
+pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, ToolError> {
     let layers: Vec<LayerView> =
         c.s.info()
             .layers

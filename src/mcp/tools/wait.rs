@@ -38,7 +38,7 @@ fn ending() -> ToolError {
 
 impl<'a> Wait<'a> {
     /// A call's wait of at most `timeout`.
-    pub fn call(c: &'a Call<'a>, timeout: Duration) -> Wait<'a> {
+    pub(crate) fn call(c: &'a Call<'a>, timeout: Duration) -> Wait<'a> {
         Wait {
             call: Some(c),
             cancelled: "cancelled by the client",
@@ -50,7 +50,7 @@ impl<'a> Wait<'a> {
     }
 
     /// A wait no call holds, until `deadline` only.
-    pub fn background(deadline: tokio::time::Instant) -> Wait<'a> {
+    pub(crate) fn background(deadline: tokio::time::Instant) -> Wait<'a> {
         Wait {
             call: None,
             cancelled: "",
@@ -62,7 +62,7 @@ impl<'a> Wait<'a> {
     }
 
     /// Reports progress every two seconds, saying `what`.
-    pub fn progress(mut self, what: &'static str) -> Wait<'a> {
+    pub(crate) fn progress(mut self, what: &'static str) -> Wait<'a> {
         let every = Duration::from_secs(2);
         let first = tokio::time::Instant::now() + every;
         self.progress = Some((what, tokio::time::interval_at(first, every)));
@@ -70,24 +70,27 @@ impl<'a> Wait<'a> {
     }
 
     /// What the error says when the client cancels the call.
-    pub fn cancel_says(mut self, message: &'static str) -> Wait<'a> {
+    pub(crate) fn cancel_says(mut self, message: &'static str) -> Wait<'a> {
         self.cancelled = message;
         self
     }
 
     /// Seconds since the wait began.
-    pub fn elapsed(&self) -> f64 {
+    pub(crate) fn elapsed(&self) -> f64 {
         self.t0.elapsed().as_secs_f64()
     }
 
     /// The timeout in force, in seconds.
-    pub fn total(&self) -> f64 {
+    pub(crate) fn total(&self) -> f64 {
         self.total
     }
 
     /// Waits for `event`, or the deadline; fails when the client cancels
     /// or the instance ends.
-    pub async fn until<F: Future>(&mut self, event: F) -> Result<Woke<F::Output>, ToolError> {
+    pub(crate) async fn until<F: Future>(
+        &mut self,
+        event: F,
+    ) -> Result<Woke<F::Output>, ToolError> {
         tokio::pin!(event);
         loop {
             tokio::select! {

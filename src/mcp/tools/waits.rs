@@ -14,7 +14,7 @@ use std::time::Duration;
 /// What a wait for patterns shares: the pane, how its patterns match, its
 /// timeout.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct PatternWait {
+pub(crate) struct PatternWait {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -40,7 +40,7 @@ impl PatternWait {
 
 /// `wait_for_text`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct WaitText {
+pub(crate) struct WaitText {
     /// Patterns to wait for (null: any new output).
     pub patterns: Option<Vec<String>>,
     /// Patterns that end the wait early with outcome "stopped".
@@ -48,7 +48,9 @@ pub struct WaitText {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: PatternWait,
-    /// Ignored (waits are event-driven).
+    /// Ignored (waits are event-driven): accepted so that libtmux-mcp's
+    /// callers keep working.
+    #[allow(dead_code)]
     pub interval: Option<f64>,
     /// Count output from this cursor (from send_keys or capture_since) on.
     pub cursor: Option<String>,
@@ -56,7 +58,7 @@ pub struct WaitText {
 
 /// How a wait ended.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct WaitResult {
+pub(crate) struct WaitResult {
     /// matched | any_output | stopped | stable | gone | timeout.
     pub outcome: String,
     /// The pane.
@@ -92,14 +94,14 @@ impl WaitResult {
 }
 
 /// The last 20 lines / 2000 bytes.
-pub fn tail(t: &str) -> String {
+pub(crate) fn tail(t: &str) -> String {
     text::cap(t, 20, 2000).text
 }
 
 /// Waits on a pane's stream: calls `check` with all text written since the
 /// start each time the pane writes, until it returns an outcome or time is up.
 /// Progress is sent every two seconds.
-pub async fn wait_stream<F>(
+pub(crate) async fn wait_stream<F>(
     c: &Call<'_>,
     pane: &PaneRow,
     from: Option<u64>,
@@ -126,7 +128,7 @@ where
 }
 
 /// Waits for text.
-pub async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResult, ToolError> {
+pub(crate) async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResult, ToolError> {
     let timeout = c.clamp(a.w.timeout, 8.0)?;
     let pats = a.w.all("patterns", a.patterns.as_deref().unwrap_or(&[]))?;
     let stops = a.w.all("stop", a.stop.as_deref().unwrap_or(&[]))?;
@@ -172,7 +174,7 @@ pub async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResult, Tool
 
 /// `wait_for_stable`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct WaitStable {
+pub(crate) struct WaitStable {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub p: PaneSel,
@@ -183,7 +185,7 @@ pub struct WaitStable {
 }
 
 /// Waits until a pane is quiet.
-pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, ToolError> {
+pub(crate) async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, ToolError> {
     let timeout = c.clamp(a.timeout, 10.0)?;
     let quiet = Duration::from_millis(a.quiet_ms.unwrap_or(400).clamp(10, 60_000));
     let p = targets::pane(c, &a.p).await?;
@@ -206,7 +208,7 @@ pub async fn wait_for_stable(c: &Call<'_>, a: WaitStable) -> Result<WaitResult, 
 
 /// `wait_for_gone`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct WaitGone {
+pub(crate) struct WaitGone {
     /// Patterns that must disappear from the visible screen.
     pub patterns: Vec<String>,
     #[serde(flatten)]
@@ -215,7 +217,7 @@ pub struct WaitGone {
 }
 
 /// Waits until text is gone from the screen (re-checked on each write).
-pub async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, ToolError> {
+pub(crate) async fn wait_for_gone(c: &Call<'_>, a: WaitGone) -> Result<WaitResult, ToolError> {
     let timeout = c.clamp(a.w.timeout, 8.0)?;
     let pats = a.w.all("patterns", &a.patterns)?;
     if pats.is_empty() {

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 /// `list_windows`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ListWindows {
+pub(crate) struct ListWindows {
     /// Session name (all sessions when omitted).
     pub session_name: Option<String>,
     /// Session id (`$N`).
@@ -26,7 +26,7 @@ pub struct ListWindows {
 
 /// One window.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct WindowRow {
+pub(crate) struct WindowRow {
     /// `@N`.
     pub window_id: String,
     /// Index in the session.
@@ -47,7 +47,7 @@ pub struct WindowRow {
 
 /// `list_windows` result.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Windows {
+pub(crate) struct Windows {
     /// The windows.
     pub windows: Vec<WindowRow>,
 }
@@ -80,7 +80,7 @@ fn windows_of(panes: &[PaneRow]) -> Vec<WindowRow> {
 }
 
 /// Lists windows.
-pub async fn list_windows(c: &Call<'_>, a: ListWindows) -> Result<Windows, ToolError> {
+pub(crate) async fn list_windows(c: &Call<'_>, a: ListWindows) -> Result<Windows, ToolError> {
     let mut panes = targets::panes(c).await?;
     if SessionSel::new(&a.session_name, &a.session_id).given() {
         let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
@@ -93,14 +93,14 @@ pub async fn list_windows(c: &Call<'_>, a: ListWindows) -> Result<Windows, ToolE
 
 /// `get_window_info`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct WindowArgs {
+pub(crate) struct WindowArgs {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: WindowSel,
 }
 
 /// One window's metadata.
-pub async fn get_window_info(c: &Call<'_>, a: WindowArgs) -> Result<WindowRow, ToolError> {
+pub(crate) async fn get_window_info(c: &Call<'_>, a: WindowArgs) -> Result<WindowRow, ToolError> {
     let first = targets::window(c, &a.w).await?;
     let panes = targets::panes(c).await?;
     windows_of(&panes)
@@ -111,7 +111,7 @@ pub async fn get_window_info(c: &Call<'_>, a: WindowArgs) -> Result<WindowRow, T
 
 /// `create_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct CreateWindow {
+pub(crate) struct CreateWindow {
     /// Session name.
     pub session_name: Option<String>,
     /// Session id (`$N`).
@@ -132,7 +132,7 @@ pub struct CreateWindow {
 }
 
 /// Creates a window.
-pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, ToolError> {
+pub(crate) async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, ToolError> {
     let s = targets::session(c, &SessionSel::new(&a.session_name, &a.session_id)).await?;
     let mut cmd = spawn::making("new-window");
     if !a.attach {
@@ -155,7 +155,7 @@ pub async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Created, Too
 
 /// `rename_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct RenameWindow {
+pub(crate) struct RenameWindow {
     /// The new name.
     pub new_name: String,
     #[serde(flatten)]
@@ -164,7 +164,7 @@ pub struct RenameWindow {
 }
 
 /// Renames a window.
-pub async fn rename_window(c: &Call<'_>, a: RenameWindow) -> Result<Done, ToolError> {
+pub(crate) async fn rename_window(c: &Call<'_>, a: RenameWindow) -> Result<Done, ToolError> {
     text::name("new_name", &a.new_name)?;
     let w = targets::window(c, &a.w).await?;
     c.s.hub()
@@ -179,7 +179,7 @@ pub async fn rename_window(c: &Call<'_>, a: RenameWindow) -> Result<Done, ToolEr
 
 /// `select_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SelectWindow {
+pub(crate) struct SelectWindow {
     /// Window id (`@N`).
     pub window_id: Option<String>,
     /// Window index.
@@ -193,7 +193,7 @@ pub struct SelectWindow {
 }
 
 /// Selects a window.
-pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolError> {
+pub(crate) async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolError> {
     if let Some(d) = a.direction {
         use crate::mcp::choices::WindowStep;
         let flag = match d {
@@ -231,7 +231,7 @@ pub async fn select_window(c: &Call<'_>, a: SelectWindow) -> Result<Done, ToolEr
 
 /// `select_layout`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SelectLayout {
+pub(crate) struct SelectLayout {
     /// A preset layout.
     pub layout: crate::mcp::choices::Layout,
     #[serde(flatten)]
@@ -240,7 +240,7 @@ pub struct SelectLayout {
 }
 
 /// Applies a layout.
-pub async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done, ToolError> {
+pub(crate) async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done, ToolError> {
     // Names only (an enum). tmux 3.3a's server crashes on some layout
     // strings that pass its own checksum (a caller can compute it) but not
     // its geometry, and on a layout starting with `-`; a custom layout would
@@ -259,7 +259,7 @@ pub async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done, ToolEr
 
 /// `resize_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ResizeWindow {
+pub(crate) struct ResizeWindow {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: WindowSel,
@@ -270,7 +270,7 @@ pub struct ResizeWindow {
 }
 
 /// Resizes a window.
-pub async fn resize_window(c: &Call<'_>, a: ResizeWindow) -> Result<Done, ToolError> {
+pub(crate) async fn resize_window(c: &Call<'_>, a: ResizeWindow) -> Result<Done, ToolError> {
     let w = targets::window(c, &a.w).await?;
     let mut cmd = Cmd::new("resize-window").opt("-t", &w.window_id);
     if let Some(h) = a.height {
@@ -285,7 +285,7 @@ pub async fn resize_window(c: &Call<'_>, a: ResizeWindow) -> Result<Done, ToolEr
 
 /// `move_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct MoveWindow {
+pub(crate) struct MoveWindow {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: WindowSel,
@@ -297,7 +297,7 @@ pub struct MoveWindow {
 }
 
 /// Moves a window.
-pub async fn move_window(c: &Call<'_>, a: MoveWindow) -> Result<Done, ToolError> {
+pub(crate) async fn move_window(c: &Call<'_>, a: MoveWindow) -> Result<Done, ToolError> {
     let w = targets::window(c, &a.w).await?;
     let dest = match &a.destination_session {
         Some(d) if d.starts_with('$') => {
@@ -326,13 +326,13 @@ pub async fn move_window(c: &Call<'_>, a: MoveWindow) -> Result<Done, ToolError>
 
 /// `kill_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct KillWindow {
+pub(crate) struct KillWindow {
     /// Window id (required).
     pub window_id: String,
 }
 
 /// Kills a window.
-pub async fn kill_window(c: &Call<'_>, a: KillWindow) -> Result<Done, ToolError> {
+pub(crate) async fn kill_window(c: &Call<'_>, a: KillWindow) -> Result<Done, ToolError> {
     let w = targets::window(
         c,
         &targets::WindowSel {

@@ -7,7 +7,7 @@ use crate::sandbox::plan::{Attrs, From, Need, Onto, Op, Part, RunFile, Step};
 use std::collections::BTreeSet;
 
 /// Where the host-side sources of the plan are, for this instance.
-pub struct Sources<'a> {
+pub(crate) struct Sources<'a> {
     /// An empty directory on the host, seen only in this mount namespace.
     pub newroot: &'a Path,
     /// `<rundir>/sock`.
@@ -18,7 +18,7 @@ pub struct Sources<'a> {
 
 /// A step that failed, with the layer it ends start-up as.
 #[derive(Debug)]
-pub struct Failed {
+pub(crate) struct Failed {
     /// The step's layer.
     pub layer: Layer,
     /// What went wrong.
@@ -80,7 +80,7 @@ impl Part {
 /// Builds the view from `steps` and pivots into it. A failing best-effort
 /// step whose layer the profile lets go is skipped and returned in
 /// [`Built::dropped`]; any other failure ends the build.
-pub fn build_and_pivot(
+pub(crate) fn build_and_pivot(
     steps: &[Step],
     src: &Sources<'_>,
     best_effort: &BTreeSet<Layer>,
@@ -126,7 +126,7 @@ pub fn build_and_pivot(
 }
 
 /// Mounts made in the live view (after `pivot_root`): the socket cover.
-pub fn after_ready(steps: &[Step]) -> Result<(), Failed> {
+pub(crate) fn after_ready(steps: &[Step]) -> Result<(), Failed> {
     for s in steps {
         let Op::Tmpfs { options, attrs } = &s.op else {
             return Err(Failed {

@@ -20,7 +20,7 @@
 //!   config, the gate config, and the `/etc/passwd`/`/etc/group` shown inside.
 
 mod exec;
-pub use exec::{after_ready, build_and_pivot, Failed, Sources};
+pub(crate) use exec::{after_ready, build_and_pivot, Sources};
 
 use crate::guard::scan::beneath;
 use nix::fcntl::{openat, OFlag};
@@ -35,7 +35,7 @@ use std::path::{Component, Path, PathBuf};
 /// An error while building the view; always names the path.
 #[derive(Debug, thiserror::Error)]
 #[error("mount setup, {what} {path}: {source}")]
-pub struct MountError {
+pub(crate) struct MountError {
     /// What was being done.
     pub what: &'static str,
     /// The path inside the sandbox (or on the host for sources).
@@ -78,7 +78,7 @@ struct MountAttr {
 
 /// Files written into `/run/sandmux` before it becomes read-only.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct RunFiles {
+pub(crate) struct RunFiles {
     /// tmux configuration (absent in `run` mode).
     pub tmux_conf: Option<String>,
     /// Gate configuration (JSON).
@@ -95,7 +95,7 @@ pub struct RunFiles {
 
 /// What the view ended up with, for the report.
 #[derive(Debug, Default, Clone)]
-pub struct Built {
+pub(crate) struct Built {
     /// Protected paths made read-only.
     pub protected: Vec<PathBuf>,
     /// Masked paths covered.

@@ -28,7 +28,7 @@ fn tmpfs(options: impl Into<String>, attrs: Attrs) -> Op {
 }
 
 /// Compiles the policy into the plan `__init` executes.
-pub fn compile(policy: &Policy, mode: Mode) -> Blueprint {
+pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
     let mut m = Vec::new();
     m.push(step(
         "/",

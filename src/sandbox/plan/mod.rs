@@ -11,7 +11,7 @@
 //! go, and ends start-up (as that layer) when it does not.
 
 mod compile;
-pub use compile::compile;
+pub(crate) use compile::compile;
 
 use super::landlock::{Grant, Role};
 use crate::profile::Layer;
@@ -19,19 +19,19 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// The tmux socket's directory inside (a bind of `<rundir>/sock`).
-pub const SOCK_DIR: &str = "/run/sandmux/sock";
+pub(crate) const SOCK_DIR: &str = "/run/sandmux/sock";
 /// The pane gate inside (the sandmux binary, read-only).
-pub const GATE: &str = "/run/sandmux/bin/sandmux-pane";
+pub(crate) const GATE: &str = "/run/sandmux/bin/sandmux-pane";
 /// The tmux configuration inside (tmux mode).
-pub const TMUX_CONF: &str = "/run/sandmux/tmux.conf";
+pub(crate) const TMUX_CONF: &str = "/run/sandmux/tmux.conf";
 /// The gate's configuration inside.
-pub const GATE_CONFIG: &str = "/run/sandmux/gate.json";
+pub(crate) const GATE_CONFIG: &str = "/run/sandmux/gate.json";
 /// The empty file that masks files.
-pub const EMPTY: &str = "/run/sandmux/empty";
+pub(crate) const EMPTY: &str = "/run/sandmux/empty";
 
 /// Everything the sandbox will be, compiled from a policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Blueprint {
+pub(crate) struct Blueprint {
     /// Each layer and whether the profile requires it.
     pub layers: Vec<LayerNeed>,
     /// The mount view, built by PID 1 on a fresh tmpfs, in this order, before
@@ -47,7 +47,7 @@ pub struct Blueprint {
 
 /// A layer and its requirement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LayerNeed {
+pub(crate) struct LayerNeed {
     /// The layer.
     pub layer: Layer,
     /// `required` or `best-effort`.
@@ -57,7 +57,7 @@ pub struct LayerNeed {
 /// What a failing step (or a missing layer) means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Need {
+pub(crate) enum Need {
     /// Failure ends start-up.
     Required,
     /// Skipped when its path is absent (on the host or in the view); any
@@ -73,7 +73,7 @@ pub enum Need {
 
 /// One mount step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Step {
+pub(crate) struct Step {
     /// The path inside.
     pub path: PathBuf,
     /// What the step is for.
@@ -90,7 +90,7 @@ pub struct Step {
 /// What a step is for: names the step in reports, errors and the docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Part {
+pub(crate) enum Part {
     /// The fresh root.
     Root,
     /// `/run/sandmux`, the sandbox's own files.
@@ -146,7 +146,7 @@ pub enum Part {
 /// What a step does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
-pub enum Op {
+pub(crate) enum Op {
     /// A fresh tmpfs (a place where mount points may be created).
     Tmpfs {
         /// Mount options (`size=…,mode=…`).
@@ -198,7 +198,7 @@ pub enum Op {
 /// Where a bind's tree comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum From {
+pub(crate) enum From {
     /// The same path on the host (its last component not followed).
     Host,
     /// A path on the host, opened beneath `/` with no symlink anywhere.
@@ -222,7 +222,7 @@ pub enum From {
 /// How a bind's mount point is found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Onto {
+pub(crate) enum Onto {
     /// Created on a tmpfs of ours if missing (a directory or file, as the
     /// source is); a missing one in a host tree is an error.
     Create,
@@ -235,7 +235,7 @@ pub enum Onto {
 /// A file of `/run/sandmux`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum RunFile {
+pub(crate) enum RunFile {
     /// Empty (what masks files).
     Empty,
     /// The sandbox's `/etc/passwd`.
@@ -323,7 +323,7 @@ impl TryFrom<String> for Attrs {
 
 /// The Landlock rules of one role.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RoleRules {
+pub(crate) struct RoleRules {
     /// The role.
     pub role: Role,
     /// Its rules, in the order they are added.
@@ -332,7 +332,7 @@ pub struct RoleRules {
 
 /// One Landlock rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// The path inside (skipped when it does not exist).
     pub path: PathBuf,
     /// What is granted beneath it.
@@ -341,7 +341,7 @@ pub struct Rule {
 
 /// Paths inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Paths {
+pub(crate) struct Paths {
     /// The workspace (the same path as on the host).
     pub workspace: PathBuf,
     /// The home directory.
@@ -360,7 +360,7 @@ pub struct Paths {
 
 /// Which payload the plan is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// `sandmux run`: one command.
     Run,
     /// A tmux server (`serve`, `shell`, `check`).
@@ -369,7 +369,7 @@ pub enum Mode {
 
 impl Blueprint {
     /// The layers the profile lets go.
-    pub fn best_effort(&self) -> std::collections::BTreeSet<Layer> {
+    pub(crate) fn best_effort(&self) -> std::collections::BTreeSet<Layer> {
         self.layers
             .iter()
             .filter(|l| l.need == Need::BestEffort)

@@ -1,9 +1,9 @@
 //! `sandmux profile list | show | validate`.
 
-use crate::fail;
+use super::fail;
+use crate::profile::{self, Context};
+use crate::sandbox::{EXIT_INTERNAL, EXIT_USAGE};
 use clap::Subcommand;
-use sandmux::profile::{self, Context};
-use sandmux::sandbox::{EXIT_INTERNAL, EXIT_USAGE};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -89,10 +89,10 @@ pub(crate) fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
                 Ok(p) => p,
                 Err(e) => return fail(EXIT_USAGE, e),
             };
-            match sandmux::sandbox::view::resolved(&policy, &format) {
+            match crate::sandbox::view::resolved(&policy, &format) {
                 // Paths can be the agent's: escaped for terminals either way.
                 Ok(text) if format == "json" => {
-                    println!("{}", sandmux::term::inert_json(text));
+                    println!("{}", crate::term::inert_json(text));
                     ExitCode::SUCCESS
                 }
                 Ok(text) => {

@@ -1,0 +1,664 @@
+//! The `sandmux` command line (the binary's `main` calls [`main`]).
+
+use crate::profile::{self, Context, Loaded};
+use crate::sandbox::{self, pane, rundir::Rundir, Payload, Stdio3, EXIT_INTERNAL, EXIT_USAGE};
+use crate::tmux::{self, Instance};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+mod profile_cmd;
+use profile_cmd::{profile_cmd, ProfileCmd};
+
+#[derive(Parser)]
+#[command(
+    name = "sandmux",
+    version,
+    about = "A terminal an AI agent cannot escape: a fresh tmux server inside a Landlock + namespaces + seccomp sandbox"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+    /// How diagnostics on stderr are written: text lines, or JSON lines
+    /// (levels from SANDMUX_LOG, env-filter syntax; default info).
+    #[arg(long, global = true, value_enum, default_value_t)]
+    log_format: crate::log::Format,
+}
+
+#[derive(clap::Args, Clone)]
+struct Target {
+    /// Profile: a built-in name (default, ci, dev, container), a name in
+    /// ~/.config/sandmux/profiles, or a path to a TOML file.
+    #[arg(long, short, default_value = "default")]
+    profile: String,
+    /// The directory the sandbox may write (default: the current directory).
+    #[arg(long, short)]
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one command confined by the profile (no tmux); exits with its status.
+    Run {
+        #[command(flatten)]
+        target: Target,
+        /// No `sandmux:` line on stderr naming the layers dropped.
+        #[arg(long, short)]
+        quiet: bool,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// Start a fresh confined tmux server and attach this terminal to it.
+    Shell {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Serve MCP over stdio (or streamable HTTP, --http) against a fresh confined tmux server.
+    Serve {
+        #[command(flatten)]
+        target: Target,
+        /// Comma-separated toolsets (inspect, manage, execute, teardown); default from the profile.
+        #[arg(long)]
+        toolsets: Option<String>,
+        /// Extra tools to enable by exact name.
+        #[arg(long)]
+        tools: Option<String>,
+        /// Tools to disable by exact name (beats every enable).
+        #[arg(long)]
+        exclude_tools: Option<String>,
+        /// The audit log (default: ~/.local/state/sandmux/audit/).
+        #[arg(long)]
+        audit_log: Option<PathBuf>,
+        /// Start without the initial session "main".
+        #[arg(long)]
+        no_session: bool,
+        /// Record the first session's terminal output as an asciicast v2 file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+        /// Serve MCP over streamable HTTP at http://IP:PORT/mcp instead of stdio.
+        #[arg(long, value_name = "IP:PORT")]
+        http: Option<String>,
+        /// The Bearer token's file (0400/0600; required unless --http is loopback).
+        #[arg(long, requires = "http")]
+        token_file: Option<PathBuf>,
+        /// A further name a Host or Origin header may carry (repeatable).
+        #[arg(long, requires = "http", value_name = "NAME")]
+        allowed_host: Vec<String>,
+    },
+    /// List this user's running instances.
+    Ps {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Attach this terminal to an instance's tmux server (read-only by default).
+    Attach {
+        /// Instance id (or a unique prefix).
+        id: String,
+        /// Allow typing.
+        #[arg(long, conflicts_with = "read_only")]
+        read_write: bool,
+        /// Watch only (the default).
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Take tools away from a running `serve` instance (effective on the next
+    /// call; processes already running go on: see `freeze`).
+    Revoke {
+        #[command(flatten)]
+        sel: Selection,
+        /// Then freeze the instance (`sandmux freeze`).
+        #[arg(long)]
+        freeze: bool,
+    },
+    /// Give back tools the instance started with (never more).
+    Grant {
+        #[command(flatten)]
+        sel: Selection,
+    },
+    /// Show an instance's audit records.
+    Journal {
+        /// Instance id.
+        id: String,
+        /// Keep printing new records until the instance ends.
+        #[arg(long)]
+        follow: bool,
+        /// Raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every process in a `serve` instance's sandbox (the tmux server and
+    /// PID 1 included) and refuse tool calls until `thaw`.
+    Freeze {
+        /// Instance id (or a unique prefix).
+        id: String,
+    },
+    /// Let a frozen instance run again.
+    Thaw {
+        /// Instance id (or a unique prefix).
+        id: String,
+    },
+    /// End an instance cleanly.
+    Stop {
+        /// Instance id.
+        id: String,
+    },
+    /// Commit mode (`[workspace] git = "commit"`): the agent's commits.
+    Git {
+        #[command(subcommand)]
+        cmd: GitCmd,
+    },
+    /// Audit log tools.
+    Audit {
+        #[command(subcommand)]
+        cmd: AuditCmd,
+    },
+    /// Report what this machine enforces for a profile, observed from inside a live pane.
+    Check {
+        #[command(flatten)]
+        target: Target,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, show and validate profiles.
+    Profile {
+        #[command(subcommand)]
+        cmd: ProfileCmd,
+    },
+    #[command(name = "__init", hide = true)]
+    Init,
+    #[command(name = "__broker", hide = true)]
+    Broker,
+    #[command(name = "__probe-userns", hide = true)]
+    ProbeUserns,
+    /// Print the MCP tool table (markdown) generated from the catalogue.
+    #[command(name = "__tools-doc", hide = true)]
+    ToolsDoc,
+    /// Print one of docs/architecture.md's generated tables.
+    #[command(name = "__tables-doc", hide = true)]
+    TablesDoc {
+        /// The table's name (seccomp-denied, layers).
+        name: String,
+    },
+    /// Test harness: start an instance, print its socket as JSON, stop at stdin EOF.
+    #[command(name = "__instance", hide = true)]
+    Instance {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct Selection {
+    /// Instance id (or a unique prefix).
+    id: String,
+    /// A toolset: inspect, manage, execute, teardown.
+    #[arg(long)]
+    toolset: Option<String>,
+    /// One tool by name.
+    #[arg(long)]
+    tool: Option<String>,
+    /// Every tool.
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Subcommand)]
+enum GitCmd {
+    /// Fetch an instance's branches into refs/sandmux/ID/* of its workspace's
+    /// repository (refused if its repository is not as sandmux made it).
+    Fetch {
+        /// The instance id (printed at its end; see `sandmux ps`).
+        id: String,
+        /// Remove the instance's repository after a successful fetch.
+        #[arg(long)]
+        prune: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCmd {
+    /// Check a log's hash chain and seal: exit status 0 intact and sealed,
+    /// 1 names the first bad (edited, removed, reordered, torn) line, 3
+    /// intact but not sealed.
+    Verify {
+        /// The log.
+        path: PathBuf,
+    },
+}
+
+fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("sandmux: {}", crate::term::message(&msg.to_string()));
+    ExitCode::from(code as u8)
+}
+
+fn resolve(t: &Target) -> Result<profile::Policy, ExitCode> {
+    let ws = t.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
+    let ws = profile::check_workspace(&ws).map_err(|e| fail(EXIT_USAGE, e))?;
+    let loaded: Loaded = profile::load(&t.profile).map_err(|e| fail(EXIT_USAGE, e))?;
+    loaded
+        .resolve(&Context { workspace: ws })
+        .map_err(|e| fail(EXIT_USAGE, e))
+}
+
+/// The `sandmux` command line: parses the arguments and runs the command.
+pub fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv0 = args.first().map(PathBuf::from).unwrap_or_default();
+    let base = argv0.file_name().and_then(|s| s.to_str()).unwrap_or("");
+    if base.trim_start_matches('-') == pane::GATE_NAME {
+        pane::main(args);
+    }
+    let cli = Cli::parse();
+    // Nothing inside the sandbox logs: `__init` gets its level in the plan,
+    // and the probe's stderr is its answer.
+    if !matches!(cli.cmd, Cmd::Init | Cmd::ProbeUserns) {
+        if let Err(e) = crate::log::init(cli.log_format) {
+            return fail(EXIT_USAGE, e);
+        }
+    }
+    if matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Run { .. }) {
+        // Before any thread: as a container's PID 1, a reaping parent stays PID 1.
+        crate::entrypoint::take_pid1_duties();
+    }
+    match cli.cmd {
+        Cmd::Init => sandbox::init::main(),
+        Cmd::Broker => ExitCode::from(crate::mcp::broker::main() as u8),
+        Cmd::ProbeUserns => ExitCode::from(sandbox::probe::userns_child() as u8),
+        Cmd::Run {
+            target,
+            quiet,
+            command,
+        } => match resolve(&target) {
+            Ok(policy) => run(policy, command, quiet),
+            Err(c) => c,
+        },
+        Cmd::Shell { target } => match resolve(&target) {
+            Ok(policy) => shell(policy),
+            Err(c) => c,
+        },
+        Cmd::Check { target, json } => match resolve(&target) {
+            Ok(policy) => check(policy, json),
+            Err(c) => c,
+        },
+        Cmd::Profile { cmd } => profile_cmd(cmd),
+        Cmd::Ps { json } => {
+            print!("{}", crate::operator::ps(json));
+            ExitCode::SUCCESS
+        }
+        Cmd::Attach { id, read_write, .. } => {
+            match crate::operator::find(&id).and_then(|f| crate::operator::attach(&f, read_write)) {
+                Ok(c) => ExitCode::from(c as u8),
+                Err(e) => fail(1, e),
+            }
+        }
+        Cmd::Revoke { sel, .. } | Cmd::Grant { sel }
+            if sel.toolset.is_none() && sel.tool.is_none() && !sel.all =>
+        {
+            fail(EXIT_USAGE, "name --toolset, --tool or --all")
+        }
+        Cmd::Revoke { sel, freeze } => operator_change("revoke", sel, freeze),
+        Cmd::Grant { sel } => operator_change("grant", sel, false),
+        Cmd::Freeze { id } => operator_freeze("freeze", &id),
+        Cmd::Thaw { id } => operator_freeze("thaw", &id),
+        Cmd::Journal { id, follow, json } => match crate::operator::find(&id)
+            .and_then(|f| crate::operator::journal(&f, follow, json, &mut std::io::stdout()))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(1, e),
+        },
+        Cmd::Stop { id } => stop_instance(&id),
+        Cmd::ToolsDoc => {
+            print!("{}", crate::mcp::catalog::markdown_table());
+            ExitCode::SUCCESS
+        }
+        Cmd::TablesDoc { name } => {
+            match crate::tables::all().into_iter().find(|(n, _)| *n == name) {
+                Some((_, t)) => {
+                    print!("{t}");
+                    ExitCode::SUCCESS
+                }
+                None => fail(EXIT_USAGE, format!("no table {name:?}")),
+            }
+        }
+        Cmd::Serve {
+            target,
+            toolsets,
+            tools,
+            exclude_tools,
+            audit_log,
+            no_session,
+            record,
+            http,
+            token_file,
+            allowed_host,
+        } => serve(
+            &target,
+            crate::mcp::toolsets::Flags {
+                toolsets,
+                tools,
+                exclude_tools,
+            },
+            audit_log,
+            no_session,
+            record,
+            http.map(|addr| crate::mcp::http::Flags {
+                addr,
+                token_file,
+                allowed_hosts: allowed_host,
+            }),
+        ),
+        Cmd::Git {
+            cmd: GitCmd::Fetch { id, prune },
+        } => match crate::guard::commit::fetch(&id, prune) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(1, e),
+        },
+        Cmd::Audit {
+            cmd: AuditCmd::Verify { path },
+        } => audit_verify(&path),
+        Cmd::Instance { target } => match resolve(&target) {
+            Ok(policy) => hold_instance(policy),
+            Err(c) => c,
+        },
+    }
+}
+
+/// `sandmux stop ID`: a clean stop through the endpoint (`serve`), else SIGTERM to the owner.
+fn stop_instance(id: &str) -> ExitCode {
+    match crate::operator::find(id) {
+        Ok(f) if f.meta["kind"] == "serve" => {
+            match crate::operator::request(&f.dir, serde_json::json!({"v": 1, "op": "stop"})) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => fail(1, e),
+            }
+        }
+        Ok(f) => {
+            let pid = std::fs::read_to_string(f.dir.join("owner"))
+                .ok()
+                .and_then(|t| {
+                    t.split_whitespace()
+                        .next()
+                        .and_then(|p| p.parse::<i32>().ok())
+                });
+            match pid {
+                Some(p) => {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                    ExitCode::SUCCESS
+                }
+                None => fail(1, "cannot tell the instance's pid"),
+            }
+        }
+        Err(e) => fail(1, e),
+    }
+}
+
+/// `sandmux serve`.
+fn serve(
+    target: &Target,
+    flags: crate::mcp::toolsets::Flags,
+    audit_log: Option<PathBuf>,
+    no_session: bool,
+    record: Option<PathBuf>,
+    http: Option<crate::mcp::http::Flags>,
+) -> ExitCode {
+    // First, before any thread exists: from here on a termination signal is
+    // serve's own (a clean stop), never the default action.
+    let stop = crate::mcp::exit::Stop::install();
+    let code = match resolve(target) {
+        Ok(policy) => crate::mcp::serve(
+            policy,
+            crate::mcp::Options {
+                flags,
+                audit_log,
+                no_session,
+                record,
+                http,
+            },
+            &stop,
+        ),
+        Err(_) => EXIT_USAGE,
+    };
+    crate::mcp::exit::finish(code)
+}
+
+/// `sandmux audit verify PATH`.
+fn audit_verify(path: &std::path::Path) -> ExitCode {
+    match crate::mcp::audit::verify(path) {
+        Ok(v) if v.sealed => {
+            println!(
+                "{}: {} records, chain intact, sealed",
+                path.display(),
+                v.records
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            println!("{}: {} records, chain intact, NOT sealed: it does not end with the record a clean stop writes (the instance still runs, was killed, or records after the last one shown were removed)", path.display(), v.records);
+            ExitCode::from(3)
+        }
+        Err(e) => fail(1, format!("{}: {e}", path.display())),
+    }
+}
+
+fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut rundir = match Rundir::create() {
+        Ok(r) => r,
+        Err(e) => return fail(EXIT_INTERNAL, e),
+    };
+    let cg = match tmux::make_cgroup(&policy, &mut rundir) {
+        Ok(c) => c,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    rundir.write_meta(&serde_json::json!({"kind": "run", "id": rundir.id, "profile": policy.name, "workspace": policy.workspace, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
+    let cwd = std::env::current_dir()
+        .ok()
+        .filter(|d| d.starts_with(&policy.workspace))
+        .unwrap_or_else(|| policy.workspace.clone());
+    let guard = match crate::guard::watch::start_for(&mut policy, &rundir.id) {
+        Ok(g) => g,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let plan = tmux::plan(
+        &policy,
+        &rundir,
+        cg,
+        Payload::Command {
+            argv: command,
+            cwd,
+            quiet,
+        },
+        None,
+    );
+    // Termination signals are forwarded to the sandbox by a helper thread.
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    let _ = set.thread_block();
+    let mut started = match sandbox::start(&plan, Stdio3::Inherit) {
+        Ok(s) => s,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let tally = match serve_proxy(&policy, started.proxy.take()) {
+        Ok(t) => t,
+        Err(e) => return fail(EXIT_INTERNAL, e),
+    };
+    guard.mount_in_force(mount_in_force(&started.messages));
+    let pid = nix::unistd::Pid::from_raw(started.child.id() as i32);
+    std::thread::spawn(move || loop {
+        if let Ok(sig) = set.wait() {
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
+    });
+    let mut child = started.child;
+    let status = child.wait();
+    drop(rundir);
+    if let Some(t) = tally {
+        eprintln!("{}", crate::proxy::summary(&t));
+    }
+    crate::guard::watch::finish_and_say(guard);
+    match status {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            let code = s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0));
+            tracing::debug!(code, "the command ended");
+            ExitCode::from(code as u8)
+        }
+        Err(e) => fail(EXIT_INTERNAL, e),
+    }
+}
+
+/// Proxy mode (`run`, `shell`): serves the sandbox's listener on a thread
+/// of this process; the tally is for the summary at the end.
+fn serve_proxy(
+    policy: &profile::Policy,
+    listener: Option<std::net::TcpListener>,
+) -> Result<Option<std::sync::Arc<std::sync::Mutex<crate::proxy::tally::Tally>>>, String> {
+    let Some(l) = listener else { return Ok(None) };
+    let cfg = crate::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
+    crate::proxy::spawn_counted(l, cfg).map(Some)
+}
+
+fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {
+    sandbox::report::layers(messages)
+        .iter()
+        .any(|l| l.layer == profile::Layer::Mount && l.enforced)
+}
+
+fn shell(policy: profile::Policy) -> ExitCode {
+    let ws = policy.workspace.display().to_string();
+    let name = policy.name.clone();
+    let wsp = policy.workspace.clone();
+    let mut inst = match Instance::start(policy) {
+        Ok(i) => i,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let tally = match serve_proxy(&inst.policy, inst.proxy.take()) {
+        Ok(t) => t,
+        Err(e) => {
+            inst.stop();
+            return fail(EXIT_INTERNAL, e);
+        }
+    };
+    inst.rundir.write_meta(&serde_json::json!({"kind": "shell", "id": inst.rundir.id, "profile": name, "workspace": wsp, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
+    let status = inst
+        .client()
+        .args(["new-session", "-s", "sandmux", "-c", &ws])
+        .status();
+    inst.stop();
+    if let Some(t) = tally {
+        eprintln!("{}", crate::proxy::summary(&t));
+    }
+    match status {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(EXIT_INTERNAL, format!("tmux client: {e}")),
+    }
+}
+
+fn operator_freeze(op: &str, id: &str) -> ExitCode {
+    let found = match crate::operator::find(id) {
+        Ok(f) if f.meta["kind"] == "serve" => f,
+        Ok(_) => return fail(1, "only `sandmux serve` instances can be frozen"),
+        Err(e) => return fail(1, e),
+    };
+    let req = serde_json::json!({"v": 1, "op": op});
+    match crate::operator::request(&found.dir, req) {
+        Ok(v) => {
+            println!("{}", crate::operator::freeze_line(op, &found.id, &v));
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, format!("{op} {}: {e}", found.id)),
+    }
+}
+
+fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
+    let req = crate::operator::change(op, sel.toolset, sel.tool, sel.all, freeze);
+    let found = crate::operator::find(&sel.id);
+    let id = found.as_ref().map(|f| f.id.clone()).unwrap_or_default();
+    match found.and_then(|f| crate::operator::request(&f.dir, req)) {
+        Ok(v) => {
+            let ts = v["toolsets"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            println!(
+                "{op}: {} tools enabled now (toolsets: {})",
+                v["tools_enabled"],
+                crate::term::printable(&ts)
+            );
+            if let Some(n) = v["not_granted"].as_array().filter(|a| !a.is_empty()) {
+                println!(
+                    "not granted (the instance did not start with them): {}",
+                    n.iter()
+                        .filter_map(|x| x.as_str())
+                        .map(crate::term::printable)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            if freeze {
+                println!("{}", crate::operator::freeze_line("freeze", &id, &v));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, e),
+    }
+}
+
+fn hold_instance(policy: profile::Policy) -> ExitCode {
+    let inst = match Instance::start(policy) {
+        Ok(i) => i,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let info = serde_json::json!({
+        "socket": inst.socket(),
+        "rundir": inst.rundir.path,
+        "server_pid": inst.server_pid,
+        "tmux": inst.tmux,
+        "init_pid": inst.init_pid(),
+        "layers": inst.layers(),
+    });
+    println!("{info}");
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    inst.stop();
+    ExitCode::SUCCESS
+}
+
+fn check(policy: profile::Policy, json: bool) -> ExitCode {
+    let r = crate::check::run(policy);
+    let mut out = std::io::stdout().lock();
+    if json {
+        let text = serde_json::to_string_pretty(&r).unwrap_or_default();
+        let _ = std::io::Write::write_all(
+            &mut out,
+            format!("{}\n", crate::term::inert_json(text)).as_bytes(),
+        );
+    } else {
+        let _ = crate::check::print_human(&r, &mut crate::term::Safe(&mut out));
+    }
+    if !r.enforceable {
+        ExitCode::from(sandbox::EXIT_LAYER as u8)
+    } else if r.all_passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
