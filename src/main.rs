@@ -485,7 +485,7 @@ fn serve_proxy(
 ) -> Result<Option<std::sync::Arc<std::sync::Mutex<sandmux::proxy::tally::Tally>>>, String> {
     let Some(l) = listener else { return Ok(None) };
     let cfg = sandmux::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
-    sandmux::proxy::spawn_counted(l, cfg).map(Some)
+    sandmux::proxy::spawn_counted(l, cfg, policy).map(Some)
 }
 
 fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {
