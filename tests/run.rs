@@ -4,6 +4,7 @@ mod common;
 use common::*;
 use std::io::Write;
 use std::process::Stdio;
+use std::time::Duration;
 
 #[test]
 fn exit_status_and_stdio_pass_through() {
@@ -228,4 +229,47 @@ fn proxy_mode_run_serves_the_proxy_and_sums_up_its_decisions() {
         err.contains("sandmux: proxy decisions:") && err.contains("DENIED  unlisted.test:443"),
         "{err}"
     );
+}
+
+/// Under `run` the proxy parses the agent's bytes on a thread of the
+/// unconfined outer process, so that thread confines itself before it
+/// serves: `no_new_privs` and a seccomp filter on it (and Landlock, which
+/// /proc does not show). Control: the process's main thread has neither,
+/// so the check tells the two apart.
+#[test]
+fn proxy_mode_run_confines_the_proxy_thread() {
+    let ws = Ws::new();
+    let state = host_dir();
+    let mut child = run_cmd(&ws.path(), "registries", state.path(), "sleep 30")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let status = |tid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap_or_default()
+    };
+    let proxy = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|t| status(t).starts_with("Name:\tsandmux-proxy"))
+    };
+    wait_for(
+        || proxy().is_some(),
+        Duration::from_secs(20),
+        "the proxy's thread",
+    );
+    let t = status(&proxy().unwrap());
+    let main = status(&pid.to_string());
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    assert!(
+        t.contains("\nNoNewPrivs:\t1\n") && t.contains("\nSeccomp:\t2\n"),
+        "{t}"
+    );
+    assert!(main.contains("\nSeccomp:\t0\n"), "{main}");
 }

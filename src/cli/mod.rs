@@ -528,7 +528,7 @@ fn serve_proxy(
 ) -> Result<Option<std::sync::Arc<std::sync::Mutex<crate::proxy::tally::Tally>>>, String> {
     let Some(l) = listener else { return Ok(None) };
     let cfg = crate::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
-    crate::proxy::spawn_counted(l, cfg).map(Some)
+    crate::proxy::spawn_counted(l, cfg, policy).map(Some)
 }
 
 fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {

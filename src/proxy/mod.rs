@@ -131,12 +131,16 @@ pub(crate) struct Event {
 pub(crate) type Sink = Arc<dyn Fn(Event) + Send + Sync>;
 
 /// Serves `listener` on a thread of its own until the process ends (`run`,
-/// `shell`: their supervisor is not confined); decisions are counted in
-/// the tally returned, for [`summary`].
+/// `shell`: their supervisor is not confined, so the thread confines
+/// itself first — `sandbox::supervisor::confine_this_thread` — and serves
+/// nothing if it cannot); decisions are counted in the tally returned, for
+/// [`summary`].
 pub(crate) fn spawn_counted(
     listener: std::net::TcpListener,
     cfg: Config,
+    policy: &crate::profile::Policy,
 ) -> Result<Arc<Mutex<tally::Tally>>, String> {
+    use crate::sandbox::supervisor;
     let t = Arc::new(Mutex::new(tally::Tally::default()));
     let open = t.lock().unwrap_or_else(|p| p.into_inner()).open.clone();
     let t2 = t.clone();
@@ -145,9 +149,20 @@ pub(crate) fn spawn_counted(
         .enable_all()
         .build()
         .map_err(|e| format!("the proxy's runtime: {e}"))?;
+    let needs = supervisor::proxy_thread_needs(policy);
+    let inet = needs.inet();
+    let prepared = supervisor::prepare(policy, &needs)
+        .map_err(|e| format!("confining the proxy's thread: Landlock: {e}"))?;
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("sandmux-proxy".into())
         .spawn(move || {
+            let confined = supervisor::confine_this_thread(prepared, inet);
+            let ok = confined.is_ok();
+            let _ = tx.send(confined);
+            if !ok {
+                return;
+            }
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => serve(l, Arc::new(cfg), sink, open).await,
@@ -156,7 +171,11 @@ pub(crate) fn spawn_counted(
             })
         })
         .map_err(|e| format!("the proxy's thread: {e}"))?;
-    Ok(t)
+    match rx.recv() {
+        Ok(Ok(_)) => Ok(t),
+        Ok(Err(e)) => Err(format!("confining the proxy's thread: {e}")),
+        Err(_) => Err("the proxy's thread ended before confining itself".into()),
+    }
 }
 
 /// The summary `run` and `shell` print on stderr when they end.

@@ -281,6 +281,41 @@ impl Needs {
     }
 }
 
+/// What the proxy's own thread under `run` and `shell` keeps (their
+/// supervisor is otherwise not confined): the resolver's and the loader's
+/// files, the libraries NSS loads, TCP connect to the allow list's ports,
+/// UDP only when [`proxy_resolves`].
+pub(crate) fn proxy_thread_needs(policy: &Policy) -> Needs {
+    let mut rules: Vec<(PathBuf, Right)> = RESOLVER
+        .iter()
+        .chain(ETC_FILES.iter())
+        .map(|p| (PathBuf::from(p), Right::Read))
+        .collect();
+    for lib in ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib"] {
+        rules.push((lib.into(), Right::Exec));
+    }
+    Needs {
+        rules,
+        connect_tcp: proxy_ports(policy),
+        udp: proxy_resolves(policy),
+    }
+}
+
+/// Confines the calling thread only (the proxy's, under `run` and
+/// `shell`): `no_new_privs`, the Landlock ruleset `prepared` for
+/// [`proxy_thread_needs`], and the supervisor's seccomp filter for this
+/// thread (no `TSYNC`). Threads it starts later inherit all three.
+pub(crate) fn confine_this_thread(prepared: Prepared, inet: Inet) -> Result<String, String> {
+    super::caps::set_no_new_privs()?;
+    let ll = prepared.restrict()?;
+    let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, inet)
+        .map_err(|e| e.to_string())?;
+    for p in &progs {
+        seccompiler::apply_filter(p).map_err(|e| format!("seccomp: {e}"))?;
+    }
+    Ok(ll)
+}
+
 /// A Landlock ruleset built on one thread and applied on another.
 pub(crate) struct Prepared {
     ruleset: RulesetCreated,

@@ -26,7 +26,7 @@ from test_escape import host_ipv4, launch, profile, run_probe
 
 pytestmark = pytest.mark.anyio
 
-SIOCSIFMTU = 0x8922
+SIOCGIFMTU, SIOCSIFMTU = 0x8921, 0x8922
 ALL = ["--toolsets", "inspect,manage,execute,teardown"]
 
 
@@ -385,12 +385,13 @@ async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, stan
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     udp.settimeout(0.5)
-    # Controls, on the host: the datagram arrives; the ioctl reaches the
-    # stack through a unix socket (ENODEV: no interface named "").
+    # Controls, on the host: the datagram arrives; an interface ioctl
+    # reaches the stack through a unix socket (ENODEV: no interface named
+    # ""; SIOCSIFMTU asks for CAP_NET_ADMIN first, so the get is the control).
     socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"host\n", udp.getsockname())
     assert udp.recv(16) == b"host\n"
     with pytest.raises(OSError) as e, socket.socket(socket.AF_UNIX) as u:
-        fcntl.ioctl(u, SIOCSIFMTU, bytes(40))
+        fcntl.ioctl(u, SIOCGIFMTU, bytes(40))
     assert e.value.errno == errno.ENODEV, e.value
     prof = profile(ws, "proxy-sup", proxy_net(port))
     try:
@@ -410,6 +411,7 @@ async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, stan
                 "(int)socket(2, 2, 1)",  # ICMP "ping" socket
                 "(int)socket(2, 1, 132)",  # SCTP, one-to-one style
                 f"(int)ioctl((int)socket(1, 1, 0), {SIOCSIFMTU}, ((void*(*)(long, long))calloc)(1, 64))",
+                f"(int)ioctl((int)socket(1, 1, 0), {SIOCGIFMTU}, ((void*(*)(long, long))calloc)(1, 64))",
                 f"(int)system(\"bash -c 'echo udp >/dev/udp/127.0.0.1/{udp.getsockname()[1]}'\")",
             ]
             got, out = await anyio.to_thread.run_sync(inject, pid, calls, 1)
@@ -421,9 +423,9 @@ async def test_the_confined_supervisor_connects_only_to_the_lists_ports(ws, stan
             conn.close()
             assert rc[2] == -1 and got[2][0][1] == 1, ("a packet socket", out)
             assert rc[3] >= 0, ("no inet socket in proxy mode", out)
-            for i in range(4, 10):
+            for i in range(4, 11):
                 assert got[i][0] == (-1, errno.EPERM), (calls[i], got[i], out)
-            assert rc[10] != 0, ("a UDP datagram from serve", out)
+            assert rc[11] != 0, ("a UDP datagram from serve", out)
             with pytest.raises(socket.timeout):
                 udp.recv(16)
             time.sleep(0.2)
