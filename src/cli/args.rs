@@ -1,0 +1,224 @@
+//! The command line's arguments, as clap parses them.
+
+use super::profile_cmd::ProfileCmd;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "sandmux",
+    version,
+    about = "A terminal an AI agent cannot escape: a fresh tmux server inside a Landlock + namespaces + seccomp sandbox"
+)]
+pub(super) struct Cli {
+    #[command(subcommand)]
+    pub(super) cmd: Cmd,
+    /// How diagnostics on stderr are written: text lines, or JSON lines
+    /// (levels from SANDMUX_LOG, env-filter syntax; default info).
+    #[arg(long, global = true, value_enum, default_value_t)]
+    pub(super) log_format: crate::log::Format,
+}
+
+#[derive(clap::Args, Clone)]
+pub(super) struct Target {
+    /// Profile: a built-in name (default, ci, dev, container), a name in
+    /// ~/.config/sandmux/profiles, or a path to a TOML file.
+    #[arg(long, short, default_value = "default")]
+    pub(super) profile: String,
+    /// The directory the sandbox may write (default: the current directory).
+    #[arg(long, short)]
+    pub(super) workspace: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+pub(super) enum Cmd {
+    /// Run one command confined by the profile (no tmux); exits with its status.
+    Run {
+        #[command(flatten)]
+        target: Target,
+        /// No `sandmux:` line on stderr naming the layers dropped.
+        #[arg(long, short)]
+        quiet: bool,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// Start a fresh confined tmux server and attach this terminal to it.
+    Shell {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Serve MCP over stdio (or streamable HTTP, --http) against a fresh confined tmux server.
+    Serve {
+        #[command(flatten)]
+        target: Target,
+        /// Comma-separated toolsets (inspect, manage, execute, teardown); default from the profile.
+        #[arg(long)]
+        toolsets: Option<String>,
+        /// Extra tools to enable by exact name.
+        #[arg(long)]
+        tools: Option<String>,
+        /// Tools to disable by exact name (beats every enable).
+        #[arg(long)]
+        exclude_tools: Option<String>,
+        /// The audit log (default: ~/.local/state/sandmux/audit/).
+        #[arg(long)]
+        audit_log: Option<PathBuf>,
+        /// Start without the initial session "main".
+        #[arg(long)]
+        no_session: bool,
+        /// Record the first session's terminal output as an asciicast v2 file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+        /// Serve MCP over streamable HTTP at http://IP:PORT/mcp instead of stdio.
+        #[arg(long, value_name = "IP:PORT")]
+        http: Option<String>,
+        /// The Bearer token's file (0400/0600; required unless --http is loopback).
+        #[arg(long, requires = "http")]
+        token_file: Option<PathBuf>,
+        /// A further name a Host or Origin header may carry (repeatable).
+        #[arg(long, requires = "http", value_name = "NAME")]
+        allowed_host: Vec<String>,
+    },
+    /// List this user's running instances.
+    Ps {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Attach this terminal to an instance's tmux server (read-only by default).
+    Attach {
+        /// Instance id (or a unique prefix).
+        id: String,
+        /// Allow typing.
+        #[arg(long, conflicts_with = "read_only")]
+        read_write: bool,
+        /// Watch only (the default).
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Take tools away from a running `serve` instance (effective on the next
+    /// call; processes already running go on: see `freeze`).
+    Revoke {
+        #[command(flatten)]
+        sel: Selection,
+        /// Then freeze the instance (`sandmux freeze`).
+        #[arg(long)]
+        freeze: bool,
+    },
+    /// Give back tools the instance started with (never more).
+    Grant {
+        #[command(flatten)]
+        sel: Selection,
+    },
+    /// Show an instance's audit records.
+    Journal {
+        /// Instance id.
+        id: String,
+        /// Keep printing new records until the instance ends.
+        #[arg(long)]
+        follow: bool,
+        /// Raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every process in a `serve` instance's sandbox (the tmux server and
+    /// PID 1 included) and refuse tool calls until `thaw`.
+    Freeze {
+        /// Instance id (or a unique prefix).
+        id: String,
+    },
+    /// Let a frozen instance run again.
+    Thaw {
+        /// Instance id (or a unique prefix).
+        id: String,
+    },
+    /// End an instance cleanly.
+    Stop {
+        /// Instance id.
+        id: String,
+    },
+    /// Commit mode (`[workspace] git = "commit"`): the agent's commits.
+    Git {
+        #[command(subcommand)]
+        cmd: GitCmd,
+    },
+    /// Audit log tools.
+    Audit {
+        #[command(subcommand)]
+        cmd: AuditCmd,
+    },
+    /// Report what this machine enforces for a profile, observed from inside a live pane.
+    Check {
+        #[command(flatten)]
+        target: Target,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, show and validate profiles.
+    Profile {
+        #[command(subcommand)]
+        cmd: ProfileCmd,
+    },
+    #[command(name = "__init", hide = true)]
+    Init,
+    #[command(name = "__broker", hide = true)]
+    Broker,
+    #[command(name = "__probe-userns", hide = true)]
+    ProbeUserns,
+    /// Print the MCP tool table (markdown) generated from the catalogue.
+    #[command(name = "__tools-doc", hide = true)]
+    ToolsDoc,
+    /// Print one of docs/architecture.md's generated tables.
+    #[command(name = "__tables-doc", hide = true)]
+    TablesDoc {
+        /// The table's name (seccomp-denied, layers).
+        name: String,
+    },
+    /// Test harness: start an instance, print its socket as JSON, stop at stdin EOF.
+    #[command(name = "__instance", hide = true)]
+    Instance {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+pub(super) struct Selection {
+    /// Instance id (or a unique prefix).
+    pub(super) id: String,
+    /// A toolset: inspect, manage, execute, teardown.
+    #[arg(long)]
+    pub(super) toolset: Option<String>,
+    /// One tool by name.
+    #[arg(long)]
+    pub(super) tool: Option<String>,
+    /// Every tool.
+    #[arg(long)]
+    pub(super) all: bool,
+}
+
+#[derive(Subcommand)]
+pub(super) enum GitCmd {
+    /// Fetch an instance's branches into refs/sandmux/ID/* of its workspace's
+    /// repository (refused if its repository is not as sandmux made it).
+    Fetch {
+        /// The instance id (printed at its end; see `sandmux ps`).
+        id: String,
+        /// Remove the instance's repository after a successful fetch.
+        #[arg(long)]
+        prune: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub(super) enum AuditCmd {
+    /// Check a log's hash chain and seal: exit status 0 intact and sealed,
+    /// 1 names the first bad (edited, removed, reordered, torn) line, 3
+    /// intact but not sealed.
+    Verify {
+        /// The log.
+        path: PathBuf,
+    },
+}
