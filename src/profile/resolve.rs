@@ -1,0 +1,206 @@
+//! Profile resolution: a loaded profile and a workspace become the
+//! [`Policy`] a sandbox is built from, step by step (the profile's place, its
+//! protected names, its filesystem entries, the workspace guard).
+
+use super::*;
+
+impl Loaded {
+    /// Resolves the profile for a workspace. Errors name the profile key.
+    /// The steps: the profile's place, its protected names (checked before
+    /// anything uses them), its filesystem entries, the workspace guard.
+    pub(crate) fn resolve(&self, ctx: &Context) -> Result<Policy, ProfileError> {
+        if let Source::File(p) = &self.source {
+            if p.starts_with(&ctx.workspace) {
+                return Err(ProfileError::InWorkspace {
+                    file: self.source.to_string(),
+                    workspace: ctx.workspace.display().to_string(),
+                });
+            }
+        }
+        let p = &self.profile;
+        let names = self.protected_names()?;
+        let fs = self.fs_entries(ctx)?;
+        let roots: Vec<PathBuf> = fs
+            .iter()
+            .filter(|e| e.kind == MountKind::ReadWrite)
+            .map(|e| e.path.clone())
+            .collect();
+        let names = with_config_dir(names, &roots);
+        let (guard, ro) = crate::guard::plan(
+            &roots,
+            &names,
+            p.workspace.git,
+            p.workspace.new_repositories,
+        )
+        .map_err(|reason| self.invalid("workspace.git", reason))?;
+        let mut environment = p.environment.clone();
+        for v in environment.set.values_mut() {
+            *v = subst(ctx, v);
+        }
+        if p.network.mode == NetMode::Proxy {
+            // The proxy is the only way out: every spelling tools read.
+            environment.set.extend(crate::proxy::env_vars());
+        }
+        Ok(Policy {
+            name: self.name.clone(),
+            source: self.source.clone(),
+            description: p.description.clone(),
+            fs,
+            protected: ro.protected,
+            guard,
+            pinned: ro.pinned,
+            network: p.network.clone(),
+            limits: p.limits.clone(),
+            environment,
+            sandbox: p.sandbox.clone(),
+            best_effort: p.enforcement.best_effort.iter().copied().collect(),
+            landlock_abi: p.enforcement.landlock_abi,
+            workspace: ctx.workspace.clone(),
+            mcp: p.mcp.clone(),
+            recording: p.recording.clone(),
+        })
+    }
+
+    /// An error at `key` of this profile.
+    fn invalid(&self, key: &str, reason: String) -> ProfileError {
+        ProfileError::Invalid {
+            file: self.source.to_string(),
+            line: line_of(&self.text, key),
+            key: key.to_string(),
+            reason,
+        }
+    }
+
+    /// `[filesystem] protected`: relative paths without `..`.
+    fn protected_names(&self) -> Result<Vec<PathBuf>, ProfileError> {
+        let mut names = Vec::new();
+        for rel in &self.profile.filesystem.protected {
+            let rp = Path::new(rel);
+            if rp.is_absolute()
+                || rel.is_empty()
+                || rp
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(self.invalid(
+                    "filesystem.protected",
+                    format!("{rel:?} must be a relative path without '..' (it is taken inside each read-write root)"),
+                ));
+            }
+            names.push(rp.to_path_buf());
+        }
+        Ok(names)
+    }
+
+    /// The filesystem entries, checked, parents before children.
+    fn fs_entries(&self, ctx: &Context) -> Result<Vec<FsEntry>, ProfileError> {
+        let f = &self.profile.filesystem;
+        let groups: [(&str, &Vec<String>, MountKind); 4] = [
+            ("filesystem.read_only", &f.read_only, MountKind::ReadOnly),
+            ("filesystem.read_write", &f.read_write, MountKind::ReadWrite),
+            ("filesystem.tmpfs", &f.tmpfs, MountKind::Tmpfs),
+            ("filesystem.masked", &f.masked, MountKind::Masked),
+        ];
+        let mut fs: Vec<FsEntry> = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (key, list, kind) in groups {
+            for raw in list.iter() {
+                if let Some(e) = self.fs_entry(ctx, key, raw, kind.clone(), &mut seen)? {
+                    fs.push(e);
+                }
+            }
+        }
+        // Parents before children; stable for equal depth.
+        fs.sort_by_key(|e| e.path.components().count());
+        Ok(fs)
+    }
+
+    /// One entry: substituted, absolute, no `..`, not `/`, listed once; a
+    /// missing optional (`?`) one is dropped.
+    fn fs_entry(
+        &self,
+        ctx: &Context,
+        key: &str,
+        raw: &str,
+        kind: MountKind,
+        seen: &mut BTreeSet<PathBuf>,
+    ) -> Result<Option<FsEntry>, ProfileError> {
+        let (optional, s) = match raw.strip_prefix('?') {
+            Some(rest) => (true, rest),
+            None => (false, raw),
+        };
+        let path = PathBuf::from(subst(ctx, s));
+        if !path.is_absolute() {
+            return Err(self.invalid(key, format!("path {s:?} is not absolute")));
+        }
+        if path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(self.invalid(key, format!("path {s:?} contains '..'")));
+        }
+        if path == Path::new("/") {
+            return Err(self.invalid(key, "the root itself cannot be listed; the sandbox root is always a fresh read-only tmpfs".into()));
+        }
+        if !seen.insert(path.clone()) {
+            return Err(self.invalid(key, format!("path {} is listed twice", path.display())));
+        }
+        // A masked path is hidden where it really lives: /lib/x on a
+        // merged-/usr host is /usr/lib/x inside the view.
+        let path = match (&kind, std::fs::canonicalize(&path)) {
+            (MountKind::Masked, Ok(real)) => real,
+            _ => path,
+        };
+        if kind == MountKind::Tmpfs {
+            return Ok(Some(FsEntry { path, kind }));
+        }
+        let kind = match std::fs::symlink_metadata(&path) {
+            Err(_) if optional => return Ok(None),
+            Err(e) => {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{} does not exist ({e}); prefix it with '?' to make it optional",
+                        path.display()
+                    ),
+                ))
+            }
+            Ok(m) if m.file_type().is_symlink() => match kind {
+                MountKind::ReadWrite => {
+                    return Err(self.invalid(
+                        key,
+                        format!("{} is a symlink; give the real path", path.display()),
+                    ))
+                }
+                MountKind::ReadOnly => MountKind::Symlink(
+                    std::fs::read_link(&path).map_err(|e| self.invalid(key, e.to_string()))?,
+                ),
+                // Masking a symlink: nothing readable behind it in the sandbox view.
+                _ => return Ok(None),
+            },
+            Ok(_) => kind,
+        };
+        Ok(Some(FsEntry { path, kind }))
+    }
+}
+
+/// `{workspace}` and `{home}` substituted.
+fn subst(ctx: &Context, s: &str) -> String {
+    s.replace("{workspace}", &ctx.workspace.to_string_lossy())
+        .replace("{home}", SANDBOX_HOME)
+}
+
+/// The user's own sandmux config dir, wherever it is (gap 7): when it lies
+/// in a read-write tree, it is guarded there like a listed name.
+fn with_config_dir(mut names: Vec<PathBuf>, roots: &[PathBuf]) -> Vec<PathBuf> {
+    if let Some(sandmux_dir) = config_dir().parent() {
+        for r in roots {
+            if let Ok(rel) = sandmux_dir.strip_prefix(r) {
+                if !rel.as_os_str().is_empty() && !names.iter().any(|n| n == rel) {
+                    names.push(rel.to_path_buf());
+                }
+            }
+        }
+    }
+    names
+}
