@@ -7,6 +7,8 @@ goes through)."""
 
 import json
 import os
+import socket
+import struct
 import subprocess
 import time
 
@@ -191,6 +193,71 @@ def test_the_idle_timeout_ends_the_instance_and_requests_keep_it(ws):
         assert proc.poll() is None, "requests every 2 s keep a 5 s idle timeout away"
         assert proc.wait(timeout=60) == 0
     assert any(r["tool"] == "(http-idle)" for r in audit_records(ws))
+
+
+class Raw:
+    """One MCP session over raw sockets, one connection per request."""
+
+    def __init__(self, url, token):
+        self.port, self.token, self.sid, self.id = int(url.split(":")[2].split("/")[0]), token, None, 10
+        self.sid = self.rt(INIT, "initialize")[0]["mcp-session-id"]
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"}).close()
+
+    def send(self, obj):
+        body = json.dumps(obj).encode()
+        sid = f"Mcp-Session-Id: {self.sid}\r\nMcp-Protocol-Version: 2025-11-25\r\n" if self.sid else ""
+        c = socket.create_connection(("127.0.0.1", self.port))
+        head = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.token}\r\nAccept: {ACCEPT}\r\nContent-Type: application/json\r\nConnection: close\r\n{sid}Content-Length: {len(body)}\r\n\r\n"
+        c.sendall(head.encode() + body)
+        return c
+
+    def rt(self, obj, what):
+        """Sends and reads the answer to its end; a hang is a failure (60 s guard)."""
+        c = self.send(obj)
+        c.settimeout(60)
+        d, end = b"", time.monotonic() + 60  # SSE pings would reset a socket timeout
+        try:
+            while time.monotonic() < end and (k := c.recv(1 << 20)):
+                d += k
+                if b'"id":%d' % obj["id"] in d and d.endswith(b"\n\n"):
+                    break
+        except socket.timeout:
+            pytest.fail(f"{what}: no answer within 60 s")
+        finally:
+            c.close()
+        if time.monotonic() >= end:
+            pytest.fail(f"{what}: no answer within 60 s")
+        head, _, body = d.partition(b"\r\n\r\n")
+        h = dict(l.decode().split(": ", 1) for l in head.split(b"\r\n")[1:])
+        return {k.lower(): v for k, v in h.items()}, body
+
+    def call(self, name, args):
+        self.id += 1
+        return self.rt({"jsonrpc": "2.0", "id": self.id, "method": "tools/call", "params": {"name": name, "arguments": args}}, name)[1]
+
+    def reset_after_sending(self, name, args):
+        self.id += 1
+        c = self.send({"jsonrpc": "2.0", "id": self.id, "method": "tools/call", "params": {"name": name, "arguments": args}})
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()
+
+
+def test_answers_of_reset_connections_are_not_owed_for_good(ws):
+    """20 capture_pane answers of ~900 KB (> the 8 MiB backlog together) whose
+    connections are reset right after sending: the backlog is paid when each
+    body is dropped, so the next calls, of this and of a new session, answer."""
+    with http_server(ws) as (url, token, proc):
+        s = Raw(url, token)
+        s.call("run_command", {"command": "for i in $(seq 1 3000); do printf '%0300d\\n' $i; done", "timeout": 20})
+        args = {"start": -3000, "max_lines": 5000, "max_bytes": 1000000}
+        # Control: one such answer, read, is big enough that 20 exceed 8 MiB.
+        assert len(s.call("capture_pane", args)) > 450_000
+        for _ in range(20):
+            s.reset_after_sending("capture_pane", args)
+        time.sleep(3)  # the calls run and their answers are produced
+        assert b'"result"' in s.call("list_sessions", {})
+        assert b'"result"' in Raw(url, token).call("list_sessions", {})
+        stopped(proc)
 
 
 # Some of test_tools.py, unchanged, over the SDK's streamable HTTP client:

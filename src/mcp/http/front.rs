@@ -7,6 +7,7 @@
 use super::rejects::{Rejects, Why};
 use super::token::Token;
 use super::Limits;
+use crate::mcp::backlog::Debt;
 use crate::mcp::ctx::State;
 use crate::mcp::server::Server;
 use bytes::Bytes;
@@ -190,6 +191,8 @@ impl Front {
             addr: peer,
             token: self.token.id.clone(),
         });
+        let debt = Arc::new(Debt::new(self.state.backlog.clone()));
+        parts.extensions.insert(debt.clone());
         let is_get = parts.method == hyper::Method::GET;
         let init = is_initialize(&parts, &body);
         let req = Request::from_parts(parts, Full::new(body));
@@ -208,7 +211,7 @@ impl Front {
             inner: body,
             _permit: permit,
             _busy: busy,
-            state: self.state.clone(),
+            debt,
         };
         Response::from_parts(parts, held.boxed())
     }
@@ -228,13 +231,19 @@ fn is_initialize(parts: &hyper::http::request::Parts, body: &Bytes) -> bool {
 }
 
 /// A response body that holds the request's place under the cap until its
-/// last byte is written, and pays what it writes off the backlog (answers
-/// owed to clients, `mcp::backlog`).
+/// last byte is written, and pays its answer's debt off the backlog (answers
+/// owed to clients, `mcp::backlog`) as it writes, and in full when dropped.
 struct Held {
     inner: http_body_util::combinators::BoxBody<Bytes, Infallible>,
     _permit: OwnedSemaphorePermit,
     _busy: Option<super::Busy>,
-    state: Arc<State>,
+    debt: Arc<Debt>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.debt.close();
+    }
 }
 
 impl Body for Held {
@@ -248,7 +257,7 @@ impl Body for Held {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(f))) = &r {
             if let Some(d) = f.data_ref() {
-                self.state.backlog.pay(d.len());
+                self.debt.pay(d.len());
             }
         }
         r
