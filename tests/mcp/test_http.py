@@ -44,6 +44,19 @@ def profile_with(ws, **keys):
     return str(p)
 
 
+def raw_status(port, token, extra):
+    """The status of an `initialize` sent with raw header lines `extra`."""
+    body = json.dumps(INIT).encode()
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nAccept: {ACCEPT}\r\nContent-Type: application/json\r\nConnection: close\r\n".encode() + extra + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    c.settimeout(30)
+    d = b""
+    while b"\r\n" not in d and (k := c.recv(4096)):
+        d += k
+    c.close()
+    return d.split(b" ")[1]
+
+
 def stopped(proc):
     proc.terminate()
     assert proc.wait(timeout=30) == 0
@@ -104,6 +117,13 @@ def test_the_session_cap_refuses_one_more_and_frees_on_delete(ws):
     with http_server(ws, "-p", prof) as (url, token, proc):
         ids = [post(url, token).headers["mcp-session-id"] for _ in range(2)]
         assert post(url, token).status_code == 503
+        # An id rmcp cannot read (not visible ASCII) or two ids: refused, so
+        # neither opens a session past the cap; a well-formed unknown id is
+        # rmcp's 404 (the control that the header is looked at at all).
+        port = int(url.split(":")[2].split("/")[0])
+        assert raw_status(port, token, b"Mcp-Session-Id: \x80\r\n") == b"400"
+        assert raw_status(port, token, b"Mcp-Session-Id: a\r\nMcp-Session-Id: b\r\n") == b"400"
+        assert raw_status(port, token, b"Mcp-Session-Id: unknown\r\n") == b"404"
         h = {"Authorization": f"Bearer {token}", "Mcp-Session-Id": ids[0], "MCP-Protocol-Version": "2025-11-25"}
         assert httpx2.delete(url, headers=h, timeout=30).status_code in (200, 202, 204)
         assert post(url, token).status_code == 200, "a closed session frees its place"

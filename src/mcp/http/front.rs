@@ -126,6 +126,10 @@ impl Front {
                 "Service Unavailable: too many requests at once\n",
             ),
             Why::NotFound => plain(StatusCode::NOT_FOUND, "Not Found\n"),
+            Why::BadSession => plain(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: Mcp-Session-Id must be visible ASCII\n",
+            ),
         }
     }
 
@@ -167,6 +171,10 @@ impl Front {
                 },
                 peer,
             );
+        }
+        let sid = req.headers().get_all("mcp-session-id");
+        if sid.iter().count() > 1 || sid.iter().any(|v| v.to_str().is_err()) {
+            return self.refuse(Why::BadSession, peer);
         }
         let Ok(permit) = self.requests.clone().try_acquire_owned() else {
             return self.refuse(Why::Busy, peer);
