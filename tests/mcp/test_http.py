@@ -162,6 +162,19 @@ def test_a_non_loopback_bind_needs_a_private_token_file(ws):
     assert r.returncode == 2 and "0644" in r.stderr and "chmod 0400" in r.stderr
     r = subprocess.run([*base, "localhost:80"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "IP:PORT" in r.stderr
+    # A FIFO as the token file is refused at once, not waited on (before the
+    # fix serve hung in open(2), before any sandbox, and SIGTERM did not end it).
+    fifo = ws[1] / "fifo"
+    os.mkfifo(fifo, 0o600)
+    r = subprocess.run([*base, "127.0.0.1:0", "--token-file", str(fifo)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not a regular file" in r.stderr
+    # The control: a 0600 regular file, through a symlink (as Kubernetes
+    # mounts Secrets), is read.
+    tf.chmod(0o600)
+    (ws[1] / "link").symlink_to(tf)
+    with http_server(ws, "--token-file", str(ws[1] / "link")) as (url, token, proc):
+        assert token == "0123456789abcdef0123456789"
+        stopped(proc)
 
 
 async def test_one_sandbox_serves_100_sequential_and_20_concurrent_calls(ws):
