@@ -293,6 +293,30 @@ def test_answers_of_reset_connections_are_not_owed_for_good(ws):
         stopped(proc)
 
 
+def test_idle_connections_without_a_token_cannot_lock_out_healthz(ws):
+    """128 idle connections (the cap: 4 × http_max_requests) that never send a
+    header: a new connection still gets /healthz, the oldest idle one is the
+    one closed for it (before the fix: every new connection was reset)."""
+    with http_server(ws) as (url, token, proc):
+        port = int(url.split(":")[2].split("/")[0])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(128)]
+        time.sleep(1)  # all accepted
+        for _ in range(3):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            c.settimeout(30)
+            assert c.recv(4096).startswith(b"HTTP/1.1 200"), "healthz answers past the idle connections"
+            c.close()
+        idle[0].settimeout(30)
+        assert idle[0].recv(1) == b"", "the oldest idle connection was closed"
+        idle[-1].setblocking(False)
+        with pytest.raises(BlockingIOError):
+            idle[-1].recv(1)  # the newest is still open
+        for c in idle:
+            c.close()
+        stopped(proc)
+
+
 # Some of test_tools.py, unchanged, over the SDK's streamable HTTP client:
 # every test of this module runs with conftest.connect() over HTTP.
 from test_tools import (  # noqa: E402

@@ -148,6 +148,7 @@ impl Front {
         self: Arc<Self>,
         req: Request<Incoming>,
         peer: SocketAddr,
+        authed: &std::sync::atomic::AtomicBool,
     ) -> Answer {
         if req.uri().path() == "/healthz" && req.method() == hyper::Method::GET {
             return self.ready();
@@ -172,6 +173,8 @@ impl Front {
                 peer,
             );
         }
+        // A connection that showed the token is never closed for room.
+        authed.store(true, std::sync::atomic::Ordering::SeqCst);
         let sid = req.headers().get_all("mcp-session-id");
         if sid.iter().count() > 1 || sid.iter().any(|v| v.to_str().is_err()) {
             return self.refuse(Why::BadSession, peer);
