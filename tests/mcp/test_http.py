@@ -57,6 +57,20 @@ def raw_status(port, token, extra):
     return d.split(b" ")[1]
 
 
+def raw_head(port, headers, token="x" * 16):
+    """The status of an `initialize` sent with raw Host/Origin lines: a
+    wrong token gives 401 once they pass, the right one 200."""
+    body = json.dumps(INIT).encode()
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"POST /mcp HTTP/1.1\r\n" + headers + f"Authorization: Bearer {token}\r\nAccept: {ACCEPT}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    c.settimeout(30)
+    d = b""
+    while b"\r\n" not in d and (k := c.recv(4096)):
+        d += k
+    c.close()
+    return d.split(b" ")[1]
+
+
 def stopped(proc):
     proc.terminate()
     assert proc.wait(timeout=30) == 0
@@ -86,13 +100,20 @@ def test_foreign_host_or_origin_is_403_allowed_names_pass(ws):
         assert post(url, token, headers={"Origin": "http://evil.example"}).status_code == 403
         assert post(url, token, headers={"Origin": "null"}).status_code == 403
         assert post(url, token, headers={"Origin": "file://localhost"}).status_code == 403
+        # Text after an IPv6 literal's `]`, and repeated headers (before the
+        # fix: 200, only the first was looked at).
+        assert raw_head(port, b"Host: [::1]evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: 127.0.0.1\r\nOrigin: http://[::1]evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: 127.0.0.1\r\nHost: evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: 127.0.0.1\r\nOrigin: http://localhost\r\nOrigin: http://evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: [::1]:80\r\nOrigin: http://[::1]:80\r\n", token) == b"200"
         # Positive controls: loopback names and the allowed one.
         assert post(url, token, headers={"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}).status_code == 200
         assert post(url, token, headers={"Host": f"sandmux-a1.agents.svc:{port}"}).status_code == 200
         assert post(url, token, headers={"Origin": "https://sandmux-a1.agents.svc"}).status_code == 200
         stopped(proc)
     rej = [r for r in audit_records(ws) if r["tool"] == "(http-rejected)"]
-    assert rej[0]["args"]["by_reason"] == {"host": 1, "origin": 3}
+    assert rej[0]["args"]["by_reason"] == {"host": 3, "origin": 5}
 
 
 def test_a_large_body_is_413_whether_declared_or_streamed(ws):

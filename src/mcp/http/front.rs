@@ -58,11 +58,22 @@ fn plain(status: StatusCode, text: &'static str) -> Answer {
 }
 
 /// The host part of a `Host` value or of an origin's authority, lowercased:
-/// `[::1]:8765` → `::1`, `Example:80` → `example`.
+/// `[::1]:8765` → `::1`, `Example:80` → `example`; `[::1]x` → empty (no host).
 pub(crate) fn host_of(authority: &str) -> String {
     let a = authority.trim();
     let h = if let Some(rest) = a.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
+        // After `]` only nothing or `:PORT`: `[::1]evil.example` is no host.
+        match rest.split_once(']') {
+            Some((h, "")) => h,
+            Some((h, p))
+                if p.len() > 1
+                    && p[1..].bytes().all(|b| b.is_ascii_digit())
+                    && p.starts_with(':') =>
+            {
+                h
+            }
+            _ => "",
+        }
     } else if a.matches(':').count() > 1 {
         a // a bare IPv6 address has no port
     } else {
@@ -82,6 +93,13 @@ impl Front {
     /// Host must be allowed; an Origin, when present, must be http(s) on an
     /// allowed host (`null` and other schemes are refused).
     fn rebinding(&self, req: &Request<Incoming>) -> Option<Why> {
+        // Two Host or two Origin headers: which one counts is ambiguous.
+        if req.headers().get_all(hyper::header::HOST).iter().count() > 1 {
+            return Some(Why::Host);
+        }
+        if req.headers().get_all(hyper::header::ORIGIN).iter().count() > 1 {
+            return Some(Why::Origin);
+        }
         let host = req
             .headers()
             .get(hyper::header::HOST)
@@ -295,5 +313,9 @@ mod tests {
         assert_eq!(host_of("LocalHost"), "localhost");
         assert_eq!(host_of("sandmux-abc.agents.svc"), "sandmux-abc.agents.svc");
         assert_eq!(host_of("evil.example:x"), "evil.example:x");
+        assert_eq!(host_of("[::1]evil.example"), "");
+        assert_eq!(host_of("[::1]:"), "");
+        assert_eq!(host_of("[::1]:x"), "");
+        assert_eq!(host_of("[::1]"), "::1");
     }
 }
