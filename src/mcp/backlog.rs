@@ -51,6 +51,53 @@ impl Backlog {
     }
 }
 
+/// One HTTP request's share of the backlog: what its answer owes, paid as
+/// its response body is written and in full when that body is dropped (the
+/// connection gone), so an answer nobody will read is never owed for good.
+pub(crate) struct Debt {
+    /// What is still owed; `None` once the body is gone.
+    owed: std::sync::Mutex<Option<usize>>,
+    backlog: Arc<Backlog>,
+}
+
+impl Debt {
+    /// A share of `backlog`, owing nothing yet.
+    pub(crate) fn new(backlog: Arc<Backlog>) -> Debt {
+        Debt {
+            owed: std::sync::Mutex::new(Some(0)),
+            backlog,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<usize>> {
+        self.owed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An answer of `n` bytes is on its way (nothing once the body is gone).
+    pub(crate) fn owe(&self, n: usize) {
+        if let Some(o) = self.lock().as_mut() {
+            *o += n;
+            self.backlog.owe(n);
+        }
+    }
+
+    /// `n` bytes of the body were written (framing beyond the debt is free).
+    pub(crate) fn pay(&self, n: usize) {
+        if let Some(o) = self.lock().as_mut() {
+            let p = n.min(*o);
+            *o -= p;
+            self.backlog.pay(p);
+        }
+    }
+
+    /// The body is gone: whatever it still owed is paid.
+    pub(crate) fn close(&self) {
+        if let Some(o) = self.lock().take() {
+            self.backlog.pay(o);
+        }
+    }
+}
+
 /// The read half of the transport: no request is read while [`LIMIT`] is
 /// owed, so nothing the client sends (a list request, an unknown method)
 /// can make answers pile up while it does not read them.
@@ -143,5 +190,18 @@ mod tests {
             .await
             .unwrap();
         waiter.await.unwrap();
+    }
+
+    #[test]
+    fn a_closed_debt_pays_the_rest_and_owes_nothing_more() {
+        let b = Arc::new(Backlog::default());
+        let d = Debt::new(b.clone());
+        d.owe(LIMIT);
+        d.pay(100);
+        assert_eq!(b.owed.load(Ordering::SeqCst), LIMIT - 100);
+        d.close();
+        assert_eq!(b.owed.load(Ordering::SeqCst), 0);
+        d.owe(LIMIT);
+        assert_eq!(b.owed.load(Ordering::SeqCst), 0);
     }
 }

@@ -116,10 +116,23 @@ impl Server {
     }
 
     /// An answer, its size owed to the backlog until it is written.
-    fn owing<T: serde::Serialize>(&self, answer: T) -> T {
+    fn owing<T: serde::Serialize>(&self, cx: &RequestContext<RoleServer>, answer: T) -> T {
         let n = serde_json::to_vec(&answer).map(|v| v.len()).unwrap_or(0);
-        self.s.backlog.owe(n);
+        self.owe(cx, n);
         answer
+    }
+
+    /// `n` bytes of answer owed: over HTTP as the request's debt, which its
+    /// response body pays (in full if the connection goes away).
+    fn owe(&self, cx: &RequestContext<RoleServer>, n: usize) {
+        let debt = cx
+            .extensions
+            .get::<hyper::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Arc<super::backlog::Debt>>());
+        match debt {
+            Some(d) => d.owe(n),
+            None => self.s.backlog.owe(n),
+        }
     }
 
     fn enabled(&self, name: &str) -> bool {
@@ -389,17 +402,20 @@ impl ServerHandler for Server {
     async fn list_tools(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         self.s.backlog.room().await;
-        Ok(self.owing(ListToolsResult::with_all_items(
-            catalog::TOOLS
-                .iter()
-                .zip(described())
-                .filter(|(t, _)| self.enabled(t.name))
-                .map(|(_, d)| d.clone())
-                .collect(),
-        )))
+        Ok(self.owing(
+            &cx,
+            ListToolsResult::with_all_items(
+                catalog::TOOLS
+                    .iter()
+                    .zip(described())
+                    .filter(|(t, _)| self.enabled(t.name))
+                    .map(|(_, d)| d.clone())
+                    .collect(),
+            ),
+        ))
     }
 
     async fn call_tool(
@@ -466,7 +482,7 @@ impl ServerHandler for Server {
             Ok(v) => success(v),
             Err(e) => error_result(&e),
         };
-        self.s.backlog.owe(answer_size(&result));
+        self.owe(&cx, answer_size(&result));
         Ok(result.into())
     }
 
@@ -552,7 +568,7 @@ impl ServerHandler for Server {
     async fn list_resources(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         self.s.backlog.room().await;
         let mut v = vec![Resource::new("sandmux://status", "status")
@@ -566,33 +582,36 @@ impl ServerHandler for Server {
         if self.inspect_enabled() {
             v.push(Resource::new("tmux://sessions", "sessions").with_mime_type("application/json"));
         }
-        Ok(self.owing(ListResourcesResult::with_all_items(v)))
+        Ok(self.owing(&cx, ListResourcesResult::with_all_items(v)))
     }
 
     async fn list_resource_templates(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         self.s.backlog.room().await;
         if !self.inspect_enabled() {
-            return Ok(self.owing(ListResourceTemplatesResult::with_all_items(vec![])));
+            return Ok(self.owing(&cx, ListResourceTemplatesResult::with_all_items(vec![])));
         }
-        Ok(self.owing(ListResourceTemplatesResult::with_all_items(vec![
-            ResourceTemplate::new("tmux://sessions/{session_name}", "session")
+        Ok(self.owing(
+            &cx,
+            ListResourceTemplatesResult::with_all_items(vec![
+                ResourceTemplate::new("tmux://sessions/{session_name}", "session")
+                    .with_mime_type("application/json"),
+                ResourceTemplate::new("tmux://sessions/{session_name}/windows", "session windows")
+                    .with_mime_type("application/json"),
+                ResourceTemplate::new(
+                    "tmux://sessions/{session_name}/windows/{window_index}",
+                    "window",
+                )
                 .with_mime_type("application/json"),
-            ResourceTemplate::new("tmux://sessions/{session_name}/windows", "session windows")
-                .with_mime_type("application/json"),
-            ResourceTemplate::new(
-                "tmux://sessions/{session_name}/windows/{window_index}",
-                "window",
-            )
-            .with_mime_type("application/json"),
-            ResourceTemplate::new("tmux://panes/{pane_id}", "pane")
-                .with_mime_type("application/json"),
-            ResourceTemplate::new("tmux://panes/{pane_id}/content", "pane content")
-                .with_mime_type("text/plain"),
-        ])))
+                ResourceTemplate::new("tmux://panes/{pane_id}", "pane")
+                    .with_mime_type("application/json"),
+                ResourceTemplate::new("tmux://panes/{pane_id}/content", "pane content")
+                    .with_mime_type("text/plain"),
+            ]),
+        ))
     }
 
     async fn read_resource(
@@ -627,7 +646,7 @@ impl ServerHandler for Server {
         self.audit_admitted(Some(ticket), &a, r.as_ref().err(), None);
         match r {
             Ok((text, mime)) => {
-                self.s.backlog.owe(text.len());
+                self.owe(&cx, text.len());
                 Ok(ReadResourceResult::new(vec![
                     ResourceContents::text(text, uri).with_mime_type(mime)
                 ])
@@ -647,10 +666,13 @@ impl ServerHandler for Server {
     async fn list_prompts(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
         self.s.backlog.room().await;
-        Ok(self.owing(ListPromptsResult::with_all_items(super::prompts::list())))
+        Ok(self.owing(
+            &cx,
+            ListPromptsResult::with_all_items(super::prompts::list()),
+        ))
     }
 
     async fn get_prompt(
@@ -677,7 +699,7 @@ impl ServerHandler for Server {
         let args = json!({"name": req.name, "arguments": req.arguments});
         let a = Audited::request(&tool, t0, &cx, &args);
         self.audit_admitted(Some(ticket), &a, err.as_ref(), None);
-        r.map(|p| self.owing(p).into())
+        r.map(|p| self.owing(&cx, p).into())
             .map_err(|e| McpError::invalid_params(e, None))
     }
 }

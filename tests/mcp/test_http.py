@@ -7,6 +7,8 @@ goes through)."""
 
 import json
 import os
+import socket
+import struct
 import subprocess
 import time
 
@@ -42,6 +44,33 @@ def profile_with(ws, **keys):
     return str(p)
 
 
+def raw_status(port, token, extra):
+    """The status of an `initialize` sent with raw header lines `extra`."""
+    body = json.dumps(INIT).encode()
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nAccept: {ACCEPT}\r\nContent-Type: application/json\r\nConnection: close\r\n".encode() + extra + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    c.settimeout(30)
+    d = b""
+    while b"\r\n" not in d and (k := c.recv(4096)):
+        d += k
+    c.close()
+    return d.split(b" ")[1]
+
+
+def raw_head(port, headers, token="x" * 16):
+    """The status of an `initialize` sent with raw Host/Origin lines: a
+    wrong token gives 401 once they pass, the right one 200."""
+    body = json.dumps(INIT).encode()
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"POST /mcp HTTP/1.1\r\n" + headers + f"Authorization: Bearer {token}\r\nAccept: {ACCEPT}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    c.settimeout(30)
+    d = b""
+    while b"\r\n" not in d and (k := c.recv(4096)):
+        d += k
+    c.close()
+    return d.split(b" ")[1]
+
+
 def stopped(proc):
     proc.terminate()
     assert proc.wait(timeout=30) == 0
@@ -71,13 +100,20 @@ def test_foreign_host_or_origin_is_403_allowed_names_pass(ws):
         assert post(url, token, headers={"Origin": "http://evil.example"}).status_code == 403
         assert post(url, token, headers={"Origin": "null"}).status_code == 403
         assert post(url, token, headers={"Origin": "file://localhost"}).status_code == 403
+        # Text after an IPv6 literal's `]`, and repeated headers (before the
+        # fix: 200, only the first was looked at).
+        assert raw_head(port, b"Host: [::1]evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: 127.0.0.1\r\nOrigin: http://[::1]evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: 127.0.0.1\r\nHost: evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: 127.0.0.1\r\nOrigin: http://localhost\r\nOrigin: http://evil.example\r\n") == b"403"
+        assert raw_head(port, b"Host: [::1]:80\r\nOrigin: http://[::1]:80\r\n", token) == b"200"
         # Positive controls: loopback names and the allowed one.
         assert post(url, token, headers={"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}).status_code == 200
         assert post(url, token, headers={"Host": f"sandmux-a1.agents.svc:{port}"}).status_code == 200
         assert post(url, token, headers={"Origin": "https://sandmux-a1.agents.svc"}).status_code == 200
         stopped(proc)
     rej = [r for r in audit_records(ws) if r["tool"] == "(http-rejected)"]
-    assert rej[0]["args"]["by_reason"] == {"host": 1, "origin": 3}
+    assert rej[0]["args"]["by_reason"] == {"host": 3, "origin": 5}
 
 
 def test_a_large_body_is_413_whether_declared_or_streamed(ws):
@@ -102,6 +138,13 @@ def test_the_session_cap_refuses_one_more_and_frees_on_delete(ws):
     with http_server(ws, "-p", prof) as (url, token, proc):
         ids = [post(url, token).headers["mcp-session-id"] for _ in range(2)]
         assert post(url, token).status_code == 503
+        # An id rmcp cannot read (not visible ASCII) or two ids: refused, so
+        # neither opens a session past the cap; a well-formed unknown id is
+        # rmcp's 404 (the control that the header is looked at at all).
+        port = int(url.split(":")[2].split("/")[0])
+        assert raw_status(port, token, b"Mcp-Session-Id: \x80\r\n") == b"400"
+        assert raw_status(port, token, b"Mcp-Session-Id: a\r\nMcp-Session-Id: b\r\n") == b"400"
+        assert raw_status(port, token, b"Mcp-Session-Id: unknown\r\n") == b"404"
         h = {"Authorization": f"Bearer {token}", "Mcp-Session-Id": ids[0], "MCP-Protocol-Version": "2025-11-25"}
         assert httpx2.delete(url, headers=h, timeout=30).status_code in (200, 202, 204)
         assert post(url, token).status_code == 200, "a closed session frees its place"
@@ -140,6 +183,19 @@ def test_a_non_loopback_bind_needs_a_private_token_file(ws):
     assert r.returncode == 2 and "0644" in r.stderr and "chmod 0400" in r.stderr
     r = subprocess.run([*base, "localhost:80"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "IP:PORT" in r.stderr
+    # A FIFO as the token file is refused at once, not waited on (before the
+    # fix serve hung in open(2), before any sandbox, and SIGTERM did not end it).
+    fifo = ws[1] / "fifo"
+    os.mkfifo(fifo, 0o600)
+    r = subprocess.run([*base, "127.0.0.1:0", "--token-file", str(fifo)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not a regular file" in r.stderr
+    # The control: a 0600 regular file, through a symlink (as Kubernetes
+    # mounts Secrets), is read.
+    tf.chmod(0o600)
+    (ws[1] / "link").symlink_to(tf)
+    with http_server(ws, "--token-file", str(ws[1] / "link")) as (url, token, proc):
+        assert token == "0123456789abcdef0123456789"
+        stopped(proc)
 
 
 async def test_one_sandbox_serves_100_sequential_and_20_concurrent_calls(ws):
@@ -191,6 +247,95 @@ def test_the_idle_timeout_ends_the_instance_and_requests_keep_it(ws):
         assert proc.poll() is None, "requests every 2 s keep a 5 s idle timeout away"
         assert proc.wait(timeout=60) == 0
     assert any(r["tool"] == "(http-idle)" for r in audit_records(ws))
+
+
+class Raw:
+    """One MCP session over raw sockets, one connection per request."""
+
+    def __init__(self, url, token):
+        self.port, self.token, self.sid, self.id = int(url.split(":")[2].split("/")[0]), token, None, 10
+        self.sid = self.rt(INIT, "initialize")[0]["mcp-session-id"]
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"}).close()
+
+    def send(self, obj):
+        body = json.dumps(obj).encode()
+        sid = f"Mcp-Session-Id: {self.sid}\r\nMcp-Protocol-Version: 2025-11-25\r\n" if self.sid else ""
+        c = socket.create_connection(("127.0.0.1", self.port))
+        head = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.token}\r\nAccept: {ACCEPT}\r\nContent-Type: application/json\r\nConnection: close\r\n{sid}Content-Length: {len(body)}\r\n\r\n"
+        c.sendall(head.encode() + body)
+        return c
+
+    def rt(self, obj, what):
+        """Sends and reads the answer to its end; a hang is a failure (60 s guard)."""
+        c = self.send(obj)
+        c.settimeout(60)
+        d, end = b"", time.monotonic() + 60  # SSE pings would reset a socket timeout
+        try:
+            while time.monotonic() < end and (k := c.recv(1 << 20)):
+                d += k
+                if b'"id":%d' % obj["id"] in d and d.endswith(b"\n\n"):
+                    break
+        except socket.timeout:
+            pytest.fail(f"{what}: no answer within 60 s")
+        finally:
+            c.close()
+        if time.monotonic() >= end:
+            pytest.fail(f"{what}: no answer within 60 s")
+        head, _, body = d.partition(b"\r\n\r\n")
+        h = dict(l.decode().split(": ", 1) for l in head.split(b"\r\n")[1:])
+        return {k.lower(): v for k, v in h.items()}, body
+
+    def call(self, name, args):
+        self.id += 1
+        return self.rt({"jsonrpc": "2.0", "id": self.id, "method": "tools/call", "params": {"name": name, "arguments": args}}, name)[1]
+
+    def reset_after_sending(self, name, args):
+        self.id += 1
+        c = self.send({"jsonrpc": "2.0", "id": self.id, "method": "tools/call", "params": {"name": name, "arguments": args}})
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()
+
+
+def test_answers_of_reset_connections_are_not_owed_for_good(ws):
+    """20 capture_pane answers of ~900 KB (> the 8 MiB backlog together) whose
+    connections are reset right after sending: the backlog is paid when each
+    body is dropped, so the next calls, of this and of a new session, answer."""
+    with http_server(ws) as (url, token, proc):
+        s = Raw(url, token)
+        s.call("run_command", {"command": "for i in $(seq 1 3000); do printf '%0300d\\n' $i; done", "timeout": 20})
+        args = {"start": -3000, "max_lines": 5000, "max_bytes": 1000000}
+        # Control: one such answer, read, is big enough that 20 exceed 8 MiB.
+        assert len(s.call("capture_pane", args)) > 450_000
+        for _ in range(20):
+            s.reset_after_sending("capture_pane", args)
+        time.sleep(3)  # the calls run and their answers are produced
+        assert b'"result"' in s.call("list_sessions", {})
+        assert b'"result"' in Raw(url, token).call("list_sessions", {})
+        stopped(proc)
+
+
+def test_idle_connections_without_a_token_cannot_lock_out_healthz(ws):
+    """128 idle connections (the cap: 4 × http_max_requests) that never send a
+    header: a new connection still gets /healthz, the oldest idle one is the
+    one closed for it (before the fix: every new connection was reset)."""
+    with http_server(ws) as (url, token, proc):
+        port = int(url.split(":")[2].split("/")[0])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(128)]
+        time.sleep(1)  # all accepted
+        for _ in range(3):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            c.settimeout(30)
+            assert c.recv(4096).startswith(b"HTTP/1.1 200"), "healthz answers past the idle connections"
+            c.close()
+        idle[0].settimeout(30)
+        assert idle[0].recv(1) == b"", "the oldest idle connection was closed"
+        idle[-1].setblocking(False)
+        with pytest.raises(BlockingIOError):
+            idle[-1].recv(1)  # the newest is still open
+        for c in idle:
+            c.close()
+        stopped(proc)
 
 
 # Some of test_tools.py, unchanged, over the SDK's streamable HTTP client:

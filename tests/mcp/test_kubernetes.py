@@ -33,6 +33,17 @@ def rendered(tmp_path_factory):
     return {o["kind"]: o for o in yaml.safe_load_all(out.stdout)}
 
 
+def test_the_base_alone_names_no_pullable_image(tmp_path):
+    """The base's image is an unpullable placeholder (before: `sandmux`, i.e.
+    docker.io/library/sandmux:latest); the overlay's pin replaces it (the
+    control: test_the_pod_gives_sandmux_its_layers sees the digest)."""
+    out = subprocess.run(["kubectl", "kustomize", str(ROOT / "deploy" / "kubernetes" / "base")], capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    job = next(o for o in yaml.safe_load_all(out.stdout) if o["kind"] == "Job")
+    image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.invalid/sandmux@sha256:" + "0" * 64
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_object_validates_strictly(rendered, version):
     assert set(rendered) == {"Secret", "Service", "Job", "NetworkPolicy"}
@@ -66,6 +77,7 @@ def test_the_pod_gives_sandmux_its_layers(rendered):
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SETFCAP"]}
     assert not any(k in p for k in ("hostNetwork", "hostPID", "hostIPC"))
     assert re.fullmatch(r"[a-z0-9.\-/]+@sha256:[0-9a-f]{64}", c["image"]), "image pinned by digest"
+    assert not c["image"].startswith("registry.invalid/"), "the overlay replaced the placeholder"
     for k in ("cpu", "memory", "ephemeral-storage"):
         assert c["resources"]["limits"][k] and c["resources"]["requests"][k]
 

@@ -7,6 +7,7 @@
 use super::rejects::{Rejects, Why};
 use super::token::Token;
 use super::Limits;
+use crate::mcp::backlog::Debt;
 use crate::mcp::ctx::State;
 use crate::mcp::server::Server;
 use bytes::Bytes;
@@ -57,11 +58,22 @@ fn plain(status: StatusCode, text: &'static str) -> Answer {
 }
 
 /// The host part of a `Host` value or of an origin's authority, lowercased:
-/// `[::1]:8765` → `::1`, `Example:80` → `example`.
+/// `[::1]:8765` → `::1`, `Example:80` → `example`; `[::1]x` → empty (no host).
 pub(crate) fn host_of(authority: &str) -> String {
     let a = authority.trim();
     let h = if let Some(rest) = a.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
+        // After `]` only nothing or `:PORT`: `[::1]evil.example` is no host.
+        match rest.split_once(']') {
+            Some((h, "")) => h,
+            Some((h, p))
+                if p.len() > 1
+                    && p[1..].bytes().all(|b| b.is_ascii_digit())
+                    && p.starts_with(':') =>
+            {
+                h
+            }
+            _ => "",
+        }
     } else if a.matches(':').count() > 1 {
         a // a bare IPv6 address has no port
     } else {
@@ -81,6 +93,13 @@ impl Front {
     /// Host must be allowed; an Origin, when present, must be http(s) on an
     /// allowed host (`null` and other schemes are refused).
     fn rebinding(&self, req: &Request<Incoming>) -> Option<Why> {
+        // Two Host or two Origin headers: which one counts is ambiguous.
+        if req.headers().get_all(hyper::header::HOST).iter().count() > 1 {
+            return Some(Why::Host);
+        }
+        if req.headers().get_all(hyper::header::ORIGIN).iter().count() > 1 {
+            return Some(Why::Origin);
+        }
         let host = req
             .headers()
             .get(hyper::header::HOST)
@@ -125,6 +144,10 @@ impl Front {
                 "Service Unavailable: too many requests at once\n",
             ),
             Why::NotFound => plain(StatusCode::NOT_FOUND, "Not Found\n"),
+            Why::BadSession => plain(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: Mcp-Session-Id must be visible ASCII\n",
+            ),
         }
     }
 
@@ -143,6 +166,7 @@ impl Front {
         self: Arc<Self>,
         req: Request<Incoming>,
         peer: SocketAddr,
+        authed: &std::sync::atomic::AtomicBool,
     ) -> Answer {
         if req.uri().path() == "/healthz" && req.method() == hyper::Method::GET {
             return self.ready();
@@ -167,6 +191,12 @@ impl Front {
                 peer,
             );
         }
+        // A connection that showed the token is never closed for room.
+        authed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let sid = req.headers().get_all("mcp-session-id");
+        if sid.iter().count() > 1 || sid.iter().any(|v| v.to_str().is_err()) {
+            return self.refuse(Why::BadSession, peer);
+        }
         let Ok(permit) = self.requests.clone().try_acquire_owned() else {
             return self.refuse(Why::Busy, peer);
         };
@@ -190,6 +220,8 @@ impl Front {
             addr: peer,
             token: self.token.id.clone(),
         });
+        let debt = Arc::new(Debt::new(self.state.backlog.clone()));
+        parts.extensions.insert(debt.clone());
         let is_get = parts.method == hyper::Method::GET;
         let init = is_initialize(&parts, &body);
         let req = Request::from_parts(parts, Full::new(body));
@@ -208,7 +240,7 @@ impl Front {
             inner: body,
             _permit: permit,
             _busy: busy,
-            state: self.state.clone(),
+            debt,
         };
         Response::from_parts(parts, held.boxed())
     }
@@ -228,13 +260,19 @@ fn is_initialize(parts: &hyper::http::request::Parts, body: &Bytes) -> bool {
 }
 
 /// A response body that holds the request's place under the cap until its
-/// last byte is written, and pays what it writes off the backlog (answers
-/// owed to clients, `mcp::backlog`).
+/// last byte is written, and pays its answer's debt off the backlog (answers
+/// owed to clients, `mcp::backlog`) as it writes, and in full when dropped.
 struct Held {
     inner: http_body_util::combinators::BoxBody<Bytes, Infallible>,
     _permit: OwnedSemaphorePermit,
     _busy: Option<super::Busy>,
-    state: Arc<State>,
+    debt: Arc<Debt>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.debt.close();
+    }
 }
 
 impl Body for Held {
@@ -248,7 +286,7 @@ impl Body for Held {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(f))) = &r {
             if let Some(d) = f.data_ref() {
-                self.state.backlog.pay(d.len());
+                self.debt.pay(d.len());
             }
         }
         r
@@ -275,5 +313,9 @@ mod tests {
         assert_eq!(host_of("LocalHost"), "localhost");
         assert_eq!(host_of("sandmux-abc.agents.svc"), "sandmux-abc.agents.svc");
         assert_eq!(host_of("evil.example:x"), "evil.example:x");
+        assert_eq!(host_of("[::1]evil.example"), "");
+        assert_eq!(host_of("[::1]:"), "");
+        assert_eq!(host_of("[::1]:x"), "");
+        assert_eq!(host_of("[::1]"), "::1");
     }
 }

@@ -313,6 +313,33 @@ async fn idle_watch(
     }
 }
 
+/// One open connection: whether it has shown the token, and how to end it.
+struct Conn {
+    id: u64,
+    authed: Arc<std::sync::atomic::AtomicBool>,
+    kick: CancellationToken,
+}
+
+/// The open connections, oldest first.
+type Open = Arc<Mutex<std::collections::VecDeque<Conn>>>;
+
+/// Makes room for one more connection: when `cap` are open, the oldest that
+/// has not shown the token is closed (so idle connections without a token
+/// cannot lock everyone out, `/healthz` included); `false` if every one has.
+fn room_for_one(open: &Open, cap: usize) -> bool {
+    let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+    if o.len() < cap {
+        return true;
+    }
+    let Some(i) = o.iter().position(|c| !c.authed.load(Ordering::SeqCst)) else {
+        return false;
+    };
+    if let Some(c) = o.remove(i) {
+        c.kick.cancel();
+    }
+    true
+}
+
 /// The accept loop: one task per connection (HTTP/1.1), at most
 /// [`CONNECTIONS_PER_REQUEST`] × the request cap open at once.
 async fn accept(
@@ -322,9 +349,9 @@ async fn accept(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let conns = Arc::new(tokio::sync::Semaphore::new(
-        limits.max_requests * CONNECTIONS_PER_REQUEST,
-    ));
+    let cap = limits.max_requests * CONNECTIONS_PER_REQUEST;
+    let open: Open = Default::default();
+    let mut next = 0u64;
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -334,26 +361,40 @@ async fn accept(
             },
             _ = shutdown.cancelled() => return Ok(()),
         };
-        let Ok(permit) = conns.clone().try_acquire_owned() else {
+        if !room_for_one(&open, cap) {
             front.rejects.count(rejects::Why::Busy, peer.ip());
             continue;
-        };
+        }
+        next += 1;
+        let (id, authed, kick) = (next, Arc::new(Default::default()), CancellationToken::new());
+        open.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(Conn {
+                id,
+                authed: Arc::clone(&authed),
+                kick: kick.clone(),
+            });
         // Answers go out in several writes (headers, SSE events): without
         // this, Nagle's algorithm holds each for the client's delayed ACK.
         let _ = stream.set_nodelay(true);
-        let f = front.clone();
+        let (f, open) = (front.clone(), open.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let f = f.clone();
-                async move { Ok::<_, std::convert::Infallible>(f.handle(req, peer).await) }
+                let (f, authed) = (f.clone(), authed.clone());
+                async move { Ok::<_, std::convert::Infallible>(f.handle(req, peer, &authed).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(64 << 10)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
-            drop(permit);
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            tokio::select! {
+                _ = conn => {}
+                _ = kick.cancelled() => {}
+            }
+            open.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|c| c.id != id);
         });
     }
 }

@@ -36,6 +36,9 @@ pub(crate) enum Why {
     Busy,
     /// A path other than `/mcp` and `/healthz`.
     NotFound,
+    /// An `Mcp-Session-Id` that is not visible ASCII (rmcp would take it
+    /// for none and open a session past the cap).
+    BadSession,
 }
 
 impl Why {
@@ -49,6 +52,7 @@ impl Why {
             Why::Sessions => "sessions_full",
             Why::Busy => "busy",
             Why::NotFound => "not_found",
+            Why::BadSession => "bad_session_id",
         }
     }
 }

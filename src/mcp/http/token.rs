@@ -59,10 +59,17 @@ pub(crate) fn ct_eq(given: &[u8], want: &[u8]) -> bool {
 /// Reads `--token-file`: a regular file owned by this user (or root) that
 /// neither group nor others can read or write (a Kubernetes Secret mounted
 /// with `defaultMode: 0400` and the pod's `runAsUser` passes); one line of
-/// 16–4096 printable bytes, surrounding whitespace trimmed.
+/// 16–4096 printable bytes, surrounding whitespace trimmed. A FIFO or device
+/// is refused without waiting on it.
 pub(crate) fn read(path: &Path) -> Result<Token, String> {
     let shown = path.display();
-    let f = std::fs::File::open(path).map_err(|e| format!("--token-file {shown}: {e}"))?;
+    // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
+    // waiting for a writer. Links are followed: Secret files are symlinks.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("--token-file {shown}: {e}"))?;
     let m = f
         .metadata()
         .map_err(|e| format!("--token-file {shown}: {e}"))?;
