@@ -48,8 +48,9 @@ pub(crate) struct WaitText {
     #[serde(flatten)]
     #[allow(missing_docs)]
     pub w: PatternWait,
-    /// Ignored (waits are event-driven): accepted so that libtmux-mcp's
-    /// callers keep working.
+    /// Ignored (waits are event-driven).
+    // Accepted so that libtmux-mcp's callers keep working (the doc comment
+    // above is the schema's description, within tools/list's budget).
     #[allow(dead_code)]
     pub interval: Option<f64>,
     /// Count output from this cursor (from send_keys or capture_since) on.
