@@ -242,11 +242,14 @@ fn supervisor_sigkill_leaves_nothing() {
         &ws,
         "(setsid sleep 300 &); (nohup sleep 301 >/dev/null 2>&1 &); echo started",
     );
-    let pids = inst.host_pids();
-    assert!(
-        pids.len() >= 4,
-        "expected init, PID 1, tmux, panes: {pids:?}"
+    // The double-forked sleeps are reparented to PID 1 while we look: wait
+    // until the tree holds init, PID 1, tmux and the panes' processes.
+    wait_for(
+        || inst.host_pids().len() >= 4,
+        Duration::from_secs(5),
+        "init, PID 1, tmux and the panes' processes",
     );
+    let pids = inst.host_pids();
     let rundir = inst.rundir.clone();
     inst.child.kill().unwrap();
     let _ = inst.child.wait();
