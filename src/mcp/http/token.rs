@@ -153,6 +153,8 @@ mod tests {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
             assert_eq!(read(&p).is_ok(), ok, "mode {mode:o}");
         }
+        // The loop left it 0400: writable again (only root writes it anyway).
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&p, "short").unwrap();
         assert!(read(&p).err().unwrap().contains("16-4096"));
     }
