@@ -104,7 +104,9 @@ def test_serve_at_trace_keeps_stdout_pure_and_secrets_out(ws, fmt):
 
 def test_debug_shows_each_layer_as_json_lines(ws):
     work, _ = ws
-    run = [BIN, "--log-format", "json", "run", "-w", str(work), "--", "true"]
+    # -q: the line naming dropped layers (as uid 65534: cgroup) is the
+    # sandbox's own, written before the command starts, not a log event.
+    run = [BIN, "--log-format", "json", "run", "-q", "-w", str(work), "--", "true"]
     p = subprocess.run(run, env=_env(SANDMUX_LOG="debug"), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     events = [json.loads(l) for l in p.stderr.splitlines()]
