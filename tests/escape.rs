@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
+use std::process::Command;
 
 fn mtime_and_hash(p: &std::path::Path) -> (i64, Vec<u8>) {
     let m = std::fs::metadata(p).unwrap();
@@ -137,6 +138,43 @@ fn protected_paths_survive_parent_rename() {
     assert!(t.contains("Device or resource busy"), "{t}");
     assert_eq!(mtime_and_hash(&ws.join(".git/hooks/pre-commit")), hook);
     assert!(!ws.join(".git-old").exists() && !ws.join(".v2").exists());
+}
+
+/// Known gap 9: the sandmux binary inside the workspace (`cargo run` in a
+/// checkout used as the workspace) is bound read-only with its parents
+/// pinned: the agent can neither write, remove nor move it (or its
+/// directory) away; its sibling stays writable. Control: run by a binary
+/// elsewhere, the same copy is a plain file the same script replaces.
+#[test]
+fn the_sandmux_binary_in_the_workspace_cannot_be_replaced() {
+    let script = "echo evil > tools/sandmux; echo w=$?; rm -f tools/sandmux; echo rm=$?; \
+                  mv tools/sandmux tools/x; echo mv=$?; mv tools tools2; echo mvdir=$?; \
+                  echo ok > tools/other; echo other=$?; echo end";
+    let attack = |run_by: Option<&str>| {
+        let ws = Ws::new();
+        let copy = ws.join("tools/sandmux");
+        std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+        std::fs::copy(bin(), &copy).unwrap();
+        let before = std::fs::read(&copy).unwrap();
+        let exe = run_by.map_or(bin(), |_| copy.clone());
+        let o = Command::new(exe)
+            .args(["run", "-q", "-p", "default", "-w"])
+            .arg(ws.path())
+            .args(["--", "bash", "-c", script])
+            .output()
+            .unwrap();
+        let kept = std::fs::read(&copy).ok() == Some(before);
+        (text(&o), kept, ws)
+    };
+    let (t, kept, _ws) = attack(Some("the copy"));
+    assert!(t.contains("end") && t.contains("other=0"), "{t}");
+    for refused in ["w=1", "rm=1", "mv=1", "mvdir=1"] {
+        assert!(t.contains(refused), "{refused}: {t}");
+    }
+    assert!(kept, "the binary in the workspace changed: {t}");
+    let (t, kept, _ws) = attack(None);
+    assert!(t.contains("w=0") && t.contains("end"), "control: {t}");
+    assert!(!kept, "control: the copy was not replaced: {t}");
 }
 
 /// E10: a protected path that is a symlink (planted by an earlier run) makes

@@ -59,8 +59,9 @@ fn try_create(p: &Path) -> Result<(), std::io::Error> {
     Ok(())
 }
 
-/// Runs every probe.
-pub(crate) fn run(policy: &Policy) -> Vec<Observation> {
+/// Runs every probe; `own` is the sandbox's own directory (`/run/sandmux`
+/// in the mount view).
+pub(crate) fn run(policy: &Policy, own: &Path) -> Vec<Observation> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|rd| {
@@ -72,11 +73,11 @@ pub(crate) fn run(policy: &Policy) -> Vec<Observation> {
     let mut v = identity(policy, &status);
     v.push(pid_view(&pids));
     v.push(hostname(policy));
-    v.extend(writes(policy));
+    v.extend(writes(policy, own));
     v.extend(protected_paths(policy));
     v.extend(secrets());
     v.push(tcp_probe(policy));
-    v.extend(tmux_socket());
+    v.extend(tmux_socket(own));
     v.extend(server_reach(&pids));
     v.extend(signal_pid1());
     v.push(tiocsti_probe());
@@ -143,22 +144,19 @@ fn hostname(policy: &Policy) -> Observation {
 }
 
 /// Writes outside the workspace fail; inside it they work.
-fn writes(policy: &Policy) -> Vec<Observation> {
+fn writes(policy: &Policy, own: &Path) -> Vec<Observation> {
     let mut v = Vec::new();
     let mut outside = Vec::new();
     let mut all_refused = true;
-    for p in [
-        "/etc/.sandmux-probe",
-        "/usr/.sandmux-probe",
-        "/.sandmux-probe",
-        "/run/sandmux/.sandmux-probe",
-    ] {
-        match try_create(Path::new(p)) {
+    let mine = [own.join(".sandmux-probe"), own.join("sock/.sandmux-probe")];
+    let fixed = ["/etc", "/usr", "/"].map(|d| Path::new(d).join(".sandmux-probe"));
+    for p in fixed.iter().chain(&mine) {
+        match try_create(p) {
             Ok(()) => {
                 all_refused = false;
-                outside.push(format!("{p}: CREATED"));
+                outside.push(format!("{}: CREATED", p.display()));
             }
-            Err(e) => outside.push(format!("{p}: {}", errno_of(&e))),
+            Err(e) => outside.push(format!("{}: {}", p.display(), errno_of(&e))),
         }
     }
     v.push(obs(
@@ -242,20 +240,14 @@ fn secrets() -> Vec<Observation> {
 }
 
 /// The tmux socket cannot be reached by path.
-fn tmux_socket() -> Vec<Observation> {
+fn tmux_socket(own: &Path) -> Vec<Observation> {
     let mut v = Vec::new();
-    let sock = std::os::unix::net::UnixStream::connect(crate::sandbox::SOCKET_INSIDE);
+    let path = own.join("sock/tmux.sock");
+    let sock = std::os::unix::net::UnixStream::connect(&path);
+    let p = path.display();
     v.push(match sock {
-        Ok(_) => obs(
-            "tmux_socket",
-            false,
-            format!("{}: CONNECTED", crate::sandbox::SOCKET_INSIDE),
-        ),
-        Err(e) => obs(
-            "tmux_socket",
-            true,
-            format!("{}: {}", crate::sandbox::SOCKET_INSIDE, errno_of(&e)),
-        ),
+        Ok(_) => obs("tmux_socket", false, format!("{p}: CONNECTED")),
+        Err(e) => obs("tmux_socket", true, format!("{p}: {}", errno_of(&e))),
     });
 
     v
@@ -482,8 +474,8 @@ fn tiocsti_probe() -> Observation {
 }
 
 /// Runs the probe and prints the framed JSON on stdout.
-pub(crate) fn run_and_print(policy: &Policy) {
-    let obs = run(policy);
+pub(crate) fn run_and_print(policy: &Policy, own: &Path) {
+    let obs = run(policy, own);
     let json = serde_json::to_string(&obs).unwrap_or_else(|_| "[]".into());
     // ASCII only, so the terminal passes it through unchanged.
     let ascii: String = json

@@ -156,6 +156,7 @@ fn judge_dropped(mut obs: Vec<Observation>, layers: &[LayerStatus]) -> Vec<Obser
 /// from the session's creation, and collects its output from `%output`.
 pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
     let ws = inst.policy.workspace.display().to_string();
+    let gate = inst.gate().display().to_string();
     let mut child = inst
         .client()
         .args([
@@ -169,7 +170,7 @@ pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
             "50",
             "-c",
             &ws,
-            crate::sandbox::pane::GATE_PATH,
+            &gate,
             "--probe",
         ])
         .stdin(Stdio::piped())

@@ -102,6 +102,15 @@ pub(crate) fn plan(
         .iter()
         .map(|root| p.tree(root))
         .collect::<Result<Vec<_>, _>>()?;
+    // The sandmux binary itself, where a read-write tree holds it (`cargo
+    // run` in a checkout used as the workspace): bound read-only with its
+    // parents pinned, so the agent cannot replace what the host runs next
+    // (known gap 9; without a mount view the tree's write is withheld).
+    if let Ok(exe) = std::env::current_exe() {
+        if roots.iter().any(|r| exe.starts_with(r)) {
+            p.protected.insert(exe);
+        }
+    }
     let pinned = pinned_parents(&p.protected, roots);
     let guard = Guard {
         git,

@@ -3,7 +3,6 @@
 //! restart that replaces a dead server (`on_server_exit = "restart"`).
 
 use super::{audit, ctx, oom, record};
-use crate::sandbox::pane::GATE_PATH;
 use crate::tmux::hub::{Hub, CONTROL_SESSION};
 use crate::tmux::Instance;
 use std::sync::Arc;
@@ -15,6 +14,7 @@ pub(super) const FIRST_SESSION: &str = "main";
 /// session; returns the control session's id.
 pub(super) fn sessions(inst: &Instance, no_session: bool) -> Result<String, String> {
     let ws = inst.policy.workspace.display().to_string();
+    let gate = inst.gate().display().to_string();
     let control_id = inst
         .cmd(&[
             "new-session",
@@ -30,7 +30,7 @@ pub(super) fn sessions(inst: &Instance, no_session: bool) -> Result<String, Stri
             "24",
             "-c",
             &ws,
-            GATE_PATH,
+            &gate,
             "--exec",
             "--",
             "cat",

@@ -211,7 +211,12 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
 
     // 2. Namespaces, in one unshare; then the single-id user mapping.
     layers.rep.note(|| "init: the namespaces".into());
-    let ns = namespaces::create(policy.network.mode);
+    let no_pid = policy
+        .best_effort
+        .contains(&Layer::Pid)
+        .then(namespaces::proc_covered)
+        .flatten();
+    let ns = namespaces::create(policy.network.mode, no_pid);
     for (layer, why) in &ns.missing {
         layers.missing(*layer, why.clone())?;
     }

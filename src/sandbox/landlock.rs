@@ -18,10 +18,30 @@ use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
     Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Where the sandbox's own files live inside (see `mounts.rs`).
 pub(crate) const RUN_DIR: &str = "/run/sandmux";
+
+/// Where the sandbox's own files are: the mount view's `/run/sandmux`, or,
+/// without a mount view, the instance's host directory (`hostview`), whose
+/// gate is a link to the sandmux binary, granted by its own path.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Own {
+    /// The directory with `bin/`, `sock/` and the configuration files.
+    pub dir: PathBuf,
+    /// The binary the gate links to (host view only).
+    pub exe: Option<PathBuf>,
+}
+
+impl Default for Own {
+    fn default() -> Own {
+        Own {
+            dir: RUN_DIR.into(),
+            exe: None,
+        }
+    }
+}
 
 /// Which process the layer is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -128,7 +148,7 @@ const DEVICES: [&str; 6] = [
 ];
 
 /// The rules every sandbox has whatever its profile, after the profile's.
-fn fixed(role: Role) -> Vec<(PathBuf, Grant)> {
+fn fixed(role: Role, own: &Own) -> Vec<(PathBuf, Grant)> {
     let mut r: Vec<(PathBuf, Grant)> = DEVICES
         .iter()
         .map(|d| (PathBuf::from(d), Grant::Device))
@@ -136,7 +156,7 @@ fn fixed(role: Role) -> Vec<(PathBuf, Grant)> {
     r.push(("/dev/pts".into(), Grant::Device));
     r.push(("/dev/shm".into(), Grant::ReadWrite));
     r.push(("/proc".into(), Grant::Read));
-    let run = Path::new(RUN_DIR);
+    let run = own.dir.as_path();
     match role {
         Role::Server => {
             r.push((run.into(), Grant::Read));
@@ -144,13 +164,16 @@ fn fixed(role: Role) -> Vec<(PathBuf, Grant)> {
             r.push((run.join("sock"), Grant::ReadWrite));
         }
         Role::Pane => r.push((run.join("bin"), Grant::ReadExec)),
-        Role::Command => {}
+        Role::Command => return r,
+    }
+    if let Some(exe) = &own.exe {
+        r.push((exe.clone(), Grant::ReadExec));
     }
     r
 }
 
 /// The rules for a role, as (path, grant) pairs.
-pub(crate) fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
+pub(crate) fn rules(policy: &Policy, role: Role, own: &Own) -> Vec<(PathBuf, Grant)> {
     let mut r: Vec<(PathBuf, Grant)> = vec![("/".into(), Grant::ListOnly)];
     for e in &policy.fs {
         if let Some(g) = grant_of(&e.kind) {
@@ -165,7 +188,7 @@ pub(crate) fn rules(policy: &Policy, role: Role) -> Vec<(PathBuf, Grant)> {
     if let Some(c) = &policy.guard.commit {
         r.push((c.origin.clone(), Grant::Read));
     }
-    r.extend(fixed(role));
+    r.extend(fixed(role, own));
     r
 }
 
@@ -193,14 +216,19 @@ pub(crate) fn table() -> String {
     t.push_str(&row("git directories a worktree's or submodule's `.git` names outside every tree; commit mode's `<state>/git/<id>/origin` (workspace guard)", &|_| Some(Grant::Read)));
     let mut paths: Vec<PathBuf> = Vec::new();
     for r in ROLES {
-        for (p, _) in fixed(r) {
+        for (p, _) in fixed(r, &Own::default()) {
             if !paths.contains(&p) {
                 paths.push(p);
             }
         }
     }
     for p in paths {
-        let grant = |r: Role| fixed(r).into_iter().find(|(q, _)| *q == p).map(|(_, g)| g);
+        let grant = |r: Role| {
+            fixed(r, &Own::default())
+                .into_iter()
+                .find(|(q, _)| *q == p)
+                .map(|(_, g)| g)
+        };
         t.push_str(&row(&format!("`{}`", p.display()), &grant));
     }
     t
@@ -374,7 +402,7 @@ fn describe(eff: u8, kernel: u8, net: bool, scoped: bool) -> String {
         lacks.push("device ioctl");
     }
     if eff < 9 {
-        lacks.push("pathname Unix socket connect (covered by the mount view)");
+        lacks.push("pathname Unix socket connect (covered by the mount view, or by file permissions without one)");
     }
     format!(
         "ABI {eff} (kernel {kernel}){}{}{}",

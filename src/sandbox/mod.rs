@@ -9,6 +9,7 @@ mod container;
 pub(crate) mod env;
 mod fds;
 pub(crate) mod freeze;
+mod hostview;
 pub(crate) mod init;
 mod keyring;
 pub(crate) mod landlock;
@@ -48,9 +49,6 @@ pub(crate) const EXIT_LAYER: i32 = 3;
 /// Exit status: sandmux itself failed.
 pub(crate) const EXIT_INTERNAL: i32 = 125;
 
-/// The tmux socket, as seen inside the sandbox (hidden once the server listens).
-pub(crate) const SOCKET_INSIDE: &str = "/run/sandmux/sock/tmux.sock";
-
 /// What runs inside.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum Payload {
@@ -78,6 +76,10 @@ pub(crate) struct Plan {
     pub policy: Policy,
     /// This instance's private runtime directory on the host.
     pub rundir: PathBuf,
+    /// Tmux mode: where its files go on the host when there is no mount
+    /// view (`hostview`; made only then).
+    #[serde(default)]
+    pub host_view: Option<PathBuf>,
     /// The supervisor's pid (the init checks it is still its parent).
     pub supervisor_pid: i32,
     /// Caller's uid on the host.
@@ -301,9 +303,9 @@ pub(crate) fn die_with_parent() -> std::io::Result<()> {
 /// gets `PR_SET_PDEATHSIG`, which fires when the *spawning thread* exits.
 pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     let exe = std::env::current_exe().map_err(internal)?;
+    let mut cmd = Command::new(&exe);
     let (plan_r, plan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
     let (rep_r, rep_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
-    let mut cmd = Command::new(exe);
     // No environment at all: loader variables and secrets of the caller never
     // reach the process that holds capabilities in the new namespaces.
     cmd.arg0("sandmux-init").arg("__init").env_clear();
@@ -350,7 +352,10 @@ pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
         .map_err(|e| internal(format!("starting sandmux __init: {e}")))?;
     drop((plan_r, rep_w));
     let chan = chan.map(|(ours, _theirs)| ours);
-    let blueprint = plan::compile(&plan.policy, mode_of(&plan.payload));
+    let mut blueprint = plan::compile(&plan.policy, mode_of(&plan.payload));
+    if let Some(dir) = &plan.host_view {
+        blueprint.host_view = Some(plan::host_view(&plan.policy, dir, &exe));
+    }
     let json = serde_json::to_vec(&WireOut {
         plan,
         blueprint: &blueprint,

@@ -25,12 +25,13 @@ impl Created {
     }
 }
 
-fn flags_for(net: NetMode, with_user: bool) -> (CloneFlags, Vec<Layer>) {
-    let mut f = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS;
-    let mut layers = vec![Layer::Mount, Layer::Pid, Layer::Ipc, Layer::Uts];
+fn flags_for(net: NetMode, with_user: bool, pid: bool) -> (CloneFlags, Vec<Layer>) {
+    let mut f = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS;
+    let mut layers = vec![Layer::Mount, Layer::Ipc, Layer::Uts];
+    if pid {
+        f |= CloneFlags::CLONE_NEWPID;
+        layers.insert(1, Layer::Pid);
+    }
     if net != NetMode::Host {
         f |= CloneFlags::CLONE_NEWNET;
         layers.push(Layer::Net);
@@ -42,19 +43,43 @@ fn flags_for(net: NetMode, with_user: bool) -> (CloneFlags, Vec<Layer>) {
     (f, layers)
 }
 
+/// Procfs directories that are always empty: the kernel lets a fresh procfs
+/// be mounted whatever is mounted on them.
+const EMPTY_PROC_DIRS: [&str; 2] = ["/proc/sys/fs/binfmt_misc", "/proc/fs/nfsd"];
+
+/// Why a fresh procfs would be refused in a new user namespace, if it would:
+/// something covers part of `/proc` (a container runtime masks `/proc/kcore`
+/// and makes `/proc/sys` read-only), and a fresh procfs would reveal it.
+pub(crate) fn proc_covered() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let covered: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| mp.starts_with("/proc/") && !EMPTY_PROC_DIRS.contains(mp))
+        .collect();
+    let first = covered.first()?;
+    Some(format!(
+        "{first} and {} more paths of /proc are covered here (a container runtime's masks), so the kernel would refuse a fresh procfs: no pid namespace, whose processes the /proc of the container could not show by their pids",
+        covered.len() - 1
+    ))
+}
+
 /// Creates the namespaces. Tries with a user namespace first; without one (only
 /// possible for a caller holding CAP_SYS_ADMIN) the other namespaces are tried
-/// alone. The caller decides whether what is missing is acceptable.
-pub(crate) fn create(net: NetMode) -> Created {
-    let (flags, layers) = flags_for(net, true);
+/// alone. With `no_pid` (why), no pid namespace is made with a user namespace
+/// (see [`proc_covered`]). The caller decides whether what is missing is
+/// acceptable.
+pub(crate) fn create(net: NetMode, no_pid: Option<String>) -> Created {
+    let (flags, layers) = flags_for(net, true, no_pid.is_none());
     match unshare(flags) {
         Ok(()) => Created {
             created: layers,
-            missing: vec![],
+            missing: no_pid.map(|why| (Layer::Pid, why)).into_iter().collect(),
         },
         Err(user_err) => {
             let why = format!("unshare(CLONE_NEWUSER|...) failed: {user_err}");
-            let (flags, layers) = flags_for(net, false);
+            // In the initial user namespace a fresh procfs is never refused.
+            let (flags, layers) = flags_for(net, false, true);
             match unshare(flags) {
                 Ok(()) => Created {
                     created: layers,

@@ -38,6 +38,31 @@ const CONFIG: &str = "/run/sandmux/gate.json";
 pub(crate) struct GateConfig {
     /// The resolved policy.
     pub policy: Policy,
+    /// Where the sandbox's own files are (the mount view's `/run/sandmux`
+    /// unless PID 1 made a host view).
+    #[serde(default)]
+    pub own: landlock::Own,
+}
+
+/// Where the gate's configuration is: beside the socket directory that
+/// `TMUX` names (`<dir>/sock/tmux.sock` → `<dir>/gate.json`). tmux sets
+/// `TMUX` for every pane it spawns after the session's environment, so no
+/// tool can change it; without it, the mount view's. Whoever runs the gate
+/// is already inside the sandbox: a configuration of its own choosing can
+/// only add a Landlock layer to what confines it.
+fn config_path() -> std::path::PathBuf {
+    let tmux = std::env::var_os("TMUX").unwrap_or_default();
+    let sock = tmux
+        .as_bytes()
+        .split(|b| *b == b',')
+        .next()
+        .unwrap_or_default();
+    std::path::Path::new(std::ffi::OsStr::from_bytes(sock))
+        .parent()
+        .and_then(|d| d.parent())
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join("gate.json"))
+        .unwrap_or_else(|| CONFIG.into())
 }
 
 /// The shell function `run_command` types its commands through, exported to
@@ -112,18 +137,20 @@ fn fail(msg: &str) -> ! {
 /// Entry point when the binary runs as the gate. Never returns.
 pub(crate) fn main(args: Vec<OsString>) -> ! {
     let req = parse(&args).unwrap_or_else(|e| fail(&e));
-    let text =
-        std::fs::read(CONFIG).unwrap_or_else(|e| fail(&format!("cannot read {CONFIG}: {e}")));
+    let config = config_path();
+    let at = config.display();
+    let text = std::fs::read(&config).unwrap_or_else(|e| fail(&format!("cannot read {at}: {e}")));
     let cfg: GateConfig =
-        serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {CONFIG}: {e}")));
+        serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {at}: {e}")));
     let policy = &cfg.policy;
+    let pane_rules = landlock::rules(policy, landlock::Role::Pane, &cfg.own);
 
     let mut env = env::gate(&policy.environment, std::env::vars_os());
     if !matches!(req, Request::Probe) {
         add_run_functions(&mut env);
     }
     // TCP rules, when needed, are already in the server's layer, which panes inherit.
-    match landlock::restrict(policy, &landlock::rules(policy, landlock::Role::Pane), true) {
+    match landlock::restrict(policy, &pane_rules, true) {
         Ok(o) => {
             for (l, why) in o.missing {
                 if !policy.best_effort.contains(&l) {
@@ -159,7 +186,7 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
             for (k, v) in &env {
                 std::env::set_var(k, v);
             }
-            crate::check::inside::run_and_print(policy);
+            crate::check::inside::run_and_print(policy, &cfg.own.dir);
             // Stay until the reader kills the pane: a pane that exits at once can lose
             // its last output. The alarm bounds the wait if nobody does.
             // SAFETY: alarm(2) takes an integer only.

@@ -3,7 +3,7 @@
 //! server or the command of `sandmux run`.
 
 use super::init::{Layers, Stop};
-use super::plan::Blueprint;
+use super::plan::{Blueprint, HostView};
 use super::report::Message;
 use super::{caps, landlock, seccomp, Payload, Plan};
 use crate::profile::{Layer, NetMode, Policy};
@@ -13,7 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 /// What the payload execs, where, and with which Landlock rules.
-pub(super) struct Job {
+pub(super) struct Job<'a> {
     argv: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     cwd: PathBuf,
@@ -22,11 +22,20 @@ pub(super) struct Job {
     pub(super) pre_confined: bool,
     /// Say on stderr which layers were dropped, before the command starts.
     say_dropped: bool,
+    /// Without a user namespace, as root: the uid the payload child drops
+    /// to (tmux mode; in `run` mode PID 1 drops before the fork).
+    pub(super) drop_to: Option<super::uid::Target>,
+    /// Tmux mode without a mount view: its files on the host.
+    pub(super) host_view: Option<&'a HostView>,
 }
 
-impl Job {
-    /// The job of a plan.
-    pub(super) fn of(plan: &Plan, bp: &Blueprint) -> Job {
+impl<'a> Job<'a> {
+    /// The job of a plan, with its files in the mount view or `host_view`.
+    pub(super) fn of(plan: &Plan, bp: &'a Blueprint, host_view: Option<&'a HostView>) -> Job<'a> {
+        let (paths, landlock) = match host_view {
+            Some(h) => (&h.paths, &h.landlock),
+            None => (&bp.paths, &bp.landlock),
+        };
         let (argv, role, cwd) = match &plan.payload {
             Payload::Command { argv, cwd, .. } => {
                 (argv.clone(), landlock::Role::Command, cwd.clone())
@@ -36,16 +45,15 @@ impl Job {
                     tmux.clone().into_os_string(),
                     "-D".into(),
                     "-f".into(),
-                    super::plan::TMUX_CONF.into(),
+                    paths.tmux_conf.clone().into_os_string(),
                     "-S".into(),
-                    super::SOCKET_INSIDE.into(),
+                    paths.socket.clone().into_os_string(),
                 ],
                 landlock::Role::Server,
                 plan.policy.workspace.clone(),
             ),
         };
-        let rules = bp
-            .landlock
+        let rules = landlock
             .iter()
             .filter(|r| r.role == role)
             .flat_map(|r| r.rules.iter().map(|x| (x.path.clone(), x.grant)))
@@ -57,11 +65,13 @@ impl Job {
             rules,
             pre_confined: matches!(plan.payload, Payload::Command { .. }),
             say_dropped: matches!(plan.payload, Payload::Command { quiet: false, .. }),
+            drop_to: None,
+            host_view,
         }
     }
 }
 
-impl Job {
+impl Job<'_> {
     /// Without a mount view: no write grant on a tree holding `keep`
     /// (returns the trees whose write was withheld).
     pub(super) fn withhold_writes(&mut self, keep: &[PathBuf]) -> Vec<PathBuf> {
@@ -71,7 +81,7 @@ impl Job {
 
 /// The payload child's inputs.
 pub(super) struct Exec<'a> {
-    pub(super) job: &'a Job,
+    pub(super) job: &'a Job<'a>,
     pub(super) filters: &'a seccomp::Filters,
     pub(super) net_isolated: bool,
 }
@@ -117,6 +127,12 @@ pub(super) fn confine_and_exec(
     set.add(Signal::SIGCHLD);
     set.thread_unblock().map_err(setup("unblocking SIGCHLD"))?;
 
+    if let Some(t) = x.job.drop_to {
+        super::uid::drop_uid(t).map_err(|e| Stop::applying(Layer::Caps, e))?;
+    }
+    if let Some(h) = x.job.host_view {
+        super::hostview::check_reach(h).map_err(|e| Stop::applying(Layer::Mount, e))?;
+    }
     if !x.job.pre_confined {
         drop_privileges(layers)?;
     }
@@ -200,7 +216,7 @@ fn say_dropped(dropped: &[Layer]) {
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
 }
 
-fn exec(job: &Job, layers: &mut Layers<'_>) -> Result<Never, Stop> {
+fn exec(job: &Job<'_>, layers: &mut Layers<'_>) -> Result<Never, Stop> {
     nix::unistd::chdir(&job.cwd).map_err(|e| Stop {
         unavailable: false,
         layer: None,

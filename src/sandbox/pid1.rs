@@ -4,7 +4,7 @@
 
 use super::init::{fatal, internal, relay_signals, Layers, Stop};
 use super::payload::{self, Exec};
-use super::plan::Blueprint;
+use super::plan::{Blueprint, HostView};
 use super::report::{Message, Reporter};
 use super::{caps, fds, keyring, limits, mounts, namespaces, net, seccomp};
 use super::{Payload, Plan};
@@ -38,11 +38,11 @@ pub(super) fn run(
     layers
         .rep
         .note(|| "PID 1: rlimits, keyring, session, descriptors".into());
-    rlimits_and_keyring(plan, &mut layers)?;
+    rlimits_and_keyring(plan, ns, &mut layers)?;
     session_and_descriptors()?;
     let filters = seccomp::build().map_err(|e| Stop::applying(Layer::Seccomp, e.to_string()))?;
-    tmux_needs_a_view(plan, ns)?;
-    let mut job = payload::Job::of(plan, bp);
+    let host_view = host_view(plan, bp, ns)?;
+    let mut job = payload::Job::of(plan, bp, host_view);
     without_userns(plan, ns, &mut job, &mut layers)?;
     // In `run` mode PID 1 needs no privilege after the fork: it drops it and
     // installs the filter once, and the payload inherits both (the filter is
@@ -61,9 +61,9 @@ pub(super) fn run(
         let _ = kill(payload, Signal::SIGKILL);
         stop
     };
-    cover_socket(plan, bp, ns, payload).map_err(stop)?;
+    cover_socket(plan, bp, &job, ns, payload).map_err(stop)?;
     if !job.pre_confined {
-        confine_self(&layers, &filters).map_err(stop)?;
+        confine_self(&layers, &filters, &job).map_err(stop)?;
     }
     // Taken by sigwait from now on; blocked before the report pipe closes, so
     // a failure can still be reported.
@@ -171,11 +171,16 @@ fn hostname_and_loopback(
 
 /// Step 6: rlimits (inherited by everything below), then a fresh, empty session
 /// keyring: keys of the caller's session stay outside (E8).
-fn rlimits_and_keyring(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
+fn rlimits_and_keyring(
+    plan: &Plan,
+    ns: &namespaces::Created,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
     // The kernel never applies RLIMIT_NPROC to host uid 0, so for root only
-    // the cgroup limits processes.
+    // the cgroup limits processes (without a user namespace, root drops to
+    // an unprivileged uid, which it does bind).
     let rl = limits::apply(&plan.policy.limits).map(|d| {
-        if plan.host_uid == 0 {
+        if plan.host_uid == 0 && ns.has(Layer::Userns) {
             format!("{d} (nproc is not enforced for host root: the cgroup layer limits processes)")
         } else {
             d
@@ -195,31 +200,37 @@ fn session_and_descriptors() -> Result<(), Stop> {
 }
 
 /// Step 8b: tmux mode keeps its socket, configuration and gate in
-/// `/run/sandmux`, which only a mount view has: without one it refuses,
-/// naming the ways out, rather than failing later on a missing path.
-fn tmux_needs_a_view(plan: &Plan, ns: &namespaces::Created) -> Result<(), Stop> {
+/// `/run/sandmux`, which only a mount view has. Without one, as root with no
+/// user namespace (a container runtime's defaults), they go to a host
+/// directory only root can write (`hostview`) and everything confined drops
+/// to an unprivileged uid; otherwise start-up stops, naming the ways out.
+fn host_view<'a>(
+    plan: &Plan,
+    bp: &'a Blueprint,
+    ns: &namespaces::Created,
+) -> Result<Option<&'a HostView>, Stop> {
     if ns.has(Layer::Mount) || !matches!(plan.payload, Payload::Tmux { .. }) {
-        return Ok(());
+        return Ok(None);
     }
-    let why = if ns.has(Layer::Userns) || nix::unistd::geteuid().is_root() {
-        "no mount namespace could be made"
-    } else {
-        "no user namespace could be made (a container runtime's seccomp profile refuses it), so no mount namespace either"
+    let root = nix::unistd::geteuid().is_root();
+    let why = match (&bp.host_view, ns.has(Layer::Userns), root) {
+        (Some(h), false, true) => return Ok(Some(h)),
+        (_, true, _) => "tmux mode needs a mount namespace for /run/sandmux (its socket, configuration and pane gate), and no mount namespace could be made; sandmux run works without one",
+        _ => "without user namespaces (a container runtime's seccomp profile refuses them) tmux mode must start as root, so that it can drop everything confined to an unprivileged uid and keep its socket from it by file permissions: run the container as root (no --user), or with the full-confinement flags (--security-opt seccomp=.../container/seccomp.json, and --security-opt unmask=/proc/* on podman or --security-opt systempaths=unconfined on docker); sandmux run works without either",
     };
-    Err(Stop::applying(
-        Layer::Mount,
-        format!("tmux mode needs a mount namespace for /run/sandmux (its socket, configuration and pane gate), and {why}; sandmux run works without one"),
-    ))
+    Err(Stop::applying(Layer::Mount, why.to_string()))
 }
 
 /// Step 8c: Without a user namespace, sandmux's own files are kept by
 /// permissions and grants (`uid`): no write grant on a tree holding the
-/// runtime directory or the binary (without a mount view), and as root the
-/// drop to an unprivileged uid. Both are reported in the userns layer's line.
+/// runtime directory, the host view or the binary (without a mount view),
+/// and as root the drop to an unprivileged uid (in `run` mode PID 1 drops
+/// now; in tmux mode the payload and, once the socket is covered, PID 1).
+/// All of it is reported in the userns layer's line.
 fn without_userns(
     plan: &Plan,
     ns: &namespaces::Created,
-    job: &mut payload::Job,
+    job: &mut payload::Job<'_>,
     layers: &mut Layers<'_>,
 ) -> Result<(), Stop> {
     if ns.has(Layer::Userns) {
@@ -232,33 +243,68 @@ fn without_userns(
         .map(|(_, r)| r.clone())
         .unwrap_or_else(|| "no user namespace".into())];
     if !ns.has(Layer::Mount) {
-        let exe = std::fs::read_link("/proc/self/exe")
-            .map_err(|e| internal("reading /proc/self/exe")(e.to_string()))?;
-        let withheld = job.withhold_writes(&[plan.rundir.clone(), exe]);
-        if !withheld.is_empty() {
-            let trees: Vec<String> = withheld.iter().map(|p| p.display().to_string()).collect();
-            said.push(format!(
-                "read-only instead of writable (they hold the runtime directory or the sandmux binary): {}",
-                trees.join(", ")
-            ));
-        }
+        said.extend(withhold_writes(plan, job)?);
     }
     if nix::unistd::geteuid().is_root() {
-        let t = super::uid::target(&plan.policy);
-        match super::uid::drop_uid(t) {
-            Ok(d) => said.push(d),
-            Err(e) if !super::uid::host_root() => said.push(format!(
-                "confined processes keep uid 0, this user namespace's root, not the host's (the drop to uid {} failed: {e})",
-                t.uid
-            )),
-            Err(e) => return Err(Stop::applying(Layer::Caps, e)),
-        }
+        said.push(drop_uid(plan, job)?);
     }
     layers.rep.send(&Message::Dropped {
         layer: Layer::Userns,
         reason: said.join("; "),
     });
     Ok(())
+}
+
+/// No write grant on a tree holding sandmux's own files (no mount view).
+fn withhold_writes(plan: &Plan, job: &mut payload::Job<'_>) -> Result<Option<String>, Stop> {
+    let exe = std::fs::read_link("/proc/self/exe")
+        .map_err(|e| internal("reading /proc/self/exe")(e.to_string()))?;
+    let mut keep = vec![plan.rundir.clone(), exe];
+    keep.extend(job.host_view.map(|h| h.paths.run_dir.clone()));
+    let withheld = job.withhold_writes(&keep);
+    let trees: Vec<String> = withheld.iter().map(|p| p.display().to_string()).collect();
+    Ok((!trees.is_empty()).then(|| {
+        format!(
+            "read-only instead of writable (they hold the runtime directory or the sandmux binary): {}",
+            trees.join(", ")
+        )
+    }))
+}
+
+/// As root: the uid everything confined runs as (see [`without_userns`]);
+/// with a host view, its files too. Returns what to report.
+fn drop_uid(plan: &Plan, job: &mut payload::Job<'_>) -> Result<String, Stop> {
+    let t = super::uid::target(&plan.policy);
+    let now = job.pre_confined;
+    let r = if now {
+        super::uid::drop_uid(t)
+    } else {
+        super::uid::check(t)
+    };
+    let said = match r {
+        // Without a mount view, tmux's socket is kept by permissions alone.
+        Err(e) if job.host_view.is_some() => return Err(Stop::applying(Layer::Caps, e)),
+        Err(e) if !super::uid::host_root() => {
+            return Ok(format!(
+                "confined processes keep uid 0, this user namespace's root, not the host's (the drop to uid {} failed: {e})",
+                t.uid
+            ))
+        }
+        Err(e) => return Err(Stop::applying(Layer::Caps, e)),
+        Ok(d) => d,
+    };
+    if !now {
+        job.drop_to = Some(t);
+    }
+    let Some(h) = job.host_view else {
+        return Ok(said);
+    };
+    super::hostview::make(plan, h, t).map_err(|e| Stop::applying(Layer::Mount, e))?;
+    Ok(format!(
+        "{said}; no mount view: tmux's socket, configuration and gate are in {} (root's; the socket's directory is closed to uid {} once the server listens)",
+        h.paths.run_dir.display(),
+        t.uid
+    ))
 }
 
 /// Step 9: The payload: a child that confines itself, then execs.
@@ -293,16 +339,21 @@ fn spawn_payload(
 fn cover_socket(
     plan: &Plan,
     bp: &Blueprint,
+    job: &payload::Job<'_>,
     ns: &namespaces::Created,
     server: Pid,
 ) -> Result<(), Stop> {
     if !matches!(plan.payload, Payload::Tmux { .. }) {
         return Ok(());
     }
-    wait_for_socket(server).map_err(internal("waiting for the tmux server"))?;
+    let sock = job.host_view.map_or(&bp.paths.socket, |h| &h.paths.socket);
+    wait_for_socket(server, sock).map_err(internal("waiting for the tmux server"))?;
     if ns.has(Layer::Mount) {
         mounts::after_ready(&bp.after_ready)
             .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
+    }
+    if let Some(h) = job.host_view {
+        super::hostview::cover(h).map_err(|e| Stop::applying(Layer::Mount, e))?;
     }
     Ok(())
 }
@@ -312,7 +363,18 @@ fn cover_socket(
 /// everything inside). A layer the profile lets go (best_effort) was already
 /// reported dropped by the payload, which met the same kernel; PID 1 goes
 /// without it too.
-fn confine_self(layers: &Layers<'_>, filters: &seccomp::Filters) -> Result<(), Stop> {
+fn confine_self(
+    layers: &Layers<'_>,
+    filters: &seccomp::Filters,
+    job: &payload::Job<'_>,
+) -> Result<(), Stop> {
+    if let Some(t) = job.drop_to {
+        super::uid::drop_uid(t).map_err(|e| Stop {
+            unavailable: true,
+            layer: Some(Layer::Caps),
+            message: format!("confining PID 1: {e}"),
+        })?;
+    }
     let optional = |l: Layer, r: Result<(), String>| match r {
         Err(_) if layers.best_effort.contains(&l) => Ok(()),
         Err(e) => Err((l, e)),
@@ -335,10 +397,9 @@ fn confine_self(layers: &Layers<'_>, filters: &seccomp::Filters) -> Result<(), S
 }
 
 /// Waits (event-driven, inotify) until the tmux socket exists, or the server dies.
-fn wait_for_socket(server: Pid) -> Result<(), String> {
+fn wait_for_socket(server: Pid, sock: &std::path::Path) -> Result<(), String> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    let sock = std::path::Path::new(super::SOCKET_INSIDE);
     let ino =
         Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(|e| e.to_string())?;
     ino.add_watch(sock.parent().unwrap_or(sock), AddWatchFlags::IN_CREATE)

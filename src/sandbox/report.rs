@@ -188,7 +188,15 @@ pub(crate) fn layers(msgs: &[Message]) -> Vec<LayerStatus> {
             Message::Dropped { layer, reason } => (*layer, false, reason.clone()),
             _ => continue,
         };
-        v.retain(|s| s.layer != layer);
+        // A layer dropped twice (no namespace made, then its mount's
+        // fallback) keeps both reasons.
+        let earlier = v.iter().position(|s| s.layer == layer).map(|i| v.remove(i));
+        let detail = match earlier {
+            Some(e) if !enforced && !e.enforced && e.detail != detail => {
+                format!("{}; {detail}", e.detail)
+            }
+            _ => detail,
+        };
         v.push(LayerStatus {
             layer,
             enforced,

@@ -105,6 +105,9 @@ pub(crate) fn clean_stale(base: &Path) -> Vec<PathBuf> {
             }
         }
         if std::fs::remove_dir_all(&claimed).is_ok() {
+            if let Some(id) = p.file_name().and_then(|n| n.to_str()) {
+                remove_host_view(id);
+            }
             removed.push(p);
         }
     }
@@ -159,9 +162,37 @@ impl Rundir {
         let _ = std::fs::write(self.path.join("meta.json"), meta.to_string());
     }
 
-    /// The tmux socket on the host side.
+    /// The tmux socket on the host side (without a mount view, a link to
+    /// the one in [`Rundir::host_view`]).
     pub(crate) fn socket(&self) -> PathBuf {
         self.path.join("sock").join("tmux.sock")
+    }
+
+    /// Where tmux mode keeps its files when the sandbox has no mount view
+    /// (`sandbox::hostview`): a directory every uid can traverse, which PID 1
+    /// makes only then.
+    pub(crate) fn host_view(&self) -> PathBuf {
+        host_view_of(&self.id)
+    }
+
+    /// Removes the host view of an earlier generation, if any.
+    pub(crate) fn remove_host_view(&self) {
+        remove_host_view(&self.id);
+    }
+}
+
+fn host_view_of(id: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("sandmux-view-{id}"))
+}
+
+/// Removes instance `id`'s host view: only a directory (never a link)
+/// owned by this uid, as PID 1 made it.
+fn remove_host_view(id: &str) {
+    let p = host_view_of(id);
+    let ours = std::fs::symlink_metadata(&p)
+        .is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw());
+    if ours {
+        let _ = std::fs::remove_dir_all(&p);
     }
 }
 
@@ -172,5 +203,6 @@ impl Drop for Rundir {
             cg.remove_instance();
         }
         let _ = std::fs::remove_dir_all(&self.path);
+        self.remove_host_view();
     }
 }

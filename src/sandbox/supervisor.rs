@@ -204,6 +204,9 @@ pub(crate) fn proxy_ports(policy: &Policy) -> Vec<u16> {
 pub(crate) struct Files<'a> {
     /// The instance's runtime directory (sockets, meta, operator endpoint).
     pub rundir: &'a Path,
+    /// Tmux mode without a mount view: its files' directory (`hostview`),
+    /// removed with the runtime directory.
+    pub host_view: Option<&'a Path>,
     /// The tmux binary its clients run.
     pub tmux: &'a Path,
     /// The audit log.
@@ -254,9 +257,11 @@ impl Needs {
         n.rules
             .extend(ETC_FILES.iter().map(|p| (PathBuf::from(p), Right::Read)));
         n.rules.push(("/dev/null".into(), Right::File));
-        n.rules.push((f.rundir.to_path_buf(), Right::Tree));
-        if let Some(base) = f.rundir.parent() {
-            n.rules.push((base.to_path_buf(), Right::RemoveBelow));
+        for dir in std::iter::once(f.rundir).chain(f.host_view) {
+            n.rules.push((dir.to_path_buf(), Right::Tree));
+            if let Some(base) = dir.parent() {
+                n.rules.push((base.to_path_buf(), Right::RemoveBelow));
+            }
         }
         n.rules.push((f.audit.to_path_buf(), Right::File));
         if let Some(r) = f.record {

@@ -41,10 +41,8 @@ pub(crate) fn target(policy: &Policy) -> Target {
     }
 }
 
-/// Becomes `t` for good: no supplementary groups, real, effective and saved
-/// ids all changed (which also empties the capability sets). Returns what to
-/// report.
-pub(crate) fn drop_uid(t: Target) -> Result<String, String> {
+/// Whether `t` may be dropped to; returns what to report.
+pub(crate) fn check(t: Target) -> Result<String, String> {
     // A dedicated uid must be nobody's: a user's uid would hand the sandbox
     // that user's processes and pathname sockets (an ssh-agent under
     // /run/user/N), which nothing else here mediates.
@@ -54,6 +52,44 @@ pub(crate) fn drop_uid(t: Target) -> Result<String, String> {
             t.uid
         ));
     }
+    if !mapped(t.uid) || !mapped_in("/proc/self/gid_map", t.gid) {
+        return Err(format!(
+            "uid {} gid {} are not mapped in this user namespace",
+            t.uid, t.gid
+        ));
+    }
+    let who = if t.owner {
+        "the workspace's owner"
+    } else {
+        "a dedicated uid: the workspace belongs to root"
+    };
+    Ok(format!(
+        "confined processes run as uid {} gid {} ({who}), not root",
+        t.uid, t.gid
+    ))
+}
+
+/// Whether this user namespace maps `uid`.
+fn mapped(uid: u32) -> bool {
+    mapped_in("/proc/self/uid_map", uid)
+}
+
+fn mapped_in(map: &str, id: u32) -> bool {
+    let text = std::fs::read_to_string(map).unwrap_or_default();
+    text.lines().any(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        f.len() == 3 && f[0] <= u64::from(id) && u64::from(id) < f[0] + f[2]
+    })
+}
+
+/// Becomes `t` for good: no supplementary groups, real, effective and saved
+/// ids all changed (which also empties the capability sets). Returns what to
+/// report.
+pub(crate) fn drop_uid(t: Target) -> Result<String, String> {
+    let said = check(t)?;
     // The bounding set first, while CAP_SETPCAP is still there.
     if caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SETPCAP).unwrap_or(false)
     {
@@ -69,15 +105,7 @@ pub(crate) fn drop_uid(t: Target) -> Result<String, String> {
     if nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).is_ok() {
         return Err("uid 0 could be regained after the drop".into());
     }
-    let who = if t.owner {
-        "the workspace's owner"
-    } else {
-        "a dedicated uid: the workspace belongs to root"
-    };
-    Ok(format!(
-        "confined processes run as uid {} gid {} ({who}), not root",
-        t.uid, t.gid
-    ))
+    Ok(said)
 }
 
 /// The name `/etc/passwd` gives `uid`, if any.

@@ -81,6 +81,7 @@ pub(crate) fn start_generation(
     tmux: &Path,
 ) -> Result<(Child, Generation), StartError> {
     let cg = make_cgroup(policy, rundir)?;
+    rundir.remove_host_view();
     let generation = nonce::hex();
     let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {generation}\n");
     let plan = plan(
@@ -207,11 +208,13 @@ pub(crate) fn plan(
     let (passwd, group) = sandbox::identity_files(policy);
     let gate_json = serde_json::to_string(&pane::GateConfig {
         policy: policy.clone(),
+        own: Default::default(),
     })
     .unwrap_or_default();
     Plan {
         policy: policy.clone(),
         rundir: rundir.path.clone(),
+        host_view: matches!(payload, Payload::Tmux { .. }).then(|| rundir.host_view()),
         supervisor_pid: std::process::id() as i32,
         host_uid: nix::unistd::geteuid().as_raw(),
         host_gid: nix::unistd::getegid().as_raw(),
@@ -304,6 +307,19 @@ impl Instance {
         self.rundir.socket()
     }
 
+    /// The pane gate: the mount view's, or without one the host view's
+    /// (`sandbox::hostview`).
+    pub(crate) fn gate(&self) -> PathBuf {
+        let mount = report::layers(&self.messages)
+            .iter()
+            .any(|l| l.layer == crate::profile::Layer::Mount && l.enforced);
+        if mount {
+            pane::GATE_PATH.into()
+        } else {
+            self.rundir.host_view().join("bin/sandmux-pane")
+        }
+    }
+
     /// A tmux client command for this server: `-N` so it can never start a
     /// server of its own on the host, `-u` for UTF-8, no `TMUX` from the caller.
     pub(crate) fn client(&self) -> Command {
@@ -379,8 +395,12 @@ impl Instance {
             .as_ref()
             .map(|c| c.instance.clone())
             .unwrap_or_default();
+        let host_view = self.rundir.host_view();
         let files = Files {
             rundir: &self.rundir.path,
+            host_view: std::fs::symlink_metadata(&host_view)
+                .is_ok_and(|m| m.is_dir())
+                .then_some(host_view.as_path()),
             tmux: &self.tmux,
             audit,
             record,

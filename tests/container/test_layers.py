@@ -1,6 +1,6 @@
 """`sandmux check --json` inside the image under each runtime configuration:
 exactly the table of docs/container.md (exit status, dropped layers or the
-error), and, as strict xfails, what issue 12 says it must become."""
+error), and what issue 12 asks of the same configurations."""
 
 import re
 
@@ -67,7 +67,7 @@ def test_the_table_covers_every_runtime_configuration():
     assert seen == want
 
 
-# What issue 12 asks of the same configurations. Each fails today.
+# What issue 12 asks of the same configurations.
 
 def _starts(rt, flags, must_drop=()):
     status, rep, err = rt.check(flags, "container")
@@ -88,7 +88,6 @@ def test_container_profile_starts_when_only_sethostname_is_refused(podman):
     assert status == 3 and "sethostname" in rep["error"], rep["error"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: tmux mode without a mount namespace has no /run/sandmux (known gap 13)")
 def test_container_profile_starts_without_user_namespaces(request):
     for rt, flags in ((request.getfixturevalue("rootful"), "no-userns"), (request.getfixturevalue("docker"), "defaults")):
         _starts(rt, flags, must_drop=["userns", "mount", "pid", "ipc", "uts", "net"])
@@ -100,7 +99,6 @@ def test_check_reports_layers_even_when_tmux_mode_cannot_start(docker):
     assert {l["layer"] for l in rep["layers"]} >= {"userns", "landlock", "seccomp"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: no uid drop as root yet, so running as root is not yet a way out to name")
 def test_unprivileged_user_without_userns_refuses_naming_both_ways_out(docker):
     status, rep, _ = docker.check("defaults-user", "container")
     assert status == 3 and rep is not None

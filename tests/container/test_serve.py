@@ -2,7 +2,8 @@
 run -i --rm …`) by the official MCP Python SDK, as an MCP client would:
 tools work, a pane cannot read /etc/shadow or write the runtime directory
 (checked on the host through a bind mount), `stop` ends it with status 0
-and a sealed audit log. Issue 12's behaviour as strict xfails."""
+and a sealed audit log; under docker's defaults (no namespaces at all)
+the same, with the socket kept from the pane by file permissions."""
 
 import json
 import os
@@ -21,9 +22,10 @@ from harness import IMAGE
 pytestmark = pytest.mark.anyio
 
 # Tries to create a file in the runtime directory and everything under it,
-# as the supervisor (root, no XDG_RUNTIME_DIR) makes it: /tmp/sandmux-0.
-PROBE = ('for d in /tmp/sandmux-0 /tmp/sandmux-0/* /tmp/sandmux-0/*/*; do [ -d "$d" ] && '
-         'touch "$d/pwned-$$" 2>/dev/null && echo "wrote $d"; done; echo probe-done')
+# as the supervisor (root, no XDG_RUNTIME_DIR) makes it: /tmp/sandmux-0, and
+# in the host view tmux mode keeps without a mount namespace.
+PROBE = ('for d in /tmp/sandmux-0 /tmp/sandmux-0/* /tmp/sandmux-0/*/* /tmp/sandmux-view-* /tmp/sandmux-view-*/*; '
+         'do [ -d "$d" ] && touch "$d/pwned-$$" 2>/dev/null && echo "wrote $d"; done; echo probe-done')
 
 
 def host_dir(rt, mode=0o700):
@@ -191,19 +193,43 @@ async def test_a_start_up_failure_reaches_the_client_as_an_error(rootful):
     assert "layer" in repr(e.value), repr(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: the container profile does not start under runtime defaults")
 async def test_the_default_command_serves_under_runtime_defaults(request):
     for rt in (request.getfixturevalue("rootful"), request.getfixturevalue("docker")):
         async with Client(server(rt, "defaults")) as c:
             assert (await sh(c, "echo $((6*7))")) == "42"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12: without user namespaces tmux mode cannot start; no uid drop")
+def attack(sock):
+    """From a pane: reach the tmux server's socket (`sock`, the path the host
+    sees), open its directory up, or move it away."""
+    d = os.path.dirname(sock)
+    return (f'tmux -S {sock} list-sessions 2>/dev/null && echo "reached {sock}"; '
+            f'chmod 0777 {d} 2>/dev/null && echo "opened {d}"; '
+            f'mv {d} {d}.x 2>/dev/null && echo "moved {d}"; '
+            f'tmux -S {sock} list-sessions 2>/dev/null && echo "reached {sock}"; echo attack-done')
+
+
 async def test_without_userns_serve_works_and_a_pane_cannot_read_shadow_or_write_the_runtime_dir(docker):
     tmp = host_dir(docker, 0o1777)
-    async with Client(server(docker, "defaults", "serve", "-p", "container", volumes=[(tmp, "/tmp")])) as c:
-        out = await sh(c, "cat /etc/shadow; " + PROBE)
-    assert "root:" not in out and "wrote" not in out and pwned(tmp) == [], out
+    name = f"smx-nons-{os.getpid()}"
+    async with Client(server(docker, "defaults", "serve", "-p", "container", name=name,
+                             volumes=[(tmp, "/tmp")])) as c:
+        out = await sh(c, "id -u; cat /etc/shadow; " + PROBE)
+        assert out.startswith("1000") and "root:" not in out and "wrote" not in out, out
+        assert pwned(tmp) == [], pwned(tmp)
+        views = list(tmp.glob("sandmux-view-*"))
+        assert len(views) == 1, f"no host view on the bind mount: the checks would be vacuous ({views})"
+        sock = f"/tmp/{views[0].name}/sock/tmux.sock"
+        out = await sh(c, attack(sock))
+        assert out.endswith("attack-done") and "reached" not in out and "opened" not in out \
+            and "moved" not in out, out
+        st = (views[0] / "sock").stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700), st
+        # Positive control: unconfined in the same container, the same
+        # attack reaches the server through the same path.
+        ctl = docker.run("exec", name, "/usr/bin/bash", "-c", attack(sock))
+        assert "reached" in ctl.stdout, ctl.stdout + ctl.stderr
+    assert not list(tmp.glob("sandmux-view-*")), "the host view outlived serve"
 
 
 def run_in(rt, flags, script, volumes=(), name=None):

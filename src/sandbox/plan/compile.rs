@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::profile::{MountKind, Policy};
-use crate::sandbox::landlock::{self, RUN_DIR};
+use crate::sandbox::landlock::{self, Own, RUN_DIR};
 use std::path::Path;
 
 fn step(path: impl Into<PathBuf>, part: Part, op: Op, need: Need) -> Step {
@@ -65,30 +65,54 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
             },
         })
         .collect();
-    let landlock = [Role::Server, Role::Pane, Role::Command]
-        .into_iter()
-        .map(|role| RoleRules {
-            role,
-            rules: landlock::rules(policy, role)
-                .into_iter()
-                .map(|(path, grant)| Rule { path, grant })
-                .collect(),
-        })
-        .collect();
     Blueprint {
         layers,
         mounts: m,
         after_ready,
-        landlock,
-        paths: Paths {
-            workspace: policy.workspace.clone(),
-            home: crate::profile::SANDBOX_HOME.into(),
-            run_dir: RUN_DIR.into(),
-            socket: crate::sandbox::SOCKET_INSIDE.into(),
-            tmux_conf: TMUX_CONF.into(),
-            gate: GATE.into(),
-            gate_config: GATE_CONFIG.into(),
-        },
+        landlock: role_rules(policy, &Own::default()),
+        paths: paths(policy, Path::new(RUN_DIR)),
+        host_view: None,
+    }
+}
+
+/// Tmux mode's files without a mount view: in `dir` on the host, the gate a
+/// link to `exe` (see `hostview`).
+pub(crate) fn host_view(policy: &Policy, dir: &Path, exe: &Path) -> HostView {
+    let own = Own {
+        dir: dir.into(),
+        exe: Some(exe.into()),
+    };
+    HostView {
+        paths: paths(policy, dir),
+        landlock: role_rules(policy, &own),
+        own,
+    }
+}
+
+fn role_rules(policy: &Policy, own: &Own) -> Vec<RoleRules> {
+    [Role::Server, Role::Pane, Role::Command]
+        .into_iter()
+        .map(|role| RoleRules {
+            role,
+            rules: landlock::rules(policy, role, own)
+                .into_iter()
+                .map(|(path, grant)| Rule { path, grant })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The paths of a sandbox whose own files are in `run` (`/run/sandmux` in
+/// the mount view).
+fn paths(policy: &Policy, run: &Path) -> Paths {
+    Paths {
+        workspace: policy.workspace.clone(),
+        home: crate::profile::SANDBOX_HOME.into(),
+        run_dir: run.into(),
+        socket: run.join("sock/tmux.sock"),
+        tmux_conf: run.join("tmux.conf"),
+        gate: run.join("bin/sandmux-pane"),
+        gate_config: run.join("gate.json"),
     }
 }
 

@@ -11,7 +11,7 @@
 //! go, and ends start-up (as that layer) when it does not.
 
 mod compile;
-pub(crate) use compile::compile;
+pub(crate) use compile::{compile, host_view};
 
 use super::landlock::{Grant, Role};
 use crate::profile::Layer;
@@ -22,10 +22,6 @@ use std::path::PathBuf;
 pub(crate) const SOCK_DIR: &str = "/run/sandmux/sock";
 /// The pane gate inside (the sandmux binary, read-only).
 pub(crate) const GATE: &str = "/run/sandmux/bin/sandmux-pane";
-/// The tmux configuration inside (tmux mode).
-pub(crate) const TMUX_CONF: &str = "/run/sandmux/tmux.conf";
-/// The gate's configuration inside.
-pub(crate) const GATE_CONFIG: &str = "/run/sandmux/gate.json";
 /// The empty file that masks files.
 pub(crate) const EMPTY: &str = "/run/sandmux/empty";
 
@@ -43,6 +39,23 @@ pub(crate) struct Blueprint {
     pub landlock: Vec<RoleRules>,
     /// Paths inside the sandbox.
     pub paths: Paths,
+    /// Tmux mode without a mount view: where its files are instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_view: Option<HostView>,
+}
+
+/// Tmux mode without a mount namespace (root with no user namespace: a
+/// container runtime's defaults): the sandbox's own files in a host
+/// directory of this instance that no confined process can write
+/// (`sandbox::hostview`), and the Landlock rules that name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HostView {
+    /// The paths, on the host.
+    pub paths: Paths,
+    /// The directory and the binary the gate links to.
+    pub own: super::landlock::Own,
+    /// The Landlock rules of each role, with those paths.
+    pub landlock: Vec<RoleRules>,
 }
 
 /// A layer and its requirement.

@@ -1,0 +1,135 @@
+//! Tmux mode without a mount namespace: the sandbox's own files on the host.
+//!
+//! Where a container runtime refuses namespaces (docker's default seccomp
+//! profile), there is no `/run/sandmux`. Started as root, PID 1 then keeps
+//! the instance's files in a host directory of its own (`Rundir::host_view`,
+//! in the temporary directory, so every uid can traverse to it) that only
+//! root can write, and everything confined runs as an unprivileged uid
+//! (`uid`), so file permissions keep the socket out of reach:
+//!
+//! - `<dir>/` root's, 0755: `tmux.conf` and `gate.json` (0644, read-only to
+//!   the sandbox), `bin/sandmux-pane` a link to the sandmux binary (the gate;
+//!   tmux names it in `argv[0]`);
+//! - `<dir>/sock/` the tmux server's (the dropped uid's) until the server
+//!   listens, then root's and 0700 ([`cover`]): no confined process can reach
+//!   the socket by path any more, as in the mount view;
+//! - `<rundir>/sock/tmux.sock`, where the supervisor and the operator
+//!   commands connect, a link to `<dir>/sock/tmux.sock`.
+//!
+//! The supervisor removes the directory with the runtime directory.
+
+use super::pane::GateConfig;
+use super::plan::HostView;
+use super::uid::Target;
+use super::Plan;
+use nix::unistd::AccessFlags;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Makes the directory and its files for `hv`, the socket directory `to`'s.
+pub(super) fn make(plan: &Plan, hv: &HostView, to: Target) -> Result<(), String> {
+    let p = &hv.paths;
+    plain(&p.run_dir)?;
+    dir(&p.run_dir, 0o755)?;
+    dir(&p.run_dir.join("bin"), 0o755)?;
+    let exe = hv.own.exe.as_deref().ok_or("no binary for the gate")?;
+    std::os::unix::fs::symlink(exe, &p.gate)
+        .map_err(|e| format!("link {} to {}: {e}", p.gate.display(), exe.display()))?;
+    let conf = plan.run_files.tmux_conf.as_deref().unwrap_or_default();
+    let conf = format!(
+        "{conf}\n# No mount view: the gate is in this instance's host directory.\nset -g default-shell {}\n",
+        p.gate.display()
+    );
+    file(&p.tmux_conf, conf.as_bytes())?;
+    let mut gate: GateConfig = serde_json::from_str(&plan.run_files.gate_json)
+        .map_err(|e| format!("the gate's configuration: {e}"))?;
+    gate.own = hv.own.clone();
+    let json = serde_json::to_vec(&gate).map_err(|e| e.to_string())?;
+    file(&p.gate_config, &json)?;
+    let sock = p.socket.parent().ok_or("no socket directory")?;
+    dir(sock, 0o700)?;
+    chown(sock, to.uid, to.gid)?;
+    let host_sock = plan.rundir.join("sock/tmux.sock");
+    std::os::unix::fs::symlink(&p.socket, &host_sock).map_err(|e| {
+        format!(
+            "link {} to {}: {e}",
+            host_sock.display(),
+            p.socket.display()
+        )
+    })
+}
+
+/// In the payload, once it runs as the dropped uid: that uid can make the
+/// socket and run the gate (the kernel checks, not a reading of modes).
+pub(super) fn check_reach(hv: &HostView) -> Result<(), String> {
+    let p = &hv.paths;
+    let me = nix::unistd::getuid();
+    let sock = p.socket.parent().unwrap_or(&p.socket);
+    nix::unistd::access(sock, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {
+        format!(
+            "tmux mode without a mount namespace keeps its socket in {}, which uid {me} cannot reach ({e}): set TMPDIR to a directory every user can traverse",
+            sock.display()
+        )
+    })?;
+    nix::unistd::access(&p.gate, AccessFlags::X_OK).map_err(|e| {
+        let exe = hv.own.exe.as_deref().unwrap_or(&p.gate);
+        format!(
+            "the pane gate is the sandmux binary {}, which uid {me} cannot run ({e}): install sandmux where every user can run it (e.g. /usr/local/bin)",
+            exe.display()
+        )
+    })
+}
+
+/// Once the server listens: the socket directory becomes root's, 0700.
+pub(super) fn cover(hv: &HostView) -> Result<(), String> {
+    let sock = hv.paths.socket.parent().ok_or("no socket directory")?;
+    chown(sock, 0, 0)?;
+    std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("chmod 0700 {}: {e}", sock.display()))
+}
+
+/// The paths go into tmux's configuration unquoted: only plain characters.
+fn plain(p: &Path) -> Result<(), String> {
+    let ok = p.to_str().is_some_and(|s| {
+        s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-".contains(&b))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} has characters other than letters, digits and /._-: set TMPDIR to a plain path",
+            p.display()
+        ))
+    }
+}
+
+/// A fresh directory (never an existing one: the name is this instance's).
+fn dir(p: &Path, mode: u32) -> Result<(), String> {
+    std::fs::DirBuilder::new()
+        .mode(mode)
+        .create(p)
+        .and_then(|()| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)))
+        .map_err(|e| format!("mkdir {}: {e}", p.display()))
+}
+
+/// A fresh file, 0644.
+fn file(p: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+        .and_then(|mut f| {
+            f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            f.write_all(bytes)
+        })
+        .map_err(|e| format!("write {}: {e}", p.display()))
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid))
+        .map_err(|e| format!("chown {uid}:{gid} {}: {e}", p.display()))
+}
