@@ -53,6 +53,12 @@ pub(super) fn run(
         caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
         payload::filter(&mut layers, &filters)?;
     }
+    if !ns.has(Layer::Pid) {
+        // No pid namespace to end with us: orphans come here, not to the
+        // host's init, so that they can be reaped and ended.
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| internal("PR_SET_CHILD_SUBREAPER")(e.to_string()))?;
+    }
     layers.rep.note(|| "PID 1: starting the payload".into());
     let payload = spawn_payload(plan, &job, &filters, ns, &mut layers)?;
     // From here on a failure leaves a payload behind: end it first. PID 1's
@@ -76,7 +82,11 @@ pub(super) fn run(
         });
     }
     layers.rep.close();
-    Ok(reap(payload))
+    let code = reap(payload);
+    if !ns.has(Layer::Pid) {
+        end_descendants();
+    }
+    Ok(code)
 }
 
 /// Step 4: The mount view: the plan's steps on a fresh root, then `pivot_root`.
@@ -460,4 +470,43 @@ fn reap(payload: Pid) -> i32 {
             }
         }
     }
+}
+
+/// Without a pid namespace, nothing ends what the payload left behind (a
+/// daemon that double-forked): as their subreaper, PID 1 kills its children
+/// until none is left (a killed child's own children come to it next), for
+/// at most 5 s.
+fn end_descendants() {
+    let me = std::process::id().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Err(nix::errno::Errno::ECHILD) => return,
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+        for pid in children_of(&me) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The pids whose parent is `me`, from `/proc/PID/stat`.
+fn children_of(me: &str) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The parent is the second field after the command's closing parenthesis.
+            stat.rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                .is_some_and(|ppid| ppid == me)
+        })
+        .collect()
 }

@@ -272,3 +272,26 @@ def test_without_userns_run_names_the_dropped_layers_unless_quiet(docker):
     q = subprocess.run(docker.argv("run", "--rm", "--network", "none", IMAGE, "run", "--quiet", "-p", "container",
                                    "--", "/usr/bin/true"), env=docker.env, capture_output=True, text=True)
     assert q.returncode == 0 and q.stderr == "", q.stderr
+
+
+def leftovers(rt, flags, confined):
+    """A command that leaves a daemon behind (double fork: `(sleep 300 &)`), run by
+    `sandmux run` (or, unconfined, by bash), in a container that outlives
+    it: the daemons still there afterwards."""
+    daemon = "(/usr/bin/sleep 300 </dev/null >/dev/null 2>&1 &); echo started"
+    cmd = f"sandmux run -q -p container -- /usr/bin/bash -c '{daemon}'" if confined else daemon
+    scan = ('sleep 0.5; for f in /proc/[0-9]*/cmdline; do c=$(tr "\\0" " " < $f 2>/dev/null); '
+            '[ "$c" = "/usr/bin/sleep 300 " ] && echo "left $f"; done; echo scan-done')
+    p = rt.run("run", "--rm", "--network", "none", *rt.flags(flags), "--entrypoint", "/usr/bin/bash", IMAGE,
+               "-c", f"{cmd}; {scan}")
+    assert "started" in p.stdout and "scan-done" in p.stdout, p.stdout + p.stderr
+    return [l for l in p.stdout.splitlines() if l.startswith("left")]
+
+
+def test_without_a_pid_namespace_nothing_outlives_the_sandbox(request):
+    """docker's defaults (no namespace) and podman's (no pid namespace, /proc
+    is covered): the sandbox's PID 1 is its processes' subreaper and ends
+    them when the command ends. Control: the same daemon started by bash."""
+    for rt in (request.getfixturevalue("docker"), request.getfixturevalue("rootful")):
+        assert leftovers(rt, "defaults", confined=True) == [], rt
+        assert leftovers(rt, "defaults", confined=False), f"control: no daemon left by bash under {rt}"
