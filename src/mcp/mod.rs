@@ -154,8 +154,11 @@ fn start(
         match stop.signal() {
             Some(sig) => stopped(audit, None, sig),
             None => {
-                refusal::tell_client(&e.message);
-                e.exit_code()
+                refusal::tell_client(&e.message, &|| stop.signal().is_some());
+                match stop.signal() {
+                    Some(sig) => stopped(audit, None, sig),
+                    None => e.exit_code(),
+                }
             }
         }
     })?;

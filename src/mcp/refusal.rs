@@ -25,13 +25,14 @@ const MAX_ANSWERS: usize = 8;
 const CODE: i64 = -32603;
 
 /// Answers the client's requests on stdin with `message` as an error, until
-/// `initialize` is answered.
-pub(crate) fn tell_client(message: &str) {
+/// `initialize` is answered; gives up at once when `stopped` (a stop signal
+/// came: `podman stop` must not wait out [`WAIT`]).
+pub(crate) fn tell_client(message: &str, stopped: &dyn Fn() -> bool) {
     let stdin = std::io::stdin();
     if nix::unistd::isatty(stdin.as_fd()).unwrap_or(false) {
         return;
     }
-    let mut input = Input::new(stdin.as_fd(), WAIT);
+    let mut input = Input::new(stdin.as_fd(), WAIT, stopped);
     for _ in 0..MAX_ANSWERS {
         let Some((id, method)) = input.next_request() else {
             return;
@@ -60,24 +61,30 @@ fn answer(id: serde_json::Value, message: &str) -> serde_json::Value {
     })
 }
 
-/// Requests read from a descriptor before a deadline.
+/// How often a wait for input looks whether a stop came.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+
+/// Requests read from a descriptor before a deadline or a stop.
 struct Input<'a> {
     fd: BorrowedFd<'a>,
     end: Instant,
     buf: Vec<u8>,
+    stopped: &'a dyn Fn() -> bool,
 }
 
 impl<'a> Input<'a> {
-    fn new(fd: BorrowedFd<'a>, wait: Duration) -> Self {
+    fn new(fd: BorrowedFd<'a>, wait: Duration, stopped: &'a dyn Fn() -> bool) -> Self {
         Input {
             fd,
             end: Instant::now() + wait,
             buf: Vec::new(),
+            stopped,
         }
     }
 
     /// The next request's id and method (a message with both); None at end
-    /// of input, on a read error, when time is up or a line is over the limit.
+    /// of input, on a read error, when time is up, a stop came or a line is
+    /// over the limit.
     fn next_request(&mut self) -> Option<(serde_json::Value, String)> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut chunk = [0u8; 64 * 1024];
@@ -96,12 +103,15 @@ impl<'a> Input<'a> {
                 return None;
             }
             let left = self.end.saturating_duration_since(Instant::now());
-            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            if left.is_zero() || (self.stopped)() {
+                return None;
+            }
+            let ms = u16::try_from(left.min(STOP_CHECK).as_millis()).unwrap_or(u16::MAX);
             let mut fds = [PollFd::new(self.fd, PollFlags::POLLIN)];
             match poll(&mut fds, PollTimeout::from(ms)) {
                 Ok(n) if n > 0 => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                _ => return None,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return None,
             }
             match nix::unistd::read(self.fd, &mut chunk) {
                 Ok(0) | Err(_) => return None,
@@ -121,8 +131,23 @@ mod tests {
         let mut w = std::fs::File::from(w);
         w.write_all(input).unwrap();
         drop(w);
-        let mut i = Input::new(r.as_fd(), Duration::from_secs(5));
+        let mut i = Input::new(r.as_fd(), Duration::from_secs(5), &|| false);
         std::iter::from_fn(|| i.next_request()).collect()
+    }
+
+    #[test]
+    fn a_stop_ends_the_wait_for_a_silent_client() {
+        // No input and an hour to wait: only the stop can end it (a version
+        // that did not look would hang here).
+        let (r, _w) = nix::unistd::pipe().unwrap();
+        let looked = std::cell::Cell::new(0);
+        let stopped = || {
+            looked.set(looked.get() + 1);
+            looked.get() >= 3
+        };
+        let mut i = Input::new(r.as_fd(), Duration::from_secs(3600), &stopped);
+        assert_eq!(i.next_request(), None);
+        assert_eq!(looked.get(), 3);
     }
 
     #[test]
@@ -149,7 +174,7 @@ mod tests {
     fn a_silent_client_is_not_waited_for_past_the_limit() {
         let (r, _w) = nix::unistd::pipe().unwrap();
         assert_eq!(
-            Input::new(r.as_fd(), Duration::from_millis(50)).next_request(),
+            Input::new(r.as_fd(), Duration::from_millis(50), &|| false).next_request(),
             None
         );
     }

@@ -295,3 +295,26 @@ def test_without_a_pid_namespace_nothing_outlives_the_sandbox(request):
     for rt in (request.getfixturevalue("docker"), request.getfixturevalue("rootful")):
         assert leftovers(rt, "defaults", confined=True) == [], rt
         assert leftovers(rt, "defaults", confined=False), f"control: no daemon left by bash under {rt}"
+
+
+def test_a_stop_during_the_start_up_error_wait_ends_serve_at_once(rootful):
+    """serve -p default fails start-up under podman's defaults and waits (up
+    to 10 s) for the client's first request to answer it with the error; a
+    silent client, then `podman stop -t 3`: serve stops on the signal with
+    status 0 instead of being killed after 3 s (137)."""
+    name = f"smx-stopwait-{os.getpid()}"
+    s = server(rootful, "defaults", "serve", "-p", "default", name=name)
+    p = subprocess.Popen([s.command, *s.args], env=s.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        # The error is on stderr once start-up has failed: the wait begins.
+        seen = []
+        while (line := p.stderr.readline()) and b"could not be applied" not in line:
+            seen.append(line)
+        assert line, seen
+        stop = rootful.run("stop", "-t", "3", name)
+        assert stop.returncode == 0, stop.stderr
+        assert p.wait(30) == 0, p.stderr.read().decode()
+    finally:
+        p.kill()
+        rootful.run("rm", "-f", "-t", "0", name)
