@@ -16,7 +16,7 @@ use degraded_env::*;
 use sandmux::testing::Layer;
 use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// No seccomp filtering: installing a filter fails with EINVAL.
 fn no_seccomp_case<'a>(opt: &'a Path) -> Case<'a> {
@@ -28,6 +28,18 @@ fn no_seccomp_case<'a>(opt: &'a Path) -> Case<'a> {
         baseline: opt,
         degraded: &["seccomp", "supervisor"],
     }
+}
+
+/// The default profile with the cgroup, seccomp and supervisor layers best
+/// effort, saved in `dir`.
+fn no_seccomp_opt_in(dir: &Path) -> PathBuf {
+    profile_with(
+        dir,
+        "noseccomp",
+        "default",
+        &["cgroup", "seccomp", "supervisor"],
+        None,
+    )
 }
 
 #[test]
@@ -43,13 +55,7 @@ fn no_seccomp_fails_closed_and_run_starts_with_the_opt_in() {
     assert!(r.is_err(), "a filter could still be installed");
 
     let (ws, dir, tmp) = scratch();
-    let opt = profile_with(
-        dir.path(),
-        "noseccomp",
-        "default",
-        &["cgroup", "seccomp", "supervisor"],
-        None,
-    );
+    let opt = no_seccomp_opt_in(dir.path());
     let c = no_seccomp_case(&opt);
     assert_refuses(&c, &ws, tmp.path());
     assert_opt_in_runs(&c, &ws, tmp.path());
@@ -71,13 +77,7 @@ fn no_seccomp_fails_closed_and_run_starts_with_the_opt_in() {
 #[test]
 fn no_seccomp_opt_in_starts_a_tmux_instance() {
     let (ws, dir, tmp) = scratch();
-    let opt = profile_with(
-        dir.path(),
-        "noseccomp",
-        "default",
-        &["cgroup", "seccomp", "supervisor"],
-        None,
-    );
+    let opt = no_seccomp_opt_in(dir.path());
     let (base, v) = assert_opt_in_reports(&no_seccomp_case(&opt), &ws, tmp.path());
     assert_eq!(observation(&v, "seccomp")["passed"], false, "{v:#}");
     // The kernel section tries a filter rather than reading a flag.
