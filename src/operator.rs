@@ -87,58 +87,11 @@ pub(crate) fn request(dir: &Path, req: Value) -> Result<Value, String> {
 
 /// The `ps` table.
 pub(crate) fn ps(json_out: bool) -> String {
-    let mut rows = Vec::new();
-    for f in instances() {
-        let st = if f.meta["kind"] == "serve" {
-            request(&f.dir, json!({"v": 1, "op": "status"})).ok()
-        } else {
-            None
-        };
-        rows.push(json!({
-            "id": f.id,
-            "kind": f.meta["kind"],
-            "profile": f.meta["profile"],
-            "workspace": f.meta["workspace"],
-            "started": f.meta["started"],
-            "pid": f.meta["pid"],
-            "toolsets": st.as_ref().map(|s| s["toolsets"].clone()),
-            "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
-            "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
-            "frozen": st.as_ref().map(|s| s["frozen"].clone()),
-            "audit": st.as_ref().map(|s| s["audit"].clone()),
-            "http": f.meta["http"],
-        }));
-    }
+    let rows: Vec<Value> = instances().iter().map(ps_row).collect();
     if json_out {
         return format!("{}\n", term::json_text(&Value::Array(rows)));
     }
-    // `serve --http`: where clients connect and where the token is.
-    let http: Vec<String> = rows
-        .iter()
-        .filter(|r| r["http"]["url"].is_string())
-        .map(|r| {
-            format!(
-                "{}: MCP at {} (Bearer token in {})\n",
-                term::field(&r["id"], ""),
-                term::field(&r["http"]["url"], ""),
-                term::field(&r["http"]["token_file"], "")
-            )
-        })
-        .collect();
-    let down: Vec<String> = rows
-        .iter()
-        .filter(|r| r["audit"]["reason"].is_string())
-        .map(|r| {
-            format!(
-                "{}: audit log {}: {}\n",
-                term::field(&r["id"], ""),
-                term::field(&r["audit"]["state"], ""),
-                term::field(&r["audit"]["reason"], "")
-            )
-        })
-        .collect();
-    let mut out = format!(
-        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<7} {:<26} {:<8} {:<8} {}\n",
+    let mut out = ps_line([
         "ID",
         "KIND",
         "PROFILE",
@@ -148,51 +101,100 @@ pub(crate) fn ps(json_out: bool) -> String {
         "TOOLSETS",
         "REVERTED",
         "AUDIT",
-        "WORKSPACE"
-    );
-    for r in rows {
-        let ts = r["toolsets"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(term::printable)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_else(|| "-".into());
-        let client = match r["client_connected"].as_bool() {
-            Some(true) => "connected",
-            Some(false) => "none",
-            None => "-",
-        };
-        let reverted = r["workspace_reverted"]
-            .as_u64()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|| "-".into());
-        let audit = term::field(&r["audit"]["state"], "-");
-        let state = match &r["frozen"] {
-            Value::Null if r["toolsets"].is_null() => "-",
-            Value::Null => "running",
-            _ => "frozen",
-        };
+        "WORKSPACE",
+    ]);
+    for r in &rows {
+        out.push_str(&ps_cells(r));
+    }
+    // `serve --http`: where clients connect and where the token is.
+    for r in rows.iter().filter(|r| r["http"]["url"].is_string()) {
         out.push_str(&format!(
-            "{:<13} {:<6} {:<10} {:<8} {:<10} {:<7} {:<26} {:<8} {:<8} {}\n",
+            "{}: MCP at {} (Bearer token in {})\n",
             term::field(&r["id"], ""),
-            term::field(&r["kind"], "?"),
-            term::field(&r["profile"], "?"),
-            r["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
-            client,
-            state,
-            ts,
-            reverted,
-            audit,
-            term::field(&r["workspace"], "")
+            term::field(&r["http"]["url"], ""),
+            term::field(&r["http"]["token_file"], "")
         ));
     }
-    out.extend(http);
-    out.extend(down);
+    for r in rows.iter().filter(|r| r["audit"]["reason"].is_string()) {
+        out.push_str(&format!(
+            "{}: audit log {}: {}\n",
+            term::field(&r["id"], ""),
+            term::field(&r["audit"]["state"], ""),
+            term::field(&r["audit"]["reason"], "")
+        ));
+    }
     out
+}
+
+/// One instance's `ps` row: its metadata and, for `serve`, its status.
+fn ps_row(f: &Found) -> Value {
+    let st = if f.meta["kind"] == "serve" {
+        request(&f.dir, json!({"v": 1, "op": "status"})).ok()
+    } else {
+        None
+    };
+    json!({
+        "id": f.id,
+        "kind": f.meta["kind"],
+        "profile": f.meta["profile"],
+        "workspace": f.meta["workspace"],
+        "started": f.meta["started"],
+        "pid": f.meta["pid"],
+        "toolsets": st.as_ref().map(|s| s["toolsets"].clone()),
+        "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
+        "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
+        "frozen": st.as_ref().map(|s| s["frozen"].clone()),
+        "audit": st.as_ref().map(|s| s["audit"].clone()),
+        "http": f.meta["http"],
+    })
+}
+
+/// A row of the `ps` table, its text made printable.
+fn ps_cells(r: &Value) -> String {
+    let ts = r["toolsets"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(term::printable)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_else(|| "-".into());
+    let client = match r["client_connected"].as_bool() {
+        Some(true) => "connected",
+        Some(false) => "none",
+        None => "-",
+    };
+    let reverted = r["workspace_reverted"]
+        .as_u64()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "-".into());
+    let state = match &r["frozen"] {
+        Value::Null if r["toolsets"].is_null() => "-",
+        Value::Null => "running",
+        _ => "frozen",
+    };
+    ps_line([
+        &term::field(&r["id"], ""),
+        &term::field(&r["kind"], "?"),
+        &term::field(&r["profile"], "?"),
+        &r["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
+        client,
+        state,
+        &ts,
+        &reverted,
+        &term::field(&r["audit"]["state"], "-"),
+        &term::field(&r["workspace"], ""),
+    ])
+}
+
+/// One line of the `ps` table, in its columns.
+fn ps_line(c: [&str; 10]) -> String {
+    format!(
+        "{:<13} {:<6} {:<10} {:<8} {:<10} {:<7} {:<26} {:<8} {:<8} {}\n",
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9]
+    )
 }
 
 /// The request for `revoke`/`grant` (`freeze`: revoke, then freeze).

@@ -12,23 +12,12 @@ use proptest::prelude::*;
 
 #[path = "common/prop.rs"]
 mod props;
+use props::check;
 use proptest::strategy::ValueTree;
-use proptest::test_runner::{TestCaseError, TestRunner};
+use proptest::test_runner::TestRunner;
 use sandmux::testing::control::{quote, unquote_q, Event, Parser, MAX_LINE};
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
-
-/// Runs `f` on `cases` inputs (see `common/prop.rs`).
-fn check<S: Strategy>(
-    name: &str,
-    cases: u32,
-    strategy: S,
-    f: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) where
-    S::Value: std::fmt::Debug,
-{
-    props::check("fuzz_control", name, cases, strategy, f)
-}
 
 fn feed_all(chunks: &[&[u8]]) -> Vec<Event> {
     let mut p = Parser::new();

@@ -15,17 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 #[path = "common/prop.rs"]
 mod props;
-
-fn check<S: Strategy>(
-    name: &str,
-    cases: u32,
-    strategy: S,
-    f: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) where
-    S::Value: std::fmt::Debug,
-{
-    props::check("fuzz_proxy", name, cases, strategy, f)
-}
+use props::check;
 
 /// A valid ClientHello with some bytes flipped, cut or appended.
 fn mutated_hello() -> impl Strategy<Value = Vec<u8>> {

@@ -10,24 +10,13 @@ use proptest::prelude::*;
 
 #[path = "common/prop.rs"]
 mod props;
+use props::check;
 use proptest::test_runner::TestCaseError;
 use sandmux::testing::replay_filter::{filter_all, Filter, CSI_MAX};
 
 #[path = "common/replay_spec.rs"]
 mod spec;
 use spec::allowed;
-
-/// Runs `f` on `cases` inputs (see `common/prop.rs`).
-fn check<S: Strategy>(
-    name: &str,
-    cases: u32,
-    strategy: S,
-    f: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) where
-    S::Value: std::fmt::Debug,
-{
-    props::check("replay_filter", name, cases, strategy, f)
-}
 
 /// Sequences that act on the viewer's terminal, each terminated.
 const HOSTILE: &[&str] = &[

@@ -33,6 +33,7 @@ mod refusal;
 pub mod replay_filter;
 pub(crate) mod resources;
 pub(crate) mod reverts;
+mod runtime;
 pub(crate) mod schema;
 pub(crate) mod server;
 pub(crate) mod stdio;
@@ -41,12 +42,11 @@ pub(crate) mod text;
 pub(crate) mod tools;
 pub(crate) mod toolsets;
 
-use crate::profile::{Policy, ServerExit, MAX_RESTARTS};
-use crate::tmux::hub::{Hub, HubEvent};
+use crate::profile::Policy;
+use crate::tmux::hub::Hub;
 use crate::tmux::Instance;
-use generation::{confine_self, info_of, restart, sessions};
+use generation::{confine_self, info_of, sessions};
 use hostfiles::{default_audit_path, outside_agent_writable, retain};
-use rmcp::ServiceExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -265,39 +265,50 @@ struct Leftovers {
     flood: Arc<proxy::Flood>,
 }
 
+/// What the host side prepared before any sandbox exists (steps 1-2).
+struct Prepared {
+    /// The ceiling and the tools enabled at start ([`tools`]).
+    tools: (Tools, Tools),
+    /// The `--http` plan, checked.
+    http: Option<http::Plan>,
+    audit: Arc<audit::Audit>,
+    record: Option<Arc<record::Recording>>,
+}
+
+/// Start-up steps 1-2, on the host before any sandbox exists: the tools,
+/// the `--http` plan, the instance id and the host files.
+fn prepare(policy: &Policy, opts: &Options) -> Result<Prepared, String> {
+    let tools = tools(policy, opts)?;
+    let http = opts.http.as_ref().map(http::plan).transpose()?;
+    let id = crate::nonce::hex()[..12].to_string();
+    let (audit, record) = host_files(policy, opts, &id)?;
+    Ok(Prepared {
+        tools,
+        http,
+        audit,
+        record,
+    })
+}
+
 /// Runs the server; returns the process exit status. `stop` must have been
 /// installed before any thread was started ([`exit::Stop::install`]).
 pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
-    let (ceiling, enabled) = match tools(&policy, &opts) {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!("{e}");
-            return crate::sandbox::EXIT_USAGE;
-        }
-    };
-    let plan = match opts.http.as_ref().map(http::plan).transpose() {
+    let mut pre = match prepare(&policy, &opts) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("{e}");
             return crate::sandbox::EXIT_USAGE;
         }
     };
-    let id = crate::nonce::hex()[..12].to_string();
-    let (audit, record) = match host_files(&policy, &opts, &id) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::error!("{e}");
-            return crate::sandbox::EXIT_USAGE;
-        }
-    };
     if let Some(sig) = stop.signal() {
-        return stopped(&audit, None, sig);
+        return stopped(&pre.audit, None, sig);
     }
-    let started = match start(&policy, &opts, stop, &audit) {
+    let started = match start(&policy, &opts, stop, &pre.audit) {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let (mut st, listening) = match listen_and_confine(started, plan, &audit, record.as_deref()) {
+    let confined = listen_and_confine(started, pre.http.take(), &pre.audit, pre.record.as_deref());
+    let (st, listening) = match confined {
         Ok(l) => l,
         Err(code) => return code,
     };
@@ -313,48 +324,57 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             return crate::sandbox::EXIT_INTERNAL;
         }
     };
-    write_meta(&st.inst, &policy, &audit, listening.as_ref());
+    write_meta(&st.inst, &policy, &pre.audit, listening.as_ref());
+    let (left, conn, make) = match hand_over(st, policy, opts.no_session, pre, stop) {
+        Ok(h) => h,
+        Err(code) => return code,
+    };
+    let (code, state) = rt.block_on(runtime::run(make, conn, &left, listening, stop.token()));
+    // stdin's reader is a blocking thread that only ends when the client
+    // writes or closes: never wait for it (the process exits right after).
+    rt.shutdown_background();
+    if let Some(h) = state.as_ref().and_then(|s| s.http.get()) {
+        h.flush(&left.audit);
+    }
+    teardown(left, code)
+}
+
+/// The state, made once the hub is connected.
+type MakeState = Box<dyn FnOnce(Arc<Hub>) -> Arc<ctx::State>>;
+
+/// Start-up step 7: what started passes to the runtime: the instance into
+/// the teardown's keeping, its watchers, the connection's parts, and the
+/// state to make once the hub is connected.
+fn hand_over(
+    mut st: Started,
+    policy: Policy,
+    no_session: bool,
+    pre: Prepared,
+    stop: &exit::Stop,
+) -> Result<(Leftovers, runtime::Conn, MakeState), i32> {
     let info = info_of(&st.inst, st.tmux_version.clone());
-    let left = Leftovers {
-        oom: info
-            .cgroup
-            .clone()
-            .map(|cg| oom::Watch::new(audit.clone(), cg)),
-        reverts: st
-            .inst
-            .guard
-            .as_ref()
-            .map(|g| reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir())),
-        frozen: Arc::new(freeze::Freeze::default()),
-        flood: proxy::Flood::new(audit.clone()),
-        audit: audit.clone(),
-        inst: Arc::new(std::sync::Mutex::new(None)),
+    let left = leftovers(&st.inst, &info, &pre.audit);
+    let proxy = proxy_listener(&mut st.inst, &policy)?;
+    let conn = runtime::Conn {
+        tmux: st.inst.tmux.clone(),
+        socket: st.inst.socket(),
+        control_id: st.control_id.clone(),
+        rundir: st.inst.rundir.path.clone(),
+        no_session,
+        watchers: policy.limits.max_sessions as usize,
+        proxy,
     };
-    // The allowlist proxy's listener, made in the sandbox's network namespace.
-    let proxy = match st
-        .inst
-        .proxy
-        .take()
-        .map(|l| crate::proxy::Config::of(&policy.network).map(|c| (l, c)))
-    {
-        None => None,
-        Some(Ok(p)) => Some(p),
-        Some(Err((k, e))) => {
-            tracing::error!("{k}: {e}");
-            return crate::sandbox::EXIT_INTERNAL;
-        }
-    };
-    let watchers = policy.limits.max_sessions as usize;
-    let (socket, tmux, rundir) = (
-        st.inst.socket(),
-        st.inst.tmux.clone(),
-        st.inst.rundir.path.clone(),
-    );
-    let (control_id, broker) = (st.control_id.clone(), st.broker.clone());
+    let broker = st.broker.clone();
     *left.inst.lock().unwrap_or_else(|p| p.into_inner()) = Some(st.inst);
     let shutdown = stop.token();
     let (reverts, frozen) = (left.reverts.clone(), left.frozen.clone());
-    let make = move |hub: Arc<Hub>| {
+    let Prepared {
+        tools: (ceiling, enabled),
+        audit,
+        record,
+        ..
+    } = pre;
+    let make: MakeState = Box::new(move |hub: Arc<Hub>| {
         Arc::new(ctx::State {
             hub_now: std::sync::RwLock::new(hub),
             max_input: policy.mcp.max_input_bytes as usize,
@@ -376,188 +396,46 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             freeze: frozen,
             broker: Some(broker),
         })
-    };
-    let conn = Conn {
-        tmux,
-        socket,
-        control_id,
-        rundir,
-        no_session: opts.no_session,
-        watchers,
-        proxy,
-    };
-    let (code, state) = rt.block_on(run(make, conn, &left, listening, stop.token()));
-    // stdin's reader is a blocking thread that only ends when the client
-    // writes or closes: never wait for it (the process exits right after).
-    rt.shutdown_background();
-    if let Some(h) = state.as_ref().and_then(|s| s.http.get()) {
-        h.flush(&left.audit);
-    }
-    teardown(left, code)
-}
-
-/// How `run` reaches the first server generation.
-struct Conn {
-    tmux: PathBuf,
-    socket: PathBuf,
-    control_id: String,
-    rundir: PathBuf,
-    no_session: bool,
-    /// Hub watchers: the profile's session limit.
-    watchers: usize,
-    /// The allowlist proxy's listener and configuration (network mode `proxy`).
-    proxy: Option<(std::net::TcpListener, crate::proxy::Config)>,
-}
-
-/// The runtime's part: the hub, the state, the watchers, then MCP over
-/// stdio or HTTP until the stop. Returns the status and the state.
-async fn run(
-    make: impl FnOnce(Arc<Hub>) -> Arc<ctx::State>,
-    c: Conn,
-    left: &Leftovers,
-    listening: Option<http::Listening>,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> (i32, Option<Arc<ctx::State>>) {
-    // A stop that came meanwhile (the token is the signals' too) ends here.
-    let stopping = |code| if shutdown.is_cancelled() { 0 } else { code };
-    if shutdown.is_cancelled() {
-        return (0, None);
-    }
-    if let Some((l, cfg)) = c.proxy {
-        left.flood.start(l, cfg);
-    }
-    let hub = match Hub::connect(&c.tmux, &c.socket, &c.control_id, c.watchers).await {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::error!("{e}");
-            return (stopping(crate::sandbox::EXIT_INTERNAL), None);
-        }
-    };
-    let state = make(hub.clone());
-    if let Err(e) = state.drift.record(&hub).await {
-        tracing::error!("{e}");
-        hub.shutdown();
-        return (stopping(crate::sandbox::EXIT_INTERNAL), Some(state));
-    }
-    let st = state.clone();
-    tokio::spawn(async move { st.drift.scanner(|| st.hub()).await });
-    if let Some(w) = &left.oom {
-        tokio::spawn(w.clone().run());
-    }
-    if let Some(r) = &left.reverts {
-        tokio::spawn(r.clone().run());
-    }
-    tokio::spawn(watch_server(
-        state.clone(),
-        left.inst.clone(),
-        left.oom.clone(),
-        c.no_session,
-    ));
-    // The operator endpoint, beside the socket in the private runtime directory.
-    let ep = state.clone();
-    let ep_path = c.rundir.join("control.sock");
-    tokio::spawn(async move {
-        if let Err(e) = endpoint::serve(&ep_path, ep).await {
-            tracing::error!("operator endpoint: {e}");
-        }
     });
-    if let Some(rec) = &state.record {
-        if let Err(e) = rec.start(&hub, &c.control_id).await {
-            tracing::error!("--record: {e}");
-            state.hub().shutdown();
-            return (stopping(crate::sandbox::EXIT_USAGE), Some(state));
-        }
-    }
-    let code = match listening {
-        Some(l) => over_http(&state, l).await,
-        None => over_stdio(&state).await,
-    };
-    shutdown.cancel();
-    state.hub().shutdown();
-    (stopping(code), Some(state))
+    Ok((left, conn, make))
 }
 
-/// MCP over stdio until the client leaves or the stop.
-async fn over_stdio(state: &Arc<ctx::State>) -> i32 {
-    let shutdown = state.shutdown.clone();
-    let server = server::Server { s: state.clone() };
-    tracing::debug!(
-        tools = state.enabled.read().map(|e| e.len()).unwrap_or(0),
-        "serving MCP on stdio"
-    );
-    let running = tokio::select! {
-        r = server.serve_with_ct(metered(state), shutdown.clone()) => match r {
-            Ok(r) => r,
-            Err(e) => {
-                if !shutdown.is_cancelled() {
-                    tracing::error!("MCP start-up: {e}");
-                }
-                return 1;
-            }
-        },
-        _ = shutdown.cancelled() => return 0,
-    };
-    state.peers.add(running.peer().clone());
-    match running.waiting().await {
-        Ok(_) => 0,
-        Err(_) => 1,
+/// The watchers the teardown also needs (OOM kills, reverts, the freeze,
+/// the proxy's decisions); the instance joins them in [`hand_over`].
+fn leftovers(inst: &Instance, info: &ctx::InstanceInfo, audit: &Arc<audit::Audit>) -> Leftovers {
+    Leftovers {
+        oom: info
+            .cgroup
+            .clone()
+            .map(|cg| oom::Watch::new(audit.clone(), cg)),
+        reverts: inst
+            .guard
+            .as_ref()
+            .map(|g| reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir())),
+        frozen: Arc::new(freeze::Freeze::default()),
+        flood: proxy::Flood::new(audit.clone()),
+        audit: audit.clone(),
+        inst: Arc::new(std::sync::Mutex::new(None)),
     }
 }
 
-/// MCP over HTTP until the stop (or the idle timeout); clients coming and
-/// going do not end the instance.
-async fn over_http(state: &Arc<ctx::State>, l: http::Listening) -> i32 {
-    match http::serve(state.clone(), l, state.shutdown.clone()).await {
-        Ok(()) => 0,
-        Err(e) => {
-            tracing::error!("--http: {e}");
-            1
+/// The allowlist proxy's listener, made in the sandbox's network namespace,
+/// with its configuration (network mode `proxy`).
+fn proxy_listener(
+    inst: &mut Instance,
+    policy: &Policy,
+) -> Result<Option<(std::net::TcpListener, crate::proxy::Config)>, i32> {
+    match inst
+        .proxy
+        .take()
+        .map(|l| crate::proxy::Config::of(&policy.network).map(|c| (l, c)))
+    {
+        None => Ok(None),
+        Some(Ok(p)) => Ok(Some(p)),
+        Some(Err((k, e))) => {
+            tracing::error!("{k}: {e}");
+            Err(crate::sandbox::EXIT_INTERNAL)
         }
-    }
-}
-
-/// The server's death: end the instance, or restart as the profile says.
-/// (Termination signals cancel `shutdown` from the signal thread, exit.rs.)
-async fn watch_server(
-    st: Arc<ctx::State>,
-    cell: Arc<std::sync::Mutex<Option<Instance>>>,
-    w: Option<Arc<oom::Watch>>,
-    no_session: bool,
-) {
-    let sd = st.shutdown.clone();
-    let mut restarts = 0;
-    loop {
-        let mut events = st.hub().events.subscribe();
-        let why = loop {
-            match events.recv().await {
-                Ok(HubEvent::ServerGone(why)) => break why,
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(_) => return,
-            }
-        };
-        if sd.is_cancelled() {
-            return;
-        }
-        // A freeze never closes the connection; a server that dies
-        // frozen is not replaced by one that runs.
-        if st.freeze.is_frozen() {
-            tracing::warn!(why = %why, "the sandboxed tmux server is gone ({why}) while frozen; ending the instance");
-            sd.cancel();
-            return;
-        }
-        if st.policy.mcp.on_server_exit == ServerExit::Restart && restarts < MAX_RESTARTS {
-            restarts += 1;
-            match restart(&st, &cell, w.as_ref(), no_session, &why, restarts).await {
-                Ok(()) => {
-                    tracing::warn!(why = %why, restarts, "the sandboxed tmux server is gone ({why}); restarted it ({restarts} of {MAX_RESTARTS})");
-                    continue;
-                }
-                Err(e) => tracing::error!("restarting the tmux server failed: {e}"),
-            }
-        }
-        tracing::warn!(why = %why, "the sandboxed tmux server is gone ({why}); ending the instance");
-        sd.cancel();
-        return;
     }
 }
 
@@ -589,15 +467,4 @@ fn teardown(left: Leftovers, code: i32) -> i32 {
     left.audit.seal(code);
     tracing::debug!(code, "shutdown: the instance ended");
     code
-}
-
-/// stdio, its read half gated and its write half paying the backlog of
-/// answers (`backlog`).
-fn metered(state: &ctx::State) -> (stdio::Reader, stdio::Writer) {
-    let (r, w) = stdio::transport();
-    let b = &state.backlog;
-    (
-        Box::new(backlog::Gated::new(r, b.clone())),
-        Box::new(backlog::Metered::new(w, b.clone())),
-    )
 }

@@ -4,9 +4,44 @@
 use super::ctx::Call;
 use super::error::ToolError;
 use super::tools::{self, capture, panes, sessions, status, windows};
+use rmcp::model::{Resource, ResourceTemplate};
 
 /// A resource's text and mime type.
 type Read = Result<(String, &'static str), ToolError>;
+
+/// The resources (the tmux ones while `inspect` is enabled).
+pub(crate) fn list(inspect_enabled: bool) -> Vec<Resource> {
+    let mut v = vec![Resource::new("sandmux://status", "status")
+        .with_mime_type("application/json")
+        .with_description("The layers confining this terminal, as reported by the sandbox")];
+    v.push(
+        Resource::new("sandmux://journal", "journal")
+            .with_mime_type("application/json")
+            .with_description("The last 100 audit records"),
+    );
+    if inspect_enabled {
+        v.push(Resource::new("tmux://sessions", "sessions").with_mime_type("application/json"));
+    }
+    v
+}
+
+/// The tmux resources' templates (offered while `inspect` is enabled).
+pub(crate) fn templates() -> Vec<ResourceTemplate> {
+    vec![
+        ResourceTemplate::new("tmux://sessions/{session_name}", "session")
+            .with_mime_type("application/json"),
+        ResourceTemplate::new("tmux://sessions/{session_name}/windows", "session windows")
+            .with_mime_type("application/json"),
+        ResourceTemplate::new(
+            "tmux://sessions/{session_name}/windows/{window_index}",
+            "window",
+        )
+        .with_mime_type("application/json"),
+        ResourceTemplate::new("tmux://panes/{pane_id}", "pane").with_mime_type("application/json"),
+        ResourceTemplate::new("tmux://panes/{pane_id}/content", "pane content")
+            .with_mime_type("text/plain"),
+    ]
+}
 
 /// Reads a resource: (text, mime type).
 pub(crate) async fn read(c: &Call<'_>, uri: &str, inspect_enabled: bool) -> Read {

@@ -4,9 +4,9 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// Runs `f` on `cases` inputs from `strategy`; fails with proptest's minimal
-/// counterexample; prints the number of inputs run, under `suite: name`.
+/// counterexample; prints the number of inputs run, under `suite: name` (the
+/// suite is the test binary including this file).
 pub(crate) fn check<S: Strategy>(
-    suite: &str,
     name: &str,
     cases: u32,
     strategy: S,
@@ -25,6 +25,7 @@ pub(crate) fn check<S: Strategy>(
         n.set(n.get() + 1);
         f(v)
     });
+    let suite = env!("CARGO_CRATE_NAME");
     eprintln!("{suite}: {name}: {} inputs run", n.get());
     if let Err(e) = r {
         panic!("{name}: {e}");

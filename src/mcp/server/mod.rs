@@ -2,11 +2,17 @@
 //! call is checked against the enabled set at call time, checked for drift,
 //! and recorded in the audit log whatever its outcome.
 
-use super::audit::{Admission, Entry};
+mod answers;
+mod audited;
+
 use super::catalog::{self, toolset_name, Class, ToolDef};
 use super::ctx::{Call, State};
 use super::error::ToolError;
 use crate::profile::Toolset;
+pub(crate) use answers::RESPONSE_CAP;
+use answers::{answer_size, described, error_result, success};
+pub(crate) use audited::dispatch_nested;
+use audited::{caller, request_id_text, Audited};
 use rmcp::model::*;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -15,88 +21,10 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Largest text content of one result, in bytes.
-pub(crate) const RESPONSE_CAP: usize = 1_000_000;
-
-/// What an audit record says about the call.
-struct Audited<'a> {
-    tool: &'a str,
-    def: Option<&'static ToolDef>,
-    t0: Instant,
-    request_id: String,
-    client: Option<String>,
-    /// Over HTTP, who sent it ([`caller`]).
-    http: Option<Value>,
-    args: &'a Value,
-}
-
-impl<'a> Audited<'a> {
-    /// A request that is no tool call (a resource read, a prompt).
-    fn request(
-        tool: &'a str,
-        t0: Instant,
-        cx: &RequestContext<RoleServer>,
-        args: &'a Value,
-    ) -> Self {
-        Audited {
-            tool,
-            def: None,
-            t0,
-            request_id: request_id_text(&cx.id),
-            client: None,
-            http: caller(cx),
-            args,
-        }
-    }
-}
-
 /// The handler.
 pub(crate) struct Server {
     /// Shared state.
     pub s: Arc<State>,
-}
-
-fn obj(v: Value) -> Arc<JsonObject> {
-    Arc::new(v.as_object().cloned().unwrap_or_default())
-}
-
-/// Every tool's MCP description, built once: an answer to `tools/list` then
-/// holds shared schemas (about 10 KB in memory) instead of fresh JSON trees
-/// (about 600 KB), which matters while answers wait for a client to read.
-fn described() -> &'static [Tool] {
-    static ALL: std::sync::OnceLock<Vec<Tool>> = std::sync::OnceLock::new();
-    ALL.get_or_init(|| catalog::TOOLS.iter().map(tool_of).collect())
-}
-
-/// The MCP description of a tool.
-pub(crate) fn tool_of(t: &ToolDef) -> Tool {
-    let (ro, destructive, idempotent, open) = t.class.hints();
-    let tool = Tool::new(t.name, t.description, obj((t.input_schema)()))
-        .with_annotations(annotations(ro, destructive, idempotent, open));
-    match (t.output_schema)() {
-        Value::Null => tool,
-        out => tool.with_raw_output_schema(obj(out)),
-    }
-}
-
-/// The hints, each only where it differs from the spec's default
-/// (readOnly false, destructive true, idempotent false, openWorld true).
-fn annotations(ro: bool, destructive: bool, idempotent: bool, open: bool) -> ToolAnnotations {
-    let mut a = ToolAnnotations::new();
-    if ro {
-        a = a.read_only(true);
-    }
-    // destructive is meaningful only when the tool is not read-only.
-    if !ro && !destructive {
-        a = a.destructive(false);
-    }
-    if idempotent {
-        a = a.idempotent(true);
-    }
-    if !open {
-        a = a.open_world(false);
-    }
-    a
 }
 
 impl Server {
@@ -115,26 +43,6 @@ impl Server {
         }
     }
 
-    /// An answer, its size owed to the backlog until it is written.
-    fn owing<T: serde::Serialize>(&self, cx: &RequestContext<RoleServer>, answer: T) -> T {
-        let n = serde_json::to_vec(&answer).map(|v| v.len()).unwrap_or(0);
-        self.owe(cx, n);
-        answer
-    }
-
-    /// `n` bytes of answer owed: over HTTP as the request's debt, which its
-    /// response body pays (in full if the connection goes away).
-    fn owe(&self, cx: &RequestContext<RoleServer>, n: usize) {
-        let debt = cx
-            .extensions
-            .get::<hyper::http::request::Parts>()
-            .and_then(|p| p.extensions.get::<Arc<super::backlog::Debt>>());
-        match debt {
-            Some(d) => d.owe(n),
-            None => self.s.backlog.owe(n),
-        }
-    }
-
     fn enabled(&self, name: &str) -> bool {
         self.s
             .enabled
@@ -147,61 +55,6 @@ impl Server {
         catalog::TOOLS
             .iter()
             .any(|t| t.toolset == Toolset::Inspect && self.enabled(t.name))
-    }
-
-    fn audit(&self, a: &Audited<'_>, err: Option<&ToolError>, outcome_override: Option<&str>) {
-        self.audit_admitted(None, a, err, outcome_override)
-    }
-
-    /// Records a call; an admitted one into the room its admission holds.
-    fn audit_admitted(
-        &self,
-        ticket: Option<Admission<'_>>,
-        a: &Audited<'_>,
-        err: Option<&ToolError>,
-        outcome_override: Option<&str>,
-    ) {
-        let outcome = outcome_override.unwrap_or_else(|| err.map_or("ok", ToolError::outcome));
-        if let (Some(e), "refused") = (err, outcome) {
-            // Refusals name tools, targets and limits, never an argument's value.
-            tracing::debug!(tool = a.tool, kind = e.kind(), reason = %e, "tool call refused");
-        }
-        let e = Entry {
-            tool: a.tool,
-            toolset: a.def.map(|d| toolset_name(d.toolset)),
-            outcome,
-            error_type: err.map(ToolError::kind),
-            duration_ms: a.t0.elapsed().as_millis() as u64,
-            request_id: a.request_id.clone(),
-            client_id: a.client.clone(),
-            http: a.http.clone(),
-            args: a.args,
-        };
-        match ticket {
-            Some(t) => t.record(e),
-            None => {
-                self.s.audit.record(e);
-            }
-        }
-    }
-
-    /// Audits a line that did not parse (no tool, no arguments: its size,
-    /// a digest and the parser's complaint).
-    fn audit_unparseable(&self, raw: &Value, request_id: String) {
-        let e = ToolError::invalid("message", "is not JSON", "send valid JSON");
-        self.audit(
-            &Audited {
-                tool: "(unparseable)",
-                def: None,
-                t0: Instant::now(),
-                request_id,
-                client: None,
-                http: None,
-                args: raw,
-            },
-            Some(&e),
-            Some("malformed"),
-        );
     }
 
     /// Runs one enabled tool: drift check, handler, then (after a call that
@@ -269,107 +122,6 @@ Targets: pane_id (%N), window_id (@N), session_id ($N) or session_name; with non
         s.truncate(2048);
         s
     }
-}
-
-/// Over HTTP, who sent a request: the MCP session id (protocol 2025-11-25;
-/// none in the stateless 2026-07-28), the token's digest and the client's
-/// address. `None` over stdio.
-fn caller(cx: &RequestContext<RoleServer>) -> Option<Value> {
-    let parts = cx.extensions.get::<hyper::http::request::Parts>()?;
-    let c = parts.extensions.get::<super::http::front::Caller>();
-    let session = parts
-        .headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(super::text::shown);
-    Some(json!({
-        "session": session,
-        "token": c.map(|c| c.token.clone()),
-        "client": c.map(|c| c.addr.to_string()),
-    }))
-}
-
-/// A JSON-RPC request id as text: `2` or `abc`, never a Rust spelling
-/// such as `Number(2)`.
-fn request_id_text(id: &impl serde::Serialize) -> String {
-    match serde_json::to_value(id) {
-        Ok(serde_json::Value::String(s)) => s,
-        Ok(v) => v.to_string(),
-        Err(_) => String::new(),
-    }
-}
-
-fn error_result(e: &ToolError) -> CallToolResult {
-    let mut r = CallToolResult::error(vec![ContentBlock::text(e.to_string())]);
-    r.structured_content = None;
-    r
-}
-
-/// About how many bytes a result takes on the wire: its text, and its
-/// structured content (about as long).
-fn answer_size(r: &CallToolResult) -> usize {
-    let text: usize = r
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.len()))
-        .sum();
-    if r.structured_content.is_some() {
-        2 * text
-    } else {
-        text
-    }
-}
-
-fn success(v: Value) -> CallToolResult {
-    let mut text = serde_json::to_string(&v).unwrap_or_default();
-    if text.len() > RESPONSE_CAP {
-        let mut cut = RESPONSE_CAP;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push_str("…[response cut at 1000000 bytes; the structured result is complete]");
-    }
-    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
-    r.structured_content = Some(v);
-    r
-}
-
-/// A call made from inside `call_read_tools_batch`: inspect tools only, no
-/// recursion, each audited on its own.
-pub(crate) async fn dispatch_nested(
-    c: &Call<'_>,
-    name: &str,
-    args: Value,
-) -> Result<Value, ToolError> {
-    let t0 = Instant::now();
-    let ticket = c.s.audit.admit(name).map_err(ToolError::Unaudited)?;
-    let def = catalog::find(name).filter(|d| {
-        c.s.enabled
-            .read()
-            .map(|e| e.contains(d.name))
-            .unwrap_or(false)
-    });
-    let res = match def {
-        None => Err(ToolError::refused(format!("Unknown tool: {name}"))),
-        Some(d) if !d.in_read_batch() => Err(ToolError::refused(format!(
-            "{name} cannot run inside a read batch (inspect tools only, no waits, no nesting)"
-        ))),
-        Some(d) => (d.handler)(c, args.clone()).await,
-    };
-    let err = res.as_ref().err();
-    ticket.record(Entry {
-        tool: name,
-        toolset: def.map(|d| toolset_name(d.toolset)),
-        outcome: err.map_or("ok", ToolError::outcome),
-        error_type: err.map(ToolError::kind),
-        duration_ms: t0.elapsed().as_millis() as u64,
-        request_id: "batch".into(),
-        client_id: None,
-        http: None,
-        args: &args,
-    });
-    res
 }
 
 impl ServerHandler for Server {
@@ -517,38 +269,7 @@ impl ServerHandler for Server {
                 Some(json!({"hint": "send one JSON-RPC message per line, as UTF-8 JSON"})),
             ));
         }
-        // Known methods land here only when their parameters did not parse:
-        // a malformed call, recorded as one (P7) with its parameters digested.
-        if let Some(what) = match req.method.as_str() {
-            "tools/call" => Some("tools/call parameters did not parse"),
-            "resources/read" => Some("resources/read parameters did not parse"),
-            "prompts/get" => Some("prompts/get parameters did not parse"),
-            _ => None,
-        } {
-            let raw = req.params.clone().unwrap_or(Value::Null);
-            let name = match req.method.as_str() {
-                "tools/call" => raw
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("(malformed)")
-                    .to_string(),
-                m => format!("({m})"),
-            };
-            let e = ToolError::invalid("params", what, "check the types against the schema");
-            self.audit(
-                &Audited {
-                    tool: &name,
-                    def: None,
-                    t0: Instant::now(),
-                    request_id: request_id_text(&cx.id),
-                    client: None,
-                    http: caller(&cx),
-                    args: &raw,
-                },
-                Some(&e),
-                Some("malformed"),
-            );
-        }
+        self.audit_malformed(&req, &cx);
         match req.method.as_str() {
             "tools/call" | "prompts/get" | "resources/read" => Err(McpError::invalid_params(
                 format!(
@@ -571,17 +292,7 @@ impl ServerHandler for Server {
         cx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         self.s.backlog.room().await;
-        let mut v = vec![Resource::new("sandmux://status", "status")
-            .with_mime_type("application/json")
-            .with_description("The layers confining this terminal, as reported by the sandbox")];
-        v.push(
-            Resource::new("sandmux://journal", "journal")
-                .with_mime_type("application/json")
-                .with_description("The last 100 audit records"),
-        );
-        if self.inspect_enabled() {
-            v.push(Resource::new("tmux://sessions", "sessions").with_mime_type("application/json"));
-        }
+        let v = super::resources::list(self.inspect_enabled());
         Ok(self.owing(&cx, ListResourcesResult::with_all_items(v)))
     }
 
@@ -591,27 +302,12 @@ impl ServerHandler for Server {
         cx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         self.s.backlog.room().await;
-        if !self.inspect_enabled() {
-            return Ok(self.owing(&cx, ListResourceTemplatesResult::with_all_items(vec![])));
-        }
-        Ok(self.owing(
-            &cx,
-            ListResourceTemplatesResult::with_all_items(vec![
-                ResourceTemplate::new("tmux://sessions/{session_name}", "session")
-                    .with_mime_type("application/json"),
-                ResourceTemplate::new("tmux://sessions/{session_name}/windows", "session windows")
-                    .with_mime_type("application/json"),
-                ResourceTemplate::new(
-                    "tmux://sessions/{session_name}/windows/{window_index}",
-                    "window",
-                )
-                .with_mime_type("application/json"),
-                ResourceTemplate::new("tmux://panes/{pane_id}", "pane")
-                    .with_mime_type("application/json"),
-                ResourceTemplate::new("tmux://panes/{pane_id}/content", "pane content")
-                    .with_mime_type("text/plain"),
-            ]),
-        ))
+        let v = if self.inspect_enabled() {
+            super::resources::templates()
+        } else {
+            vec![]
+        };
+        Ok(self.owing(&cx, ListResourceTemplatesResult::with_all_items(v)))
     }
 
     async fn read_resource(
