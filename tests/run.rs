@@ -257,10 +257,13 @@ fn proxy_mode_run_confines_the_proxy_thread() {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .find(|t| status(t).starts_with("Name:\tsandmux-proxy"))
     };
+    // The thread is named as it starts and confines itself right after,
+    // before it serves: wait for a filter on it (a thread that never
+    // confined itself times out here).
     wait_for(
-        || proxy().is_some(),
+        || proxy().is_some_and(|t| !status(&t).contains("\nSeccomp:\t0\n")),
         Duration::from_secs(20),
-        "the proxy's thread",
+        "the proxy's thread, confined",
     );
     let t = status(&proxy().unwrap());
     let main = status(&pid.to_string());

@@ -233,7 +233,53 @@ pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
 /// Prints the report for a person.
 pub(crate) fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "sandmux check: profile '{}' ({})", r.profile, r.source)?;
-    let k = &r.kernel;
+    print_kernel(&r.kernel, out)?;
+    print_network(&r.network, out)?;
+    if let Some(e) = &r.error {
+        writeln!(out, "\nERROR: {e}")?;
+    }
+    if !r.layers.is_empty() {
+        writeln!(
+            out,
+            "\nlayers (as reported by the sandbox while it started):"
+        )?;
+        for l in &r.layers {
+            writeln!(
+                out,
+                "  {:<15} {:<9} {}",
+                l.layer.name(),
+                if l.enforced { "enforced" } else { "DROPPED" },
+                l.detail
+            )?;
+        }
+    }
+    if !r.observations.is_empty() {
+        writeln!(out, "\nlive probe from inside a sandboxed tmux pane:")?;
+        for o in &r.observations {
+            writeln!(
+                out,
+                "  {:<24} {:<4} {}",
+                o.name,
+                if o.passed { "ok" } else { "FAIL" },
+                o.observed
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "\nresult: {}",
+        if !r.enforceable {
+            "NOT ENFORCEABLE on this machine"
+        } else if r.all_passed {
+            "enforceable; every probe matched the profile"
+        } else {
+            "started, but a probe did not match the profile"
+        }
+    )
+}
+
+/// What the kernel offers, in the human report.
+fn print_kernel(k: &probe::Kernel, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "\nkernel {}", k.release)?;
     writeln!(
         out,
@@ -277,7 +323,11 @@ pub(crate) fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<(
             Err(e) => format!("none ({e})"),
         }
     )?;
-    let n = &r.network;
+    Ok(())
+}
+
+/// The network mode (proxy mode: what it allows), in the human report.
+fn print_network(n: &NetworkView, out: &mut impl Write) -> std::io::Result<()> {
     if n.mode == "proxy" {
         writeln!(
             out,
@@ -292,45 +342,5 @@ pub(crate) fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<(
     } else {
         writeln!(out, "\nnetwork: {}", n.mode)?;
     }
-    if let Some(e) = &r.error {
-        writeln!(out, "\nERROR: {e}")?;
-    }
-    if !r.layers.is_empty() {
-        writeln!(
-            out,
-            "\nlayers (as reported by the sandbox while it started):"
-        )?;
-        for l in &r.layers {
-            writeln!(
-                out,
-                "  {:<15} {:<9} {}",
-                l.layer.name(),
-                if l.enforced { "enforced" } else { "DROPPED" },
-                l.detail
-            )?;
-        }
-    }
-    if !r.observations.is_empty() {
-        writeln!(out, "\nlive probe from inside a sandboxed tmux pane:")?;
-        for o in &r.observations {
-            writeln!(
-                out,
-                "  {:<24} {:<4} {}",
-                o.name,
-                if o.passed { "ok" } else { "FAIL" },
-                o.observed
-            )?;
-        }
-    }
-    writeln!(
-        out,
-        "\nresult: {}",
-        if !r.enforceable {
-            "NOT ENFORCEABLE on this machine"
-        } else if r.all_passed {
-            "enforceable; every probe matched the profile"
-        } else {
-            "started, but a probe did not match the profile"
-        }
-    )
+    Ok(())
 }

@@ -176,7 +176,6 @@ pub(super) fn internal(what: &str) -> impl FnOnce(String) -> Stop + '_ {
 }
 
 fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
-    let policy = &plan.policy;
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
     if nix::unistd::getppid().as_raw() != plan.supervisor_pid {
@@ -187,8 +186,18 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
         rep,
         best_effort: &best_effort,
     };
+    join_cgroup(plan, &mut layers)?;
+    layers.rep.note(|| "init: the namespaces".into());
+    let ns = namespaces(plan, &mut layers)?;
+    proxy_listener(&plan.policy, &ns)?;
+    layers.rep.note(|| "init: forking PID 1".into());
+    fork_pid1(plan, bp, &ns, layers)
+}
 
-    // 1. cgroup (created by the supervisor): join before any namespace exists.
+/// Step 1: the cgroup (created by the supervisor), joined before any
+/// namespace exists.
+fn join_cgroup(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
+    let limits = &plan.policy.limits;
     match &plan.cgroup {
         Ok(cg) => {
             cg.join_self().map_err(|e| Stop {
@@ -201,16 +210,21 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
                 format!(
                     "{} pids.max={} memory={}",
                     cg.place(),
-                    policy.limits.processes,
-                    policy.limits.memory.0
+                    limits.processes,
+                    limits.memory.0
                 ),
             );
+            Ok(())
         }
-        Err(reason) => layers.missing(Layer::Cgroup, reason.clone())?,
+        Err(reason) => layers.missing(Layer::Cgroup, reason.clone()),
     }
+}
 
-    // 2. Namespaces, in one unshare; then the single-id user mapping.
-    layers.rep.note(|| "init: the namespaces".into());
+/// Step 2: the namespaces, in one unshare (no pid namespace where a fresh
+/// procfs would be refused and the profile lets pid go); then the
+/// single-id user mapping.
+fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Created, Stop> {
+    let policy = &plan.policy;
     let no_pid = policy
         .best_effort
         .contains(&Layer::Pid)
@@ -248,25 +262,37 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
             layers.ok(l, "new namespace");
         }
     }
-    // 2b. Proxy mode: the listener is made here, in the new network
-    // namespace, and handed to the supervisor, which serves it.
-    if policy.network.mode == NetMode::Proxy {
-        if !ns.has(Layer::Net) {
-            return Err(Stop::applying(
-                Layer::Net,
-                "network mode 'proxy' needs the sandbox's own network namespace",
-            ));
-        }
-        super::net::send_listener()
-            .map_err(|e| Stop::applying(Layer::Net, format!("the proxy's listener: {e}")))?;
-    }
+    Ok(ns)
+}
 
-    // 3. Fork: the child is PID 1 of the new pid namespace.
-    layers.rep.note(|| "init: forking PID 1".into());
+/// Step 2b: proxy mode's listener is made here, in the new network
+/// namespace, and handed to the supervisor, which serves it.
+fn proxy_listener(policy: &crate::profile::Policy, ns: &namespaces::Created) -> Result<(), Stop> {
+    if policy.network.mode != NetMode::Proxy {
+        return Ok(());
+    }
+    if !ns.has(Layer::Net) {
+        return Err(Stop::applying(
+            Layer::Net,
+            "network mode 'proxy' needs the sandbox's own network namespace",
+        ));
+    }
+    super::net::send_listener()
+        .map_err(|e| Stop::applying(Layer::Net, format!("the proxy's listener: {e}")))
+}
+
+/// Step 3: fork. The child is PID 1 of the new pid namespace; this process
+/// relays termination signals to it and returns its status.
+fn fork_pid1(
+    plan: &Plan,
+    bp: &Blueprint,
+    ns: &namespaces::Created,
+    layers: Layers<'_>,
+) -> Result<i32, Stop> {
     // SAFETY: this process is single-threaded (a fresh exec), so fork is sound.
     match unsafe { fork() }.map_err(|e| internal("fork PID 1")(e.to_string()))? {
         ForkResult::Child => {
-            let code = match super::pid1::run(plan, bp, &ns, layers.rep) {
+            let code = match super::pid1::run(plan, bp, ns, layers.rep) {
                 Ok(c) => c,
                 Err(stop) => fatal(layers.rep, stop, EXIT_INTERNAL),
             };

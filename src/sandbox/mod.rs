@@ -303,27 +303,55 @@ pub(crate) fn die_with_parent() -> std::io::Result<()> {
 /// gets `PR_SET_PDEATHSIG`, which fires when the *spawning thread* exits.
 pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     let exe = std::env::current_exe().map_err(internal)?;
-    let mut cmd = Command::new(&exe);
     let (plan_r, plan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
     let (rep_r, rep_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
-    // No environment at all: loader variables and secrets of the caller never
-    // reach the process that holds capabilities in the new namespaces.
-    cmd.arg0("sandmux-init").arg("__init").env_clear();
-    match stdio {
-        Stdio3::Inherit => {}
-        Stdio3::Null => {
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-        }
-    }
     let chan = if plan.policy.network.mode == crate::profile::NetMode::Proxy {
         Some(std::os::unix::net::UnixStream::pair().map_err(internal)?)
     } else {
         None
     };
-    let (pr, rw) = (plan_r.as_raw_fd(), rep_w.as_raw_fd());
-    let px = chan.as_ref().map_or(-1, |(_, theirs)| theirs.as_raw_fd());
+    let theirs = chan.as_ref().map(|(_, t)| t.as_raw_fd());
+    let child = spawn_init(&exe, stdio, plan_r.as_raw_fd(), rep_w.as_raw_fd(), theirs)?;
+    drop((plan_r, rep_w));
+    let chan = chan.map(|(ours, _theirs)| ours);
+    send_plan(plan, &exe, plan_w)?;
+    let report = std::fs::File::from(rep_r);
+    let messages = report::read_until_done(&report);
+    report::log(&messages);
+    if let Some(e) = failure(&messages) {
+        return Err(e);
+    }
+    let proxy = match &chan {
+        Some(c) => Some(net::recv_listener(c).map_err(|e| internal(format!("proxy mode: {e}")))?),
+        None => None,
+    };
+    Ok(Started {
+        child,
+        messages,
+        report,
+        proxy,
+    })
+}
+
+/// `sandmux __init` with no environment (loader variables and secrets of
+/// the caller never reach the process that holds capabilities in the new
+/// namespaces), the plan on fd 3, the report on fd 4, the proxy's channel
+/// on fd 5.
+fn spawn_init(
+    exe: &std::path::Path,
+    stdio: Stdio3,
+    pr: i32,
+    rw: i32,
+    proxy: Option<i32>,
+) -> Result<Child, StartError> {
+    let mut cmd = Command::new(exe);
+    cmd.arg0("sandmux-init").arg("__init").env_clear();
+    if let Stdio3::Null = stdio {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+    }
+    let px = proxy.unwrap_or(-1);
     // SAFETY: only async-signal-safe calls (fcntl, dup2, prctl) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -347,69 +375,65 @@ pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
             die_with_parent()
         });
     }
-    let child = cmd
-        .spawn()
-        .map_err(|e| internal(format!("starting sandmux __init: {e}")))?;
-    drop((plan_r, rep_w));
-    let chan = chan.map(|(ours, _theirs)| ours);
+    cmd.spawn()
+        .map_err(|e| internal(format!("starting sandmux __init: {e}")))
+}
+
+/// The plan and its compiled steps (with the host view tmux mode falls
+/// back to), as JSON on the plan pipe.
+fn send_plan(
+    plan: &Plan,
+    exe: &std::path::Path,
+    w: std::os::fd::OwnedFd,
+) -> Result<(), StartError> {
     let mut blueprint = plan::compile(&plan.policy, mode_of(&plan.payload));
     if let Some(dir) = &plan.host_view {
-        blueprint.host_view = Some(plan::host_view(&plan.policy, dir, &exe));
+        blueprint.host_view = Some(plan::host_view(&plan.policy, dir, exe));
     }
     let json = serde_json::to_vec(&WireOut {
         plan,
         blueprint: &blueprint,
     })
     .map_err(internal)?;
-    let mut w = std::fs::File::from(plan_w);
-    w.write_all(&json)
-        .map_err(|e| internal(format!("sending the plan: {e}")))?;
-    drop(w);
-    let report = std::fs::File::from(rep_r);
-    let messages = report::read_until_done(&report);
-    report::log(&messages);
-    if let Some(Message::ExecFailed { message, code }) = messages.last() {
-        return Err(StartError {
+    std::fs::File::from(w)
+        .write_all(&json)
+        .map_err(|e| internal(format!("sending the plan: {e}")))
+}
+
+/// The start-up failure the report ends with, if it ends with one.
+fn failure(messages: &[Message]) -> Option<StartError> {
+    match messages.last()? {
+        Message::ExecFailed { message, code } => Some(StartError {
             layer: None,
             message: message.clone(),
             code: Some(*code),
-            layers: report::layers(&messages),
-        });
+            layers: report::layers(messages),
+        }),
+        Message::Fatal {
+            layer,
+            message,
+            unavailable,
+        } => {
+            let e = match layer {
+                Some(l) if *unavailable => StartError::layer(*l, message),
+                Some(l) => StartError {
+                    layer: Some(*l),
+                    message: format!(
+                        "layer '{l}' could not be applied: {message}{}",
+                        in_container(container::applying_fix(*l, message))
+                            .map(|f| format!("\n  fix{f}"))
+                            .unwrap_or_default()
+                    ),
+                    code: None,
+                    layers: vec![],
+                },
+                None => internal(format!("sandbox start-up failed: {message}")),
+            };
+            Some(StartError {
+                layers: reported_before(report::layers(messages), e.layer, &e.message),
+                ..e
+            })
+        }
+        _ => None,
     }
-    if let Some(Message::Fatal {
-        layer,
-        message,
-        unavailable,
-    }) = messages.last()
-    {
-        let e = match layer {
-            Some(l) if *unavailable => StartError::layer(*l, message),
-            Some(l) => StartError {
-                layer: Some(*l),
-                message: format!(
-                    "layer '{l}' could not be applied: {message}{}",
-                    in_container(container::applying_fix(*l, message))
-                        .map(|f| format!("\n  fix{f}"))
-                        .unwrap_or_default()
-                ),
-                code: None,
-                layers: vec![],
-            },
-            None => internal(format!("sandbox start-up failed: {message}")),
-        };
-        return Err(StartError {
-            layers: reported_before(report::layers(&messages), e.layer, &e.message),
-            ..e
-        });
-    }
-    let proxy = match &chan {
-        Some(c) => Some(net::recv_listener(c).map_err(|e| internal(format!("proxy mode: {e}")))?),
-        None => None,
-    };
-    Ok(Started {
-        child,
-        messages,
-        report,
-        proxy,
-    })
 }
