@@ -15,7 +15,6 @@
 
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -119,25 +118,6 @@ pub(crate) fn finish(code: i32) -> ! {
     std::process::exit(code)
 }
 
-/// This process's children, from the parent links in /proc.
-fn children() -> Vec<Pid> {
-    let me = std::process::id().to_string();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            stat.rfind(')')
-                .and_then(|i| stat.get(i + 2..))
-                .and_then(|rest| rest.split(' ').nth(1))
-                == Some(me.as_str())
-        })
-        .map(Pid::from_raw)
-        .collect()
-}
-
 /// The last step before `serve` exits: every child still there (the tmux
 /// control clients of the last hub are killed but not yet collected, since
 /// their reapers ran on the runtime that has stopped) is killed and reaped,
@@ -145,7 +125,7 @@ fn children() -> Vec<Pid> {
 /// cannot be reused before this process reaps it, so the kill cannot hit
 /// another process. Returns how many were reaped.
 pub(crate) fn reap_children(limit: Duration) -> usize {
-    for pid in children() {
+    for pid in crate::sandbox::procfs::children_of(std::process::id()) {
         let _ = kill(pid, Signal::SIGKILL);
     }
     let deadline = Instant::now() + limit;

@@ -23,6 +23,7 @@ mod payload;
 mod pid1;
 pub(crate) mod plan;
 pub(crate) mod probe;
+pub(crate) mod procfs;
 pub(crate) mod report;
 pub(crate) mod rundir;
 pub(crate) mod seccomp;

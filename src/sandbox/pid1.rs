@@ -477,7 +477,6 @@ fn reap(payload: Pid) -> i32 {
 /// until none is left (a killed child's own children come to it next), for
 /// at most 5 s.
 fn end_descendants() {
-    let me = std::process::id().to_string();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while std::time::Instant::now() < deadline {
         loop {
@@ -487,26 +486,9 @@ fn end_descendants() {
                 Ok(_) => continue,
             }
         }
-        for pid in children_of(&me) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        for pid in super::procfs::children_of(std::process::id()) {
+            let _ = kill(pid, Signal::SIGKILL);
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-}
-
-/// The pids whose parent is `me`, from `/proc/PID/stat`.
-fn children_of(me: &str) -> Vec<i32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The parent is the second field after the command's closing parenthesis.
-            stat.rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
-                .is_some_and(|ppid| ppid == me)
-        })
-        .collect()
 }
