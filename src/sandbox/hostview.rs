@@ -2,10 +2,11 @@
 //!
 //! Where a container runtime refuses namespaces (docker's default seccomp
 //! profile), there is no `/run/sandmux`. Started as root, PID 1 then keeps
-//! the instance's files in a host directory of its own (`Rundir::host_view`,
-//! in the temporary directory, so every uid can traverse to it) that only
-//! root can write, and everything confined runs as an unprivileged uid
-//! (`uid`), so file permissions keep the socket out of reach:
+//! the generation's files in a host directory of its own (`Rundir::host_view`:
+//! `v` in the instance's view directory in the temporary directory, so every
+//! uid can traverse to it) that only root can write, and everything confined
+//! runs as an unprivileged uid (`uid`), so file permissions keep the socket
+//! out of reach:
 //!
 //! - `<dir>/` root's, 0755: `tmux.conf` and `gate.json` (0644, read-only to
 //!   the sandbox), `bin/sandmux-pane` a link to the sandmux binary (the gate;
@@ -82,11 +83,36 @@ pub(super) fn check_reach(hv: &HostView) -> Result<(), String> {
 }
 
 /// Once the server listens: the socket directory becomes root's, 0700.
+/// Until then any process of the dropped uid could connect (a sandbox of
+/// another instance with the same uid, one left by an earlier generation)
+/// and keep its connection: a socket with any connection but the listener
+/// itself ends start-up.
 pub(super) fn cover(hv: &HostView) -> Result<(), String> {
-    let sock = hv.paths.socket.parent().ok_or("no socket directory")?;
-    chown(sock, 0, 0)?;
-    std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("chmod 0700 {}: {e}", sock.display()))
+    let dir = hv.paths.socket.parent().ok_or("no socket directory")?;
+    chown(dir, 0, 0)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("chmod 0700 {}: {e}", dir.display()))?;
+    match sockets_at(&hv.paths.socket)? {
+        1 => Ok(()),
+        n => Err(format!(
+            "{} connection(s) reached the tmux socket before its directory was closed: another process runs as the sandbox's uid (another sandbox, or one left behind); end it, or give this profile its own [sandbox] uid",
+            n.saturating_sub(1)
+        )),
+    }
+}
+
+/// How many Unix sockets in this network namespace have `path` as their
+/// address: the listener, and one per connection made to it, accepted or
+/// still queued (`/proc/net/unix`).
+fn sockets_at(path: &Path) -> Result<usize, String> {
+    let text = std::fs::read_to_string("/proc/net/unix")
+        .map_err(|e| format!("reading /proc/net/unix: {e}"))?;
+    let want = path.to_str().ok_or("the socket's path is not UTF-8")?;
+    Ok(text
+        .lines()
+        .skip(1)
+        .filter(|l| l.split_whitespace().nth(7) == Some(want))
+        .count())
 }
 
 /// The paths go into tmux's configuration unquoted: only plain characters.
@@ -132,4 +158,27 @@ fn file(p: &Path, bytes: &[u8]) -> Result<(), String> {
 fn chown(p: &Path, uid: u32, gid: u32) -> Result<(), String> {
     std::os::unix::fs::lchown(p, Some(uid), Some(gid))
         .map_err(|e| format!("chown {uid}:{gid} {}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    #[test]
+    fn a_connection_to_the_socket_is_seen_queued_or_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tmux.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        assert_eq!(super::sockets_at(&path).unwrap(), 1);
+        // Queued, not accepted: still counted.
+        let _c = UnixStream::connect(&path).unwrap();
+        assert_eq!(super::sockets_at(&path).unwrap(), 2);
+        let (_accepted, _) = listener.accept().unwrap();
+        assert_eq!(super::sockets_at(&path).unwrap(), 2);
+        // Control: another socket's connections are not this one's.
+        let other = dir.path().join("other.sock");
+        let _l2 = UnixListener::bind(&other).unwrap();
+        let _c2 = UnixStream::connect(&other).unwrap();
+        assert_eq!(super::sockets_at(&path).unwrap(), 2);
+    }
 }

@@ -301,8 +301,7 @@ fn fork_pid1(
         ForkResult::Parent { child } => {
             // The relay keeps no privilege in the new user namespace either,
             // and takes termination signals only through sigwait.
-            let ready = caps::drop_all()
-                .map(drop)
+            let ready = relay_privileges(plan, ns)
                 .map_err(|e| Stop::applying(Layer::Caps, format!("the relay outside PID 1: {e}")))
                 .and_then(|_| {
                     relay_signals()
@@ -320,6 +319,20 @@ fn fork_pid1(
             Ok(relay(child))
         }
     }
+}
+
+/// The relay gives up every privilege. Without a user namespace, as root,
+/// it becomes the uid PID 1 drops to, so it can still pass signals on (no
+/// capability to signal another uid is kept); where that drop cannot be
+/// made, PID 1 keeps uid 0 too and the capabilities go.
+fn relay_privileges(plan: &Plan, ns: &namespaces::Created) -> Result<(), String> {
+    if !ns.has(Layer::Userns)
+        && nix::unistd::geteuid().is_root()
+        && super::uid::drop_uid(super::uid::target(&plan.policy)).is_ok()
+    {
+        return caps::set_nondumpable();
+    }
+    caps::drop_all().map(drop)
 }
 
 /// Starts from a clean signal state: nothing blocked, every disposition default

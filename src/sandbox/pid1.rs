@@ -21,8 +21,19 @@ pub(super) fn run(
     rep: &mut Reporter,
 ) -> Result<i32, Stop> {
     let policy = &plan.policy;
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+    // With a pid namespace, PID 1's end ends everything inside. Without
+    // one it must live to end what is left: the relay's death is a SIGTERM
+    // that `reap` sees come from an orphaned PID 1.
+    let (death, relay) = if ns.has(Layer::Pid) {
+        (Signal::SIGKILL, None)
+    } else {
+        (Signal::SIGTERM, Some(nix::unistd::getppid()))
+    };
+    nix::sys::prctl::set_pdeathsig(death)
         .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
+    if relay.is_some_and(|r| r != nix::unistd::getppid()) {
+        return Err(internal("start-up")("the relay exited".into()));
+    }
     let best_effort = bp.best_effort();
     let mut layers = Layers {
         rep,
@@ -82,7 +93,7 @@ pub(super) fn run(
         });
     }
     layers.rep.close();
-    let code = reap(payload);
+    let code = reap(payload, relay);
     if !ns.has(Layer::Pid) {
         end_descendants();
     }
@@ -449,9 +460,11 @@ fn wait_for_socket(server: Pid, sock: &std::path::Path) -> Result<(), String> {
 }
 
 /// PID 1's last job: reap every child; forward termination to the payload;
-/// return when the payload ends (the kernel then kills the whole namespace).
-/// The signals are blocked already.
-fn reap(payload: Pid) -> i32 {
+/// return when the payload ends (the kernel then kills the whole namespace;
+/// without one, `end_descendants` follows). Without a pid namespace, a
+/// signal to a PID 1 whose `relay` is gone (its parent-death signal) ends
+/// the payload at once. The signals are blocked already.
+fn reap(payload: Pid, relay: Option<Pid>) -> i32 {
     let set = relay_signals();
     loop {
         loop {
@@ -466,7 +479,8 @@ fn reap(payload: Pid) -> i32 {
             Ok(Signal::SIGCHLD) | Err(_) => {}
             // The payload may be gone already (ESRCH): its status is the next wait's.
             Ok(s) => {
-                let _ = kill(payload, s);
+                let orphaned = relay.is_some_and(|r| r != nix::unistd::getppid());
+                let _ = kill(payload, if orphaned { Signal::SIGKILL } else { s });
             }
         }
     }

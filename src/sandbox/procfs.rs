@@ -26,7 +26,10 @@ pub(crate) fn children_of(parent: u32) -> Vec<Pid> {
 mod tests {
     #[test]
     fn a_child_is_found_and_only_while_it_is_ours() {
-        let mut c = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut c = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let me = std::process::id();
         let kids = super::children_of(me);
         assert!(kids.iter().any(|p| p.as_raw() as u32 == c.id()), "{kids:?}");
@@ -34,6 +37,8 @@ mod tests {
         assert!(super::children_of(c.id()).is_empty());
         let _ = c.kill();
         let _ = c.wait();
-        assert!(!super::children_of(me).iter().any(|p| p.as_raw() as u32 == c.id()));
+        assert!(!super::children_of(me)
+            .iter()
+            .any(|p| p.as_raw() as u32 == c.id()));
     }
 }

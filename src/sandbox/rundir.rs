@@ -106,7 +106,7 @@ pub(crate) fn clean_stale(base: &Path) -> Vec<PathBuf> {
         }
         if std::fs::remove_dir_all(&claimed).is_ok() {
             if let Some(id) = p.file_name().and_then(|n| n.to_str()) {
-                remove_host_view(id);
+                remove_view_base(id);
             }
             removed.push(p);
         }
@@ -135,10 +135,12 @@ impl Rundir {
                     .mode(0o700)
                     .create(staging.join(d))?;
             }
+            make_view_base(&id)?;
             std::fs::rename(&staging, &path)
         };
         if let Err(e) = fill() {
             let _ = std::fs::remove_dir_all(&staging);
+            remove_view_base(&id);
             return Err(format!("prepare {}: {e}", path.display()));
         }
         Ok(Rundir {
@@ -169,31 +171,57 @@ impl Rundir {
     }
 
     /// Where tmux mode keeps its files when the sandbox has no mount view
-    /// (`sandbox::hostview`): a directory every uid can traverse, which PID 1
-    /// makes only then.
-    pub(crate) fn host_view(&self) -> PathBuf {
-        host_view_of(&self.id)
+    /// (`sandbox::hostview`), which PID 1 makes only then: `v` in the
+    /// instance's view directory (root's, 0755, in the temporary directory so
+    /// every uid can traverse to it), which [`Rundir::create`] makes as root.
+    pub(crate) fn host_view(&self) -> Option<PathBuf> {
+        let base = view_base(&self.id);
+        is_ours(&base).then(|| base.join("v"))
+    }
+
+    /// The instance's view directory, if it has one: the supervisor keeps
+    /// the right to remove what every generation makes in it.
+    pub(crate) fn view_base(&self) -> Option<PathBuf> {
+        let base = view_base(&self.id);
+        is_ours(&base).then_some(base)
     }
 
     /// Removes the host view of an earlier generation, if any.
     pub(crate) fn remove_host_view(&self) {
-        remove_host_view(&self.id);
+        if let Some(v) = self.host_view() {
+            if is_ours(&v) {
+                let _ = std::fs::remove_dir_all(&v);
+            }
+        }
     }
 }
 
-fn host_view_of(id: &str) -> PathBuf {
+fn view_base(id: &str) -> PathBuf {
     std::env::temp_dir().join(format!("sandmux-view-{id}"))
 }
 
-/// Removes instance `id`'s host view: only a directory (never a link)
-/// owned by this uid, as PID 1 made it.
-fn remove_host_view(id: &str) {
-    let p = host_view_of(id);
-    let ours = std::fs::symlink_metadata(&p)
-        .is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw());
-    if ours {
+/// A directory (never a link) owned by this uid.
+fn is_ours(p: &Path) -> bool {
+    std::fs::symlink_metadata(p)
+        .is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw())
+}
+
+/// Removes instance `id`'s view directory, as [`Rundir::create`] made it.
+fn remove_view_base(id: &str) {
+    let p = view_base(id);
+    if is_ours(&p) {
         let _ = std::fs::remove_dir_all(&p);
     }
+}
+
+/// As root, the instance's view directory (see [`Rundir::host_view`]).
+fn make_view_base(id: &str) -> std::io::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let p = view_base(id);
+    std::fs::DirBuilder::new().mode(0o755).create(&p)?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
 }
 
 impl Drop for Rundir {
@@ -203,6 +231,6 @@ impl Drop for Rundir {
             cg.remove_instance();
         }
         let _ = std::fs::remove_dir_all(&self.path);
-        self.remove_host_view();
+        remove_view_base(&self.id);
     }
 }

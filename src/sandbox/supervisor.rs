@@ -204,8 +204,9 @@ pub(crate) fn proxy_ports(policy: &Policy) -> Vec<u16> {
 pub(crate) struct Files<'a> {
     /// The instance's runtime directory (sockets, meta, operator endpoint).
     pub rundir: &'a Path,
-    /// Tmux mode without a mount view: its files' directory (`hostview`),
-    /// removed with the runtime directory.
+    /// As root: the instance's view directory, where tmux mode without a
+    /// mount view keeps each generation's files (`hostview`), removed with
+    /// the runtime directory.
     pub host_view: Option<&'a Path>,
     /// The tmux binary its clients run.
     pub tmux: &'a Path,

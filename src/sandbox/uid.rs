@@ -86,10 +86,13 @@ fn mapped_in(map: &str, id: u32) -> bool {
 }
 
 /// Becomes `t` for good: no supplementary groups, real, effective and saved
-/// ids all changed (which also empties the capability sets). Returns what to
-/// report.
+/// ids all changed (which also empties the capability sets). The kernel
+/// clears the parent-death signal on a change of ids: it is armed again, and
+/// the parent checked to be the same. Returns what to report.
 pub(crate) fn drop_uid(t: Target) -> Result<String, String> {
     let said = check(t)?;
+    let death = nix::sys::prctl::get_pdeathsig().map_err(|e| format!("PR_GET_PDEATHSIG: {e}"))?;
+    let parent = nix::unistd::getppid();
     // The bounding set first, while CAP_SETPCAP is still there.
     if caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SETPCAP).unwrap_or(false)
     {
@@ -104,6 +107,12 @@ pub(crate) fn drop_uid(t: Target) -> Result<String, String> {
     nix::unistd::setresuid(u, u, u).map_err(|e| format!("setresuid({}): {e}", t.uid))?;
     if nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).is_ok() {
         return Err("uid 0 could be regained after the drop".into());
+    }
+    if let Some(sig) = death {
+        nix::sys::prctl::set_pdeathsig(sig).map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
+        if nix::unistd::getppid() != parent {
+            return Err("the parent exited during the drop".into());
+        }
     }
     Ok(said)
 }

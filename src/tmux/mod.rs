@@ -214,7 +214,9 @@ pub(crate) fn plan(
     Plan {
         policy: policy.clone(),
         rundir: rundir.path.clone(),
-        host_view: matches!(payload, Payload::Tmux { .. }).then(|| rundir.host_view()),
+        host_view: matches!(payload, Payload::Tmux { .. })
+            .then(|| rundir.host_view())
+            .flatten(),
         supervisor_pid: std::process::id() as i32,
         host_uid: nix::unistd::geteuid().as_raw(),
         host_gid: nix::unistd::getegid().as_raw(),
@@ -313,10 +315,9 @@ impl Instance {
         let mount = report::layers(&self.messages)
             .iter()
             .any(|l| l.layer == crate::profile::Layer::Mount && l.enforced);
-        if mount {
-            pane::GATE_PATH.into()
-        } else {
-            self.rundir.host_view().join("bin/sandmux-pane")
+        match self.rundir.host_view() {
+            Some(v) if !mount => v.join("bin/sandmux-pane"),
+            _ => pane::GATE_PATH.into(),
         }
     }
 
@@ -395,12 +396,10 @@ impl Instance {
             .as_ref()
             .map(|c| c.instance.clone())
             .unwrap_or_default();
-        let host_view = self.rundir.host_view();
+        let view_base = self.rundir.view_base();
         let files = Files {
             rundir: &self.rundir.path,
-            host_view: std::fs::symlink_metadata(&host_view)
-                .is_ok_and(|m| m.is_dir())
-                .then_some(host_view.as_path()),
+            host_view: view_base.as_deref(),
             tmux: &self.tmux,
             audit,
             record,

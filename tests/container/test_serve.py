@@ -24,7 +24,8 @@ pytestmark = pytest.mark.anyio
 # Tries to create a file in the runtime directory and everything under it,
 # as the supervisor (root, no XDG_RUNTIME_DIR) makes it: /tmp/sandmux-0, and
 # in the host view tmux mode keeps without a mount namespace.
-PROBE = ('for d in /tmp/sandmux-0 /tmp/sandmux-0/* /tmp/sandmux-0/*/* /tmp/sandmux-view-* /tmp/sandmux-view-*/*; '
+PROBE = ('for d in /tmp/sandmux-0 /tmp/sandmux-0/* /tmp/sandmux-0/*/* /tmp/sandmux-view-* /tmp/sandmux-view-*/* '
+         '/tmp/sandmux-view-*/*/*; '
          'do [ -d "$d" ] && touch "$d/pwned-$$" 2>/dev/null && echo "wrote $d"; done; echo probe-done')
 
 
@@ -219,11 +220,11 @@ async def test_without_userns_serve_works_and_a_pane_cannot_read_shadow_or_write
         assert pwned(tmp) == [], pwned(tmp)
         views = list(tmp.glob("sandmux-view-*"))
         assert len(views) == 1, f"no host view on the bind mount: the checks would be vacuous ({views})"
-        sock = f"/tmp/{views[0].name}/sock/tmux.sock"
+        sock = f"/tmp/{views[0].name}/v/sock/tmux.sock"
         out = await sh(c, attack(sock))
         assert out.endswith("attack-done") and "reached" not in out and "opened" not in out \
             and "moved" not in out, out
-        st = (views[0] / "sock").stat()
+        st = (views[0] / "v" / "sock").stat()
         assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700), st
         # Positive control: unconfined in the same container, the same
         # attack reaches the server through the same path.
@@ -317,4 +318,72 @@ def test_a_stop_during_the_start_up_error_wait_ends_serve_at_once(rootful):
         assert p.wait(30) == 0, p.stderr.read().decode()
     finally:
         p.kill()
+        rootful.run("rm", "-f", "-t", "0", name)
+
+
+UID_1000 = ('for f in /proc/[0-9]*/status; do while read k a b; do [ "$k" = Uid: ] && [ "$a" = 1000 ] && '
+            'echo "uid1000 $f"; done < $f; done 2>/dev/null; echo scan-done')
+
+
+def test_without_namespaces_serve_leaves_no_process_behind(docker):
+    """serve under docker's defaults in a container that outlives it (`exec`):
+    once the client closes stdin and serve exits, no process of the dropped
+    uid is left (the relay passes the stop on as that uid; each process arms
+    its parent-death signal again after the drop). Control: a process of
+    that uid started in the same container is seen by the same scan."""
+    name = f"smx-leave-{os.getpid()}"
+    r = docker.run("run", "-d", "--rm", "--network", "none", "--name", name, "--entrypoint", "/usr/bin/sleep",
+                   IMAGE, "600")
+    assert r.returncode == 0, r.stderr
+    try:
+        p = subprocess.Popen(docker.argv("exec", "-i", name, "sandmux", "serve", "-p", "container"), env=docker.env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "ctr", "version": "0"}}
+        assert "result" in jsonrpc(p, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        jsonrpc(p, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        r = jsonrpc(p, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                        "params": {"name": "run_command", "arguments": {"command": "(sleep 300 &); id -u"}}})
+        assert r["result"]["structuredContent"]["output"] == "1000", r
+        p.stdin.close()
+        assert p.wait(60) == 0, p.stderr.read().decode()
+        time.sleep(1)
+        scan = docker.run("exec", name, "/usr/bin/bash", "-c", UID_1000).stdout
+        assert "scan-done" in scan and "uid1000" not in scan, scan
+        # Control: the scan sees a process of that uid.
+        docker.run("exec", "-d", "--user", "1000", name, "/usr/bin/sleep", "300")
+        time.sleep(0.5)
+        ctl = docker.run("exec", name, "/usr/bin/bash", "-c", UID_1000).stdout
+        assert "uid1000" in ctl, ctl
+    finally:
+        docker.run("rm", "-f", "-t", "0", name)
+
+
+def test_without_a_pid_namespace_a_killed_supervisor_leaves_nothing_running(rootful):
+    """podman's defaults (no pid namespace): `sandmux run`, SIGKILLed while
+    its command runs with a double-forked daemon: PID 1 outlives its relay
+    (its parent-death signal is SIGTERM there) and ends both. Control: the
+    scan sees the daemon while the run is alive."""
+    name = f"smx-kill9-{os.getpid()}"
+    r = rootful.run("run", "-d", "--rm", "--network", "none", "--name", name, "--entrypoint", "/usr/bin/sleep",
+                    IMAGE, "600")
+    assert r.returncode == 0, r.stderr
+    cmd = "(/usr/bin/sleep 777 &); /usr/bin/sleep 100"
+    running = ('for f in /proc/[0-9]*/cmdline; do c=$(tr "\\0" " " < $f 2>/dev/null); '
+               '[ "$c" = "/usr/bin/sleep 777 " ] && echo daemon; done; echo scan-done')
+    try:
+        p = subprocess.Popen(rootful.argv("exec", name, "sandmux", "run", "-q", "-p", "container", "--",
+                                          "/usr/bin/bash", "-c", cmd), env=rootful.env)
+        end = time.monotonic() + 20
+        while "daemon" not in (seen := rootful.run("exec", name, "/usr/bin/bash", "-c", running).stdout):
+            assert time.monotonic() < end and p.poll() is None, f"control: the daemon never ran: {seen}"
+            time.sleep(0.2)
+        kill = ('for f in /proc/[0-9]*/cmdline; do c=$(tr "\\0" " " < $f 2>/dev/null); '
+                '[ "${c#sandmux run }" != "$c" ] && kill -9 $(basename $(dirname $f)) && echo killed; done')
+        assert "killed" in rootful.run("exec", name, "/usr/bin/bash", "-c", kill).stdout
+        p.wait(30)
+        end = time.monotonic() + 10
+        while "daemon" in (seen := rootful.run("exec", name, "/usr/bin/bash", "-c", running).stdout):
+            assert time.monotonic() < end, f"the daemon outlived the killed supervisor: {seen}"
+            time.sleep(0.2)
+    finally:
         rootful.run("rm", "-f", "-t", "0", name)
