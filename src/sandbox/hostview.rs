@@ -25,7 +25,7 @@ use super::uid::Target;
 use super::Plan;
 use nix::unistd::AccessFlags;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Makes the directory and its files for `hv`, the socket directory `to`'s.
@@ -82,17 +82,31 @@ pub(super) fn check_reach(hv: &HostView) -> Result<(), String> {
     })
 }
 
-/// Once the server listens: the socket directory becomes root's, 0700.
-/// Until then any process of the dropped uid could connect (a sandbox of
+/// Once the server listens: the socket directory becomes root's, 0700,
+/// and the socket root's, 0600. Until then any process of the dropped uid could connect (a sandbox of
 /// another instance with the same uid, one left by an earlier generation)
 /// and keep its connection: a socket with any connection but the listener
 /// itself ends start-up.
-pub(super) fn cover(hv: &HostView) -> Result<(), String> {
-    let dir = hv.paths.socket.parent().ok_or("no socket directory")?;
+pub(super) fn cover(sock: &Path) -> Result<(), String> {
+    let dir = sock.parent().ok_or("no socket directory")?;
     chown(dir, 0, 0)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("chmod 0700 {}: {e}", dir.display()))?;
-    match sockets_at(&hv.paths.socket)? {
+    // A hard link made to the socket before the cover would still reach
+    // it: connecting needs write permission on the socket itself, so it
+    // becomes root's 0600 too, and a second name for it ends start-up.
+    chown(sock, 0, 0)?;
+    std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod 0600 {}: {e}", sock.display()))?;
+    let links = std::fs::symlink_metadata(sock)
+        .map_err(|e| format!("{}: {e}", sock.display()))?
+        .nlink();
+    if links != 1 {
+        return Err(format!(
+            "the tmux socket has {links} names: another process of the sandbox's uid linked it before its directory was closed; end it, or give this profile its own [sandbox] uid"
+        ));
+    }
+    match sockets_at(sock)? {
         1 => Ok(()),
         n => Err(format!(
             "{} connection(s) reached the tmux socket before its directory was closed: another process runs as the sandbox's uid (another sandbox, or one left behind); end it, or give this profile its own [sandbox] uid",
@@ -163,6 +177,37 @@ fn chown(p: &Path, uid: u32, gid: u32) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::{UnixListener, UnixStream};
+
+    #[test]
+    fn a_second_name_for_the_socket_ends_start_up_and_the_socket_becomes_roots() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // chown to root needs root (the 65534 run skips this one)
+        }
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let base = tempfile::tempdir().unwrap();
+        let fresh = |name: &str| {
+            let d = base.path().join(name).join("sock");
+            std::fs::create_dir_all(&d).unwrap();
+            std::os::unix::fs::lchown(&d, Some(65534), Some(65534)).unwrap();
+            let sock = d.join("tmux.sock");
+            let l = UnixListener::bind(&sock).unwrap();
+            std::os::unix::fs::lchown(&sock, Some(65534), Some(65534)).unwrap();
+            (sock, l)
+        };
+        // Linked before the cover (as a process of the uid could): refused.
+        let (sock, _l) = fresh("a");
+        std::fs::hard_link(&sock, base.path().join("a/kept")).unwrap();
+        let e = super::cover(&sock).unwrap_err();
+        assert!(e.contains("2 names"), "{e}");
+        // Control: the same socket without the link is covered: root's,
+        // 0600, in a root 0700 directory.
+        let (sock, _l) = fresh("b");
+        super::cover(&sock).unwrap();
+        let m = std::fs::symlink_metadata(&sock).unwrap();
+        assert_eq!((m.uid(), m.permissions().mode() & 0o777), (0, 0o600));
+        let d = std::fs::metadata(sock.parent().unwrap()).unwrap();
+        assert_eq!((d.uid(), d.permissions().mode() & 0o777), (0, 0o700));
+    }
 
     #[test]
     fn a_connection_to_the_socket_is_seen_queued_or_accepted() {

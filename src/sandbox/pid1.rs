@@ -374,7 +374,7 @@ fn cover_socket(
             .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
     }
     if let Some(h) = job.host_view {
-        super::hostview::cover(h).map_err(|e| Stop::applying(Layer::Mount, e))?;
+        super::hostview::cover(&h.paths.socket).map_err(|e| Stop::applying(Layer::Mount, e))?;
     }
     Ok(())
 }
