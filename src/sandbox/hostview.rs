@@ -61,6 +61,39 @@ pub(super) fn make(plan: &Plan, hv: &HostView, to: Target) -> Result<(), String>
     })
 }
 
+/// Before the server starts: no other process may run as `uid` (but the
+/// relay, `except`). Until the cover, the socket is that uid's to reach;
+/// with no process of it but the tmux server, nobody can (only root can
+/// start one). A leftover sandbox, another instance with the same sandbox
+/// uid or the workspace owner's own processes end start-up here.
+pub(super) fn alone(uid: u32, except: &[u32]) -> Result<(), String> {
+    let others: Vec<String> = std::fs::read_dir("/proc")
+        .map_err(|e| format!("reading /proc: {e}"))?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| !except.contains(pid) && runs_as(*pid, uid))
+        .map(|pid| pid.to_string())
+        .collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "tmux mode without a mount namespace keeps its socket from the sandbox by uid {uid}, and other processes run as that uid (pids {}): end them, or give this profile a [sandbox] uid of its own (with a workspace that root owns)",
+        others.join(", ")
+    ))
+}
+
+/// Whether a live (not zombie) process has `uid` as any of its uids.
+fn runs_as(pid: u32, uid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("");
+    let zombie = field("State:").trim_start().starts_with('Z');
+    let want = uid.to_string();
+    !zombie && field("Uid:").split_whitespace().any(|u| u == want)
+}
+
 /// In the payload, once it runs as the dropped uid: that uid can make the
 /// socket and run the gate (the kernel checks, not a reading of modes).
 pub(super) fn check_reach(hv: &HostView) -> Result<(), String> {
@@ -92,20 +125,7 @@ pub(super) fn cover(sock: &Path) -> Result<(), String> {
     chown(dir, 0, 0)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("chmod 0700 {}: {e}", dir.display()))?;
-    // A hard link made to the socket before the cover would still reach
-    // it: connecting needs write permission on the socket itself, so it
-    // becomes root's 0600 too, and a second name for it ends start-up.
-    chown(sock, 0, 0)?;
-    std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("chmod 0600 {}: {e}", sock.display()))?;
-    let links = std::fs::symlink_metadata(sock)
-        .map_err(|e| format!("{}: {e}", sock.display()))?
-        .nlink();
-    if links != 1 {
-        return Err(format!(
-            "the tmux socket has {links} names: another process of the sandbox's uid linked it before its directory was closed; end it, or give this profile its own [sandbox] uid"
-        ));
-    }
+    close_socket(sock)?;
     match sockets_at(sock)? {
         1 => Ok(()),
         n => Err(format!(
@@ -113,6 +133,50 @@ pub(super) fn cover(sock: &Path) -> Result<(), String> {
             n.saturating_sub(1)
         )),
     }
+}
+
+/// The socket itself becomes root's 0600: a hard link or an `O_PATH`
+/// descriptor taken before the cover would otherwise still reach it
+/// (connecting needs write permission on the socket, whatever the name).
+/// Done through a descriptor of the name opened without following a link,
+/// which must be a socket with this one name.
+fn close_socket(sock: &Path) -> Result<(), String> {
+    use nix::fcntl::{AtFlags, OFlag};
+    use nix::sys::stat::{fstat, Mode, SFlag};
+    let at = |what: &str, e: nix::Error| format!("{what} {}: {e}", sock.display());
+    let fd = nix::fcntl::open(
+        sock,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| at("open", e))?;
+    let st = fstat(&fd).map_err(|e| at("fstat", e))?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
+        return Err(format!(
+            "{} is not a socket: a process of the sandbox's uid replaced it before its directory was closed",
+            sock.display()
+        ));
+    }
+    nix::unistd::fchownat(
+        &fd,
+        "",
+        Some(nix::unistd::Uid::from_raw(0)),
+        Some(nix::unistd::Gid::from_raw(0)),
+        AtFlags::AT_EMPTY_PATH,
+    )
+    .map_err(|e| at("chown", e))?;
+    let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    std::fs::set_permissions(&by_fd, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod 0600 {}: {e}", sock.display()))?;
+    let st = fstat(&fd).map_err(|e| at("fstat", e))?;
+    let now = std::fs::symlink_metadata(sock).map_err(|e| format!("{}: {e}", sock.display()))?;
+    if st.st_nlink != 1 || now.ino() != st.st_ino || now.dev() != st.st_dev {
+        return Err(format!(
+            "the tmux socket has {} names, or its name was moved: another process of the sandbox's uid reached it before its directory was closed; end it, or give this profile its own [sandbox] uid",
+            st.st_nlink
+        ));
+    }
+    Ok(())
 }
 
 /// How many Unix sockets in this network namespace have `path` as their
@@ -199,6 +263,15 @@ mod tests {
         std::fs::hard_link(&sock, base.path().join("a/kept")).unwrap();
         let e = super::cover(&sock).unwrap_err();
         assert!(e.contains("2 names"), "{e}");
+        // Its name swapped for a link to it: refused, and the link's target
+        // is not touched (root's chmod does not follow it).
+        let (sock, _l) = fresh("c");
+        let real = base.path().join("c/real");
+        std::fs::rename(&sock, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &sock).unwrap();
+        let e = super::cover(&sock).unwrap_err();
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(std::fs::symlink_metadata(&real).unwrap().uid(), 65534);
         // Control: the same socket without the link is covered: root's,
         // 0600, in a root 0700 directory.
         let (sock, _l) = fresh("b");
@@ -207,6 +280,21 @@ mod tests {
         assert_eq!((m.uid(), m.permissions().mode() & 0o777), (0, 0o600));
         let d = std::fs::metadata(sock.parent().unwrap()).unwrap();
         assert_eq!((d.uid(), d.permissions().mode() & 0o777), (0, 0o700));
+    }
+
+    #[test]
+    fn another_process_of_the_uid_is_seen_and_zombies_and_exceptions_are_not() {
+        let me = nix::unistd::getuid().as_raw();
+        let mut c = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let e = super::alone(me, &[std::process::id()]).unwrap_err();
+        assert!(e.contains(&c.id().to_string()), "{e}");
+        let _ = c.kill();
+        let _ = c.wait();
+        // Control: a uid no process has.
+        super::alone(3_999_998, &[]).unwrap();
     }
 
     #[test]

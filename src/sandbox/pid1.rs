@@ -320,7 +320,10 @@ fn drop_uid(plan: &Plan, job: &mut payload::Job<'_>) -> Result<String, Stop> {
     let Some(h) = job.host_view else {
         return Ok(said);
     };
-    super::hostview::make(plan, h, t).map_err(|e| Stop::applying(Layer::Mount, e))?;
+    let relay = nix::unistd::getppid().as_raw() as u32;
+    super::hostview::alone(t.uid, &[relay])
+        .and_then(|()| super::hostview::make(plan, h, t))
+        .map_err(|e| Stop::applying(Layer::Mount, e))?;
     Ok(format!(
         "{said}; no mount view: tmux's socket, configuration and gate are in {} (root's; the socket's directory is closed to uid {} once the server listens)",
         h.paths.run_dir.display(),
