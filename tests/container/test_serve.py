@@ -387,3 +387,30 @@ def test_without_a_pid_namespace_a_killed_supervisor_leaves_nothing_running(root
             time.sleep(0.2)
     finally:
         rootful.run("rm", "-f", "-t", "0", name)
+
+
+def test_without_namespaces_another_process_of_the_uid_refuses_tmux_mode(docker):
+    """Under docker's defaults the socket is kept by uid until its cover: a
+    process already running as the sandbox's uid (as a leftover or another
+    instance would be) makes start-up refuse, naming it. Control: the same
+    `check` in the same container passes once it is gone."""
+    name = f"smx-alone-{os.getpid()}"
+    r = docker.run("run", "-d", "--rm", "--network", "none", "--name", name, "--entrypoint", "/usr/bin/sleep",
+                   IMAGE, "600")
+    assert r.returncode == 0, r.stderr
+    try:
+        squat = docker.run("exec", "-d", "--user", "1000", name, "/usr/bin/sleep", "300")
+        assert squat.returncode == 0, squat.stderr
+        time.sleep(0.5)
+        p = docker.run("exec", name, "sandmux", "check", "-p", "container", "--json")
+        rep = json.loads(p.stdout)
+        assert p.returncode == 3 and "other processes run as that uid" in rep["error"], rep["error"]
+        docker.run("exec", name, "/usr/bin/bash", "-c",
+                   'for f in /proc/[0-9]*/cmdline; do [ "$(tr "\\0" " " < $f)" = "/usr/bin/sleep 300 " ] && '
+                   'kill ${f//[^0-9]/}; done')
+        time.sleep(0.5)
+        ctl = docker.run("exec", name, "sandmux", "check", "-p", "container", "--json")
+        failed = [o for o in json.loads(ctl.stdout)["observations"] if not o["passed"]]
+        assert ctl.returncode == 0, failed
+    finally:
+        docker.run("rm", "-f", "-t", "0", name)
