@@ -110,17 +110,23 @@ def jsonrpc(p, msg):
     raise AssertionError("serve closed stdout")
 
 
-def start_serving(rt, flags, name, volumes=()):
-    """serve in a named container, stdio held by the test; one tool call done."""
-    s = server(rt, flags, "serve", "-p", "container", name=name, volumes=volumes)
-    p = subprocess.Popen([s.command, *s.args], env=s.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+def first_command(argv, env, command):
+    """serve spawned by `argv`, stdio held by the test: the handshake and one
+    `run_command`; the process and the command's output."""
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "ctr", "version": "0"}}
     assert "result" in jsonrpc(p, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
     jsonrpc(p, {"jsonrpc": "2.0", "method": "notifications/initialized"})
     r = jsonrpc(p, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                    "params": {"name": "run_command", "arguments": {"command": "echo ok"}}})
-    assert r["result"]["structuredContent"]["output"] == "ok", r
+                    "params": {"name": "run_command", "arguments": {"command": command}}})
+    return p, r["result"]["structuredContent"]["output"]
+
+
+def start_serving(rt, flags, name, volumes=()):
+    """serve in a named container, stdio held by the test; one tool call done."""
+    s = server(rt, flags, "serve", "-p", "container", name=name, volumes=volumes)
+    p, out = first_command([s.command, *s.args], s.env, "echo ok")
+    assert out == "ok", out
     return p
 
 
@@ -336,14 +342,9 @@ def test_without_namespaces_serve_leaves_no_process_behind(docker):
                    IMAGE, "600")
     assert r.returncode == 0, r.stderr
     try:
-        p = subprocess.Popen(docker.argv("exec", "-i", name, "sandmux", "serve", "-p", "container"), env=docker.env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "ctr", "version": "0"}}
-        assert "result" in jsonrpc(p, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
-        jsonrpc(p, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-        r = jsonrpc(p, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                        "params": {"name": "run_command", "arguments": {"command": "(sleep 300 &); id -u"}}})
-        assert r["result"]["structuredContent"]["output"] == "1000", r
+        p, out = first_command(docker.argv("exec", "-i", name, "sandmux", "serve", "-p", "container"), docker.env,
+                               "(sleep 300 &); id -u")
+        assert out == "1000", out
         p.stdin.close()
         assert p.wait(60) == 0, p.stderr.read().decode()
         time.sleep(1)
