@@ -6,7 +6,9 @@
 //! sandmux itself routes an argv-form command through it —
 //! `sandmux-pane --exec -- ARGV...`. The gate:
 //!
-//! 1. reads its configuration from `/run/sandmux/gate.json` (written by PID 1);
+//! 1. reads its configuration from `gate.json` beside tmux's socket directory
+//!    (`/run/sandmux/gate.json` in the mount view, the host view's without one;
+//!    written by PID 1);
 //! 2. rebuilds the environment: what tmux passes (the sandbox's own, already
 //!    reduced to the profile's allowlist, plus variables sandmux's tools set
 //!    after checking them) minus `TMUX`, `TMUX_PANE`, loader and session-bus
@@ -19,7 +21,8 @@
 //!    `PATH` and can export more than its allowlist.
 //!
 //! The socket directory is already covered for every process inside (PID 1 hid
-//! it once the server listened), and the sandbox seccomp filter already forbids
+//! it once the server listened; without a mount view it is root's 0700), and
+//! the sandbox seccomp filter already forbids
 //! new namespaces and mounts, so the gate needs no privilege of its own.
 
 use super::{env, landlock};
