@@ -74,7 +74,10 @@ impl Watch {
             guard: guard.clone(),
             digests: digests(guard),
         };
-        serde_json::to_writer(&*lock, &m)
+        // One write, not one per JSON token.
+        let bytes =
+            serde_json::to_vec(&m).map_err(|e| format!("writing {}: {e}", mpath.display()))?;
+        std::io::Write::write_all(&mut &*lock, &bytes)
             .map_err(|e| format!("writing {}: {e}", mpath.display()))?;
         let (stop_r, stop_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
         let taken = Arc::new(Mutex::new(Vec::new()));

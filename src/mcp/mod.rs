@@ -167,8 +167,19 @@ fn start(
     }
     // What the confined supervisor cannot do itself (later generations, the
     // signals freezer) is the broker's, for this instance's final profile
-    // (the workspace guard has added its paths).
-    let broker = match broker::Broker::spawn(&inst.policy, &inst.rundir, &inst.tmux) {
+    // (the workspace guard has added its paths). It starts while the first
+    // sessions are made (neither needs the other). The broker is started
+    // from this thread: its parent-death signal follows the thread that
+    // forked it, and this one lives as long as the instance.
+    let (broker, control_id) = std::thread::scope(|s| {
+        let control_id = s.spawn(|| sessions(&inst, opts.no_session));
+        let broker = broker::Broker::spawn(&inst.policy, &inst.rundir, &inst.tmux);
+        let control_id = control_id
+            .join()
+            .unwrap_or_else(|_| Err("creating the sessions: the thread panicked".into()));
+        (broker, control_id)
+    });
+    let broker = match broker {
         Ok(b) => Arc::new(b),
         Err(e) => {
             tracing::error!("{e}");
@@ -178,7 +189,7 @@ fn start(
         }
     };
     inst.broker = Some(broker.clone());
-    let control_id = match sessions(&inst, opts.no_session) {
+    let control_id = match control_id {
         Ok(id) => id,
         Err(e) => {
             tracing::error!("{e}");
@@ -191,11 +202,7 @@ fn start(
     if let Some(sig) = stop.signal() {
         return Err(stopped(audit, Some(inst), sig));
     }
-    let tmux_version = std::process::Command::new(&inst.tmux)
-        .arg("-V")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let tmux_version = inst.tmux_version.clone();
     Ok(Started {
         inst,
         broker,

@@ -110,6 +110,44 @@ pub(crate) struct PaneRow {
     pub is_caller: bool,
 }
 
+/// A pane a call types into or reads. Named by id it is not asked for
+/// first: tmux refuses the call's own command if it does not exist
+/// ([`PaneRef::gone`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PaneRef {
+    /// `%N`.
+    pub pane_id: String,
+    /// N of `%N`, the key of the pane's output stream.
+    pub num: u32,
+}
+
+impl From<&PaneRow> for PaneRef {
+    fn from(p: &PaneRow) -> PaneRef {
+        PaneRef {
+            pane_id: p.pane_id.clone(),
+            num: p.num,
+        }
+    }
+}
+
+impl PaneRef {
+    /// The call's error: tmux's refusal of a pane that is not there becomes
+    /// "not found" with a hint.
+    pub(crate) fn gone(&self, e: ToolError) -> ToolError {
+        match e {
+            ToolError::Tmux(crate::tmux::client::TmuxError::Command(m))
+                if m.contains("can't find pane") =>
+            {
+                ToolError::not_found(
+                    format!("pane {}", self.pane_id),
+                    "call list_panes for the current ids",
+                )
+            }
+            e => e,
+        }
+    }
+}
+
 /// Runs a listing command and splits it into rows of fields.
 pub(crate) async fn listing(
     c: &Call<'_>,
@@ -181,7 +219,11 @@ fn id_num(s: &str) -> u64 {
 
 /// Every pane (except sandmux's own), sorted by session id, window index, pane index.
 pub(crate) async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
-    let rows = listing(c, Cmd::new("list-panes").flag("-a"), PANE_FIELDS).await?;
+    // tmux leaves the control session out before it expands the fields
+    // (`rows_of` leaves it out again).
+    let not_ours = format!("#{{!=:#{{session_id}},{}}}", c.s.hub().control_session_id);
+    let list = Cmd::new("list-panes").flag("-a").opt("-f", not_ours);
+    let rows = listing(c, list, PANE_FIELDS).await?;
     let mut out = rows_of(c, rows);
     out.sort_by_key(|p| (id_num(&p.session_id), p.window_index, p.pane_index));
     Ok(out)
@@ -378,6 +420,25 @@ pub(crate) async fn pane(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRow, ToolErr
     all.into_iter()
         .find(|p| sel.s.matches(p))
         .ok_or_else(|| ToolError::not_found(what, "call list_sessions"))
+}
+
+/// Resolves a pane to act on, as [`pane`] does; by id, without asking
+/// tmux (sandmux's own control pane is never one).
+pub(crate) async fn pane_ref(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRef, ToolError> {
+    let Some(id) = &sel.pane_id else {
+        return pane(c, sel).await.map(|p| PaneRef::from(&p));
+    };
+    check_id("pane_id", id, '%')?;
+    match pane_num(id) {
+        Some(num) if *id != c.s.hub().control_pane_id => Ok(PaneRef {
+            pane_id: id.clone(),
+            num,
+        }),
+        _ => Err(ToolError::not_found(
+            format!("pane {id}"),
+            "call list_panes for the current ids",
+        )),
+    }
 }
 
 /// Resolves a pane from an explicit id only (kill and respawn never fall back).

@@ -3,7 +3,8 @@
 //! `freeze`).
 //!
 //! The supervisor creates the cgroup on the host side and writes the limits;
-//! `sandmux __init` moves itself in (writing `0` to `cgroup.procs`) before it
+//! `sandmux __init` moves itself in (writing `0` to `cgroup.procs`, or on v1
+//! to `tasks` while it has one thread) before it
 //! creates any namespace, so everything in the sandbox is counted. In order:
 //! cgroup v2 when the caller's cgroup is writable and delegates the `pids` and
 //! `memory` controllers; else a transient scope with `Delegate=yes` from a
@@ -13,6 +14,11 @@
 //! decides (the built-ins mark it best-effort; RLIMIT_NPROC stays as backstop).
 
 use std::path::{Path, PathBuf};
+
+/// The calling process's thread count.
+fn threads() -> std::io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
 
 /// A created cgroup (one directory per hierarchy).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -216,10 +222,19 @@ impl Cgroup {
         }
     }
 
-    /// Moves the calling process into the cgroup.
+    /// Moves the calling process into the cgroup. A v1 hierarchy is joined
+    /// through `tasks` while the process has one thread: moving the calling
+    /// thread alone skips the kernel's thread-group lock, whose first taker
+    /// waits out an RCU grace period (5 to 40 ms here, on every start), and
+    /// with one thread it moves the whole process.
     pub(crate) fn join_self(&self) -> std::io::Result<()> {
+        let file = if self.version == "v1" && threads()? == 1 {
+            "tasks"
+        } else {
+            "cgroup.procs"
+        };
         for d in &self.dirs {
-            write(&d.join("cgroup.procs"), "0")?;
+            write(&d.join(file), "0")?;
         }
         Ok(())
     }

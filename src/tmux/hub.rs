@@ -153,6 +153,8 @@ pub(crate) struct Hub {
     pub events: broadcast::Sender<HubEvent>,
     /// The control session's id (`$N`), hidden from tools.
     pub control_session_id: String,
+    /// Its one pane's id (`%N`), never a tool's target.
+    pub control_pane_id: String,
     /// The sandbox is frozen (`sandmux freeze`): every command fails at once
     /// with [`TmuxError::Frozen`] instead of waiting on a stopped server,
     /// and the background work (pruning, resuming paused panes) waits.
@@ -187,12 +189,21 @@ impl Hub {
         )
         .await
         .map_err(|e| format!("starting the control client: {e}"))?;
-        cmd.run(
-            &Cmd::new("display-message").flag("-p").arg("ok").line(),
-            DEADLINE,
-        )
-        .await
-        .map_err(|e| format!("control client: {e}"))?;
+        let pane = cmd
+            .run(
+                &Cmd::new("display-message")
+                    .flag("-p")
+                    .opt("-t", control_session_id)
+                    .arg("#{pane_id}")
+                    .line(),
+                DEADLINE,
+            )
+            .await
+            .map_err(|e| format!("control client: {e}"))?;
+        let control_pane_id = match pane.as_slice() {
+            [id] if id.starts_with(b"%") => String::from_utf8_lossy(id).into_owned(),
+            _ => return Err(format!("control client: no control pane ({pane:?})")),
+        };
         let control_session_id = control_session_id.to_string();
         let hub = Arc::new(Hub {
             tmux: tmux.to_path_buf(),
@@ -206,6 +217,7 @@ impl Hub {
             streams,
             events,
             control_session_id,
+            control_pane_id,
             frozen: watch::channel(false).0,
         });
         tokio::spawn(Hub::resume_paused(Arc::downgrade(&hub), prx));

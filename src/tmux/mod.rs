@@ -35,6 +35,8 @@ pub(crate) struct Instance {
     pub generation: String,
     /// The tmux binary.
     pub tmux: PathBuf,
+    /// Its `tmux -V`.
+    pub tmux_version: String,
     /// The resolved policy.
     pub policy: Policy,
     /// The workspace guard's watch (P8); it outlives server restarts.
@@ -117,6 +119,11 @@ pub(crate) fn start_generation(
 
 /// Finds tmux on PATH and checks its version.
 pub fn find_tmux() -> Result<PathBuf, String> {
+    find_tmux_version().map(|(bin, _)| bin)
+}
+
+/// Finds tmux on PATH and checks its version; returns it with its `-V`.
+pub(crate) fn find_tmux_version() -> Result<(PathBuf, String), String> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
     let bin = std::env::split_paths(&path)
         .map(|d| d.join("tmux"))
@@ -145,7 +152,7 @@ pub fn find_tmux() -> Result<PathBuf, String> {
             MIN_VERSION.1
         ));
     }
-    Ok(bin)
+    Ok((bin, v.trim().to_string()))
 }
 
 /// Checks that `bin` is visible inside the sandbox through a read-only entry.
@@ -237,7 +244,7 @@ pub(crate) fn plan(
 impl Instance {
     /// Starts a fresh confined tmux server and proves it is ours.
     pub(crate) fn start(mut policy: Policy) -> Result<Instance, StartError> {
-        let tmux = find_tmux().map_err(StartError::internal)?;
+        let (tmux, tmux_version) = find_tmux_version().map_err(StartError::internal)?;
         check_visible(&policy, &tmux).map_err(StartError::internal)?;
         let rundir = Rundir::create().map_err(StartError::internal)?;
         let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
@@ -248,6 +255,7 @@ impl Instance {
             server_pid: 0,
             generation: String::new(),
             tmux,
+            tmux_version,
             policy,
             guard: Some(guard),
             broker: None,
@@ -352,23 +360,25 @@ impl Instance {
     /// this run's generation id and has the pid PID 1 reported.
     pub(crate) fn verify(&self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(3);
-        let generation = loop {
-            match self.cmd(&["show-options", "-gv", "@sandmux_generation"]) {
-                Ok(g) => break g,
+        // One client for both facts (the generation is a global user option).
+        let out = loop {
+            match self.cmd(&["display-message", "-p", "#{@sandmux_generation} #{pid}"]) {
+                // An empty generation: the configuration is not applied yet.
+                Ok(g) if !g.starts_with(' ') || Instant::now() > deadline => break g,
+                Ok(_) => std::thread::sleep(Duration::from_millis(5)),
                 Err(e) if Instant::now() > deadline => {
                     return Err(format!("cannot reach the sandboxed tmux server: {e}"))
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }
         };
-        if generation.trim() != self.generation {
+        let (generation, pid) = out.trim().split_once(' ').unwrap_or((out.trim(), ""));
+        if generation != self.generation {
             return Err("the tmux server at the socket is not the one this run started (generation mismatch)".into());
         }
-        let pid = self.cmd(&["display-message", "-p", "#{pid}"])?;
-        if pid.trim() != self.server_pid.to_string() {
+        if pid != self.server_pid.to_string() {
             return Err(format!(
-                "the tmux server at the socket has pid {} inside, expected {}",
-                pid.trim(),
+                "the tmux server at the socket has pid {pid} inside, expected {}",
                 self.server_pid
             ));
         }

@@ -145,10 +145,9 @@ async def test_drift_stops_further_calls(ws):
 # Every setting the drift check watches, changed from the host side the way an
 # operator's tmux client could; the refusal must name it. A typo in a probe (a
 # format that looks up no option reads as empty for ever) makes its case fail.
-# Global settings are caught by the check before the very next call; settings
-# local to one session, window or pane by the full scan that runs after each
-# call that can change something (here send_keys), so the second call after
-# the change is refused at the latest.
+# The very next call is refused, even a read and even for a setting local to
+# one session, window or pane: tmux's message log shows the host client's
+# command, so the full scan runs before the call.
 DRIFTS = [
     ("global", ["set-hook", "-g", "after-new-window", "display-message x"], "show-hooks -g"),
     ("global", ["set-hook", "-gw", "pane-exited", "display-message x"], "show-hooks -gw"),
@@ -161,6 +160,7 @@ DRIFTS = [
     ("global", ["set-option", "-g", "lock-after-time", "5"], "lock-after-time"),
     ("global", ["set-option", "-gw", "allow-passthrough", "on"], "allow-passthrough"),
     ("global", ["set-option", "-s", "set-clipboard", "on"], "set-clipboard"),
+    ("global", ["set-option", "-s", "message-limit", "100000"], "message-limit"),
     ("local", ["set-hook", "-p", "-t", "main:", "pane-focus-in", "display-message x"], "pane-focus-in"),
     ("local", ["set-hook", "-w", "-t", "main:", "window-renamed", "display-message x"], "window-renamed"),
     ("local", ["set-hook", "-t", "main", "session-renamed", "display-message x"], "session-renamed"),
@@ -176,15 +176,36 @@ async def test_drift_names_each_watched_setting(ws, scope, change, named):
         assert (await call(c, "get_server_info"))["drift"] == "none"
         await call(c, "list_panes")
         sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
+        await call(c, "list_panes")
         r = tmux_host(sock, *change)
         assert r.returncode == 0, r.stderr
-        # A call that changes tmux objects asks for a full scan before the
-        # next call (typing into a pane does not: it changes no configuration).
-        r = await c.call_tool("set_pane_title", {"title": "t"})
-        if scope == "local" and not r.is_error:
-            r = await c.call_tool("list_panes", {})
-        assert r.is_error, f"{change} went unnoticed"
+        r = await c.call_tool("list_panes", {})
+        assert r.is_error, f"{scope} {change} went unnoticed"
         err = r.content[0].text
+        assert "drift" in err and named in err, err
+
+
+# The fast path trusts the message log only back to its previous mark, and the
+# log keeps eight entries: a host client that changes a local setting and then
+# pushes its command out of the log with more commands, or empties the log
+# first, is still caught before the next call. (Positive control: each host
+# command succeeded, so the change is in force.)
+HIDDEN = [
+    ("flood", [["set-hook", "-p", "-t", "main:", "pane-focus-in", "display-message x"]] + [["display-message", "-p", "x"]] * 20, "pane-focus-in"),
+    ("emptied", [["set-option", "-s", "message-limit", "0"], ["set-hook", "-p", "-t", "main:", "pane-focus-in", "display-message x"]], "message-limit"),
+]
+
+
+@pytest.mark.parametrize("how,changes,named", HIDDEN, ids=[h[0] for h in HIDDEN])
+async def test_drift_hidden_from_the_message_log_is_caught(ws, how, changes, named):
+    async with connect(ws) as c:
+        for _ in range(3):
+            await call(c, "list_panes")
+        sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
+        for change in changes:
+            r = tmux_host(sock, *change)
+            assert r.returncode == 0, (change, r.stderr)
+        err = await call(c, "capture_pane", ok=False)
         assert "drift" in err and named in err, err
 
 

@@ -28,8 +28,10 @@ pub(crate) struct Capture {
 
 /// Captures a pane.
 pub(crate) async fn capture_pane(c: &Call<'_>, a: Capture) -> Result<Captured, ToolError> {
-    let p = targets::pane(c, &a.p).await?;
-    let t = capture_text(c, &p.pane_id, a.start, a.end).await?;
+    let p = targets::pane_ref(c, &a.p).await?;
+    let t = capture_text(c, &p.pane_id, a.start, a.end)
+        .await
+        .map_err(|e| p.gone(e))?;
     let (l, b) = caps(a.max_lines, a.max_bytes);
     Ok(Captured {
         source: p.pane_id,
@@ -75,7 +77,7 @@ pub(crate) async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<Since
         let (offset, _) = c.s.hub().subscribe(p.num);
         let t = capture_text(c, &p.pane_id, None, None).await?;
         return Ok(SinceResult {
-            cursor: cursor_for(c, &p, offset),
+            cursor: cursor_for(c, p.num, offset),
             pane_id: p.pane_id,
             lines_missed: false,
             full_screen: true,
@@ -97,7 +99,7 @@ pub(crate) async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<Since
     let chunk = c.s.hub().read_since(p.num, offset);
     let t = text::clean(&chunk.data);
     Ok(SinceResult {
-        cursor: cursor_for(c, &p, chunk.end),
+        cursor: cursor_for(c, p.num, chunk.end),
         pane_id,
         lines_missed: chunk.missed > 0,
         full_screen: false,

@@ -2,10 +2,10 @@
 //! or of a buffer made by load_buffer).
 
 use super::read::cursor_for;
-use super::{batch_rules, buffer_name, leave_modes, BUFFER_PREFIX};
+use super::{batch_rules, buffer_name, BUFFER_PREFIX};
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
-use crate::mcp::targets::{self, PaneRow, PaneSel};
+use crate::mcp::targets::{self, PaneRef, PaneSel};
 use crate::mcp::text;
 use crate::tmux::hub::Cmd;
 use schemars::JsonSchema;
@@ -55,7 +55,7 @@ pub(crate) struct Sent {
     pub cursor: String,
 }
 
-async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, ToolError> {
+async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, ToolError> {
     let (mut text_in, mut keys) = (a.text.clone(), Vec::new());
     match (&a.keys, a.literal) {
         (Some(Keys::One(s)), true) => text_in = Some(text_in.unwrap_or_default() + s),
@@ -73,57 +73,53 @@ async fn send_one(c: &Call<'_>, pane: &PaneRow, a: &SendKeys) -> Result<Sent, To
     for k in &keys {
         text::key(k)?;
     }
-    let mut sent_keys = Vec::new();
-    let mut bytes = 0;
-    let (offset, _) = c.s.hub().subscribe(pane.num);
-    let cursor = cursor_for(c, pane, offset);
-    if let Some(t) = &text_in {
-        text::input("text", t, c.s.max_input)?;
-        let t = if a.suppress_history {
-            format!(" {t}")
-        } else {
-            t.clone()
-        };
-        bytes = t.len();
-        if !t.is_empty() {
-            leave_modes(c, pane).await?;
-            c.s.hub()
-                .run(
-                    &Cmd::new("send-keys")
-                        .flag("-l")
-                        .opt("-t", &pane.pane_id)
-                        .rest([t.as_bytes()]),
-                )
-                .await?;
+    let text_in = match &text_in {
+        Some(t) => {
+            text::input("text", t, c.s.max_input)?;
+            Some(if a.suppress_history {
+                format!(" {t}")
+            } else {
+                t.clone()
+            })
         }
+        None => None,
+    };
+    let bytes = text_in.as_ref().map_or(0, String::len);
+    let enter = text_in.is_some() && a.enter.unwrap_or(true);
+    let (offset, _) = c.s.hub().subscribe(pane.num);
+    let cursor = cursor_for(c, pane.num, offset);
+    // One write: out of copy mode (typing would drive it), the text, the
+    // keys, Enter. tmux refuses each if the pane is not there.
+    let target = || Cmd::new("send-keys").opt("-t", &pane.pane_id);
+    let mut cmds = Vec::new();
+    if let Some(t) = text_in.as_ref().filter(|t| !t.is_empty()) {
+        cmds.push(Cmd::new("copy-mode").flag("-q").opt("-t", &pane.pane_id));
+        cmds.push(target().flag("-l").rest([t.as_bytes()]));
     }
     if !keys.is_empty() {
-        c.s.hub()
-            .run(
-                &Cmd::new("send-keys")
-                    .opt("-t", &pane.pane_id)
-                    .rest(keys.iter().map(|k| k.as_bytes())),
-            )
-            .await?;
-        sent_keys.extend(keys);
+        cmds.push(target().rest(keys.iter().map(|k| k.as_bytes())));
     }
-    if text_in.is_some() && a.enter.unwrap_or(true) {
+    if enter {
+        cmds.push(target().arg("Enter"));
+        keys.push("Enter".into());
+    }
+    if !cmds.is_empty() {
         c.s.hub()
-            .run(&Cmd::new("send-keys").opt("-t", &pane.pane_id).arg("Enter"))
-            .await?;
-        sent_keys.push("Enter".into());
+            .run_many(&cmds)
+            .await
+            .map_err(|e| pane.gone(e.into()))?;
     }
     Ok(Sent {
         pane_id: pane.pane_id.clone(),
         text_bytes: bytes,
-        keys: sent_keys,
+        keys,
         cursor,
     })
 }
 
 /// Types text and/or presses keys.
 pub(crate) async fn send_keys(c: &Call<'_>, a: SendKeys) -> Result<Sent, ToolError> {
-    let p = targets::pane(c, &a.p).await?;
+    let p = targets::pane_ref(c, &a.p).await?;
     send_one(c, &p, &a).await
 }
 
@@ -192,7 +188,7 @@ pub(crate) async fn send_keys_batch(c: &Call<'_>, a: SendBatch) -> Result<BatchS
             });
             break;
         }
-        let r = match targets::pane(c, &op.p).await {
+        let r = match targets::pane_ref(c, &op.p).await {
             Ok(p) => send_one(c, &p, op).await,
             Err(e) => Err(e),
         };
@@ -238,7 +234,7 @@ pub(crate) async fn paste_text(c: &Call<'_>, a: PasteText) -> Result<Sent, ToolE
     let p = targets::pane(c, &a.p).await?;
     let name = format!("{}paste_{}", BUFFER_PREFIX, &crate::nonce::hex()[..8]);
     let (offset, _) = c.s.hub().subscribe(p.num);
-    let cursor = cursor_for(c, &p, offset);
+    let cursor = cursor_for(c, p.num, offset);
     c.s.hub()
         .run(&Cmd::new("set-buffer").opt("-b", &name).arg(&a.text))
         .await?;
@@ -282,7 +278,7 @@ pub(crate) async fn paste_buffer(c: &Call<'_>, a: PasteBuffer) -> Result<Sent, T
     buffer_name(&a.buffer_name)?;
     let p = targets::pane(c, &a.p).await?;
     let (offset, _) = c.s.hub().subscribe(p.num);
-    let cursor = cursor_for(c, &p, offset);
+    let cursor = cursor_for(c, p.num, offset);
     let mut cmd = Cmd::new("paste-buffer")
         .opt("-b", &a.buffer_name)
         .opt("-t", &p.pane_id);

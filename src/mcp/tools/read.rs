@@ -3,7 +3,6 @@
 
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
-use crate::mcp::targets::PaneRow;
 use crate::mcp::text::{self, Capped};
 use crate::tmux::hub::Cmd;
 use schemars::JsonSchema;
@@ -65,13 +64,8 @@ pub(crate) async fn capture_text(
 }
 
 /// A capture_since cursor for a pane at a stream offset.
-pub(crate) fn cursor_for(c: &Call<'_>, pane: &PaneRow, offset: u64) -> String {
-    format!(
-        "sc1.{}.{}.{}",
-        pane.num,
-        offset,
-        &c.s.info().generation[..8]
-    )
+pub(crate) fn cursor_for(c: &Call<'_>, pane: u32, offset: u64) -> String {
+    format!("sc1.{}.{}.{}", pane, offset, &c.s.info().generation[..8])
 }
 
 /// Parses a cursor of this instance: (pane number, offset).

@@ -5,21 +5,32 @@
 //! says why, rather than let a hint (an inspect tool is read-only) silently
 //! become false.
 //!
-//! Two checks, so that the common call pays for little:
-//! - the *global* check (hooks and watched options at server, session and
-//!   window scope: five commands in one round trip) runs right before every
-//!   call;
+//! Three checks, so that the common call pays for little:
+//! - before every call, one `show-messages` (a *mark*): tmux logs every
+//!   command any client fires (see [`log`]). When the log shows only this
+//!   connection's own commands since the previous mark, and that mark was
+//!   taken on the recorded configuration, nothing else can have changed it
+//!   and the call goes on;
+//! - otherwise the *global* check (hooks and watched options at server,
+//!   session and window scope: five commands in one round trip) runs first,
+//!   or the full scan when the log shows another client's command, a key
+//!   binding's or a hook's; a second mark then tells whether the next call
+//!   can take the fast path again;
 //! - the *full* scan adds every session, window and pane's own hooks and
 //!   watched options (a `set-hook -p` or `set -t main default-shell …` is
-//!   local and invisible globally). It runs in the background after every
-//!   call that creates, changes or destroys tmux objects or options (not
-//!   after reads or typing), and the next call waits for it; and
-//!   every two seconds besides, so a local change made while the agent only
-//!   reads is caught within about that time.
+//!   local and invisible globally). It also runs in the background after
+//!   every call that creates, changes or destroys tmux objects or options
+//!   (not after reads or typing), and the next call waits for it; and every
+//!   two seconds, so a local change the log could not show (a host process
+//!   that forged its client name, or one out of the log's reach) is caught
+//!   within about that time.
+
+mod log;
 
 use super::error::ToolError;
 use crate::tmux::client::TmuxError;
 use crate::tmux::hub::{Cmd, Hub};
+use log::Since;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -35,6 +46,8 @@ const SCALARS: &[&str] = &[
     "lock-after-time",
     "allow-passthrough",
     "set-clipboard",
+    // The fast path reads this many log lines before every call (`log`).
+    "message-limit",
 ];
 
 /// Array options watched besides hooks (formats do not show arrays).
@@ -110,6 +123,10 @@ pub(crate) struct Drift {
     asked: watch::Sender<u64>,
     /// The highest request the last finished scan covered.
     scanned: watch::Sender<u64>,
+    /// Whether the latest mark (the last `show-messages` on the command
+    /// connection) was taken on the baseline configuration. Held across a
+    /// pre-call check: the next one reads the log back to that mark.
+    clean: tokio::sync::Mutex<bool>,
 }
 
 impl Default for Drift {
@@ -120,6 +137,7 @@ impl Default for Drift {
             tripped: Mutex::default(),
             asked: watch::channel(0).0,
             scanned: watch::channel(0).0,
+            clean: tokio::sync::Mutex::new(false),
         }
     }
 }
@@ -127,6 +145,16 @@ impl Default for Drift {
 async fn snapshot(hub: &Hub) -> Result<Vec<String>, ToolError> {
     let replies = hub.run_many(probes()).await?;
     Ok(replies.iter().map(|r| joined(r)).collect())
+}
+
+/// Reads tmux's message log (a mark for the next check): what ran since the
+/// previous mark.
+async fn mark(hub: &Hub) -> Result<Since, ToolError> {
+    match hub.run(&log::probe()).await {
+        Ok(lines) => Ok(log::since_mark(&lines)),
+        Err(TmuxError::Command(_)) => Ok(Since::Other),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn joined(reply: &[Vec<u8>]) -> String {
@@ -146,6 +174,8 @@ const SCAN_WAIT: Duration = Duration::from_secs(10);
 impl Drift {
     /// Records the baseline (at start) and runs the first full scan.
     pub(crate) async fn record(&self, hub: &Hub) -> Result<(), ToolError> {
+        // A new baseline (a new server generation): no mark is clean yet.
+        *self.clean.lock().await = false;
         let s = snapshot(hub).await?;
         // Unset hooks are listed by name alone; a set one shows `name[N] command`.
         if let Some(h) = s[..2]
@@ -184,7 +214,8 @@ impl Drift {
     }
 
     /// Before a call: waits for the full scan the previous call asked for,
-    /// then runs the global check.
+    /// then reads tmux's message log; the full scan runs when the log shows
+    /// any command but this connection's own since the previous check.
     pub(crate) async fn before_call(&self, hub: &Hub) -> Result<(), ToolError> {
         let want = *self.asked.borrow();
         let mut done = self.scanned.subscribe();
@@ -197,7 +228,23 @@ impl Drift {
                     .into(),
             ));
         }
-        self.check(hub).await
+        if let Some(why) = self.tripped() {
+            return Err(ToolError::Drift(why));
+        }
+        let mut clean = self.clean.lock().await;
+        let seen = mark(hub).await?;
+        if *clean && seen == Since::Ours {
+            return Ok(());
+        }
+        *clean = false;
+        match seen {
+            Since::Other => self.full(hub).await?,
+            Since::Ours | Since::OutOfReach => self.check(hub).await?,
+        }
+        // The configuration was as recorded after the first mark; a second
+        // one is clean if nothing but this connection ran in between.
+        *clean = mark(hub).await? == Since::Ours;
+        Ok(())
     }
 
     /// After a call: asks the background scanner for a full scan.
