@@ -429,9 +429,10 @@ pub(crate) async fn pane_ref(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRef, Too
         return pane(c, sel).await.map(|p| PaneRef::from(&p));
     };
     check_id("pane_id", id, '%')?;
+    // By number: tmux reads `%05` as `%5`.
     match pane_num(id) {
-        Some(num) if *id != c.s.hub().control_pane_id => Ok(PaneRef {
-            pane_id: id.clone(),
+        Some(num) if Some(num) != pane_num(&c.s.hub().control_pane_id) => Ok(PaneRef {
+            pane_id: format!("%{num}"),
             num,
         }),
         _ => Err(ToolError::not_found(

@@ -161,12 +161,19 @@ DRIFTS = [
     ("global", ["set-option", "-gw", "allow-passthrough", "on"], "allow-passthrough"),
     ("global", ["set-option", "-s", "set-clipboard", "on"], "set-clipboard"),
     ("global", ["set-option", "-s", "message-limit", "100000"], "message-limit"),
+    ("global", ["set-option", "-s", "copy-command", "id"], "copy-command"),
+    ("global", ["set-option", "-gw", "automatic-rename-format", "#(id)"], "automatic-rename-format"),
+    ("global", ["set-option", "-g", "set-titles-string", "#(id)"], "set-titles-string"),
+    ("global", ["set-option", "-gw", "pane-border-format", "#(id)"], "pane-border-format"),
+    ("global", ["bind-key", "-T", "copy-mode", "j", "set-option -g lock-after-time 5"], "list-keys -T copy-mode"),
+    ("global", ["bind-key", "-T", "copy-mode-vi", "j", "run-shell id"], "list-keys -T copy-mode-vi"),
     ("local", ["set-hook", "-p", "-t", "main:", "pane-focus-in", "display-message x"], "pane-focus-in"),
     ("local", ["set-hook", "-w", "-t", "main:", "window-renamed", "display-message x"], "window-renamed"),
     ("local", ["set-hook", "-t", "main", "session-renamed", "display-message x"], "session-renamed"),
     ("local", ["set-option", "-t", "main", "default-shell", "/bin/sh"], "default-shell"),
     ("local", ["set-option", "-p", "-t", "main:", "allow-passthrough", "on"], "allow-passthrough"),
     ("local", ["set-option", "-t", "main", "update-environment[3]", "FOO"], "update-environment"),
+    ("local", ["set-option", "-w", "-t", "main:", "automatic-rename-format", "#(id)"], "automatic-rename-format"),
 ]
 
 
@@ -469,3 +476,32 @@ def test_stdio_over_a_socket_pair(ws):
     assert p.wait(timeout=10) == 0
     f.close()
     a.close()
+
+
+async def test_the_control_pane_is_never_a_target(ws):
+    """Typing and capture by pane id ask tmux nothing first: the control
+    session's pane must still be refused, however its number is spelled
+    (tmux reads %00 as %0)."""
+    async with connect(ws) as c:
+        mine = (await call(c, "list_panes"))["panes"][0]["pane_id"]
+        sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
+        r = tmux_host(sock, "list-panes", "-t", "_sandmux", "-F", "#{pane_id}")
+        assert r.returncode == 0, r.stderr
+        ctl = r.stdout.strip()
+        num = ctl[1:]
+        # Positive control: the same calls work on the agent's own pane.
+        await call(c, "send_keys", {"pane_id": mine, "text": "x", "enter": False})
+        await call(c, "capture_pane", {"pane_id": mine})
+        for pid in [ctl, f"%0{num}", f"%00{num}"]:
+            for tool, args in [
+                ("capture_pane", {"pane_id": pid}),
+                ("send_keys", {"pane_id": pid, "text": "x"}),
+                ("send_keys", {"pane_id": pid, "keys": ["Enter"]}),
+            ]:
+                err = await call(c, tool, args, ok=False)
+                assert "not found" in err.lower() or "list_panes" in err, (tool, pid, err)
+            r = await call(c, "send_keys_batch", {"operations": [{"pane_id": pid, "text": "x"}]})
+            assert not r["results"][0]["success"], (pid, r)
+        # A pane that does not exist is "not found", not a tmux error.
+        err = await call(c, "send_keys", {"pane_id": "%999", "text": "x"}, ok=False)
+        assert "list_panes" in err, err

@@ -13,8 +13,11 @@
 //! one check at a time) begins the same way, no other client fired anything
 //! in between, and the configuration at the previous mark is still the one
 //! in force: sandmux's own commands never change what drift watches (P3).
-//! Another client's or a key's entry, a hook's or a message sends the caller
-//! to the full scan; a log that no longer reaches back, to the global check.
+//! Another client's or a key's entry, a hook's, a message, or an entry of
+//! ours that is not a plain read or typing command (tmux logs a pane hook or
+//! a copy-mode binding that our command fired under our name) sends the
+//! caller to the full scan; a log that no longer reaches back, to the global
+//! check.
 //! A host process that can reach the socket and lies to tmux about its own
 //! pid or terminal name can pass as this connection; the two-second idle
 //! scan still catches what it changes.
@@ -59,11 +62,46 @@ pub(super) fn since_mark(lines: &[Vec<u8>]) -> Since {
     for line in older {
         match text(line).and_then(|t| t.strip_prefix(ours)) {
             Some(PROBE) => return Since::Ours,
-            Some(_) => {}
-            None => return Since::Other,
+            Some(cmd) if plain(cmd) => {}
+            // Another client's, or a command of ours that could change what
+            // drift watches (or a hook's or a binding's run for our client).
+            _ => return Since::Other,
         }
     }
     Since::OutOfReach
+}
+
+/// Commands that read, type or select and change nothing drift watches: the
+/// ones sandmux's reads and typing send. Anything else on this connection
+/// (sandmux's own `set-option`, a pane hook or a copy-mode binding our
+/// command fired, which tmux logs under our name) counts as another
+/// client's.
+const PLAIN: &[&[u8]] = &[
+    b"capture-pane",
+    b"clear-history",
+    b"copy-mode",
+    b"delete-buffer",
+    b"display-message",
+    b"list-buffers",
+    b"list-keys",
+    b"list-panes",
+    b"list-sessions",
+    b"list-windows",
+    b"paste-buffer",
+    b"refresh-client",
+    b"select-pane",
+    b"select-window",
+    b"send-keys",
+    b"set-buffer",
+    b"show-buffer",
+    b"show-environment",
+    b"show-hooks",
+    b"show-options",
+];
+
+fn plain(cmd: &[u8]) -> bool {
+    let name = cmd.split(|b| *b == b' ').next().unwrap_or_default();
+    PLAIN.contains(&name)
 }
 
 #[cfg(test)]
@@ -135,6 +173,20 @@ mod tests {
             &[
                 "03:36: client-9272 command: show-messages",
                 "03:36: command: display-message x",
+                "03:35: client-9272 command: show-messages",
+            ],
+            // Our own connection, but a command that can change what drift
+            // watches (a pane hook or a copy-mode binding fired by our
+            // command is logged under our name).
+            &[
+                "03:36: client-9272 command: show-messages",
+                "03:36: client-9272 command: set-option -g status on",
+                "03:36: client-9272 command: send-keys -t %1 j",
+                "03:35: client-9272 command: show-messages",
+            ],
+            &[
+                "03:36: client-9272 command: show-messages",
+                "03:36: client-9272 command: run-shell 'id'",
                 "03:35: client-9272 command: show-messages",
             ],
             // Nothing, or not a log.

@@ -48,6 +48,14 @@ const SCALARS: &[&str] = &[
     "set-clipboard",
     // The fast path reads this many log lines before every call (`log`).
     "message-limit",
+    // Formats and commands tmux runs through /bin/sh outside the gate: a
+    // `#()` in a rename, title or border format, and copy-pipe's command.
+    "automatic-rename-format",
+    "set-titles",
+    "set-titles-string",
+    "pane-border-status",
+    "pane-border-format",
+    "copy-command",
 ];
 
 /// Array options watched besides hooks (formats do not show arrays).
@@ -74,6 +82,12 @@ fn build_probes() -> Vec<Cmd> {
             .flag("-p")
             .arg(scalars.join(" ")),
     ]
+}
+
+/// The key tables sandmux's typing drives (keys sent to a pane in copy mode
+/// run their bindings): compared whole in the full scan.
+fn key_tables() -> [Cmd; 2] {
+    ["copy-mode", "copy-mode-vi"].map(|t| Cmd::new("list-keys").opt("-T", t))
 }
 
 /// Lists every session, window and pane (for the full scan).
@@ -103,10 +117,47 @@ fn describe(i: usize, before: &str, after: &str) -> String {
             }
         }
     }
-    format!(
-        "`{}` changed from {before:?} to {after:?}",
-        probes()[i].line()
-    )
+    changed(&probes()[i], before, after)
+}
+
+/// Names a probe's first line that changed.
+fn changed(probe: &Cmd, before: &str, after: &str) -> String {
+    let (mut b, mut a) = (before.lines(), after.lines());
+    loop {
+        match (b.next(), a.next()) {
+            (Some(x), Some(y)) if x == y => continue,
+            (x, y) => {
+                return format!(
+                    "`{}` changed: {:?} became {:?}",
+                    probe.line(),
+                    x.unwrap_or("(nothing)"),
+                    y.unwrap_or("(nothing)")
+                )
+            }
+        }
+    }
+}
+
+/// What the next pre-call check must do before the fast path is trusted
+/// again (see [`log`]).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Owed {
+    /// The latest mark was taken on the recorded configuration.
+    Nothing,
+    /// The global check: the log no longer reached back to a mark.
+    Global,
+    /// The full scan: another client ran a command after a mark.
+    Full,
+}
+
+impl Owed {
+    fn of(seen: Since) -> Owed {
+        match seen {
+            Since::Ours => Owed::Nothing,
+            Since::OutOfReach => Owed::Global,
+            Since::Other => Owed::Full,
+        }
+    }
 }
 
 /// The option or hook name a `show-options` line is about (`name[3] value`).
@@ -118,15 +169,17 @@ fn key_of(line: &str) -> &str {
 pub(crate) struct Drift {
     baseline: Mutex<Vec<String>>,
     hooks: Mutex<Vec<String>>,
+    /// The copy-mode key tables at start.
+    keys: Mutex<Vec<String>>,
     tripped: Mutex<Option<String>>,
     /// Counts calls that finished (each asks for a full scan).
     asked: watch::Sender<u64>,
     /// The highest request the last finished scan covered.
     scanned: watch::Sender<u64>,
-    /// Whether the latest mark (the last `show-messages` on the command
-    /// connection) was taken on the baseline configuration. Held across a
-    /// pre-call check: the next one reads the log back to that mark.
-    clean: tokio::sync::Mutex<bool>,
+    /// What is owed before the latest mark (the last `show-messages` on the
+    /// command connection) can be trusted. Held across a pre-call check: the
+    /// next one reads the log back to that mark.
+    owed: tokio::sync::Mutex<Owed>,
 }
 
 impl Default for Drift {
@@ -134,10 +187,11 @@ impl Default for Drift {
         Drift {
             baseline: Mutex::default(),
             hooks: Mutex::default(),
+            keys: Mutex::default(),
             tripped: Mutex::default(),
             asked: watch::channel(0).0,
             scanned: watch::channel(0).0,
-            clean: tokio::sync::Mutex::new(false),
+            owed: tokio::sync::Mutex::new(Owed::Global),
         }
     }
 }
@@ -175,7 +229,10 @@ impl Drift {
     /// Records the baseline (at start) and runs the first full scan.
     pub(crate) async fn record(&self, hub: &Hub) -> Result<(), ToolError> {
         // A new baseline (a new server generation): no mark is clean yet.
-        *self.clean.lock().await = false;
+        *self.owed.lock().await = Owed::Global;
+        let keys = hub.run_many(&key_tables()).await?;
+        *self.keys.lock().unwrap_or_else(|p| p.into_inner()) =
+            keys.iter().map(|k| joined(k)).collect();
         let s = snapshot(hub).await?;
         // Unset hooks are listed by name alone; a set one shows `name[N] command`.
         if let Some(h) = s[..2]
@@ -231,19 +288,20 @@ impl Drift {
         if let Some(why) = self.tripped() {
             return Err(ToolError::Drift(why));
         }
-        let mut clean = self.clean.lock().await;
-        let seen = mark(hub).await?;
-        if *clean && seen == Since::Ours {
+        let mut owed = self.owed.lock().await;
+        let need = (*owed).max(Owed::of(mark(hub).await?));
+        if need == Owed::Nothing {
             return Ok(());
         }
-        *clean = false;
-        match seen {
-            Since::Other => self.full(hub).await?,
-            Since::Ours | Since::OutOfReach => self.check(hub).await?,
+        // Owed until paid: a failed check leaves it owed.
+        *owed = need;
+        match need {
+            Owed::Full => self.full(hub).await?,
+            _ => self.check(hub).await?,
         }
-        // The configuration was as recorded after the first mark; a second
-        // one is clean if nothing but this connection ran in between.
-        *clean = mark(hub).await? == Since::Ours;
+        // The configuration was as recorded after the first mark; what the
+        // second one owes depends on what ran in between.
+        *owed = Owed::of(mark(hub).await?);
         Ok(())
     }
 
@@ -310,7 +368,21 @@ impl Drift {
     /// and watched options.
     pub(crate) async fn full(&self, hub: &Hub) -> Result<(), ToolError> {
         self.check(hub).await?;
+        self.bindings(hub).await?;
         self.local(hub).await
+    }
+
+    /// The copy-mode key tables against the ones at start.
+    async fn bindings(&self, hub: &Hub) -> Result<(), ToolError> {
+        let now = hub.run_many(&key_tables()).await?;
+        let base = self.keys.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for ((cmd, a), b) in key_tables().iter().zip(&base).zip(&now) {
+            let b = joined(b);
+            if *a != b {
+                return Err(self.trip(changed(cmd, a, &b)));
+            }
+        }
+        Ok(())
     }
 
     async fn local(&self, hub: &Hub) -> Result<(), ToolError> {

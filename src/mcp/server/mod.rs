@@ -78,9 +78,10 @@ impl Server {
         }
         let r = (def.handler)(call, args).await;
         // Typing into a pane changes no tmux configuration (panes cannot
-        // reach the server, P2, and copy-mode keys run no command that
-        // could): only the calls that create, change or destroy tmux
-        // objects ask for a full scan before the next call.
+        // reach the server, P2; copy-mode keys run the copy-mode bindings,
+        // which the full scan compares, and what they run is logged, so the
+        // next call's log check sees it): only the calls that create, change
+        // or destroy tmux objects ask for a full scan before the next call.
         if !matches!(
             def.class,
             Class::MetadataRead | Class::ContentRead | Class::PaneInput
