@@ -162,6 +162,7 @@ DRIFTS = [
     ("global", ["set-option", "-s", "set-clipboard", "on"], "set-clipboard"),
     ("global", ["set-option", "-s", "message-limit", "100000"], "message-limit"),
     ("global", ["set-option", "-s", "copy-command", "id"], "copy-command"),
+    ("global", ["set-option", "-s", "editor", "id"], "editor"),
     ("global", ["set-option", "-gw", "automatic-rename-format", "#(id)"], "automatic-rename-format"),
     ("global", ["set-option", "-g", "set-titles-string", "#(id)"], "set-titles-string"),
     ("global", ["set-option", "-gw", "pane-border-format", "#(id)"], "pane-border-format"),

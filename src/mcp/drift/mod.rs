@@ -56,6 +56,8 @@ const SCALARS: &[&str] = &[
     "pane-border-status",
     "pane-border-format",
     "copy-command",
+    // Run by choose-buffer's `e` key through /bin/sh.
+    "editor",
 ];
 
 /// Array options watched besides hooks (formats do not show arrays).

@@ -92,9 +92,19 @@ async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, To
     // keys, Enter. tmux refuses each if the pane is not there.
     let target = || Cmd::new("send-keys").opt("-t", &pane.pane_id);
     let mut cmds = Vec::new();
-    if let Some(t) = text_in.as_ref().filter(|t| !t.is_empty()) {
+    let typed = text_in.as_ref().filter(|t| !t.is_empty());
+    if let Some(t) = typed {
         cmds.push(Cmd::new("copy-mode").flag("-q").opt("-t", &pane.pane_id));
         cmds.push(target().flag("-l").rest([t.as_bytes()]));
+    } else {
+        // Keys alone go to the pane's mode, if it is in one; which mode is
+        // read in the same write (see below).
+        cmds.push(
+            Cmd::new("display-message")
+                .flag("-p")
+                .opt("-t", &pane.pane_id)
+                .arg("#{pane_mode}"),
+        );
     }
     if !keys.is_empty() {
         cmds.push(target().rest(keys.iter().map(|k| k.as_bytes())));
@@ -103,11 +113,20 @@ async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, To
         cmds.push(target().arg("Enter"));
         keys.push("Enter".into());
     }
-    if !cmds.is_empty() {
+    let replies =
         c.s.hub()
             .run_many(&cmds)
             .await
             .map_err(|e| pane.gone(e.into()))?;
+    // Keys in a mode other than copy or view mode (customize, tree, buffer
+    // mode) can set options with no command in tmux's log: the next call
+    // waits for a full drift scan, as after a call that changes tmux.
+    let mode = replies
+        .first()
+        .filter(|_| typed.is_none())
+        .and_then(|r| r.first());
+    if mode.is_some_and(|m| !m.is_empty() && m != b"copy-mode" && m != b"view-mode") {
+        c.s.drift.after_call();
     }
     Ok(Sent {
         pane_id: pane.pane_id.clone(),
