@@ -138,14 +138,16 @@ impl PaneRef {
             ToolError::Tmux(crate::tmux::client::TmuxError::Command(m))
                 if m.contains("can't find pane") =>
             {
-                ToolError::not_found(
-                    format!("pane {}", self.pane_id),
-                    "call list_panes for the current ids",
-                )
+                no_pane(&self.pane_id)
             }
             e => e,
         }
     }
+}
+
+/// "Not found" for a pane id, with the hint.
+fn no_pane(id: &str) -> ToolError {
+    ToolError::not_found(format!("pane {id}"), "call list_panes for the current ids")
 }
 
 /// Runs a listing command and splits it into rows of fields.
@@ -435,22 +437,14 @@ pub(crate) async fn pane_ref(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRef, Too
             pane_id: format!("%{num}"),
             num,
         }),
-        _ => Err(ToolError::not_found(
-            format!("pane {id}"),
-            "call list_panes for the current ids",
-        )),
+        _ => Err(no_pane(id)),
     }
 }
 
 /// Resolves a pane from an explicit id only (kill and respawn never fall back).
 pub(crate) async fn explicit_pane(c: &Call<'_>, pane_id: &str) -> Result<PaneRow, ToolError> {
     check_id("pane_id", pane_id, '%')?;
-    one_pane(c, pane_id).await?.ok_or_else(|| {
-        ToolError::not_found(
-            format!("pane {pane_id}"),
-            "call list_panes for the current ids",
-        )
-    })
+    one_pane(c, pane_id).await?.ok_or_else(|| no_pane(pane_id))
 }
 
 /// Resolves a window to its first pane's row (which carries the window's ids).
