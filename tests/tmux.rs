@@ -32,6 +32,33 @@ fn pane_cannot_reach_own_socket() {
     assert_eq!(inst.tmux_ok(&["list-clients"]).trim(), "");
 }
 
+/// The setgid utempter helper tmux forks for every pane is emptied in the
+/// server's view: a pane finds an empty file it cannot run (and tmux's
+/// helper call fails at once).
+#[test]
+fn the_utempter_helper_is_emptied() {
+    let helper = [
+        "/usr/lib/x86_64-linux-gnu/utempter/utempter",
+        "/usr/lib/aarch64-linux-gnu/utempter/utempter",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists());
+    let Some(helper) = helper else {
+        eprintln!("no utempter helper on this host: nothing to empty");
+        return;
+    };
+    let ws = Ws::new();
+    let inst = Inst::start(&ws, "default");
+    let out = inst.pane(
+        &ws,
+        &format!("wc -c < {helper}; {helper} add x; echo run=$?"),
+    );
+    assert!(out.starts_with("0\n"), "{out}");
+    assert!(out.contains("run=126"), "{out}");
+    // Positive control: the helper is a real program on the host.
+    assert!(std::fs::metadata(helper).unwrap().len() > 0);
+}
+
 /// T2: the user's own tmux servers (default socket directory, and the one in
 /// the launch-time TMUX) are unreachable, and TMUX never enters the sandbox.
 #[test]

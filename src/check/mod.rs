@@ -61,7 +61,7 @@ pub(crate) fn run(policy: Policy) -> Report {
     let profile = policy.name.clone();
     let source = policy.source.to_string();
     let network = network_of(&policy);
-    match Instance::start(policy) {
+    match Instance::start(policy, crate::tmux::Proof::Here) {
         Err(e) => Report {
             profile,
             source,

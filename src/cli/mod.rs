@@ -337,7 +337,7 @@ fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
     let wsp = policy.workspace.clone();
-    let mut inst = match Instance::start(policy) {
+    let mut inst = match Instance::start(policy, crate::tmux::Proof::Here) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
@@ -419,7 +419,7 @@ fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
 }
 
 fn hold_instance(policy: profile::Policy) -> ExitCode {
-    let inst = match Instance::start(policy) {
+    let inst = match Instance::start(policy, crate::tmux::Proof::Here) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };

@@ -51,7 +51,7 @@ pub(crate) async fn in_use(hub: &Hub) -> Result<InUse, ToolError> {
     let ids: Vec<&[u8]> = rows
         .iter()
         .map(Vec::as_slice)
-        .filter(|id| *id != hub.control_session_id.as_bytes())
+        .filter(|id| *id != hub.control_session_id().as_bytes())
         .collect();
     Ok(InUse {
         sessions: ids.iter().collect::<BTreeSet<_>>().len(),

@@ -79,9 +79,9 @@ pub(crate) struct Broker {
 const SOCKET_FD: i32 = 3;
 
 impl Broker {
-    /// Starts the broker for this instance (its final profile, runtime
-    /// directory and tmux binary).
-    pub(crate) fn spawn(policy: &Policy, rundir: &Rundir, tmux: &Path) -> Result<Broker, String> {
+    /// Starts the broker process, before the sandbox (its start overlaps
+    /// the sandbox's); it waits for [`Broker::configure`].
+    pub(crate) fn spawn() -> Result<Broker, String> {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         let exe = std::env::current_exe().map_err(|e| format!("the broker: {e}"))?;
@@ -112,10 +112,20 @@ impl Broker {
             .map_err(|e| format!("starting the broker: {e}"))?;
         drop(theirs);
         let read = ours.try_clone().map_err(|e| e.to_string())?;
-        let b = Broker {
+        Ok(Broker {
             io: Mutex::new((BufReader::new(read), ours)),
             pid: Pid::from_raw(child.id() as i32),
-        };
+        })
+    }
+
+    /// Tells the broker what it works for: this instance's final profile,
+    /// runtime directory and tmux binary.
+    pub(crate) fn configure(
+        &self,
+        policy: &Policy,
+        rundir: &Rundir,
+        tmux: &Path,
+    ) -> Result<(), String> {
         let config = Config {
             policy: policy.clone(),
             rundir: rundir.path.clone(),
@@ -125,12 +135,12 @@ impl Broker {
         };
         let mut line = serde_json::to_vec(&config).map_err(|e| e.to_string())?;
         line.push(b'\n');
-        b.io.lock()
+        self.io
+            .lock()
             .unwrap_or_else(|p| p.into_inner())
             .1
             .write_all(&line)
-            .map_err(|e| format!("the broker: {e}"))?;
-        Ok(b)
+            .map_err(|e| format!("the broker: {e}"))
     }
 
     fn ask(&self, r: &Request) -> Result<Reply, String> {
@@ -223,11 +233,13 @@ pub(crate) fn main() -> i32 {
         return 1;
     };
     let (mut read, mut write) = (BufReader::new(sock), write);
-    let config: Config = match read_line(&mut read)
-        .and_then(|l| l.ok_or_else(|| "no configuration".into()))
-        .and_then(|l| serde_json::from_slice(&l).map_err(|e| e.to_string()))
-    {
-        Ok(c) => c,
+    let config: Config = match read_line(&mut read).and_then(|l| {
+        l.map(|l| serde_json::from_slice(&l).map_err(|e| e.to_string()))
+            .transpose()
+    }) {
+        Ok(Some(c)) => c,
+        // The supervisor ended before it had an instance to configure.
+        Ok(None) => return 0,
         Err(e) => {
             tracing::error!("the broker: {e}");
             return 1;

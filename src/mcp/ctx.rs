@@ -69,6 +69,9 @@ pub(crate) struct State {
     pub freeze: Arc<super::freeze::Freeze>,
     /// What the confined supervisor has done unconfined (`mcp::broker`).
     pub broker: Option<Arc<super::broker::Broker>>,
+    /// Set once the first sessions, their watchers and the drift baseline
+    /// exist (the MCP handshake does not wait for them; calls do).
+    pub ready: tokio::sync::watch::Sender<Option<Result<(), String>>>,
 }
 
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at
@@ -117,6 +120,19 @@ impl State {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Waits until the instance can take calls ([`State::ready`]).
+    pub(crate) async fn until_ready(&self) -> Result<(), super::error::ToolError> {
+        let mut rx = self.ready.subscribe();
+        let r = match rx.wait_for(|r| r.is_some()).await {
+            Ok(r) => r.clone().unwrap_or(Ok(())),
+            Err(_) => Err("the instance is ending".into()),
+        };
+        r.map_err(|why| {
+            crate::tmux::client::TmuxError::Closed(format!("the sandbox did not start: {why}"))
+                .into()
+        })
     }
 
     /// Switches to a new server generation.

@@ -157,11 +157,16 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
 }
 
 /// Serves the endpoint until the instance ends.
-pub(crate) async fn serve(path: &Path, s: Arc<State>) -> std::io::Result<()> {
+pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Answers the operator on `listener` ([`bind`]) until the instance ends.
+pub(crate) async fn serve(listener: UnixListener, s: Arc<State>) -> std::io::Result<()> {
     let me = nix::unistd::geteuid().as_raw();
     loop {
         let (stream, _) = tokio::select! {
@@ -181,7 +186,11 @@ pub(crate) async fn serve(path: &Path, s: Arc<State>) -> std::io::Result<()> {
                 return;
             }
             while let Ok(Some(line)) = lines.next_line().await {
-                let reply = handle(&s, &line).await;
+                // Bound before the sessions exist; acts once they do.
+                let reply = match s.until_ready().await {
+                    Ok(()) => handle(&s, &line).await,
+                    Err(e) => json!({"ok": false, "error": e.to_string()}),
+                };
                 if wr.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
                     break;
                 }

@@ -1,86 +1,10 @@
-//! Server generations as `serve` sees them: the first one's sessions, the
-//! facts tools report, the supervisor's confinement once it runs, and the
+//! Server generations as `serve` sees them: the facts tools report, the supervisor's confinement once it runs, and the
 //! restart that replaces a dead server (`on_server_exit = "restart"`).
 
 use super::{audit, ctx, oom, record};
-use crate::tmux::hub::{Hub, CONTROL_SESSION};
-use crate::tmux::Instance;
+use crate::tmux::hub::Hub;
+use crate::tmux::{Instance, Proof};
 use std::sync::Arc;
-
-/// The session `serve` creates at start, so a client can run commands at once.
-pub(super) const FIRST_SESSION: &str = "main";
-
-/// Creates the hidden control session and, unless `no_session`, the first
-/// session; returns the control session's id.
-pub(super) fn sessions(inst: &Instance, no_session: bool) -> Result<String, String> {
-    let ws = inst.policy.workspace.display().to_string();
-    let gate = inst.gate().display().to_string();
-    let mut args = vec![
-        "new-session",
-        "-d",
-        "-P",
-        "-F",
-        "#{session_id}",
-        "-s",
-        CONTROL_SESSION,
-        "-x",
-        "80",
-        "-y",
-        "24",
-        "-c",
-        &ws,
-        &gate,
-        "--exec",
-        "--",
-        "cat",
-        // The control pane needs no process: it is kept once dead, and ^D
-        // ends `cat` (the line discipline holds it until `cat` reads).
-        ";",
-        "set-option",
-        "-w",
-        "-t",
-        CONTROL_SESSION,
-        "remain-on-exit",
-        "on",
-        ";",
-        "send-keys",
-        "-t",
-        CONTROL_SESSION,
-        "C-d",
-    ];
-    if !no_session {
-        // In the same tmux client (one process less at start).
-        args.extend([
-            ";",
-            "new-session",
-            "-d",
-            "-s",
-            FIRST_SESSION,
-            "-x",
-            "200",
-            "-y",
-            "50",
-            "-c",
-            &ws,
-            // Its window keeps this size (see tools::spawn::fixed_size).
-            ";",
-            "set-option",
-            "-w",
-            "-t",
-            FIRST_SESSION,
-            "window-size",
-            "manual",
-        ]);
-    }
-    let control_id = inst.cmd(&args).map_err(|e| {
-        if no_session {
-            format!("creating the control session: {e}")
-        } else {
-            format!("creating the control and first sessions: {e}")
-        }
-    })?;
-    Ok(control_id.trim().to_string())
-}
 
 /// The facts tools report about the current server generation.
 pub(super) fn info_of(inst: &Instance, tmux_version: String) -> ctx::InstanceInfo {
@@ -134,21 +58,27 @@ pub(super) async fn restart(
     if let Some(w) = oom {
         w.check();
     }
-    let (tmux, socket, control_id, info) = {
+    let (tmux, socket, genesis, info) = {
         let mut g = inst.lock().unwrap_or_else(|p| p.into_inner());
         let i = g.as_mut().ok_or("the instance is ending")?;
-        i.restart().map_err(|e| e.to_string())?;
-        let control_id = sessions(i, no_session)?;
+        i.restart(Proof::Hub).map_err(|e| e.to_string())?;
         (
             i.tmux.clone(),
             i.socket(),
-            control_id,
+            i.genesis(!no_session),
             info_of(i, state.info().tmux_version),
         )
     };
     let watchers = state.policy.limits.max_sessions as usize;
-    let hub = Hub::connect(&tmux, &socket, &control_id, watchers).await?;
-    state.drift.record(&hub).await.map_err(|e| e.to_string())?;
+    let hub = Hub::spawn(&tmux, &socket, genesis, watchers).await?;
+    let ready = match hub.created().await {
+        Ok(()) => state.drift.record(&hub).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = ready {
+        hub.shutdown();
+        return Err(e);
+    }
     if let (Some(w), Some(cg)) = (oom, info.cgroup.clone()) {
         w.replace(cg);
     }

@@ -45,7 +45,7 @@ pub(crate) mod toolsets;
 use crate::profile::Policy;
 use crate::tmux::hub::Hub;
 use crate::tmux::Instance;
-use generation::{confine_self, info_of, sessions};
+use generation::{confine_self, info_of};
 use hostfiles::{default_audit_path, outside_agent_writable, retain};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -134,22 +134,22 @@ fn host_files(
 struct Started {
     inst: Instance,
     broker: Arc<broker::Broker>,
-    control_id: String,
     tmux_version: String,
 }
 
-/// Start-up steps 3-5: the sandbox, the broker, the control and first
-/// sessions. Ends what exists and gives the exit status on failure (or on
+/// Start-up steps 3-4: the broker and the sandbox (the sessions are the
+/// hub's, step 7). Ends what exists and gives the exit status on failure (or on
 /// a stop that came meanwhile).
-fn start(
-    policy: &Policy,
-    opts: &Options,
-    stop: &exit::Stop,
-    audit: &audit::Audit,
-) -> Result<Started, i32> {
+fn start(policy: &Policy, stop: &exit::Stop, audit: &audit::Audit) -> Result<Started, i32> {
+    // What the confined supervisor cannot do itself (later generations, the
+    // signals freezer) is the broker's. It is started from this thread (its
+    // parent-death signal follows the thread that forked it, and this one
+    // lives as long as the instance), first: its start overlaps the
+    // sandbox's.
+    let broker = broker::Broker::spawn();
     // A start-up step that fails while a stop is pending is reported, and the
     // stop decides the status (a terminal's ^C reaches the sandbox too).
-    let mut inst = Instance::start(policy.clone()).map_err(|e| {
+    let mut inst = Instance::start(policy.clone(), crate::tmux::Proof::Hub).map_err(|e| {
         tracing::error!("{e}");
         match stop.signal() {
             Some(sig) => stopped(audit, None, sig),
@@ -165,19 +165,11 @@ fn start(
     if let Some(sig) = stop.signal() {
         return Err(stopped(audit, Some(inst), sig));
     }
-    // What the confined supervisor cannot do itself (later generations, the
-    // signals freezer) is the broker's, for this instance's final profile
-    // (the workspace guard has added its paths). It starts while the first
-    // sessions are made (neither needs the other). The broker is started
-    // from this thread: its parent-death signal follows the thread that
-    // forked it, and this one lives as long as the instance.
-    let (broker, control_id) = std::thread::scope(|s| {
-        let control_id = s.spawn(|| sessions(&inst, opts.no_session));
-        let broker = broker::Broker::spawn(&inst.policy, &inst.rundir, &inst.tmux);
-        let control_id = control_id
-            .join()
-            .unwrap_or_else(|_| Err("creating the sessions: the thread panicked".into()));
-        (broker, control_id)
+    // The broker (started before the sandbox) works for this instance's
+    // final profile: the workspace guard has added its paths.
+    let broker = broker.and_then(|b| {
+        b.configure(&inst.policy, &inst.rundir, &inst.tmux)
+            .map(|()| b)
     });
     let broker = match broker {
         Ok(b) => Arc::new(b),
@@ -189,16 +181,6 @@ fn start(
         }
     };
     inst.broker = Some(broker.clone());
-    let control_id = match control_id {
-        Ok(id) => id,
-        Err(e) => {
-            tracing::error!("{e}");
-            return Err(match stop.signal() {
-                Some(sig) => stopped(audit, Some(inst), sig),
-                None => crate::sandbox::EXIT_INTERNAL,
-            });
-        }
-    };
     if let Some(sig) = stop.signal() {
         return Err(stopped(audit, Some(inst), sig));
     }
@@ -206,12 +188,11 @@ fn start(
     Ok(Started {
         inst,
         broker,
-        control_id,
         tmux_version,
     })
 }
 
-/// Start-up step 6: the HTTP listener (bound while the supervisor still may)
+/// Start-up step 5: the HTTP listener (bound while the supervisor still may)
 /// and the supervisor's confinement.
 fn listen_and_confine(
     mut st: Started,
@@ -310,7 +291,7 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     if let Some(sig) = stop.signal() {
         return stopped(&pre.audit, None, sig);
     }
-    let started = match start(&policy, &opts, stop, &pre.audit) {
+    let started = match start(&policy, stop, &pre.audit) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -349,7 +330,7 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
 /// The state, made once the hub is connected.
 type MakeState = Box<dyn FnOnce(Arc<Hub>) -> Arc<ctx::State>>;
 
-/// Start-up step 7: what started passes to the runtime: the instance into
+/// Start-up step 6: what started passes to the runtime: the instance into
 /// the teardown's keeping, its watchers, the connection's parts, and the
 /// state to make once the hub is connected.
 fn hand_over(
@@ -365,7 +346,7 @@ fn hand_over(
     let conn = runtime::Conn {
         tmux: st.inst.tmux.clone(),
         socket: st.inst.socket(),
-        control_id: st.control_id.clone(),
+        genesis: st.inst.genesis(!no_session),
         rundir: st.inst.rundir.path.clone(),
         no_session,
         watchers: policy.limits.max_sessions as usize,
@@ -402,6 +383,7 @@ fn hand_over(
             creating: Default::default(),
             freeze: frozen,
             broker: Some(broker),
+            ready: tokio::sync::watch::channel(None).0,
         })
     });
     Ok((left, conn, make))

@@ -15,7 +15,8 @@ use std::sync::Arc;
 pub(super) struct Conn {
     pub(super) tmux: PathBuf,
     pub(super) socket: PathBuf,
-    pub(super) control_id: String,
+    /// What the command client makes on the server, and how it knows it.
+    pub(super) genesis: crate::tmux::genesis::Genesis,
     pub(super) rundir: PathBuf,
     pub(super) no_session: bool,
     /// Hub watchers: the profile's session limit.
@@ -41,7 +42,7 @@ pub(super) async fn run(
     if let Some((l, cfg)) = c.proxy {
         left.flood.start(l, cfg);
     }
-    let hub = match Hub::connect(&c.tmux, &c.socket, &c.control_id, c.watchers).await {
+    let hub = match Hub::spawn(&c.tmux, &c.socket, c.genesis, c.watchers).await {
         Ok(h) => h,
         Err(e) => {
             tracing::error!("{e}");
@@ -49,11 +50,70 @@ pub(super) async fn run(
         }
     };
     let state = make(hub.clone());
-    if let Err(e) = state.drift.record(&hub).await {
-        tracing::error!("{e}");
-        hub.shutdown();
-        return (stopping(crate::sandbox::EXIT_INTERNAL), Some(state));
+    // The operator endpoint, beside the socket in the private runtime
+    // directory; like calls, it acts once the instance is ready.
+    match endpoint::bind(&c.rundir.join("control.sock")) {
+        Ok(l) => {
+            let ep = state.clone();
+            tokio::spawn(async move {
+                if let Err(e) = endpoint::serve(l, ep).await {
+                    tracing::error!("operator endpoint: {e}");
+                }
+            });
+        }
+        Err(e) => tracing::error!("operator endpoint: {e}"),
     }
+    // The MCP handshake needs no tmux: it runs while the sessions, the
+    // watchers and the drift baseline are made; calls wait for them.
+    let serve = async {
+        match listening {
+            Some(l) => over_http(&state, l).await,
+            None => over_stdio(&state).await,
+        }
+    };
+    let ready = async {
+        // A stop during start-up ends it (the status is then 0).
+        let r = tokio::select! {
+            r = ready_up(&state, &hub, c.no_session, left) => r,
+            _ = shutdown.cancelled() => Err(("stopped while starting".to_string(), 0)),
+        };
+        let failed = r.as_ref().err().map(|(e, code)| {
+            match code {
+                0 => tracing::info!("{e}"),
+                _ => tracing::error!("{e}"),
+            }
+            stopping(*code)
+        });
+        state.ready.send_replace(Some(r.map_err(|(e, _)| e)));
+        if failed.is_some() {
+            state.hub().shutdown();
+            // The calls that waited write their error first.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            shutdown.cancel();
+        }
+        failed
+    };
+    let (code, failed) = tokio::join!(serve, ready);
+    shutdown.cancel();
+    state.hub().shutdown();
+    (failed.unwrap_or(stopping(code)), Some(state))
+}
+
+/// What calls wait for: the sessions and their watchers, the drift
+/// baseline, the background watchers and the recording. A failure carries the exit status.
+async fn ready_up(
+    state: &Arc<ctx::State>,
+    hub: &Arc<Hub>,
+    no_session: bool,
+    left: &Leftovers,
+) -> Result<(), (String, i32)> {
+    let internal = |e: String| (e, crate::sandbox::EXIT_INTERNAL);
+    hub.created().await.map_err(internal)?;
+    state
+        .drift
+        .record(hub)
+        .await
+        .map_err(|e| internal(e.to_string()))?;
     let st = state.clone();
     tokio::spawn(async move { st.drift.scanner(|| st.hub()).await });
     if let Some(w) = &left.oom {
@@ -66,30 +126,14 @@ pub(super) async fn run(
         state.clone(),
         left.inst.clone(),
         left.oom.clone(),
-        c.no_session,
+        no_session,
     ));
-    // The operator endpoint, beside the socket in the private runtime directory.
-    let ep = state.clone();
-    let ep_path = c.rundir.join("control.sock");
-    tokio::spawn(async move {
-        if let Err(e) = endpoint::serve(&ep_path, ep).await {
-            tracing::error!("operator endpoint: {e}");
-        }
-    });
     if let Some(rec) = &state.record {
-        if let Err(e) = rec.start(&hub, &c.control_id).await {
-            tracing::error!("--record: {e}");
-            state.hub().shutdown();
-            return (stopping(crate::sandbox::EXIT_USAGE), Some(state));
-        }
+        rec.start(hub, hub.control_session_id())
+            .await
+            .map_err(|e| (format!("--record: {e}"), crate::sandbox::EXIT_USAGE))?;
     }
-    let code = match listening {
-        Some(l) => over_http(&state, l).await,
-        None => over_stdio(&state).await,
-    };
-    shutdown.cancel();
-    state.hub().shutdown();
-    (stopping(code), Some(state))
+    Ok(())
 }
 
 /// MCP over stdio until the client leaves or the stop.

@@ -223,7 +223,7 @@ fn id_num(s: &str) -> u64 {
 pub(crate) async fn panes(c: &Call<'_>) -> Result<Vec<PaneRow>, ToolError> {
     // tmux leaves the control session out before it expands the fields
     // (`rows_of` leaves it out again).
-    let not_ours = format!("#{{!=:#{{session_id}},{}}}", c.s.hub().control_session_id);
+    let not_ours = format!("#{{!=:#{{session_id}},{}}}", c.s.hub().control_session_id());
     let list = Cmd::new("list-panes").flag("-a").opt("-f", not_ours);
     let rows = listing(c, list, PANE_FIELDS).await?;
     let mut out = rows_of(c, rows);
@@ -255,7 +255,7 @@ async fn one_pane(c: &Call<'_>, id: &str) -> Result<Option<PaneRow>, ToolError> 
 
 fn rows_of(c: &Call<'_>, rows: Vec<Vec<String>>) -> Vec<PaneRow> {
     rows.into_iter()
-        .filter(|r| r[0] != c.s.hub().control_session_id)
+        .filter(|r| r[0] != c.s.hub().control_session_id())
         .map(|r| PaneRow {
             session_id: r[0].clone(),
             session_name: r[1].clone(),
@@ -433,7 +433,7 @@ pub(crate) async fn pane_ref(c: &Call<'_>, sel: &PaneSel) -> Result<PaneRef, Too
     check_id("pane_id", id, '%')?;
     // By number: tmux reads `%05` as `%5`.
     match pane_num(id) {
-        Some(num) if Some(num) != pane_num(&c.s.hub().control_pane_id) => Ok(PaneRef {
+        Some(num) if Some(num) != pane_num(c.s.hub().control_pane_id()) => Ok(PaneRef {
             pane_id: format!("%{num}"),
             num,
         }),

@@ -78,7 +78,7 @@ pub(super) fn run(
         let _ = kill(payload, Signal::SIGKILL);
         stop
     };
-    cover_socket(plan, bp, &job, ns, payload).map_err(stop)?;
+    let socket_watch = cover_socket(plan, bp, &job, ns, payload).map_err(stop)?;
     if !job.pre_confined {
         confine_self(&layers, &filters, &job).map_err(stop)?;
     }
@@ -93,6 +93,9 @@ pub(super) fn run(
         });
     }
     layers.rep.close();
+    // Closing an inotify instance waits for an SRCU grace period (the
+    // kernel's fsnotify_destroy_group, 8-16 ms): only once Ready is sent.
+    drop(socket_watch);
     let code = reap(payload, relay);
     if !ns.has(Layer::Pid) {
         end_descendants();
@@ -359,19 +362,20 @@ fn spawn_payload(
 }
 
 /// Step 10: tmux: once the server listens, cover its socket directory for
-/// everyone inside (the plan's after-ready mounts).
+/// everyone inside (the plan's after-ready mounts). Returns the inotify
+/// instance that waited, for the caller to close later.
 fn cover_socket(
     plan: &Plan,
     bp: &Blueprint,
     job: &payload::Job<'_>,
     ns: &namespaces::Created,
     server: Pid,
-) -> Result<(), Stop> {
+) -> Result<Option<nix::sys::inotify::Inotify>, Stop> {
     if !matches!(plan.payload, Payload::Tmux { .. }) {
-        return Ok(());
+        return Ok(None);
     }
     let sock = job.host_view.map_or(&bp.paths.socket, |h| &h.paths.socket);
-    wait_for_socket(server, sock).map_err(internal("waiting for the tmux server"))?;
+    let watch = wait_for_socket(server, sock).map_err(internal("waiting for the tmux server"))?;
     if ns.has(Layer::Mount) {
         mounts::after_ready(&bp.after_ready)
             .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
@@ -379,7 +383,7 @@ fn cover_socket(
     if let Some(h) = job.host_view {
         super::hostview::cover(&h.paths.socket).map_err(|e| Stop::applying(Layer::Mount, e))?;
     }
-    Ok(())
+    Ok(Some(watch))
 }
 
 /// Step 11: PID 1 itself: no capabilities, no new privileges, the same syscall
@@ -420,8 +424,12 @@ fn confine_self(
         })
 }
 
-/// Waits (event-driven, inotify) until the tmux socket exists, or the server dies.
-fn wait_for_socket(server: Pid, sock: &std::path::Path) -> Result<(), String> {
+/// Waits (event-driven, inotify) until the tmux socket exists, or the server
+/// dies; returns the inotify instance (closing it is slow: see `run`).
+fn wait_for_socket(
+    server: Pid,
+    sock: &std::path::Path,
+) -> Result<nix::sys::inotify::Inotify, String> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     let ino =
@@ -431,7 +439,7 @@ fn wait_for_socket(server: Pid, sock: &std::path::Path) -> Result<(), String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         if sock.exists() {
-            return Ok(());
+            return Ok(ino);
         }
         match waitpid(server, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {

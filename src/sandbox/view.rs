@@ -117,7 +117,7 @@ fn note(s: &Step) -> &'static str {
                 content: RunFile::TmuxConf,
             },
         )
-        | (Part::SocketCover, _) => " (tmux mode)",
+        | (Part::SocketCover | Part::Utempter, _) => " (tmux mode)",
         (
             _,
             Op::File {

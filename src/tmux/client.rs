@@ -67,6 +67,8 @@ struct Shared {
     q: Mutex<Queue>,
     /// Set once the client's output has ended (its process is gone).
     ended: tokio::sync::watch::Sender<bool>,
+    /// The session the client was last attached to (`%session-changed`).
+    session: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Shared {
@@ -128,8 +130,6 @@ fn is_guard(line: &[u8]) -> bool {
 
 impl Client {
     /// Starts `tmux -N -u -S SOCKET -C attach-session -t TARGET -f FLAGS`.
-    /// `-N`: never start a server (a missing one is an error, not a new
-    /// unconfined server on the host).
     pub(crate) async fn attach(
         name: &str,
         tmux: &Path,
@@ -138,18 +138,31 @@ impl Client {
         flags: &str,
         sink: Arc<dyn Sink>,
     ) -> std::io::Result<Client> {
+        let mut argv = vec!["attach-session".to_string(), "-t".into(), target.into()];
+        if !flags.is_empty() {
+            argv.extend(["-f".to_string(), flags.to_string()]);
+        }
+        Client::start(name, tmux, socket, &argv, sink).await
+    }
+
+    /// Starts `tmux -N -u -S SOCKET -C ARGV...`; ARGV is a command that
+    /// attaches the client (one that does not ends it). `-N`: never start a
+    /// server (a missing one is an error, not a new unconfined server on the
+    /// host).
+    pub(crate) async fn start(
+        name: &str,
+        tmux: &Path,
+        socket: &Path,
+        argv: &[String],
+        sink: Arc<dyn Sink>,
+    ) -> std::io::Result<Client> {
         let mut cmd = Command::new(tmux);
         cmd.arg("-N")
             .arg("-u")
             .arg("-S")
             .arg(socket)
             .arg("-C")
-            .arg("attach-session")
-            .arg("-t")
-            .arg(target);
-        if !flags.is_empty() {
-            cmd.arg("-f").arg(flags);
-        }
+            .args(argv);
         cmd.env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("LANG", "C.UTF-8")
@@ -169,6 +182,7 @@ impl Client {
         let shared = Arc::new(Shared {
             q: Mutex::new(Queue::default()),
             ended: tokio::sync::watch::channel(false).0,
+            session: tokio::sync::watch::channel(None).0,
         });
         let reader = Reader {
             shared: shared.clone(),
@@ -176,6 +190,7 @@ impl Client {
             name: name.to_string(),
             held: None,
             held_events: Vec::new(),
+            own_error: None,
         };
         tokio::spawn(reader.run(stdout));
         Ok(Client {
@@ -299,6 +314,34 @@ impl Client {
             .is_some()
     }
 
+    /// Waits until the client is attached to a session (its own command
+    /// made or found one) and returns its id, at most `limit`. Commands
+    /// sent before may run before the client's own command: tmux reads a
+    /// control client's input from the moment it identifies.
+    pub(crate) async fn attached(&self, limit: Duration) -> Reply {
+        let mut session = self.shared.session.subscribe();
+        let mut ended = self.shared.ended.subscribe();
+        let wait = async {
+            tokio::select! {
+                s = session.wait_for(|s| s.is_some()) => match s {
+                    Ok(s) => Ok(vec![s.clone().unwrap_or_default().into_bytes()]),
+                    Err(_) => Err(TmuxError::Closed("reader ended".into())),
+                },
+                _ = ended.wait_for(|e| *e) => {
+                    let q = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
+                    Err(TmuxError::Closed(q.closed.clone().unwrap_or_else(|| "ended".into())))
+                }
+            }
+        };
+        match tokio::time::timeout(limit, wait).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.abandon();
+                Err(TmuxError::Timeout(limit))
+            }
+        }
+    }
+
     /// Waits until the client's output has ended (its process exited and the
     /// server saw its connection close), at most `limit`.
     pub(crate) async fn ended(&self, limit: Duration) {
@@ -340,6 +383,8 @@ struct Reader {
     held: Option<Held>,
     /// Pane output that arrived between a checked reply and its sentinel.
     held_events: Vec<Event>,
+    /// The client's own command failed: why (its end's reason).
+    own_error: Option<String>,
 }
 
 impl Reader {
@@ -397,15 +442,31 @@ impl Reader {
                 lines,
                 ..
             } => {
-                // flags bit 0 clear: the attach command's own block.
+                // flags bit 0 clear: a block of the client's own command.
                 if flags & 1 == 1 {
                     self.reply(lines, error);
+                } else if error
+                    && self.own_error.is_none()
+                    && self.shared.session.borrow().is_none()
+                {
+                    let text = lines
+                        .iter()
+                        .map(|l| String::from_utf8_lossy(l))
+                        .collect::<Vec<_>>();
+                    self.own_error = Some(format!("tmux: {}", text.join("; ")));
                 }
                 Ok(())
             }
             Event::Exit(r) => Err(r.unwrap_or_else(|| "exit".into())),
             // A guard outside any block: a block ended early.
             Event::Notification(ref line) if is_guard(line) => Err(FORGED.to_string()),
+            Event::Notification(ref line) if line.starts_with(b"%session-changed ") => {
+                let id = line.split(|b| *b == b' ').nth(1).unwrap_or_default();
+                let id = String::from_utf8_lossy(id).into_owned();
+                self.shared.session.send_replace(Some(id));
+                dispatch(&*self.sink, &self.name, ev);
+                Ok(())
+            }
             other => {
                 dispatch(&*self.sink, &self.name, other);
                 Ok(())
@@ -451,7 +512,8 @@ impl Reader {
         // write) ends with that reason, not with its EOF.
         let reason = {
             let q = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
-            q.closed.clone().unwrap_or(reason)
+            let own = self.own_error.take().filter(|_| reason != FORGED);
+            q.closed.clone().or(own).unwrap_or(reason)
         };
         self.shared.fail_all(&reason);
         self.sink.closed(&self.name, &reason);

@@ -23,18 +23,23 @@
 //! hold still is the panes' own life (a pane that exits at that very moment)
 //! and a human's terminal detaching: see `docs/architecture.md`.
 
-use super::client::{Client, Sink, TmuxError};
+use super::client::{Client, TmuxError};
 pub(crate) use super::cmd::Cmd;
-use std::collections::{HashMap, VecDeque};
+use super::genesis::{self, Genesis};
+use super::streams::Streams;
+pub(crate) use super::streams::{Chunk, Tap, RING_BYTES};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
-/// Bytes of recent output kept per pane.
-pub(crate) const RING_BYTES: usize = 256 * 1024;
 /// The hidden session the command client is attached to.
 pub(crate) const CONTROL_SESSION: &str = "_sandmux";
+/// Why an ended hub does not reconnect.
+const ENDED: &str = "this server generation has ended";
+/// A watcher's client flags.
+pub(crate) const WATCH_FLAGS: &str = "ignore-size,pause-after=2";
 /// Default bound for one tmux command.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(5);
 /// How often the output of closed panes is looked for (and dropped one
@@ -52,86 +57,6 @@ pub(crate) enum HubEvent {
     ServerGone(String),
 }
 
-struct PaneStream {
-    ring: VecDeque<u8>,
-    end: u64,
-    tx: watch::Sender<u64>,
-}
-
-/// A function that sees one pane's output as it arrives (the recorder).
-pub(crate) type Tap = Box<dyn Fn(&[u8]) + Send + Sync>;
-
-/// The pane output store (the [`Sink`] of every client).
-pub(crate) struct Streams {
-    panes: Mutex<HashMap<u32, PaneStream>>,
-    tap: std::sync::RwLock<Option<(u32, Tap)>>,
-    events: broadcast::Sender<HubEvent>,
-    paused_tx: tokio::sync::mpsc::UnboundedSender<(String, u32)>,
-    command_client: String,
-}
-
-impl Streams {
-    fn stream(map: &mut HashMap<u32, PaneStream>, pane: u32) -> &mut PaneStream {
-        map.entry(pane).or_insert_with(|| PaneStream {
-            ring: VecDeque::new(),
-            end: 0,
-            tx: watch::channel(0).0,
-        })
-    }
-}
-
-impl Sink for Streams {
-    fn output(&self, pane: u32, data: &[u8]) {
-        if let Ok(t) = self.tap.read() {
-            if let Some((p, f)) = t.as_ref() {
-                if *p == pane {
-                    f(data);
-                }
-            }
-        }
-        let mut map = self.panes.lock().unwrap_or_else(|p| p.into_inner());
-        let s = Self::stream(&mut map, pane);
-        s.ring.extend(data);
-        let over = s.ring.len().saturating_sub(RING_BYTES);
-        s.ring.drain(..over);
-        s.end += data.len() as u64;
-        s.tx.send_replace(s.end);
-    }
-
-    fn notification(&self, client: &str, line: &[u8]) {
-        if client == self.command_client
-            && (line.starts_with(b"%sessions-changed") || line.starts_with(b"%session-renamed"))
-        {
-            let _ = self.events.send(HubEvent::SessionsChanged);
-        }
-    }
-
-    fn paused(&self, client: &str, pane: u32) {
-        let _ = self.paused_tx.send((client.to_string(), pane));
-    }
-
-    fn closed(&self, client: &str, reason: &str) {
-        if client == self.command_client
-            && reason != super::client::FORGED
-            && reason != super::client::WEDGED
-            && reason != super::client::DROPPED
-        {
-            let _ = self.events.send(HubEvent::ServerGone(reason.to_string()));
-        }
-    }
-}
-
-/// Output read from a pane's ring.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Chunk {
-    /// The bytes from the requested offset (or the oldest kept) to the end.
-    pub data: Vec<u8>,
-    /// Offset just past `data`.
-    pub end: u64,
-    /// Bytes between the requested offset and the oldest kept were lost.
-    pub missed: u64,
-}
-
 /// The connection to the sandboxed server.
 pub(crate) struct Hub {
     tmux: PathBuf,
@@ -141,8 +66,9 @@ pub(crate) struct Hub {
     reconnect: tokio::sync::Mutex<()>,
     watchers: Mutex<HashMap<String, Arc<Client>>>,
     /// Held for reading by every command, for writing while a control client
-    /// attaches (see the module's documentation).
-    quiet: tokio::sync::RwLock<()>,
+    /// attaches (see the module's documentation) and while the sessions are
+    /// made.
+    quiet: Arc<tokio::sync::RwLock<()>>,
     /// One watcher sync at a time.
     syncing: tokio::sync::Mutex<()>,
     /// Most watchers at once (the profile's `max_sessions`): the host never
@@ -151,10 +77,13 @@ pub(crate) struct Hub {
     streams: Arc<Streams>,
     /// Hub-wide events.
     pub events: broadcast::Sender<HubEvent>,
-    /// The control session's id (`$N`), hidden from tools.
-    pub control_session_id: String,
-    /// Its one pane's id (`%N`), never a tool's target.
-    pub control_pane_id: String,
+    /// The control session's and pane's ids, once made.
+    control: std::sync::OnceLock<(String, String)>,
+    /// How making the sessions went, once it is over.
+    created: watch::Sender<Option<Result<(), String>>>,
+    /// Set by [`Hub::shutdown`]: no client of this hub connects again (the
+    /// socket may have a new generation's server by then).
+    ended: std::sync::atomic::AtomicBool,
     /// The sandbox is frozen (`sandmux freeze`): every command fails at once
     /// with [`TmuxError::Frozen`] instead of waiting on a stopped server,
     /// and the background work (pruning, resuming paused panes) waits.
@@ -162,72 +91,139 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    /// Connects to the server at `socket`, whose control session already
-    /// exists; at most `max_watchers` sessions get a watcher.
-    pub(crate) async fn connect(
+    /// Starts the command client on the fresh server at `socket` and returns
+    /// the hub at once. What the client makes there ([`Genesis`]) and the
+    /// watchers follow in the background, in quiet, so every command waits
+    /// for them; [`Hub::created`] tells how it went. At most `max_watchers`
+    /// sessions get a watcher.
+    pub(crate) async fn spawn(
         tmux: &Path,
         socket: &Path,
-        control_session_id: &str,
+        genesis: Genesis,
         max_watchers: usize,
     ) -> Result<Arc<Hub>, String> {
         let (events, _) = broadcast::channel(64);
         let (ptx, prx) = tokio::sync::mpsc::unbounded_channel();
-        let streams = Arc::new(Streams {
-            panes: Mutex::new(HashMap::new()),
-            tap: std::sync::RwLock::new(None),
-            events: events.clone(),
-            paused_tx: ptx,
-            command_client: "command".into(),
-        });
-        let cmd = Client::attach(
-            "command",
-            tmux,
-            socket,
-            control_session_id,
-            "no-output,ignore-size",
-            streams.clone(),
-        )
-        .await
-        .map_err(|e| format!("starting the control client: {e}"))?;
-        let pane = cmd
-            .run(
-                &Cmd::new("display-message")
-                    .flag("-p")
-                    .opt("-t", control_session_id)
-                    .arg("#{pane_id}")
-                    .line(),
-                DEADLINE,
-            )
+        let streams = Arc::new(Streams::new(events.clone(), ptx, "command"));
+        let cmd = Client::start("command", tmux, socket, &genesis.argv(), streams.clone())
             .await
-            .map_err(|e| format!("control client: {e}"))?;
-        let control_pane_id = match pane.as_slice() {
-            [id] if id.starts_with(b"%") => String::from_utf8_lossy(id).into_owned(),
-            _ => return Err(format!("control client: no control pane ({pane:?})")),
-        };
-        let control_session_id = control_session_id.to_string();
+            .map_err(|e| format!("starting the control client: {e}"))?;
         let hub = Arc::new(Hub {
             tmux: tmux.to_path_buf(),
             socket: socket.to_path_buf(),
             cmd: Mutex::new(Arc::new(cmd)),
             reconnect: tokio::sync::Mutex::new(()),
             watchers: Mutex::new(HashMap::new()),
-            quiet: tokio::sync::RwLock::new(()),
+            quiet: Arc::new(tokio::sync::RwLock::new(())),
             syncing: tokio::sync::Mutex::new(()),
             max_watchers,
             streams,
             events,
-            control_session_id,
-            control_pane_id,
+            control: std::sync::OnceLock::new(),
+            created: watch::channel(None).0,
+            ended: std::sync::atomic::AtomicBool::new(false),
             frozen: watch::channel(false).0,
         });
-        tokio::spawn(Hub::resume_paused(Arc::downgrade(&hub), prx));
-        tokio::spawn(Hub::follow_sessions(
-            Arc::downgrade(&hub),
-            hub.events.subscribe(),
-        ));
-        tokio::spawn(Hub::prune(Arc::downgrade(&hub), PRUNE_EVERY));
-        hub.sync_watchers().await?;
+        // A fresh lock: taken at once, before any command can ask for it.
+        let quiet = hub
+            .quiet
+            .clone()
+            .try_write_owned()
+            .map_err(|e| format!("the hub: {e}"))?;
+        tokio::spawn(Hub::create(hub.clone(), quiet, genesis, prx));
         Ok(hub)
+    }
+
+    /// The background half of [`Hub::spawn`].
+    async fn create(
+        hub: Arc<Hub>,
+        quiet: tokio::sync::OwnedRwLockWriteGuard<()>,
+        genesis: Genesis,
+        paused: tokio::sync::mpsc::UnboundedReceiver<(String, u32)>,
+    ) {
+        // Whatever happens to this task, `created` is answered.
+        struct Answer(Arc<Hub>);
+        impl Drop for Answer {
+            fn drop(&mut self) {
+                self.0.created.send_if_modified(|r| match r {
+                    None => {
+                        *r = Some(Err("making the sessions ended early".into()));
+                        true
+                    }
+                    Some(_) => false,
+                });
+            }
+        }
+        let _answer = Answer(hub.clone());
+        let made = hub.make(&genesis).await;
+        drop(quiet);
+        let r = match made {
+            Ok(made) => {
+                let _ = hub.control.set(made.control);
+                if let Some((id, w)) = made.first {
+                    let mut watchers = hub.watchers.lock().unwrap_or_else(|p| p.into_inner());
+                    watchers.insert(id, Arc::new(w));
+                }
+                tokio::spawn(Hub::resume_paused(Arc::downgrade(&hub), paused));
+                tokio::spawn(Hub::follow_sessions(
+                    Arc::downgrade(&hub),
+                    hub.events.subscribe(),
+                ));
+                tokio::spawn(Hub::prune(Arc::downgrade(&hub), PRUNE_EVERY));
+                hub.sync_watchers().await
+            }
+            Err(e) => Err(e),
+        };
+        if r.is_err() {
+            hub.shutdown();
+        }
+        hub.created.send_replace(Some(r));
+    }
+
+    /// The sessions, through the command client; once more through a fresh
+    /// one when the first ended unattached and the server proves ours.
+    async fn make(&self, genesis: &Genesis) -> Result<genesis::Made, String> {
+        let cmd = self.cmd.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (tmux, socket) = (&self.tmux, &self.socket);
+        match genesis::make(&cmd, genesis, tmux, socket, self.streams.clone()).await {
+            Err(genesis::Failed::Unattached(_)) => {}
+            r => return r.map_err(genesis::Failed::into_message),
+        }
+        genesis::prove(tmux, socket, genesis).await?;
+        if self.is_ended() {
+            return Err(ENDED.into());
+        }
+        let argv = genesis.argv();
+        let fresh = Client::start("command", tmux, socket, &argv, self.streams.clone())
+            .await
+            .map_err(|e| format!("starting the control client: {e}"))?;
+        let fresh = Arc::new(fresh);
+        *self.cmd.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        genesis::make(&fresh, genesis, tmux, socket, self.streams.clone())
+            .await
+            .map_err(genesis::Failed::into_message)
+    }
+
+    /// Waits until the sessions are made and watched ([`Hub::spawn`]).
+    pub(crate) async fn created(&self) -> Result<(), String> {
+        let mut rx = self.created.subscribe();
+        let r = match rx.wait_for(|r| r.is_some()).await {
+            Ok(r) => r.clone().unwrap_or(Ok(())),
+            Err(_) => Err("the hub ended while starting".into()),
+        };
+        r
+    }
+
+    /// The control session's id (`$N`), hidden from tools; empty until
+    /// [`Hub::created`].
+    pub(crate) fn control_session_id(&self) -> &str {
+        self.control.get().map_or("", |(s, _)| s.as_str())
+    }
+
+    /// Its one pane's id (`%N`), never a tool's target; empty until
+    /// [`Hub::created`].
+    pub(crate) fn control_pane_id(&self) -> &str {
+        self.control.get().map_or("", |(_, p)| p.as_str())
     }
 
     /// Paused panes are resumed at once: the reader is already past them.
@@ -354,11 +350,15 @@ impl Hub {
         }
         let _quiet = self.quiet.write().await;
         c.ended(ENDED_WAIT).await;
+        // Checked with no await before the attach (`shutdown` is sync).
+        if self.is_ended() {
+            return Err(TmuxError::Closed(ENDED.into()));
+        }
         let fresh = Client::attach(
             "command",
             &self.tmux,
             &self.socket,
-            &self.control_session_id,
+            self.control_session_id(),
             "no-output,ignore-size",
             self.streams.clone(),
         )
@@ -392,6 +392,9 @@ impl Hub {
     /// clients stay at most `1 + max_watchers`; their output is not followed.
     pub(crate) async fn sync_watchers(&self) -> Result<(), String> {
         let _one = self.syncing.lock().await;
+        if self.is_ended() {
+            return Err(ENDED.into());
+        }
         let rows = self
             .run(&Cmd::new("list-sessions").opt("-F", "#{session_id}"))
             .await
@@ -399,7 +402,7 @@ impl Hub {
         let ids: Vec<String> = rows
             .iter()
             .map(|l| String::from_utf8_lossy(l).into_owned())
-            .filter(|id| *id != self.control_session_id)
+            .filter(|id| *id != self.control_session_id())
             .collect();
         let (gone, missing): (Vec<Arc<Client>>, Vec<String>) = {
             let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
@@ -432,7 +435,7 @@ impl Hub {
     }
 
     /// Attaches one watcher to session `id`, in quiet: no command runs until
-    /// its first reply (its identification is over, and no output of the
+    /// it is attached (its identification is over, and no output of the
     /// session after that is missed).
     async fn attach_watcher(&self, id: &str) -> Result<Client, String> {
         let _quiet = self.quiet.write().await;
@@ -441,47 +444,37 @@ impl Hub {
         let cmd = self.cmd.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let ok = Cmd::new("display-message").flag("-p").arg("ok").line();
         let _ = cmd.run(&ok, DEADLINE).await;
+        if self.is_ended() {
+            return Err(ENDED.into());
+        }
         let c = Client::attach(
             &format!("watch{id}"),
             &self.tmux,
             &self.socket,
             id,
-            "ignore-size,pause-after=2",
+            WATCH_FLAGS,
             self.streams.clone(),
         )
         .await
         .map_err(|e| format!("watching session {id}: {e}"))?;
-        let _ = c.run(&ok, DEADLINE).await;
+        let _ = c.attached(DEADLINE).await;
         Ok(c)
     }
 
     /// The current end offset of a pane's output, and a receiver that changes
     /// whenever the pane writes.
     pub(crate) fn subscribe(&self, pane: u32) -> (u64, watch::Receiver<u64>) {
-        let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
-        let s = Streams::stream(&mut map, pane);
-        (s.end, s.tx.subscribe())
+        self.streams.subscribe(pane)
     }
 
     /// Output of `pane` from `offset` on (as much as the ring still holds).
     pub(crate) fn read_since(&self, pane: u32, offset: u64) -> Chunk {
-        let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
-        let s = Streams::stream(&mut map, pane);
-        let start = s.end - s.ring.len() as u64;
-        let from = offset.clamp(start, s.end);
-        let skip = (from - start) as usize;
-        Chunk {
-            data: s.ring.iter().skip(skip).copied().collect(),
-            end: s.end,
-            missed: from.saturating_sub(offset),
-        }
+        self.streams.read_since(pane, offset)
     }
 
     /// Sends one pane's output to `f` as it arrives (replacing any earlier tap).
     pub(crate) fn set_tap(&self, pane: u32, f: Tap) {
-        if let Ok(mut t) = self.streams.tap.write() {
-            *t = Some((pane, f));
-        }
+        self.streams.set_tap(pane, f)
     }
 
     /// Forgets the output of panes missing from this listing and the one
@@ -490,10 +483,7 @@ impl Hub {
     /// still reads its last output, and a pane made after a listing is not
     /// forgotten for it.
     pub(crate) fn forget_panes(&self, alive: &[u32], absent: &mut Vec<u32>) {
-        let mut map = self.streams.panes.lock().unwrap_or_else(|p| p.into_inner());
-        let now: Vec<u32> = map.keys().filter(|p| !alive.contains(p)).copied().collect();
-        map.retain(|p, _| !(now.contains(p) && absent.contains(p)));
-        *absent = now;
+        self.streams.forget_panes(alive, absent)
     }
 
     /// Every `every`, forgets the output of panes that are gone (rings of
@@ -520,13 +510,7 @@ impl Hub {
 
     /// Total bytes held in rings (for the status report and tests).
     pub(crate) fn buffered_bytes(&self) -> usize {
-        self.streams
-            .panes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|s| s.ring.len())
-            .sum()
+        self.streams.buffered_bytes()
     }
 
     /// tmux clients this hub runs on the host: the command client and the
@@ -543,13 +527,16 @@ impl Hub {
             .len()
     }
 
-    /// Ends every client. Pending waits see their pane's stream close.
+    /// Whether [`Hub::shutdown`] ran.
+    fn is_ended(&self) -> bool {
+        self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Ends every client, for good. Pending waits see their pane's stream
+    /// close.
     pub(crate) fn shutdown(&self) {
-        self.streams
-            .panes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.streams.clear();
         self.cmd.lock().unwrap_or_else(|p| p.into_inner()).kill();
         for c in self
             .watchers

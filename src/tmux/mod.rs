@@ -5,7 +5,9 @@
 pub(crate) mod client;
 pub(crate) mod cmd;
 pub mod control;
+pub(crate) mod genesis;
 pub(crate) mod hub;
+pub(crate) mod streams;
 
 use crate::nonce;
 use crate::profile::{MountKind, Policy};
@@ -124,15 +126,35 @@ pub fn find_tmux() -> Result<PathBuf, String> {
 
 /// Finds tmux on PATH and checks its version; returns it with its `-V`.
 pub(crate) fn find_tmux_version() -> Result<(PathBuf, String), String> {
+    let bin = locate_tmux()?;
+    let probe = version_probe(&bin)?;
+    read_version(&bin, probe).map(|v| (bin, v))
+}
+
+/// tmux on PATH, its links resolved.
+fn locate_tmux() -> Result<PathBuf, String> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
     let bin = std::env::split_paths(&path)
         .map(|d| d.join("tmux"))
         .find(|p| p.is_file())
         .ok_or("tmux not found on PATH (install it, e.g. apt-get install tmux)")?;
-    let bin = std::fs::canonicalize(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
-    let out = Command::new(&bin)
+    std::fs::canonicalize(&bin).map_err(|e| format!("{}: {e}", bin.display()))
+}
+
+/// `tmux -V`, started now and read later ([`read_version`]).
+fn version_probe(bin: &Path) -> Result<Child, String> {
+    Command::new(bin)
         .arg("-V")
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{} -V: {e}", bin.display()))
+}
+
+/// The probe's answer, checked against [`MIN_VERSION`].
+fn read_version(bin: &Path, probe: Child) -> Result<String, String> {
+    let out = probe
+        .wait_with_output()
         .map_err(|e| format!("{} -V: {e}", bin.display()))?;
     let v = String::from_utf8_lossy(&out.stdout);
     let num: String = v
@@ -152,7 +174,7 @@ pub(crate) fn find_tmux_version() -> Result<(PathBuf, String), String> {
             MIN_VERSION.1
         ));
     }
-    Ok((bin, v.trim().to_string()))
+    Ok(v.trim().to_string())
 }
 
 /// Checks that `bin` is visible inside the sandbox through a read-only entry.
@@ -241,13 +263,36 @@ pub(crate) fn plan(
     }
 }
 
+/// Who proves that a fresh server is the one this run started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Proof {
+    /// A tmux client, before the server is handed on ([`Instance::verify`]).
+    Here,
+    /// `serve`'s hub: its command client makes the control session only on
+    /// the server with this generation id and pid (`genesis`).
+    Hub,
+}
+
 impl Instance {
-    /// Starts a fresh confined tmux server and proves it is ours.
-    pub(crate) fn start(mut policy: Policy) -> Result<Instance, StartError> {
-        let (tmux, tmux_version) = find_tmux_version().map_err(StartError::internal)?;
-        check_visible(&policy, &tmux).map_err(StartError::internal)?;
-        let rundir = Rundir::create().map_err(StartError::internal)?;
-        let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
+    /// Starts a fresh confined tmux server; `proof` says who proves it ours.
+    pub(crate) fn start(mut policy: Policy, proof: Proof) -> Result<Instance, StartError> {
+        let tmux = locate_tmux().map_err(StartError::internal)?;
+        // `tmux -V` runs while the sandbox starts; an old tmux is refused
+        // before anything else is reported.
+        let probe = version_probe(&tmux).map_err(StartError::internal)?;
+        let host = (|| {
+            check_visible(&policy, &tmux).map_err(StartError::internal)?;
+            let rundir = Rundir::create().map_err(StartError::internal)?;
+            let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
+            Ok::<_, StartError>((rundir, guard))
+        })();
+        let (rundir, guard) = match host {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = read_version(&tmux, probe); // reaped
+                return Err(e);
+            }
+        };
         let mut inst = Instance {
             rundir,
             init: None,
@@ -255,14 +300,16 @@ impl Instance {
             server_pid: 0,
             generation: String::new(),
             tmux,
-            tmux_version,
+            tmux_version: String::new(),
             policy,
             guard: Some(guard),
             broker: None,
             supervisor: None,
             proxy: None,
         };
-        inst.launch(true)?;
+        let launched = inst.launch(true, proof);
+        inst.tmux_version = read_version(&inst.tmux, probe).map_err(StartError::internal)?;
+        launched?;
         Ok(inst)
     }
 
@@ -270,7 +317,7 @@ impl Instance {
     /// directory (same id, socket path and operator endpoint): the old sandbox
     /// and its cgroup are ended first, then a new sandbox, cgroup and
     /// generation id are made exactly as at start.
-    pub(crate) fn restart(&mut self) -> Result<(), StartError> {
+    pub(crate) fn restart(&mut self, proof: Proof) -> Result<(), StartError> {
         self.shutdown();
         if let Some(cg) = self.rundir.cgroup.take() {
             cg.remove();
@@ -278,12 +325,12 @@ impl Instance {
         let _ = std::fs::remove_file(self.socket());
         self.messages.clear();
         self.server_pid = 0;
-        self.launch(false)
+        self.launch(false, proof)
     }
 
     /// Starts a generation (here, or later in the broker when there is
-    /// one) and proves it.
-    fn launch(&mut self, first: bool) -> Result<(), StartError> {
+    /// one); proves it here unless the hub will.
+    fn launch(&mut self, first: bool, proof: Proof) -> Result<(), StartError> {
         let g = match &self.broker {
             Some(b) if !first => {
                 let g = b.launch()?;
@@ -309,7 +356,21 @@ impl Instance {
                 .any(|l| l.layer == crate::profile::Layer::Mount && l.enforced);
             w.mount_in_force(mount);
         }
-        self.verify().map_err(StartError::internal)
+        match proof {
+            Proof::Here => self.verify().map_err(StartError::internal),
+            Proof::Hub => Ok(()),
+        }
+    }
+
+    /// What the hub makes on this generation, and how it knows it.
+    pub(crate) fn genesis(&self, first_session: bool) -> genesis::Genesis {
+        genesis::Genesis {
+            workspace: self.policy.workspace.display().to_string(),
+            gate: self.gate().display().to_string(),
+            first_session,
+            generation: self.generation.clone(),
+            server_pid: self.server_pid,
+        }
     }
 
     /// The socket, host side.

@@ -257,6 +257,51 @@ async def test_restart_profile_starts_fresh_generations_then_ends(ws):
     assert subprocess.run([BIN, "audit", "verify", str(ws[1] / "audit.jsonl")], capture_output=True).returncode == 0
 
 
+async def test_calls_during_restarts_never_kill_the_next_server(ws):
+    """Found in review: a call on the dead generation's hub reconnected to the
+    socket the next generation's server listens on while the new hub made its
+    sessions; two control clients identifying at once killed the new server
+    (tmux 3.3a, a NULL read in control_write). Calls keep coming through three
+    restarts in each of four instances: every new generation answers, and
+    the kernel logs no tmux segfault."""
+    prof = limited_profile(ws, on_server_exit="restart")
+    before = segfaults()
+    for _ in range(4):
+        async with connect(ws, "-p", prof) as c:
+            pid = serve_pids(ws[0])[0]
+            for n in (1, 2, 3):
+                srv = tmux_server_pid(pid)
+                gen = (await call(c, "get_server_info"))["generation"]
+                done = anyio.Event()
+
+                async def hammer():
+                    while not done.is_set():
+                        await c.call_tool("list_panes", {})
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(hammer)
+                    tg.start_soon(hammer)
+                    os.kill(srv, signal.SIGKILL)
+                    t0 = time.monotonic()
+                    while time.monotonic() - t0 < 15:
+                        r = await c.call_tool("get_server_info", {})
+                        if not r.is_error and r.structured_content["generation"] != gen:
+                            break
+                        await anyio.sleep(0.05)
+                    done.set()
+                assert not r.is_error and r.structured_content["generation"] != gen, r
+                # The new server stays up past its start-up.
+                await anyio.sleep(0.2)
+                assert (await call(c, "run_command", {"command": f"echo r{n}"}))["output"] == f"r{n}"
+    assert segfaults() == before, "a tmux server crashed"
+
+
+def segfaults():
+    """tmux segfaults in the kernel log (0 when it cannot be read)."""
+    r = subprocess.run(["dmesg"], capture_output=True, text=True)
+    return sum("tmux" in line and "segfault" in line for line in r.stdout.splitlines())
+
+
 async def test_disk_fill_hits_the_tmpfs_and_file_size_limits(ws):
     prof = limited_profile(ws, tmpfs_size="32MiB", file_size="8MiB")
     host_tmp = os.statvfs(tempfile_dir())

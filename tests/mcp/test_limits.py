@@ -226,6 +226,8 @@ async def test_tmux_run_inside_a_pane_creates_nothing_sandmux_counts(ws):
     host, against the same socket, does make a window."""
     async with connect(ws, "-p", bounded_profile(ws), *ALL) as c:
         h = Host(ws)
+        # The handshake does not wait for the first sessions; a call does.
+        await call(c, "list_sessions")
         before = (h.counts(), h.clients())
         r = await call(c, "run_command", {"command": "tmux -S /run/sandmux/sock/tmux.sock new-window; echo rc=$?", "timeout": 20})
         assert "rc=1" in r["output"], r

@@ -66,6 +66,8 @@ impl Server {
         call: &Call<'_>,
         args: Value,
     ) -> Result<Value, ToolError> {
+        // The handshake did not wait for the sessions and the baseline; a call does.
+        self.s.until_ready().await?;
         // Frozen: refused before tmux is asked (a stopped server would not
         // answer); the status is the supervisor's, and ending stays possible.
         let frozen = self.s.freeze.is_frozen();
@@ -336,7 +338,10 @@ impl ServerHandler for Server {
             Some(why) if uri != "sandmux://status" && uri != "sandmux://journal" => {
                 Err(ToolError::Drift(why))
             }
-            _ => super::resources::read(&call, &uri, self.inspect_enabled()).await,
+            _ => match self.s.until_ready().await {
+                Ok(()) => super::resources::read(&call, &uri, self.inspect_enabled()).await,
+                Err(e) => Err(e),
+            },
         };
         let args = json!({"uri": uri});
         let a = Audited::request(&tool, t0, &cx, &args);

@@ -29,7 +29,10 @@ pub(crate) struct Created {
 
 pub(crate) fn start_dir(c: &Call<'_>, d: &Option<String>) -> Result<String, ToolError> {
     let Some(d) = d else {
-        return Ok(c.s.policy.workspace.display().to_string());
+        // tmux expands `-c` as a format: a `#` in the workspace is literal.
+        return Ok(crate::mcp::text::fmt_literal(
+            &c.s.policy.workspace.display().to_string(),
+        ));
     };
     let p = Path::new(d);
     let inside = c.s.policy.fs.iter().any(|e| {

@@ -69,7 +69,7 @@ impl Part {
             Part::GitOrigin => "bind the workspace's git directory read-only onto",
             Part::GitOutside => "bind the git directory read-only onto",
             Part::Device => "bind device onto",
-            Part::ProcMask => "mask",
+            Part::ProcMask | Part::Utempter => "mask",
             Part::ProcCover => "cover",
             Part::ProcFallback => "bind the existing /proc read-only onto",
             _ => "bind onto",

@@ -42,6 +42,9 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
     dev(&mut m, policy);
     proc(&mut m);
     etc(&mut m, policy);
+    if mode == Mode::Tmux {
+        utempter(&mut m);
+    }
     for p in [RUN_DIR, "/"] {
         m.push(step(p, Part::Seal, Op::ReadOnly, Need::Required));
     }
@@ -337,6 +340,30 @@ fn proc(m: &mut Vec<Step>) {
             Path::new("/proc").join(n),
             Part::ProcCover,
             bind(From::Itself, Onto::IfPresent, Attrs::RO_ALL),
+            Need::IfPresent,
+        ));
+    }
+}
+
+/// Where distributions put libutempter's helper.
+const UTEMPTER: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu/utempter/utempter",
+    "/usr/lib/aarch64-linux-gnu/utempter/utempter",
+    "/usr/libexec/utempter/utempter",
+    "/usr/lib/utempter/utempter",
+];
+
+/// tmux mode: the utempter helper, emptied. tmux forks it for every pane it
+/// opens or closes and waits for it (libutempter); under no_new_privs the
+/// setgid helper cannot write utmp anyway, and a failed exec costs the
+/// server far less than a run of the helper.
+fn utempter(m: &mut Vec<Step>) {
+    for p in UTEMPTER {
+        let empty = From::Inside { path: EMPTY.into() };
+        m.push(step(
+            p,
+            Part::Utempter,
+            bind(empty, Onto::IfPresent, Attrs::RO_ALL),
             Need::IfPresent,
         ));
     }

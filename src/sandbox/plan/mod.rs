@@ -150,6 +150,8 @@ pub(crate) enum Part {
     ProcCover,
     /// An `/etc` file replaced by the sandbox's own.
     Etc,
+    /// The utempter helper tmux runs for each pane, emptied (tmux mode).
+    Utempter,
     /// A mount made read-only once its contents are in place.
     Seal,
     /// The socket directory covered once the server listens.
