@@ -176,7 +176,7 @@ pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
             "-y",
             "50",
             "-c",
-            &ws,
+            &crate::tmux::start_dir_arg(&ws),
             &gate,
             "--probe",
         ])

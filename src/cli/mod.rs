@@ -351,7 +351,13 @@ fn shell(policy: profile::Policy) -> ExitCode {
     inst.rundir.write_meta(&serde_json::json!({"kind": "shell", "id": inst.rundir.id, "profile": name, "workspace": wsp, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
     let status = inst
         .client()
-        .args(["new-session", "-s", "sandmux", "-c", &ws])
+        .args([
+            "new-session",
+            "-s",
+            "sandmux",
+            "-c",
+            &crate::tmux::start_dir_arg(&ws),
+        ])
         .status();
     inst.stop();
     if let Some(t) = tally {

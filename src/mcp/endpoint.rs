@@ -116,8 +116,8 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
             s.shutdown.cancel();
             json!({"ok": true, "stopping": true})
         }
-        "freeze" => freezing(s, false).await,
-        "thaw" => freezing(s, true).await,
+        "freeze" => freezing_when_ready(s, false).await,
+        "thaw" => freezing_when_ready(s, true).await,
         "revoke" | "grant" => {
             let names = match selected(&r) {
                 Ok(n) => n,
@@ -141,7 +141,7 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
             // The client learns at once; the next call is checked against the new set.
             s.peers.tools_changed().await;
             if r.op == "revoke" && r.freeze {
-                let mut st = freezing(s, false).await;
+                let mut st = freezing_when_ready(s, false).await;
                 if let Some(e) = st["error"].as_str() {
                     st["error"] = json!(format!("the tools are revoked, but {e}"));
                 }
@@ -156,7 +156,17 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
     }
 }
 
-/// Serves the endpoint until the instance ends.
+/// The endpoint is bound before the first sessions exist: `stop`, `status`,
+/// `revoke` and `grant` act at once; a freeze or thaw waits for them (the
+/// sandbox stopped while they are made would end the instance).
+async fn freezing_when_ready(s: &Arc<State>, thaw: bool) -> Value {
+    match s.until_ready().await {
+        Ok(()) => freezing(s, thaw).await,
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    }
+}
+
+/// Binds the endpoint (0600, in the private runtime directory).
 pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
@@ -186,11 +196,7 @@ pub(crate) async fn serve(listener: UnixListener, s: Arc<State>) -> std::io::Res
                 return;
             }
             while let Ok(Some(line)) = lines.next_line().await {
-                // Bound before the sessions exist; acts once they do.
-                let reply = match s.until_ready().await {
-                    Ok(()) => handle(&s, &line).await,
-                    Err(e) => json!({"ok": false, "error": e.to_string()}),
-                };
+                let reply = handle(&s, &line).await;
                 if wr.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
                     break;
                 }

@@ -138,7 +138,7 @@ pub(crate) async fn prove(tmux: &Path, socket: &Path, genesis: &Genesis) -> Resu
             .await
             .map_err(|_| "cannot reach the sandboxed tmux server: no answer".to_string())?
             .map_err(|e| format!("tmux: {e}"))?;
-        let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let got = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
         let why = match out.status.success() {
             true if got == want => return Ok(()),
             // An empty generation: the configuration is not applied yet.
@@ -416,6 +416,33 @@ mod tests {
         assert!(err.contains("not the one this run started"), "{err}");
         assert_eq!(sessions(&foreign).unwrap(), Vec::<String>::new());
         hub.shutdown();
+    }
+
+    #[test]
+    fn an_argv_start_directory_is_taken_literally() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_srv, sock) = server(dir.path(), "argv", "gen3");
+        for (i, name) in ["w #{pid};", "a\\;", "b;;"].into_iter().enumerate() {
+            let ws = dir.path().join(name);
+            std::fs::create_dir(&ws).unwrap();
+            let arg = crate::tmux::start_dir_arg(&ws.display().to_string());
+            let s = format!("s{i}");
+            let ok = std::process::Command::new("tmux")
+                .arg("-S")
+                .arg(&sock)
+                .args(["new-session", "-d", "-s", &s, "-c", &arg])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+            let cwd = std::process::Command::new("tmux")
+                .arg("-S")
+                .arg(&sock)
+                .args(["display-message", "-p", "-t", &s, "#{pane_current_path}"])
+                .output()
+                .unwrap();
+            let got = String::from_utf8_lossy(&cwd.stdout);
+            assert_eq!(got.trim_end(), ws.display().to_string(), "{name}");
+        }
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub(crate) struct Hub {
     /// Set by [`Hub::shutdown`]: no client of this hub connects again (the
     /// socket may have a new generation's server by then).
     ended: std::sync::atomic::AtomicBool,
+    /// Watchers between their start and their attach (ended by shutdown).
+    attaching: Mutex<Vec<Arc<Client>>>,
     /// The sandbox is frozen (`sandmux freeze`): every command fails at once
     /// with [`TmuxError::Frozen`] instead of waiting on a stopped server,
     /// and the background work (pruning, resuming paused panes) waits.
@@ -122,6 +124,7 @@ impl Hub {
             control: std::sync::OnceLock::new(),
             created: watch::channel(None).0,
             ended: std::sync::atomic::AtomicBool::new(false),
+            attaching: Mutex::new(Vec::new()),
             frozen: watch::channel(false).0,
         });
         // A fresh lock: taken at once, before any command can ask for it.
@@ -365,6 +368,8 @@ impl Hub {
         .await
         .map_err(|e| TmuxError::Closed(format!("reconnecting: {e}")))?;
         let fresh = Arc::new(fresh);
+        // Kept at once, so a shutdown meanwhile ends it too.
+        *self.cmd.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         // A server that is gone refuses the attach; the first command tells.
         // (A timeout only means it is stopped or busy: the next call retries.)
         if let Err(e) = fresh
@@ -381,7 +386,6 @@ impl Hub {
             }
             return Err(e);
         }
-        *self.cmd.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
     }
 
@@ -429,7 +433,7 @@ impl Hub {
             self.watchers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(id, Arc::new(c));
+                .insert(id, c);
         }
         Ok(())
     }
@@ -437,7 +441,7 @@ impl Hub {
     /// Attaches one watcher to session `id`, in quiet: no command runs until
     /// it is attached (its identification is over, and no output of the
     /// session after that is missed).
-    async fn attach_watcher(&self, id: &str) -> Result<Client, String> {
+    async fn attach_watcher(&self, id: &str) -> Result<Arc<Client>, String> {
         let _quiet = self.quiet.write().await;
         // One round trip first: the server has handled every connection that
         // closed before it (a watcher let go, a command client replaced).
@@ -457,7 +461,15 @@ impl Hub {
         )
         .await
         .map_err(|e| format!("watching session {id}: {e}"))?;
+        let c = Arc::new(c);
+        // Held where a shutdown meanwhile ends it too.
+        self.attaching(|a| a.push(c.clone()));
         let _ = c.attached(DEADLINE).await;
+        self.attaching(|a| a.retain(|x| !Arc::ptr_eq(x, &c)));
+        if self.is_ended() {
+            c.kill();
+            return Err(ENDED.into());
+        }
         Ok(c)
     }
 
@@ -527,6 +539,10 @@ impl Hub {
             .len()
     }
 
+    fn attaching(&self, f: impl FnOnce(&mut Vec<Arc<Client>>)) {
+        f(&mut self.attaching.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
     /// Whether [`Hub::shutdown`] ran.
     fn is_ended(&self) -> bool {
         self.ended.load(std::sync::atomic::Ordering::SeqCst)
@@ -538,6 +554,7 @@ impl Hub {
         self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
         self.streams.clear();
         self.cmd.lock().unwrap_or_else(|p| p.into_inner()).kill();
+        self.attaching(|a| a.iter().for_each(|c| c.kill()));
         for c in self
             .watchers
             .lock()

@@ -119,6 +119,17 @@ pub(crate) fn start_generation(
     Ok((started.child, g))
 }
 
+/// A start directory as one argv word of a tmux command: `#` doubled (tmux
+/// expands `-c` as a format) and a final `;` escaped (one would end the
+/// command).
+pub(crate) fn start_dir_arg(dir: &str) -> String {
+    let s = crate::mcp::text::fmt_literal(dir);
+    match s.strip_suffix(';') {
+        Some(head) => format!("{head}\\;"),
+        None => s,
+    }
+}
+
 /// Finds tmux on PATH and checks its version.
 pub fn find_tmux() -> Result<PathBuf, String> {
     find_tmux_version().map(|(bin, _)| bin)

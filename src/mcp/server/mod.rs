@@ -66,8 +66,12 @@ impl Server {
         call: &Call<'_>,
         args: Value,
     ) -> Result<Value, ToolError> {
-        // The handshake did not wait for the sessions and the baseline; a call does.
+        // The handshake did not wait for the sessions and the baseline; a call
+        // does (and is checked again: a revoke may have come meanwhile).
         self.s.until_ready().await?;
+        if !self.enabled(def.name) {
+            return Err(ToolError::refused(self.why_absent(def.name)));
+        }
         // Frozen: refused before tmux is asked (a stopped server would not
         // answer); the status is the supervisor's, and ending stays possible.
         let frozen = self.s.freeze.is_frozen();
