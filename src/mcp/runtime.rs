@@ -51,7 +51,8 @@ pub(super) async fn run(
     };
     let state = make(hub.clone());
     // The operator endpoint, beside the socket in the private runtime
-    // directory; like calls, it acts once the instance is ready.
+    // directory, bound now: `stop`, `status`, `revoke` and `grant` act at
+    // once, a freeze or thaw once the instance is ready.
     match endpoint::bind(&c.rundir.join("control.sock")) {
         Ok(l) => {
             let ep = state.clone();

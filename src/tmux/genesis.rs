@@ -118,17 +118,46 @@ impl Failed {
     }
 }
 
+/// What a server's answer to [`IDENTITY`] says of it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Identity {
+    /// This run's generation id and the pid PID 1 reported.
+    Ours,
+    /// No generation yet: the configuration is not applied.
+    Unset,
+    /// Another server: why, for the error.
+    Foreign(String),
+}
+
+/// The format both facts are read with (the generation is a global user
+/// option).
+pub(crate) const IDENTITY: &str = "#{@sandmux_generation} #{pid}";
+
+/// Reads one answer to [`IDENTITY`] (`shell` and `check` ask with
+/// `Instance::verify`, `serve` with [`prove`] after an unattached client).
+pub(crate) fn identity(answer: &str, generation: &str, pid: i32) -> Identity {
+    let got = answer.trim_end();
+    let want = format!("{generation} {pid}");
+    match got {
+        _ if got == want => Identity::Ours,
+        _ if got.starts_with(' ') => Identity::Unset,
+        _ => Identity::Foreign(format!(
+            "the tmux server at the socket is not the one this run started \
+             (generation id and pid {got:?}, expected {want:?})"
+        )),
+    }
+}
+
 /// Proves with plain tmux clients, retried for 3 s, that the server at
 /// `socket` listens and has this generation id and pid (the slow path,
 /// after [`Failed::Unattached`]).
 pub(crate) async fn prove(tmux: &Path, socket: &Path, genesis: &Genesis) -> Result<(), String> {
-    let want = format!("{} {}", genesis.generation, genesis.server_pid);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     loop {
         let ask = tokio::process::Command::new(tmux)
             .args(["-N", "-u", "-S"])
             .arg(socket)
-            .args(["display-message", "-p", "#{@sandmux_generation} #{pid}"])
+            .args(["display-message", "-p", IDENTITY])
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .stdin(std::process::Stdio::null())
@@ -138,17 +167,13 @@ pub(crate) async fn prove(tmux: &Path, socket: &Path, genesis: &Genesis) -> Resu
             .await
             .map_err(|_| "cannot reach the sandboxed tmux server: no answer".to_string())?
             .map_err(|e| format!("tmux: {e}"))?;
-        let got = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+        let got = String::from_utf8_lossy(&out.stdout);
         let why = match out.status.success() {
-            true if got == want => return Ok(()),
-            // An empty generation: the configuration is not applied yet.
-            true if !got.starts_with(' ') => {
-                return Err(format!(
-                    "the tmux server at the socket is not the one this run started \
-                     (generation id and pid {got:?}, expected {want:?})"
-                ))
-            }
-            true => "the configuration is not applied".to_string(),
+            true => match identity(&got, &genesis.generation, genesis.server_pid) {
+                Identity::Ours => return Ok(()),
+                Identity::Foreign(why) => return Err(why),
+                Identity::Unset => "the configuration is not applied".to_string(),
+            },
             false => String::from_utf8_lossy(&out.stderr).trim().to_string(),
         };
         if tokio::time::Instant::now() > deadline {
@@ -442,6 +467,18 @@ mod tests {
                 .unwrap();
             let got = String::from_utf8_lossy(&cwd.stdout);
             assert_eq!(got.trim_end(), ws.display().to_string(), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_answer_is_ours_unset_or_foreign() {
+        assert_eq!(identity("abc 2\n", "abc", 2), Identity::Ours);
+        assert_eq!(identity(" 2\n", "abc", 2), Identity::Unset);
+        for other in ["abd 2\n", "abc 3\n", "abc\n", "", "abc 2 x\n"] {
+            assert!(
+                matches!(identity(other, "abc", 2), Identity::Foreign(_)),
+                "{other:?}"
+            );
         }
     }
 

@@ -431,30 +431,22 @@ impl Instance {
     /// Proves the server at the socket is the one this run started: it carries
     /// this run's generation id and has the pid PID 1 reported.
     pub(crate) fn verify(&self) -> Result<(), String> {
+        use genesis::{identity, Identity, IDENTITY};
         let deadline = Instant::now() + Duration::from_secs(3);
-        // One client for both facts (the generation is a global user option).
-        let out = loop {
-            match self.cmd(&["display-message", "-p", "#{@sandmux_generation} #{pid}"]) {
-                // An empty generation: the configuration is not applied yet.
-                Ok(g) if !g.starts_with(' ') || Instant::now() > deadline => break g,
-                Ok(_) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) if Instant::now() > deadline => {
-                    return Err(format!("cannot reach the sandboxed tmux server: {e}"))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        loop {
+            let why = match self.cmd(&["display-message", "-p", IDENTITY]) {
+                Ok(g) => match identity(&g, &self.generation, self.server_pid) {
+                    Identity::Ours => return Ok(()),
+                    Identity::Foreign(why) => return Err(why),
+                    Identity::Unset => "the configuration is not applied".to_string(),
+                },
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                return Err(format!("cannot reach the sandboxed tmux server: {why}"));
             }
-        };
-        let (generation, pid) = out.trim().split_once(' ').unwrap_or((out.trim(), ""));
-        if generation != self.generation {
-            return Err("the tmux server at the socket is not the one this run started (generation mismatch)".into());
+            std::thread::sleep(Duration::from_millis(5));
         }
-        if pid != self.server_pid.to_string() {
-            return Err(format!(
-                "the tmux server at the socket has pid {pid} inside, expected {}",
-                self.server_pid
-            ));
-        }
-        Ok(())
     }
 
     /// What `serve` needs of the host once it confines itself
