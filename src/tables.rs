@@ -17,13 +17,30 @@ pub(crate) fn all() -> Vec<(&'static str, String)> {
 }
 
 /// The syscalls the filter refuses with `EPERM` whatever their arguments,
-/// and how many the allowlist holds per group.
+/// those it refuses for a file mode, and how many the allowlist holds.
 fn seccomp_denied() -> String {
     let mut t = String::from("| refused with `EPERM` | syscalls |\n|---|---|\n");
     for (group, calls) in crate::sandbox::syscalls::DENIED {
         let names: Vec<String> = calls.iter().map(|(n, _)| format!("`{n}`")).collect();
         t.push_str(&format!("| {group} | {} |\n", names.join(", ")));
     }
+    use crate::sandbox::syscalls::{MODE_SETTERS, SPECIAL_FILE_TYPES};
+    let setters: Vec<String> = MODE_SETTERS
+        .iter()
+        .map(|(n, _, _, flags)| match flags {
+            Some(_) => format!("`{n}` (with `O_CREAT` or `O_TMPFILE`)"),
+            None => format!("`{n}`"),
+        })
+        .collect();
+    t.push_str(&format!(
+        "| a set-user-ID or set-group-ID bit in the mode (P8) | {} |\n",
+        setters.join(", ")
+    ));
+    let kinds: Vec<&str> = SPECIAL_FILE_TYPES.iter().map(|(k, _)| *k).collect();
+    t.push_str(&format!(
+        "| `mknod`, `mknodat` of a special file (P8) | {} |\n",
+        kinds.join(", ")
+    ));
     let allowed: usize = crate::sandbox::syscalls::ALLOWED
         .iter()
         .map(|(_, c)| c.len())

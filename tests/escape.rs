@@ -3,6 +3,8 @@
 //! (a positive control), so a probe cannot pass by failing for another reason.
 
 mod common;
+#[path = "common/degraded_env.rs"]
+mod degraded_env;
 use common::*;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
@@ -357,4 +359,168 @@ fn fork_bomb_is_contained() {
     );
     assert!(forked > 100 && forked < 512, "{t}");
     assert!(procs <= 512, "{t}");
+}
+
+/// What the set-ID attack does from inside, each step printing `NAME=RESULT`
+/// (`ok` or the errno's name): every way to give a file a set-ID mode, a
+/// file capability, and special files, in the workspace.
+const SETID_ATTACK: &str = r#"cp /bin/true suid && chmod u+s suid; echo chmod_u=$?
+cp /bin/true sgid && chmod 2755 sgid; echo chmod_g=$?
+mkdir setgid-dir && chmod g+s setgid-dir; echo chmod_dir=$?
+cp /bin/true plain
+python3 - <<'PY'
+import ctypes, errno, os, stat, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def tr(name, f):
+    try:
+        f()
+        r = "ok"
+    except OSError as e:
+        r = errno.errorcode.get(e.errno, str(e.errno))
+    print(f"{name}={r}", flush=True)
+def make(path, flags, mode):
+    os.close(os.open(path, flags | os.O_WRONLY, mode))
+tr("open_creat", lambda: make("o-creat", os.O_CREAT, 0o4755))
+tr("open_creat_sgid", lambda: make("o-creat-g", os.O_CREAT | os.O_EXCL, 0o2755))
+tr("tmpfile", lambda: make(".", os.O_TMPFILE, 0o4755))
+def creat():
+    r = libc.syscall(85, b"creat", 0o4755)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "creat")
+    os.close(r)
+tr("creat", creat)
+fd = os.open("plain", os.O_RDONLY)
+tr("fchmod", lambda: os.fchmod(fd, 0o4755))
+tr("fchmodat", lambda: os.chmod("plain", 0o6755))
+def fchmodat2():
+    if libc.syscall(452, -100, b"plain", 0o4755, 0) < 0:
+        raise OSError(ctypes.get_errno(), "fchmodat2")
+tr("fchmodat2", fchmodat2)
+tr("mknod_reg", lambda: os.mknod("mknod-reg", stat.S_IFREG | 0o4755))
+tr("mkfifo", lambda: os.mkfifo("fifo"))
+tr("mknod_sock", lambda: os.mknod("sock-node", stat.S_IFSOCK | 0o600))
+tr("whiteout", lambda: os.mknod("whiteout", stat.S_IFCHR | 0o600, 0))
+how = ctypes.create_string_buffer(struct.pack("<QQQ", os.O_CREAT | os.O_WRONLY, 0o4755, 0))
+def openat2():
+    r = libc.syscall(437, -100, b"openat2", how, 24)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "openat2")
+    os.close(r)
+tr("openat2", openat2)
+cap = struct.pack("<IIIII", 0x02000001, 1 << 13, 0, 0, 0)
+tr("setcap", lambda: os.setxattr("plain", "security.capability", cap))
+tr("plain_chmod", lambda: os.chmod("plain", 0o750))
+PY
+echo attack-done"#;
+
+/// Whether a host path carries a set-ID bit, a file capability or is a
+/// special file; its name and why, for the assertion.
+fn host_hazards(dir: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let m = e.path().symlink_metadata().unwrap();
+        let name = e.file_name().to_string_lossy().to_string();
+        if m.mode() & (libc::S_ISUID | libc::S_ISGID) != 0 {
+            out.push(format!("{name}: mode {:o}, owner {}", m.mode(), m.uid()));
+        }
+        let t = m.file_type();
+        if t.is_fifo() || t.is_socket() || t.is_char_device() || t.is_block_device() {
+            out.push(format!("{name}: special file {:o}", m.mode()));
+        }
+        let c = std::ffi::CString::new(e.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: lgetxattr with a NUL-terminated path and name, no buffer
+        // (size 0 asks for the value's length only).
+        let n = unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                c"security.capability".as_ptr(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if n >= 0 {
+            out.push(format!("{name}: file capability"));
+        }
+    }
+    out
+}
+
+/// P8, first class: nothing made inside carries a set-ID bit, a file
+/// capability or a special file onto the host, on every built-in profile.
+/// The kernel refuses each way (seccomp; `CAP_SETFCAP` for capabilities);
+/// the host checks the workspace afterwards. Positive control: the same
+/// attack with sandmux's filter dropped (the explicit opt-in, in an
+/// environment where no filter can be installed) leaves set-ID files and a
+/// FIFO in the host tree — root's, when the test runs as root.
+#[test]
+fn setid_files_capabilities_and_special_files_never_reach_the_host() {
+    for profile in ["default", "ci", "dev", "registries", "container"] {
+        let ws = Ws::new();
+        let o = run_script(&ws, profile, SETID_ATTACK);
+        let t = text(&o);
+        assert!(t.contains("attack-done"), "{profile}: {t}");
+        for step in [
+            "chmod_u=1",
+            "chmod_g=1",
+            "chmod_dir=1",
+            "open_creat=EPERM",
+            "open_creat_sgid=EPERM",
+            "tmpfile=EPERM",
+            "creat=EPERM",
+            "fchmod=EPERM",
+            "fchmodat=EPERM",
+            "fchmodat2=EPERM",
+            "mknod_reg=EPERM",
+            "mkfifo=EPERM",
+            "mknod_sock=EPERM",
+            "whiteout=EPERM",
+            "openat2=ENOSYS",
+            "setcap=EPERM",
+            // The same calls without a set-ID bit still work.
+            "plain_chmod=ok",
+        ] {
+            assert!(t.contains(step), "{profile}: {step} missing in {t}");
+        }
+        assert_eq!(
+            host_hazards(&ws.path()),
+            Vec::<String>::new(),
+            "{profile}: {t}"
+        );
+        assert!(ws.join("plain").exists() && ws.join("suid").exists(), "{t}");
+    }
+
+    // Positive control: sandmux's filter dropped.
+    let (ws, dir, tmp) = degraded_env::scratch();
+    let opt = degraded_env::profile_with(
+        dir.path(),
+        "noseccomp",
+        "default",
+        &["cgroup", "seccomp", "supervisor"],
+        None,
+    );
+    let o = degraded_env::run_in(
+        degraded_env::Env::NoSeccomp,
+        tmp.path(),
+        run(ws.path()).profile(&opt).script(SETID_ATTACK),
+    );
+    let t = text(&o);
+    assert!(
+        t.contains("chmod_u=0") && t.contains("mkfifo=ok"),
+        "control: {t}"
+    );
+    let found = host_hazards(&ws.path());
+    for name in ["suid:", "sgid:", "o-creat:", "fifo:"] {
+        assert!(
+            found.iter().any(|f| f.starts_with(name)),
+            "control: {name} {found:?}"
+        );
+    }
+    if uid() == 0 {
+        assert!(
+            found.iter().any(|f| f == "suid: mode 104755, owner 0"),
+            "control: {found:?}"
+        );
+    }
 }

@@ -433,3 +433,25 @@ fn reverts_are_bounded_and_the_humans_locked_directories_stay_locked() {
         "the end sweep changed a directory the human had locked"
     );
 }
+
+/// P8, modes the agent leaves behind: the workspace top made world-writable
+/// inside (any host user could then plant files in it) has its mode put
+/// back when the instance ends, and the human is told. Control: during the
+/// instance the host's directory really is 0777 (the live tree is the same
+/// inode; `stat` inside reads it), so only the restore undoes it.
+#[test]
+fn the_workspace_tops_mode_is_restored_at_the_end() {
+    use std::os::unix::fs::PermissionsExt;
+    for profile in PROFILES {
+        let ws = Ws::new();
+        let o = run_script(&ws, profile, "chmod 0777 . && echo during=$(stat -c %a .)");
+        let t = text(&o);
+        assert!(t.contains("during=777"), "{profile}: control: {t}");
+        let mode = std::fs::metadata(ws.path()).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755, "{profile}: {t}");
+        assert!(
+            t.contains("changed to 777 during the instance; 755 restored"),
+            "{profile}: {t}"
+        );
+    }
+}

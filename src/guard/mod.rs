@@ -52,6 +52,11 @@ pub(crate) struct TreeGuard {
     pub at_start: scan::Found,
     /// Guarded paths (relative) that did not exist: watched and reverted.
     pub watched: Vec<PathBuf>,
+    /// The root's permission bits at start: the end sweep puts them back if
+    /// the agent changed them (a world-writable workspace top would let any
+    /// host user plant files in it after the instance).
+    #[serde(default)]
+    pub mode: Option<u32>,
 }
 
 /// The whole guard of an instance.
@@ -182,11 +187,15 @@ impl Planner<'_> {
                 watched.push(PathBuf::from(".git"));
             }
         }
+        let mode = std::fs::symlink_metadata(root)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::mode(&m) & 0o7777);
         Ok(TreeGuard {
             root: root.clone(),
             shape,
             at_start: found,
             watched,
+            mode,
         })
     }
 

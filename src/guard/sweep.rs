@@ -74,6 +74,9 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
         let Ok(fd) = scan::open_root(&t.root) else {
             continue;
         };
+        if let Some(w) = restore_mode(&fd, &t.root, t.mode) {
+            warnings.push(w);
+        }
         let mut new: BTreeSet<(usize, PathBuf, &str)> = BTreeSet::new();
         if !t.at_start.complete {
             warnings.push(format!(
@@ -147,6 +150,22 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
     (out, warnings)
 }
 
+/// Puts a tree root's permission bits back to `start` (through the
+/// descriptor opened without following links); what it did, for the human.
+fn restore_mode(fd: &impl std::os::fd::AsFd, root: &Path, start: Option<u32>) -> Option<String> {
+    let start = start?;
+    let now = nix::sys::stat::fstat(fd).ok()?.st_mode & 0o7777;
+    if now == start {
+        return None;
+    }
+    let root = crate::term::printable(&root.to_string_lossy());
+    let m = nix::sys::stat::Mode::from_bits_truncate(start);
+    Some(match nix::sys::stat::fchmod(fd, m) {
+        Ok(()) => format!("{root}: its mode was changed to {now:o} during the instance; {start:o} restored"),
+        Err(e) => format!("{root}: its mode was changed to {now:o} during the instance and could not be restored to {start:o} ({e}); restore it yourself"),
+    })
+}
+
 /// Sweeps the trees of every manifest that no live instance holds.
 pub(crate) fn sweep_stale(state: &Path) -> Vec<Taken> {
     let mut out = Vec::new();
@@ -171,7 +190,11 @@ pub(crate) fn sweep_stale(state: &Path) -> Vec<Taken> {
                 tracing::warn!(earlier = %m.id, "workspace guard: {p} changed while instance {} ran and it ended uncleanly; check it before a host program reads it", m.id);
             }
             if let Ok(mut q) = Quarantine::open(state, &m.id) {
-                out.extend(sweep(&m.guard, &mut q).0);
+                let (taken, warnings) = sweep(&m.guard, &mut q);
+                for w in warnings {
+                    tracing::warn!(earlier = %m.id, "workspace guard: {w}");
+                }
+                out.extend(taken);
                 let _ = std::fs::remove_dir(&q.dir);
             }
         }

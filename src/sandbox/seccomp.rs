@@ -20,12 +20,19 @@
 //!    32 bits of the request (CVE-2019-10063), socket families other than
 //!    unix/inet/inet6/netlink, and MPTCP/SCTP sockets (Landlock's TCP rules do
 //!    not see them).
+//!    And file modes (P8, by the kernel): a mode with the set-user-ID or
+//!    set-group-ID bit given to any call that sets one (the chmod family,
+//!    `open`/`openat` with `O_CREAT` or `O_TMPFILE`, `creat`, `mknod`), and
+//!    `mknod` of a FIFO, a device or a socket. Nothing made inside carries a
+//!    set-ID bit, wherever it is made; `openat2`, whose mode the filter cannot
+//!    read, is off the allowlist. File capabilities need `CAP_SETFCAP`, which
+//!    nothing inside holds.
 //!
 //! The same filter applies to PID 1, the tmux server and every pane: nothing
 //! inside needs any denied call. Denied calls are visible to probes as `EPERM`
 //! (explicitly denied) or `ENOSYS` (not on the allowlist).
 
-use super::syscalls::{ALLOWED, DENIED};
+use super::syscalls::{ALLOWED, DENIED, MODE_SETTERS, SPECIAL_FILE_TYPES};
 use seccompiler::{
     apply_filter, BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op,
     SeccompCondition as Cond, SeccompFilter, SeccompRule, TargetArch,
@@ -192,6 +199,9 @@ pub(crate) fn build() -> Result<Filters, SeccompError> {
             SeccompRule::new(vec![eq32(2, libc::IPPROTO_SCTP as u64)?])?,
         ],
     );
+    for (nr, rules) in mode_rules(true)? {
+        deny.insert(nr, rules);
+    }
     let denylist = eperm(deny, arch)?;
 
     Ok(Filters {
@@ -200,28 +210,21 @@ pub(crate) fn build() -> Result<Filters, SeccompError> {
 }
 
 /// The supervisor's programs (`supervisor.rs`): the x32 guard, then `EPERM`
-/// for `denied`, for `setid_modes` with a set-ID bit in their mode, `clone`
-/// with a `CLONE_NEW*` flag and every socket family but unix; `clone3`
-/// answers `ENOSYS` (its flags cannot be inspected; libc falls back to
-/// `clone`). `openat2` stays: the workspace guard resolves with it
-/// (`RESOLVE_BENEATH`), and its mode, in a struct, cannot be inspected.
+/// for `denied`, for a set-ID bit in a mode ([`mode_rules`]; what `denied`
+/// refuses whole stays refused whole), `clone` with a `CLONE_NEW*` flag and
+/// every socket family but unix; `clone3` answers `ENOSYS` (its flags cannot
+/// be inspected; libc falls back to `clone`). `openat2` stays: the workspace
+/// guard resolves with it (`RESOLVE_BENEATH`), and its mode, in a struct,
+/// cannot be inspected.
 pub(crate) fn supervisor_programs(
     denied: &[(&str, i64)],
-    setid_modes: &[(&str, i64, u8)],
     inet: Inet,
 ) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = arch()?;
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
         denied.iter().map(|(_, n)| (*n, vec![])).collect();
-    for (_, nr, arg) in setid_modes {
-        let bit = |b: u64| Cond::new(*arg, Len::Dword, Op::MaskedEq(b), b);
-        deny.insert(
-            *nr,
-            vec![
-                SeccompRule::new(vec![bit(libc::S_ISUID as u64)?])?,
-                SeccompRule::new(vec![bit(libc::S_ISGID as u64)?])?,
-            ],
-        );
+    for (nr, rules) in mode_rules(false)? {
+        deny.entry(nr).or_insert(rules);
     }
     deny.insert(libc::SYS_clone, clone_ns_rules()?);
     deny.insert(libc::SYS_socket, socket_rules(inet)?);
@@ -234,6 +237,44 @@ pub(crate) fn supervisor_programs(
         arch,
     )?;
     Ok(vec![x32_guard(), compile(denylist)?, compile(clone3)?])
+}
+
+/// `O_CREAT` and the bit of `O_TMPFILE` that is not `O_DIRECTORY`: the
+/// flags with which `open` and `openat` use their mode.
+const CREATING: [u64; 2] = [libc::O_CREAT as u64, 0o20_000_000];
+
+/// The rules (any one denies) for every call of [`MODE_SETTERS`]: a set-ID
+/// bit in the mode (for `open`/`openat`, with a creating flag); with
+/// `special`, also `mknod` of a FIFO, a device or a socket.
+fn mode_rules(special: bool) -> Result<Vec<(i64, Vec<SeccompRule>)>, SeccompError> {
+    let bit = |arg: u8, b: u64| Cond::new(arg, Len::Dword, Op::MaskedEq(b), b);
+    let mut out = Vec::new();
+    for (name, nr, mode, flags) in MODE_SETTERS {
+        let mut rules = Vec::new();
+        for setid in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
+            match flags {
+                None => rules.push(SeccompRule::new(vec![bit(*mode, setid)?])?),
+                Some(f) => {
+                    for c in CREATING {
+                        rules.push(SeccompRule::new(vec![bit(*f, c)?, bit(*mode, setid)?])?);
+                    }
+                }
+            }
+        }
+        if special && name.starts_with("mknod") {
+            for (_, t) in SPECIAL_FILE_TYPES {
+                let ty = Cond::new(
+                    *mode,
+                    Len::Dword,
+                    Op::MaskedEq(libc::S_IFMT as u64),
+                    t as u64,
+                );
+                rules.push(SeccompRule::new(vec![ty?])?);
+            }
+        }
+        out.push((*nr, rules));
+    }
+    Ok(out)
 }
 
 /// Which inet sockets the supervisor may make (network mode `proxy`).

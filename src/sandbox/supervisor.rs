@@ -314,8 +314,7 @@ pub(crate) fn proxy_thread_needs(policy: &Policy) -> Needs {
 pub(crate) fn confine_this_thread(prepared: Prepared, inet: Inet) -> Result<String, String> {
     super::caps::set_no_new_privs()?;
     let ll = prepared.restrict()?;
-    let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, inet)
-        .map_err(|e| e.to_string())?;
+    let progs = super::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
     for p in &progs {
         seccompiler::apply_filter(p).map_err(|e| format!("seccomp: {e}"))?;
     }
@@ -432,26 +431,11 @@ pub(crate) fn denied() -> Vec<(&'static str, i64)> {
     v
 }
 
-/// Calls refused with `EPERM` when their mode (argument index) carries the
-/// set-user-ID or set-group-ID bit: a confined root supervisor could
-/// otherwise leave a setuid-root binary in the workspace (Landlock does not
-/// mediate modes).
-pub(crate) const SETID_MODES: [(&str, i64, u8); 7] = [
-    ("chmod", libc::SYS_chmod, 1),
-    ("fchmod", libc::SYS_fchmod, 1),
-    ("fchmodat", libc::SYS_fchmodat, 2),
-    ("fchmodat2", 452, 2),
-    ("open", libc::SYS_open, 2),
-    ("openat", libc::SYS_openat, 3),
-    ("creat", libc::SYS_creat, 1),
-];
-
 /// Installs the supervisor's seccomp filter on every thread (TSYNC); returns
 /// how many calls it denies. `inet`: which inet and inet6 sockets stay
 /// allowed (network mode `proxy`).
 pub(crate) fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
-    let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, inet)
-        .map_err(|e| e.to_string())?;
+    let progs = super::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
     for p in &progs {
         seccompiler::apply_filter_all_threads(p).map_err(|e| e.to_string())?;
     }
@@ -539,7 +523,7 @@ pub(crate) fn probe(
                 Ok(d) => done.push(d),
                 Err(e) => failed.push(format!("Landlock: {e}")),
             }
-            let progs = super::seccomp::supervisor_programs(&denied(), &SETID_MODES, needs.inet())
+            let progs = super::seccomp::supervisor_programs(&denied(), needs.inet())
                 .map_err(|e| e.to_string());
             match progs.and_then(|ps| {
                 ps.iter()
