@@ -14,6 +14,8 @@ pub(crate) mod check;
 pub mod cli;
 pub(crate) mod entrypoint;
 pub(crate) mod guard;
+#[allow(dead_code)]
+mod layers;
 pub(crate) mod log;
 pub(crate) mod mcp;
 pub(crate) mod nonce;
@@ -21,6 +23,7 @@ pub(crate) mod operator;
 pub(crate) mod profile;
 pub(crate) mod proxy;
 pub(crate) mod sandbox;
+pub(crate) mod supervisor;
 pub(crate) mod tables;
 pub(crate) mod term;
 pub(crate) mod tmux;

@@ -1,13 +1,12 @@
 //! `sandmux check`: what this machine can enforce for a profile, and what a
 //! live probe observed from inside a real sandboxed tmux pane.
 
-pub(crate) mod inside;
-
 use crate::profile::Policy;
+use crate::sandbox::observe::{self as inside, Observation};
 use crate::sandbox::probe;
 use crate::sandbox::report::LayerStatus;
-use crate::tmux::{control, Instance};
-use inside::Observation;
+use crate::supervisor::Instance;
+use crate::tmux::control;
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -61,7 +60,7 @@ pub(crate) fn run(policy: Policy) -> Report {
     let profile = policy.name.clone();
     let source = policy.source.to_string();
     let network = network_of(&policy);
-    match Instance::start(policy, crate::tmux::Proof::Here) {
+    match Instance::start(policy, crate::supervisor::Proof::Here) {
         Err(e) => Report {
             profile,
             source,

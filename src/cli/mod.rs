@@ -2,7 +2,7 @@
 
 use crate::profile::{self, Context, Loaded};
 use crate::sandbox::{self, pane, rundir::Rundir, Payload, Stdio3, EXIT_INTERNAL, EXIT_USAGE};
-use crate::tmux::{self, Instance};
+use crate::supervisor::{self, Instance};
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,7 +53,7 @@ pub fn main() -> ExitCode {
 fn dispatch(cmd: Cmd) -> ExitCode {
     match cmd {
         Cmd::Init => sandbox::init::main(),
-        Cmd::Broker => ExitCode::from(crate::mcp::broker::main() as u8),
+        Cmd::Broker => ExitCode::from(crate::supervisor::broker::main() as u8),
         Cmd::ProbeUserns => ExitCode::from(sandbox::probe::userns_child() as u8),
         Cmd::Run {
             target,
@@ -253,7 +253,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(r) => r,
         Err(e) => return fail(EXIT_INTERNAL, e),
     };
-    let cg = match tmux::make_cgroup(&policy, &mut rundir) {
+    let cg = match supervisor::make_cgroup(&policy, &mut rundir) {
         Ok(c) => c,
         Err(e) => return fail(e.exit_code(), e),
     };
@@ -266,7 +266,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(g) => g,
         Err(e) => return fail(e.exit_code(), e),
     };
-    let plan = tmux::plan(
+    let plan = supervisor::plan(
         &policy,
         &rundir,
         cg,
@@ -337,7 +337,7 @@ fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
     let wsp = policy.workspace.clone();
-    let mut inst = match Instance::start(policy, crate::tmux::Proof::Here) {
+    let mut inst = match Instance::start(policy, crate::supervisor::Proof::Here) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
@@ -425,7 +425,7 @@ fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
 }
 
 fn hold_instance(policy: profile::Policy) -> ExitCode {
-    let inst = match Instance::start(policy, crate::tmux::Proof::Here) {
+    let inst = match Instance::start(policy, crate::supervisor::Proof::Here) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };

@@ -11,33 +11,6 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-/// How git is guarded: `[workspace] git` in a profile.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum GitMode {
-    /// Git's control plane is read-only inside (kernel-enforced by mounts);
-    /// repositories created during the instance are quarantined at its end.
-    #[default]
-    ReadOnly,
-    /// The agent commits into a repository of its own in sandmux's state
-    /// directory (mounted over `.git` inside); the workspace's `.git` stays
-    /// read-only and the human fetches with `sandmux git fetch ID`.
-    Commit,
-    /// No git guard at all (the behaviour before it existed), reported loudly.
-    Unguarded,
-}
-
-impl GitMode {
-    /// The spelling used in profiles and reports.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            GitMode::ReadOnly => "read-only",
-            GitMode::Commit => "commit",
-            GitMode::Unguarded => "unguarded",
-        }
-    }
-}
-
 /// What kind of checkout a read-write tree is, at its root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]

@@ -25,21 +25,11 @@ pub(crate) mod scan;
 pub(crate) mod sweep;
 pub(crate) mod watch;
 
-pub(crate) use git::{GitMode, Shape};
+pub(crate) use crate::profile::{GitMode, NewRepos};
+pub(crate) use git::Shape;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-
-/// What happens to repositories the agent creates (`[workspace] new_repositories`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum NewRepos {
-    /// Moved into the quarantine when the instance ends (`.git` at the top at once).
-    #[default]
-    Quarantine,
-    /// Left where they are, and listed when the instance ends.
-    Allow,
-}
 
 /// The guard of one read-write tree, as planned at start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@
 //! removed. This is the one host-side file operation sandmux does on the
 //! agent's behalf (trust boundary 5 of the threat model).
 
-use super::scan::beneath;
+use crate::sandbox::beneath::{beneath, unlock_dir};
 use nix::fcntl::{openat, renameat2, AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{fstatat, mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
@@ -107,8 +107,8 @@ impl Quarantine {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let fd =
-            super::scan::open_root(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
+        let fd = crate::sandbox::beneath::open_root(&dir)
+            .map_err(|e| format!("opening {}: {e}", dir.display()))?;
         Ok(Quarantine {
             dir,
             fd,
@@ -241,24 +241,6 @@ pub(crate) fn redirect_or_self(root: &OwnedFd, rel: &Path) -> Option<PathBuf> {
     None
 }
 
-/// Gives the owner rwx on the directory `name` under `dir` (never through a
-/// link: the directory is opened first, then changed through its descriptor).
-pub(crate) fn unlock_dir(dir: &impl AsFd, name: &Path) {
-    if let Ok(fd) = beneath(
-        dir,
-        name,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
-    ) {
-        if let Ok(st) = nix::sys::stat::fstat(&fd) {
-            let mode = (st.st_mode & 0o7777) | 0o700;
-            let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-            // The magic link names the opened inode itself, not a path.
-            let _ =
-                std::fs::set_permissions(proc, std::os::unix::fs::PermissionsExt::from_mode(mode));
-        }
-    }
-}
-
 /// What a copy may still use: bytes of file content and entries.
 pub(crate) struct Budget {
     bytes: u64,
@@ -381,7 +363,7 @@ mod tests {
         std::os::unix::fs::symlink(&outside, ws.join(".envrc")).unwrap();
         let state = t.path().join("state");
         let mut q = Quarantine::open(&state, "i1").unwrap();
-        let fd = super::super::scan::open_root(&ws).unwrap();
+        let fd = crate::sandbox::beneath::open_root(&ws).unwrap();
         let a = q.take(&fd, &ws, Path::new(".vscode"), ".vscode").unwrap();
         assert_eq!(a.how, "rename");
         let b = q.take(&fd, &ws, Path::new(".envrc"), ".envrc").unwrap();

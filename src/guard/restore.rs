@@ -9,7 +9,7 @@
 //! Where the mount layer holds, nothing changes and this stays idle.
 
 use super::quarantine::{Quarantine, Taken};
-use super::scan::beneath;
+use crate::sandbox::beneath::beneath;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::Mode;
 use std::collections::BTreeSet;
@@ -96,7 +96,7 @@ impl Snapshot {
         protected: &[PathBuf],
         repos: &BTreeSet<PathBuf>,
     ) -> Option<Snapshot> {
-        let fd = super::scan::open_root(root).ok()?;
+        let fd = crate::sandbox::beneath::open_root(root).ok()?;
         let mut s = Snapshot {
             root: root.to_path_buf(),
             fd,

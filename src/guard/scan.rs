@@ -6,13 +6,13 @@
 //! (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`) relative to the tree's root, so a
 //! link planted by an agent cannot point it elsewhere on the host.
 
+use crate::sandbox::beneath::{beneath, open_root};
 use nix::dir::{Dir, Type};
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::Mode;
+use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -34,29 +34,6 @@ pub(crate) struct Found {
     /// search bit away): nothing below them was seen.
     #[serde(default)]
     pub unreadable: BTreeSet<PathBuf>,
-}
-
-pub(crate) fn beneath(dir: &impl AsFd, path: &Path, flags: OFlag) -> nix::Result<OwnedFd> {
-    let how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC).resolve(
-        ResolveFlag::RESOLVE_BENEATH
-            | ResolveFlag::RESOLVE_NO_SYMLINKS
-            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-    );
-    let p = if path.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        path
-    };
-    openat2(dir, p, how)
-}
-
-/// Opens a tree's root as a directory, refusing a symlink at its last component.
-pub(crate) fn open_root(root: &Path) -> nix::Result<OwnedFd> {
-    nix::fcntl::open(
-        root,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
 }
 
 /// Whether `rel` exists under `dir` without following any symlink; a symlink
@@ -118,7 +95,7 @@ fn walk_with(
                     let parent =
                         beneath(&root_fd, rel.parent()?, OFlag::O_PATH | OFlag::O_DIRECTORY)
                             .ok()?;
-                    super::quarantine::unlock_dir(&parent, Path::new(rel.file_name()?));
+                    crate::sandbox::beneath::unlock_dir(&parent, Path::new(rel.file_name()?));
                     open().ok()
                 });
                 match retried {

@@ -26,12 +26,12 @@ pub(crate) fn digests(guard: &Guard) -> std::collections::BTreeMap<PathBuf, Stri
     use sha2::Digest;
     let mut out = std::collections::BTreeMap::new();
     for t in &guard.trees {
-        let Ok(fd) = scan::open_root(&t.root) else {
+        let Ok(fd) = crate::sandbox::beneath::open_root(&t.root) else {
             continue;
         };
         let configs = t.at_start.repos.iter().map(|r| r.join("config"));
         for rel in t.at_start.names.iter().cloned().chain(configs).take(4096) {
-            let Ok(f) = scan::beneath(
+            let Ok(f) = crate::sandbox::beneath::beneath(
                 &fd,
                 &rel,
                 OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
@@ -71,7 +71,7 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
     let mut out = Vec::new();
     let mut warnings = Vec::new();
     for t in &guard.trees {
-        let Ok(fd) = scan::open_root(&t.root) else {
+        let Ok(fd) = crate::sandbox::beneath::open_root(&t.root) else {
             continue;
         };
         if let Some(w) = restore_mode(&fd, &t.root, t.mode) {

@@ -11,7 +11,7 @@
 
 use super::quarantine::{state_dir, Quarantine, Taken};
 use super::sweep::{digests, summary, sweep, sweep_stale, Manifest};
-use super::{scan, GitMode, Guard};
+use super::{GitMode, Guard};
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
@@ -264,7 +264,7 @@ impl Armed {
             if t.watched.is_empty() {
                 continue;
             }
-            let fd = scan::open_root(&t.root)
+            let fd = crate::sandbox::beneath::open_root(&t.root)
                 .map_err(|e| format!("opening {}: {e}", t.root.display()))?;
             trees.push((t.root.clone(), fd, t.watched.iter().cloned().collect()));
         }
@@ -287,7 +287,11 @@ impl Armed {
         }
         for (i, s) in self.snapshots.iter().enumerate() {
             for d in s.dirs() {
-                let Ok(fd) = scan::beneath(&s.fd(), &d, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
+                let Ok(fd) = crate::sandbox::beneath::beneath(
+                    &s.fd(),
+                    &d,
+                    OFlag::O_PATH | OFlag::O_DIRECTORY,
+                ) else {
                     continue;
                 };
                 let proc = PathBuf::from(format!(
@@ -338,8 +342,11 @@ impl Armed {
         if next.is_empty() {
             return;
         }
-        let Ok(fd) = scan::beneath(&self.trees[i].1, &dir, OFlag::O_PATH | OFlag::O_DIRECTORY)
-        else {
+        let Ok(fd) = crate::sandbox::beneath::beneath(
+            &self.trees[i].1,
+            &dir,
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+        ) else {
             return;
         };
         let proc = PathBuf::from(format!(
@@ -366,7 +373,7 @@ impl Armed {
             // A link on the way to a guarded path redirects it: take the link.
             let (root, fd, _) = &self.trees[i];
             let is_link = super::quarantine::redirect_or_self(fd, &rel).is_some()
-                && scan::beneath(fd, &rel, OFlag::O_PATH | OFlag::O_NOFOLLOW)
+                && crate::sandbox::beneath::beneath(fd, &rel, OFlag::O_PATH | OFlag::O_NOFOLLOW)
                     .and_then(|f| nix::sys::stat::fstat(&f))
                     .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
             if is_link {

@@ -68,7 +68,7 @@ pub(crate) struct State {
     /// Whether the operator froze the sandbox (see `mcp::freeze`).
     pub freeze: Arc<super::freeze::Freeze>,
     /// What the confined supervisor has done unconfined (`mcp::broker`).
-    pub broker: Option<Arc<super::broker::Broker>>,
+    pub broker: Option<Arc<crate::supervisor::broker::Broker>>,
     /// Set once the first sessions, their watchers and the drift baseline
     /// exist (the MCP handshake does not wait for them; calls do).
     pub ready: tokio::sync::watch::Sender<Option<Result<(), String>>>,

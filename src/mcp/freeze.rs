@@ -11,9 +11,9 @@
 //! thawed first.
 
 use super::audit::Entry;
-use super::broker::Broker;
 use super::ctx::State;
 use crate::sandbox::freeze::{self as mech, Target};
+use crate::supervisor::broker::Broker;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

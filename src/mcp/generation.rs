@@ -2,8 +2,8 @@
 //! restart that replaces a dead server (`on_server_exit = "restart"`).
 
 use super::{audit, ctx, oom, record};
+use crate::supervisor::{Instance, Proof};
 use crate::tmux::hub::Hub;
-use crate::tmux::{Instance, Proof};
 use std::sync::Arc;
 
 /// The facts tools report about the current server generation.

@@ -13,7 +13,6 @@
 pub(crate) mod audit;
 mod backlog;
 pub(crate) mod bounds;
-pub(crate) mod broker;
 pub(crate) mod catalog;
 pub(crate) mod choices;
 pub(crate) mod ctx;
@@ -43,8 +42,8 @@ pub(crate) mod tools;
 pub(crate) mod toolsets;
 
 use crate::profile::Policy;
+use crate::supervisor::Instance;
 use crate::tmux::hub::Hub;
-use crate::tmux::Instance;
 use generation::{confine_self, info_of};
 use hostfiles::{default_audit_path, outside_agent_writable, retain};
 use std::path::PathBuf;
@@ -133,7 +132,7 @@ fn host_files(
 /// What start-up made: the sandbox and what `serve` holds beside it.
 struct Started {
     inst: Instance,
-    broker: Arc<broker::Broker>,
+    broker: Arc<crate::supervisor::broker::Broker>,
     tmux_version: String,
 }
 
@@ -146,10 +145,10 @@ fn start(policy: &Policy, stop: &exit::Stop, audit: &audit::Audit) -> Result<Sta
     // parent-death signal follows the thread that forked it, and this one
     // lives as long as the instance), first: its start overlaps the
     // sandbox's.
-    let broker = broker::Broker::spawn();
+    let broker = crate::supervisor::broker::Broker::spawn();
     // A start-up step that fails while a stop is pending is reported, and the
     // stop decides the status (a terminal's ^C reaches the sandbox too).
-    let mut inst = Instance::start(policy.clone(), crate::tmux::Proof::Hub).map_err(|e| {
+    let mut inst = Instance::start(policy.clone(), crate::supervisor::Proof::Hub).map_err(|e| {
         tracing::error!("{e}");
         match stop.signal() {
             Some(sig) => stopped(audit, None, sig),

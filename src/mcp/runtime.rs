@@ -5,8 +5,8 @@
 use super::generation::restart;
 use super::{backlog, ctx, endpoint, http, oom, server, stdio, Leftovers};
 use crate::profile::{ServerExit, MAX_RESTARTS};
+use crate::supervisor::Instance;
 use crate::tmux::hub::{Hub, HubEvent};
-use crate::tmux::Instance;
 use rmcp::ServiceExt;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -4,13 +4,6 @@
 
 use super::error::ToolError;
 
-/// Makes `s` literal for an argument tmux expands as a format (session and
-/// window names, pane titles): each `#` is doubled, so tmux's single expansion
-/// yields exactly `s` and `#(...)` can never run (T3).
-pub(crate) fn fmt_literal(s: &str) -> String {
-    s.replace('#', "##")
-}
-
 /// A name or title: 1–128 characters, no control characters.
 pub(crate) fn name(arg: &str, s: &str) -> Result<(), ToolError> {
     if s.is_empty() || s.chars().count() > 128 {
@@ -284,6 +277,9 @@ mod tests {
 
     #[test]
     fn literal_formats() {
-        assert_eq!(fmt_literal("a#(touch x)#{pid}"), "a##(touch x)##{pid}");
+        assert_eq!(
+            crate::tmux::fmt_literal("a#(touch x)#{pid}"),
+            "a##(touch x)##{pid}"
+        );
     }
 }

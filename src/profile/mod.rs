@@ -11,6 +11,7 @@ mod resolve;
 mod schema;
 pub(crate) mod user;
 mod validate;
+mod workspace;
 
 pub use layer::Layer;
 #[cfg(test)]
@@ -20,6 +21,7 @@ pub(crate) use schema::{
     Network, Preset, Profile, RecordingSettings, SandboxSettings, ServerExit, Toolset,
     MAX_RESTARTS,
 };
+pub(crate) use workspace::{GitMode, NewRepos, WorkspaceSettings};
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! The profile schema (version 1). Unknown keys are rejected everywhere.
 
-use super::Layer;
+use super::{Layer, WorkspaceSettings};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -64,20 +64,6 @@ impl Default for RecordingSettings {
             max_bytes: d_recording_max(),
         }
     }
-}
-
-/// `[workspace]`: the workspace guard (P8).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct WorkspaceSettings {
-    /// `read-only` (default: git's control plane is read-only inside, new
-    /// repositories are quarantined) or `unguarded` (no git guard).
-    #[serde(default)]
-    pub git: crate::guard::GitMode,
-    /// Repositories the agent creates during the instance: `quarantine`
-    /// (default: moved out when it ends) or `allow` (left, and listed).
-    #[serde(default)]
-    pub new_repositories: crate::guard::NewRepos,
 }
 
 /// `[filesystem]`: paths are absolute; `{workspace}` and `{home}` are substituted;

@@ -23,9 +23,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The proxy's address inside the sandbox.
-pub(crate) const LISTEN: std::net::SocketAddrV4 =
-    std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 3128);
+use crate::sandbox::net::LISTEN;
 
 /// The proxy as `http://…`, for the environment.
 pub(crate) fn url() -> String {
@@ -149,7 +147,7 @@ pub(crate) fn spawn_counted(
         .enable_all()
         .build()
         .map_err(|e| format!("the proxy's runtime: {e}"))?;
-    let needs = supervisor::proxy_thread_needs(policy);
+    let needs = supervisor::proxy_thread_needs(dials(policy));
     let inet = needs.inet();
     let prepared = supervisor::prepare(policy, &needs)
         .map_err(|e| format!("confining the proxy's thread: Landlock: {e}"))?;
@@ -193,4 +191,51 @@ pub(crate) fn summary(t: &Mutex<tally::Tally>) -> String {
         ));
     }
     out.join("\n")
+}
+
+/// What the proxy dials for `policy`, for the supervisor's confinement
+/// (nothing outside proxy mode).
+pub(crate) fn dials(policy: &crate::profile::Policy) -> crate::sandbox::supervisor::Dials {
+    crate::sandbox::supervisor::Dials {
+        connect_tcp: ports(policy),
+        udp: resolves(policy),
+    }
+}
+
+/// Whether the proxy may have to ask the host's resolver (which asks its
+/// name servers over UDP): an allow entry that is a `*.` suffix or a name
+/// not pinned in `[network] hosts`.
+fn resolves(policy: &crate::profile::Policy) -> bool {
+    if policy.network.mode != crate::profile::NetMode::Proxy {
+        return false;
+    }
+    Config::of(&policy.network)
+        .map(|c| {
+            c.allow
+                .iter()
+                .any(|r| r.suffix || !c.hosts.contains_key(&r.name))
+        })
+        .unwrap_or(true)
+}
+
+/// The ports the proxy may dial for `policy` (empty outside proxy mode).
+fn ports(policy: &crate::profile::Policy) -> Vec<u16> {
+    if policy.network.mode != crate::profile::NetMode::Proxy {
+        return vec![];
+    }
+    let cfg = Config::of(&policy.network);
+    let mut v: Vec<u16> = cfg
+        .map(|c| {
+            c.allow
+                .iter()
+                .flat_map(|r| match r.port {
+                    Some(p) => vec![p],
+                    None => vec![name::CONNECT_PORT, name::HTTP_PORT],
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v.dedup();
+    v
 }

@@ -3,6 +3,7 @@
 //! directory and a cgroup, writes a [`Plan`] to `sandmux __init` over a pipe,
 //! and reads back what each layer did ([`report`]).
 
+pub(crate) mod beneath;
 pub(crate) mod caps;
 pub(crate) mod cgroup;
 mod container;
@@ -18,6 +19,7 @@ pub(crate) mod mounts;
 pub(crate) mod namespaces;
 pub(crate) mod net;
 pub(crate) mod nssignal;
+pub(crate) mod observe;
 pub(crate) mod pane;
 mod payload;
 mod pid1;

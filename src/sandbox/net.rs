@@ -7,6 +7,11 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+/// The proxy's address inside the sandbox (bound here, served by
+/// `crate::proxy`).
+pub(crate) const LISTEN: std::net::SocketAddrV4 =
+    std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 3128);
+
 /// The descriptor `__init` gets in proxy mode: a Unix socket to the supervisor.
 pub(crate) const PROXY_FD: i32 = 5;
 
@@ -16,8 +21,7 @@ pub(crate) const PROXY_FD: i32 = 5;
 pub(crate) fn send_listener() -> Result<(), String> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
-    let l = std::net::TcpListener::bind(crate::proxy::LISTEN)
-        .map_err(|e| format!("binding {}: {e}", crate::proxy::LISTEN))?;
+    let l = std::net::TcpListener::bind(LISTEN).map_err(|e| format!("binding {}: {e}", LISTEN))?;
     // SAFETY: the supervisor passes PROXY_FD in proxy mode; owned from here on.
     let chan = unsafe { OwnedFd::from_raw_fd(PROXY_FD) };
     let fds = [l.as_raw_fd()];

@@ -189,7 +189,7 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
             for (k, v) in &env {
                 std::env::set_var(k, v);
             }
-            crate::check::inside::run_and_print(policy, &cfg.own.dir);
+            super::observe::run_and_print(policy, &cfg.own.dir);
             // Stay until the reader kills the pane: a pane that exits at once can lose
             // its last output. The alarm bounds the wait if nobody does.
             // SAFETY: alarm(2) takes an integer only.

@@ -144,7 +144,7 @@ fn git_guard(
     ns: &namespaces::Created,
     layers: &mut Layers<'_>,
 ) -> Result<(), Stop> {
-    if policy.guard.git == crate::guard::GitMode::Unguarded {
+    if policy.guard.git == crate::profile::GitMode::Unguarded {
         layers.rep.send(&Message::Dropped {
             layer: Layer::Git,
             reason: "UNGUARDED by the profile ([workspace] git = \"unguarded\"): the agent can change what host git obeys".into(),

@@ -1,5 +1,5 @@
 //! Probe: what this machine's kernel offers, measured without starting a
-//! sandbox (the live half of `sandmux check` is in `check::inside`).
+//! sandbox (the live half of `sandmux check` is in `observe`).
 
 use serde::Serialize;
 

@@ -159,45 +159,15 @@ const RESOLVER: [&str; 6] = [
     "/etc/services",
 ];
 
-/// Whether the proxy may have to ask the host's resolver (which asks its
-/// name servers over UDP): an allow entry that is a `*.` suffix or a name
-/// not pinned in `[network] hosts`.
-pub(crate) fn proxy_resolves(policy: &Policy) -> bool {
-    if policy.network.mode != crate::profile::NetMode::Proxy {
-        return false;
-    }
-    crate::proxy::Config::of(&policy.network)
-        .map(|c| {
-            c.allow
-                .iter()
-                .any(|r| r.suffix || !c.hosts.contains_key(&r.name))
-        })
-        .unwrap_or(true)
-}
-
-/// The ports the proxy may dial for `policy` (empty outside proxy mode).
-pub(crate) fn proxy_ports(policy: &Policy) -> Vec<u16> {
-    if policy.network.mode != crate::profile::NetMode::Proxy {
-        return vec![];
-    }
-    let cfg = crate::proxy::Config::of(&policy.network);
-    let mut v: Vec<u16> = cfg
-        .map(|c| {
-            c.allow
-                .iter()
-                .flat_map(|r| match r.port {
-                    Some(p) => vec![p],
-                    None => vec![
-                        crate::proxy::name::CONNECT_PORT,
-                        crate::proxy::name::HTTP_PORT,
-                    ],
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort_unstable();
-    v.dedup();
-    v
+/// What the allowlist proxy dials from the supervisor (network mode
+/// `proxy`; `crate::proxy::dials` says it for a policy): TCP connect to
+/// these ports, and UDP when it may ask the host's resolver.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Dials {
+    /// Ports the proxy may connect to (empty: no inet socket at all).
+    pub connect_tcp: Vec<u16>,
+    /// Whether it may ask the host's name servers over UDP.
+    pub udp: bool,
 }
 
 /// The inputs of [`Needs::supervisor`]: every file `serve` keeps using.
@@ -218,6 +188,8 @@ pub(crate) struct Files<'a> {
     pub cgroup: &'a [PathBuf],
     /// The workspace guard's trees and state directory.
     pub guard: Option<(&'a [PathBuf], &'a Path)>,
+    /// What the proxy dials (nothing outside proxy mode).
+    pub proxy: Dials,
 }
 
 impl Needs {
@@ -248,8 +220,8 @@ impl Needs {
                 udp: false,
             },
         };
-        n.connect_tcp = proxy_ports(policy);
-        n.udp = proxy_resolves(policy);
+        n.connect_tcp = f.proxy.connect_tcp.clone();
+        n.udp = f.proxy.udp;
         if !n.connect_tcp.is_empty() {
             n.rules
                 .extend(RESOLVER.iter().map(|p| (PathBuf::from(p), Right::Read)));
@@ -290,8 +262,8 @@ impl Needs {
 /// What the proxy's own thread under `run` and `shell` keeps (their
 /// supervisor is otherwise not confined): the resolver's and the loader's
 /// files, the libraries NSS loads, TCP connect to the allow list's ports,
-/// UDP only when [`proxy_resolves`].
-pub(crate) fn proxy_thread_needs(policy: &Policy) -> Needs {
+/// UDP only when the proxy may resolve ([`Dials`]).
+pub(crate) fn proxy_thread_needs(dials: Dials) -> Needs {
     let mut rules: Vec<(PathBuf, Right)> = RESOLVER
         .iter()
         .chain(ETC_FILES.iter())
@@ -302,8 +274,8 @@ pub(crate) fn proxy_thread_needs(policy: &Policy) -> Needs {
     }
     Needs {
         rules,
-        connect_tcp: proxy_ports(policy),
-        udp: proxy_resolves(policy),
+        connect_tcp: dials.connect_tcp,
+        udp: dials.udp,
     }
 }
 

@@ -211,7 +211,7 @@ impl Parser {
 /// Encodes one argument for tmux's command parser: a double-quoted string in
 /// which every byte outside a small safe set is an octal escape, so no quote,
 /// `$`, `~`, `#`, `;`, `{` or newline in the text can change how tmux parses
-/// the line. (Formats are a separate concern: see `mcp::text::fmt_literal`.)
+/// the line. (Formats are a separate concern: see `mcp::crate::tmux::fmt_literal`.)
 pub fn quote(arg: &[u8]) -> String {
     let safe = |b: u8| b.is_ascii_alphanumeric() || b"_./:,+=@-".contains(&b);
     if !arg.is_empty() && arg.iter().all(|&b| safe(b)) && arg[0] != b'-' {

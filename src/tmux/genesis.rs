@@ -60,7 +60,7 @@ impl Genesis {
 
     /// The workspace as `-c` takes it (tmux expands it as a format).
     fn start_dir(&self) -> String {
-        crate::mcp::text::fmt_literal(&self.workspace)
+        crate::tmux::fmt_literal(&self.workspace)
     }
 
     /// The control pane's id, asked by the attached command client.

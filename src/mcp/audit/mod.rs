@@ -161,33 +161,6 @@ fn hash_line(prev: &str, body: &str) -> String {
     h.update(body.as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
-/// Now, as RFC 3339 UTC with milliseconds.
-pub(crate) fn now_rfc3339() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let dd = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{dd:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
 /// What a record is, for the room it may use.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -443,7 +416,7 @@ impl Audit {
             return false;
         }
         rec["seq"] = json!(st.seq + 1);
-        rec["ts"] = json!(now_rfc3339());
+        rec["ts"] = json!(crate::log::now_rfc3339());
         rec["prev"] = json!(st.prev);
         let body = self.bounded(&mut rec, raw);
         let hash = hash_line(&st.prev, &body);

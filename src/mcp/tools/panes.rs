@@ -312,7 +312,7 @@ pub(crate) async fn set_pane_title(c: &Call<'_>, a: SetTitle) -> Result<Done, To
         .run(
             &Cmd::new("select-pane")
                 .opt("-t", &p.pane_id)
-                .opt("-T", text::fmt_literal(&a.title)),
+                .opt("-T", crate::tmux::fmt_literal(&a.title)),
         )
         .await?;
     done(format!("title of {} set", p.pane_id))

@@ -116,11 +116,11 @@ pub(crate) async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Cre
     let mut cmd = spawn::making("new-session").flag("-d");
     if let Some(n) = &a.session_name {
         text::session_name("session_name", n)?;
-        cmd = cmd.opt("-s", text::fmt_literal(n));
+        cmd = cmd.opt("-s", crate::tmux::fmt_literal(n));
     }
     if let Some(n) = &a.window_name {
         text::name("window_name", n)?;
-        cmd = cmd.opt("-n", text::fmt_literal(n));
+        cmd = cmd.opt("-n", crate::tmux::fmt_literal(n));
     }
     cmd = spawn::process(c, cmd, &a.start_directory, &a.environment, None)?
         .opt("-x", a.x.unwrap_or(200).clamp(10, 1000).to_string())
@@ -147,7 +147,7 @@ pub(crate) async fn rename_session(c: &Call<'_>, a: RenameSession) -> Result<Don
         .run(
             &Cmd::new("rename-session")
                 .opt("-t", &s.session_id)
-                .arg(text::fmt_literal(&a.new_name)),
+                .arg(crate::tmux::fmt_literal(&a.new_name)),
         )
         .await?;
     done(format!("session {} renamed", s.session_id))

@@ -30,7 +30,7 @@ pub(crate) struct Created {
 pub(crate) fn start_dir(c: &Call<'_>, d: &Option<String>) -> Result<String, ToolError> {
     let Some(d) = d else {
         // tmux expands `-c` as a format: a `#` in the workspace is literal.
-        return Ok(crate::mcp::text::fmt_literal(
+        return Ok(crate::tmux::fmt_literal(
             &c.s.policy.workspace.display().to_string(),
         ));
     };

@@ -110,7 +110,7 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         "reaching the host's tmux servers or any other tmux socket".to_string(),
         "gaining privileges (no capabilities, no_new_privs, no setuid)".into(),
     ];
-    if p.guard.git != crate::guard::GitMode::Unguarded {
+    if p.guard.git != crate::profile::GitMode::Unguarded {
         impossible
             .push("changing git's control plane in the workspace (history is readable)".into());
     }

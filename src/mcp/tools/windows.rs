@@ -146,7 +146,7 @@ pub(crate) async fn create_window(c: &Call<'_>, a: CreateWindow) -> Result<Creat
     }
     if let Some(n) = &a.window_name {
         text::name("window_name", n)?;
-        cmd = cmd.opt("-n", text::fmt_literal(n));
+        cmd = cmd.opt("-n", crate::tmux::fmt_literal(n));
     }
     let env = &a.environment;
     cmd = spawn::process(c, cmd, &a.start_directory, env, Some(&a.shell))?;
@@ -171,7 +171,7 @@ pub(crate) async fn rename_window(c: &Call<'_>, a: RenameWindow) -> Result<Done,
         .run(
             &Cmd::new("rename-window")
                 .opt("-t", &w.window_id)
-                .arg(text::fmt_literal(&a.new_name)),
+                .arg(crate::tmux::fmt_literal(&a.new_name)),
         )
         .await?;
     done(format!("window {} renamed", w.window_id))

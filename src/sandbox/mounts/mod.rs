@@ -22,7 +22,7 @@
 mod exec;
 pub(crate) use exec::{after_ready, build_and_pivot, Sources};
 
-use crate::guard::scan::beneath;
+use crate::sandbox::beneath::beneath;
 use nix::fcntl::{openat, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{fstat, mkdirat, Mode};

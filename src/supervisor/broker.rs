@@ -16,10 +16,10 @@
 //! supervisor sends only the runtime directory, the instance id, the tmux
 //! binary and pids.
 
+use super::generation::{end_init, start_generation, Generation};
 use crate::profile::{Layer, Policy};
 use crate::sandbox::rundir::Rundir;
 use crate::sandbox::StartError;
-use crate::tmux::{end_init, start_generation, Generation};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -452,11 +452,8 @@ fn tiocsti_probe() -> Observation {
     }
     for (name, fd) in fds {
         for (label, req) in [
-            ("", crate::sandbox::seccomp::TIOCSTI),
-            (
-                " high bits",
-                crate::sandbox::seccomp::TIOCSTI | (1u64 << 32),
-            ),
+            ("", super::seccomp::TIOCSTI),
+            (" high bits", super::seccomp::TIOCSTI | (1u64 << 32)),
         ] {
             let c: u8 = b'#';
             // SAFETY: TIOCSTI reads one byte from the pointer we pass; fd may be invalid (EBADF).

@@ -1,0 +1,133 @@
+//! The layers of the crate, lowest first, and the test that keeps them:
+//! a module may name (`crate::…`) only modules of a lower layer. Every
+//! top-level module must be placed here; a new one fails the test until it
+//! is. `docs/architecture.md` ("Layers") says the same in words.
+//!
+//! An instance's life on the host (its generations, cgroup and plan, the
+//! `Instance`, the broker) is `supervisor`; what runs inside the sandbox is
+//! `sandbox`; tmux itself is `tmux`.
+
+/// Lowest first; the modules of one layer may not name each other.
+pub(crate) const LAYERS: &[&[&str]] = &[
+    &["term", "nonce"],
+    &["log"],
+    &["profile"],
+    &["sandbox"],
+    &["guard", "proxy"],
+    &["tmux"],
+    &["supervisor"],
+    &["check", "mcp"],
+    &["operator", "tables", "entrypoint"],
+    &["cli"],
+];
+
+/// Imports that still run upward, each with the move that ends it. The test
+/// fails when one of them is gone (take it off) or a new one appears.
+pub(crate) const NOT_YET: &[(&str, &str, &str)] = &[
+    (
+        "profile",
+        "guard",
+        "the policy carries the guard's plan and resolving plans it: the plan moves to the supervisor, the sandbox gets one compiled value",
+    ),
+    (
+        "profile",
+        "proxy",
+        "the proxy's configuration type and its variables move down to profile",
+    ),
+    (
+        "sandbox",
+        "guard",
+        "the mount view's table builds a guard plan: goes with the compiled value",
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    fn layer_of(m: &str) -> Option<usize> {
+        LAYERS.iter().position(|l| l.contains(&m))
+    }
+
+    /// Top-level module of a file under `src/` (`None`: the crate root).
+    fn module_of(rel: &Path) -> Option<String> {
+        let first = rel.components().next()?.as_os_str().to_str()?;
+        let m = first.trim_end_matches(".rs");
+        (!["lib", "main", "layers"].contains(&m)).then(|| m.to_string())
+    }
+
+    /// Every `crate::NAME` in code (not comments) of each file: (from, to) → files.
+    fn imports() -> BTreeMap<(String, String), BTreeSet<String>> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+        let mut stack = vec![src.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                    continue;
+                }
+                let rel = p.strip_prefix(&src).unwrap();
+                let (Some(from), Some("rs")) =
+                    (module_of(rel), p.extension().and_then(|x| x.to_str()))
+                else {
+                    continue;
+                };
+                for line in std::fs::read_to_string(&p).unwrap().lines() {
+                    let code = line.split("//").next().unwrap_or("");
+                    for (i, _) in code.match_indices("crate::") {
+                        let to: String = code[i + 7..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        if to != from && !to.is_empty() {
+                            out.entry((from.clone(), to))
+                                .or_default()
+                                .insert(rel.display().to_string());
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn imports_only_point_down() {
+        let all = imports();
+        let mut wrong = Vec::new();
+        for ((from, to), files) in &all {
+            let (Some(a), Some(b)) = (layer_of(from), layer_of(to)) else {
+                wrong.push(format!(
+                    "{from} -> {to}: place every top-level module in LAYERS"
+                ));
+                continue;
+            };
+            let listed = NOT_YET.iter().any(|(f, t, _)| f == from && t == to);
+            if a <= b && !listed {
+                wrong.push(format!(
+                    "{from} -> {to} runs upward or sideways ({files:?})"
+                ));
+            }
+        }
+        for (f, t, why) in NOT_YET {
+            if !all.contains_key(&(f.to_string(), t.to_string())) {
+                wrong.push(format!("{f} -> {t} is gone: take it off NOT_YET ({why})"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn every_top_level_module_is_placed() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for e in std::fs::read_dir(src).unwrap().flatten() {
+            if let Some(m) = module_of(Path::new(&e.file_name())) {
+                assert!(layer_of(&m).is_some(), "{m} is in no layer of LAYERS");
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! `[workspace]`: how the workspace is guarded (P8): the settings and their
+//! types (the guard itself is `crate::guard`).
+
+use serde::{Deserialize, Serialize};
+
+/// `[workspace]`: the workspace guard (P8).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WorkspaceSettings {
+    /// `read-only` (default: git's control plane is read-only inside, new
+    /// repositories are quarantined) or `unguarded` (no git guard).
+    #[serde(default)]
+    pub git: GitMode,
+    /// Repositories the agent creates during the instance: `quarantine`
+    /// (default: moved out when it ends) or `allow` (left, and listed).
+    #[serde(default)]
+    pub new_repositories: NewRepos,
+}
+
+/// How git is guarded: `[workspace] git` in a profile.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum GitMode {
+    /// Git's control plane is read-only inside (kernel-enforced by mounts);
+    /// repositories created during the instance are quarantined at its end.
+    #[default]
+    ReadOnly,
+    /// The agent commits into a repository of its own in sandmux's state
+    /// directory (mounted over `.git` inside); the workspace's `.git` stays
+    /// read-only and the human fetches with `sandmux git fetch ID`.
+    Commit,
+    /// No git guard at all (the behaviour before it existed), reported loudly.
+    Unguarded,
+}
+
+impl GitMode {
+    /// The spelling used in profiles and reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            GitMode::ReadOnly => "read-only",
+            GitMode::Commit => "commit",
+            GitMode::Unguarded => "unguarded",
+        }
+    }
+}
+
+/// What happens to repositories the agent creates (`[workspace] new_repositories`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum NewRepos {
+    /// Moved into the quarantine when the instance ends (`.git` at the top at once).
+    #[default]
+    Quarantine,
+    /// Left where they are, and listed when the instance ends.
+    Allow,
+}

@@ -1,0 +1,178 @@
+//! A generation: one sandbox with a fresh tmux server in it (its cgroup, its
+//! plan, its start), and the plan any sandbox of an instance is built from
+//! (`run` uses it too).
+
+use crate::nonce;
+use crate::profile::{MountKind, Policy};
+use crate::sandbox::report::Message;
+use crate::sandbox::rundir::Rundir;
+use crate::sandbox::{self, cgroup, mounts, pane, Payload, Plan, StartError, Stdio3};
+use crate::tmux::MINIMAL_CONF;
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// A generation just started, before it is proven ([`Instance::verify`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Generation {
+    /// Host pid of its `sandmux __init`.
+    pub init_pid: u32,
+    /// What the sandbox reported while starting.
+    pub messages: Vec<Message>,
+    /// The server's pid inside the sandbox.
+    pub server_pid: i32,
+    /// Its generation id.
+    pub generation: String,
+    /// The cgroup made for it.
+    pub cgroup: Option<cgroup::Cgroup>,
+    /// Proxy mode: the listener made in its network namespace (never sent
+    /// by the broker: a restarted generation in proxy mode is refused).
+    #[serde(skip)]
+    pub proxy: Option<std::net::TcpListener>,
+}
+
+/// Makes the cgroup and the sandbox and starts tmux in it (the first
+/// generation in `Instance::start`, later ones in the broker when there is one).
+pub(crate) fn start_generation(
+    policy: &Policy,
+    rundir: &mut Rundir,
+    tmux: &Path,
+) -> Result<(Child, Generation), StartError> {
+    let cg = make_cgroup(policy, rundir)?;
+    rundir.remove_host_view();
+    let generation = nonce::hex();
+    let conf = format!("{MINIMAL_CONF}\n# Generation id: proves to sandmux that this server is the one it started.\nset -g @sandmux_generation {generation}\n");
+    let plan = plan(
+        policy,
+        rundir,
+        cg,
+        Payload::Tmux {
+            tmux: tmux.to_path_buf(),
+        },
+        Some(conf),
+    );
+    let started = sandbox::start(&plan, Stdio3::Null)?;
+    let server_pid = started
+        .messages
+        .iter()
+        .find_map(|m| match m {
+            Message::Ready { server_pid } => Some(*server_pid),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            StartError::internal("the sandbox ended before the tmux server was ready".into())
+        })?;
+    let g = Generation {
+        init_pid: started.child.id(),
+        messages: started.messages,
+        server_pid,
+        generation,
+        cgroup: rundir.cgroup.clone(),
+        proxy: started.proxy,
+    };
+    Ok((started.child, g))
+}
+
+/// Checks that `bin` is visible inside the sandbox through a read-only entry.
+pub(crate) fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
+    let ok = policy
+        .fs
+        .iter()
+        .any(|e| e.kind == MountKind::ReadOnly && bin.starts_with(&e.path));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{} is not inside a read-only tree of profile '{}'; add its directory to [filesystem] read_only", bin.display(), policy.name))
+    }
+}
+
+/// Creates the instance's cgroup, or applies the profile's rule when there is none.
+pub(crate) fn make_cgroup(
+    policy: &Policy,
+    rundir: &mut Rundir,
+) -> Result<Result<cgroup::Cgroup, String>, StartError> {
+    match cgroup::create(
+        &format!("sandmux-{}", rundir.id),
+        &format!("gen-{}", &nonce::hex()[..8]),
+        policy.limits.processes,
+        policy.limits.memory.0,
+    ) {
+        Ok(cg) => {
+            rundir.set_cgroup(cg.clone());
+            Ok(Ok(cg))
+        }
+        Err(reason) if policy.best_effort.contains(&crate::profile::Layer::Cgroup) => Ok(Err(
+            format!("{reason}. In force instead: {}", without_cgroup(policy)),
+        )),
+        Err(reason) => Err(StartError::layer(crate::profile::Layer::Cgroup, &reason)),
+    }
+}
+
+/// What limits a sandbox without a cgroup: no memory limit at all, and
+/// processes only by RLIMIT_NPROC (which the kernel ignores for host root).
+pub(crate) fn without_cgroup(policy: &Policy) -> String {
+    let nproc = if nix::unistd::geteuid().is_root() {
+        "no process limit (RLIMIT_NPROC is not enforced for host root)".to_string()
+    } else {
+        format!(
+            "processes limited by RLIMIT_NPROC={} only",
+            policy.limits.processes
+        )
+    };
+    format!("no memory limit; {nproc}; no OOM kill counts")
+}
+
+/// The plan for a sandbox (shared by `run` and the tmux instance).
+pub(crate) fn plan(
+    policy: &Policy,
+    rundir: &Rundir,
+    cgroup: Result<cgroup::Cgroup, String>,
+    payload: Payload,
+    tmux_conf: Option<String>,
+) -> Plan {
+    let (passwd, group) = sandbox::identity_files(policy);
+    let gate_json = serde_json::to_string(&pane::GateConfig {
+        policy: policy.clone(),
+        own: Default::default(),
+    })
+    .unwrap_or_default();
+    Plan {
+        policy: policy.clone(),
+        rundir: rundir.path.clone(),
+        host_view: matches!(payload, Payload::Tmux { .. })
+            .then(|| rundir.host_view())
+            .flatten(),
+        supervisor_pid: std::process::id() as i32,
+        host_uid: nix::unistd::geteuid().as_raw(),
+        host_gid: nix::unistd::getegid().as_raw(),
+        cgroup,
+        env: sandbox::env::build(&policy.environment, std::env::vars_os()),
+        run_files: mounts::RunFiles {
+            tmux_conf,
+            gate_json,
+            passwd,
+            group,
+            names: sandbox::name_files(policy),
+        },
+        payload,
+        log: crate::log::init_level(),
+    }
+}
+
+/// Ends a sandbox: SIGTERM to its `__init`, SIGKILL after 3 s, reaped.
+pub(crate) fn end_init(child: &mut Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The host side of one instance: everything sandmux does outside the
+//! sandbox for an instance's life — its generations (cgroup, plan, start),
+//! the `Instance` that holds them with the runtime directory and the
+//! workspace guard, and the broker that starts later generations for a
+//! confined `serve`. `run`, `shell` and `serve` all start here; `sandbox/`
+//! is what runs inside, `tmux/` is tmux itself.
+
+pub(crate) mod broker;
+pub(crate) mod generation;
+pub(crate) mod instance;
+
+pub(crate) use generation::{make_cgroup, plan};
+pub(crate) use instance::{Instance, Proof};
