@@ -41,6 +41,9 @@ fn seccomp_denied() -> String {
         "| `mknod`, `mknodat` of a special file (P8) | {} |\n",
         kinds.join(", ")
     ));
+    t.push_str(
+        "| `renameat2` with `RENAME_WHITEOUT` (P8: a whiteout is a device node) | `renameat2` |\n",
+    );
     let allowed: usize = crate::sandbox::syscalls::ALLOWED
         .iter()
         .map(|(_, c)| c.len())

@@ -401,6 +401,15 @@ tr("mknod_reg", lambda: os.mknod("mknod-reg", stat.S_IFREG | 0o4755))
 tr("mkfifo", lambda: os.mkfifo("fifo"))
 tr("mknod_sock", lambda: os.mknod("sock-node", stat.S_IFSOCK | 0o600))
 tr("whiteout", lambda: os.mknod("whiteout", stat.S_IFCHR | 0o600, 0))
+open("to-rename", "w").close()
+def rename_whiteout():
+    if libc.syscall(316, -100, b"to-rename", -100, b"renamed", 4) < 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+tr("rename_whiteout", rename_whiteout)
+import socket
+s = socket.socket(socket.AF_UNIX)
+s.bind("bound.sock")
+print("bound=" + ("socket" if stat.S_ISSOCK(os.lstat("bound.sock").st_mode) else "?"), flush=True)
 how = ctypes.create_string_buffer(struct.pack("<QQQ", os.O_CREAT | os.O_WRONLY, 0o4755, 0))
 def openat2():
     r = libc.syscall(437, -100, b"openat2", how, 24)
@@ -449,8 +458,9 @@ fn host_hazards(dir: &std::path::Path) -> Vec<String> {
 
 /// P8, first class: nothing made inside carries a set-ID bit, a file
 /// capability or a special file onto the host, on every built-in profile.
-/// The kernel refuses each way (seccomp; `CAP_SETFCAP` for capabilities);
-/// the host checks the workspace afterwards. Positive control: the same
+/// The kernel refuses each way (seccomp; `CAP_SETFCAP` for capabilities)
+/// but a unix socket bound by path, which the end sweep removes; the host
+/// checks the workspace afterwards. Positive control: the same
 /// attack with sandmux's filter dropped (the explicit opt-in, in an
 /// environment where no filter can be installed) leaves set-ID files and a
 /// FIFO in the host tree — root's, when the test runs as root.
@@ -476,6 +486,10 @@ fn setid_files_capabilities_and_special_files_never_reach_the_host() {
             "mkfifo=EPERM",
             "mknod_sock=EPERM",
             "whiteout=EPERM",
+            "rename_whiteout=EPERM",
+            // A socket bound by path is made (the filter cannot see bind's
+            // path); the end sweep removes it.
+            "bound=socket",
             "openat2=ENOSYS",
             "setcap=EPERM",
             // The same calls without a set-ID bit still work.
@@ -489,6 +503,8 @@ fn setid_files_capabilities_and_special_files_never_reach_the_host() {
             "{profile}: {t}"
         );
         assert!(ws.join("plain").exists() && ws.join("suid").exists(), "{t}");
+        let said = "bound.sock: a socket, FIFO or device node the agent left in the tree; removed";
+        assert!(t.contains(said), "{profile}: {t}");
     }
 
     // Positive control: sandmux's filter dropped.
@@ -510,8 +526,15 @@ fn setid_files_capabilities_and_special_files_never_reach_the_host() {
         t.contains("chmod_u=0") && t.contains("mkfifo=ok"),
         "control: {t}"
     );
+    // FIFOs and whiteouts were made (and the end sweep took them out).
+    assert!(t.contains("rename_whiteout=ok"), "control: {t}");
+    for name in ["fifo", "to-rename", "whiteout", "bound.sock"] {
+        let said =
+            format!("{name}: a socket, FIFO or device node the agent left in the tree; removed");
+        assert!(t.contains(&said), "control: {name}: {t}");
+    }
     let found = host_hazards(&ws.path());
-    for name in ["suid:", "sgid:", "o-creat:", "fifo:"] {
+    for name in ["suid:", "sgid:", "o-creat:"] {
         assert!(
             found.iter().any(|f| f.starts_with(name)),
             "control: {name} {found:?}"

@@ -34,6 +34,24 @@ pub(crate) struct Found {
     /// search bit away): nothing below them was seen.
     #[serde(default)]
     pub unreadable: BTreeSet<PathBuf>,
+    /// Sockets, FIFOs and device nodes (by the directory entry's type), at
+    /// most [`MAX_SPECIAL`]; the end sweep removes those that are new.
+    #[serde(default)]
+    pub special: BTreeSet<PathBuf>,
+    /// More special files than [`MAX_SPECIAL`] were seen.
+    #[serde(default)]
+    pub special_overflow: bool,
+}
+
+/// Special files a walk records.
+pub(crate) const MAX_SPECIAL: usize = 4096;
+
+/// Whether an entry of this type is a socket, a FIFO or a device node.
+pub(crate) fn is_special(mode: u32) -> bool {
+    matches!(
+        mode & libc::S_IFMT,
+        libc::S_IFSOCK | libc::S_IFIFO | libc::S_IFCHR | libc::S_IFBLK
+    )
 }
 
 /// Whether `rel` exists under `dir` without following any symlink; a symlink
@@ -149,17 +167,27 @@ fn walk_with(
                     found.names.insert(rel.join(g));
                 }
             }
-            let is_dir = match ty {
-                Some(Type::Directory) => true,
-                Some(_) => false,
+            let mode = match ty {
+                Some(Type::Directory) => libc::S_IFDIR,
+                Some(Type::Socket) => libc::S_IFSOCK,
+                Some(Type::Fifo) => libc::S_IFIFO,
+                Some(Type::CharacterDevice) => libc::S_IFCHR,
+                Some(Type::BlockDevice) => libc::S_IFBLK,
+                Some(_) => libc::S_IFREG,
                 None => {
                     nix::sys::stat::fstatat(dirfd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                        .map(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
-                        .unwrap_or(false)
+                        .map(|s| s.st_mode)
+                        .unwrap_or(libc::S_IFREG)
                 }
             };
-            if is_dir {
+            if mode & libc::S_IFMT == libc::S_IFDIR {
                 stack.push(child);
+            } else if is_special(mode) {
+                if found.special.len() < MAX_SPECIAL {
+                    found.special.insert(child);
+                } else {
+                    found.special_overflow = true;
+                }
             }
         }
     }
@@ -202,5 +230,18 @@ mod tests {
         assert!(f.complete);
         let f = walk(r, &g, false).unwrap();
         assert!(f.repos.is_empty());
+    }
+
+    #[test]
+    fn special_files_are_recorded_by_their_entry_type() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("a")).unwrap();
+        nix::unistd::mkfifo(&t.path().join("a/fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let _s = std::os::unix::net::UnixListener::bind(t.path().join("sock")).unwrap();
+        std::fs::write(t.path().join("plain"), "x").unwrap();
+        let f = walk(t.path(), &[], false).unwrap();
+        let want: BTreeSet<PathBuf> = ["a/fifo", "sock"].into_iter().map(PathBuf::from).collect();
+        assert_eq!(f.special, want);
+        assert!(!f.special_overflow);
     }
 }

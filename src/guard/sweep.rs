@@ -119,6 +119,21 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
                         new.insert((r.components().count(), r.clone(), "new repository"));
                     }
                 }
+                if t.at_start.special_overflow {
+                    warnings.push(format!(
+                        "{}: the walk at start found more than {} sockets, FIFOs and device nodes, so new ones were not removed",
+                        crate::term::printable(&t.root.to_string_lossy()),
+                        scan::MAX_SPECIAL
+                    ));
+                } else {
+                    for p in now
+                        .special
+                        .difference(&t.at_start.special)
+                        .filter(|p| !unknown(p))
+                    {
+                        warnings.push(remove_special(&fd, &t.root, p));
+                    }
+                }
                 for n in now
                     .names
                     .difference(&t.at_start.names)
@@ -148,6 +163,29 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
         }
     }
     (out, warnings)
+}
+
+/// Removes the socket, FIFO or device node at `rel` (checked again through
+/// its parent, never following a link); what happened, for the human.
+fn remove_special(fd: &impl std::os::fd::AsFd, root: &Path, rel: &Path) -> String {
+    use nix::fcntl::AtFlags;
+    let shown = crate::term::printable(&root.join(rel).to_string_lossy());
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return format!("{shown}: a special file the agent left; remove it yourself");
+    };
+    let done = crate::sandbox::beneath::beneath(fd, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
+        .and_then(|dir| {
+            let st = nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+            if !scan::is_special(st.st_mode) {
+                return Err(nix::Error::EEXIST);
+            }
+            nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+        });
+    match done {
+        Ok(()) => format!("{shown}: a socket, FIFO or device node the agent left in the tree; removed"),
+        Err(nix::Error::EEXIST) => format!("{shown}: was a special file the agent made, is now something else; left as it is"),
+        Err(e) => format!("{shown}: a socket, FIFO or device node the agent left could not be removed ({e}); remove it yourself"),
+    }
 }
 
 /// Puts a tree root's permission bits back to `start` (through the

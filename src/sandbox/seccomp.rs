@@ -23,16 +23,17 @@
 //!    And file modes (P8, by the kernel): a mode with the set-user-ID or
 //!    set-group-ID bit given to any call that sets one (the chmod family,
 //!    `open`/`openat` with `O_CREAT` or `O_TMPFILE`, `creat`, `mknod`), and
-//!    `mknod` of a FIFO, a device or a socket. Nothing made inside carries a
-//!    set-ID bit, wherever it is made; `openat2`, whose mode the filter cannot
-//!    read, is off the allowlist. File capabilities need `CAP_SETFCAP`, which
-//!    nothing inside holds.
+//!    `mknod` of a FIFO, a device or a socket, and `renameat2` with
+//!    `RENAME_WHITEOUT` (it leaves a `c 0 0` node). No set-ID bit is given
+//!    to a file inside, wherever it is; `openat2`, whose mode the filter
+//!    cannot read, is off the allowlist. File capabilities need
+//!    `CAP_SETFCAP`, which nothing inside holds.
 //!
 //! The same filter applies to PID 1, the tmux server and every pane: nothing
 //! inside needs any denied call. Denied calls are visible to probes as `EPERM`
 //! (explicitly denied) or `ENOSYS` (not on the allowlist).
 
-use super::syscalls::{ALLOWED, DENIED, MODE_SETTERS, SPECIAL_FILE_TYPES};
+use super::syscalls::{ALLOWED, DENIED, MODE_SETTERS, RENAME_WHITEOUT, SPECIAL_FILE_TYPES};
 use seccompiler::{
     apply_filter, BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op,
     SeccompCondition as Cond, SeccompFilter, SeccompRule, TargetArch,
@@ -202,6 +203,13 @@ pub(crate) fn build() -> Result<Filters, SeccompError> {
     for (nr, rules) in mode_rules(true)? {
         deny.insert(nr, rules);
     }
+    let whiteout = Cond::new(
+        4,
+        Len::Dword,
+        Op::MaskedEq(RENAME_WHITEOUT),
+        RENAME_WHITEOUT,
+    )?;
+    deny.insert(libc::SYS_renameat2, vec![SeccompRule::new(vec![whiteout])?]);
     let denylist = eperm(deny, arch)?;
 
     Ok(Filters {

@@ -467,6 +467,10 @@ pub(crate) const MODE_SETTERS: &[(&str, i64, u8, Option<u8>)] = &[
     ("mknodat", libc::SYS_mknodat, 2, None),
 ];
 
+/// `renameat2`'s `RENAME_WHITEOUT`: leaves a whiteout (a `c 0 0` device
+/// node) at the source, a device node `mknod` would have been refused.
+pub(crate) const RENAME_WHITEOUT: u64 = 1 << 2;
+
 /// The `mknod` file types refused inside: FIFOs, character and block devices
 /// (a whiteout, `c 0 0`, needs no capability) and sockets. Only regular files
 /// may be made with `mknod`; a unix socket is made by `bind`.
