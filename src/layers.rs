@@ -16,7 +16,7 @@ pub(crate) const LAYERS: &[&[&str]] = &[
     &["guard", "proxy"],
     &["tmux"],
     &["supervisor"],
-    &["check", "mcp"],
+    &["check", "mcp", "door"],
     &["operator", "tables", "entrypoint"],
     &["cli"],
 ];

@@ -12,6 +12,7 @@
 
 pub(crate) mod check;
 pub mod cli;
+pub(crate) mod door;
 pub(crate) mod entrypoint;
 pub(crate) mod guard;
 #[allow(dead_code)]

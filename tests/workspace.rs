@@ -455,3 +455,165 @@ fn the_workspace_tops_mode_is_restored_at_the_end() {
         );
     }
 }
+
+/// Every file and directory under `root` (`.git` included): path, mode and
+/// bytes, for "the host's tree did not change".
+fn tree_snapshot(root: &std::path::Path) -> Vec<(PathBuf, u32, Vec<u8>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let m = p.symlink_metadata().unwrap();
+            let bytes = if m.is_file() {
+                std::fs::read(&p).unwrap()
+            } else {
+                vec![]
+            };
+            if m.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push((p.strip_prefix(root).unwrap().to_path_buf(), m.mode(), bytes));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What the agent does in the copy-on-write tests: its own work, and every
+/// kind of control a host program would obey.
+fn cow_script(marker: &std::path::Path) -> String {
+    format!(
+        r#"echo changed >> README && rm gone.txt && echo new > new.txt && mkdir -p src && echo 'fn main() {{}}' > src/main.rs
+git config core.fsmonitor "touch {m}" && echo fsmonitor=$(git config core.fsmonitor)
+printf '#!/bin/sh\ntouch {m}\n' > .git/hooks/post-checkout && chmod +x .git/hooks/post-checkout
+echo "touch {m}" > .envrc
+git init -q sub && git -C sub -c user.name=a -c user.email=a@b commit -q --allow-empty -m agent && echo sub-commit=$?
+chmod 0777 . && echo done"#,
+        m = marker.display()
+    )
+}
+
+/// P8 by construction (`[workspace] mode = "copy-on-write"`): the agent
+/// edits the workspace freely (files, its git config and hooks, `.envrc`, a
+/// repository of its own, the top's mode) and the host's tree does not
+/// change at all — bytes and modes of every file, `.git` included — so
+/// host git runs nothing. `sandmux diff ID` shows the work, holds control
+/// back, and its text applied with `patch -p1` brings exactly the work in;
+/// `discard` removes the layer. Control: the same script in live mode with
+/// the guard off reaches host git.
+#[test]
+fn copy_on_write_leaves_the_host_tree_unchanged_and_diff_shows_the_work() {
+    let cfg = host_dir();
+    let cow = |t: String| {
+        t.replace(
+            "\ngit = \"read-only\"",
+            "\nmode = \"copy-on-write\"\ngit = \"read-only\"",
+        )
+    };
+    for profile in PROFILES {
+        let file = profile_file(cfg.path(), &format!("cow-{profile}"), profile, cow);
+        let ws = Ws::new();
+        let w = ws.path();
+        repo(&w);
+        put(&w.join("gone.txt"), "bye\n");
+        git_ok(&w, &["add", "gone.txt"]);
+        git_ok(&w, &["commit", "-q", "-m", "second"]);
+        let host = host_dir();
+        let marker = host.path().join("MARKER");
+        let before = tree_snapshot(&w);
+        let state = host.path().join("state");
+        let o = run_in(&w, file.to_str().unwrap(), &state, &cow_script(&marker));
+        let t = text(&o);
+        assert!(
+            t.contains("done") && t.contains("sub-commit=0"),
+            "{profile}: {t}"
+        );
+        assert!(
+            t.contains(&format!("fsmonitor=touch {}", marker.display())),
+            "{t}"
+        );
+        assert_eq!(
+            tree_snapshot(&w),
+            before,
+            "{profile}: the host tree changed: {t}"
+        );
+        git_ok(&w, &["status", "--short"]);
+        assert!(!marker.exists(), "{profile}: host git ran the agent's code");
+        let id = t
+            .split("sandmux diff ")
+            .nth(1)
+            .and_then(|s| s.split('`').next())
+            .unwrap_or_else(|| panic!("{profile}: no layer id in {t}"))
+            .to_string();
+        let diff = |args: &[&str]| {
+            let mut c = sandmux(&[&["diff", id.as_str()], args].concat());
+            c.env("XDG_STATE_HOME", &state).current_dir(&w);
+            c.output().unwrap()
+        };
+        let names = diff(&["--names-only"]);
+        assert_eq!(names.status.code(), Some(1), "{}", text(&names));
+        let n = String::from_utf8_lossy(&names.stdout);
+        for line in [
+            "M README",
+            "D gone.txt",
+            "A new.txt (file)",
+            "A src/main.rs (file)",
+            "H .git/config (held back: version-control data)",
+            "H .envrc (held back: tool configuration)",
+            "H sub/.git (held back: version-control data)",
+        ] {
+            assert!(
+                n.lines().any(|l| l == line),
+                "{profile}: {line:?} not in\n{n}"
+            );
+        }
+        // The text, through patch: the work arrives, the control does not.
+        let full = diff(&[]);
+        let mut p = Command::new("patch")
+            .args(["-p1", "-s"])
+            .current_dir(&w)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(p.stdin.as_mut().unwrap(), &full.stdout).unwrap();
+        assert!(
+            p.wait().unwrap().success(),
+            "{}",
+            String::from_utf8_lossy(&full.stdout)
+        );
+        assert_eq!(
+            std::fs::read_to_string(w.join("README")).unwrap(),
+            "hello\nchanged\n"
+        );
+        assert!(!w.join("gone.txt").exists() && w.join("src/main.rs").exists());
+        assert!(!w.join(".envrc").exists() && !w.join("sub").exists());
+        git_ok(&w, &["status", "--short"]);
+        assert!(!marker.exists(), "{profile}: the diff carried control");
+        let mut d = sandmux(&["discard", &id]);
+        let gone = d.env("XDG_STATE_HOME", &state).output().unwrap();
+        assert!(gone.status.success(), "{}", text(&gone));
+        assert_eq!(diff(&[]).status.code(), Some(2));
+    }
+    // Control: live, unguarded, the same script reaches host git.
+    let open = profile_file(cfg.path(), "open", "default", unguard);
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    put(&w.join("gone.txt"), "bye\n");
+    let host = host_dir();
+    let marker = host.path().join("MARKER");
+    let o = run_in(
+        &w,
+        open.to_str().unwrap(),
+        &host.path().join("state"),
+        &cow_script(&marker),
+    );
+    assert!(text(&o).contains("done"), "{}", text(&o));
+    git_ok(&w, &["status", "--short"]);
+    assert!(
+        marker.exists(),
+        "control: host git did not run the planted fsmonitor"
+    );
+}

@@ -138,6 +138,19 @@ pub(super) enum Cmd {
         /// Instance id.
         id: String,
     },
+    /// Copy-on-write mode: what an instance changed in the workspace (exit 0: nothing, 1: changes).
+    Diff {
+        /// Instance id (as `run` and `serve` print it).
+        id: String,
+        /// Only one line per changed path, no text.
+        #[arg(long)]
+        names_only: bool,
+    },
+    /// Copy-on-write mode: remove an instance's layer (its changes are gone).
+    Discard {
+        /// Instance id.
+        id: String,
+    },
     /// Commit mode (`[workspace] git = "commit"`): the agent's commits.
     Git {
         #[command(subcommand)]

@@ -149,6 +149,8 @@ fn operator(cmd: Cmd) -> ExitCode {
                 None => fail(EXIT_USAGE, format!("no table {name:?}")),
             }
         }
+        Cmd::Diff { id, names_only } => ExitCode::from(crate::door::show(&id, names_only) as u8),
+        Cmd::Discard { id } => ExitCode::from(crate::door::discard(&id) as u8),
         Cmd::Git {
             cmd: GitCmd::Fetch { id, prune },
         } => match crate::guard::commit::fetch(&id, prune) {
@@ -266,6 +268,9 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(g) => g,
         Err(e) => return fail(e.exit_code(), e),
     };
+    if let Err(e) = supervisor::layer::create(&mut policy, &rundir.id) {
+        return fail(EXIT_INTERNAL, format!("the copy-on-write layer: {e}"));
+    }
     let plan = supervisor::plan(
         &policy,
         &rundir,
@@ -300,11 +305,15 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     });
     let mut child = started.child;
     let status = child.wait();
+    let id = rundir.id.clone();
     drop(rundir);
     if let Some(t) = tally {
         eprintln!("{}", crate::proxy::summary(&t));
     }
     crate::guard::watch::finish_and_say(guard);
+    if let Some(line) = supervisor::layer::finish(&policy, &id) {
+        tracing::warn!("{line}");
+    }
     match status {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;

@@ -21,7 +21,7 @@ pub(crate) use schema::{
     Network, Preset, Profile, RecordingSettings, SandboxSettings, ServerExit, Toolset,
     MAX_RESTARTS,
 };
-pub(crate) use workspace::{GitMode, NewRepos, WorkspaceSettings};
+pub(crate) use workspace::{GitMode, NewRepos, WorkspaceMode, WorkspaceSettings};
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -363,6 +363,14 @@ pub(crate) struct Policy {
     pub landlock_abi: Option<u8>,
     /// The workspace.
     pub workspace: PathBuf,
+    /// `[workspace] mode = "copy-on-write"`: the layer directory the agent's
+    /// writes to the workspace land in (`upper/`, `work/`), made by the host
+    /// side when the instance starts (None until then, and in live mode).
+    #[serde(default)]
+    pub layer: Option<PathBuf>,
+    /// `[workspace] mode`.
+    #[serde(default)]
+    pub workspace_mode: WorkspaceMode,
     /// MCP settings (used by `serve`).
     pub mcp: McpSettings,
     /// `serve --record` settings.

@@ -20,9 +20,16 @@ impl Loaded {
         let p = &self.profile;
         let names = self.protected_names()?;
         let fs = self.fs_entries(ctx)?;
+        let cow = p.workspace.mode == WorkspaceMode::CopyOnWrite;
+        if cow {
+            check_layer_path(&ctx.workspace).map_err(|r| self.invalid("workspace.mode", r))?;
+        }
+        // A copy-on-write workspace is not the host's tree inside: nothing
+        // to guard there.
         let roots: Vec<PathBuf> = fs
             .iter()
             .filter(|e| e.kind == MountKind::ReadWrite)
+            .filter(|e| !(cow && e.path == ctx.workspace))
             .map(|e| e.path.clone())
             .collect();
         let names = with_config_dir(names, &roots);
@@ -56,6 +63,8 @@ impl Loaded {
             best_effort: p.enforcement.best_effort.iter().copied().collect(),
             landlock_abi: p.enforcement.landlock_abi,
             workspace: ctx.workspace.clone(),
+            layer: None,
+            workspace_mode: p.workspace.mode,
             mcp: p.mcp.clone(),
             recording: p.recording.clone(),
         })
@@ -203,4 +212,16 @@ fn with_config_dir(mut names: Vec<PathBuf>, roots: &[PathBuf]) -> Vec<PathBuf> {
         }
     }
     names
+}
+
+/// A copy-on-write workspace's path goes into overlayfs's mount options,
+/// where `,` `:` and `\` are separators or escapes.
+fn check_layer_path(ws: &Path) -> Result<(), String> {
+    match ws.to_str() {
+        Some(s) if !s.contains([',', ':', '\\']) => Ok(()),
+        _ => Err(format!(
+            "a copy-on-write workspace's path must be UTF-8 without ',', ':' or '\\' (overlayfs options): {}",
+            ws.display()
+        )),
+    }
 }

@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WorkspaceSettings {
+    /// `live` (default: the agent writes the host's tree, guarded) or
+    /// `copy-on-write` (the agent's writes land in a layer of this instance;
+    /// the host's tree does not change; `sandmux diff ID` shows them).
+    #[serde(default)]
+    pub mode: WorkspaceMode,
     /// `read-only` (default: git's control plane is read-only inside, new
     /// repositories are quarantined) or `unguarded` (no git guard).
     #[serde(default)]
@@ -15,6 +20,29 @@ pub(crate) struct WorkspaceSettings {
     /// (default: moved out when it ends) or `allow` (left, and listed).
     #[serde(default)]
     pub new_repositories: NewRepos,
+}
+
+/// Where the agent's writes to the workspace land: `[workspace] mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum WorkspaceMode {
+    /// In the host's tree, as they happen; the guard keeps control files
+    /// read-only and takes what it finds planted.
+    #[default]
+    Live,
+    /// In an overlay layer of this instance, outside the host's tree, which
+    /// does not change while the instance runs (needs the mount layer).
+    CopyOnWrite,
+}
+
+impl WorkspaceMode {
+    /// The spelling used in profiles and reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            WorkspaceMode::Live => "live",
+            WorkspaceMode::CopyOnWrite => "copy-on-write",
+        }
+    }
 }
 
 /// How git is guarded: `[workspace] git` in a profile.

@@ -151,6 +151,13 @@ fn git_guard(
         });
         return Ok(());
     }
+    if policy.layer.is_some() && !ns.has(Layer::Mount) {
+        return Err(Stop {
+            unavailable: true,
+            layer: Some(Layer::Mount),
+            message: "[workspace] mode = \"copy-on-write\" needs a mount namespace (the layer is an overlay over the workspace); without one, use mode = \"live\"".into(),
+        });
+    }
     if policy.guard.commit.is_some() && !ns.has(Layer::Mount) {
         return Err(Stop {
             unavailable: true,

@@ -103,6 +103,8 @@ fn sample() -> Policy {
         best_effort: p.enforcement.best_effort.iter().copied().collect(),
         landlock_abi: None,
         workspace: ph("{workspace}"),
+        layer: Some(ph("{state}/layers/{id}")),
+        workspace_mode: crate::profile::WorkspaceMode::CopyOnWrite,
         mcp: p.mcp.clone(),
         recording: p.recording.clone(),
     }
@@ -128,6 +130,7 @@ fn note(s: &Step) -> &'static str {
             " (network `none`, `loopback`, `proxy`)"
         }
         (Part::AgentRepo | Part::GitOrigin, _) => " (`git = \"commit\"`)",
+        (Part::Layer, _) => " (`mode = \"copy-on-write\"`)",
         _ => "",
     }
 }
@@ -157,6 +160,10 @@ fn what(op: &Op) -> String {
         Op::Pin => "bound onto itself".into(),
         Op::Protect => "bound onto itself read-only".into(),
         Op::ReadOnly => "made read-only (not its submounts)".into(),
+        Op::Overlay { dir } => format!(
+            "overlayfs over the workspace's bind, writes in `{}/upper`",
+            dir.display()
+        ),
     }
 }
 
@@ -184,6 +191,7 @@ fn attrs(op: &Op) -> String {
         Op::Pin => "nosuid,nodev".into(),
         Op::Protect => "ro,nosuid,nodev".into(),
         Op::ReadOnly => "ro".into(),
+        Op::Overlay { .. } => "nosuid,nodev,userxattr".into(),
         Op::File { .. } | Op::Symlink { .. } => "—".into(),
     }
 }

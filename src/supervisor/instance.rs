@@ -68,6 +68,8 @@ impl Instance {
             check_visible(&policy, &tmux).map_err(StartError::internal)?;
             let rundir = Rundir::create().map_err(StartError::internal)?;
             let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
+            super::layer::create(&mut policy, &rundir.id)
+                .map_err(|e| StartError::internal(format!("the copy-on-write layer: {e}")))?;
             Ok::<_, StartError>((rundir, guard))
         })();
         let (rundir, guard) = match host {
@@ -279,11 +281,22 @@ impl Instance {
     /// Stops the instance: the server, every process inside, the runtime directory.
     pub(crate) fn stop(mut self) -> Vec<crate::guard::quarantine::Taken> {
         self.shutdown();
-        let taken = self
+        let mut taken = self
             .guard
             .take()
             .map(crate::guard::watch::finish_and_say)
             .unwrap_or_default();
+        if let Some(line) = super::layer::finish(&self.policy, &self.rundir.id) {
+            tracing::warn!("{line}");
+            // With the reverts: to the audit log in `serve`.
+            taken.push(crate::guard::quarantine::Taken {
+                path: PathBuf::new(),
+                kept: None,
+                how: "warning".into(),
+                why: line,
+                took_ms: 0.0,
+            });
+        }
         // The instance's cgroup directory lies below a parent a confined
         // supervisor may not write: its broker removes it.
         if let (Some(cg), Some(b)) = (self.rundir.cgroup.take(), &self.broker) {

@@ -8,6 +8,7 @@
 pub(crate) mod broker;
 pub(crate) mod generation;
 pub(crate) mod instance;
+pub(crate) mod layer;
 
 pub(crate) use generation::{make_cgroup, plan};
 pub(crate) use instance::{Instance, Proof};

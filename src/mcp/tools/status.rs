@@ -50,6 +50,11 @@ pub(crate) struct Status {
     /// Processes the kernel killed for exceeding the memory limit (from the
     /// instance's cgroup; null without one).
     pub oom_kills: Option<u64>,
+    /// `live` (the agent's writes are the host's tree) or `copy-on-write`
+    /// (they land in this instance's layer; the host's tree does not change).
+    pub workspace_mode: String,
+    /// How the agent's work reaches the human.
+    pub workspace_reaches_the_human: String,
     /// The workspace guard (P8): what kind of checkout the workspace is, what
     /// is read-only, what is watched, what was reverted.
     pub workspace_guard: crate::guard::View,
@@ -180,6 +185,21 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
         recording: c.s.record.as_ref().map(|r| r.view()),
         frozen: c.s.freeze.is_frozen(),
+        workspace_mode: c.s.policy.workspace_mode.name().into(),
+        workspace_reaches_the_human: match c.s.policy.workspace_mode {
+            crate::profile::WorkspaceMode::Live => {
+                "directly: the workspace is the host's tree, as it is written".into()
+            }
+            crate::profile::WorkspaceMode::CopyOnWrite => format!(
+                "when the human takes it: the host's tree does not change; they read it with `sandmux diff {}`",
+                c.s.policy
+                    .layer
+                    .as_ref()
+                    .and_then(|l| l.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ),
+        },
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),

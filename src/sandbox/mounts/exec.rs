@@ -232,7 +232,39 @@ fn run(root: &mut Root, s: &Step, src: &Sources<'_>, built: &mut Built) -> Resul
         Op::ReadOnly => {
             set_attr(&root.reopen(p)?, MOUNT_ATTR_RDONLY, false).map_err(ierr("make read-only", p))
         }
+        Op::Overlay { dir } => overlay(root, p, dir),
     }
+}
+
+/// The copy-on-write workspace: an overlay whose lower layer is what is
+/// mounted at `p` (the workspace's bind) and whose writes land in
+/// `<layer>/upper`. Every directory is named by a descriptor opened without
+/// following links (`/proc/self/fd/N`), so no path text reaches the options.
+/// `userxattr`: the overlay's own marks are `user.overlay.*` (what a user
+/// namespace may write, and what `sandmux diff` reads).
+fn overlay(root: &Root, p: &Path, layer: &Path) -> Result<(), MountError> {
+    let lower = root.reopen(p)?;
+    let host = crate::sandbox::beneath::open_root(Path::new("/")).map_err(merr("open", "/"))?;
+    let dir = |name: &str| {
+        let rel = layer.strip_prefix("/").unwrap_or(layer).join(name);
+        beneath(&host, &rel, OFlag::O_PATH | OFlag::O_DIRECTORY)
+            .map_err(merr("open the workspace layer's", layer.join(name)))
+    };
+    let (upper, work) = (dir("upper")?, dir("work")?);
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        fd_path(&lower).display(),
+        fd_path(&upper).display(),
+        fd_path(&work).display()
+    );
+    mount(
+        Some("overlay"),
+        &fd_path(&lower),
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(merr("mount the copy-on-write layer on", p))
 }
 
 /// Writes one of `/run/sandmux`'s files (the plan and the files must agree).

@@ -38,6 +38,15 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
     ));
     run_dir(&mut m, policy, mode);
     profile_entries(&mut m, policy);
+    if let Some(layer) = &policy.layer {
+        // Over the workspace's bind: the agent's writes land in the layer.
+        m.push(step(
+            policy.workspace.clone(),
+            Part::Layer,
+            Op::Overlay { dir: layer.clone() },
+            Need::Required,
+        ));
+    }
     guard(&mut m, policy);
     dev(&mut m, policy);
     proc(&mut m);

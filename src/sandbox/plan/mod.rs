@@ -120,6 +120,8 @@ pub(crate) enum Part {
     Symlink,
     /// A profile `masked` entry.
     Mask,
+    /// The copy-on-write workspace: an overlay over the workspace's bind.
+    Layer,
     /// Commit mode: the agent's repository over the workspace's `.git`.
     AgentRepo,
     /// Commit mode: the real git directory, read-only.
@@ -208,6 +210,14 @@ pub(crate) enum Op {
     Protect,
     /// The mount made read-only (not its submounts).
     ReadOnly,
+    /// An overlayfs over what is mounted at the path (its lower layer),
+    /// its writes in `<layer>/upper` (`<layer>/work` its work directory), on
+    /// the host.
+    Overlay {
+        /// The layer directory on the host (named `dir`: a step's `layer`
+        /// is the layer it reports under).
+        dir: PathBuf,
+    },
 }
 
 /// Where a bind's tree comes from.

@@ -1,0 +1,303 @@
+//! What a copy-on-write instance changed: its layer's `upper/` read against
+//! the workspace, both opened beneath their roots without following any
+//! link. Overlayfs keeps a removed entry as a whiteout (a `c 0 0` node) and
+//! a directory that replaced the workspace's as an opaque one
+//! (`user.overlay.opaque`); everything else in `upper/` is new or changed.
+
+use crate::sandbox::beneath::{beneath, open_root};
+use nix::dir::{Dir, Type};
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{fstatat, FileStat};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Files larger than this are compared and listed, not shown as text.
+const SHOW_BYTES: u64 = 1 << 20;
+
+/// One change, by path relative to the workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// New: a file, a directory, a link or a special file (`what` says).
+    Added { rel: PathBuf, what: &'static str },
+    /// A file whose content or mode changed.
+    Modified {
+        rel: PathBuf,
+        mode: Option<(u32, u32)>,
+    },
+    /// Removed (a whiteout), or replaced by a new directory (opaque).
+    Removed { rel: PathBuf },
+}
+
+impl Change {
+    /// The path it is about.
+    pub(crate) fn rel(&self) -> &Path {
+        match self {
+            Change::Added { rel, .. } | Change::Modified { rel, .. } | Change::Removed { rel } => {
+                rel
+            }
+        }
+    }
+}
+
+/// The layer and the workspace, opened.
+pub(crate) struct Trees {
+    upper: OwnedFd,
+    lower: OwnedFd,
+}
+
+impl Trees {
+    /// Opens the layer at `dir` and the workspace it overlays.
+    pub(crate) fn open(dir: &Path, workspace: &Path) -> Result<Trees, String> {
+        let open = |p: &Path| open_root(p).map_err(|e| format!("opening {}: {e}", p.display()));
+        Ok(Trees {
+            upper: open(&dir.join("upper"))?,
+            lower: open(workspace)?,
+        })
+    }
+
+    /// Whether `rel` exists in either tree (the layer's whiteouts aside:
+    /// over-reporting is the safe side for [`Trees::bare_shape`]).
+    fn exists(&self, rel: &Path) -> bool {
+        stat_at(&self.upper, rel).is_some() || stat_at(&self.lower, rel).is_some()
+    }
+
+    /// Whether git would take the directory `rel` for a bare repository
+    /// (`HEAD`, `objects/`, `refs/`), in either tree.
+    pub(crate) fn bare_shape(&self, rel: &Path) -> bool {
+        ["HEAD", "objects", "refs"]
+            .iter()
+            .all(|n| self.exists(&rel.join(n)))
+    }
+}
+
+/// Every change of the layer at `dir` over `workspace`, in path order.
+pub(crate) fn changes(t: &Trees) -> Result<Vec<Change>, String> {
+    let mut out = Vec::new();
+    t.walk(Path::new(""), true, &mut out)?;
+    out.sort_by(|a, b| a.rel().cmp(b.rel()));
+    Ok(out)
+}
+
+fn stat_at(dir: &OwnedFd, rel: &Path) -> Option<FileStat> {
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    let d = beneath(dir, parent, OFlag::O_PATH | OFlag::O_DIRECTORY).ok()?;
+    fstatat(&d, rel.file_name()?, AtFlags::AT_SYMLINK_NOFOLLOW).ok()
+}
+
+fn kind(mode: u32) -> u32 {
+    mode & libc::S_IFMT
+}
+
+impl Trees {
+    /// The changes below `rel`; `lower_there`: the workspace has a
+    /// directory at `rel` (else everything below is new).
+    fn walk(&self, rel: &Path, lower_there: bool, out: &mut Vec<Change>) -> Result<(), String> {
+        let fd = beneath(&self.upper, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+            .map_err(|e| format!("reading the layer at {}: {e}", rel.display()))?;
+        let mut d = Dir::from_fd(fd).map_err(|e| e.to_string())?;
+        let mut names: Vec<(PathBuf, Option<Type>)> = Vec::new();
+        for e in d.iter().flatten() {
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                names.push((rel.join(std::ffi::OsStr::from_bytes(n)), e.file_type()));
+            }
+        }
+        for (child, _) in names {
+            self.entry(&child, lower_there, out)?;
+        }
+        Ok(())
+    }
+
+    fn entry(&self, rel: &Path, lower_there: bool, out: &mut Vec<Change>) -> Result<(), String> {
+        let Some(up) = stat_at(&self.upper, rel) else {
+            return Ok(()); // gone while we looked
+        };
+        let low = lower_there.then(|| stat_at(&self.lower, rel)).flatten();
+        let rel_buf = rel.to_path_buf();
+        match kind(up.st_mode) {
+            libc::S_IFCHR if up.st_rdev == 0 => {
+                if low.is_some() {
+                    out.push(Change::Removed { rel: rel_buf });
+                }
+            }
+            libc::S_IFDIR => {
+                let low_dir = low.is_some_and(|l| kind(l.st_mode) == libc::S_IFDIR);
+                let opaque = self.opaque(rel);
+                if low.is_some() && (!low_dir || opaque) {
+                    out.push(Change::Removed {
+                        rel: rel_buf.clone(),
+                    });
+                }
+                if !low_dir || opaque {
+                    out.push(Change::Added {
+                        rel: rel_buf,
+                        what: "directory",
+                    });
+                }
+                self.walk(rel, low_dir && !opaque, out)?;
+            }
+            libc::S_IFREG => match low {
+                Some(l) if kind(l.st_mode) == libc::S_IFREG => {
+                    let mode = (l.st_mode & 0o7777 != up.st_mode & 0o7777)
+                        .then_some((l.st_mode & 0o7777, up.st_mode & 0o7777));
+                    if mode.is_some() || !self.same_content(rel) {
+                        out.push(Change::Modified { rel: rel_buf, mode });
+                    }
+                }
+                Some(_) => {
+                    out.push(Change::Removed {
+                        rel: rel_buf.clone(),
+                    });
+                    out.push(Change::Added {
+                        rel: rel_buf,
+                        what: "file",
+                    });
+                }
+                None => out.push(Change::Added {
+                    rel: rel_buf,
+                    what: "file",
+                }),
+            },
+            k => {
+                if low.is_some() {
+                    out.push(Change::Removed {
+                        rel: rel_buf.clone(),
+                    });
+                }
+                let what = if k == libc::S_IFLNK {
+                    "symbolic link"
+                } else {
+                    "special file"
+                };
+                out.push(Change::Added { rel: rel_buf, what });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the layer's directory at `rel` hides the workspace's.
+    fn opaque(&self, rel: &Path) -> bool {
+        let Ok(fd) = beneath(&self.upper, rel, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
+            return false;
+        };
+        let proc = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
+        let mut v = [0u8; 4];
+        // SAFETY: getxattr with a NUL-terminated path and name, and a
+        // buffer of the length given.
+        let n = unsafe {
+            libc::getxattr(
+                proc.as_ptr().cast(),
+                c"user.overlay.opaque".as_ptr(),
+                v.as_mut_ptr().cast(),
+                v.len(),
+            )
+        };
+        n == 1 && v[0] == b'y'
+    }
+
+    /// Whether the file at `rel` has the same bytes in both trees.
+    fn same_content(&self, rel: &Path) -> bool {
+        match (
+            read(&self.lower, rel, u64::MAX),
+            read(&self.upper, rel, u64::MAX),
+        ) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// The workspace's file at `rel` (at most `cap` bytes; None past it).
+    pub(crate) fn lower_bytes(&self, rel: &Path, cap: u64) -> Option<Vec<u8>> {
+        read(&self.lower, rel, cap)
+    }
+
+    /// The layer's file at `rel` (at most `cap` bytes; None past it).
+    pub(crate) fn upper_bytes(&self, rel: &Path, cap: u64) -> Option<Vec<u8>> {
+        read(&self.upper, rel, cap)
+    }
+}
+
+/// A regular file's bytes, opened beneath `dir` without following links;
+/// None when it is not a regular file or longer than `cap`.
+fn read(dir: &OwnedFd, rel: &Path, cap: u64) -> Option<Vec<u8>> {
+    let fd = beneath(
+        dir,
+        rel,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+    )
+    .ok()?;
+    let f = std::fs::File::from(fd);
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.len() > cap {
+        return None;
+    }
+    let mut b = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, cap), &mut b).ok()?;
+    Some(b)
+}
+
+/// The unified diff of every change that has text (`patch -p1` in the
+/// workspace applies it); binary or large files get one line saying so.
+pub(crate) fn unified(t: &Trees, changes: &[&Change]) -> Result<String, String> {
+    let mut out = String::new();
+    for c in changes.iter().copied() {
+        let (old, new) = match c {
+            Change::Modified { rel, .. } => (
+                t.lower_bytes(rel, SHOW_BYTES),
+                t.upper_bytes(rel, SHOW_BYTES),
+            ),
+            Change::Added { rel, what: "file" } => (Some(vec![]), t.upper_bytes(rel, SHOW_BYTES)),
+            Change::Removed { rel }
+                if stat_at(&t.lower, rel).is_some_and(|s| kind(s.st_mode) == libc::S_IFREG) =>
+            {
+                (t.lower_bytes(rel, SHOW_BYTES), Some(vec![]))
+            }
+            _ => continue,
+        };
+        let rel = c.rel().display().to_string();
+        let text = |b: &Option<Vec<u8>>| {
+            b.as_ref().and_then(|b| {
+                (!b.contains(&0))
+                    .then(|| String::from_utf8(b.clone()).ok())
+                    .flatten()
+            })
+        };
+        let (a, b) = match (text(&old), text(&new)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => {
+                out.push_str(&format!(
+                    "Binary or large files a/{rel} and b/{rel} differ\n"
+                ));
+                continue;
+            }
+        };
+        if a == b {
+            continue;
+        }
+        let old_name = match c {
+            Change::Added { .. } => "/dev/null".to_string(),
+            _ => format!("a/{rel}"),
+        };
+        let new_name = match c {
+            Change::Removed { .. } => "/dev/null".to_string(),
+            _ => format!("b/{rel}"),
+        };
+        let d = similar::TextDiff::from_lines(&a, &b);
+        out.push_str(
+            &d.unified_diff()
+                .context_radius(3)
+                .header(&old_name, &new_name)
+                .to_string(),
+        );
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}

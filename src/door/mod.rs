@@ -1,0 +1,121 @@
+//! The one way the agent's work in a copy-on-write workspace reaches the
+//! human: `sandmux diff ID` shows what the instance changed (a summary line
+//! per path, then a unified diff of the text, which `patch -p1` applies in
+//! the workspace) and `sandmux discard ID` removes the layer. Nothing here
+//! writes the workspace: the human applies what they read.
+
+pub(crate) mod diff;
+
+use diff::Change;
+use std::io::{IsTerminal, Write};
+
+/// `sandmux diff ID`: 0 when the layer holds no change, 1 when it does
+/// (as `diff(1)`), 2 when it cannot be read. `names_only`: the summary alone.
+pub(crate) fn show(id: &str, names_only: bool) -> i32 {
+    match render(id, names_only) {
+        Ok((text, changed)) => {
+            let mut out = std::io::stdout().lock();
+            // The layer's names and text are the agent's: a terminal gets
+            // them escaped, a pipe (to `patch`) gets the bytes.
+            let text = if out.is_terminal() {
+                text.lines()
+                    .map(|l| crate::term::printable(l) + "\n")
+                    .collect()
+            } else {
+                text
+            };
+            let _ = out.write_all(text.as_bytes());
+            i32::from(changed)
+        }
+        Err(e) => {
+            eprintln!("sandmux: {}", crate::term::printable(&e));
+            2
+        }
+    }
+}
+
+/// The summary and the diff of layer `id`, and whether it changed anything.
+fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
+    let (dir, meta) = crate::supervisor::layer::find(id)?;
+    let trees = diff::Trees::open(&dir, &meta.workspace)?;
+    let changes = diff::changes(&trees)?;
+    let bare = |p: &std::path::Path| trees.bare_shape(p);
+    let mut text = String::new();
+    let mut shown = Vec::new();
+    for c in &changes {
+        if let Some(why) = held(c.rel(), &meta.held_names, &bare) {
+            text.push_str(&format!("H {} (held back: {why})\n", c.rel().display()));
+            continue;
+        }
+        shown.push(c);
+        let line = match c {
+            Change::Added { rel, what } => format!("A {} ({what})", rel.display()),
+            Change::Modified { rel, mode: None } => format!("M {}", rel.display()),
+            Change::Modified {
+                rel,
+                mode: Some((a, b)),
+            } => format!("M {} (mode {a:o} -> {b:o})", rel.display()),
+            Change::Removed { rel } => format!("D {}", rel.display()),
+        };
+        text.push_str(&line);
+        text.push('\n');
+    }
+    if !names_only && !shown.is_empty() {
+        text.push('\n');
+        text.push_str(&diff::unified(&trees, &shown)?);
+    }
+    Ok((text, !changes.is_empty()))
+}
+
+/// `sandmux discard ID`: removes the layer; 0, or 2 with the reason.
+pub(crate) fn discard(id: &str) -> i32 {
+    match crate::supervisor::layer::discard(id) {
+        Ok(dir) => {
+            eprintln!("sandmux: removed {}", dir.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("sandmux: {}", crate::term::printable(&e));
+            2
+        }
+    }
+}
+
+/// The control directories of version-control systems: what each one
+/// discovers a repository by (besides git's bare shape, [`bare_shape`]).
+const VCS_DIRS: [&str; 10] = [
+    ".git",
+    ".hg",
+    ".jj",
+    ".svn",
+    "_darcs",
+    ".bzr",
+    ".pijul",
+    ".fslckout",
+    "_FOSSIL_",
+    "CVS",
+];
+
+/// Why `rel` is held back from the diff's text (control, not data), if it
+/// is: version-control data of any system, a directory git would take for
+/// a bare repository, or tool configuration the profile names.
+pub(crate) fn held(
+    rel: &std::path::Path,
+    names: &[std::path::PathBuf],
+    bare: &dyn Fn(&std::path::Path) -> bool,
+) -> Option<&'static str> {
+    let parts: Vec<&std::ffi::OsStr> = rel.iter().collect();
+    if parts.iter().any(|p| VCS_DIRS.iter().any(|v| p == v)) {
+        return Some("version-control data");
+    }
+    if rel.ancestors().skip(1).any(bare) || bare(rel) {
+        return Some("a directory git takes for a repository");
+    }
+    for i in 0..parts.len() {
+        let tail: std::path::PathBuf = parts[i..].iter().collect();
+        if names.iter().any(|n| tail.starts_with(n)) {
+            return Some("tool configuration");
+        }
+    }
+    None
+}

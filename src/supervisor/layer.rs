@@ -1,0 +1,130 @@
+//! The copy-on-write workspace's layer (`[workspace] mode =
+//! "copy-on-write"`), on the host: `<state>/layers/<id>/`, 0700, holding
+//! `upper/` (the agent's writes as overlayfs keeps them: new and changed
+//! files, whiteouts for removed ones), `work/` (overlayfs's own) and
+//! `meta.json` (the workspace it overlays). It is made before the sandbox
+//! starts, so the host's tree is never written while the instance runs; it
+//! outlives the instance (a SIGKILL of the supervisor, a reboot) until the
+//! human takes its changes (`sandmux diff ID`) and removes it (`sandmux
+//! discard ID`). One that holds no change is removed when the instance ends.
+
+use crate::profile::{Policy, WorkspaceMode};
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// What `meta.json` says of a layer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    /// The instance's id.
+    pub id: String,
+    /// The workspace the layer overlays (absolute, canonical).
+    pub workspace: PathBuf,
+    /// The profile it was made under.
+    pub profile: String,
+    /// When it was made (RFC 3339).
+    pub created: String,
+    /// The profile's tool-configuration names (`[filesystem] protected`):
+    /// `diff` holds them back at any depth.
+    #[serde(default)]
+    pub held_names: Vec<PathBuf>,
+}
+
+/// Where the layers are: `<state>/layers`, made 0700 if missing; never in
+/// one of `forbidden` (the trees the agent can write).
+pub(crate) fn base(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+    let state = crate::guard::quarantine::state_dir(forbidden)?;
+    let dir = state.join("layers");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&dir)
+        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Makes this instance's layer when the profile asks for one, and names it
+/// in the policy the sandbox is built from.
+pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<(), String> {
+    if policy.workspace_mode != WorkspaceMode::CopyOnWrite {
+        return Ok(());
+    }
+    let dir = base(std::slice::from_ref(&policy.workspace))?.join(id);
+    let mk = |p: &Path| {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(p)
+            .map_err(|e| format!("creating {}: {e}", p.display()))
+    };
+    mk(&dir)?;
+    mk(&dir.join("upper"))?;
+    mk(&dir.join("work"))?;
+    // The overlay's top shows the upper directory's mode: the workspace's.
+    let ws = std::fs::metadata(&policy.workspace)
+        .map_err(|e| format!("{}: {e}", policy.workspace.display()))?;
+    let mode = std::fs::Permissions::from_mode(ws.mode() & 0o777);
+    std::fs::set_permissions(dir.join("upper"), mode)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let meta = Meta {
+        id: id.to_string(),
+        workspace: policy.workspace.clone(),
+        profile: policy.name.clone(),
+        created: crate::log::now_rfc3339(),
+        held_names: policy.guard.names.clone(),
+    };
+    let text = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("meta.json"), text)
+        .map_err(|e| format!("writing {}: {e}", dir.display()))?;
+    policy.layer = Some(dir);
+    Ok(())
+}
+
+/// When the instance has ended: removes a layer that holds no change and
+/// says nothing; otherwise returns the line that tells the human where the
+/// agent's changes are.
+pub(crate) fn finish(policy: &Policy, id: &str) -> Option<String> {
+    let dir = policy.layer.as_ref()?;
+    let empty = std::fs::read_dir(dir.join("upper"))
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false);
+    if empty {
+        let _ = discard(id);
+        return None;
+    }
+    Some(format!(
+        "the agent's changes to the workspace are in layer {id}, not in the workspace: `sandmux diff {id}` shows them (a patch: `sandmux diff {id} | patch -p1` in the workspace applies its text), `sandmux discard {id}` removes them"
+    ))
+}
+
+/// Finds the layer of instance `id` (for `diff` and `discard`), with what
+/// its `meta.json` says.
+pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "{:?} is not an instance id (letters and digits, as `sandmux ps --all` shows)",
+            crate::term::printable(id)
+        ));
+    }
+    let dir = base(&[])?.join(id);
+    let text = std::fs::read(dir.join("meta.json")).map_err(|e| {
+        format!(
+            "no layer of instance {id} in {} ({e}); only copy-on-write instances have one",
+            dir.parent().unwrap_or(&dir).display()
+        )
+    })?;
+    let meta: Meta = serde_json::from_slice(&text)
+        .map_err(|e| format!("{}: {e}", dir.join("meta.json").display()))?;
+    Ok((dir, meta))
+}
+
+/// Removes the layer of instance `id`.
+pub(crate) fn discard(id: &str) -> Result<PathBuf, String> {
+    let (dir, _) = find(id)?;
+    // overlayfs leaves `work/work` with mode 0: its owner's rights back first.
+    let inner = dir.join("work/work");
+    if std::fs::symlink_metadata(&inner).is_ok_and(|m| m.is_dir()) {
+        let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
+    }
+    std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+    Ok(dir)
+}
