@@ -617,3 +617,124 @@ fn copy_on_write_leaves_the_host_tree_unchanged_and_diff_shows_the_work() {
         "control: host git did not run the planted fsmonitor"
     );
 }
+
+/// The door (`sandmux apply ID`): the work comes in, control does not; a
+/// host file changed since the instance started is a conflict (exit 3) that
+/// keeps the human's bytes; a second apply finishes what is left and skips
+/// what is done; PATHS limits it; `--include-control` with a named path
+/// brings a held-back one; links stay out; a set-ID file the agent changed
+/// comes in without its bit; `--undo` puts every replaced and removed
+/// file back.
+#[test]
+fn apply_brings_the_work_in_and_nothing_else() {
+    use std::os::unix::fs::PermissionsExt;
+    let cfg = host_dir();
+    let cow = |t: String| {
+        t.replace(
+            "\ngit = \"read-only\"",
+            "\nmode = \"copy-on-write\"\ngit = \"read-only\"",
+        )
+    };
+    let file = profile_file(cfg.path(), "cow", "default", cow);
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    for (f, t) in [
+        ("gone.txt", "bye\n"),
+        ("human.txt", "mine\n"),
+        ("tool", "#!/bin/sh\n"),
+    ] {
+        put(&w.join(f), t);
+    }
+    std::fs::set_permissions(w.join("tool"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let host = host_dir();
+    let marker = host.path().join("MARKER");
+    let state = host.path().join("state");
+    let script = format!(
+        "echo changed >> README && rm gone.txt && echo new > new.txt && chmod +x new.txt && mkdir d && echo e > d/e \
+         && echo agent >> human.txt && echo 'echo hi' >> tool && ln -s /etc/passwd link \
+         && git config core.fsmonitor 'touch {m}' && echo 'touch {m}' > .envrc && echo done",
+        m = marker.display()
+    );
+    // Changes within 20 ms before the layer is made count as conflicts
+    // (ctime is coarse): the human's setup is older than that.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let o = run_in(&w, file.to_str().unwrap(), &state, &script);
+    let t = text(&o);
+    assert!(t.contains("done"), "{t}");
+    let id = t
+        .split("sandmux apply ")
+        .nth(1)
+        .and_then(|s| s.split('`').next())
+        .unwrap()
+        .to_string();
+    let apply = |args: &[&str]| {
+        let mut c = sandmux(&[&["apply", id.as_str()], args].concat());
+        c.env("XDG_STATE_HOME", &state);
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    // The human edits a file the agent changed too, after the instance.
+    put(&w.join("human.txt"), "mine, edited\n");
+    let (code, out) = apply(&["README", "d"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["applied README", "applied d", "applied d/e"]
+    );
+    assert!(
+        w.join("gone.txt").exists(),
+        "PATHS limited the apply: {out}"
+    );
+    let (code, out) = apply(&[]);
+    assert_eq!(code, Some(3), "{out}");
+    for line in [
+        "applied gone.txt",
+        "applied new.txt",
+        "applied tool",
+        "conflict human.txt (changed on the host since the instance started)",
+        "held back link (a symbolic link)",
+        "held back .git/config (version-control data)",
+        "held back .envrc (tool configuration)",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+    }
+    assert!(!out.contains("README"), "done paths are skipped: {out}");
+    assert_eq!(
+        std::fs::read_to_string(w.join("human.txt")).unwrap(),
+        "mine, edited\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.join("README")).unwrap(),
+        "hello\nchanged\n"
+    );
+    assert!(!w.join("gone.txt").exists() && !w.join("link").exists() && !w.join(".envrc").exists());
+    let mode = |p: &str| std::fs::metadata(w.join(p)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("new.txt"), 0o755);
+    assert_eq!(mode("tool"), 0o755, "the set-ID bit is never carried");
+    git_ok(&w, &["status", "--short"]);
+    assert!(!marker.exists(), "apply carried control");
+    // Control on request: a held-back path named with --include-control.
+    let (code, out) = apply(&["--include-control", ".envrc"]);
+    assert_eq!((code, out.trim()), (Some(0), "applied .envrc"));
+    // Undo: every step back, newest first.
+    let (code, out) = apply(&["--undo"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(w.join("README")).unwrap(),
+        "hello\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.join("gone.txt")).unwrap(),
+        "bye\n"
+    );
+    assert!(!w.join("new.txt").exists() && !w.join("d").exists() && !w.join(".envrc").exists());
+    assert_eq!(
+        mode("tool"),
+        0o4755,
+        "the human's own file is back as it was"
+    );
+}

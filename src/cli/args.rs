@@ -146,6 +146,19 @@ pub(super) enum Cmd {
         #[arg(long)]
         names_only: bool,
     },
+    /// Copy-on-write mode: bring an instance's changes into the workspace (exit 0 applied, 1 nothing to do, 3 conflicts, 2 refused).
+    Apply {
+        /// Instance id.
+        id: String,
+        /// Only these paths (relative to the workspace) and what is below them.
+        paths: Vec<std::path::PathBuf>,
+        /// Apply held-back paths too, where PATHS names them.
+        #[arg(long)]
+        include_control: bool,
+        /// Reverse the last applies (from the layer's journal).
+        #[arg(long, conflicts_with_all = ["paths", "include_control"])]
+        undo: bool,
+    },
     /// Copy-on-write mode: remove an instance's layer (its changes are gone).
     Discard {
         /// Instance id.

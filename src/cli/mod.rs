@@ -150,6 +150,12 @@ fn operator(cmd: Cmd) -> ExitCode {
             }
         }
         Cmd::Diff { id, names_only } => ExitCode::from(crate::door::show(&id, names_only) as u8),
+        Cmd::Apply {
+            id,
+            paths,
+            include_control,
+            undo,
+        } => ExitCode::from(crate::door::apply(&id, &paths, include_control, undo) as u8),
         Cmd::Discard { id } => ExitCode::from(crate::door::discard(&id) as u8),
         Cmd::Git {
             cmd: GitCmd::Fetch { id, prune },

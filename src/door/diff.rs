@@ -42,8 +42,10 @@ impl Change {
 
 /// The layer and the workspace, opened.
 pub(crate) struct Trees {
-    upper: OwnedFd,
-    lower: OwnedFd,
+    /// The layer's `upper/`.
+    pub(crate) upper: OwnedFd,
+    /// The workspace on the host.
+    pub(crate) lower: OwnedFd,
 }
 
 impl Trees {
@@ -79,7 +81,8 @@ pub(crate) fn changes(t: &Trees) -> Result<Vec<Change>, String> {
     Ok(out)
 }
 
-fn stat_at(dir: &OwnedFd, rel: &Path) -> Option<FileStat> {
+/// `rel`'s status beneath `dir`, its last component not followed.
+pub(crate) fn stat_at(dir: &OwnedFd, rel: &Path) -> Option<FileStat> {
     let rel = if rel.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -225,7 +228,7 @@ impl Trees {
 
 /// A regular file's bytes, opened beneath `dir` without following links;
 /// None when it is not a regular file or longer than `cap`.
-fn read(dir: &OwnedFd, rel: &Path, cap: u64) -> Option<Vec<u8>> {
+pub(crate) fn read(dir: &OwnedFd, rel: &Path, cap: u64) -> Option<Vec<u8>> {
     let fd = beneath(
         dir,
         rel,

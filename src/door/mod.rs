@@ -1,9 +1,10 @@
 //! The one way the agent's work in a copy-on-write workspace reaches the
 //! human: `sandmux diff ID` shows what the instance changed (a summary line
 //! per path, then a unified diff of the text, which `patch -p1` applies in
-//! the workspace) and `sandmux discard ID` removes the layer. Nothing here
-//! writes the workspace: the human applies what they read.
+//! the workspace), `sandmux apply ID` brings it in through one chokepoint
+//! (`apply.rs`), and `sandmux discard ID` removes the layer.
 
+pub(crate) mod apply;
 pub(crate) mod diff;
 
 use diff::Change;
@@ -118,4 +119,97 @@ pub(crate) fn held(
         }
     }
     None
+}
+
+/// `sandmux apply ID [PATHS…]`: 0 applied, 1 nothing to do, 3 applied
+/// what it could and left conflicts (nothing lost), 2 refused or failed.
+pub(crate) fn apply(
+    id: &str,
+    paths: &[std::path::PathBuf],
+    include_control: bool,
+    undo: bool,
+) -> i32 {
+    match apply_all(id, paths, include_control, undo) {
+        Ok((lines, code)) => {
+            let mut out = std::io::stdout().lock();
+            for l in lines {
+                let l = if out.is_terminal() {
+                    crate::term::printable(&l)
+                } else {
+                    l
+                };
+                let _ = writeln!(out, "{l}");
+            }
+            code
+        }
+        Err(e) => {
+            eprintln!("sandmux: {}", crate::term::printable(&e));
+            2
+        }
+    }
+}
+
+fn apply_all(
+    id: &str,
+    paths: &[std::path::PathBuf],
+    include_control: bool,
+    undo: bool,
+) -> Result<(Vec<String>, i32), String> {
+    let (dir, meta) = crate::supervisor::layer::find(id)?;
+    if undo {
+        let (n, left) = apply::undo(&dir, &meta.workspace)?;
+        let mut lines = vec![format!("undone: {n} steps")];
+        lines.extend(left.iter().map(|l| format!("not undone: {l}")));
+        return Ok((lines, if left.is_empty() { 0 } else { 3 }));
+    }
+    if let Some(p) = paths
+        .iter()
+        .find(|p| p.is_absolute() || p.components().any(|c| c.as_os_str() == ".."))
+    {
+        return Err(format!(
+            "{}: paths are relative to the workspace, without '..'",
+            p.display()
+        ));
+    }
+    let trees = diff::Trees::open(&dir, &meta.workspace)?;
+    let changes = diff::changes(&trees)?;
+    let bare = |p: &std::path::Path| trees.bare_shape(p);
+    let mut door = apply::Door::open(&trees, &dir, meta.created_ns)?;
+    let (mut lines, mut applied, mut conflicts) = (Vec::new(), 0, 0);
+    for c in &changes {
+        let rel = c.rel();
+        let named = paths.iter().any(|p| rel.starts_with(p));
+        if !paths.is_empty() && !named {
+            continue;
+        }
+        if let Some(why) = held(rel, &meta.held_names, &bare) {
+            if !(include_control && named) {
+                lines.push(format!("held back {} ({why})", rel.display()));
+                continue;
+            }
+        }
+        if let Change::Added { what, .. } = c {
+            if *what != "file" && *what != "directory" {
+                lines.push(format!("held back {} (a {what})", rel.display()));
+                continue;
+            }
+        }
+        match door.apply(c) {
+            Ok(true) => {
+                applied += 1;
+                lines.push(format!("applied {}", rel.display()));
+            }
+            Ok(false) => {}
+            Err(why) => {
+                conflicts += 1;
+                lines.push(format!("conflict {} ({why})", rel.display()));
+            }
+        }
+    }
+    let code = match (applied, conflicts) {
+        (_, c) if c > 0 => 3,
+        (0, _) => 1,
+        _ => 0,
+    };
+    Ok((lines, code))
 }

@@ -5,8 +5,8 @@
 //! `meta.json` (the workspace it overlays). It is made before the sandbox
 //! starts, so the host's tree is never written while the instance runs; it
 //! outlives the instance (a SIGKILL of the supervisor, a reboot) until the
-//! human takes its changes (`sandmux diff ID`) and removes it (`sandmux
-//! discard ID`). One that holds no change is removed when the instance ends.
+//! human takes its changes (`sandmux diff ID`, `sandmux apply ID`) and
+//! removes it (`sandmux discard ID`). One that holds no change is removed when the instance ends.
 
 use crate::profile::{Policy, WorkspaceMode};
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,10 @@ pub(crate) struct Meta {
     pub profile: String,
     /// When it was made (RFC 3339).
     pub created: String,
+    /// The same, in nanoseconds since the epoch: a workspace entry whose
+    /// ctime is later was changed on the host since (`apply`'s conflicts).
+    #[serde(default)]
+    pub created_ns: i128,
     /// The profile's tool-configuration names (`[filesystem] protected`):
     /// `diff` holds them back at any depth.
     #[serde(default)]
@@ -70,6 +74,10 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<(), String> {
         workspace: policy.workspace.clone(),
         profile: policy.name.clone(),
         created: crate::log::now_rfc3339(),
+        created_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i128)
+            .unwrap_or(0),
         held_names: policy.guard.names.clone(),
     };
     let text = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
@@ -92,7 +100,7 @@ pub(crate) fn finish(policy: &Policy, id: &str) -> Option<String> {
         return None;
     }
     Some(format!(
-        "the agent's changes to the workspace are in layer {id}, not in the workspace: `sandmux diff {id}` shows them (a patch: `sandmux diff {id} | patch -p1` in the workspace applies its text), `sandmux discard {id}` removes them"
+        "the agent's changes to the workspace are in layer {id}, not in the workspace: `sandmux diff {id}` shows them, `sandmux apply {id}` brings them in (control held back), `sandmux discard {id}` removes them"
     ))
 }
 

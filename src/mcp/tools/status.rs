@@ -191,7 +191,7 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
                 "directly: the workspace is the host's tree, as it is written".into()
             }
             crate::profile::WorkspaceMode::CopyOnWrite => format!(
-                "when the human takes it: the host's tree does not change; they read it with `sandmux diff {}`",
+                "when the human takes it: the host's tree does not change while you work; they review it with `sandmux diff {0}` and bring it in with `sandmux apply {0}` (version-control data and tool configuration are held back)",
                 c.s.policy
                     .layer
                     .as_ref()
