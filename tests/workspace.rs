@@ -738,3 +738,142 @@ fn apply_brings_the_work_in_and_nothing_else() {
         "the human's own file is back as it was"
     );
 }
+
+/// What a reader of the diff could misread stays out of it and out of
+/// `apply` (from the attack review): a directory whose name carries a
+/// whole patch for `.git/config` after a newline, a `.envrc` followed by a
+/// tab (where `patch` ends a name), a repository split over two
+/// directories (`HEAD` + `commondir`), a lone carriage return, and a path
+/// too long to open, which must not hide the rest. Host git runs nothing,
+/// through `patch` or through `apply`.
+#[test]
+fn the_door_holds_back_what_a_reader_could_misread() {
+    let cfg = host_dir();
+    let cow = |t: String| {
+        t.replace(
+            "\ngit = \"read-only\"",
+            "\nmode = \"copy-on-write\"\ngit = \"read-only\"",
+        )
+    };
+    let file = profile_file(cfg.path(), "cow", "default", cow);
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    let host = host_dir();
+    let marker = host.path().join("MARKER");
+    let state = host.path().join("state");
+    let config = std::fs::read_to_string(w.join(".git/config")).unwrap();
+    let tail: Vec<&str> = config.lines().rev().take(3).collect();
+    let probe = format!(
+        r#"import os
+ctx = {ctx:?}
+os.mkdir('zz\n--- "a\\057.git\\057config"\n+++ "b\\057.git\\057config"\n@@ -{n},3 +{n},5 @@\n' + ''.join(' ' + l + '\n' for l in ctx) + '+[core]\n+\tfsmonitor = "touch PWNED; false"\n')
+open('.envrc\tjunk', 'w').write('touch {m}\n')
+os.makedirs('tools/cache'); os.makedirs('lib/data/objects'); os.makedirs('lib/data/refs')
+open('tools/cache/HEAD', 'w').write('ref: refs/heads/main\n')
+open('tools/cache/commondir', 'w').write('../../lib/data\n')
+open('lib/data/config', 'w').write('[core]\n\tpager = touch {m}\n')
+open('cr.txt', 'w').write('a\rb\n')
+top = os.getcwd()
+for i in range(20):
+    os.mkdir('x' * 250)
+    os.chdir('x' * 250)
+open('deep', 'w').write('d')
+os.chdir(top)
+open('ok.txt', 'w').write('work\n')
+print('planted')
+"#,
+        ctx = tail.iter().rev().collect::<Vec<_>>(),
+        n = config.lines().count() - 2,
+        m = marker.display()
+    );
+    let o = run_in(
+        &w,
+        file.to_str().unwrap(),
+        &state,
+        &format!("cat > /tmp/p.py <<'EOF'\n{probe}\nEOF\npython3 /tmp/p.py"),
+    );
+    let t = text(&o);
+    assert!(t.contains("planted"), "{t}");
+    let id = t
+        .split("sandmux apply ")
+        .nth(1)
+        .and_then(|s| s.split('`').next())
+        .unwrap()
+        .to_string();
+    let door = |args: &[&str]| {
+        let mut c = sandmux(args);
+        c.env("XDG_STATE_HOME", &state).current_dir(&w);
+        c.output().unwrap()
+    };
+    let d = door(&["diff", &id]);
+    assert_eq!(d.status.code(), Some(1), "{}", text(&d));
+    let out = String::from_utf8_lossy(&d.stdout).into_owned();
+    for want in [
+        "(held back: a name with control characters, quotes or backslashes, or not UTF-8)",
+        "H tools/cache/HEAD (held back: a directory git could take for a repository)",
+        "held back: the layer could not be read here",
+        "A ok.txt (file)",
+        "Binary or large files a/cr.txt and b/cr.txt differ",
+    ] {
+        assert!(out.contains(want), "{want:?} not in\n{out}");
+    }
+    assert!(out.lines().all(|l| !l.starts_with("--- \"a")), "{out}");
+    let mut p = Command::new("patch")
+        .args(["-p1", "-s", "-f"])
+        .current_dir(&w)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(p.stdin.as_mut().unwrap(), &d.stdout).unwrap();
+    let _ = p.wait();
+    assert_eq!(
+        std::fs::read_to_string(w.join(".git/config")).unwrap(),
+        config
+    );
+    assert!(w.join("ok.txt").exists() && !w.join(".envrc").exists() && !w.join("tools").exists());
+    std::fs::remove_file(w.join("ok.txt")).unwrap();
+    let a = door(&["apply", &id]);
+    assert_eq!(a.status.code(), Some(0), "{}", text(&a));
+    assert_eq!(
+        std::fs::read_to_string(w.join(".git/config")).unwrap(),
+        config
+    );
+    assert!(
+        w.join("ok.txt").exists()
+            && !w.join(".envrc").exists()
+            && !w.join("tools/cache/HEAD").exists()
+    );
+    git_ok(&w, &["status", "--short"]);
+    git_ok(&w.join("lib"), &["status", "--short"]);
+    assert!(
+        !marker.exists() && !w.join("PWNED").exists() && !w.join("lib/PWNED").exists(),
+        "host git ran the agent's code"
+    );
+    // Control: the same name printed raw (as the first diff did) is a patch
+    // that `patch -p1` applies to `.git/config`, and host git then runs it.
+    let raw = std::fs::read_dir(state.join("sandmux/layers").join(&id).join("upper"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("zz"))
+        .unwrap();
+    let cw = Ws::new();
+    let c = cw.path();
+    repo(&c);
+    std::fs::copy(w.join(".git/config"), c.join(".git/config")).unwrap();
+    let mut p = Command::new("patch")
+        .args(["-p1", "-s", "-f"])
+        .current_dir(&c)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let payload = format!("A {raw} (directory)\n");
+    std::io::Write::write_all(p.stdin.as_mut().unwrap(), payload.as_bytes()).unwrap();
+    let _ = p.wait();
+    git_ok(&c, &["status", "--short"]);
+    assert!(
+        c.join("PWNED").exists(),
+        "control: the raw name did not patch .git/config"
+    );
+}

@@ -94,6 +94,7 @@ impl<'a> Door<'a> {
             Change::Added { what, .. } => Err(format!("a {what} is never applied")),
             Change::Modified { rel, .. } => self.write(rel, true),
             Change::Removed { rel } => self.remove(rel),
+            Change::Unreadable { why, .. } => Err(format!("unreadable in the layer: {why}")),
         }
     }
 
@@ -242,9 +243,22 @@ impl<'a> Door<'a> {
         match moved {
             Ok(()) => Ok(()),
             Err(nix::Error::EXDEV) => {
-                let bytes = read(&self.trees.lower, rel, u64::MAX)
-                    .ok_or("on another file system and not a regular file: left in place")?;
-                std::fs::write(&taken, bytes).map_err(|e| format!("{}: {e}", taken.display()))?;
+                let src = beneath(
+                    &self.trees.lower,
+                    rel,
+                    OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+                )
+                .map(std::fs::File::from)
+                .ok()
+                .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+                .ok_or("on another file system and not a regular file: left in place")?;
+                let mut dst = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&taken)
+                    .map_err(|e| format!("{}: {e}", taken.display()))?;
+                std::io::copy(&mut &src, &mut dst)
+                    .map_err(|e| format!("{}: {e}", taken.display()))?;
                 if !keep {
                     unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)
                         .map_err(|e| format!("removing it: {e}"))?;

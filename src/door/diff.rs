@@ -27,15 +27,19 @@ pub(crate) enum Change {
     },
     /// Removed (a whiteout), or replaced by a new directory (opaque).
     Removed { rel: PathBuf },
+    /// A part of the layer that could not be read (a path longer than the
+    /// kernel resolves, an entry gone meanwhile): never applied.
+    Unreadable { rel: PathBuf, why: String },
 }
 
 impl Change {
     /// The path it is about.
     pub(crate) fn rel(&self) -> &Path {
         match self {
-            Change::Added { rel, .. } | Change::Modified { rel, .. } | Change::Removed { rel } => {
-                rel
-            }
+            Change::Added { rel, .. }
+            | Change::Modified { rel, .. }
+            | Change::Removed { rel }
+            | Change::Unreadable { rel, .. } => rel,
         }
     }
 }
@@ -64,12 +68,14 @@ impl Trees {
         stat_at(&self.upper, rel).is_some() || stat_at(&self.lower, rel).is_some()
     }
 
-    /// Whether git would take the directory `rel` for a bare repository
-    /// (`HEAD`, `objects/`, `refs/`), in either tree.
+    /// Whether git could take the directory `rel` for a repository: it
+    /// has `HEAD` and any of `objects`, `refs`, `commondir` (the rest in
+    /// another directory) or `gitdir`, in either tree.
     pub(crate) fn bare_shape(&self, rel: &Path) -> bool {
-        ["HEAD", "objects", "refs"]
-            .iter()
-            .all(|n| self.exists(&rel.join(n)))
+        self.exists(&rel.join("HEAD"))
+            && ["objects", "refs", "commondir", "gitdir"]
+                .iter()
+                .any(|n| self.exists(&rel.join(n)))
     }
 }
 
@@ -101,9 +107,18 @@ impl Trees {
     /// The changes below `rel`; `lower_there`: the workspace has a
     /// directory at `rel` (else everything below is new).
     fn walk(&self, rel: &Path, lower_there: bool, out: &mut Vec<Change>) -> Result<(), String> {
-        let fd = beneath(&self.upper, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
-            .map_err(|e| format!("reading the layer at {}: {e}", rel.display()))?;
-        let mut d = Dir::from_fd(fd).map_err(|e| e.to_string())?;
+        let opened =
+            beneath(&self.upper, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY).and_then(Dir::from_fd);
+        let mut d = match opened {
+            Ok(d) => d,
+            Err(e) => {
+                out.push(Change::Unreadable {
+                    rel: rel.to_path_buf(),
+                    why: e.to_string(),
+                });
+                return Ok(());
+            }
+        };
         let mut names: Vec<(PathBuf, Option<Type>)> = Vec::new();
         for e in d.iter().flatten() {
             let n = e.file_name().to_bytes();
@@ -204,14 +219,39 @@ impl Trees {
         n == 1 && v[0] == b'y'
     }
 
-    /// Whether the file at `rel` has the same bytes in both trees.
-    fn same_content(&self, rel: &Path) -> bool {
-        match (
-            read(&self.lower, rel, u64::MAX),
-            read(&self.upper, rel, u64::MAX),
-        ) {
-            (Some(a), Some(b)) => a == b,
-            _ => false,
+    /// Whether the file at `rel` has the same bytes in both trees
+    /// (compared a block at a time: the agent chooses the sizes).
+    pub(crate) fn same_content(&self, rel: &Path) -> bool {
+        use std::io::Read;
+        let open = |dir: &OwnedFd| {
+            beneath(
+                dir,
+                rel,
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+            )
+            .ok()
+            .map(std::fs::File::from)
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+        };
+        let (Some(mut a), Some(mut b)) = (open(&self.lower), open(&self.upper)) else {
+            return false;
+        };
+        let size = |f: &std::fs::File| f.metadata().map(|m| m.len()).ok();
+        if size(&a) != size(&b) {
+            return false;
+        }
+        let (mut x, mut y) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+        loop {
+            let n = match a.read(&mut x) {
+                Ok(n) => n,
+                Err(_) => return false,
+            };
+            if b.read_exact(&mut y[..n]).is_err() || x[..n] != y[..n] {
+                return false;
+            }
+            if n == 0 {
+                return true;
+            }
         }
     }
 
@@ -264,9 +304,15 @@ pub(crate) fn unified(t: &Trees, changes: &[&Change]) -> Result<String, String> 
             _ => continue,
         };
         let rel = c.rel().display().to_string();
+        // Text is UTF-8 without NUL or a carriage return outside CRLF (the
+        // diff would split lines where `patch` does not).
         let text = |b: &Option<Vec<u8>>| {
             b.as_ref().and_then(|b| {
-                (!b.contains(&0))
+                let lone_cr = b
+                    .iter()
+                    .enumerate()
+                    .any(|(i, c)| *c == b'\r' && b.get(i + 1) != Some(&b'\n'));
+                (!b.contains(&0) && !lone_cr)
                     .then(|| String::from_utf8(b.clone()).ok())
                     .flatten()
             })

@@ -44,20 +44,21 @@ fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
     let mut text = String::new();
     let mut shown = Vec::new();
     for c in &changes {
-        if let Some(why) = held(c.rel(), &meta.held_names, &bare) {
-            text.push_str(&format!("H {} (held back: {why})\n", c.rel().display()));
+        let name = shown_name(c.rel());
+        if let Some(why) = held(c, &meta.held_names, &bare) {
+            text.push_str(&format!("H {name} (held back: {why})\n"));
             continue;
         }
-        shown.push(c);
         let line = match c {
-            Change::Added { rel, what } => format!("A {} ({what})", rel.display()),
-            Change::Modified { rel, mode: None } => format!("M {}", rel.display()),
+            Change::Added { what, .. } => format!("A {name} ({what})"),
+            Change::Modified { mode: None, .. } => format!("M {name}"),
             Change::Modified {
-                rel,
-                mode: Some((a, b)),
-            } => format!("M {} (mode {a:o} -> {b:o})", rel.display()),
-            Change::Removed { rel } => format!("D {}", rel.display()),
+                mode: Some((a, b)), ..
+            } => format!("M {name} (mode {a:o} -> {b:o})"),
+            Change::Removed { .. } => format!("D {name}"),
+            Change::Unreadable { .. } => continue, // held above
         };
+        shown.push(c);
         text.push_str(&line);
         text.push('\n');
     }
@@ -97,25 +98,58 @@ const VCS_DIRS: [&str; 10] = [
     "CVS",
 ];
 
-/// Why `rel` is held back from the diff's text (control, not data), if it
-/// is: version-control data of any system, a directory git would take for
-/// a bare repository, or tool configuration the profile names.
+/// A path as the summary shows it: the agent's bytes escaped (a held-back
+/// name can hold a newline; a safe one is shown as it is).
+fn shown_name(rel: &std::path::Path) -> String {
+    crate::term::printable(&rel.to_string_lossy())
+}
+
+/// Whether a path could be misread by a program that reads the diff
+/// (`patch` ends a name at a tab, reads quoted names with escapes, and
+/// starts a new file at a newline): control characters, `"`, `\`, or not
+/// UTF-8.
+fn unsafe_name(rel: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let b = rel.as_os_str().as_bytes();
+    std::str::from_utf8(b).is_err()
+        || b.iter()
+            .any(|c| *c < 0x20 || *c == 0x7f || *c == b'"' || *c == b'\\')
+}
+
+/// Why a change is held back (control, not data, or not safely named), if
+/// it is: a name a diff reader could misread, a part of the layer that
+/// could not be read, a link or a special file, version-control data of
+/// any system, a directory git could take for a repository, or tool
+/// configuration the profile names.
 pub(crate) fn held(
-    rel: &std::path::Path,
+    c: &Change,
     names: &[std::path::PathBuf],
     bare: &dyn Fn(&std::path::Path) -> bool,
-) -> Option<&'static str> {
+) -> Option<String> {
+    let rel = c.rel();
+    if unsafe_name(rel) {
+        return Some("a name with control characters, quotes or backslashes, or not UTF-8".into());
+    }
+    match c {
+        Change::Unreadable { why, .. } => {
+            return Some(format!("the layer could not be read here: {why}"))
+        }
+        Change::Added { what, .. } if *what != "file" && *what != "directory" => {
+            return Some(format!("a {what}"))
+        }
+        _ => {}
+    }
     let parts: Vec<&std::ffi::OsStr> = rel.iter().collect();
     if parts.iter().any(|p| VCS_DIRS.iter().any(|v| p == v)) {
-        return Some("version-control data");
+        return Some("version-control data".into());
     }
-    if rel.ancestors().skip(1).any(bare) || bare(rel) {
-        return Some("a directory git takes for a repository");
+    if rel.ancestors().any(bare) {
+        return Some("a directory git could take for a repository".into());
     }
     for i in 0..parts.len() {
         let tail: std::path::PathBuf = parts[i..].iter().collect();
         if names.iter().any(|n| tail.starts_with(n)) {
-            return Some("tool configuration");
+            return Some("tool configuration".into());
         }
     }
     None
@@ -182,27 +216,25 @@ fn apply_all(
         if !paths.is_empty() && !named {
             continue;
         }
-        if let Some(why) = held(rel, &meta.held_names, &bare) {
-            if !(include_control && named) {
-                lines.push(format!("held back {} ({why})", rel.display()));
-                continue;
-            }
-        }
-        if let Change::Added { what, .. } = c {
-            if *what != "file" && *what != "directory" {
-                lines.push(format!("held back {} (a {what})", rel.display()));
+        let name = shown_name(rel);
+        let never = matches!(c, Change::Unreadable { .. })
+            || matches!(c, Change::Added { what, .. } if *what != "file" && *what != "directory")
+            || unsafe_name(rel);
+        if let Some(why) = held(c, &meta.held_names, &bare) {
+            if never || !(include_control && named) {
+                lines.push(format!("held back {name} ({why})"));
                 continue;
             }
         }
         match door.apply(c) {
             Ok(true) => {
                 applied += 1;
-                lines.push(format!("applied {}", rel.display()));
+                lines.push(format!("applied {name}"));
             }
             Ok(false) => {}
             Err(why) => {
                 conflicts += 1;
-                lines.push(format!("conflict {} ({why})", rel.display()));
+                lines.push(format!("conflict {name} ({why})"));
             }
         }
     }

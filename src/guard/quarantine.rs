@@ -46,6 +46,16 @@ pub(crate) struct Taken {
 
 /// sandmux's state directory, created 0700, outside every tree in `forbidden`.
 pub(crate) fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+    state_dir_with(forbidden, true)
+}
+
+/// [`state_dir`] without making anything: the one that exists (`diff`,
+/// `apply`, `discard` look there).
+pub(crate) fn existing_state_dir() -> Result<PathBuf, String> {
+    state_dir_with(&[], false)
+}
+
+fn state_dir_with(forbidden: &[PathBuf], create: bool) -> Result<PathBuf, String> {
     let uid = nix::unistd::geteuid().as_raw();
     let xdg = std::env::var_os("XDG_STATE_HOME")
         .filter(|v| !v.is_empty())
@@ -57,7 +67,7 @@ pub(crate) fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
         .into_iter()
         .chain([std::env::temp_dir().join(format!("sandmux-state-{uid}"))])
     {
-        match usable(&cand, uid, forbidden) {
+        match usable(&cand, uid, forbidden, create) {
             Ok(p) => return Ok(p),
             Err(e) => tried.push(format!("{}: {e}", cand.display())),
         }
@@ -68,15 +78,22 @@ pub(crate) fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
     ))
 }
 
-fn usable(p: &Path, uid: u32, forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+fn usable(p: &Path, uid: u32, forbidden: &[PathBuf], create: bool) -> Result<PathBuf, String> {
     if !p.is_absolute() {
         return Err("not absolute".into());
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(p)
-        .map_err(|e| e.to_string())?;
+    // Nothing is made inside a tree the agent can write, not even to find
+    // out (the real path is checked again below).
+    if let Some(t) = forbidden.iter().find(|t| p.starts_with(t)) {
+        return Err(format!("inside {}, which the agent can write", t.display()));
+    }
+    if create {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(p)
+            .map_err(|e| e.to_string())?;
+    }
     let m = std::fs::symlink_metadata(p).map_err(|e| e.to_string())?;
     if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
         return Err("not a directory of this user that only it can write".into());

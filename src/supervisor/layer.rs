@@ -36,7 +36,7 @@ pub(crate) struct Meta {
 
 /// Where the layers are: `<state>/layers`, made 0700 if missing; never in
 /// one of `forbidden` (the trees the agent can write).
-pub(crate) fn base(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+fn base(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
     let state = crate::guard::quarantine::state_dir(forbidden)?;
     let dir = state.join("layers");
     std::fs::DirBuilder::new()
@@ -113,7 +113,9 @@ pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
             crate::term::printable(id)
         ));
     }
-    let dir = base(&[])?.join(id);
+    let dir = crate::guard::quarantine::existing_state_dir()?
+        .join("layers")
+        .join(id);
     let text = std::fs::read(dir.join("meta.json")).map_err(|e| {
         format!(
             "no layer of instance {id} in {} ({e}); only copy-on-write instances have one",
