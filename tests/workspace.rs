@@ -677,6 +677,37 @@ fn apply_brings_the_work_in_and_nothing_else() {
             String::from_utf8_lossy(&o.stdout).into_owned(),
         )
     };
+    // A layer whose instance still runs is refused (its agent may write it).
+    let mut live = run_cmd(&w, file.to_str().unwrap(), &state, "echo x > y && sleep 30")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let layers = state.join("sandmux/layers");
+    let mut other = String::new();
+    wait_for(
+        || {
+            other = std::fs::read_dir(&layers)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|n| *n != id)
+                .unwrap_or_default();
+            !other.is_empty()
+        },
+        std::time::Duration::from_secs(10),
+        "the second instance's layer",
+    );
+    let mut c = sandmux(&["apply", &other]);
+    let busy = c.env("XDG_STATE_HOME", &state).output().unwrap();
+    assert_eq!(busy.status.code(), Some(2), "{}", text(&busy));
+    assert!(text(&busy).contains("is still running"), "{}", text(&busy));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(live.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = live.wait();
     // The human edits a file the agent changed too, after the instance.
     put(&w.join("human.txt"), "mine, edited\n");
     let (code, out) = apply(&["README", "d"]);

@@ -274,9 +274,10 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(g) => g,
         Err(e) => return fail(e.exit_code(), e),
     };
-    if let Err(e) = supervisor::layer::create(&mut policy, &rundir.id) {
-        return fail(EXIT_INTERNAL, format!("the copy-on-write layer: {e}"));
-    }
+    let live = match supervisor::layer::create(&mut policy, &rundir.id) {
+        Ok(l) => l,
+        Err(e) => return fail(EXIT_INTERNAL, format!("the copy-on-write layer: {e}")),
+    };
     let plan = supervisor::plan(
         &policy,
         &rundir,
@@ -317,7 +318,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         eprintln!("{}", crate::proxy::summary(&t));
     }
     crate::guard::watch::finish_and_say(guard);
-    if let Some(line) = supervisor::layer::finish(&policy, &id) {
+    if let Some(line) = supervisor::layer::finish(&policy, &id, live) {
         tracing::warn!("{line}");
     }
     match status {

@@ -190,6 +190,7 @@ fn apply_all(
     undo: bool,
 ) -> Result<(Vec<String>, i32), String> {
     let (dir, meta) = crate::supervisor::layer::find(id)?;
+    let _ended = crate::supervisor::layer::ended(&dir, id)?;
     if undo {
         let (n, left) = apply::undo(&dir, &meta.workspace)?;
         let mut lines = vec![format!("undone: {n} steps")];

@@ -39,6 +39,8 @@ pub(crate) struct Instance {
     pub supervisor: Option<report::LayerStatus>,
     /// Proxy mode: the listener to serve, until the caller takes it.
     pub proxy: Option<std::net::TcpListener>,
+    /// Copy-on-write mode: the layer's lock, held while the instance lives.
+    layer: Option<super::layer::Live>,
 }
 
 /// The sandbox `__init` of a generation: this process's child, or the broker's.
@@ -68,11 +70,11 @@ impl Instance {
             check_visible(&policy, &tmux).map_err(StartError::internal)?;
             let rundir = Rundir::create().map_err(StartError::internal)?;
             let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
-            super::layer::create(&mut policy, &rundir.id)
+            let layer = super::layer::create(&mut policy, &rundir.id)
                 .map_err(|e| StartError::internal(format!("the copy-on-write layer: {e}")))?;
-            Ok::<_, StartError>((rundir, guard))
+            Ok::<_, StartError>((rundir, guard, layer))
         })();
-        let (rundir, guard) = match host {
+        let (rundir, guard, layer) = match host {
             Ok(h) => h,
             Err(e) => {
                 let _ = read_version(&tmux, probe); // reaped
@@ -89,6 +91,7 @@ impl Instance {
             tmux_version: String::new(),
             policy,
             guard: Some(guard),
+            layer,
             broker: None,
             supervisor: None,
             proxy: None,
@@ -286,7 +289,7 @@ impl Instance {
             .take()
             .map(crate::guard::watch::finish_and_say)
             .unwrap_or_default();
-        if let Some(line) = super::layer::finish(&self.policy, &self.rundir.id) {
+        if let Some(line) = super::layer::finish(&self.policy, &self.rundir.id, self.layer.take()) {
             tracing::warn!("{line}");
             // With the reverts: to the audit log in `serve`.
             taken.push(crate::guard::quarantine::Taken {

@@ -47,11 +47,32 @@ fn base(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// Makes this instance's layer when the profile asks for one, and names it
-/// in the policy the sandbox is built from.
-pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<(), String> {
+/// The layer's lock, held (`flock`) by the supervisor while the instance
+/// lives: `apply` and `discard` refuse a layer the agent may still write.
+pub(crate) struct Live(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+fn lock(dir: &Path, wait: bool) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    use nix::fcntl::{Flock, FlockArg};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join("lock"))
+        .map_err(|e| format!("{}: {e}", dir.join("lock").display()))?;
+    let how = if wait {
+        FlockArg::LockExclusive
+    } else {
+        FlockArg::LockExclusiveNonblock
+    };
+    Flock::lock(f, how).map_err(|(_, e)| e.to_string())
+}
+
+/// Makes this instance's layer when the profile asks for one, names it in
+/// the policy the sandbox is built from, and returns its held lock.
+pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, String> {
     if policy.workspace_mode != WorkspaceMode::CopyOnWrite {
-        return Ok(());
+        return Ok(None);
     }
     let dir = base(std::slice::from_ref(&policy.workspace))?.join(id);
     let mk = |p: &Path| {
@@ -83,14 +104,24 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<(), String> {
     let text = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("meta.json"), text)
         .map_err(|e| format!("writing {}: {e}", dir.display()))?;
+    let live = Live(lock(&dir, true)?);
     policy.layer = Some(dir);
-    Ok(())
+    Ok(Some(live))
+}
+
+/// Refuses a layer whose instance still runs (its lock is held); the lock
+/// is kept while the caller works on the layer.
+pub(crate) fn ended(dir: &Path, id: &str) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    lock(dir, false).map_err(|_| {
+        format!("instance {id} is still running, and its agent may still write the layer; end it first (`sandmux stop {id}`)")
+    })
 }
 
 /// When the instance has ended: removes a layer that holds no change and
 /// says nothing; otherwise returns the line that tells the human where the
 /// agent's changes are.
-pub(crate) fn finish(policy: &Policy, id: &str) -> Option<String> {
+pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<String> {
+    drop(live);
     let dir = policy.layer.as_ref()?;
     let empty = std::fs::read_dir(dir.join("upper"))
         .map(|mut d| d.next().is_none())
@@ -130,6 +161,7 @@ pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
 /// Removes the layer of instance `id`.
 pub(crate) fn discard(id: &str) -> Result<PathBuf, String> {
     let (dir, _) = find(id)?;
+    let _held = ended(&dir, id)?;
     // overlayfs leaves `work/work` with mode 0: its owner's rights back first.
     let inner = dir.join("work/work");
     if std::fs::symlink_metadata(&inner).is_ok_and(|m| m.is_dir()) {
