@@ -87,3 +87,25 @@ pub(crate) fn git_variant(dir: &Path, name: &str, mode: &str) -> String {
         &format!("git = \"{mode}\""),
     )
 }
+
+/// The built-in `base` with `[workspace] mode = "copy-on-write"`, saved in `dir`.
+pub(crate) fn cow_profile(dir: &Path, base: &str) -> std::path::PathBuf {
+    profile_file(dir, &format!("cow-{base}"), base, |t| {
+        let out = t.replace(
+            "\ngit = \"read-only\"",
+            "\nmode = \"copy-on-write\"\ngit = \"read-only\"",
+        );
+        assert_ne!(out, t, "the profile edit did not apply");
+        out
+    })
+}
+
+/// The layer id a copy-on-write run names on stderr.
+pub(crate) fn layer_id(stderr: &str) -> String {
+    stderr
+        .split("sandmux apply ")
+        .nth(1)
+        .and_then(|s| s.split('`').next())
+        .unwrap_or_else(|| panic!("no layer id in {stderr}"))
+        .to_string()
+}
