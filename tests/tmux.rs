@@ -273,7 +273,7 @@ fn supervisor_sigkill_leaves_nothing() {
     // until the tree holds init, PID 1, tmux and the panes' processes.
     wait_for(
         || inst.host_pids().len() >= 4,
-        Duration::from_secs(5),
+        Duration::from_secs(20),
         "init, PID 1, tmux and the panes' processes",
     );
     let pids = inst.host_pids();

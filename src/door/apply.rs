@@ -18,6 +18,7 @@ use nix::unistd::{unlinkat, UnlinkatFlags};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// One step, as the journal records it.
@@ -147,6 +148,17 @@ impl<'a> Door<'a> {
         if !meta.is_file() {
             return Err("not a regular file in the layer".into());
         }
+        // The agent chooses the size (a sparse file costs it nothing): no
+        // file may take more than half of what is left on the disk.
+        if let Ok(v) = nix::sys::statvfs::fstatvfs(&self.trees.lower) {
+            let free = v.blocks_available().saturating_mul(v.fragment_size());
+            if meta.len() > free / 2 {
+                return Err(format!(
+                    "{} bytes would take more than half of the {free} bytes left on the workspace's disk",
+                    meta.len()
+                ));
+            }
+        }
         let mode = match &host {
             Some(h) => h.st_mode & 0o777,
             None if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0 => {
@@ -203,11 +215,14 @@ impl<'a> Door<'a> {
     }
 
     fn remove(&mut self, rel: &Path) -> Result<bool, String> {
-        if stat_at(&self.trees.lower, rel).is_none() {
+        let Some(st) = stat_at(&self.trees.lower, rel) else {
             return Ok(false);
-        }
+        };
         if self.changed_on_host(rel) {
             return Err("changed on the host since the instance started".into());
+        }
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            self.removable_dir(rel)?;
         }
         let (dir, name) = self.parent(rel)?;
         let tname = taken_name(&name);
@@ -218,6 +233,51 @@ impl<'a> Door<'a> {
         })?;
         self.take(rel, &dir, &name, &tname, false)?;
         Ok(true)
+    }
+
+    /// A directory the agent removed may go only when nothing below it
+    /// changed on the host since the instance started and it holds no
+    /// repository (the human's unpushed work); at most 100,000 entries are
+    /// looked at, and a larger one is left.
+    fn removable_dir(&self, rel: &Path) -> Result<(), String> {
+        let mut stack = vec![rel.to_path_buf()];
+        let mut seen = 0usize;
+        while let Some(d) = stack.pop() {
+            let fd = beneath(&self.trees.lower, &d, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+                .map_err(|e| format!("{} could not be read ({e}): left", d.display()))?;
+            let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| e.to_string())?;
+            for e in dir.iter().flatten() {
+                let n = e.file_name().to_bytes();
+                if n == b"." || n == b".." {
+                    continue;
+                }
+                seen += 1;
+                if seen > 100_000 {
+                    return Err(
+                        "more than 100,000 entries to check: left, remove it yourself".into(),
+                    );
+                }
+                let child = d.join(std::ffi::OsStr::from_bytes(n));
+                if super::is_vcs_name(std::ffi::OsStr::from_bytes(n))
+                    || self.trees.bare_shape(&child)
+                {
+                    return Err(format!(
+                        "it holds a repository ({}): left, remove it yourself",
+                        child.display()
+                    ));
+                }
+                if self.changed_on_host(&child) {
+                    return Err(format!(
+                        "{} changed on the host since the instance started",
+                        child.display()
+                    ));
+                }
+                if e.file_type() == Some(nix::dir::Type::Directory) {
+                    stack.push(child);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Keeps the host's entry at `rel` in the layer's `taken/`: `keep`
@@ -275,34 +335,126 @@ fn taken_name(name: &Path) -> PathBuf {
     PathBuf::from(format!("{}-{}", crate::nonce::hex(), name.display()))
 }
 
-/// Reverses the journal of the layer at `layer` over the workspace `ws`,
-/// newest first; returns what it could not undo.
-pub(crate) fn undo(layer: &Path, ws: &Path) -> Result<(usize, Vec<String>), String> {
-    let text = std::fs::read_to_string(layer.join("apply.jsonl"))
-        .map_err(|e| format!("no journal: {e}"))?;
+/// Reverses the journal of the layer at `layer`, newest first, through
+/// the same no-follow descriptors as `apply`. A step whose result the human
+/// has changed since (a file no longer equal to the layer's, a directory no
+/// longer empty, a path taken again) is left, and stays in the journal.
+/// Returns how many steps were undone and what was left.
+pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), String> {
+    let path = layer.join("apply.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("no journal: {e}"))?;
     let steps: Vec<Step> = text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let mut left = Vec::new();
-    let mut done = 0;
+    let (mut done, mut left, mut kept) = (0, Vec::new(), Vec::new());
     for s in steps.iter().rev() {
-        let r = match s {
-            Step::Mkdir { rel } => {
-                std::fs::remove_dir(ws.join(rel)).map_err(|e| format!("{}: {e}", rel.display()))
-            }
-            Step::Create { rel } => {
-                std::fs::remove_file(ws.join(rel)).map_err(|e| format!("{}: {e}", rel.display()))
-            }
-            Step::Replace { rel, taken } | Step::Remove { rel, taken } => {
-                std::fs::rename(taken, ws.join(rel)).map_err(|e| format!("{}: {e}", rel.display()))
-            }
-        };
-        match r {
+        match undo_step(trees, layer, s) {
             Ok(()) => done += 1,
-            Err(e) => left.push(e),
+            Err(e) => {
+                left.push(format!("{}: {e}", s.rel().display()));
+                kept.push(s.clone());
+            }
         }
     }
-    let _ = std::fs::remove_file(layer.join("apply.jsonl"));
+    kept.reverse();
+    let rest: String = kept
+        .iter()
+        .filter_map(|s| serde_json::to_string(s).ok())
+        .map(|l| l + "\n")
+        .collect();
+    if rest.is_empty() {
+        let _ = std::fs::remove_file(&path);
+    } else {
+        std::fs::write(&path, rest).map_err(|e| format!("rewriting the journal: {e}"))?;
+    }
     Ok((done, left))
+}
+
+impl Step {
+    fn rel(&self) -> &Path {
+        match self {
+            Step::Mkdir { rel } | Step::Create { rel } => rel,
+            Step::Replace { rel, .. } | Step::Remove { rel, .. } => rel,
+        }
+    }
+}
+
+fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
+    let rel = s.rel();
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    let name = rel.file_name().ok_or("no name")?;
+    let dir = beneath(&t.lower, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
+        .map_err(|e| format!("its directory: {e}"))?;
+    let ours = || t.same_content(rel);
+    match s {
+        Step::Mkdir { .. } => unlinkat(&dir, name, UnlinkatFlags::RemoveDir)
+            .map_err(|e| format!("not removed ({e}): it holds something now")),
+        Step::Create { .. } if !ours() => Err("changed since apply: left".into()),
+        Step::Create { .. } => {
+            unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(|e| e.to_string())
+        }
+        Step::Replace { .. } if !ours() => Err("changed since apply: left".into()),
+        Step::Replace { taken, .. } => restore(layer, taken, &dir, name.as_ref(), true),
+        Step::Remove { .. } if stat_at(&t.lower, rel).is_some() => {
+            Err("something is there again: left".into())
+        }
+        Step::Remove { taken, .. } => restore(layer, taken, &dir, name.as_ref(), false),
+    }
+}
+
+/// Puts `taken` back at `name` in `dir`: a rename (over what is there when
+/// `replace`), or across file systems a copy beside it with the kept mode,
+/// renamed into place.
+fn restore(
+    layer: &Path,
+    taken: &Path,
+    dir: &OwnedFd,
+    name: &Path,
+    replace: bool,
+) -> Result<(), String> {
+    let tdir =
+        crate::sandbox::beneath::open_root(&layer.join("taken")).map_err(|e| e.to_string())?;
+    let tname = taken.file_name().ok_or("no name")?;
+    let flags = if replace {
+        RenameFlags::empty()
+    } else {
+        RenameFlags::RENAME_NOREPLACE
+    };
+    match renameat2(&tdir, tname, dir, name, flags) {
+        Ok(()) => Ok(()),
+        Err(nix::Error::EXDEV) => {
+            let src = beneath(&tdir, Path::new(tname), OFlag::O_RDONLY | OFlag::O_NOFOLLOW)
+                .map(std::fs::File::from)
+                .map_err(|e| e.to_string())?;
+            let meta = src.metadata().map_err(|e| e.to_string())?;
+            if !meta.is_file() {
+                return Err(
+                    "a directory on another file system: left in the layer's taken/".into(),
+                );
+            }
+            let tmp = PathBuf::from(format!(".sandmux-undo-{}", crate::nonce::hex()));
+            let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+            let fd = nix::fcntl::openat(
+                dir,
+                &tmp,
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_WRONLY
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(mode & 0o777),
+            )
+            .map_err(|e| e.to_string())?;
+            let mut out = std::fs::File::from(fd);
+            std::io::copy(&mut &src, &mut out)
+                .and_then(|_| out.sync_all())
+                .map_err(|e| e.to_string())?;
+            renameat2(dir, &tmp, dir, name, flags).map_err(|e| {
+                let _ = unlinkat(dir, &tmp, UnlinkatFlags::NoRemoveDir);
+                e.to_string()
+            })
+        }
+        Err(e) => Err(e.to_string()),
+    }
 }

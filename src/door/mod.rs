@@ -83,9 +83,11 @@ pub(crate) fn discard(id: &str) -> i32 {
     }
 }
 
-/// The control directories of version-control systems: what each one
-/// discovers a repository by (besides git's bare shape, [`bare_shape`]).
-const VCS_DIRS: [&str; 10] = [
+/// The control directories of version-control systems and repository
+/// tools: what each one discovers a repository by (besides git's bare
+/// shape, `Trees::bare_shape`). Compared without regard to ASCII case (a
+/// case-insensitive file system would take `.GIT` for `.git`).
+const VCS_DIRS: [&str; 14] = [
     ".git",
     ".hg",
     ".jj",
@@ -96,7 +98,17 @@ const VCS_DIRS: [&str; 10] = [
     ".fslckout",
     "_FOSSIL_",
     "CVS",
+    ".sl",
+    ".repo",
+    "RCS",
+    "SCCS",
 ];
+
+/// Whether a path component is a version-control directory's name.
+pub(crate) fn is_vcs_name(n: &std::ffi::OsStr) -> bool {
+    n.to_str()
+        .is_some_and(|n| VCS_DIRS.iter().any(|v| v.eq_ignore_ascii_case(n)))
+}
 
 /// A path as the summary shows it: the agent's bytes escaped (a held-back
 /// name can hold a newline; a safe one is shown as it is).
@@ -106,14 +118,18 @@ fn shown_name(rel: &std::path::Path) -> String {
 
 /// Whether a path could be misread by a program that reads the diff
 /// (`patch` ends a name at a tab, reads quoted names with escapes, and
-/// starts a new file at a newline): control characters, `"`, `\`, or not
-/// UTF-8.
+/// starts a new file at a newline) or by a human on a terminal: control
+/// characters (C0 and C1), bidirectional controls, `"`, `\`, or not UTF-8.
 fn unsafe_name(rel: &std::path::Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let b = rel.as_os_str().as_bytes();
-    std::str::from_utf8(b).is_err()
-        || b.iter()
-            .any(|c| *c < 0x20 || *c == 0x7f || *c == b'"' || *c == b'\\')
+    let Some(s) = rel.to_str() else {
+        return true;
+    };
+    s.chars().any(|c| {
+        c.is_control()
+            || c == '"'
+            || c == '\\'
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
 }
 
 /// Why a change is held back (control, not data, or not safely named), if
@@ -140,7 +156,7 @@ pub(crate) fn held(
         _ => {}
     }
     let parts: Vec<&std::ffi::OsStr> = rel.iter().collect();
-    if parts.iter().any(|p| VCS_DIRS.iter().any(|v| p == v)) {
+    if parts.iter().any(|p| is_vcs_name(p)) {
         return Some("version-control data".into());
     }
     if rel.ancestors().any(bare) {
@@ -192,7 +208,8 @@ fn apply_all(
     let (dir, meta) = crate::supervisor::layer::find(id)?;
     let _ended = crate::supervisor::layer::ended(&dir, id)?;
     if undo {
-        let (n, left) = apply::undo(&dir, &meta.workspace)?;
+        let trees = diff::Trees::open(&dir, &meta.workspace)?;
+        let (n, left) = apply::undo(&trees, &dir)?;
         let mut lines = vec![format!("undone: {n} steps")];
         lines.extend(left.iter().map(|l| format!("not undone: {l}")));
         return Ok((lines, if left.is_empty() { 0 } else { 3 }));

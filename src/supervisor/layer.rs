@@ -162,10 +162,22 @@ pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
 pub(crate) fn discard(id: &str) -> Result<PathBuf, String> {
     let (dir, _) = find(id)?;
     let _held = ended(&dir, id)?;
-    // overlayfs leaves `work/work` with mode 0: its owner's rights back first.
-    let inner = dir.join("work/work");
-    if std::fs::symlink_metadata(&inner).is_ok_and(|m| m.is_dir()) {
-        let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
+    // overlayfs leaves `work/work` with mode 0, and the agent may have
+    // taken its own rights on its directories: the owner's rights back on
+    // every directory first (the instance has ended; nothing is followed).
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        if !std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
+        stack.extend(
+            std::fs::read_dir(&d)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path()),
+        );
     }
     std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
     Ok(dir)

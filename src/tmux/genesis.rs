@@ -459,14 +459,24 @@ mod tests {
                 .status()
                 .unwrap();
             assert!(ok.success());
-            let cwd = std::process::Command::new("tmux")
-                .arg("-S")
-                .arg(&sock)
-                .args(["display-message", "-p", "-t", &s, "#{pane_current_path}"])
-                .output()
-                .unwrap();
-            let got = String::from_utf8_lossy(&cwd.stdout);
-            assert_eq!(got.trim_end(), ws.display().to_string(), "{name}");
+            // The pane's directory is read from its process, which may not
+            // have started yet: asked again for up to 5 s.
+            let want = ws.display().to_string();
+            let t0 = std::time::Instant::now();
+            let got = loop {
+                let cwd = std::process::Command::new("tmux")
+                    .arg("-S")
+                    .arg(&sock)
+                    .args(["display-message", "-p", "-t", &s, "#{pane_current_path}"])
+                    .output()
+                    .unwrap();
+                let got = String::from_utf8_lossy(&cwd.stdout).trim_end().to_string();
+                if got == want || t0.elapsed() > Duration::from_secs(5) {
+                    break got;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            assert_eq!(got, want, "{name}");
         }
     }
 
