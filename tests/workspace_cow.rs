@@ -430,3 +430,89 @@ print('planted')
         "control: the raw name did not patch .git/config"
     );
 }
+
+/// The door leaves what the human has (from the second attack review): a
+/// directory the agent removed goes only if nothing below it changed on the
+/// host and it holds no repository; Sapling's directory and a name with a
+/// bidirectional control are held back; `--undo` goes through no link the
+/// human (or anyone) put in the workspace since, and leaves a file the human
+/// changed after `apply`.
+#[test]
+fn apply_and_undo_leave_what_the_human_has() {
+    let cfg = host_dir();
+    let file = cow_profile(cfg.path(), "default");
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    put(&w.join("sub/f"), "precious\n");
+    put(&w.join("keep/x"), "mine\n");
+    git_ok(&w, &["init", "-q", "nested"]);
+    put(&w.join("a.txt"), "a\n");
+    let host = host_dir();
+    let state = host.path().join("state");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let script = "rm -rf nested keep && echo agent > sub/g && echo new >> a.txt && mkdir d && echo x > d/new \
+                  && mkdir .sl && echo '[hooks]' > .sl/config \
+                  && python3 -c 'open(\"\\u202etxt.exe\", \"w\").write(\"x\")' && echo done";
+    let o = run_in(&w, file.to_str().unwrap(), &state, script);
+    let t = text(&o);
+    assert!(t.contains("done"), "{t}");
+    let id = layer_id(&t);
+    put(&w.join("keep/x"), "mine, edited after the instance\n");
+    let door = |args: &[&str]| {
+        let mut c = sandmux(args);
+        let o = c.env("XDG_STATE_HOME", &state).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    let (code, out) = door(&["apply", &id]);
+    assert_eq!(code, Some(3), "{out}");
+    for line in [
+        "applied a.txt",
+        "applied d",
+        "applied d/new",
+        "applied sub/g",
+        "held back .sl/config (version-control data)",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+    }
+    assert!(
+        out.contains("conflict nested (it holds a repository"),
+        "{out}"
+    );
+    assert!(
+        out.contains("conflict keep (keep/x changed on the host"),
+        "{out}"
+    );
+    assert!(
+        out.contains("txt.exe (a name with control characters"),
+        "{out}"
+    );
+    assert!(w.join("nested/.git").is_dir() && w.join("keep/x").exists());
+    // After apply: the human edits a.txt and puts a link where d was.
+    put(&w.join("a.txt"), "the human's, after apply\n");
+    let outside = host_dir();
+    std::fs::rename(w.join("d"), w.join("d.real")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), w.join("d")).unwrap();
+    put(&outside.path().join("new"), "outside\n");
+    let (code, out) = door(&["apply", &id, "--undo"]);
+    assert_eq!(code, Some(3), "{out}");
+    assert!(
+        out.contains("not undone: a.txt: changed since apply"),
+        "{out}"
+    );
+    assert!(!w.join("sub/g").exists(), "sub/g was undone: {out}");
+    assert_eq!(
+        std::fs::read_to_string(w.join("a.txt")).unwrap(),
+        "the human's, after apply\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("new")).unwrap(),
+        "outside\n",
+        "undo went through the link: {out}"
+    );
+    // Control: the link does lead outside (a path-based undo would follow it).
+    assert!(w.join("d/new").exists());
+}
