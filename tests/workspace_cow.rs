@@ -516,3 +516,79 @@ fn apply_and_undo_leave_what_the_human_has() {
     // Control: the link does lead outside (a path-based undo would follow it).
     assert!(w.join("d/new").exists());
 }
+
+/// Files the existing repository's configuration names inside the tree
+/// (a hooks path, a clean filter, an included config) are control: `apply`
+/// holds them back, and host git (`status`, `add`, `commit`) runs nothing of
+/// the agent's. Control: the same paths brought in with
+/// `--include-control` make host git run the agent's code.
+#[test]
+fn files_the_repositorys_configuration_names_are_held_back() {
+    let cfg = host_dir();
+    let file = cow_profile(cfg.path(), "default");
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    git_ok(&w, &["config", "core.hooksPath", "hooks"]);
+    git_ok(&w, &["config", "filter.x.clean", "./tools/clean"]);
+    git_ok(&w, &["config", "include.path", "../gitinc"]);
+    put(&w.join(".gitattributes"), "*.dat filter=x\n");
+    put(&w.join("hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+    put(&w.join("tools/clean"), "#!/bin/sh\ncat\n");
+    put(&w.join("gitinc"), "[user]\n\tname = h\n");
+    for f in ["hooks/pre-commit", "tools/clean"] {
+        let mut p = std::fs::metadata(w.join(f)).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o755);
+        std::fs::set_permissions(w.join(f), p).unwrap();
+    }
+    git_ok(&w, &["add", "-A"]);
+    git_ok(&w, &["commit", "-q", "-m", "tools"]);
+    let host = host_dir();
+    let state = host.path().join("state");
+    let marker = host.path().join("MARKER");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let script = format!(
+        "printf '#!/bin/sh\\ntouch {m}-hook\\n' > hooks/pre-commit && printf '#!/bin/sh\\ntouch {m}-filter; cat\\n' > tools/clean \
+         && printf '[core]\\n\\tfsmonitor = \"touch {m}-include; false\"\\n' >> gitinc && echo data > x.dat && echo done",
+        m = marker.display()
+    );
+    let o = run_in(&w, file.to_str().unwrap(), &state, &script);
+    assert!(text(&o).contains("done"), "{}", text(&o));
+    let id = layer_id(&text(&o));
+    let apply = |args: &[&str]| {
+        let mut c = sandmux(&[&["apply", id.as_str()], args].concat());
+        let o = c.env("XDG_STATE_HOME", &state).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    let (code, out) = apply(&[]);
+    assert_eq!(code, Some(0), "{out}");
+    for line in [
+        "applied x.dat",
+        "held back gitinc (named by the repository's configuration (include.path))",
+        "held back hooks/pre-commit (named by the repository's configuration (core.hookspath))",
+        "held back tools/clean (named by the repository's configuration (filter.x.clean))",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+    }
+    let marks = || {
+        ["hook", "filter", "include"]
+            .iter()
+            .filter(|k| host.path().join(format!("MARKER-{k}")).exists())
+            .count()
+    };
+    git_ok(&w, &["status", "--short"]);
+    git_ok(&w, &["add", "-A"]);
+    git_ok(&w, &["commit", "-q", "-m", "x"]);
+    assert_eq!(marks(), 0, "host git ran the agent's code");
+    // Control: brought in on request, host git runs all three.
+    let (code, out) = apply(&["--include-control", "hooks", "tools", "gitinc"]);
+    assert_eq!(code, Some(0), "{out}");
+    put(&w.join("x.dat"), "more\n");
+    git_ok(&w, &["status", "--short"]);
+    git_ok(&w, &["add", "-A"]);
+    git_ok(&w, &["commit", "-q", "-m", "y"]);
+    assert_eq!(marks(), 3, "control: {out}");
+}

@@ -258,7 +258,7 @@ impl<'a> Door<'a> {
                     );
                 }
                 let child = d.join(std::ffi::OsStr::from_bytes(n));
-                if super::is_vcs_name(std::ffi::OsStr::from_bytes(n))
+                if super::hold::is_vcs_name(std::ffi::OsStr::from_bytes(n))
                     || self.trees.bare_shape(&child)
                 {
                     return Err(format!(

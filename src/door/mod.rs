@@ -6,8 +6,10 @@
 
 pub(crate) mod apply;
 pub(crate) mod diff;
+pub(crate) mod hold;
 
 use diff::Change;
+use hold::{held, shown_name, unsafe_name, Hold};
 use std::io::{IsTerminal, Write};
 
 /// `sandmux diff ID`: 0 when the layer holds no change, 1 when it does
@@ -41,11 +43,12 @@ fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
     let trees = diff::Trees::open(&dir, &meta.workspace)?;
     let changes = diff::changes(&trees)?;
     let bare = |p: &std::path::Path| trees.bare_shape(p);
+    let hold = Hold::new(&meta.workspace, meta.held_names.clone());
     let mut text = String::new();
     let mut shown = Vec::new();
     for c in &changes {
         let name = shown_name(c.rel());
-        if let Some(why) = held(c, &meta.held_names, &bare) {
+        if let Some(why) = held(c, &hold, &bare) {
             text.push_str(&format!("H {name} (held back: {why})\n"));
             continue;
         }
@@ -81,94 +84,6 @@ pub(crate) fn discard(id: &str) -> i32 {
             2
         }
     }
-}
-
-/// The control directories of version-control systems and repository
-/// tools: what each one discovers a repository by (besides git's bare
-/// shape, `Trees::bare_shape`). Compared without regard to ASCII case (a
-/// case-insensitive file system would take `.GIT` for `.git`).
-const VCS_DIRS: [&str; 14] = [
-    ".git",
-    ".hg",
-    ".jj",
-    ".svn",
-    "_darcs",
-    ".bzr",
-    ".pijul",
-    ".fslckout",
-    "_FOSSIL_",
-    "CVS",
-    ".sl",
-    ".repo",
-    "RCS",
-    "SCCS",
-];
-
-/// Whether a path component is a version-control directory's name.
-pub(crate) fn is_vcs_name(n: &std::ffi::OsStr) -> bool {
-    n.to_str()
-        .is_some_and(|n| VCS_DIRS.iter().any(|v| v.eq_ignore_ascii_case(n)))
-}
-
-/// A path as the summary shows it: the agent's bytes escaped (a held-back
-/// name can hold a newline; a safe one is shown as it is).
-fn shown_name(rel: &std::path::Path) -> String {
-    crate::term::printable(&rel.to_string_lossy())
-}
-
-/// Whether a path could be misread by a program that reads the diff
-/// (`patch` ends a name at a tab, reads quoted names with escapes, and
-/// starts a new file at a newline) or by a human on a terminal: control
-/// characters (C0 and C1), bidirectional controls, `"`, `\`, or not UTF-8.
-fn unsafe_name(rel: &std::path::Path) -> bool {
-    let Some(s) = rel.to_str() else {
-        return true;
-    };
-    s.chars().any(|c| {
-        c.is_control()
-            || c == '"'
-            || c == '\\'
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    })
-}
-
-/// Why a change is held back (control, not data, or not safely named), if
-/// it is: a name a diff reader could misread, a part of the layer that
-/// could not be read, a link or a special file, version-control data of
-/// any system, a directory git could take for a repository, or tool
-/// configuration the profile names.
-pub(crate) fn held(
-    c: &Change,
-    names: &[std::path::PathBuf],
-    bare: &dyn Fn(&std::path::Path) -> bool,
-) -> Option<String> {
-    let rel = c.rel();
-    if unsafe_name(rel) {
-        return Some("a name with control characters, quotes or backslashes, or not UTF-8".into());
-    }
-    match c {
-        Change::Unreadable { why, .. } => {
-            return Some(format!("the layer could not be read here: {why}"))
-        }
-        Change::Added { what, .. } if *what != "file" && *what != "directory" => {
-            return Some(format!("a {what}"))
-        }
-        _ => {}
-    }
-    let parts: Vec<&std::ffi::OsStr> = rel.iter().collect();
-    if parts.iter().any(|p| is_vcs_name(p)) {
-        return Some("version-control data".into());
-    }
-    if rel.ancestors().any(bare) {
-        return Some("a directory git could take for a repository".into());
-    }
-    for i in 0..parts.len() {
-        let tail: std::path::PathBuf = parts[i..].iter().collect();
-        if names.iter().any(|n| tail.starts_with(n)) {
-            return Some("tool configuration".into());
-        }
-    }
-    None
 }
 
 /// `sandmux apply ID [PATHS…]`: 0 applied, 1 nothing to do, 3 applied
@@ -226,6 +141,7 @@ fn apply_all(
     let trees = diff::Trees::open(&dir, &meta.workspace)?;
     let changes = diff::changes(&trees)?;
     let bare = |p: &std::path::Path| trees.bare_shape(p);
+    let hold = Hold::new(&meta.workspace, meta.held_names.clone());
     let mut door = apply::Door::open(&trees, &dir, meta.created_ns)?;
     let (mut lines, mut applied, mut conflicts) = (Vec::new(), 0, 0);
     for c in &changes {
@@ -238,7 +154,7 @@ fn apply_all(
         let never = matches!(c, Change::Unreadable { .. })
             || matches!(c, Change::Added { what, .. } if *what != "file" && *what != "directory")
             || unsafe_name(rel);
-        if let Some(why) = held(c, &meta.held_names, &bare) {
+        if let Some(why) = held(c, &hold, &bare) {
             if never || !(include_control && named) {
                 lines.push(format!("held back {name} ({why})"));
                 continue;
