@@ -35,16 +35,6 @@ pub(crate) enum WorkspaceMode {
     CopyOnWrite,
 }
 
-impl WorkspaceMode {
-    /// The spelling used in profiles and reports.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            WorkspaceMode::Live => "live",
-            WorkspaceMode::CopyOnWrite => "copy-on-write",
-        }
-    }
-}
-
 /// How git is guarded: `[workspace] git` in a profile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -50,13 +50,8 @@ pub(crate) struct Status {
     /// Processes the kernel killed for exceeding the memory limit (from the
     /// instance's cgroup; null without one).
     pub oom_kills: Option<u64>,
-    /// `live` (the agent's writes are the host's tree) or `copy-on-write`
-    /// (they land in this instance's layer; the host's tree does not change).
-    pub workspace_mode: String,
-    /// How the agent's work reaches the human.
-    pub workspace_reaches_the_human: String,
-    /// The workspace guard (P8): what kind of checkout the workspace is, what
-    /// is read-only, what is watched, what was reverted.
+    /// The workspace guard (P8): the checkout's kind, what is read-only,
+    /// watched, reverted.
     pub workspace_guard: crate::guard::View,
     /// What the agent can rely on, and what it cannot do here.
     pub limits: Limits,
@@ -80,7 +75,7 @@ pub(crate) struct Limits {
     pub wait_max_seconds: u64,
     /// Largest text a call may send, in bytes.
     pub max_input_bytes: u64,
-    /// Output kept per pane by sandmux (older output is dropped; captures of the screen still work).
+    /// Output sandmux keeps per pane (older output is dropped; screen captures still work).
     pub output_ring_bytes: usize,
     /// Sessions that may exist at once; creating one more is refused.
     pub max_sessions: u32,
@@ -115,11 +110,18 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         "reaching the host's tmux servers or any other tmux socket".to_string(),
         "gaining privileges (no capabilities, no_new_privs, no setuid)".into(),
     ];
-    if p.guard.git != crate::profile::GitMode::Unguarded {
+    let live = p.workspace_mode == crate::profile::WorkspaceMode::Live;
+    if let Some(id) = p.layer.as_ref().and_then(|l| l.file_name()) {
+        let id = id.to_string_lossy();
+        impossible.push(format!(
+            "changing the host's copy of the workspace while you work (copy-on-write): your writes land in a layer; the human reviews it with `sandmux diff {id}` and brings it in with `sandmux apply {id}`, version-control data and tool configuration held back"
+        ));
+    }
+    if live && p.guard.git != crate::profile::GitMode::Unguarded {
         impossible
             .push("changing git's control plane in the workspace (history is readable)".into());
     }
-    if !p.guard.names.is_empty() {
+    if live && !p.guard.names.is_empty() {
         impossible.push("leaving tool configuration host programs obey (.envrc, .vscode, …): it is read-only or reverted".into());
     }
     impossible.push(format!(
@@ -185,21 +187,6 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
         recording: c.s.record.as_ref().map(|r| r.view()),
         frozen: c.s.freeze.is_frozen(),
-        workspace_mode: c.s.policy.workspace_mode.name().into(),
-        workspace_reaches_the_human: match c.s.policy.workspace_mode {
-            crate::profile::WorkspaceMode::Live => {
-                "directly: the workspace is the host's tree, as it is written".into()
-            }
-            crate::profile::WorkspaceMode::CopyOnWrite => format!(
-                "when the human takes it: the host's tree does not change while you work; they review it with `sandmux diff {0}` and bring it in with `sandmux apply {0}` (version-control data and tool configuration are held back)",
-                c.s.policy
-                    .layer
-                    .as_ref()
-                    .and_then(|l| l.file_name())
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
-        },
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
