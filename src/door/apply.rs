@@ -3,14 +3,15 @@
 //! with `--include-control`); links and special files never come in; no
 //! mode but the permission bits (never a set-ID bit) is carried. Every file
 //! is replaced atomically (a temporary beside it, renamed over it); what it
-//! replaces or removes is moved into the layer's `taken/` first, and each
-//! step is written to the layer's `apply.jsonl` before it is made, so a
+//! replaces is kept in the layer's `taken/` (a hard link, or a copy across
+//! file systems) and what it removes is moved there, and each step is
+//! written to the layer's `apply.jsonl` before it is made, so a
 //! crash leaves a state a second `apply` finishes (a path already equal to
 //! the layer is skipped) and `apply --undo` reverses. A host entry changed
 //! since the instance started (its ctime is later) is a conflict: reported,
 //! left as it is.
 
-use super::diff::{read, stat_at, Change, Trees};
+use super::diff::{stat_at, Change, Trees};
 use crate::sandbox::beneath::beneath;
 use nix::fcntl::{renameat, renameat2, OFlag, RenameFlags};
 use nix::sys::stat::{mkdirat, Mode};
@@ -184,13 +185,7 @@ impl<'a> Door<'a> {
             return Err(format!("copying: {e}"));
         }
         let placed = if host.is_some() {
-            let tname = taken_name(&name);
-            let taken = self.layer.join("taken").join(&tname);
-            self.record(&Step::Replace {
-                rel: rel.into(),
-                taken,
-            })?;
-            self.take(rel, &dir, &name, &tname, true)?;
+            self.set_aside(rel, &dir, &name, true)?;
             renameat(&dir, &tmp, &dir, &name)
         } else {
             self.record(&Step::Create { rel: rel.into() })?;
@@ -204,14 +199,7 @@ impl<'a> Door<'a> {
     }
 
     fn same(&self, rel: &Path) -> bool {
-        const CAP: u64 = 64 << 20;
-        match (
-            read(&self.trees.lower, rel, CAP),
-            read(&self.trees.upper, rel, CAP),
-        ) {
-            (Some(a), Some(b)) => a == b,
-            _ => false,
-        }
+        self.trees.same_content(rel)
     }
 
     fn remove(&mut self, rel: &Path) -> Result<bool, String> {
@@ -225,14 +213,33 @@ impl<'a> Door<'a> {
             self.removable_dir(rel)?;
         }
         let (dir, name) = self.parent(rel)?;
-        let tname = taken_name(&name);
-        let taken = self.layer.join("taken").join(&tname);
-        self.record(&Step::Remove {
-            rel: rel.into(),
-            taken,
-        })?;
-        self.take(rel, &dir, &name, &tname, false)?;
+        self.set_aside(rel, &dir, &name, false)?;
         Ok(true)
+    }
+
+    /// Journals, then keeps the host's entry at `rel` in `taken/`: left in
+    /// place to be replaced (`keep`), or moved there (a removal).
+    fn set_aside(
+        &mut self,
+        rel: &Path,
+        dir: &OwnedFd,
+        name: &Path,
+        keep: bool,
+    ) -> Result<(), String> {
+        let tname = taken_name(name);
+        let taken = self.layer.join("taken").join(&tname);
+        let rel = rel.to_path_buf();
+        self.record(&match keep {
+            true => Step::Replace {
+                rel: rel.clone(),
+                taken,
+            },
+            false => Step::Remove {
+                rel: rel.clone(),
+                taken,
+            },
+        })?;
+        self.take(&rel, dir, name, &tname, keep)
     }
 
     /// A directory the agent removed may go only when nothing below it

@@ -312,7 +312,7 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         }
     };
     write_meta(&st.inst, &policy, &pre.audit, listening.as_ref());
-    let (left, conn, make) = match hand_over(st, policy, opts.no_session, pre, stop) {
+    let (left, conn, make) = match hand_over(st, opts.no_session, pre, stop) {
         Ok(h) => h,
         Err(code) => return code,
     };
@@ -334,11 +334,13 @@ type MakeState = Box<dyn FnOnce(Arc<Hub>) -> Arc<ctx::State>>;
 /// state to make once the hub is connected.
 fn hand_over(
     mut st: Started,
-    policy: Policy,
     no_session: bool,
     pre: Prepared,
     stop: &exit::Stop,
 ) -> Result<(Leftovers, runtime::Conn, MakeState), i32> {
+    // The instance's policy: the resolved one as the host side completed it
+    // (the guard's plan, the copy-on-write layer).
+    let policy = st.inst.policy.clone();
     let info = info_of(&st.inst, st.tmux_version.clone());
     let left = leftovers(&st.inst, &info, &pre.audit);
     let proxy = proxy_listener(&mut st.inst, &policy)?;

@@ -140,7 +140,7 @@ pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<St
 pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric()) {
         return Err(format!(
-            "{:?} is not an instance id (letters and digits, as `sandmux ps --all` shows)",
+            "{:?} is not an instance id (letters and digits, as `run` and `serve` print it)",
             crate::term::printable(id)
         ));
     }

@@ -106,3 +106,56 @@ async def test_p8_positive_control_unguarded(ws):
     host_git(work, "status")
     assert marker.exists(), f"positive control: host git should obey the agent here\n{r}"
     assert (work / "newrepo" / ".git").is_dir()
+
+
+def cow_profile(ws):
+    base = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    text = base.replace('\ngit = "read-only"', '\nmode = "copy-on-write"\ngit = "read-only"')
+    assert text != base
+    p = ws[1] / "cow.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def tree(root):
+    return sorted((str(p.relative_to(root)), p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+                  for p in root.rglob("*"))
+
+
+async def test_p8_copy_on_write_through_mcp(ws):
+    """The same attack from panes (run_command and a split pane) under
+    `mode = "copy-on-write"`: it all works inside, the host's tree does not
+    change while the instance runs nor after it, host git runs nothing,
+    sandbox_status says where the work goes, and the door brings the work in
+    with the control held back. Control: test_p8_positive_control_unguarded
+    (the same attack, live and unguarded, reaches host git)."""
+    work, host = ws
+    make_repo(work)
+    make_repo(work / "lib" / "inner")
+    marker = host / "MARKER"
+    before = tree(work)
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "-p", cow_profile(ws), env=env) as c:
+        r, status = await attack(c, marker)
+        assert "Read-only file system" not in r["output"], r  # the agent's own work is unrestricted
+        r2 = await call(c, "run_command", {"command": "echo work > notes.txt && git config core.fsmonitor && echo ok", "timeout": 20})
+        assert "touch" in r2["output"] and "ok" in r2["output"], r2
+        lim = status["limits"]["impossible"]
+        line = next(x for x in lim if "copy-on-write" in x)
+        layer_id = re.search(r"sandmux diff (\w+)", line).group(1)
+        assert tree(work) == before, "the host tree changed while the instance ran"
+    assert tree(work) == before, "the host tree changed"
+    for d in (work, work / "lib" / "inner"):
+        host_git(d, "status")
+    assert not marker.exists(), "agent code ran on the host"
+    kept = [x for x in audit_records(ws) if "sandmux apply" in json.dumps(x)]
+    assert kept, "the layer is named in the audit log"
+    a = subprocess.run([BIN, "apply", layer_id], capture_output=True, text=True, env={**os.environ, **env})
+    assert a.returncode == 0, a.stdout + a.stderr
+    assert "applied notes.txt" in a.stdout and "held back .git/config (version-control data)" in a.stdout, a.stdout
+    assert "held back .envrc.local (tool configuration)" in a.stdout, a.stdout
+    assert (work / "notes.txt").read_text() == "work\n"
+    for d in (work, work / "lib" / "inner"):
+        host_git(d, "status")
+    host_git(work, "commit", "-q", "--allow-empty", "-m", "host")
+    assert not marker.exists(), "apply carried control"
