@@ -86,10 +86,18 @@ pub(crate) fn request(dir: &Path, req: Value) -> Result<Value, String> {
 }
 
 /// The `ps` table.
-pub(crate) fn ps(json_out: bool) -> String {
+pub(crate) fn ps(json_out: bool, all: bool) -> String {
     let rows: Vec<Value> = instances().iter().map(ps_row).collect();
+    let layers: Vec<Value> = match all {
+        true => crate::supervisor::kept::list()
+            .iter()
+            .map(layer_row)
+            .collect(),
+        false => Vec::new(),
+    };
     if json_out {
-        return format!("{}\n", term::json_text(&Value::Array(rows)));
+        let every = rows.into_iter().chain(layers).collect();
+        return format!("{}\n", term::json_text(&Value::Array(every)));
     }
     let mut out = ps_line([
         "ID",
@@ -121,6 +129,52 @@ pub(crate) fn ps(json_out: bool) -> String {
             term::field(&r["id"], ""),
             term::field(&r["audit"]["state"], ""),
             term::field(&r["audit"]["reason"], "")
+        ));
+    }
+    if all {
+        out.push_str(&layers_table(&layers));
+    }
+    out
+}
+
+/// A kept copy-on-write layer's `ps --all` row.
+fn layer_row(k: &crate::supervisor::kept::Kept) -> Value {
+    json!({
+        "id": k.id,
+        "kind": "layer",
+        "profile": k.meta.profile,
+        "workspace": k.meta.workspace,
+        "created": k.meta.created,
+        "running": k.running,
+        "bytes": k.bytes,
+        "files": k.files,
+        "at_least": k.more,
+    })
+}
+
+/// The kept layers under the instances, one line each (the workspace's
+/// path and the profile's name escaped: the agent may choose neither, but
+/// a terminal gets nothing raw).
+fn layers_table(layers: &[Value]) -> String {
+    if layers.is_empty() {
+        return "\nNo kept copy-on-write layers.\n".into();
+    }
+    let mut out = String::from("\nKEPT LAYERS (sandmux diff ID | apply ID | discard ID)\n");
+    for l in layers {
+        let at_least = if l["at_least"] == true { "≥" } else { "" };
+        out.push_str(&format!(
+            "{}  {}  {}  {at_least}{} files  {at_least}{} bytes  {}  {}\n",
+            term::field(&l["id"], ""),
+            term::field(&l["created"], ""),
+            if l["running"] == true {
+                "running"
+            } else {
+                "ended"
+            },
+            l["files"],
+            l["bytes"],
+            term::field(&l["profile"], ""),
+            term::field(&l["workspace"], "")
         ));
     }
     out

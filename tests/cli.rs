@@ -151,11 +151,19 @@ fn resolved_profile_shows_the_whole_sandbox_without_enum_tags() {
         ] {
             assert!(at(p) > 0, "{name}: no mount step at {p}: {plan}");
         }
+        // Copy-on-write, the built-ins' mode: an overlay over the
+        // workspace, and no guard's mount inside it.
         let protect = ws.path().join("a/.vscode");
         assert!(
             mounts
                 .iter()
-                .any(|m| m["path"] == protect.to_str().unwrap() && m["op"] == "protect"),
+                .any(|m| m["path"] == ws.path().to_str().unwrap() && m["op"] == "overlay"),
+            "{plan}"
+        );
+        assert!(
+            !mounts
+                .iter()
+                .any(|m| m["path"] == protect.to_str().unwrap()),
             "{plan}"
         );
         assert!(mounts

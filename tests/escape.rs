@@ -125,7 +125,7 @@ fn protected_paths_survive_parent_rename() {
     put(&ws.join(".git/config"), "[core]\n");
     put(&ws.join(".vscode/tasks.json"), "{}\n");
     let hook = mtime_and_hash(&ws.join(".git/hooks/pre-commit"));
-    let o = run_script(
+    let o = run_script_live(
         &ws,
         "default",
         "mv .git .git-old; echo mv=$?; rm -rf .git; echo rm=$?; mv .git/hooks .git/h2; echo mvhooks=$?; \
@@ -143,40 +143,54 @@ fn protected_paths_survive_parent_rename() {
 }
 
 /// Known gap 9: the sandmux binary inside the workspace (`cargo run` in a
-/// checkout used as the workspace) is bound read-only with its parents
-/// pinned: the agent can neither write, remove nor move it (or its
-/// directory) away; its sibling stays writable. Control: run by a binary
-/// elsewhere, the same copy is a plain file the same script replaces.
+/// checkout used as the workspace). Live: it is bound read-only with its
+/// parents pinned: the agent can neither write, remove nor move it (or its
+/// directory) away; its sibling stays writable. Copy-on-write: the agent's
+/// writes stay in the layer, and `run`'s `--on-end apply` holds back the
+/// binary and its directories while the sibling comes in. Control: run by a
+/// binary elsewhere, live, the same copy is a plain file the same script
+/// replaces.
 #[test]
 fn the_sandmux_binary_in_the_workspace_cannot_be_replaced() {
     let script = "echo evil > tools/sandmux; echo w=$?; rm -f tools/sandmux; echo rm=$?; \
                   mv tools/sandmux tools/x; echo mv=$?; mv tools tools2; echo mvdir=$?; \
                   echo ok > tools/other; echo other=$?; echo end";
-    let attack = |run_by: Option<&str>| {
+    let attack = |run_by: Option<&str>, mode: &str| {
         let ws = Ws::new();
+        let state = host_dir();
         let copy = ws.join("tools/sandmux");
         std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
         std::fs::copy(bin(), &copy).unwrap();
         let before = std::fs::read(&copy).unwrap();
         let exe = run_by.map_or(bin(), |_| copy.clone());
         let o = Command::new(exe)
-            .args(["run", "-q", "-p", "default", "-w"])
+            .args(["run", "-q", "--workspace-mode", mode, "-p", "default", "-w"])
             .arg(ws.path())
             .args(["--", "bash", "-c", script])
+            .env("XDG_STATE_HOME", state.path())
             .output()
             .unwrap();
         let kept = std::fs::read(&copy).ok() == Some(before);
         (text(&o), kept, ws)
     };
-    let (t, kept, _ws) = attack(Some("the copy"));
+    let (t, kept, _ws) = attack(Some("the copy"), "live");
     assert!(t.contains("end") && t.contains("other=0"), "{t}");
     for refused in ["w=1", "rm=1", "mv=1", "mvdir=1"] {
         assert!(t.contains(refused), "{refused}: {t}");
     }
     assert!(kept, "the binary in the workspace changed: {t}");
-    let (t, kept, _ws) = attack(None);
+    let (t, kept, ws) = attack(Some("the copy"), "copy-on-write");
+    assert!(t.contains("end") && t.contains("w=0"), "{t}");
+    assert!(t.contains("held back tools"), "{t}");
+    assert!(t.contains("sandmux binary that runs this"), "{t}");
+    assert!(
+        kept,
+        "copy-on-write: the binary in the workspace changed: {t}"
+    );
+    let (t, kept, _ws) = attack(None, "live");
     assert!(t.contains("w=0") && t.contains("end"), "control: {t}");
     assert!(!kept, "control: the copy was not replaced: {t}");
+    drop(ws);
 }
 
 /// E10: a protected path that is a symlink (planted by an earlier run) makes
@@ -189,7 +203,7 @@ fn symlinked_protected_path_refuses_start() {
     put(&target, "original rc\n");
     let before = mtime_and_hash(&target);
     std::os::unix::fs::symlink(&target, ws.join(".envrc")).unwrap();
-    let o = run_script(&ws, "default", "echo should-not-run");
+    let o = run_script_live(&ws, "default", "echo should-not-run");
     let t = text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(t.contains(".envrc") && t.contains("symlink"), "{t}");
@@ -457,7 +471,8 @@ fn host_hazards(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// P8, first class: nothing made inside carries a set-ID bit, a file
-/// capability or a special file onto the host, on every built-in profile.
+/// capability or a special file onto the host, on every built-in profile,
+/// with the workspace live and copy-on-write (applied at the end).
 /// The kernel refuses each way (seccomp; `CAP_SETFCAP` for capabilities)
 /// but a unix socket bound by path, which the end sweep removes; the host
 /// checks the workspace afterwards. Positive control: the same
@@ -466,10 +481,21 @@ fn host_hazards(dir: &std::path::Path) -> Vec<String> {
 /// FIFO in the host tree — root's, when the test runs as root.
 #[test]
 fn setid_files_capabilities_and_special_files_never_reach_the_host() {
-    for profile in ["default", "ci", "dev", "registries", "container"] {
+    let every = ["default", "ci", "dev", "registries", "container"];
+    for (mode, profile) in ["live", "copy-on-write"]
+        .into_iter()
+        .flat_map(|m| every.map(|p| (m, p)))
+    {
         let ws = Ws::new();
-        let o = run_script(&ws, profile, SETID_ATTACK);
+        let state = host_dir();
+        let o = run(ws.path())
+            .profile(profile)
+            .flag("--workspace-mode", mode)
+            .state(state.path())
+            .script(SETID_ATTACK)
+            .output();
         let t = text(&o);
+        let profile = format!("{profile} ({mode})");
         assert!(t.contains("attack-done"), "{profile}: {t}");
         for step in [
             "chmod_u=1",
@@ -503,7 +529,14 @@ fn setid_files_capabilities_and_special_files_never_reach_the_host() {
             "{profile}: {t}"
         );
         assert!(ws.join("plain").exists() && ws.join("suid").exists(), "{t}");
-        let said = "bound.sock: a socket, FIFO or device node the agent left in the tree; removed";
+        // Live: the end sweep removes the socket; copy-on-write: `run`'s
+        // `--on-end apply` holds it back in the layer.
+        let said = match mode {
+            "live" => {
+                "bound.sock: a socket, FIFO or device node the agent left in the tree; removed"
+            }
+            _ => "held back bound.sock",
+        };
         assert!(t.contains(said), "{profile}: {t}");
     }
 
@@ -519,7 +552,7 @@ fn setid_files_capabilities_and_special_files_never_reach_the_host() {
     let o = degraded_env::run_in(
         degraded_env::Env::NoSeccomp,
         tmp.path(),
-        run(ws.path()).profile(&opt).script(SETID_ATTACK),
+        run(ws.path()).live().profile(&opt).script(SETID_ATTACK),
     );
     let t = text(&o);
     assert!(

@@ -333,7 +333,14 @@ fn shell_attaches_a_terminal_and_cleans_up() {
     .unwrap();
     let slave = std::fs::File::from(pty.slave);
     let mut master = std::fs::File::from(pty.master);
-    let mut cmd = sandmux(&["shell", "-w", ws.path().to_str().unwrap()]);
+    // The default copy-on-write workspace, applied when the shell ends.
+    let mut cmd = sandmux(&[
+        "shell",
+        "-w",
+        ws.path().to_str().unwrap(),
+        "--on-end",
+        "apply",
+    ]);
     cmd.stdin(slave.try_clone().unwrap())
         .stdout(slave.try_clone().unwrap())
         .stderr(slave.try_clone().unwrap())

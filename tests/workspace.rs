@@ -207,6 +207,8 @@ fn check_reports_the_workspace_kind_and_guard() {
         let o = sandmux(&[
             "check",
             "--json",
+            "--workspace-mode",
+            "live",
             "-p",
             profile,
             "-w",
@@ -444,7 +446,7 @@ fn the_workspace_tops_mode_is_restored_at_the_end() {
     use std::os::unix::fs::PermissionsExt;
     for profile in PROFILES {
         let ws = Ws::new();
-        let o = run_script(&ws, profile, "chmod 0777 . && echo during=$(stat -c %a .)");
+        let o = run_script_live(&ws, profile, "chmod 0777 . && echo during=$(stat -c %a .)");
         let t = text(&o);
         assert!(t.contains("during=777"), "{profile}: control: {t}");
         let mode = std::fs::metadata(ws.path()).unwrap().permissions().mode() & 0o7777;

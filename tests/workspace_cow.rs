@@ -62,7 +62,7 @@ chmod 0777 . && echo done"#,
 fn copy_on_write_leaves_the_host_tree_unchanged_and_diff_shows_the_work() {
     let cfg = host_dir();
     for profile in PROFILES {
-        let file = cow_profile(cfg.path(), profile);
+        let file = std::path::PathBuf::from(profile);
         let ws = Ws::new();
         let w = ws.path();
         repo(&w);
@@ -73,7 +73,7 @@ fn copy_on_write_leaves_the_host_tree_unchanged_and_diff_shows_the_work() {
         let marker = host.path().join("MARKER");
         let before = tree_snapshot(&w);
         let state = host.path().join("state");
-        let o = run_in(&w, file.to_str().unwrap(), &state, &cow_script(&marker));
+        let o = run_cow(&w, file.to_str().unwrap(), &state, &cow_script(&marker));
         let t = text(&o);
         assert!(
             t.contains("done") && t.contains("sub-commit=0"),
@@ -172,8 +172,7 @@ fn copy_on_write_leaves_the_host_tree_unchanged_and_diff_shows_the_work() {
 #[test]
 fn apply_brings_the_work_in_and_nothing_else() {
     use std::os::unix::fs::PermissionsExt;
-    let cfg = host_dir();
-    let file = cow_profile(cfg.path(), "default");
+    let file = std::path::PathBuf::from("default");
     let ws = Ws::new();
     let w = ws.path();
     repo(&w);
@@ -197,7 +196,7 @@ fn apply_brings_the_work_in_and_nothing_else() {
     // Changes within 20 ms before the layer is made count as conflicts
     // (ctime is coarse): the human's setup is older than that.
     std::thread::sleep(std::time::Duration::from_millis(50));
-    let o = run_in(&w, file.to_str().unwrap(), &state, &script);
+    let o = run_cow(&w, file.to_str().unwrap(), &state, &script);
     let t = text(&o);
     assert!(t.contains("done"), "{t}");
     let id = layer_id(&t);
@@ -211,7 +210,7 @@ fn apply_brings_the_work_in_and_nothing_else() {
         )
     };
     // A layer whose instance still runs is refused (its agent may write it).
-    let mut live = run_cmd(&w, file.to_str().unwrap(), &state, "echo x > y && sleep 30")
+    let mut live = run_cow_cmd(&w, file.to_str().unwrap(), &state, "echo x > y && sleep 30")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -312,8 +311,7 @@ fn apply_brings_the_work_in_and_nothing_else() {
 /// through `patch` or through `apply`.
 #[test]
 fn the_door_holds_back_what_a_reader_could_misread() {
-    let cfg = host_dir();
-    let file = cow_profile(cfg.path(), "default");
+    let file = std::path::PathBuf::from("default");
     let ws = Ws::new();
     let w = ws.path();
     repo(&w);
@@ -345,7 +343,7 @@ print('planted')
         n = config.lines().count() - 2,
         m = marker.display()
     );
-    let o = run_in(
+    let o = run_cow(
         &w,
         file.to_str().unwrap(),
         &state,
@@ -439,8 +437,7 @@ print('planted')
 /// changed after `apply`.
 #[test]
 fn apply_and_undo_leave_what_the_human_has() {
-    let cfg = host_dir();
-    let file = cow_profile(cfg.path(), "default");
+    let file = std::path::PathBuf::from("default");
     let ws = Ws::new();
     let w = ws.path();
     repo(&w);
@@ -454,7 +451,7 @@ fn apply_and_undo_leave_what_the_human_has() {
     let script = "rm -rf nested keep && echo agent > sub/g && echo new >> a.txt && mkdir d && echo x > d/new \
                   && mkdir .sl && echo '[hooks]' > .sl/config \
                   && python3 -c 'open(\"\\u202etxt.exe\", \"w\").write(\"x\")' && echo done";
-    let o = run_in(&w, file.to_str().unwrap(), &state, script);
+    let o = run_cow(&w, file.to_str().unwrap(), &state, script);
     let t = text(&o);
     assert!(t.contains("done"), "{t}");
     let id = layer_id(&t);
@@ -524,8 +521,7 @@ fn apply_and_undo_leave_what_the_human_has() {
 /// `--include-control` make host git run the agent's code.
 #[test]
 fn files_the_repositorys_configuration_names_are_held_back() {
-    let cfg = host_dir();
-    let file = cow_profile(cfg.path(), "default");
+    let file = std::path::PathBuf::from("default");
     let ws = Ws::new();
     let w = ws.path();
     repo(&w);
@@ -552,7 +548,7 @@ fn files_the_repositorys_configuration_names_are_held_back() {
          && printf '[core]\\n\\tfsmonitor = \"touch {m}-include; false\"\\n' >> gitinc && echo data > x.dat && echo done",
         m = marker.display()
     );
-    let o = run_in(&w, file.to_str().unwrap(), &state, &script);
+    let o = run_cow(&w, file.to_str().unwrap(), &state, &script);
     assert!(text(&o).contains("done"), "{}", text(&o));
     let id = layer_id(&text(&o));
     let apply = |args: &[&str]| {

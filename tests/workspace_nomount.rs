@@ -25,8 +25,11 @@ fn no_unshare() -> seccompiler::BpfProgram {
 }
 
 fn run_without_namespaces(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
+    without_namespaces(run_cmd(ws, profile, state, script))
+}
+
+fn without_namespaces(mut c: Command) -> Output {
     let prog = no_unshare();
-    let mut c = run_cmd(ws, profile, state, script);
     // SAFETY: between fork and exec only prctl and seccomp(2) run, on a
     // program compiled before the fork.
     unsafe {
@@ -109,4 +112,57 @@ echo attacks-done"#,
             );
         }
     }
+}
+
+/// The built-ins' copy-on-write workspace where no mount namespace can be
+/// had: the `container` profile, which lets the mount layer go, runs with
+/// the workspace live (guarded) and says so; `default`, which needs the
+/// mount layer, refuses to start and names the missing layer. Control: the same
+/// `container` run where namespaces work is copy-on-write (the host's tree
+/// does not change).
+#[test]
+fn copy_on_write_falls_back_to_live_only_where_the_profile_lets_the_mount_layer_go() {
+    let script = "echo work > notes.txt && echo done";
+    let ws = Ws::new();
+    let host = host_dir();
+    if nix::unistd::geteuid().is_root() {
+        let o = Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(ws.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = without_namespaces(run_cow_cmd(&ws.path(), "container", host.path(), script));
+    let t = text(&o);
+    assert!(t.contains("done"), "{t}");
+    assert!(
+        t.contains("the workspace is live, not copy-on-write"),
+        "{t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
+        "work\n"
+    );
+    let ws = Ws::new();
+    let o = without_namespaces(run_cow_cmd(&ws.path(), "default", host.path(), script));
+    let t = text(&o);
+    assert!(!t.contains("done") && !o.status.success(), "{t}");
+    // The first required layer missing here is the user namespace, which
+    // the mount layer needs.
+    assert!(t.contains("required layer 'userns' is unavailable"), "{t}");
+    assert!(!ws.join("notes.txt").exists());
+    // Control: with namespaces, the same container run keeps the host's
+    // tree as it was (the layer is kept: --on-end keep).
+    let ws = Ws::new();
+    let o = run_cow_cmd(&ws.path(), "container", host.path(), script)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(
+        t.contains("done") && !t.contains("live, not copy-on-write"),
+        "{t}"
+    );
+    assert!(!ws.join("notes.txt").exists(), "{t}");
+    assert!(t.contains("sandmux apply"), "{t}");
 }

@@ -28,6 +28,11 @@ pub(super) struct Target {
     /// The directory the sandbox may write (default: the current directory).
     #[arg(long, short)]
     pub(super) workspace: Option<PathBuf>,
+    /// Where the agent's writes to the workspace land (beats the profile's
+    /// `[workspace] mode`): in a layer of this instance that only
+    /// `sandmux apply` brings in (copy-on-write), or in the host's tree (live).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub(super) workspace_mode: Option<crate::profile::WorkspaceMode>,
 }
 
 #[derive(Subcommand)]
@@ -39,6 +44,12 @@ pub(super) enum Cmd {
         /// No `sandmux:` line on stderr naming the layers dropped.
         #[arg(long, short)]
         quiet: bool,
+        /// Copy-on-write: what happens to the agent's changes when the
+        /// command ends (apply: through the door, as `sandmux apply` does,
+        /// so a CI loop keeps its build output; what is held back stays in
+        /// the layer).
+        #[arg(long, value_enum, default_value = "apply", value_name = "WHAT")]
+        on_end: crate::profile::OnEnd,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
         command: Vec<std::ffi::OsString>,
@@ -47,11 +58,19 @@ pub(super) enum Cmd {
     Shell {
         #[command(flatten)]
         target: Target,
+        /// Copy-on-write: what happens to the agent's changes when the
+        /// shell ends (keep: for `sandmux diff` and `sandmux apply`).
+        #[arg(long, value_enum, default_value = "keep", value_name = "WHAT")]
+        on_end: crate::profile::OnEnd,
     },
     /// Serve MCP over stdio (or streamable HTTP, --http) against a fresh confined tmux server.
     Serve {
         #[command(flatten)]
         target: Target,
+        /// Copy-on-write: what happens to the agent's changes when the
+        /// instance ends (keep: the human reviews them with `sandmux diff`).
+        #[arg(long, value_enum, default_value = "keep", value_name = "WHAT")]
+        on_end: crate::profile::OnEnd,
         /// Comma-separated toolsets (inspect, manage, execute, teardown); default from the profile.
         #[arg(long)]
         toolsets: Option<String>,
@@ -80,11 +99,14 @@ pub(super) enum Cmd {
         #[arg(long, requires = "http", value_name = "NAME")]
         allowed_host: Vec<String>,
     },
-    /// List this user's running instances.
+    /// List this user's running instances (and with --all the kept copy-on-write layers).
     Ps {
         /// JSON output.
         #[arg(long)]
         json: bool,
+        /// Also the copy-on-write layers instances left (kind "layer").
+        #[arg(long)]
+        all: bool,
     },
     /// Attach this terminal to an instance's tmux server (read-only by default).
     Attach {
@@ -192,7 +214,11 @@ pub(super) enum Cmd {
     #[command(name = "__broker", hide = true)]
     Broker,
     #[command(name = "__probe-userns", hide = true)]
-    ProbeUserns,
+    ProbeUserns {
+        /// Try an overlay of LOWER UPPER WORK in a mount namespace too.
+        #[arg(long, num_args = 3)]
+        overlay: Vec<PathBuf>,
+    },
     /// Print the MCP tool table (markdown) generated from the catalogue.
     #[command(name = "__tools-doc", hide = true)]
     ToolsDoc,

@@ -17,13 +17,22 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code as u8)
 }
 
-fn resolve(t: &Target) -> Result<profile::Policy, ExitCode> {
+/// The policy of `t`; `on_end`: what happens to a copy-on-write layer.
+fn resolve(t: &Target, on_end: profile::OnEnd) -> Result<profile::Policy, ExitCode> {
     let ws = t.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
     let ws = profile::check_workspace(&ws).map_err(|e| fail(EXIT_USAGE, e))?;
     let loaded: Loaded = profile::load(&t.profile).map_err(|e| fail(EXIT_USAGE, e))?;
-    loaded
-        .resolve(&Context { workspace: ws })
-        .map_err(|e| fail(EXIT_USAGE, e))
+    let mut ctx = Context::of(ws);
+    ctx.mode = t.workspace_mode;
+    if loaded.may_fall_back(&ctx) {
+        ctx.no_overlay = supervisor::layer::possible(&ctx.workspace).err();
+    }
+    let mut policy = loaded.resolve(&ctx).map_err(|e| fail(EXIT_USAGE, e))?;
+    policy.on_end = on_end;
+    if let Some(why) = &policy.workspace_fallback {
+        tracing::warn!("the workspace is {why}");
+    }
+    Ok(policy)
 }
 
 /// The `sandmux` command line: parses the arguments and runs the command.
@@ -37,7 +46,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // Nothing inside the sandbox logs: `__init` gets its level in the plan,
     // and the probe's stderr is its answer.
-    if !matches!(cli.cmd, Cmd::Init | Cmd::ProbeUserns) {
+    if !matches!(cli.cmd, Cmd::Init | Cmd::ProbeUserns { .. }) {
         if let Err(e) = crate::log::init(cli.log_format) {
             return fail(EXIT_USAGE, e);
         }
@@ -54,26 +63,33 @@ fn dispatch(cmd: Cmd) -> ExitCode {
     match cmd {
         Cmd::Init => sandbox::init::main(),
         Cmd::Broker => ExitCode::from(crate::supervisor::broker::main() as u8),
-        Cmd::ProbeUserns => ExitCode::from(sandbox::probe::userns_child() as u8),
+        Cmd::ProbeUserns { overlay } if overlay.is_empty() => {
+            ExitCode::from(sandbox::probe::userns_child() as u8)
+        }
+        Cmd::ProbeUserns { overlay } => {
+            ExitCode::from(sandbox::probe::overlay_child(&overlay) as u8)
+        }
         Cmd::Run {
             target,
             quiet,
+            on_end,
             command,
-        } => match resolve(&target) {
+        } => match resolve(&target, on_end) {
             Ok(policy) => run(policy, command, quiet),
             Err(c) => c,
         },
-        Cmd::Shell { target } => match resolve(&target) {
+        Cmd::Shell { target, on_end } => match resolve(&target, on_end) {
             Ok(policy) => shell(policy),
             Err(c) => c,
         },
-        Cmd::Check { target, json } => match resolve(&target) {
+        Cmd::Check { target, json } => match resolve(&target, profile::OnEnd::Discard) {
             Ok(policy) => check(policy, json),
             Err(c) => c,
         },
         Cmd::Profile { cmd } => profile_cmd(cmd),
         Cmd::Serve {
             target,
+            on_end,
             toolsets,
             tools,
             exclude_tools,
@@ -85,6 +101,7 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             allowed_host,
         } => serve(
             &target,
+            on_end,
             crate::mcp::toolsets::Flags {
                 toolsets,
                 tools,
@@ -99,7 +116,7 @@ fn dispatch(cmd: Cmd) -> ExitCode {
                 allowed_hosts: allowed_host,
             }),
         ),
-        Cmd::Instance { target } => match resolve(&target) {
+        Cmd::Instance { target } => match resolve(&target, profile::OnEnd::Discard) {
             Ok(policy) => hold_instance(policy),
             Err(c) => c,
         },
@@ -110,8 +127,8 @@ fn dispatch(cmd: Cmd) -> ExitCode {
 /// The operator's commands (instances already running), and the documents.
 fn operator(cmd: Cmd) -> ExitCode {
     match cmd {
-        Cmd::Ps { json } => {
-            print!("{}", crate::operator::ps(json));
+        Cmd::Ps { json, all } => {
+            print!("{}", crate::operator::ps(json, all));
             ExitCode::SUCCESS
         }
         Cmd::Attach { id, read_write, .. } => {
@@ -210,6 +227,7 @@ fn stop_instance(id: &str) -> ExitCode {
 /// `sandmux serve`.
 fn serve(
     target: &Target,
+    on_end: profile::OnEnd,
     flags: crate::mcp::toolsets::Flags,
     audit_log: Option<PathBuf>,
     no_session: bool,
@@ -219,7 +237,11 @@ fn serve(
     // First, before any thread exists: from here on a termination signal is
     // serve's own (a clean stop), never the default action.
     let stop = crate::mcp::exit::Stop::install();
-    let code = match resolve(target) {
+    if on_end == profile::OnEnd::Apply {
+        let e = "serve --on-end apply: serve ends confined to what it needs, which is not the workspace; use keep (the default) and then `sandmux apply ID`, or discard";
+        return fail(EXIT_USAGE, e);
+    }
+    let code = match resolve(target, on_end) {
         Ok(policy) => crate::mcp::serve(
             policy,
             crate::mcp::Options {
@@ -321,6 +343,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     if let Some(line) = supervisor::layer::finish(&policy, &id, live) {
         tracing::warn!("{line}");
     }
+    apply_on_end(&policy, &id);
     match status {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;
@@ -341,6 +364,17 @@ fn serve_proxy(
     let Some(l) = listener else { return Ok(None) };
     let cfg = crate::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
     crate::proxy::spawn_counted(l, cfg, policy).map(Some)
+}
+
+/// `--on-end apply`, after the instance ended (and `finish` left the
+/// layer): the door's lines, on stderr.
+fn apply_on_end(policy: &profile::Policy, id: &str) {
+    let there = policy.layer.as_ref().is_some_and(|d| d.exists());
+    if policy.on_end == profile::OnEnd::Apply && there {
+        for line in crate::door::on_end(id) {
+            eprintln!("sandmux: {}", crate::term::printable(&line));
+        }
+    }
 }
 
 fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {
@@ -375,7 +409,9 @@ fn shell(policy: profile::Policy) -> ExitCode {
             &crate::tmux::start_dir_arg(&ws),
         ])
         .status();
+    let (policy, id) = (inst.policy.clone(), inst.rundir.id.clone());
     inst.stop();
+    apply_on_end(&policy, &id);
     if let Some(t) = tally {
         eprintln!("{}", crate::proxy::summary(&t));
     }
@@ -452,6 +488,7 @@ fn hold_instance(policy: profile::Policy) -> ExitCode {
         "tmux": inst.tmux,
         "init_pid": inst.init_pid(),
         "layers": inst.layers(),
+        "layer": inst.policy.layer,
     });
     println!("{info}");
     let mut sink = Vec::new();

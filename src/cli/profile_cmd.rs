@@ -85,10 +85,14 @@ pub(crate) fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
                 Ok(w) => w,
                 Err(e) => return fail(EXIT_USAGE, e),
             };
-            let policy = match loaded.resolve(&Context { workspace: ws }) {
+            let mut policy = match loaded.resolve(&Context::of(ws)) {
                 Ok(p) => p,
                 Err(e) => return fail(EXIT_USAGE, e),
             };
+            if policy.workspace_mode == profile::WorkspaceMode::CopyOnWrite {
+                // Made when an instance starts: shown with its placeholders.
+                policy.layer = Some("{state}/layers/{id}".into());
+            }
             match crate::sandbox::view::resolved(&policy, &format) {
                 // Paths can be the agent's: escaped for terminals either way.
                 Ok(text) if format == "json" => {

@@ -42,6 +42,9 @@ pub(crate) struct Door<'a> {
     pub(crate) layer: &'a Path,
     /// Entries of the workspace changed on the host after this are conflicts.
     pub(crate) since_ns: i128,
+    /// `--on-end apply`: files are moved (renamed) out of the layer where
+    /// they can be, not copied (the layer is removed afterwards).
+    pub(crate) moving: bool,
     journal: std::fs::File,
 }
 
@@ -65,6 +68,7 @@ impl<'a> Door<'a> {
             trees,
             layer,
             since_ns: since_ns - 20_000_000,
+            moving: false,
             journal,
         })
     }
@@ -168,6 +172,11 @@ impl<'a> Door<'a> {
             None => 0o644,
         };
         let (dir, name) = self.parent(rel)?;
+        if self.moving {
+            if let Some(moved) = self.move_in(rel, &src, (&dir, &name), mode, host.is_some()) {
+                return moved.map(|()| true);
+            }
+        }
         let tmp = PathBuf::from(format!(".sandmux-apply-{}", crate::nonce::hex()));
         let fd = nix::fcntl::openat(
             &dir,
@@ -196,6 +205,48 @@ impl<'a> Door<'a> {
             format!("putting it in place: {e}")
         })?;
         Ok(true)
+    }
+
+    /// The layer's file itself, renamed into place: when it is on the
+    /// workspace's file system, has one link (a name of its own), takes
+    /// `mode` (never a set-ID bit) and loses its `user.` attributes
+    /// (overlayfs's, and any the agent set), as a copy would. None: copy.
+    fn move_in(
+        &mut self,
+        rel: &Path,
+        src: &std::fs::File,
+        (dir, name): (&OwnedFd, &Path),
+        mode: u32,
+        replace: bool,
+    ) -> Option<Result<(), String>> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = src.metadata().ok()?;
+        let here = nix::sys::stat::fstat(dir).ok()?;
+        if meta.nlink() != 1 || meta.dev() != here.st_dev as u64 {
+            return None;
+        }
+        let perms = std::os::unix::fs::PermissionsExt::from_mode(mode);
+        src.set_permissions(perms).ok()?;
+        super::xattr::strip_user(src).ok()?;
+        let udir = beneath(
+            &self.trees.upper,
+            rel.parent().unwrap_or(Path::new("")),
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+        )
+        .ok()?;
+        writable(&udir).ok()?;
+        let placed = if replace {
+            if let Err(e) = self.set_aside(rel, dir, name, true) {
+                return Some(Err(e));
+            }
+            renameat(&udir, name, dir, name)
+        } else {
+            if let Err(e) = self.record(&Step::Create { rel: rel.into() }) {
+                return Some(Err(e));
+            }
+            renameat2(&udir, name, dir, name, RenameFlags::RENAME_NOREPLACE)
+        };
+        Some(placed.map_err(|e| format!("moving it into place: {e}")))
     }
 
     fn same(&self, rel: &Path) -> bool {
@@ -464,4 +515,20 @@ fn restore(
         }
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Gives the owner write permission on a layer directory the agent may
+/// have taken it from (its instance has ended; the layer is going).
+fn writable(dir: &OwnedFd) -> nix::Result<()> {
+    let st = nix::sys::stat::fstat(dir)?;
+    if st.st_mode & 0o300 == 0o300 {
+        return Ok(());
+    }
+    let fd = nix::fcntl::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        Mode::empty(),
+    )?;
+    nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate((st.st_mode & 0o777) | 0o700))
 }

@@ -15,14 +15,23 @@ pub(crate) struct Hold {
     /// Paths in the workspace that the repository's configuration names,
     /// with the key that names each.
     pub configured: Vec<(PathBuf, String)>,
+    /// The sandmux binary that runs this, when it is in the workspace (a
+    /// checkout of sandmux used as one): the next `sandmux` would run what
+    /// the agent put there.
+    pub exe: Option<PathBuf>,
 }
 
 impl Hold {
     /// The rules for the workspace `ws` and the profile's `names`.
     pub(crate) fn new(ws: &Path, names: Vec<PathBuf>) -> Hold {
+        let exe = std::env::current_exe()
+            .and_then(std::fs::canonicalize)
+            .ok()
+            .and_then(|e| e.strip_prefix(ws).ok().map(Path::to_path_buf));
         Hold {
             names,
             configured: configured(ws),
+            exe,
         }
     }
 }
@@ -177,6 +186,19 @@ pub(crate) fn unsafe_name(rel: &Path) -> bool {
 /// could not be read, a link or a special file, version-control data of
 /// any system, a directory git could take for a repository, or tool
 /// configuration the profile names.
+/// The path up to and including the first version-control name in `rel`
+/// (`lib/.git` of `lib/.git/objects/ab/cd…`).
+pub(crate) fn vcs_root(rel: &Path) -> Option<PathBuf> {
+    let mut root = PathBuf::new();
+    for part in rel.iter() {
+        root.push(part);
+        if is_vcs_name(part) {
+            return Some(root);
+        }
+    }
+    None
+}
+
 pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Option<String> {
     let rel = c.rel();
     let names = &hold.names;
@@ -191,6 +213,9 @@ pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Opt
             return Some(format!("a {what}"))
         }
         _ => {}
+    }
+    if hold.exe.as_ref().is_some_and(|e| e.starts_with(rel)) {
+        return Some("the sandmux binary that runs this, or a directory holding it".into());
     }
     let parts: Vec<&std::ffi::OsStr> = rel.iter().collect();
     if parts.iter().any(|p| is_vcs_name(p)) {

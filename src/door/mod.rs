@@ -7,10 +7,13 @@
 pub(crate) mod apply;
 pub(crate) mod diff;
 pub(crate) mod hold;
+pub(crate) mod refs;
+pub(crate) mod xattr;
 
 use diff::Change;
 use hold::{held, shown_name, unsafe_name, Hold};
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 
 /// `sandmux diff ID`: 0 when the layer holds no change, 1 when it does
 /// (as `diff(1)`), 2 when it cannot be read. `names_only`: the summary alone.
@@ -114,11 +117,61 @@ pub(crate) fn apply(
     }
 }
 
+/// `--on-end apply` of `run` and `shell`, once the instance has ended:
+/// everything `sandmux apply ID` would bring in, moved (renamed) out of the
+/// layer where it shares the workspace's file system. A layer left with
+/// nothing held back and no conflict is removed; otherwise it is kept and
+/// the last line says so. The lines are for stderr.
+pub(crate) fn on_end(id: &str) -> Vec<String> {
+    let (mut lines, _) = match apply_all_moving(id, &[], false, false, true) {
+        Ok(r) => r,
+        Err(e) => {
+            return vec![
+                format!("--on-end apply: {e}"),
+                crate::supervisor::layer::kept(id),
+            ]
+        }
+    };
+    // Left for the human: what was held back or in conflict, but a git
+    // directory whose branches came in as refs (its files are applied).
+    let handled =
+        |l: &str| l.ends_with("; its branches fetched)") || l.ends_with("; no new commits)");
+    let left = lines
+        .iter()
+        .any(|l| l.starts_with("conflict ") || l.starts_with("held back ") && !handled(l));
+    let n = lines.len();
+    lines.retain(|l| !l.starts_with("applied "));
+    let applied = n - lines.len();
+    if !left {
+        let gone = crate::supervisor::layer::discard(id);
+        lines.push(match gone {
+            Ok(_) => format!("--on-end apply: {applied} changes of instance {id} applied to the workspace; its layer is removed"),
+            Err(e) => format!("--on-end apply: {applied} changes applied; layer {id} could not be removed: {e}"),
+        });
+    } else {
+        lines.push(format!(
+            "--on-end apply: {applied} changes applied; what is listed above is left in the layer: {}",
+            crate::supervisor::layer::kept(id)
+        ));
+    }
+    lines
+}
+
 fn apply_all(
     id: &str,
     paths: &[std::path::PathBuf],
     include_control: bool,
     undo: bool,
+) -> Result<(Vec<String>, i32), String> {
+    apply_all_moving(id, paths, include_control, undo, false)
+}
+
+fn apply_all_moving(
+    id: &str,
+    paths: &[std::path::PathBuf],
+    include_control: bool,
+    undo: bool,
+    moving: bool,
 ) -> Result<(Vec<String>, i32), String> {
     let (dir, meta) = crate::supervisor::layer::find(id)?;
     let _ended = crate::supervisor::layer::ended(&dir, id)?;
@@ -143,7 +196,9 @@ fn apply_all(
     let bare = |p: &std::path::Path| trees.bare_shape(p);
     let hold = Hold::new(&meta.workspace, meta.held_names.clone());
     let mut door = apply::Door::open(&trees, &dir, meta.created_ns)?;
+    door.moving = moving;
     let (mut lines, mut applied, mut conflicts) = (Vec::new(), 0, 0);
+    let mut vcs: Vec<(PathBuf, usize)> = Vec::new();
     for c in &changes {
         let rel = c.rel();
         let named = paths.iter().any(|p| rel.starts_with(p));
@@ -156,7 +211,16 @@ fn apply_all(
             || unsafe_name(rel);
         if let Some(why) = held(c, &hold, &bare) {
             if never || !(include_control && named) {
-                lines.push(format!("held back {name} ({why})"));
+                match hold::vcs_root(rel) {
+                    // One line per control directory, not per object.
+                    Some(root) if why == "version-control data" => {
+                        match vcs.iter_mut().find(|(r, _)| *r == root) {
+                            Some((_, n)) => *n += 1,
+                            None => vcs.push((root, 1)),
+                        }
+                    }
+                    _ => lines.push(format!("held back {name} ({why})")),
+                }
                 continue;
             }
         }
@@ -169,6 +233,43 @@ fn apply_all(
             Err(why) => {
                 conflicts += 1;
                 lines.push(format!("conflict {name} ({why})"));
+            }
+        }
+    }
+    for (root, n) in &vcs {
+        let repo = refs::repositories(std::iter::once(root.as_path()));
+        let fetched = match repo.first() {
+            Some(r) if paths.is_empty() => match refs::fetch(&dir, &meta.workspace, r, id) {
+                Ok(said) if said.is_empty() => Ok(vec![]),
+                Ok(said) => Ok(said),
+                Err(e) => Err(e),
+            },
+            _ => Err(String::new()),
+        };
+        let name = shown_name(root);
+        match fetched {
+            Ok(said) => {
+                let what = if said.is_empty() {
+                    "no new commits"
+                } else {
+                    "its branches fetched"
+                };
+                lines.push(format!(
+                    "held back {name}/ (version-control data, {n} entries; {what})"
+                ));
+                lines.extend(said);
+            }
+            Err(e) if e.is_empty() => lines.push(format!(
+                "held back {name}/ (version-control data, {n} entries)"
+            )),
+            Err(e) => {
+                conflicts += 1;
+                lines.push(format!(
+                    "held back {name}/ (version-control data, {n} entries)"
+                ));
+                lines.push(format!(
+                    "conflict {name}: the agent's commits were not fetched ({e})"
+                ));
             }
         }
     }

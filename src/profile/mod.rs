@@ -21,7 +21,7 @@ pub(crate) use schema::{
     Network, Preset, Profile, RecordingSettings, SandboxSettings, ServerExit, Toolset,
     MAX_RESTARTS,
 };
-pub(crate) use workspace::{GitMode, NewRepos, WorkspaceMode, WorkspaceSettings};
+pub(crate) use workspace::{GitMode, NewRepos, OnEnd, WorkspaceMode, WorkspaceSettings};
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -261,6 +261,23 @@ pub(crate) fn line_of(text: &str, dotted: &str) -> usize {
 pub(crate) struct Context {
     /// The workspace on the host (absolute, canonical, not a symlink).
     pub workspace: PathBuf,
+    /// `--workspace-mode`, which beats the profile's `[workspace] mode`.
+    pub mode: Option<WorkspaceMode>,
+    /// Why copy-on-write cannot be had here (no mount namespace, no
+    /// overlay), when the caller looked; a profile with `mount` best-effort
+    /// then runs live, any other refuses to start.
+    pub no_overlay: Option<String>,
+}
+
+impl Context {
+    /// A workspace, with the profile's mode.
+    pub(crate) fn of(workspace: PathBuf) -> Context {
+        Context {
+            workspace,
+            mode: None,
+            no_overlay: None,
+        }
+    }
 }
 
 /// A mount the sandbox makes, in the order it is made.
@@ -368,9 +385,17 @@ pub(crate) struct Policy {
     /// side when the instance starts (None until then, and in live mode).
     #[serde(default)]
     pub layer: Option<PathBuf>,
-    /// `[workspace] mode`.
+    /// `[workspace] mode`, or `--workspace-mode`, as it will be (a
+    /// best-effort mount layer that cannot be had makes it live).
     #[serde(default)]
     pub workspace_mode: WorkspaceMode,
+    /// Why the workspace is live though the profile asked for
+    /// copy-on-write (no mount namespace here), for every report.
+    #[serde(default)]
+    pub workspace_fallback: Option<String>,
+    /// What happens to the layer when the instance ends.
+    #[serde(default)]
+    pub on_end: OnEnd,
     /// MCP settings (used by `serve`).
     pub mcp: McpSettings,
     /// `serve --record` settings.

@@ -20,7 +20,8 @@ impl Loaded {
         let p = &self.profile;
         let names = self.protected_names()?;
         let fs = self.fs_entries(ctx)?;
-        let cow = p.workspace.mode == WorkspaceMode::CopyOnWrite;
+        let (mode, workspace_fallback) = self.workspace_mode(ctx);
+        let cow = mode == WorkspaceMode::CopyOnWrite;
         if cow {
             check_layer_path(&ctx.workspace).map_err(|r| self.invalid("workspace.mode", r))?;
         }
@@ -64,10 +65,37 @@ impl Loaded {
             landlock_abi: p.enforcement.landlock_abi,
             workspace: ctx.workspace.clone(),
             layer: None,
-            workspace_mode: p.workspace.mode,
+            workspace_mode: mode,
+            workspace_fallback,
+            on_end: OnEnd::default(),
             mcp: p.mcp.clone(),
             recording: p.recording.clone(),
         })
+    }
+
+    /// The workspace's mode: `--workspace-mode`, else the profile's; a
+    /// copy-on-write workspace the caller found impossible here is live
+    /// when the profile lets the mount layer go (and says why), else it
+    /// stays, and the sandbox refuses to start naming the mount layer.
+    fn workspace_mode(&self, ctx: &Context) -> (WorkspaceMode, Option<String>) {
+        let mode = ctx.mode.unwrap_or(self.profile.workspace.mode);
+        let lenient = self.profile.enforcement.best_effort.contains(&Layer::Mount);
+        match &ctx.no_overlay {
+            Some(why) if mode == WorkspaceMode::CopyOnWrite && lenient => (
+                WorkspaceMode::Live,
+                Some(format!(
+                    "live, not copy-on-write: {why} (the profile lets the mount layer go; the workspace guard watches the live tree)"
+                )),
+            ),
+            _ => (mode, None),
+        }
+    }
+
+    /// Whether a copy-on-write workspace that cannot be had here would be
+    /// live instead: only then is it worth looking ([`Context::no_overlay`]).
+    pub(crate) fn may_fall_back(&self, ctx: &Context) -> bool {
+        ctx.mode.unwrap_or(self.profile.workspace.mode) == WorkspaceMode::CopyOnWrite
+            && self.profile.enforcement.best_effort.contains(&Layer::Mount)
     }
 
     /// An error at `key` of this profile.

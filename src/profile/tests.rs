@@ -138,10 +138,7 @@ fn missing_path_names_key() {
         text: text.into(),
         profile: parse("t", text).unwrap(),
     };
-    let err = loaded
-        .resolve(&Context { workspace: ws })
-        .unwrap_err()
-        .to_string();
+    let err = loaded.resolve(&Context::of(ws)).unwrap_err().to_string();
     assert!(
         err.contains("filesystem.read_only")
             && err.contains("line 4")
@@ -176,7 +173,7 @@ fn profile_inside_workspace_refused() {
     let f = ws.join("evil.toml");
     std::fs::write(&f, BUILTINS[0].1).unwrap();
     let loaded = load_file(&f).unwrap();
-    let err = loaded.resolve(&Context { workspace: ws }).unwrap_err();
+    let err = loaded.resolve(&Context::of(ws)).unwrap_err();
     assert!(matches!(err, ProfileError::InWorkspace { .. }));
 }
 
@@ -185,7 +182,7 @@ fn mount_order_parents_first() {
     let dir = tempfile::tempdir().unwrap();
     let ws = check_workspace(dir.path()).unwrap();
     let l = load("default").unwrap();
-    let pol = l.resolve(&Context { workspace: ws }).unwrap();
+    let pol = l.resolve(&Context::of(ws)).unwrap();
     let depths: Vec<usize> = pol.fs.iter().map(|e| e.path.components().count()).collect();
     let mut sorted = depths.clone();
     sorted.sort();

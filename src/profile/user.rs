@@ -1,10 +1,14 @@
 //! The user's own configuration, `$XDG_CONFIG_HOME/sandmux/config.toml`
 //! (or `~/.config/...`): settings that belong to the person running sandmux,
-//! not to a profile an agent's workspace may name. Today one section:
+//! not to a profile an agent's workspace may name:
 //!
 //! ```toml
 //! [audit]
 //! keep_days = 30   # finished instances' logs older than this are removed; 0 keeps them
+//!
+//! [workspace]
+//! keep_days = 14         # kept copy-on-write layers older than this are removed; 0 keeps them
+//! kept_bytes = "20GiB"   # all kept layers together; past it, no instance starts
 //! ```
 
 use serde::Deserialize;
@@ -17,6 +21,31 @@ pub(crate) struct UserConfig {
     /// `[audit]`.
     #[serde(default)]
     pub audit: AuditRetention,
+    /// `[workspace]`.
+    #[serde(default)]
+    pub workspace: KeptLayers,
+}
+
+/// `[workspace]`: the copy-on-write layers instances leave for the human
+/// (a missing key takes [`Default`]'s value).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct KeptLayers {
+    /// Days since a layer was made after which, its instance ended, it is
+    /// removed when an instance starts; 0 keeps every layer.
+    pub keep_days: u32,
+    /// All kept layers together: past this, an instance refuses to start
+    /// (the human reviews, applies or discards first).
+    pub kept_bytes: super::schema::Size,
+}
+
+impl Default for KeptLayers {
+    fn default() -> Self {
+        KeptLayers {
+            keep_days: 14,
+            kept_bytes: super::schema::Size(20 << 30),
+        }
+    }
 }
 
 /// `[audit]`: how long finished instances' logs stay in the default audit
@@ -60,6 +89,13 @@ pub(crate) fn load() -> Result<UserConfig, String> {
     };
     let c: UserConfig = toml::from_str(&text)
         .map_err(|e| format!("{}: {}", p.display(), super::describe_toml_error(&text, &e)))?;
+    if c.workspace.keep_days > 36_500 {
+        return Err(format!(
+            "{}: workspace.keep_days: {} is more than 36500 (use 0 to keep every layer)",
+            p.display(),
+            c.workspace.keep_days
+        ));
+    }
     if c.audit.keep_days > 36_500 {
         return Err(format!(
             "{}: audit.keep_days: {} is more than 36500 (use 0 to keep every log)",

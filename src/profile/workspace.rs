@@ -7,9 +7,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WorkspaceSettings {
-    /// `live` (default: the agent writes the host's tree, guarded) or
-    /// `copy-on-write` (the agent's writes land in a layer of this instance;
-    /// the host's tree does not change; `sandmux diff ID` shows them).
+    /// `copy-on-write` (default: the agent's writes land in a layer of this
+    /// instance; the host's tree does not change; `sandmux diff ID` shows
+    /// them, `sandmux apply ID` brings them in) or `live` (the agent writes
+    /// the host's tree, guarded).
     #[serde(default)]
     pub mode: WorkspaceMode,
     /// `read-only` (default: git's control plane is read-only inside, new
@@ -23,16 +24,33 @@ pub(crate) struct WorkspaceSettings {
 }
 
 /// Where the agent's writes to the workspace land: `[workspace] mode`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum WorkspaceMode {
     /// In the host's tree, as they happen; the guard keeps control files
     /// read-only and takes what it finds planted.
-    #[default]
     Live,
     /// In an overlay layer of this instance, outside the host's tree, which
-    /// does not change while the instance runs (needs the mount layer).
+    /// does not change while the instance runs (needs the mount layer; a
+    /// profile that lists `mount` as best-effort falls back to live where
+    /// there is none, and says so).
+    #[default]
     CopyOnWrite,
+}
+
+/// What happens to a copy-on-write layer when its instance ends
+/// (`--on-end` of `run`, `shell` and `serve`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum OnEnd {
+    /// Brought into the workspace through the door (`sandmux apply`):
+    /// what it holds back or finds in conflict stays in the kept layer.
+    Apply,
+    /// Kept for the human (`sandmux diff`, `apply`, `discard`).
+    #[default]
+    Keep,
+    /// Removed: the agent's changes are gone.
+    Discard,
 }
 
 /// How git is guarded: `[workspace] git` in a profile.

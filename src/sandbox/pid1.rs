@@ -166,7 +166,11 @@ fn git_guard(
         });
     }
     if ns.has(Layer::Mount) {
-        layers.ok(Layer::Git, policy.guard.describe(true).join(" | "));
+        let mut said = policy.guard.describe(true);
+        if policy.layer.is_some() {
+            said.insert(0, "copy-on-write workspace: the agent's git is its own; version-control data reaches the host only through `sandmux apply`, which holds it back".into());
+        }
+        layers.ok(Layer::Git, said.join(" | "));
         Ok(())
     } else {
         layers.missing(

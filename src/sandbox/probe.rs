@@ -2,6 +2,7 @@
 //! sandbox (the live half of `sandmux check` is in `observe`).
 
 use serde::Serialize;
+use std::path::{Path, PathBuf};
 
 /// Kernel features relevant to the layers.
 #[derive(Debug, Clone, Serialize)]
@@ -69,4 +70,71 @@ pub(crate) fn userns_child() -> i32 {
             1
         }
     }
+}
+
+/// Tries, in a short-lived child with namespaces of its own, to mount the
+/// copy-on-write workspace's overlay: `lower` (the workspace) under
+/// `upper` and `work` (empty directories of the caller's). Nothing of the
+/// mount outlives the child.
+pub(crate) fn overlay(lower: &Path, upper: &Path, work: &Path) -> Result<(), String> {
+    let out = std::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .arg("__probe-userns")
+        .arg("--overlay")
+        .args([lower, upper, work])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Body of `sandmux __probe-userns --overlay LOWER UPPER WORK`.
+pub(crate) fn overlay_child(dirs: &[PathBuf]) -> i32 {
+    match try_overlay(dirs) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{e}");
+            1
+        }
+    }
+}
+
+fn try_overlay(dirs: &[PathBuf]) -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    use nix::sched::{unshare, CloneFlags};
+    let [lower, upper, work] = dirs else {
+        return Err("three directories".into());
+    };
+    let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+    match unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS) {
+        Ok(()) => super::namespaces::write_id_maps(0, uid.as_raw(), gid.as_raw())
+            .map_err(|e| format!("the user namespace's id maps: {e}"))?,
+        Err(user) => unshare(CloneFlags::CLONE_NEWNS)
+            .map_err(|e| format!("no mount namespace: unshare(CLONE_NEWUSER|CLONE_NEWNS): {user}; unshare(CLONE_NEWNS): {e}"))?,
+    }
+    // Nothing of this namespace's mounts may reach the host's.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("making the mounts private: {e}"))?;
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        upper.as_path(),
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(|e| format!("no overlay of the workspace here: mount(overlay): {e}"))
 }

@@ -230,7 +230,12 @@ impl Needs {
         n.rules
             .extend(ETC_FILES.iter().map(|p| (PathBuf::from(p), Right::Read)));
         n.rules.push(("/dev/null".into(), Right::File));
-        for dir in std::iter::once(f.rundir).chain(f.host_view) {
+        // The copy-on-write layer: removed at the end when it holds no
+        // change, or with `--on-end discard`.
+        for dir in std::iter::once(f.rundir)
+            .chain(f.host_view)
+            .chain(policy.layer.as_deref())
+        {
             n.rules.push((dir.to_path_buf(), Right::Tree));
             if let Some(base) = dir.parent() {
                 n.rules.push((base.to_path_buf(), Right::RemoveBelow));

@@ -105,6 +105,8 @@ fn sample() -> Policy {
         workspace: ph("{workspace}"),
         layer: Some(ph("{state}/layers/{id}")),
         workspace_mode: crate::profile::WorkspaceMode::CopyOnWrite,
+        workspace_fallback: None,
+        on_end: crate::profile::OnEnd::Keep,
         mcp: p.mcp.clone(),
         recording: p.recording.clone(),
     }

@@ -8,7 +8,7 @@
 //! human takes its changes (`sandmux diff ID`, `sandmux apply ID`) and
 //! removes it (`sandmux discard ID`). One that holds no change is removed when the instance ends.
 
-use crate::profile::{Policy, WorkspaceMode};
+use crate::profile::{OnEnd, Policy, WorkspaceMode};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -47,6 +47,47 @@ fn base(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// Whether this machine can give `workspace` a copy-on-write layer: a
+/// child with namespaces of its own mounts the overlay on an empty layer
+/// in the layers' directory (where the real one will be), which is then
+/// removed. `Err`: why not.
+pub(crate) fn possible(workspace: &Path) -> Result<(), String> {
+    let dir = base(&[workspace.to_path_buf()])?.join(format!(".probe-{}", crate::nonce::hex()));
+    let made = ["", "upper", "work"].iter().try_for_each(|n| {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir.join(n))
+            .map_err(|e| format!("creating {}: {e}", dir.join(n).display()))
+    });
+    let tried = made.and_then(|()| {
+        crate::sandbox::probe::overlay(workspace, &dir.join("upper"), &dir.join("work"))
+    });
+    let _ = remove(&dir);
+    tried
+}
+
+/// Removes a layer directory of an ended instance (or a probe's): the
+/// owner's rights back on every directory first, since overlayfs leaves
+/// `work/work` with mode 0 and the agent may have taken its own rights on
+/// its directories (nothing is followed).
+fn remove(dir: &Path) -> std::io::Result<()> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if !std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
+        stack.extend(
+            std::fs::read_dir(&d)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path()),
+        );
+    }
+    std::fs::remove_dir_all(dir)
+}
+
 /// The layer's lock, held (`flock`) by the supervisor while the instance
 /// lives: `apply` and `discard` refuse a layer the agent may still write.
 pub(crate) struct Live(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
@@ -73,6 +114,11 @@ fn lock(dir: &Path, wait: bool) -> Result<nix::fcntl::Flock<std::fs::File>, Stri
 pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, String> {
     if policy.workspace_mode != WorkspaceMode::CopyOnWrite {
         return Ok(None);
+    }
+    let user = crate::profile::user::load()?;
+    let kept = &user.workspace;
+    for line in super::kept::make_room(kept.keep_days, kept.kept_bytes.0)? {
+        tracing::info!("{line}");
     }
     let dir = base(std::slice::from_ref(&policy.workspace))?.join(id);
     let mk = |p: &Path| {
@@ -118,8 +164,9 @@ pub(crate) fn ended(dir: &Path, id: &str) -> Result<nix::fcntl::Flock<std::fs::F
 }
 
 /// When the instance has ended: removes a layer that holds no change and
-/// says nothing; otherwise returns the line that tells the human where the
-/// agent's changes are.
+/// says nothing; otherwise does what `--on-end` says and returns the line
+/// that tells the human (for `apply`, the caller applies after this and
+/// says what it did: None).
 pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<String> {
     drop(live);
     let dir = policy.layer.as_ref()?;
@@ -130,9 +177,21 @@ pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<St
         let _ = discard(id);
         return None;
     }
-    Some(format!(
+    match policy.on_end {
+        OnEnd::Apply => None,
+        OnEnd::Keep => Some(kept(id)),
+        OnEnd::Discard => Some(match discard(id) {
+            Ok(_) => format!("the agent's changes to the workspace were discarded with layer {id} (--on-end discard)"),
+            Err(e) => format!("layer {id} could not be discarded ({e}): {}", kept(id)),
+        }),
+    }
+}
+
+/// The line that says where a kept layer is, and what to do with it.
+pub(crate) fn kept(id: &str) -> String {
+    format!(
         "the agent's changes to the workspace are in layer {id}, not in the workspace: `sandmux diff {id}` shows them, `sandmux apply {id}` brings them in (control held back), `sandmux discard {id}` removes them"
-    ))
+    )
 }
 
 /// Finds the layer of instance `id` (for `diff` and `discard`), with what
@@ -162,23 +221,6 @@ pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
 pub(crate) fn discard(id: &str) -> Result<PathBuf, String> {
     let (dir, _) = find(id)?;
     let _held = ended(&dir, id)?;
-    // overlayfs leaves `work/work` with mode 0, and the agent may have
-    // taken its own rights on its directories: the owner's rights back on
-    // every directory first (the instance has ended; nothing is followed).
-    let mut stack = vec![dir.clone()];
-    while let Some(d) = stack.pop() {
-        if !std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
-        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
-        stack.extend(
-            std::fs::read_dir(&d)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path()),
-        );
-    }
-    std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+    remove(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
     Ok(dir)
 }

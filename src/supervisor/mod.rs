@@ -2,12 +2,13 @@
 //! sandbox for an instance's life — its generations (cgroup, plan, start),
 //! the `Instance` that holds them with the runtime directory and the
 //! workspace guard, and the broker that starts later generations for a
-//! confined `serve`. `run`, `shell` and `serve` all start here; `sandbox/`
+//! confined `serve`, and the copy-on-write layers (`layer`, `kept`). `run`, `shell` and `serve` all start here; `sandbox/`
 //! is what runs inside, `tmux/` is tmux itself.
 
 pub(crate) mod broker;
 pub(crate) mod generation;
 pub(crate) mod instance;
+pub(crate) mod kept;
 pub(crate) mod layer;
 
 pub(crate) use generation::{make_cgroup, plan};

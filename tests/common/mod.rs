@@ -60,6 +60,15 @@ pub(crate) fn run_script(ws: &Ws, profile: &str, script: &str) -> Ran {
     run(ws.path()).profile(profile).script(script).output()
 }
 
+/// [`run_script`] with the workspace live (the guard's tests).
+pub(crate) fn run_script_live(ws: &Ws, profile: &str, script: &str) -> Ran {
+    run(ws.path())
+        .live()
+        .profile(profile)
+        .script(script)
+        .output()
+}
+
 pub(crate) fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -98,6 +107,8 @@ impl Inst {
         Self::start_env(ws, profile, &[])
     }
 
+    /// Live mode: the workspace is these tests' channel from panes to the
+    /// host (the copy-on-write workspace has tests of its own).
     pub(crate) fn start_env(ws: &Ws, profile: &str, env: &[(&str, &str)]) -> Inst {
         let mut c = sandmux(&[
             "__instance",
@@ -105,6 +116,8 @@ impl Inst {
             profile,
             "-w",
             ws.path().to_str().unwrap(),
+            "--workspace-mode",
+            "live",
         ]);
         for (k, v) in env {
             c.env(k, v);
@@ -369,8 +382,22 @@ pub(crate) fn wait_for_file(p: &Path) {
 
 /// The `sandmux run -p PROFILE -w WS -- bash -c SCRIPT` command, stdin closed.
 #[allow(dead_code)]
+/// Live mode: these are the workspace guard's tests (the copy-on-write
+/// workspace's use [`run_cow_cmd`]).
 pub(crate) fn run_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
     run(ws)
+        .live()
+        .profile(profile)
+        .state(state)
+        .script(script)
+        .command()
+}
+
+/// The profile's own mode (the built-ins': copy-on-write), the layer kept
+/// at the end (`--on-end keep`) for the test to look at.
+pub(crate) fn run_cow_cmd(ws: &Path, profile: &str, state: &Path, script: &str) -> Command {
+    run(ws)
+        .flag("--on-end", "keep")
         .profile(profile)
         .state(state)
         .script(script)

@@ -13,6 +13,7 @@ pub(crate) fn run(ws: impl AsRef<Path>) -> Run {
         ws: ws.as_ref().to_path_buf(),
         argv: Vec::new(),
         state: None,
+        flags: Vec::new(),
     }
 }
 
@@ -23,6 +24,7 @@ pub(crate) struct Run {
     ws: PathBuf,
     argv: Vec<OsString>,
     state: Option<PathBuf>,
+    flags: Vec<OsString>,
 }
 
 impl Run {
@@ -46,6 +48,17 @@ impl Run {
         self.cmd(["bash", "-c", script])
     }
 
+    /// A flag of `run` (before `--`), with its value.
+    pub(crate) fn flag(mut self, name: &str, value: &str) -> Run {
+        self.flags.extend([name.into(), value.into()]);
+        self
+    }
+
+    /// `--workspace-mode live`: the agent writes the host's tree, guarded.
+    pub(crate) fn live(self) -> Run {
+        self.flag("--workspace-mode", "live")
+    }
+
     /// `XDG_STATE_HOME` for the run (the workspace guard's state).
     pub(crate) fn state(mut self, dir: impl AsRef<Path>) -> Run {
         self.state = Some(dir.as_ref().to_path_buf());
@@ -59,6 +72,7 @@ impl Run {
         if let Some(p) = &self.profile {
             v.extend(["-p".into(), p.clone()]);
         }
+        v.extend(self.flags.iter().cloned());
         v.extend(["-w".into(), self.ws.clone().into_os_string(), "--".into()]);
         v.extend(self.argv.iter().cloned());
         v

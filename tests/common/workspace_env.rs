@@ -51,6 +51,13 @@ pub(crate) fn run_in(ws: &Path, profile: &str, state: &Path, script: &str) -> Ou
         .expect("spawn sandmux")
 }
 
+/// [`run_in`] in the profile's own mode, the layer kept at the end.
+pub(crate) fn run_cow(ws: &Path, profile: &str, state: &Path, script: &str) -> Output {
+    run_cow_cmd(ws, profile, state, script)
+        .output()
+        .expect("spawn sandmux")
+}
+
 /// [`run_cmd`] started in the background once `ready` (a file it makes) exists.
 pub(crate) fn run_background(
     ws: &Path,
@@ -86,18 +93,6 @@ pub(crate) fn git_variant(dir: &Path, name: &str, mode: &str) -> String {
         "git = \"read-only\"",
         &format!("git = \"{mode}\""),
     )
-}
-
-/// The built-in `base` with `[workspace] mode = "copy-on-write"`, saved in `dir`.
-pub(crate) fn cow_profile(dir: &Path, base: &str) -> std::path::PathBuf {
-    profile_file(dir, &format!("cow-{base}"), base, |t| {
-        let out = t.replace(
-            "\ngit = \"read-only\"",
-            "\nmode = \"copy-on-write\"\ngit = \"read-only\"",
-        );
-        assert_ne!(out, t, "the profile edit did not apply");
-        out
-    })
 }
 
 /// The layer id a copy-on-write run names on stderr.

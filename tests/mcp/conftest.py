@@ -31,8 +31,13 @@ def ws():
 
 
 def server_params(ws, *extra, env=None):
+    """`serve` in `ws`. The workspace is live unless a test names a mode:
+    most tests read what panes wrote there from the host (the
+    copy-on-write workspace, the built-ins' default, has tests of its own
+    in test_workspace.py, which pass --workspace-mode)."""
     work, host = ws
-    args = ["serve", "-w", str(work), "--audit-log", str(host / "audit.jsonl"), *extra]
+    mode = [] if "--workspace-mode" in extra else ["--workspace-mode", "live"]
+    args = ["serve", "-w", str(work), "--audit-log", str(host / "audit.jsonl"), *mode, *extra]
     e = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
     e.update(env or {})
     return StdioServerParameters(command=BIN, args=args, env=e)

@@ -28,8 +28,11 @@ class Raw:
 
     def __init__(self, work, log, *extra, client_name="raw"):
         self.err = tempfile.TemporaryFile()
+        # Live unless a test names a mode: the tests fill and read the
+        # workspace from the host.
+        mode = [] if "--workspace-mode" in extra else ["--workspace-mode", "live"]
         self.p = subprocess.Popen(
-            [BIN, "serve", "-w", str(work), "--audit-log", str(log), *extra],
+            [BIN, "serve", "-w", str(work), "--audit-log", str(log), *mode, *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, env=_env(),
         )
         self.n = 0

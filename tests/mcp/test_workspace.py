@@ -108,23 +108,14 @@ async def test_p8_positive_control_unguarded(ws):
     assert (work / "newrepo" / ".git").is_dir()
 
 
-def cow_profile(ws):
-    base = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
-    text = base.replace('\ngit = "read-only"', '\nmode = "copy-on-write"\ngit = "read-only"')
-    assert text != base
-    p = ws[1] / "cow.toml"
-    p.write_text(text)
-    return str(p)
-
-
 def tree(root):
     return sorted((str(p.relative_to(root)), p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
                   for p in root.rglob("*"))
 
 
 async def test_p8_copy_on_write_through_mcp(ws):
-    """The same attack from panes (run_command and a split pane) under
-    `mode = "copy-on-write"`: it all works inside, the host's tree does not
+    """The same attack from panes (run_command and a split pane) in the
+    default profile's copy-on-write workspace: it all works inside, the host's tree does not
     change while the instance runs nor after it, host git runs nothing,
     sandbox_status says where the work goes, and the door brings the work in
     with the control held back. Control: test_p8_positive_control_unguarded
@@ -135,7 +126,7 @@ async def test_p8_copy_on_write_through_mcp(ws):
     marker = host / "MARKER"
     before = tree(work)
     env = {"XDG_STATE_HOME": str(host / "state")}
-    async with connect(ws, "-p", cow_profile(ws), env=env) as c:
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
         r, status = await attack(c, marker)
         assert "Read-only file system" not in r["output"], r  # the agent's own work is unrestricted
         r2 = await call(c, "run_command", {"command": "echo work > notes.txt && git config core.fsmonitor && echo ok", "timeout": 20})

@@ -175,6 +175,12 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
             .iter()
             .filter(|l| !l.enforced)
             .map(|l| l.layer.clone())
+            .chain(
+                c.s.policy
+                    .workspace_fallback
+                    .as_ref()
+                    .map(|why| format!("copy-on-write workspace: {why}")),
+            )
             .collect(),
         layers,
         tools_enabled: c.s.enabled.read().map(|e| e.len()).unwrap_or(0),

@@ -1,0 +1,323 @@
+//! The agent's commits, through the door: for each repository the agent
+//! committed in (a `.git` directory in the layer), its branches are fetched
+//! as refs into a repository whose control plane the host made — objects
+//! and refs only. Git never runs with the layer's configuration or hooks:
+//! the layer's object files (names checked, regular files only) are
+//! copied into a fresh bare repository of the host's (empty template, its
+//! only configuration ours, the host repository's objects as its
+//! alternate), its refs are parsed here, and the host's git fetches from it
+//! with every object checked (`fetch.fsckObjects`).
+//!
+//! Into the workspace's own repository the branches come as
+//! `refs/sandmux/ID/BRANCH` (the human's branches never move). A repository
+//! the agent made (the host has no `.git` there) is made by the host's git
+//! (`git init`), and gets the branches as its own, `HEAD` and the index at
+//! the agent's `HEAD`: `git status` there shows what was not committed.
+
+use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+
+/// Branches per repository, and bytes of object files per repository.
+const MAX_REFS: usize = 1000;
+const MAX_OBJECT_BYTES: u64 = 4 << 30;
+
+/// The repositories the agent committed in: the workspace-relative
+/// directories holding a `.git` directory of the layer (from the change
+/// list's paths).
+pub(crate) fn repositories<'a>(rels: impl Iterator<Item = &'a Path>) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for rel in rels {
+        let parts: Vec<Component> = rel.components().collect();
+        let Some(i) = parts.iter().position(|c| c.as_os_str() == ".git") else {
+            continue;
+        };
+        let root: PathBuf = parts[..i].iter().collect();
+        if !roots.contains(&root) {
+            roots.push(root);
+        }
+    }
+    roots
+}
+
+/// Fetches the agent's branches of the repository at `root` (relative to
+/// the workspace); the lines say what came in and what to do next.
+pub(crate) fn fetch(layer: &Path, ws: &Path, root: &Path, id: &str) -> Result<Vec<String>, String> {
+    let upper_git = layer.join("upper").join(root).join(".git");
+    // Every directory on the way is the layer's own, never a link.
+    let mut at = layer.join("upper");
+    for c in root.join(".git/objects").components() {
+        at.push(c);
+        if !real_dir(&at) {
+            return Err(format!("{}: not a directory of the layer", at.display()));
+        }
+    }
+    let host_dir = ws.join(root);
+    let host_git = host_dir.join(".git");
+    let mut refs = read_refs(&upper_git, &host_git)?;
+    if refs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let fresh = match std::fs::symlink_metadata(&host_git) {
+        Ok(m) if m.is_dir() => false,
+        Ok(_) => {
+            return Err(format!(
+                "{}: not a directory on the host: left",
+                host_git.display()
+            ))
+        }
+        Err(_) => true,
+    };
+    if !fresh {
+        // Only what the agent moved: the host's own refs stay out.
+        let host = read_refs(&host_git, &host_git)?;
+        refs.retain(|r| !host.contains(r));
+        if refs.is_empty() {
+            return Ok(Vec::new());
+        }
+    }
+    let tmp = layer.join(format!("fetch-{}", crate::nonce::hex()));
+    let done = (|| {
+        std::fs::create_dir(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        git(&tmp, &["init", "-q", "--bare", "--template="])?;
+        copy_objects(&upper_git.join("objects"), &tmp.join("objects"))?;
+        if !fresh {
+            let alt = host_git.join("objects");
+            std::fs::write(
+                tmp.join("objects/info/alternates"),
+                format!("{}\n", alt.display()),
+            )
+            .map_err(|e| format!("alternates: {e}"))?;
+        }
+        refs.retain(|(name, sha)| {
+            git(&tmp, &["update-ref", &format!("refs/heads/{name}"), sha]).is_ok()
+        });
+        if fresh {
+            git(&host_dir, &["init", "-q"])?;
+        }
+        let to = if fresh {
+            "refs/heads".to_string()
+        } else {
+            format!("refs/sandmux/{id}")
+        };
+        let spec = format!("+refs/heads/*:{to}/*");
+        let src = tmp.to_string_lossy().into_owned();
+        git(
+            &host_dir,
+            &[
+                "-c",
+                "fetch.fsckObjects=true",
+                "fetch",
+                "-q",
+                "--no-tags",
+                "--no-write-fetch-head",
+                &src,
+                &spec,
+            ],
+        )?;
+        Ok::<_, String>(to)
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    let to = done?;
+    let shown = if root.as_os_str().is_empty() {
+        ".".into()
+    } else {
+        root.display().to_string()
+    };
+    let names: Vec<String> = refs.iter().map(|(n, _)| format!("{to}/{n}")).collect();
+    let mut lines = vec![format!(
+        "fetched the agent's commits in {shown}: {}",
+        names.join(", ")
+    )];
+    if fresh {
+        if let Some(head) = agent_head(&upper_git).filter(|h| refs.iter().any(|(n, _)| n == h)) {
+            git(
+                &host_dir,
+                &["symbolic-ref", "HEAD", &format!("refs/heads/{head}")],
+            )?;
+            git(&host_dir, &["reset", "-q"])?;
+        }
+        lines.push(format!("{shown}: a repository the host's git made, at the agent's HEAD (`git status` there shows what was not committed)"));
+    } else {
+        lines.push(format!("{shown}: the files are already applied; to make the agent's commits your branch's history too: `git reset refs/sandmux/{id}/BRANCH` (moves HEAD and the index, never the files; check `git log HEAD..refs/sandmux/{id}/BRANCH` first)"));
+    }
+    Ok(lines)
+}
+
+/// Runs the host's git in `dir` (`-C`), with none of the caller's git
+/// variables; `Err` carries its stderr.
+fn git(dir: &Path, args: &[&str]) -> Result<(), String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_CONFIG")
+        .env_remove("GIT_CONFIG_PARAMETERS")
+        .env_remove("GIT_OBJECT_DIRECTORY")
+        .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("git: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "git {}: {}",
+            args.first().copied().unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A directory, not a link to one.
+fn real_dir(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+}
+
+/// A ref name the host takes: git's rules, narrowed to plain characters.
+fn plain_ref(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b))
+        && !name.starts_with(['-', '/', '.'])
+        && !name.ends_with(['/', '.'])
+        && !name.contains("..")
+        && !name.contains("//")
+        && !name
+            .split('/')
+            .any(|p| p.starts_with('.') || p.ends_with(".lock"))
+}
+
+fn sha(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Reads a file of the layer's `.git` no larger than `max`, not followed.
+fn read_small(p: &Path, max: u64) -> Option<String> {
+    let m = std::fs::symlink_metadata(p).ok()?;
+    if !m.is_file() || m.len() > max {
+        return None;
+    }
+    std::fs::read_to_string(p).ok()
+}
+
+/// The agent's branches: `packed-refs` (the layer's, else the host's) then
+/// the loose refs of the layer (which win), names and values checked.
+fn read_refs(upper_git: &Path, host_git: &Path) -> Result<Vec<(String, String)>, String> {
+    let mut refs: Vec<(String, String)> = Vec::new();
+    let mut put = |name: String, value: &str| {
+        if plain_ref(&name) && sha(value) && refs.len() < MAX_REFS {
+            refs.retain(|(n, _)| *n != name);
+            refs.push((name, value.to_string()));
+        }
+    };
+    let packed = read_small(&upper_git.join("packed-refs"), 64 << 20)
+        .or_else(|| read_small(&host_git.join("packed-refs"), 64 << 20))
+        .unwrap_or_default();
+    for line in packed.lines() {
+        if let Some((v, name)) = line.split_once(' ') {
+            if let Some(b) = name.strip_prefix("refs/heads/") {
+                put(b.to_string(), v);
+            }
+        }
+    }
+    let heads = upper_git.join("refs/heads");
+    let mut stack = vec![heads.clone()];
+    if !(real_dir(&upper_git.join("refs")) && real_dir(&heads)) {
+        stack.clear();
+    }
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let Ok(m) = p.symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() && m.nlink() == 1 {
+                let name = p
+                    .strip_prefix(&heads)
+                    .map(|r| r.to_string_lossy().into_owned());
+                if let (Ok(name), Some(v)) = (name, read_small(&p, 100)) {
+                    put(name, v.trim());
+                }
+            }
+        }
+    }
+    Ok(refs)
+}
+
+/// The branch the agent's `HEAD` names, if it names one.
+fn agent_head(upper_git: &Path) -> Option<String> {
+    let head = read_small(&upper_git.join("HEAD"), 300)?;
+    let name = head.trim().strip_prefix("ref: refs/heads/")?.to_string();
+    plain_ref(&name).then_some(name)
+}
+
+/// Copies the layer's object files into `to`: loose objects and packs by
+/// their names only, regular files with one link, at most
+/// [`MAX_OBJECT_BYTES`] in all.
+fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
+    let mut total = 0u64;
+    let hex = |s: &OsStr, n: &[usize]| {
+        s.to_str().is_some_and(|t| {
+            n.contains(&t.len())
+                && t.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        })
+    };
+    for d in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        let name = d.file_name();
+        let pack = name == "pack";
+        if !pack && !hex(&name, &[2]) || !real_dir(&d.path()) {
+            continue;
+        }
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            let fname = f.file_name();
+            let ok = if pack {
+                fname.to_str().is_some_and(|t| {
+                    let stem = t
+                        .strip_prefix("pack-")
+                        .and_then(|t| t.strip_suffix(".pack").or_else(|| t.strip_suffix(".idx")));
+                    stem.is_some_and(|s| hex(OsStr::new(s), &[40, 64]))
+                })
+            } else {
+                hex(&fname, &[38, 62])
+            };
+            let Ok(m) = f.path().symlink_metadata() else {
+                continue;
+            };
+            if !ok || !m.is_file() || m.nlink() != 1 {
+                continue;
+            }
+            total += m.len();
+            if total > MAX_OBJECT_BYTES {
+                return Err(format!(
+                    "more than {MAX_OBJECT_BYTES} bytes of objects: not fetched"
+                ));
+            }
+            let dest = to.join(&name);
+            std::fs::create_dir_all(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+            copy_nofollow(&f.path(), &dest.join(&fname))?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies a regular file, its last component not followed.
+fn copy_nofollow(src: &Path, dst: &Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut s = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(src)
+        .map_err(|e| format!("{}: {e}", src.display()))?;
+    let mut d = std::fs::File::create_new(dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+    std::io::copy(&mut s, &mut d).map_err(|e| format!("{}: {e}", dst.display()))?;
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! The copy-on-write layers instances leave for the human, together:
+//! `sandmux ps --all` lists them; when an instance starts, those whose
+//! instance has ended and that are older than `[workspace] keep_days` of
+//! `config.toml` are removed, and if the rest hold more than `[workspace]
+//! kept_bytes` the instance refuses to start (nothing the human has not
+//! seen is removed for room).
+
+use super::layer::{self, Meta};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Entries looked at per layer when it is measured; past this the size is
+/// a lower bound (and said to be).
+const MEASURE_MAX: u64 = 1_000_000;
+
+/// One kept layer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Kept {
+    /// The instance's id.
+    pub id: String,
+    /// What its `meta.json` says.
+    pub meta: Meta,
+    /// Its instance still runs (its lock is held).
+    pub running: bool,
+    /// Bytes on disk of the agent's writes (`upper/`).
+    pub bytes: u64,
+    /// Entries in `upper/`.
+    pub files: u64,
+    /// More entries than were counted: `bytes` and `files` are lower bounds.
+    pub more: bool,
+}
+
+/// Every layer in the state directory, oldest first.
+pub(crate) fn list() -> Vec<Kept> {
+    let Ok(state) = crate::guard::quarantine::existing_state_dir() else {
+        return Vec::new();
+    };
+    let mut out: Vec<Kept> = std::fs::read_dir(state.join("layers"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.'))
+        .filter_map(|id| {
+            let (dir, meta) = layer::find(&id).ok()?;
+            let running = layer::ended(&dir, &id).is_err();
+            let (bytes, files, more) = usage(&dir.join("upper"));
+            Some(Kept {
+                id,
+                meta,
+                running,
+                bytes,
+                files,
+                more,
+            })
+        })
+        .collect();
+    out.sort_by_key(|k| k.meta.created_ns);
+    out
+}
+
+/// Bytes on disk and entries below `dir`, links not followed.
+pub(crate) fn usage(dir: &Path) -> (u64, u64, bool) {
+    let (mut bytes, mut files) = (0u64, 0u64);
+    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            files += 1;
+            if files > MEASURE_MAX {
+                return (bytes, files - 1, true);
+            }
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            bytes += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    (bytes, files, false)
+}
+
+/// Before a layer is made: removes ended layers older than `keep_days` (0
+/// keeps them), then refuses when the rest hold more than `cap` bytes.
+/// The lines say what was removed.
+pub(crate) fn make_room(keep_days: u32, cap: u64) -> Result<Vec<String>, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0);
+    let limit = i128::from(keep_days) * 86_400 * 1_000_000_000;
+    let mut said = Vec::new();
+    let mut total = 0u64;
+    for k in list() {
+        let old = keep_days > 0 && now - k.meta.created_ns > limit;
+        if old && !k.running && layer::discard(&k.id).is_ok() {
+            said.push(format!(
+                "removed layer {} of {} (older than [workspace] keep_days = {keep_days} of config.toml)",
+                k.id,
+                k.meta.workspace.display()
+            ));
+            continue;
+        }
+        total = total.saturating_add(k.bytes);
+    }
+    if total > cap {
+        return Err(format!(
+            "the kept copy-on-write layers hold {total} bytes, more than [workspace] kept_bytes = {cap} of {}: see them with `sandmux ps --all`, then `sandmux apply ID` or `sandmux discard ID`",
+            crate::profile::user::path().display()
+        ));
+    }
+    Ok(said)
+}

@@ -1,0 +1,242 @@
+//! The copy-on-write workspace at the end of an instance: `run`'s default
+//! `--on-end apply` (the work comes in, control stays out, the agent's
+//! commits come in as refs and its new repositories as repositories the
+//! host's git made), `--on-end discard`, and the kept layers together
+//! (`ps --all`, `[workspace] keep_days` and `kept_bytes` of config.toml).
+
+mod common;
+#[path = "common/workspace_env.rs"]
+mod workspace_env;
+use common::*;
+use std::path::Path;
+use std::process::Output;
+use workspace_env::*;
+
+fn sandmux_in(state: &Path, config: Option<&Path>, args: &[&str]) -> Output {
+    let mut c = sandmux(args);
+    c.env("XDG_STATE_HOME", state);
+    if let Some(cfg) = config {
+        c.env("XDG_CONFIG_HOME", cfg);
+    }
+    c.output().unwrap()
+}
+
+/// The agent's day in git, on every built-in profile with a mount
+/// namespace: a commit on the human's repository and on a branch of its
+/// own, a fresh repository (`git init`), a hook and a config that would run
+/// code, and uncommitted work. After `run` (default `--on-end apply`): the
+/// work is in the host's tree, the human's branches did not move, the
+/// agent's branches are `refs/sandmux/ID/*`, its new repository is one the
+/// host's git made with the agent's history, and host git — status, commit,
+/// in both repositories — runs nothing of the agent's. The layer is gone.
+/// Control: the same script, live and unguarded, reaches host git.
+#[test]
+fn run_applies_the_work_and_brings_commits_in_as_refs() {
+    let script = |m: &Path| {
+        format!(
+            r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=a@x GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=a@x
+echo agent >> README && git commit -qam agent-main && echo committed=$?
+git checkout -qb feature && echo f > feature.txt && git add feature.txt && git commit -qm agent-feature && echo branch=$?
+printf '#!/bin/sh\ntouch {m}\n' > .git/hooks/post-commit && chmod +x .git/hooks/post-commit
+git config core.fsmonitor "touch {m}" && echo hooked=$?
+echo dirty > uncommitted.txt
+mkdir fresh && cd fresh && git init -q -b trunk && echo n > n.txt && git add n.txt && git commit -qm fresh-first && echo fresh=$?
+git config core.pager "touch {m}" && printf '#!/bin/sh\ntouch {m}\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit
+echo done"#,
+            m = m.display()
+        )
+    };
+    for profile in ["default", "ci", "dev", "registries", "container"] {
+        let ws = Ws::new();
+        let w = ws.path();
+        repo(&w);
+        let head = git_ok(&w, &["rev-parse", "HEAD"]);
+        let host = host_dir();
+        let marker = host.path().join("MARKER");
+        let state = host.path().join("state");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let o = run(&w)
+            .profile(profile)
+            .state(&state)
+            .script(&script(&marker))
+            .output();
+        let t = o.stdout() + &o.stderr();
+        for step in ["committed=0", "branch=0", "hooked=0", "fresh=0", "done"] {
+            assert!(t.contains(step), "{profile}: {step}: {t}");
+        }
+        assert!(t.contains("its layer is removed"), "{profile}: {t}");
+        let id = t
+            .split("refs/sandmux/")
+            .nth(1)
+            .and_then(|s| s.split('/').next())
+            .unwrap_or_else(|| panic!("{profile}: no refs/sandmux/ID in {t}"))
+            .to_string();
+        // The work, as files.
+        assert_eq!(
+            std::fs::read_to_string(w.join("uncommitted.txt")).unwrap(),
+            "dirty\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(w.join("README")).unwrap(),
+            "hello\nagent\n"
+        );
+        // The human's branch did not move; the agent's are refs.
+        assert_eq!(git_ok(&w, &["rev-parse", "HEAD"]), head, "{profile}");
+        let log = git_ok(
+            &w,
+            &["log", "--format=%s", &format!("refs/sandmux/{id}/feature")],
+        );
+        assert!(
+            log.starts_with("agent-feature\nagent-main\n"),
+            "{profile}: {log}"
+        );
+        // The fresh repository: the host's git made it, the agent's history in it.
+        let f = w.join("fresh");
+        assert_eq!(
+            git_ok(&f, &["log", "--format=%s"]),
+            "fresh-first\n",
+            "{profile}"
+        );
+        assert_eq!(git_ok(&f, &["status", "--porcelain"]), "", "{profile}");
+        assert!(!f.join(".git/hooks/pre-commit").exists(), "{profile}");
+        // Host git, both repositories: nothing of the agent's runs.
+        for d in [&w, &f] {
+            let _ = host_git(d, &["status"]);
+            let _ = host_git(d, &["commit", "-q", "--allow-empty", "-m", "host"]);
+            let _ = host_git(d, &["log", "-1"]);
+        }
+        assert!(
+            !marker.exists(),
+            "{profile}: agent code ran on the host: {t}"
+        );
+        assert!(
+            !state.join("sandmux/layers").join(&id).exists(),
+            "{profile}"
+        );
+    }
+    // Control: live and unguarded, the same hook runs on the host.
+    let cfg = host_dir();
+    let open = profile_file(cfg.path(), "open", "default", unguard);
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    let host = host_dir();
+    let marker = host.path().join("MARKER");
+    let o = run_in(
+        &w,
+        open.to_str().unwrap(),
+        &host.path().join("state"),
+        &script(&marker),
+    );
+    assert!(text(&o).contains("done"), "{}", text(&o));
+    let _ = host_git(&w, &["commit", "-q", "--allow-empty", "-m", "host"]);
+    assert!(
+        marker.exists(),
+        "control: host git should obey the agent here"
+    );
+}
+
+/// `--on-end discard` leaves the host's tree and no layer; `keep` leaves a
+/// layer `ps --all` lists (as text and JSON), with its size.
+#[test]
+fn on_end_discard_and_keep_and_ps_all() {
+    let ws = Ws::new();
+    let w = ws.path();
+    let host = host_dir();
+    let state = host.path().join("state");
+    let o = run(&w)
+        .flag("--on-end", "discard")
+        .state(&state)
+        .script("head -c 10000 /dev/zero > big && echo done")
+        .output();
+    assert!(o.stderr().contains("discarded"), "{}", o.stderr());
+    assert!(!w.join("big").exists());
+    let layers = state.join("sandmux/layers");
+    assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 0);
+    let o = run_cow(
+        &w,
+        "default",
+        &state,
+        "head -c 100000 /dev/urandom > big && echo done",
+    );
+    let id = layer_id(&text(&o));
+    assert!(!w.join("big").exists());
+    let ps = sandmux_in(&state, None, &["ps", "--all", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
+    let row = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(row["kind"], "layer");
+    assert_eq!(row["running"], false);
+    assert!(row["bytes"].as_u64().unwrap() >= 100_000, "{row}");
+    assert_eq!(row["workspace"], w.to_str().unwrap());
+    let ps = sandmux_in(&state, None, &["ps", "--all"]);
+    let out = String::from_utf8_lossy(&ps.stdout);
+    assert!(out.contains("KEPT LAYERS") && out.contains(&id), "{out}");
+    // Without --all, only instances.
+    let ps = sandmux_in(&state, None, &["ps", "--json"]);
+    assert!(!String::from_utf8_lossy(&ps.stdout).contains(&id));
+}
+
+/// `config.toml`'s `[workspace] kept_bytes`: past it an instance refuses to
+/// start, names the setting and what to do, and removes nothing; an ended
+/// layer older than `keep_days` is removed when the next instance starts.
+#[test]
+fn kept_layers_have_a_cap_and_an_age() {
+    let ws = Ws::new();
+    let w = ws.path();
+    let host = host_dir();
+    let state = host.path().join("state");
+    let cfg = host.path().join("cfg");
+    std::fs::create_dir_all(cfg.join("sandmux")).unwrap();
+    let o = run_cow(&w, "default", &state, "head -c 100000 /dev/urandom > big");
+    let id = layer_id(&text(&o));
+    let layer = state.join("sandmux/layers").join(&id);
+    std::fs::write(
+        cfg.join("sandmux/config.toml"),
+        "[workspace]\nkept_bytes = 4096\n",
+    )
+    .unwrap();
+    let mut c = run_cow_cmd(&w, "default", &state, "echo ran");
+    let o = c.env("XDG_CONFIG_HOME", &cfg).output().unwrap();
+    let t = text(&o);
+    assert!(!o.status.success() && !t.contains("ran\n"), "{t}");
+    assert!(
+        t.contains("kept_bytes") && t.contains("sandmux ps --all"),
+        "{t}"
+    );
+    assert!(layer.exists(), "the cap removed the human's layer");
+    // Age: a layer made "20 days ago" goes with keep_days = 14.
+    let meta = layer.join("meta.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    let ns = m["created_ns"].as_i64().unwrap() - 20 * 86_400 * 1_000_000_000;
+    m["created_ns"] = ns.into();
+    std::fs::write(&meta, m.to_string()).unwrap();
+    std::fs::write(
+        cfg.join("sandmux/config.toml"),
+        "[workspace]\nkeep_days = 14\n",
+    )
+    .unwrap();
+    let mut c = run_cow_cmd(&w, "default", &state, "echo ran");
+    let o = c.env("XDG_CONFIG_HOME", &cfg).output().unwrap();
+    let t = text(&o);
+    assert!(t.contains("ran"), "{t}");
+    assert!(t.contains(&format!("removed layer {id}")), "{t}");
+    assert!(!layer.exists());
+    // A bad value is a clear error naming the file and key.
+    std::fs::write(
+        cfg.join("sandmux/config.toml"),
+        "[workspace]\nkeep_days = \"soon\"\n",
+    )
+    .unwrap();
+    let mut c = run_cow_cmd(&w, "default", &state, "echo ran");
+    let o = c.env("XDG_CONFIG_HOME", &cfg).output().unwrap();
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("config.toml") && t.contains("keep_days"),
+        "{t}"
+    );
+}
