@@ -179,7 +179,7 @@ fn the_sandmux_binary_in_the_workspace_cannot_be_replaced() {
         assert!(t.contains(refused), "{refused}: {t}");
     }
     assert!(kept, "the binary in the workspace changed: {t}");
-    let (t, kept, ws) = attack(Some("the copy"), "copy-on-write");
+    let (t, kept, _ws) = attack(Some("the copy"), "copy-on-write");
     assert!(t.contains("end") && t.contains("w=0"), "{t}");
     assert!(t.contains("held back tools"), "{t}");
     assert!(t.contains("sandmux binary that runs this"), "{t}");
@@ -190,7 +190,40 @@ fn the_sandmux_binary_in_the_workspace_cannot_be_replaced() {
     let (t, kept, _ws) = attack(None, "live");
     assert!(t.contains("w=0") && t.contains("end"), "control: {t}");
     assert!(!kept, "control: the copy was not replaced: {t}");
-    drop(ws);
+    // A hard link of the running binary (cargo's `deps/` copy, which its
+    // next build links back) is held back by its inode; control: run by
+    // the binary elsewhere, the same write comes in.
+    for by_copy in [true, false] {
+        let ws = Ws::new();
+        let state = host_dir();
+        let copy = ws.join("tools/sandmux");
+        std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+        std::fs::copy(bin(), &copy).unwrap();
+        let deps = ws.join("tools/deps-sandmux");
+        std::fs::hard_link(&copy, &deps).unwrap();
+        let exe = if by_copy { copy.clone() } else { bin() };
+        let o = Command::new(exe)
+            .args(["run", "-q", "-p", "default", "-w"])
+            .arg(ws.path())
+            .args([
+                "--",
+                "bash",
+                "-c",
+                "echo evil > tools/deps-sandmux; echo deps=$?",
+            ])
+            .env("XDG_STATE_HOME", state.path())
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert!(t.contains("deps=0"), "{t}");
+        let now = std::fs::read(&deps).unwrap();
+        if by_copy {
+            assert!(t.contains("a link of the sandmux binary"), "{t}");
+            assert_eq!(now, std::fs::read(bin()).unwrap(), "{t}");
+        } else {
+            assert_eq!(now, b"evil\n", "control: {t}");
+        }
+    }
 }
 
 /// E10: a protected path that is a symlink (planted by an earlier run) makes

@@ -260,10 +260,13 @@ fn apply_brings_the_work_in_and_nothing_else() {
         "applied tool",
         "conflict human.txt (changed on the host since the instance started)",
         "held back link (a symbolic link)",
-        "held back .git/config (version-control data)",
+        "held back .git/ (version-control data",
         "held back .envrc (tool configuration)",
     ] {
-        assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+        assert!(
+            out.lines().any(|l| l.starts_with(line)),
+            "{line:?} not in\n{out}"
+        );
     }
     assert!(!out.contains("README"), "done paths are skipped: {out}");
     assert_eq!(
@@ -471,9 +474,12 @@ fn apply_and_undo_leave_what_the_human_has() {
         "applied d",
         "applied d/new",
         "applied sub/g",
-        "held back .sl/config (version-control data)",
+        "held back .sl/ (version-control data",
     ] {
-        assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+        assert!(
+            out.lines().any(|l| l.starts_with(line)),
+            "{line:?} not in\n{out}"
+        );
     }
     assert!(
         out.contains("conflict nested (it holds a repository"),
@@ -567,7 +573,10 @@ fn files_the_repositorys_configuration_names_are_held_back() {
         "held back hooks/pre-commit (named by the repository's configuration (core.hookspath))",
         "held back tools/clean (named by the repository's configuration (filter.x.clean))",
     ] {
-        assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+        assert!(
+            out.lines().any(|l| l.starts_with(line)),
+            "{line:?} not in\n{out}"
+        );
     }
     let marks = || {
         ["hook", "filter", "include"]

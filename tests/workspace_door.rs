@@ -240,3 +240,177 @@ fn kept_layers_have_a_cap_and_an_age() {
         "{t}"
     );
 }
+
+/// `[workspace] layer_bytes` and `layer_files`: a `run` whose layer goes
+/// over either is ended within a few seconds, says which bound, and keeps
+/// the layer as it was (no `--on-end apply` of a half-done command). The
+/// host's tree does not change. Control: the same writes under the
+/// built-in bounds finish and are applied.
+#[test]
+fn a_layer_over_its_bound_ends_the_run() {
+    let cfg = host_dir();
+    let small = profile_file(cfg.path(), "small", "default", |t| {
+        t.replace(
+            "new_repositories = \"quarantine\"",
+            "new_repositories = \"quarantine\"\nlayer_bytes = \"1MiB\"\nlayer_files = 300",
+        )
+    });
+    for (what, script, said) in [
+        (
+            "bytes",
+            "head -c 4000000 /dev/zero > big; sleep 20; echo finished",
+            "layer_bytes",
+        ),
+        (
+            "files",
+            "mkdir many && for i in $(seq 600); do : > many/$i; done; sleep 20; echo finished",
+            "layer_files",
+        ),
+    ] {
+        let ws = Ws::new();
+        let host = host_dir();
+        let t0 = std::time::Instant::now();
+        let o = run(ws.path())
+            .profile(&small)
+            .state(host.path())
+            .script(script)
+            .output();
+        let t = o.stdout() + &o.stderr();
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "{what}: {t}"
+        );
+        assert!(!t.contains("finished") && t.contains(said), "{what}: {t}");
+        assert!(t.contains("its layer is kept"), "{what}: {t}");
+        assert_eq!(
+            std::fs::read_dir(ws.path()).unwrap().count(),
+            0,
+            "{what}: {t}"
+        );
+        let layers = host.path().join("sandmux/layers");
+        assert_eq!(
+            std::fs::read_dir(&layers).unwrap().count(),
+            1,
+            "{what}: {t}"
+        );
+    }
+    // Control: the built-in bounds.
+    let ws = Ws::new();
+    let host = host_dir();
+    let o = run(ws.path())
+        .state(host.path())
+        .script("head -c 4000000 /dev/zero > big; sleep 2; echo finished")
+        .output();
+    assert!(o.stdout().contains("finished"), "{}", o.stderr());
+    assert_eq!(std::fs::metadata(ws.join("big")).unwrap().len(), 4_000_000);
+}
+
+/// What the agent's commits would carry past the door, and where host git
+/// would run: a branch whose commits add tool configuration is not fetched
+/// (checking it out would bring what `apply` held back); a repository the
+/// agent made under a link of the human's (to a directory outside the
+/// workspace) or inside the human's own repository is never made by host
+/// git; a fresh repository whose branch has the name host git would give
+/// its own first branch still comes in. Host checks: no `.git` outside or
+/// in `src/`, no ref naming the refused branch, cargo's config nowhere.
+#[test]
+fn commits_carry_nothing_the_door_holds_back() {
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    std::fs::create_dir(w.join("src")).unwrap();
+    put(&w.join("src/main.c"), "human\n");
+    git_ok(&w, &["add", "-A"]);
+    git_ok(&w, &["commit", "-q", "-m", "src"]);
+    let outside = host_dir();
+    put(&outside.path().join("keep.txt"), "precious\n");
+    std::os::unix::fs::symlink(outside.path(), w.join(".vscode")).unwrap();
+    let host = host_dir();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let script = r#"export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@x GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@x
+git checkout -qb sneaky && mkdir -p .cargo && printf '[build]\nrustc-wrapper = "/bin/false"\n' > .cargo/config.toml && git add .cargo && git commit -qm c && rm -r .cargo && echo sneaky=$?
+git checkout -q main
+rm .vscode && mkdir .vscode && cd .vscode && git init -q -b work && echo evil > keep.txt && git add . && git commit -qm x && cd ..
+cd src && git init -q -b work && echo agent > main.c && git add . && git commit -qm y && echo human > main.c && cd ..
+mkdir fresh && cd fresh && git init -q -b master && echo n > n && git add n && git commit -qm f && echo fresh=$?
+echo done"#;
+    let o = run(&w).state(host.path()).script(script).output();
+    let t = o.stdout() + &o.stderr();
+    assert!(
+        t.contains("done") && t.contains("sneaky=0") && t.contains("fresh=0"),
+        "{t}"
+    );
+    assert!(
+        t.contains("branch sneaky") && t.contains(".cargo/config.toml"),
+        "{t}"
+    );
+    assert!(!git_ok(&w, &["for-each-ref"]).contains("sneaky"), "{t}");
+    assert!(
+        !outside.path().join(".git").exists(),
+        "host git ran outside: {t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("keep.txt")).unwrap(),
+        "precious\n"
+    );
+    assert!(
+        !w.join("src/.git").exists(),
+        "a repository planted in the human's: {t}"
+    );
+    assert!(t.contains("inside the repository at"), "{t}");
+    assert!(!w.join(".cargo").exists());
+    assert_eq!(
+        git_ok(&w.join("fresh"), &["log", "--format=%s"]),
+        "f\n",
+        "{t}"
+    );
+    // What was refused stays in the layer, which is kept and says so.
+    assert!(t.contains("left in the layer"), "{t}");
+}
+
+/// `--on-end apply` replaces or removes only what git can give back
+/// without keeping a copy; a file of the human's that git cannot give back
+/// (untracked, or changed since the last commit) is kept in the layer, and
+/// `apply --undo` returns it. The moved files take now as their times.
+#[test]
+fn on_end_apply_keeps_what_git_cannot_give_back() {
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    put(&w.join(".gitignore"), "target/\n");
+    put(&w.join("tracked.txt"), "v1\n");
+    git_ok(&w, &["add", "-A"]);
+    git_ok(&w, &["commit", "-q", "-m", "t"]);
+    put(&w.join("target/out"), "old build\n");
+    let host = host_dir();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let build = "echo new > target/out && echo v2 > tracked.txt && touch -d 2001-01-01 tracked.txt && echo done";
+    let o = run(&w).state(host.path()).script(build).output();
+    let t = o.stdout() + &o.stderr();
+    assert!(t.contains("its layer is removed"), "{t}");
+    let age = std::fs::metadata(w.join("tracked.txt"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert!(
+        age.elapsed().unwrap() < std::time::Duration::from_secs(60),
+        "the agent's mtime came in"
+    );
+    put(&w.join("notes.txt"), "mine, never committed\n");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let o = run(&w)
+        .state(host.path())
+        .script("rm notes.txt && echo done")
+        .output();
+    let t = o.stdout() + &o.stderr();
+    assert!(t.contains("kept 1 of your files"), "{t}");
+    assert!(!w.join("notes.txt").exists());
+    let id = layer_id(&t);
+    let mut c = sandmux(&["apply", &id, "--undo"]);
+    let u = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
+    assert!(u.status.success(), "{}", text(&u));
+    assert_eq!(
+        std::fs::read_to_string(w.join("notes.txt")).unwrap(),
+        "mine, never committed\n"
+    );
+}

@@ -327,6 +327,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     };
     guard.mount_in_force(mount_in_force(&started.messages));
     let pid = nix::unistd::Pid::from_raw(started.child.id() as i32);
+    let (_bound, over) = bound_ends(&policy, pid);
     std::thread::spawn(move || loop {
         if let Ok(sig) = set.wait() {
             let _ = nix::sys::signal::kill(pid, sig);
@@ -340,6 +341,9 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         eprintln!("{}", crate::proxy::summary(&t));
     }
     crate::guard::watch::finish_and_say(guard);
+    if said_over(&over) {
+        policy.on_end = profile::OnEnd::Keep;
+    }
     if let Some(line) = supervisor::layer::finish(&policy, &id, live) {
         tracing::warn!("{line}");
     }
@@ -364,6 +368,37 @@ fn serve_proxy(
     let Some(l) = listener else { return Ok(None) };
     let cfg = crate::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
     crate::proxy::spawn_counted(l, cfg, policy).map(Some)
+}
+
+/// What a layer over its bound said, once the sandbox was ended for it.
+type Over = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
+/// `run` and `shell`: the copy-on-write layer's bound (`supervisor::bound`)
+/// ends the sandbox whose PID 1 is `pid` (its pid namespace goes with it).
+fn bound_ends(
+    policy: &profile::Policy,
+    pid: nix::unistd::Pid,
+) -> (Option<supervisor::bound::Watching>, Over) {
+    let over: Over = Default::default();
+    let Some(layer) = policy.layer.clone() else {
+        return (None, over);
+    };
+    let said = over.clone();
+    let w = supervisor::bound::watch(layer, policy.layer_bound, move |why| {
+        *said.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    });
+    (Some(w), over)
+}
+
+/// Says why the sandbox was ended, if the bound ended it: then the layer
+/// is kept as it was, whatever `--on-end` said (true).
+fn said_over(over: &Over) -> bool {
+    let why = over.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(why) = &why {
+        tracing::error!("{why}: the sandbox was ended; its layer is kept as it was");
+    }
+    why.is_some()
 }
 
 /// `--on-end apply`, after the instance ended (and `finish` left the
@@ -398,6 +433,8 @@ fn shell(policy: profile::Policy) -> ExitCode {
             return fail(EXIT_INTERNAL, e);
         }
     };
+    let init = nix::unistd::Pid::from_raw(inst.init_pid() as i32);
+    let (bound, over) = bound_ends(&inst.policy, init);
     inst.rundir.write_meta(&serde_json::json!({"kind": "shell", "id": inst.rundir.id, "profile": name, "workspace": wsp, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
     let status = inst
         .client()
@@ -409,7 +446,12 @@ fn shell(policy: profile::Policy) -> ExitCode {
             &crate::tmux::start_dir_arg(&ws),
         ])
         .status();
-    let (policy, id) = (inst.policy.clone(), inst.rundir.id.clone());
+    let (mut policy, id) = (inst.policy.clone(), inst.rundir.id.clone());
+    drop(bound);
+    if said_over(&over) {
+        inst.policy.on_end = profile::OnEnd::Keep;
+        policy.on_end = profile::OnEnd::Keep;
+    }
     inst.stop();
     apply_on_end(&policy, &id);
     if let Some(t) = tally {

@@ -43,8 +43,11 @@ pub(crate) struct Door<'a> {
     /// Entries of the workspace changed on the host after this are conflicts.
     pub(crate) since_ns: i128,
     /// `--on-end apply`: files are moved (renamed) out of the layer where
-    /// they can be, not copied (the layer is removed afterwards).
-    pub(crate) moving: bool,
+    /// they can be, not copied (the layer is removed afterwards unless it
+    /// keeps one of the human's files git cannot give back).
+    pub(crate) moving: Option<super::precious::Precious>,
+    /// Files replaced or removed that git could not give back.
+    pub(crate) precious: usize,
     journal: std::fs::File,
 }
 
@@ -68,7 +71,8 @@ impl<'a> Door<'a> {
             trees,
             layer,
             since_ns: since_ns - 20_000_000,
-            moving: false,
+            moving: None,
+            precious: 0,
             journal,
         })
     }
@@ -172,7 +176,7 @@ impl<'a> Door<'a> {
             None => 0o644,
         };
         let (dir, name) = self.parent(rel)?;
-        if self.moving {
+        if self.moving.is_some() {
             if let Some(moved) = self.move_in(rel, &src, (&dir, &name), mode, host.is_some()) {
                 return moved.map(|()| true);
             }
@@ -208,9 +212,10 @@ impl<'a> Door<'a> {
     }
 
     /// The layer's file itself, renamed into place: when it is on the
-    /// workspace's file system, has one link (a name of its own), takes
-    /// `mode` (never a set-ID bit) and loses its `user.` attributes
-    /// (overlayfs's, and any the agent set), as a copy would. None: copy.
+    /// workspace's file system, has one link (a name of its own) and no
+    /// inode flag the agent set, it takes `mode` (never a set-ID bit), loses
+    /// its `user.` attributes (overlayfs's, and any the agent set) and
+    /// takes now as its times, as a copy would. None: copy.
     fn move_in(
         &mut self,
         rel: &Path,
@@ -222,12 +227,13 @@ impl<'a> Door<'a> {
         use std::os::unix::fs::MetadataExt;
         let meta = src.metadata().ok()?;
         let here = nix::sys::stat::fstat(dir).ok()?;
-        if meta.nlink() != 1 || meta.dev() != here.st_dev as u64 {
+        if meta.nlink() != 1 || meta.dev() != here.st_dev as u64 || super::xattr::flagged(src) {
             return None;
         }
         let perms = std::os::unix::fs::PermissionsExt::from_mode(mode);
         src.set_permissions(perms).ok()?;
         super::xattr::strip_user(src).ok()?;
+        super::xattr::touch(src).ok()?;
         let udir = beneath(
             &self.trees.upper,
             rel.parent().unwrap_or(Path::new("")),
@@ -277,6 +283,9 @@ impl<'a> Door<'a> {
         name: &Path,
         keep: bool,
     ) -> Result<(), String> {
+        if self.moving.as_ref().is_some_and(|p| p.holds(rel)) {
+            self.precious += 1;
+        }
         let tname = taken_name(name);
         let taken = self.layer.join("taken").join(&tname);
         let rel = rel.to_path_buf();

@@ -19,20 +19,34 @@ pub(crate) struct Hold {
     /// checkout of sandmux used as one): the next `sandmux` would run what
     /// the agent put there.
     pub exe: Option<PathBuf>,
+    /// The same binary's device and inode: a hard link of it elsewhere in
+    /// the workspace (cargo's `target/debug/deps/sandmux-HASH`, which the
+    /// next build links back) is held back too.
+    pub exe_id: Option<(u64, u64)>,
 }
 
 impl Hold {
     /// The rules for the workspace `ws` and the profile's `names`.
     pub(crate) fn new(ws: &Path, names: Vec<PathBuf>) -> Hold {
-        let exe = std::env::current_exe()
-            .and_then(std::fs::canonicalize)
-            .ok()
+        use std::os::unix::fs::MetadataExt;
+        let running = std::env::current_exe().and_then(std::fs::canonicalize).ok();
+        let exe = running
+            .as_ref()
             .and_then(|e| e.strip_prefix(ws).ok().map(Path::to_path_buf));
+        let exe_id = running
+            .and_then(|e| std::fs::metadata(e).ok())
+            .map(|m| (m.dev(), m.ino()));
         Hold {
             names,
             configured: configured(ws),
             exe,
+            exe_id,
         }
+    }
+
+    /// Whether the host's entry with this status is the running binary.
+    pub(crate) fn is_exe(&self, st: Option<nix::sys::stat::FileStat>) -> bool {
+        st.is_some_and(|s| Some((s.st_dev, s.st_ino)) == self.exe_id)
     }
 }
 

@@ -6,7 +6,9 @@
 
 pub(crate) mod apply;
 pub(crate) mod diff;
+pub(crate) mod history;
 pub(crate) mod hold;
+pub(crate) mod precious;
 pub(crate) mod refs;
 pub(crate) mod xattr;
 
@@ -75,6 +77,60 @@ fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
     Ok((text, !changes.is_empty()))
 }
 
+/// The held-back control directory `vcs` (`n` entries) and, for a git
+/// directory on a whole `apply`, the agent's commits fetched as refs
+/// (`refs.rs`), unless the repository lies at or below a path the door
+/// holds back (a link of the human's, tool configuration…). The lines and
+/// the conflicts.
+fn commits(
+    (trees, layer, ws, id): (&diff::Trees, &std::path::Path, &std::path::Path, &str),
+    vcs: &std::path::Path,
+    n: usize,
+    whole: bool,
+    check: refs::Check<'_>,
+    made: &dyn Fn(&std::path::Path) -> bool,
+) -> (Vec<String>, usize) {
+    let name = shown_name(vcs);
+    let plain = format!("held back {name}/ (version-control data, {n} entries)");
+    let Some(root) = refs::repositories(std::iter::once(vcs))
+        .pop()
+        .filter(|_| whole)
+    else {
+        return (vec![plain], 0);
+    };
+    let at = root
+        .ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .find_map(|a| check(a, "directory").map(|why| (a.to_path_buf(), why)));
+    let fetched = match at {
+        Some((a, why)) => Err(format!("{} is held back: {why}", shown_name(&a))),
+        None => refs::fetch(&trees.lower, (layer, ws), &root, id, (check, made(&root))),
+    };
+    match fetched {
+        Ok(said) => {
+            let moved = said.iter().any(|l| l.starts_with("fetched "));
+            let refused = said.iter().filter(|l| l.starts_with("conflict ")).count();
+            let what = match (moved, refused) {
+                (_, r) if r > 0 => "some branches not fetched",
+                (true, _) => "its branches fetched",
+                (false, _) => "no new commits",
+            };
+            let mut lines = vec![format!(
+                "held back {name}/ (version-control data, {n} entries; {what})"
+            )];
+            lines.extend(said);
+            (lines, refused)
+        }
+        Err(e) => (
+            vec![
+                plain,
+                format!("conflict {name}: the agent's commits were not fetched ({e})"),
+            ],
+            1,
+        ),
+    }
+}
+
 /// `sandmux discard ID`: removes the layer; 0, or 2 with the reason.
 pub(crate) fn discard(id: &str) -> i32 {
     match crate::supervisor::layer::discard(id) {
@@ -136,9 +192,11 @@ pub(crate) fn on_end(id: &str) -> Vec<String> {
     // directory whose branches came in as refs (its files are applied).
     let handled =
         |l: &str| l.ends_with("; its branches fetched)") || l.ends_with("; no new commits)");
-    let left = lines
-        .iter()
-        .any(|l| l.starts_with("conflict ") || l.starts_with("held back ") && !handled(l));
+    let left = lines.iter().any(|l| {
+        l.starts_with("conflict ")
+            || l.starts_with("kept ")
+            || l.starts_with("held back ") && !handled(l)
+    });
     let n = lines.len();
     lines.retain(|l| !l.starts_with("applied "));
     let applied = n - lines.len();
@@ -196,7 +254,9 @@ fn apply_all_moving(
     let bare = |p: &std::path::Path| trees.bare_shape(p);
     let hold = Hold::new(&meta.workspace, meta.held_names.clone());
     let mut door = apply::Door::open(&trees, &dir, meta.created_ns)?;
-    door.moving = moving;
+    if moving {
+        door.moving = Some(precious::Precious::of(&meta.workspace));
+    }
     let (mut lines, mut applied, mut conflicts) = (Vec::new(), 0, 0);
     let mut vcs: Vec<(PathBuf, usize)> = Vec::new();
     for c in &changes {
@@ -209,6 +269,12 @@ fn apply_all_moving(
         let never = matches!(c, Change::Unreadable { .. })
             || matches!(c, Change::Added { what, .. } if *what != "file" && *what != "directory")
             || unsafe_name(rel);
+        if hold.is_exe(diff::stat_at(&trees.lower, rel)) {
+            lines.push(format!(
+                "held back {name} (a link of the sandmux binary that runs this)"
+            ));
+            continue;
+        }
         if let Some(why) = held(c, &hold, &bare) {
             if never || !(include_control && named) {
                 match hold::vcs_root(rel) {
@@ -236,42 +302,32 @@ fn apply_all_moving(
             }
         }
     }
-    for (root, n) in &vcs {
-        let repo = refs::repositories(std::iter::once(root.as_path()));
-        let fetched = match repo.first() {
-            Some(r) if paths.is_empty() => match refs::fetch(&dir, &meta.workspace, r, id) {
-                Ok(said) if said.is_empty() => Ok(vec![]),
-                Ok(said) => Ok(said),
-                Err(e) => Err(e),
-            },
-            _ => Err(String::new()),
+    let check = |rel: &std::path::Path, what: &'static str| {
+        let c = Change::Added {
+            rel: rel.to_path_buf(),
+            what,
         };
-        let name = shown_name(root);
-        match fetched {
-            Ok(said) => {
-                let what = if said.is_empty() {
-                    "no new commits"
-                } else {
-                    "its branches fetched"
-                };
-                lines.push(format!(
-                    "held back {name}/ (version-control data, {n} entries; {what})"
-                ));
-                lines.extend(said);
-            }
-            Err(e) if e.is_empty() => lines.push(format!(
-                "held back {name}/ (version-control data, {n} entries)"
-            )),
-            Err(e) => {
-                conflicts += 1;
-                lines.push(format!(
-                    "held back {name}/ (version-control data, {n} entries)"
-                ));
-                lines.push(format!(
-                    "conflict {name}: the agent's commits were not fetched ({e})"
-                ));
-            }
-        }
+        held(&c, &hold, &bare)
+    };
+    let whole = paths.is_empty();
+    // Directories the agent made: a repository there may be made by host
+    // git even inside the human's (as `cargo new` does).
+    let made = |r: &std::path::Path| {
+        changes
+            .iter()
+            .any(|c| matches!(c, Change::Added { rel, what: "directory" } if rel == r))
+    };
+    for (root, n) in &vcs {
+        let ctx = (&trees, dir.as_path(), meta.workspace.as_path(), id);
+        let (said, bad) = commits(ctx, root, *n, whole, &check, &made);
+        lines.extend(said);
+        conflicts += bad;
+    }
+    if door.precious > 0 {
+        lines.push(format!(
+            "kept {} of your files, replaced or removed, in the layer (git could not give them back): `sandmux apply {id} --undo` puts them back",
+            door.precious
+        ));
     }
     let code = match (applied, conflicts) {
         (_, c) if c > 0 => 3,

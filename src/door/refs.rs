@@ -14,7 +14,10 @@
 //! (`git init`), and gets the branches as its own, `HEAD` and the index at
 //! the agent's `HEAD`: `git status` there shows what was not committed.
 
+use crate::sandbox::beneath::beneath;
+use nix::fcntl::OFlag;
 use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
@@ -41,95 +44,124 @@ pub(crate) fn repositories<'a>(rels: impl Iterator<Item = &'a Path>) -> Vec<Path
     roots
 }
 
+/// What may not come in through a commit: given a workspace-relative path
+/// and what it is ("file", "symbolic link", "submodule"), why it is held
+/// back (the door's own rules, `hold::held`).
+pub(crate) type Check<'a> = &'a dyn Fn(&Path, &'static str) -> Option<String>;
+
 /// Fetches the agent's branches of the repository at `root` (relative to
-/// the workspace); the lines say what came in and what to do next.
-pub(crate) fn fetch(layer: &Path, ws: &Path, root: &Path, id: &str) -> Result<Vec<String>, String> {
+/// the workspace, whose root is `lower`); the lines say what came in and
+/// what to do next. A branch whose new commits carry anything `check`
+/// holds back is not fetched, and named. `made`: the agent made the
+/// directory `root` (a repository may then be made there inside the
+/// human's; in a directory the human had, it may not).
+pub(crate) fn fetch(
+    lower: &OwnedFd,
+    (layer, ws): (&Path, &Path),
+    root: &Path,
+    id: &str,
+    (check, made): (Check<'_>, bool),
+) -> Result<Vec<String>, String> {
     let upper_git = layer.join("upper").join(root).join(".git");
     // Every directory on the way is the layer's own, never a link.
     let mut at = layer.join("upper");
-    for c in root.join(".git/objects").components() {
+    for c in root.join(".git").components() {
         at.push(c);
         if !real_dir(&at) {
             return Err(format!("{}: not a directory of the layer", at.display()));
         }
     }
+    // ... and the host's, the workspace's own directories (a link there
+    // is the human's, to anywhere: git never runs through it).
+    beneath(lower, root, OFlag::O_PATH | OFlag::O_DIRECTORY)
+        .map_err(|e| format!("not a plain directory of the workspace ({e})"))?;
     let host_dir = ws.join(root);
     let host_git = host_dir.join(".git");
     let mut refs = read_refs(&upper_git, &host_git)?;
-    if refs.is_empty() {
-        return Ok(Vec::new());
-    }
     let fresh = match std::fs::symlink_metadata(&host_git) {
         Ok(m) if m.is_dir() => false,
         Ok(_) => {
             return Err(format!(
-                "{}: not a directory on the host: left",
+                "{}: not a directory on the host",
                 host_git.display()
             ))
         }
         Err(_) => true,
     };
-    if !fresh {
-        // Only what the agent moved: the host's own refs stay out.
-        let host = read_refs(&host_git, &host_git)?;
-        refs.retain(|r| !host.contains(r));
-        if refs.is_empty() {
-            return Ok(Vec::new());
+    let host = if fresh {
+        // A directory the human had, inside the human's repository: a
+        // repository made there would take the human's git commands.
+        let inside = git_out(&host_dir, &["rev-parse", "--show-toplevel"]);
+        if let (Ok(top), false) = (inside, made) {
+            return Err(format!(
+                "it lies inside the repository at {}: its commits stay in the layer",
+                top.trim()
+            ));
         }
+        Vec::new()
+    } else {
+        read_refs(&host_git, &host_git)?
+    };
+    // Only what the agent moved: the host's own refs stay out.
+    refs.retain(|r| !host.contains(r));
+    if refs.is_empty() {
+        return Ok(Vec::new());
     }
     let tmp = layer.join(format!("fetch-{}", crate::nonce::hex()));
-    let done = (|| {
-        std::fs::create_dir(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        git(&tmp, &["init", "-q", "--bare", "--template="])?;
-        copy_objects(&upper_git.join("objects"), &tmp.join("objects"))?;
-        if !fresh {
-            let alt = host_git.join("objects");
-            std::fs::write(
-                tmp.join("objects/info/alternates"),
-                format!("{}\n", alt.display()),
-            )
-            .map_err(|e| format!("alternates: {e}"))?;
-        }
-        refs.retain(|(name, sha)| {
-            git(&tmp, &["update-ref", &format!("refs/heads/{name}"), sha]).is_ok()
+    let done = stage(&tmp, &upper_git, (!fresh).then_some(&host_git), &mut refs)
+        .and_then(|()| {
+            let tips: Vec<&str> = host.iter().map(|(_, v)| v.as_str()).collect();
+            super::history::refuse_held(&tmp, &mut refs, &tips, root, check)
+        })
+        .and_then(|refused| {
+            if refs.is_empty() {
+                return Ok((String::new(), refused));
+            }
+            let to = if fresh {
+                "refs/heads".to_string()
+            } else {
+                format!("refs/sandmux/{id}")
+            };
+            if fresh {
+                git(&host_dir, &["init", "-q"])?;
+            }
+            let spec = format!("+refs/heads/*:{to}/*");
+            let src = tmp.to_string_lossy().into_owned();
+            git(
+                &host_dir,
+                &[
+                    "-c",
+                    "fetch.fsckObjects=true",
+                    "fetch",
+                    "-q",
+                    "--no-tags",
+                    "--update-head-ok",
+                    "--no-write-fetch-head",
+                    &src,
+                    &spec,
+                ],
+            )?;
+            Ok((to, refused))
         });
-        if fresh {
-            git(&host_dir, &["init", "-q"])?;
-        }
-        let to = if fresh {
-            "refs/heads".to_string()
-        } else {
-            format!("refs/sandmux/{id}")
-        };
-        let spec = format!("+refs/heads/*:{to}/*");
-        let src = tmp.to_string_lossy().into_owned();
-        git(
-            &host_dir,
-            &[
-                "-c",
-                "fetch.fsckObjects=true",
-                "fetch",
-                "-q",
-                "--no-tags",
-                "--no-write-fetch-head",
-                &src,
-                &spec,
-            ],
-        )?;
-        Ok::<_, String>(to)
-    })();
     let _ = std::fs::remove_dir_all(&tmp);
-    let to = done?;
+    let (to, refused) = done?;
     let shown = if root.as_os_str().is_empty() {
         ".".into()
     } else {
         root.display().to_string()
     };
+    let mut lines: Vec<String> = refused
+        .iter()
+        .map(|r| format!("conflict {shown}: the agent's commits were not fetched ({r})"))
+        .collect();
+    if refs.is_empty() {
+        return Ok(lines);
+    }
     let names: Vec<String> = refs.iter().map(|(n, _)| format!("{to}/{n}")).collect();
-    let mut lines = vec![format!(
+    lines.push(format!(
         "fetched the agent's commits in {shown}: {}",
         names.join(", ")
-    )];
+    ));
     if fresh {
         if let Some(head) = agent_head(&upper_git).filter(|h| refs.iter().any(|(n, _)| n == h)) {
             git(
@@ -140,16 +172,67 @@ pub(crate) fn fetch(layer: &Path, ws: &Path, root: &Path, id: &str) -> Result<Ve
         }
         lines.push(format!("{shown}: a repository the host's git made, at the agent's HEAD (`git status` there shows what was not committed)"));
     } else {
-        lines.push(format!("{shown}: the files are already applied; to make the agent's commits your branch's history too: `git reset refs/sandmux/{id}/BRANCH` (moves HEAD and the index, never the files; check `git log HEAD..refs/sandmux/{id}/BRANCH` first)"));
+        lines.push(format!("{shown}: the files are applied as files; to make the agent's commits your branch's history too: `git reset refs/sandmux/{id}/BRANCH` (moves HEAD and the index, never the files; check `git log HEAD..refs/sandmux/{id}/BRANCH` first)"));
     }
     Ok(lines)
 }
 
-/// Runs the host's git in `dir` (`-C`), with none of the caller's git
-/// variables; `Err` carries its stderr.
-fn git(dir: &Path, args: &[&str]) -> Result<(), String> {
-    let out = Command::new("git")
-        .arg("-C")
+/// The bare repository the host's git fetches from: made by the host's
+/// git, the layer's objects copied in (the host repository's objects as
+/// its alternate), the agent's branches set (those naming a missing
+/// object dropped).
+fn stage(
+    tmp: &Path,
+    upper_git: &Path,
+    host_git: Option<&PathBuf>,
+    refs: &mut Vec<(String, String)>,
+) -> Result<(), String> {
+    std::fs::create_dir(tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    git(tmp, &["init", "-q", "--bare", "--template="])?;
+    let objects = upper_git.join("objects");
+    match std::fs::symlink_metadata(&objects) {
+        Ok(m) if m.is_dir() => copy_objects(&objects, &tmp.join("objects"))?,
+        Ok(_) => {
+            return Err(format!(
+                "{}: not a directory of the layer",
+                objects.display()
+            ))
+        }
+        Err(_) => {} // no object of the agent's: its refs name the host's
+    }
+    if let Some(h) = host_git {
+        let alt = h.join("objects");
+        std::fs::write(
+            tmp.join("objects/info/alternates"),
+            format!("{}\n", alt.display()),
+        )
+        .map_err(|e| format!("alternates: {e}"))?;
+    }
+    refs.retain(|(name, sha)| {
+        git(tmp, &["update-ref", &format!("refs/heads/{name}"), sha]).is_ok()
+    });
+    Ok(())
+}
+
+/// [`git`], returning its standard output.
+pub(crate) fn git_out(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = command(dir, args)
+        .output()
+        .map_err(|e| format!("git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "git {}: {}",
+            args.first().copied().unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("git");
+    c.arg("-C")
         .arg(dir)
         .args(args)
         .env_remove("GIT_DIR")
@@ -158,18 +241,14 @@ fn git(dir: &Path, args: &[&str]) -> Result<(), String> {
         .env_remove("GIT_CONFIG_PARAMETERS")
         .env_remove("GIT_OBJECT_DIRECTORY")
         .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("git: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "git {}: {}",
-            args.first().copied().unwrap_or(""),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+/// Runs the host's git in `dir` (`-C`), with none of the caller's git
+/// variables; `Err` carries its stderr.
+fn git(dir: &Path, args: &[&str]) -> Result<(), String> {
+    git_out(dir, args).map(drop)
 }
 
 /// A directory, not a link to one.

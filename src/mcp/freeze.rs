@@ -29,6 +29,9 @@ pub(crate) struct Frozen {
     pub processes: usize,
     /// Why not everything inside could be stopped (calls are refused all the same).
     pub error: Option<String>,
+    /// Why it was frozen when the operator did not ask (the tool calls'
+    /// refusal says it).
+    pub why: Option<String>,
     #[serde(skip)]
     at: Option<Instant>,
 }
@@ -97,6 +100,31 @@ fn event(s: &State, tool: &str, args: &Value) {
 /// everything inside is stopped. A freeze that cannot stop everything stays
 /// in force (fail closed) and says why.
 pub(crate) async fn freeze(s: &State) -> Result<Value, String> {
+    freeze_for(s, None).await
+}
+
+/// The copy-on-write layer went over its bound (`supervisor::bound`):
+/// frozen as by the operator, the reason in the audit log and in every
+/// refused call; the operator decides (`sandmux stop`, or `thaw`, after
+/// which the next measure freezes it again while it is still over).
+pub(crate) fn watch_layer(s: &std::sync::Arc<State>) -> Option<crate::supervisor::bound::Watching> {
+    let layer = s.policy.layer.clone()?;
+    let st = s.clone();
+    let rt = tokio::runtime::Handle::current();
+    Some(crate::supervisor::bound::watch(
+        layer,
+        s.policy.layer_bound,
+        move |why| {
+            tracing::error!("{why}: the instance is frozen");
+            let why = format!("{why}: the sandbox is frozen (the operator ends it with `sandmux stop`; the layer is kept)");
+            rt.spawn(async move {
+                let _ = freeze_for(&st, Some(why)).await;
+            });
+        },
+    ))
+}
+
+async fn freeze_for(s: &State, why: Option<String>) -> Result<Value, String> {
     let _one = s.freeze.one.lock().await;
     if let Some(f) = s.freeze.get() {
         return Ok(json!({"already": true, "frozen": f}));
@@ -111,6 +139,7 @@ pub(crate) async fn freeze(s: &State) -> Result<Value, String> {
         method: t.freezer().name(),
         processes: 0,
         error: None,
+        why: why.clone(),
         at: Some(Instant::now()),
     };
     s.freeze.set(Some(f.clone()));
@@ -127,7 +156,7 @@ pub(crate) async fn freeze(s: &State) -> Result<Value, String> {
     event(
         s,
         "(freeze)",
-        &json!({"by": "operator", "method": f.method, "processes": f.processes, "error": f.error}),
+        &json!({"by": if why.is_some() { "layer bound" } else { "operator" }, "why": why, "method": f.method, "processes": f.processes, "error": f.error}),
     );
     match &f.error {
         None => Ok(json!({"frozen": f})),

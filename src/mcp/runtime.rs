@@ -123,6 +123,14 @@ async fn ready_up(
     if let Some(r) = &left.reverts {
         tokio::spawn(r.clone().run());
     }
+    // The copy-on-write layer's bound, watched until the instance ends.
+    if let Some(w) = super::freeze::watch_layer(state) {
+        let sd = state.shutdown.clone();
+        tokio::spawn(async move {
+            sd.cancelled().await;
+            drop(w);
+        });
+    }
     tokio::spawn(watch_server(
         state.clone(),
         left.inst.clone(),

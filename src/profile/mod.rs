@@ -396,6 +396,10 @@ pub(crate) struct Policy {
     /// What happens to the layer when the instance ends.
     #[serde(default)]
     pub on_end: OnEnd,
+    /// `[workspace] layer_bytes` and `layer_files`: the layer's bound while
+    /// the instance runs.
+    #[serde(default)]
+    pub layer_bound: (u64, u64),
     /// MCP settings (used by `serve`).
     pub mcp: McpSettings,
     /// `serve --record` settings.

@@ -68,6 +68,7 @@ impl Loaded {
             workspace_mode: mode,
             workspace_fallback,
             on_end: OnEnd::default(),
+            layer_bound: (p.workspace.layer_bytes.0 .0, p.workspace.layer_files.0),
             mcp: p.mcp.clone(),
             recording: p.recording.clone(),
         })

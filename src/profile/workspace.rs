@@ -21,6 +21,35 @@ pub(crate) struct WorkspaceSettings {
     /// (default: moved out when it ends) or `allow` (left, and listed).
     #[serde(default)]
     pub new_repositories: NewRepos,
+    /// Copy-on-write: the most the layer may hold while its instance runs
+    /// (bytes on disk; a copy-up of a big file counts whole) ...
+    #[serde(default)]
+    pub layer_bytes: LayerBytes,
+    /// ... and the most entries (files, directories, whiteouts).
+    #[serde(default)]
+    pub layer_files: LayerFiles,
+}
+
+/// `[workspace] layer_bytes` (default 16 GiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct LayerBytes(pub super::schema::Size);
+
+impl Default for LayerBytes {
+    fn default() -> Self {
+        LayerBytes(super::schema::Size(16 << 30))
+    }
+}
+
+/// `[workspace] layer_files` (default 1,000,000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct LayerFiles(pub u64);
+
+impl Default for LayerFiles {
+    fn default() -> Self {
+        LayerFiles(1_000_000)
+    }
 }
 
 /// Where the agent's writes to the workspace land: `[workspace] mode`.

@@ -123,15 +123,23 @@ fn try_overlay(dirs: &[PathBuf]) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("making the mounts private: {e}"))?;
+    // As the sandbox's PID 1 mounts it (`mounts/exec.rs`): each directory
+    // opened first and named by its descriptor, so no path text (a comma,
+    // a colon) reaches the options.
+    let open =
+        |p: &PathBuf| super::beneath::open_root(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (l, u, w) = (open(lower)?, open(upper)?, open(work)?);
+    let fd =
+        |f: &std::os::fd::OwnedFd| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f));
     let opts = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
-        lower.display(),
-        upper.display(),
-        work.display()
+        fd(&l),
+        fd(&u),
+        fd(&w)
     );
     mount(
         Some("overlay"),
-        upper.as_path(),
+        fd(&u).as_str(),
         Some("overlay"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(opts.as_str()),

@@ -107,6 +107,7 @@ fn sample() -> Policy {
         workspace_mode: crate::profile::WorkspaceMode::CopyOnWrite,
         workspace_fallback: None,
         on_end: crate::profile::OnEnd::Keep,
+        layer_bound: (p.workspace.layer_bytes.0 .0, p.workspace.layer_files.0),
         mcp: p.mcp.clone(),
         recording: p.recording.clone(),
     }

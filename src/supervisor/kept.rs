@@ -61,12 +61,17 @@ pub(crate) fn list() -> Vec<Kept> {
 
 /// Bytes on disk and entries below `dir`, links not followed.
 pub(crate) fn usage(dir: &Path) -> (u64, u64, bool) {
+    usage_upto(dir, MEASURE_MAX)
+}
+
+/// [`usage`], counting at most `max` entries (`true`: there are more).
+pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
     let (mut bytes, mut files) = (0u64, 0u64);
     let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
             files += 1;
-            if files > MEASURE_MAX {
+            if files > max {
                 return (bytes, files - 1, true);
             }
             let Ok(m) = e.path().symlink_metadata() else {

@@ -5,6 +5,7 @@
 //! confined `serve`, and the copy-on-write layers (`layer`, `kept`). `run`, `shell` and `serve` all start here; `sandbox/`
 //! is what runs inside, `tmux/` is tmux itself.
 
+pub(crate) mod bound;
 pub(crate) mod broker;
 pub(crate) mod generation;
 pub(crate) mod instance;

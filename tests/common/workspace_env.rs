@@ -98,7 +98,7 @@ pub(crate) fn git_variant(dir: &Path, name: &str, mode: &str) -> String {
 /// The layer id a copy-on-write run names on stderr.
 pub(crate) fn layer_id(stderr: &str) -> String {
     stderr
-        .split("sandmux apply ")
+        .split("sandmux diff ")
         .nth(1)
         .and_then(|s| s.split('`').next())
         .unwrap_or_else(|| panic!("no layer id in {stderr}"))

@@ -9,6 +9,7 @@ import pathlib
 import re
 import subprocess
 
+import anyio
 import pytest
 
 from conftest import BIN, audit_records, call, connect
@@ -143,10 +144,45 @@ async def test_p8_copy_on_write_through_mcp(ws):
     assert kept, "the layer is named in the audit log"
     a = subprocess.run([BIN, "apply", layer_id], capture_output=True, text=True, env={**os.environ, **env})
     assert a.returncode == 0, a.stdout + a.stderr
-    assert "applied notes.txt" in a.stdout and "held back .git/config (version-control data)" in a.stdout, a.stdout
+    assert "applied notes.txt" in a.stdout and "held back .git/ (version-control data" in a.stdout, a.stdout
     assert "held back .envrc.local (tool configuration)" in a.stdout, a.stdout
     assert (work / "notes.txt").read_text() == "work\n"
     for d in (work, work / "lib" / "inner"):
         host_git(d, "status")
     host_git(work, "commit", "-q", "--allow-empty", "-m", "host")
     assert not marker.exists(), "apply carried control"
+
+
+async def test_a_layer_over_its_bound_freezes_the_instance(ws):
+    """`[workspace] layer_bytes`: the agent writes past the bound from a
+    pane; within a few seconds the instance is frozen, the next call is
+    refused saying which bound and what the operator can do, the freeze is
+    an audit event by "layer bound", and the host's tree is unchanged.
+    Control: the same write under the built-in bound answers."""
+    work, host = ws
+    base = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    text = base.replace('new_repositories = "quarantine"', 'new_repositories = "quarantine"\nlayer_bytes = "1MiB"')
+    assert text != base
+    prof = host / "small.toml"
+    prof.write_text(text)
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", "-p", str(prof), env=env) as c:
+        await call(c, "run_command", {"command": "head -c 4000000 /dev/zero > big && echo wrote"})
+        refused = None
+        for _ in range(60):
+            r = await c.call_tool("run_command", {"command": "echo alive"})
+            if r.is_error:
+                refused = r.content[0].text
+                break
+            await anyio.sleep(0.25)
+        assert refused and "layer_bytes" in refused and "sandmux stop" in refused, refused
+        status = await call(c, "sandbox_status")
+        assert status["frozen"] is True, status
+    assert not (work / "big").exists()
+    ev = [x for x in audit_records(ws) if x.get("tool") == "(freeze)"]
+    assert ev and ev[0]["args"]["by"] == "layer bound", ev
+    # Control: the built-in bound.
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        await call(c, "run_command", {"command": "head -c 4000000 /dev/zero > big && echo wrote"})
+        await anyio.sleep(2.5)
+        assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"

@@ -76,6 +76,9 @@ impl Server {
         // answer); the status is the supervisor's, and ending stays possible.
         let frozen = self.s.freeze.is_frozen();
         if frozen && !def.props.while_frozen {
+            if let Some(why) = self.s.freeze.get().and_then(|f| f.why) {
+                return Err(ToolError::refused(why));
+            }
             return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen));
         }
         // Ending the instance stays possible whatever happened to the server.
