@@ -181,13 +181,27 @@ impl<'a> Door<'a> {
                 return moved.map(|()| true);
             }
         }
-        let tmp = PathBuf::from(format!(".sandmux-apply-{}", crate::nonce::hex()));
-        let fd = nix::fcntl::openat(
-            &dir,
-            &tmp,
-            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(mode),
-        )
+        let tmp = self.temp_name(&name);
+        let create = || {
+            nix::fcntl::openat(
+                &dir,
+                &tmp,
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_WRONLY
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(mode),
+            )
+        };
+        // One a crashed apply of this layer left (never renamed into
+        // place, so never the human's): taken out, and made again.
+        let fd = match create() {
+            Err(nix::Error::EEXIST) => {
+                unlinkat(&dir, &tmp, UnlinkatFlags::NoRemoveDir).and_then(|()| create())
+            }
+            r => r,
+        }
         .map_err(|e| format!("a temporary file beside it: {e}"))?;
         let mut out = std::fs::File::from(fd);
         let copied = std::io::copy(&mut src, &mut out)
@@ -253,6 +267,21 @@ impl<'a> Door<'a> {
             renameat2(&udir, name, dir, name, RenameFlags::RENAME_NOREPLACE)
         };
         Some(placed.map_err(|e| format!("moving it into place: {e}")))
+    }
+
+    /// The temporary file beside `name`: the same for the same layer and
+    /// name, so a second `apply` after a crash finds what the first left.
+    fn temp_name(&self, name: &Path) -> PathBuf {
+        // FNV-1a: stable across builds, unlike the standard library's hasher.
+        let h = name
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+            });
+        let id = self.layer.file_name().unwrap_or_default().to_string_lossy();
+        PathBuf::from(format!(".sandmux-apply-{id}-{h:016x}"))
     }
 
     fn same(&self, rel: &Path) -> bool {
@@ -457,6 +486,9 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
     match s {
         Step::Mkdir { .. } => unlinkat(&dir, name, UnlinkatFlags::RemoveDir)
             .map_err(|e| format!("not removed ({e}): it holds something now")),
+        // A step journaled by an apply that crashed before making it.
+        Step::Create { .. } if stat_at(&t.lower, rel).is_none() => Ok(()),
+        Step::Replace { taken, .. } if still_there(t, layer, rel, taken) => Ok(()),
         Step::Create { .. } if !ours() => Err("changed since apply: left".into()),
         Step::Create { .. } => {
             unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(|e| e.to_string())
@@ -468,6 +500,19 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
         }
         Step::Remove { taken, .. } => restore(layer, taken, &dir, name.as_ref(), false),
     }
+}
+
+/// Whether the host's entry at `rel` is the very file kept as `taken` (a
+/// replace that crashed before its rename, or one already undone).
+fn still_there(t: &Trees, layer: &Path, rel: &Path, taken: &Path) -> bool {
+    let Some(now) = stat_at(&t.lower, rel) else {
+        return false;
+    };
+    let kept = taken.file_name().and_then(|n| {
+        let tdir = crate::sandbox::beneath::open_root(&layer.join("taken")).ok()?;
+        stat_at(&tdir, Path::new(n))
+    });
+    kept.is_some_and(|k| (k.st_dev, k.st_ino) == (now.st_dev, now.st_ino))
 }
 
 /// Puts `taken` back at `name` in `dir`: a rename (over what is there when
