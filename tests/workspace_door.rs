@@ -523,3 +523,54 @@ fn walk_names(root: &Path) -> Vec<String> {
     }
     out
 }
+
+/// A repository nested in the workspace names files elsewhere in the tree
+/// (its hooks path, `../../shared-hooks`): the door reads that
+/// repository's configuration too and holds them back; host git in the
+/// nested repository runs nothing. Control: brought in with
+/// `--include-control`, host git there runs the agent's hook.
+#[test]
+fn what_a_nested_repositorys_configuration_names_is_held_back() {
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    let inner = w.join("lib/inner");
+    std::fs::create_dir_all(&inner).unwrap();
+    repo(&inner);
+    git_ok(&inner, &["config", "core.hooksPath", "../../shared-hooks"]);
+    put(&w.join("shared-hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+    let mut p = std::fs::metadata(w.join("shared-hooks/pre-commit"))
+        .unwrap()
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o755);
+    std::fs::set_permissions(w.join("shared-hooks/pre-commit"), p).unwrap();
+    let host = host_dir();
+    let marker = host.path().join("MARKER");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let script = format!(
+        "printf '#!/bin/sh\\ntouch {m}\\n' > shared-hooks/pre-commit && echo work > lib/inner/w.txt && echo done",
+        m = marker.display()
+    );
+    let o = run_cow(&w, "default", host.path(), &script);
+    assert!(text(&o).contains("done"), "{}", text(&o));
+    let id = layer_id(&text(&o));
+    let apply = |args: &[&str]| {
+        let mut c = sandmux(&[&["apply", id.as_str()], args].concat());
+        let o = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let out = apply(&[]);
+    assert!(
+        out.contains("held back shared-hooks/pre-commit (named by the repository's configuration (core.hookspath))"),
+        "{out}"
+    );
+    assert!(out.contains("applied lib/inner/w.txt"), "{out}");
+    let _ = host_git(&inner, &["add", "-A"]);
+    let _ = host_git(&inner, &["commit", "-q", "-m", "host"]);
+    assert!(!marker.exists(), "host git ran the agent's hook: {out}");
+    // Control.
+    let out = apply(&["--include-control", "shared-hooks"]);
+    assert!(out.contains("applied shared-hooks/pre-commit"), "{out}");
+    let _ = host_git(&inner, &["commit", "-q", "--allow-empty", "-m", "host2"]);
+    assert!(marker.exists(), "control: the hook did not run: {out}");
+}

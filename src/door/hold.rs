@@ -77,15 +77,47 @@ const PATH_KEYS: [&str; 20] = [
 ];
 const PATH_PREFIXES: [&str; 2] = ["alias.", "pager."];
 
-/// The paths inside `ws` that git's configuration for it names: the whole
-/// configuration git sees there (`git config --list --includes`, with the
-/// human's global one), each word of a value that names a program or a
-/// file, taken relative to the workspace and to its `.git`, kept when it
-/// exists. Nothing runs: `git config` reads.
+/// The paths inside `ws` that git's configuration for it names
+/// ([`configured_at`] the workspace's top).
 fn configured(ws: &Path) -> Vec<(PathBuf, String)> {
+    configured_at(ws, ws)
+}
+
+impl Hold {
+    /// Adds what the configuration of each repository nested in the
+    /// workspace names, for the repositories the changed paths `rels` lie
+    /// in (the nearest directory above each with a `.git` on the host).
+    pub(crate) fn add_nested<'a>(&mut self, ws: &Path, rels: impl Iterator<Item = &'a Path>) {
+        let mut seen: Vec<PathBuf> = Vec::new();
+        let mut roots: Vec<PathBuf> = Vec::new();
+        for rel in rels {
+            for a in rel.ancestors().skip(1) {
+                if a.as_os_str().is_empty() || seen.iter().any(|s| s == a) {
+                    break;
+                }
+                seen.push(a.to_path_buf());
+                if ws.join(a).join(".git").symlink_metadata().is_ok() {
+                    roots.push(a.to_path_buf());
+                }
+            }
+        }
+        for r in roots {
+            let found = configured_at(ws, &ws.join(&r));
+            self.configured.extend(found);
+        }
+    }
+}
+
+/// The paths inside `ws` that git's configuration for the repository at
+/// `repo` names: the whole configuration git sees there (`git config
+/// --list --includes`, with the human's global one), each word of a value
+/// that names a program or a file, taken relative to `repo` and to its
+/// `.git`, kept when it lies in `ws` and exists. Nothing runs: `git
+/// config` reads.
+fn configured_at(ws: &Path, repo: &Path) -> Vec<(PathBuf, String)> {
     let out = std::process::Command::new("git")
         .arg("-C")
-        .arg(ws)
+        .arg(repo)
         .args([
             "-c",
             "safe.directory=*",
@@ -116,7 +148,7 @@ fn configured(ws: &Path) -> Vec<(PathBuf, String)> {
         }
         for word in value.split_whitespace() {
             let word = word.trim_matches(|c| c == '"' || c == '\'' || c == '!' || c == ';');
-            for base in [ws.to_path_buf(), ws.join(".git")] {
+            for base in [repo.to_path_buf(), repo.join(".git")] {
                 if let Some(rel) = inside(ws, &base.join(word)) {
                     if !rel.as_os_str().is_empty() && ws.join(&rel).symlink_metadata().is_ok() {
                         found.push((rel, key.clone()));

@@ -48,7 +48,8 @@ fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
     let trees = diff::Trees::open(&dir, &meta.workspace)?;
     let changes = diff::changes(&trees)?;
     let bare = |p: &std::path::Path| trees.bare_shape(p);
-    let hold = Hold::new(&meta.workspace, meta.held_names.clone());
+    let mut hold = Hold::new(&meta.workspace, meta.held_names.clone());
+    hold.add_nested(&meta.workspace, changes.iter().map(|c| c.rel()));
     let mut text = String::new();
     let mut shown = Vec::new();
     for c in &changes {
@@ -252,7 +253,8 @@ fn apply_all_moving(
     let trees = diff::Trees::open(&dir, &meta.workspace)?;
     let changes = diff::changes(&trees)?;
     let bare = |p: &std::path::Path| trees.bare_shape(p);
-    let hold = Hold::new(&meta.workspace, meta.held_names.clone());
+    let mut hold = Hold::new(&meta.workspace, meta.held_names.clone());
+    hold.add_nested(&meta.workspace, changes.iter().map(|c| c.rel()));
     let mut door = apply::Door::open(&trees, &dir, meta.created_ns)?;
     if moving {
         door.moving = Some(precious::Precious::of(&meta.workspace));

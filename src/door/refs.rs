@@ -14,7 +14,7 @@
 //! (`git init`), and gets the branches as its own, `HEAD` and the index at
 //! the agent's `HEAD`: `git status` there shows what was not committed.
 
-use crate::sandbox::beneath::beneath;
+use crate::sandbox::beneath::{beneath, entries};
 use nix::fcntl::OFlag;
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
@@ -278,11 +278,7 @@ fn sha(s: &str) -> bool {
 
 /// Reads a file of the layer's `.git` no larger than `max`, not followed.
 fn read_small(p: &Path, max: u64) -> Option<String> {
-    let m = std::fs::symlink_metadata(p).ok()?;
-    if !m.is_file() || m.len() > max {
-        return None;
-    }
-    std::fs::read_to_string(p).ok()
+    crate::sandbox::beneath::read_small(p, max)
 }
 
 /// The agent's branches: `packed-refs` (the layer's, else the host's) then
@@ -311,8 +307,8 @@ fn read_refs(upper_git: &Path, host_git: &Path) -> Result<Vec<(String, String)>,
         stack.clear();
     }
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
+        for (name, _) in entries(&d).into_iter().flatten() {
+            let p = d.join(name);
             let Ok(m) = p.symlink_metadata() else {
                 continue;
             };
@@ -350,14 +346,14 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
                     .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
         })
     };
-    for d in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let name = d.file_name();
+    for (name, _) in entries(from).into_iter().flatten() {
+        let dpath = from.join(&name);
         let pack = name == "pack";
-        if !pack && !hex(&name, &[2]) || !real_dir(&d.path()) {
+        if !pack && !hex(&name, &[2]) || !real_dir(&dpath) {
             continue;
         }
-        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
-            let fname = f.file_name();
+        for (fname, _) in entries(&dpath).into_iter().flatten() {
+            let fpath = dpath.join(&fname);
             let ok = if pack {
                 fname.to_str().is_some_and(|t| {
                     let stem = t
@@ -368,7 +364,7 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
             } else {
                 hex(&fname, &[38, 62])
             };
-            let Ok(m) = f.path().symlink_metadata() else {
+            let Ok(m) = fpath.symlink_metadata() else {
                 continue;
             };
             if !ok || !m.is_file() || m.nlink() != 1 {
@@ -382,7 +378,7 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
             }
             let dest = to.join(&name);
             std::fs::create_dir_all(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
-            copy_nofollow(&f.path(), &dest.join(&fname))?;
+            copy_nofollow(&fpath, &dest.join(&fname))?;
         }
     }
     Ok(())

@@ -51,3 +51,45 @@ pub(crate) fn unlock_dir(dir: &impl AsFd, name: &Path) {
         }
     }
 }
+
+/// The entries of the directory at `path` (`.` and `..` left out), the
+/// directory itself opened without following a link at its last
+/// component (the caller has checked the components above).
+pub(crate) fn entries(
+    path: &Path,
+) -> nix::Result<Vec<(std::ffi::OsString, Option<nix::dir::Type>)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut d = nix::dir::Dir::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(d.iter()
+        .flatten()
+        .filter(|e| !matches!(e.file_name().to_bytes(), b"." | b".."))
+        .map(|e| {
+            let name = std::ffi::OsStr::from_bytes(e.file_name().to_bytes()).to_os_string();
+            (name, e.file_type())
+        })
+        .collect())
+}
+
+/// The text of the regular file at `path` when it is at most `max` bytes,
+/// opened without following a link at its last component.
+pub(crate) fn read_small(path: &Path, max: u64) -> Option<String> {
+    use std::io::Read;
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let f = std::fs::File::from(fd);
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.len() > max {
+        return None;
+    }
+    let mut s = String::new();
+    f.take(max).read_to_string(&mut s).ok()?;
+    Some(s)
+}

@@ -69,17 +69,18 @@ pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
     let (mut bytes, mut files) = (0u64, 0u64);
     let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+        for (name, _) in crate::sandbox::beneath::entries(&d).into_iter().flatten() {
             files += 1;
             if files > max {
                 return (bytes, files - 1, true);
             }
-            let Ok(m) = e.path().symlink_metadata() else {
+            let p = d.join(name);
+            let Ok(m) = p.symlink_metadata() else {
                 continue;
             };
             bytes += m.blocks() * 512;
             if m.is_dir() {
-                stack.push(e.path());
+                stack.push(p);
             }
         }
     }

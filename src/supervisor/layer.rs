@@ -10,7 +10,7 @@
 
 use crate::profile::{OnEnd, Policy, WorkspaceMode};
 use serde::{Deserialize, Serialize};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// What `meta.json` says of a layer.
@@ -71,19 +71,20 @@ pub(crate) fn possible(workspace: &Path) -> Result<(), String> {
 /// `work/work` with mode 0 and the agent may have taken its own rights on
 /// its directories (nothing is followed).
 fn remove(dir: &Path) -> std::io::Result<()> {
+    use crate::sandbox::beneath::{entries, open_root, unlock_dir};
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        if !std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
-            continue;
+        // Through the parent's descriptor: a link is never followed.
+        if let (Some(parent), Some(name)) = (d.parent(), d.file_name()) {
+            if let Ok(p) = open_root(parent) {
+                unlock_dir(&p, Path::new(name));
+            }
         }
-        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
-        stack.extend(
-            std::fs::read_dir(&d)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path()),
-        );
+        for (name, t) in entries(&d).into_iter().flatten() {
+            if t == Some(nix::dir::Type::Directory) {
+                stack.push(d.join(name));
+            }
+        }
     }
     std::fs::remove_dir_all(dir)
 }
@@ -133,8 +134,9 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Stri
     // The overlay's top shows the upper directory's mode: the workspace's.
     let ws = std::fs::metadata(&policy.workspace)
         .map_err(|e| format!("{}: {e}", policy.workspace.display()))?;
-    let mode = std::fs::Permissions::from_mode(ws.mode() & 0o777);
-    std::fs::set_permissions(dir.join("upper"), mode)
+    let mode = nix::sys::stat::Mode::from_bits_truncate(ws.mode() & 0o777);
+    crate::sandbox::beneath::open_root(&dir.join("upper"))
+        .and_then(|up| nix::sys::stat::fchmod(&up, mode))
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let meta = Meta {
         id: id.to_string(),
@@ -170,9 +172,7 @@ pub(crate) fn ended(dir: &Path, id: &str) -> Result<nix::fcntl::Flock<std::fs::F
 pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<String> {
     drop(live);
     let dir = policy.layer.as_ref()?;
-    let empty = std::fs::read_dir(dir.join("upper"))
-        .map(|mut d| d.next().is_none())
-        .unwrap_or(false);
+    let empty = crate::sandbox::beneath::entries(&dir.join("upper")).is_ok_and(|e| e.is_empty());
     if empty {
         let _ = discard(id);
         return None;
