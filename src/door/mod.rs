@@ -234,6 +234,8 @@ fn apply_all_moving(
 ) -> Result<(Vec<String>, i32), String> {
     let (dir, meta) = crate::supervisor::layer::find(id)?;
     let _ended = crate::supervisor::layer::ended(&dir, id)?;
+    // What the layer holds changes: measured again when next listed.
+    let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));
     if undo {
         let trees = diff::Trees::open(&dir, &meta.workspace)?;
         let (n, left) = apply::undo(&trees, &dir)?;

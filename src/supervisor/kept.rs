@@ -44,7 +44,10 @@ pub(crate) fn list() -> Vec<Kept> {
         .filter_map(|id| {
             let (dir, meta) = layer::find(&id).ok()?;
             let running = layer::ended(&dir, &id).is_err();
-            let (bytes, files, more) = usage(&dir.join("upper"));
+            let (bytes, files, more) = match running {
+                true => usage(&dir.join("upper")),
+                false => ended_usage(&dir),
+            };
             Some(Kept {
                 id,
                 meta,
@@ -57,6 +60,25 @@ pub(crate) fn list() -> Vec<Kept> {
         .collect();
     out.sort_by_key(|k| k.meta.created_ns);
     out
+}
+
+/// The name of an ended layer's measure, kept beside its `meta.json` (an
+/// ended layer changes only through `apply`, which removes it).
+pub(crate) const USAGE: &str = "usage.json";
+
+/// An ended layer's usage: measured once, then read back, so that starting
+/// an instance does not walk every kept layer each time.
+fn ended_usage(dir: &Path) -> (u64, u64, bool) {
+    let cached = crate::sandbox::beneath::read_small(&dir.join(USAGE), 4096)
+        .and_then(|t| serde_json::from_str::<(u64, u64, bool)>(&t).ok());
+    if let Some(u) = cached {
+        return u;
+    }
+    let u = usage(&dir.join("upper"));
+    if let Ok(t) = serde_json::to_string(&u) {
+        let _ = std::fs::write(dir.join(USAGE), t);
+    }
+    u
 }
 
 /// Bytes on disk and entries below `dir`, links not followed.
@@ -100,6 +122,11 @@ pub(crate) fn make_room(keep_days: u32, cap: u64) -> Result<Vec<String>, String>
     let mut total = 0u64;
     for k in list() {
         let old = keep_days > 0 && now - k.meta.created_ns > limit;
+        // An ended layer with no change (its supervisor was killed before
+        // it could remove it) holds nothing to lose.
+        if !k.running && k.files == 0 && layer::discard(&k.id).is_ok() {
+            continue;
+        }
         if old && !k.running && layer::discard(&k.id).is_ok() {
             said.push(format!(
                 "removed layer {} of {} (older than [workspace] keep_days = {keep_days} of config.toml)",
