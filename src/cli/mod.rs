@@ -19,6 +19,16 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
 
 /// The policy of `t`; `on_end`: what happens to a copy-on-write layer.
 fn resolve(t: &Target, on_end: profile::OnEnd) -> Result<profile::Policy, ExitCode> {
+    resolve_quiet(t, on_end, false)
+}
+
+/// [`resolve`]; `quiet`: no warning that the workspace fell back to live
+/// (`run -q`, which silences the line naming the dropped layers too).
+fn resolve_quiet(
+    t: &Target,
+    on_end: profile::OnEnd,
+    quiet: bool,
+) -> Result<profile::Policy, ExitCode> {
     let ws = t.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
     let ws = profile::check_workspace(&ws).map_err(|e| fail(EXIT_USAGE, e))?;
     let loaded: Loaded = profile::load(&t.profile).map_err(|e| fail(EXIT_USAGE, e))?;
@@ -29,8 +39,9 @@ fn resolve(t: &Target, on_end: profile::OnEnd) -> Result<profile::Policy, ExitCo
     }
     let mut policy = loaded.resolve(&ctx).map_err(|e| fail(EXIT_USAGE, e))?;
     policy.on_end = on_end;
-    if let Some(why) = &policy.workspace_fallback {
-        tracing::warn!("the workspace is {why}");
+    match &policy.workspace_fallback {
+        Some(why) if !quiet => tracing::warn!("the workspace is {why}"),
+        _ => {}
     }
     Ok(policy)
 }
@@ -74,7 +85,7 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             quiet,
             on_end,
             command,
-        } => match resolve(&target, on_end) {
+        } => match resolve_quiet(&target, on_end, quiet) {
             Ok(policy) => run(policy, command, quiet),
             Err(c) => c,
         },

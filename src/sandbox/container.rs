@@ -64,6 +64,15 @@ pub(crate) fn applying_fix(layer: Layer, message: &str) -> Option<String> {
     }
 }
 
+/// The fix for the copy-on-write layer's overlay refused, anywhere: the
+/// layers' directory is on a file system overlayfs cannot take as an upper
+/// layer (a container's own root is overlayfs itself).
+pub(crate) fn layer_fix(message: &str) -> Option<String> {
+    message.contains("copy-on-write layer").then(|| {
+        "the copy-on-write layer lives in $XDG_STATE_HOME/sandmux/layers, and overlayfs cannot use that file system (a container's own root, NFS): set XDG_STATE_HOME to a directory on a local file system (in a container, a volume), or run with --workspace-mode live (docs/container.md)".to_string()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -424,6 +424,7 @@ fn failure(messages: &[Message]) -> Option<StartError> {
                     message: format!(
                         "layer '{l}' could not be applied: {message}{}",
                         in_container(container::applying_fix(*l, message))
+                            .or_else(|| container::layer_fix(message).map(|f| format!(": {f}")))
                             .map(|f| format!("\n  fix{f}"))
                             .unwrap_or_default()
                     ),

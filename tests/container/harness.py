@@ -117,8 +117,12 @@ class Runtime:
     def check(self, flags, profile, *extra):
         """`sandmux check -p PROFILE --json` in a fresh container: (status,
         the report or None, stderr)."""
+        # A container's own root cannot hold the copy-on-write layer
+        # (overlayfs over overlayfs): the built-ins that require the mount
+        # layer run live there (docs/container.md); `container` falls back.
+        live = [] if profile == "container" else ["--workspace-mode", "live"]
         p = self.run("run", "--rm", "--network", "none", *self.flags(flags), *extra, IMAGE,
-                     "check", "-p", profile, "--json")
+                     "check", "-p", profile, *live, "--json")
         try:
             rep = json.loads(p.stdout)
         except ValueError:

@@ -63,7 +63,7 @@ def flags(job, rt, caps=None, unmask=True):
 
 def check(rt, job, name, **kw):
     p = rt.run("run", "--rm", "--name", name, "--network", "none", *flags(job, rt, **kw), harness.IMAGE,
-               "check", "-p", "default", "--json")
+               "check", "-p", "default", "--workspace-mode", "live", "--json")
     try:
         return p.returncode, json.loads(p.stdout)
     except ValueError:

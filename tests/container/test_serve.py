@@ -63,7 +63,7 @@ def pwned(d):
 
 
 async def test_tools_work_in_full_confinement(anyrt):
-    async with Client(server(anyrt, "full", "serve", "-p", "default")) as c:
+    async with Client(server(anyrt, "full", "serve", "-p", "default", "--workspace-mode", "live")) as c:
         r = await call(c, "run_command", {"command": "echo hello from $(cat /proc/sys/kernel/hostname) as $(id -u)"})
         assert r["exit_status"] == 0 and r["output"] == "hello from sandmux as 1000", r
         st = await call(c, "sandbox_status")
@@ -186,7 +186,7 @@ def test_run_as_pid1_exits_with_the_commands_status(rootful):
     """PID 1's reaping parent passes the command's status through (README's table)."""
     def run(cmd):
         return rootful.run("run", "--rm", "--network", "none", *rootful.flags("full"), IMAGE,
-                           "run", "-p", "default", "--", "/usr/bin/bash", "-c", cmd)
+                           "run", "-p", "default", "--workspace-mode", "live", "--", "/usr/bin/bash", "-c", cmd)
     p = run("echo out; echo err >&2; exit 7")
     assert (p.returncode, p.stdout) == (7, "out\n") and "err" in p.stderr, (p.returncode, p.stdout, p.stderr)
     p = run("kill -USR1 $$")
@@ -275,7 +275,9 @@ def test_without_userns_run_names_the_dropped_layers_unless_quiet(docker):
     _, err = p.communicate("", timeout=60)
     assert p.returncode == 0, err
     said = [l for l in err.splitlines() if l.startswith("sandmux:")]
-    assert len(said) == 1 and "userns" in said[0], err
+    # The dropped layers, and the copy-on-write workspace that fell back to live.
+    assert len(said) == 2, err
+    assert any("userns" in l for l in said) and any("live, not copy-on-write" in l for l in said), err
     q = subprocess.run(docker.argv("run", "--rm", "--network", "none", IMAGE, "run", "--quiet", "-p", "container",
                                    "--", "/usr/bin/true"), env=docker.env, capture_output=True, text=True)
     assert q.returncode == 0 and q.stderr == "", q.stderr
