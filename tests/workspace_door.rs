@@ -266,6 +266,12 @@ fn a_layer_over_its_bound_ends_the_run() {
             "mkdir many && for i in $(seq 600); do : > many/$i; done; sleep 20; echo finished",
             "layer_files",
         ),
+        // Out of its owner's sight (as a non-root supervisor): measured all the same.
+        (
+            "hidden",
+            "mkdir d && head -c 4000000 /dev/zero > d/big && chmod 0 d; sleep 20; echo finished",
+            "layer_bytes",
+        ),
     ] {
         let ws = Ws::new();
         let host = host_dir();
@@ -306,8 +312,10 @@ fn a_layer_over_its_bound_ends_the_run() {
 }
 
 /// What the agent's commits would carry past the door, and where host git
-/// would run: a branch whose commits add tool configuration is not fetched
-/// (checking it out would bring what `apply` held back); a repository the
+/// would run: a branch whose commits add tool configuration (directly, or
+/// by a rename) or shape a directory as a bare repository is not fetched
+/// (checking it out would bring what `apply` held back), while a plain
+/// branch beside them is; a repository the
 /// agent made under a link of the human's (to a directory outside the
 /// workspace) or inside the human's own repository is never made by host
 /// git; a fresh repository whose branch has the name host git would give
@@ -329,6 +337,9 @@ fn commits_carry_nothing_the_door_holds_back() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     let script = r#"export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@x GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@x
 git checkout -qb sneaky && mkdir -p .cargo && printf '[build]\nrustc-wrapper = "/bin/false"\n' > .cargo/config.toml && git add .cargo && git commit -qm c && rm -r .cargo && echo sneaky=$?
+git checkout -q main && git checkout -qb renamed && mkdir sub && echo x > sub/x && git add sub && git commit -qm a && git mv sub/x sub/.envrc && git commit -qm mv && echo renamed=$?
+git checkout -q main && git checkout -qb bare && mkdir -p tools/refs/heads tools/objects/info && echo 'ref: refs/heads/main' > tools/HEAD && printf '[core]\n\tpager = false\n' > tools/config && touch tools/refs/heads/.keep tools/objects/info/.keep && git add tools && git commit -qm b && git rm -rq --cached tools && rm -r tools && echo bare=$?
+git checkout -q main && git checkout -qb good && echo fine > good.txt && git add good.txt && git commit -qm g && echo good=$?
 git checkout -q main
 rm .vscode && mkdir .vscode && cd .vscode && git init -q -b work && echo evil > keep.txt && git add . && git commit -qm x && cd ..
 cd src && git init -q -b work && echo agent > main.c && git add . && git commit -qm y && echo human > main.c && cd ..
@@ -336,15 +347,37 @@ mkdir fresh && cd fresh && git init -q -b master && echo n > n && git add n && g
 echo done"#;
     let o = run(&w).state(host.path()).script(script).output();
     let t = o.stdout() + &o.stderr();
-    assert!(
-        t.contains("done") && t.contains("sneaky=0") && t.contains("fresh=0"),
-        "{t}"
-    );
+    for step in [
+        "done",
+        "sneaky=0",
+        "fresh=0",
+        "renamed=0",
+        "bare=0",
+        "good=0",
+    ] {
+        assert!(t.contains(step), "{step}: {t}");
+    }
     assert!(
         t.contains("branch sneaky") && t.contains(".cargo/config.toml"),
         "{t}"
     );
-    assert!(!git_ok(&w, &["for-each-ref"]).contains("sneaky"), "{t}");
+    assert!(
+        t.contains("branch renamed") && t.contains("sub/.envrc"),
+        "{t}"
+    );
+    assert!(
+        t.contains("branch bare") && t.contains("could take for a repository"),
+        "{t}"
+    );
+    // The refused branches are not there; the good one is (so the fetch ran).
+    let refs = git_ok(&w, &["for-each-ref", "--format=%(refname)"]);
+    assert!(refs.contains("/good"), "{t}\n{refs}");
+    for refused in ["sneaky", "renamed", "bare"] {
+        assert!(
+            !refs.contains(&format!("/{refused}")),
+            "{refused} fetched: {refs}"
+        );
+    }
     assert!(
         !outside.path().join(".git").exists(),
         "host git ran outside: {t}"
@@ -369,9 +402,12 @@ echo done"#;
 }
 
 /// `--on-end apply` replaces or removes only what git can give back
-/// without keeping a copy; a file of the human's that git cannot give back
-/// (untracked, or changed since the last commit) is kept in the layer, and
-/// `apply --undo` returns it. The moved files take now as their times.
+/// without keeping a copy (tracked and clean, or in a directory git ignores
+/// whole); a file of the human's that git cannot give back (untracked,
+/// changed since the last commit, ignored by name like `.env`; also in a
+/// workspace below the repository's top) is kept in the layer — which the
+/// next start of another instance leaves alone — and `apply --undo` returns
+/// it. The moved files take now as their times.
 #[test]
 fn on_end_apply_keeps_what_git_cannot_give_back() {
     let ws = Ws::new();
@@ -406,12 +442,45 @@ fn on_end_apply_keeps_what_git_cannot_give_back() {
     assert!(t.contains("kept 1 of your files"), "{t}");
     assert!(!w.join("notes.txt").exists());
     let id = layer_id(&t);
+    // The next start of any instance keeps that layer (its upper is empty,
+    // its taken/ is not).
+    let other = Ws::new();
+    let o = run(other.path()).state(host.path()).script("true").output();
+    assert!(o.status.success(), "{}", o.stderr());
     let mut c = sandmux(&["apply", &id, "--undo"]);
     let u = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
     assert!(u.status.success(), "{}", text(&u));
     assert_eq!(
         std::fs::read_to_string(w.join("notes.txt")).unwrap(),
         "mine, never committed\n"
+    );
+    // A file ignored by name (`.env`) is the human's too, and a workspace
+    // below the repository's top is read from there.
+    put(&w.join(".gitignore"), "target/\n.env\n");
+    git_ok(&w, &["add", ".gitignore"]);
+    git_ok(&w, &["commit", "-q", "-m", "env"]);
+    put(&w.join(".env"), "SECRET=1\n");
+    put(&w.join("sub/notes.txt"), "sub notes\n");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    for (ws_dir, script, file) in [
+        (w.clone(), "rm .env", ".env"),
+        (w.join("sub"), "echo agent > notes.txt", "sub/notes.txt"),
+    ] {
+        let o = run(&ws_dir).state(host.path()).script(script).output();
+        let t = o.stdout() + &o.stderr();
+        assert!(t.contains("kept 1 of your files"), "{file}: {t}");
+        let id = layer_id(&t);
+        let mut c = sandmux(&["apply", &id, "--undo"]);
+        let u = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
+        assert!(u.status.success(), "{file}: {}", text(&u));
+    }
+    assert_eq!(
+        std::fs::read_to_string(w.join(".env")).unwrap(),
+        "SECRET=1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.join("sub/notes.txt")).unwrap(),
+        "sub notes\n"
     );
 }
 
@@ -547,8 +616,11 @@ fn what_a_nested_repositorys_configuration_names_is_held_back() {
     let host = host_dir();
     let marker = host.path().join("MARKER");
     std::thread::sleep(std::time::Duration::from_millis(50));
+    // A file the top's configuration names that does not exist yet.
+    git_ok(&w, &["config", "include.path", "../sub/local.gitconfig"]);
     let script = format!(
-        "printf '#!/bin/sh\\ntouch {m}\\n' > shared-hooks/pre-commit && echo work > lib/inner/w.txt && echo done",
+        "printf '#!/bin/sh\\ntouch {m}\\n' > shared-hooks/pre-commit && echo work > lib/inner/w.txt \
+         && mkdir -p sub && printf '[core]\\n\\tfsmonitor = \"touch {m}\"\\n' > sub/local.gitconfig && echo done",
         m = marker.display()
     );
     let o = run_cow(&w, "default", host.path(), &script);
@@ -565,9 +637,14 @@ fn what_a_nested_repositorys_configuration_names_is_held_back() {
         "{out}"
     );
     assert!(out.contains("applied lib/inner/w.txt"), "{out}");
+    assert!(
+        out.contains("held back sub/local.gitconfig (named by the repository's configuration (include.path))"),
+        "{out}"
+    );
     let _ = host_git(&inner, &["add", "-A"]);
     let _ = host_git(&inner, &["commit", "-q", "-m", "host"]);
-    assert!(!marker.exists(), "host git ran the agent's hook: {out}");
+    let _ = host_git(&w, &["status"]);
+    assert!(!marker.exists(), "host git ran the agent's code: {out}");
     // Control.
     let out = apply(&["--include-control", "shared-hooks"]);
     assert!(out.contains("applied shared-hooks/pre-commit"), "{out}");

@@ -22,16 +22,36 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+/// What [`Door::set_aside`] does with the host's entry.
+enum Aside {
+    /// Kept while a file takes its place (moved out of the layer: its
+    /// device and inode).
+    Replace(Option<(u64, u64)>),
+    /// Moved out.
+    Remove,
+}
+
 /// One step, as the journal records it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "op")]
 pub(crate) enum Step {
     /// A directory made.
     Mkdir { rel: PathBuf },
-    /// A file written where nothing was.
-    Create { rel: PathBuf },
+    /// A file written where nothing was; `placed`: the device and inode of
+    /// a file moved out of the layer (its content is no longer there to
+    /// compare).
+    Create {
+        rel: PathBuf,
+        #[serde(default)]
+        placed: Option<(u64, u64)>,
+    },
     /// A file replaced; the old one is `taken`.
-    Replace { rel: PathBuf, taken: PathBuf },
+    Replace {
+        rel: PathBuf,
+        taken: PathBuf,
+        #[serde(default)]
+        placed: Option<(u64, u64)>,
+    },
     /// An entry removed into `taken`.
     Remove { rel: PathBuf, taken: PathBuf },
 }
@@ -212,10 +232,13 @@ impl<'a> Door<'a> {
             return Err(format!("copying: {e}"));
         }
         let placed = if host.is_some() {
-            self.set_aside(rel, &dir, &name, true)?;
+            self.set_aside(rel, &dir, &name, Aside::Replace(None))?;
             renameat(&dir, &tmp, &dir, &name)
         } else {
-            self.record(&Step::Create { rel: rel.into() })?;
+            self.record(&Step::Create {
+                rel: rel.into(),
+                placed: None,
+            })?;
             renameat2(&dir, &tmp, &dir, &name, RenameFlags::RENAME_NOREPLACE)
         };
         placed.map_err(|e| {
@@ -256,12 +279,17 @@ impl<'a> Door<'a> {
         .ok()?;
         writable(&udir).ok()?;
         let placed = if replace {
-            if let Err(e) = self.set_aside(rel, dir, name, true) {
+            let placed = Some((meta.dev(), meta.ino()));
+            if let Err(e) = self.set_aside(rel, dir, name, Aside::Replace(placed)) {
                 return Some(Err(e));
             }
             renameat(&udir, name, dir, name)
         } else {
-            if let Err(e) = self.record(&Step::Create { rel: rel.into() }) {
+            let placed = Some((meta.dev(), meta.ino()));
+            if let Err(e) = self.record(&Step::Create {
+                rel: rel.into(),
+                placed,
+            }) {
                 return Some(Err(e));
             }
             renameat2(&udir, name, dir, name, RenameFlags::RENAME_NOREPLACE)
@@ -299,7 +327,7 @@ impl<'a> Door<'a> {
             self.removable_dir(rel)?;
         }
         let (dir, name) = self.parent(rel)?;
-        self.set_aside(rel, &dir, &name, false)?;
+        self.set_aside(rel, &dir, &name, Aside::Remove)?;
         Ok(true)
     }
 
@@ -310,8 +338,9 @@ impl<'a> Door<'a> {
         rel: &Path,
         dir: &OwnedFd,
         name: &Path,
-        keep: bool,
+        aside: Aside,
     ) -> Result<(), String> {
+        let keep = matches!(aside, Aside::Replace(_));
         if self.moving.as_ref().is_some_and(|p| p.holds(rel)) {
             self.precious += 1;
         }
@@ -322,6 +351,10 @@ impl<'a> Door<'a> {
             true => Step::Replace {
                 rel: rel.clone(),
                 taken,
+                placed: match aside {
+                    Aside::Replace(p) => p,
+                    Aside::Remove => None,
+                },
             },
             false => Step::Remove {
                 rel: rel.clone(),
@@ -470,7 +503,7 @@ pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), 
 impl Step {
     fn rel(&self) -> &Path {
         match self {
-            Step::Mkdir { rel } | Step::Create { rel } => rel,
+            Step::Mkdir { rel } | Step::Create { rel, .. } => rel,
             Step::Replace { rel, .. } | Step::Remove { rel, .. } => rel,
         }
     }
@@ -482,13 +515,29 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
     let name = rel.file_name().ok_or("no name")?;
     let dir = beneath(&t.lower, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
         .map_err(|e| format!("its directory: {e}"))?;
-    let ours = || t.same_content(rel);
+    // The file the apply placed is still there: the very inode it moved
+    // out of the layer, or the same bytes as the layer's.
+    let placed = match s {
+        Step::Create { placed, .. } | Step::Replace { placed, .. } => *placed,
+        _ => None,
+    };
+    let ours = || match placed {
+        Some(id) => stat_at(&t.lower, rel).is_some_and(|s| (s.st_dev, s.st_ino) == id),
+        None => t.same_content(rel),
+    };
     match s {
         Step::Mkdir { .. } => unlinkat(&dir, name, UnlinkatFlags::RemoveDir)
             .map_err(|e| format!("not removed ({e}): it holds something now")),
         // A step journaled by an apply that crashed before making it.
         Step::Create { .. } if stat_at(&t.lower, rel).is_none() => Ok(()),
         Step::Replace { taken, .. } if still_there(t, layer, rel, taken) => Ok(()),
+        // Journaled, then killed before the host's entry was set aside:
+        // it was never touched.
+        Step::Replace { taken, .. } | Step::Remove { taken, .. }
+            if !was_set_aside(layer, taken) =>
+        {
+            Ok(())
+        }
         Step::Create { .. } if !ours() => Err("changed since apply: left".into()),
         Step::Create { .. } => {
             unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(|e| e.to_string())
@@ -500,6 +549,16 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
         }
         Step::Remove { taken, .. } => restore(layer, taken, &dir, name.as_ref(), false),
     }
+}
+
+/// Whether `taken` is in the layer's `taken/`.
+fn was_set_aside(layer: &Path, taken: &Path) -> bool {
+    taken.file_name().is_some_and(|n| {
+        crate::sandbox::beneath::open_root(&layer.join("taken"))
+            .ok()
+            .and_then(|tdir| stat_at(&tdir, Path::new(n)))
+            .is_some()
+    })
 }
 
 /// Whether the host's entry at `rel` is the very file kept as `taken` (a

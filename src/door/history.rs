@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 const MAX_COMMITS: usize = 10_000;
 
 /// Drops from `refs` each branch whose commits not reachable from `tips`
-/// (the host's) carry a path `check` refuses; the reasons of the drops.
+/// (the host's) carry a path `check` refuses, and deletes it from the
+/// staging repository `repo` (whose every branch is fetched); the reasons
+/// of the drops.
 pub(crate) fn refuse_held(
     repo: &Path,
     refs: &mut Vec<(String, String)>,
@@ -24,11 +26,17 @@ pub(crate) fn refuse_held(
     let mut refused = Vec::new();
     let mut keep = Vec::new();
     for (name, sha) in refs.drain(..) {
-        match first_held(repo, &sha, tips, root, check) {
-            Ok(None) => keep.push((name, sha)),
-            Ok(Some(why)) => refused.push(format!("branch {name}: {why}")),
-            Err(e) => refused.push(format!("branch {name}: {e}")),
-        }
+        let why = match first_held(repo, &sha, tips, root, check) {
+            Ok(None) => {
+                keep.push((name, sha));
+                continue;
+            }
+            Ok(Some(why)) => why,
+            Err(e) => e,
+        };
+        // Out of the staging repository, or nothing is fetched at all.
+        super::refs::git_out(repo, &["update-ref", "-d", &format!("refs/heads/{name}")])?;
+        refused.push(format!("branch {}: {why}", crate::term::printable(&name)));
     }
     *refs = keep;
     Ok(refused)
@@ -85,7 +93,7 @@ fn first_held(
                 _ => "file",
             };
             let rel: PathBuf = root.join(path);
-            if let Some(why) = check(&rel, what) {
+            if let Some(why) = check(&rel, what).or_else(|| bare_in(repo, c, path)) {
                 return Ok(Some(format!(
                     "commit {} brings {} ({why})",
                     &c[..c.len().min(12)],
@@ -95,4 +103,34 @@ fn first_held(
         }
     }
     Ok(None)
+}
+
+/// Names git takes, beside `HEAD`, for a repository's own directory.
+const BARE: [&str; 4] = ["objects", "refs", "commondir", "gitdir"];
+
+/// Whether `path` lies in a directory that commit `c` shapes as a bare
+/// repository (`HEAD` and one of [`BARE`]): checked out, git would take it
+/// for one, and obey its `config`.
+fn bare_in(repo: &Path, c: &str, path: &str) -> Option<String> {
+    let parts: Vec<&str> = path.split('/').collect();
+    for (i, part) in parts.iter().enumerate() {
+        if *part != "HEAD" && !BARE.contains(part) {
+            continue;
+        }
+        let dir = parts[..i].join("/");
+        let mut args = vec!["ls-tree".to_string(), "--name-only".into(), c.to_string()];
+        if !dir.is_empty() {
+            args.push(format!("{dir}/"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let names = super::refs::git_out(repo, &args).ok()?;
+        let names: Vec<&str> = names
+            .lines()
+            .map(|l| l.rsplit('/').next().unwrap_or(l))
+            .collect();
+        if names.contains(&"HEAD") && BARE.iter().any(|b| names.contains(b)) {
+            return Some("a directory git could take for a repository".into());
+        }
+    }
+    None
 }

@@ -112,8 +112,8 @@ impl Hold {
 /// `repo` names: the whole configuration git sees there (`git config
 /// --list --includes`, with the human's global one), each word of a value
 /// that names a program or a file, taken relative to `repo` and to its
-/// `.git`, kept when it lies in `ws` and exists. Nothing runs: `git
-/// config` reads.
+/// `.git`, kept when it lies in `ws` (existing or not: the agent could
+/// make it). Nothing runs: `git config` reads.
 fn configured_at(ws: &Path, repo: &Path) -> Vec<(PathBuf, String)> {
     let out = std::process::Command::new("git")
         .arg("-C")
@@ -149,8 +149,9 @@ fn configured_at(ws: &Path, repo: &Path) -> Vec<(PathBuf, String)> {
         for word in value.split_whitespace() {
             let word = word.trim_matches(|c| c == '"' || c == '\'' || c == '!' || c == ';');
             for base in [repo.to_path_buf(), repo.join(".git")] {
+                // Whether or not it exists yet: the agent could make it.
                 if let Some(rel) = inside(ws, &base.join(word)) {
-                    if !rel.as_os_str().is_empty() && ws.join(&rel).symlink_metadata().is_ok() {
+                    if !rel.as_os_str().is_empty() {
                         found.push((rel, key.clone()));
                     }
                 }

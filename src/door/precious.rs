@@ -1,10 +1,12 @@
 //! Which of the human's files an `--on-end apply` may replace or remove
-//! without keeping a copy: those git can give back — tracked and clean, or
-//! ignored (build output) — in the workspace's repository, read before
-//! anything is applied (the tree is then the human's alone). Any other
-//! file replaced or removed is the human's only copy: the layer is kept
-//! with it in `taken/`, for `apply --undo`. Without a repository, every
-//! file is precious.
+//! without keeping a copy: those git can give back — tracked and clean —
+//! and what lies in a directory git ignores whole (`target/`,
+//! `node_modules/`: build output), in the workspace's repository, read
+//! before anything is applied (the tree is then the human's alone). Any
+//! other file replaced or removed — untracked, changed, or ignored by name
+//! (`.env`) — is the human's only copy: the layer is kept with it in
+//! `taken/`, for `apply --undo`. Without a repository, every file is
+//! precious.
 
 use std::path::{Path, PathBuf};
 
@@ -12,10 +14,11 @@ use std::path::{Path, PathBuf};
 pub(crate) enum Precious {
     /// Not a repository (or git could not say): every file.
     All,
-    /// Changed or untracked, and not ignored.
+    /// Changed, untracked or ignored by name; `generated`: directories
+    /// git ignores whole (relative to the workspace).
     Only {
         dirty: Vec<PathBuf>,
-        ignored: Vec<PathBuf>,
+        generated: Vec<PathBuf>,
     },
 }
 
@@ -23,6 +26,12 @@ impl Precious {
     /// Reads the workspace `ws` with the host's git (its own configuration;
     /// nothing of the layer's).
     pub(crate) fn of(ws: &Path) -> Precious {
+        // Paths come relative to the repository's top; the workspace may
+        // be a directory below it.
+        let Ok(prefix) = super::refs::git_out(ws, &["rev-parse", "--show-prefix"]) else {
+            return Precious::All;
+        };
+        let prefix = prefix.trim_end_matches('\n').to_string();
         let args = [
             "status",
             "--porcelain=v1",
@@ -30,27 +39,32 @@ impl Precious {
             "--untracked-files=all",
             "--ignored=matching",
             "--no-renames",
+            "--",
+            ".",
         ];
         let Ok(out) = super::refs::git_out(ws, &args) else {
             return Precious::All;
         };
-        let (mut dirty, mut ignored) = (Vec::new(), Vec::new());
+        let (mut dirty, mut generated) = (Vec::new(), Vec::new());
         for entry in out.split('\0').filter(|e| e.len() > 3) {
             let (xy, path) = entry.split_at(3);
+            let Some(rel) = path.strip_prefix(prefix.as_str()) else {
+                continue;
+            };
             match xy {
-                "!! " => ignored.push(PathBuf::from(path)),
-                _ => dirty.push(PathBuf::from(path)),
+                "!! " if rel.ends_with('/') => generated.push(PathBuf::from(rel)),
+                _ => dirty.push(PathBuf::from(rel)),
             }
         }
-        Precious::Only { dirty, ignored }
+        Precious::Only { dirty, generated }
     }
 
     /// Whether `rel` (or anything below it) may be the human's only copy.
     pub(crate) fn holds(&self, rel: &Path) -> bool {
         match self {
             Precious::All => true,
-            Precious::Only { dirty, ignored } => {
-                if ignored.iter().any(|i| rel.starts_with(i)) {
+            Precious::Only { dirty, generated } => {
+                if generated.iter().any(|g| rel.starts_with(g)) {
                     return false;
                 }
                 dirty

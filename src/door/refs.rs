@@ -152,7 +152,7 @@ pub(crate) fn fetch(
     };
     let mut lines: Vec<String> = refused
         .iter()
-        .map(|r| format!("conflict {shown}: the agent's commits were not fetched ({r})"))
+        .map(|r| format!("conflict {shown}: a branch of the agent's was not fetched ({r})"))
         .collect();
     if refs.is_empty() {
         return Ok(lines);

@@ -91,7 +91,21 @@ pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
     let (mut bytes, mut files) = (0u64, 0u64);
     let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for (name, _) in crate::sandbox::beneath::entries(&d).into_iter().flatten() {
+        let listed = crate::sandbox::beneath::entries(&d).or_else(|e| {
+            // A directory the agent made unreadable to its owner (the
+            // supervisor's uid): its owner's rights back, else the measure
+            // would miss what it holds.
+            if let (Some(parent), Some(name)) = (d.parent(), d.file_name()) {
+                if let Ok(p) = crate::sandbox::beneath::open_root(parent) {
+                    crate::sandbox::beneath::unlock_dir(&p, Path::new(name));
+                }
+            }
+            crate::sandbox::beneath::entries(&d).map_err(|_| e)
+        });
+        let Ok(listed) = listed else {
+            return (bytes, files, true); // unreadable: a lower bound
+        };
+        for (name, _) in listed {
             files += 1;
             if files > max {
                 return (bytes, files - 1, true);
@@ -109,6 +123,20 @@ pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
     (bytes, files, false)
 }
 
+/// Whether `apply` kept anything in layer `id`: a journal, or the human's
+/// files in `taken/`.
+fn kept_anything(id: &str) -> bool {
+    let Ok((dir, _)) = layer::find(id) else {
+        return true;
+    };
+    let journal = dir.join("apply.jsonl").symlink_metadata().is_ok();
+    let taken = match crate::sandbox::beneath::entries(&dir.join("taken")) {
+        Ok(t) => !t.is_empty(),
+        Err(e) => e != nix::Error::ENOENT,
+    };
+    journal || taken
+}
+
 /// Before a layer is made: removes ended layers older than `keep_days` (0
 /// keeps them), then refuses when the rest hold more than `cap` bytes.
 /// The lines say what was removed.
@@ -122,9 +150,16 @@ pub(crate) fn make_room(keep_days: u32, cap: u64) -> Result<Vec<String>, String>
     let mut total = 0u64;
     for k in list() {
         let old = keep_days > 0 && now - k.meta.created_ns > limit;
-        // An ended layer with no change (its supervisor was killed before
-        // it could remove it) holds nothing to lose.
-        if !k.running && k.files == 0 && layer::discard(&k.id).is_ok() {
+        // An ended layer with no change and nothing `apply` kept (its
+        // supervisor was killed before it could remove it) holds nothing
+        // to lose.
+        if !k.running
+            && k.files == 0
+            && !k.more
+            && !kept_anything(&k.id)
+            && layer::discard(&k.id).is_ok()
+        {
+            said.push(format!("removed layer {} (no change in it)", k.id));
             continue;
         }
         if old && !k.running && layer::discard(&k.id).is_ok() {
