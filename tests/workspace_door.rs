@@ -9,7 +9,7 @@ mod common;
 mod workspace_env;
 use common::*;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Command, Output};
 use workspace_env::*;
 
 fn sandmux_in(state: &Path, config: Option<&Path>, args: &[&str]) -> Output {
@@ -209,7 +209,8 @@ fn kept_layers_have_a_cap_and_an_age() {
         "{t}"
     );
     assert!(layer.exists(), "the cap removed the human's layer");
-    // Age: a layer made "20 days ago" goes with keep_days = 14.
+    // Age: a layer made "20 days ago" goes with keep_days = 14 — unless an
+    // apply used it since (then its taken/ holds the human's files).
     let meta = layer.join("meta.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
     let ns = m["created_ns"].as_i64().unwrap() - 20 * 86_400 * 1_000_000_000;
@@ -220,6 +221,18 @@ fn kept_layers_have_a_cap_and_an_age() {
         "[workspace]\nkeep_days = 14\n",
     )
     .unwrap();
+    // An apply's journal from now: kept.
+    std::fs::write(layer.join("apply.jsonl"), "").unwrap();
+    let mut c = run_cow_cmd(&w, "default", &state, "echo ran");
+    let o = c.env("XDG_CONFIG_HOME", &cfg).output().unwrap();
+    assert!(text(&o).contains("ran") && layer.exists(), "{}", text(&o));
+    // ... from 20 days ago: removed.
+    let o = Command::new("touch")
+        .args(["-d", "20 days ago"])
+        .arg(layer.join("apply.jsonl"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
     let mut c = run_cow_cmd(&w, "default", &state, "echo ran");
     let o = c.env("XDG_CONFIG_HOME", &cfg).output().unwrap();
     let t = text(&o);
@@ -339,6 +352,8 @@ fn commits_carry_nothing_the_door_holds_back() {
 git checkout -qb sneaky && mkdir -p .cargo && printf '[build]\nrustc-wrapper = "/bin/false"\n' > .cargo/config.toml && git add .cargo && git commit -qm c && rm -r .cargo && echo sneaky=$?
 git checkout -q main && git checkout -qb renamed && mkdir sub && echo x > sub/x && git add sub && git commit -qm a && git mv sub/x sub/.envrc && git commit -qm mv && echo renamed=$?
 git checkout -q main && git checkout -qb bare && mkdir -p tools/refs/heads tools/objects/info && echo 'ref: refs/heads/main' > tools/HEAD && printf '[core]\n\tpager = false\n' > tools/config && touch tools/refs/heads/.keep tools/objects/info/.keep && git add tools && git commit -qm b && git rm -rq --cached tools && rm -r tools && echo bare=$?
+git checkout -q main && git checkout -qb uni && mkdir -p tést/refs && echo 'ref: refs/heads/main' > tést/HEAD && touch tést/refs/.keep && git add tést && git commit -qm u && git rm -rq --cached tést && rm -r tést && echo uni=$?
+git checkout -q main && git checkout -qb dash && mkdir -p -- --x/objects && echo 'ref: refs/heads/main' > ./--x/HEAD && touch ./--x/objects/.keep && git add -- ./--x && git commit -qm d && git rm -rq --cached -- ./--x && rm -r -- ./--x && echo dash=$?
 git checkout -q main && git checkout -qb good && echo fine > good.txt && git add good.txt && git commit -qm g && echo good=$?
 git checkout -q main
 rm .vscode && mkdir .vscode && cd .vscode && git init -q -b work && echo evil > keep.txt && git add . && git commit -qm x && cd ..
@@ -353,6 +368,8 @@ echo done"#;
         "fresh=0",
         "renamed=0",
         "bare=0",
+        "uni=0",
+        "dash=0",
         "good=0",
     ] {
         assert!(t.contains(step), "{step}: {t}");
@@ -372,7 +389,8 @@ echo done"#;
     // The refused branches are not there; the good one is (so the fetch ran).
     let refs = git_ok(&w, &["for-each-ref", "--format=%(refname)"]);
     assert!(refs.contains("/good"), "{t}\n{refs}");
-    for refused in ["sneaky", "renamed", "bare"] {
+    // Names git quotes, or takes for an option, are read all the same.
+    for refused in ["sneaky", "renamed", "bare", "uni", "dash"] {
         assert!(
             !refs.contains(&format!("/{refused}")),
             "{refused} fetched: {refs}"
@@ -481,6 +499,47 @@ fn on_end_apply_keeps_what_git_cannot_give_back() {
     assert_eq!(
         std::fs::read_to_string(w.join("sub/notes.txt")).unwrap(),
         "sub notes\n"
+    );
+    // An agent's `.gitignore` of `*` (applied by an earlier run) does not
+    // make the human's untracked notes disposable: only directories with a
+    // build output's name count.
+    put(&w.join("notes/sub/important.txt"), "mine\n");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let o = run(&w)
+        .state(host.path())
+        .script("echo '*' > notes/.gitignore")
+        .output();
+    assert!(o.status.success(), "{}", o.stderr());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let o = run(&w)
+        .state(host.path())
+        .script("rm -r notes/sub")
+        .output();
+    let t = o.stdout() + &o.stderr();
+    assert!(t.contains("kept 1 of your files"), "{t}");
+    // Undo after the human edited a file the apply moved in keeps the edit.
+    let o = run(&w)
+        .state(host.path())
+        .script("echo agent > made.txt && rm notes/.gitignore")
+        .output();
+    let t = o.stdout() + &o.stderr();
+    assert!(t.contains("kept 1 of your files"), "{t}");
+    let id = layer_id(&t);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.join("made.txt"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"human edit\n"))
+        .unwrap();
+    let mut c = sandmux(&["apply", &id, "--undo"]);
+    let u = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
+    assert!(
+        text(&u).contains("made.txt: changed since apply"),
+        "{}",
+        text(&u)
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.join("made.txt")).unwrap(),
+        "agent\nhuman edit\n"
     );
 }
 

@@ -22,11 +22,39 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+/// A file moved out of the layer as placed: its inode, size and
+/// modification time (an edit in place keeps the inode, not the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Placed {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+}
+
+impl Placed {
+    fn of(m: &std::fs::Metadata) -> Placed {
+        use std::os::unix::fs::MetadataExt;
+        Placed {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        }
+    }
+
+    fn is(&self, s: &nix::sys::stat::FileStat) -> bool {
+        let mtime = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
+        (s.st_dev, s.st_ino, s.st_size as u64, mtime)
+            == (self.dev, self.ino, self.size, self.mtime_ns)
+    }
+}
+
 /// What [`Door::set_aside`] does with the host's entry.
 enum Aside {
     /// Kept while a file takes its place (moved out of the layer: its
     /// device and inode).
-    Replace(Option<(u64, u64)>),
+    Replace(Option<Placed>),
     /// Moved out.
     Remove,
 }
@@ -37,20 +65,20 @@ enum Aside {
 pub(crate) enum Step {
     /// A directory made.
     Mkdir { rel: PathBuf },
-    /// A file written where nothing was; `placed`: the device and inode of
-    /// a file moved out of the layer (its content is no longer there to
+    /// A file written where nothing was; `placed`: what a file moved out
+    /// of the layer was when placed (its content is no longer there to
     /// compare).
     Create {
         rel: PathBuf,
         #[serde(default)]
-        placed: Option<(u64, u64)>,
+        placed: Option<Placed>,
     },
     /// A file replaced; the old one is `taken`.
     Replace {
         rel: PathBuf,
         taken: PathBuf,
         #[serde(default)]
-        placed: Option<(u64, u64)>,
+        placed: Option<Placed>,
     },
     /// An entry removed into `taken`.
     Remove { rel: PathBuf, taken: PathBuf },
@@ -278,14 +306,16 @@ impl<'a> Door<'a> {
         )
         .ok()?;
         writable(&udir).ok()?;
+        // As placed: after its times were set (the rename keeps them).
+        let now = src.metadata().ok()?;
         let placed = if replace {
-            let placed = Some((meta.dev(), meta.ino()));
+            let placed = Some(Placed::of(&now));
             if let Err(e) = self.set_aside(rel, dir, name, Aside::Replace(placed)) {
                 return Some(Err(e));
             }
             renameat(&udir, name, dir, name)
         } else {
-            let placed = Some((meta.dev(), meta.ino()));
+            let placed = Some(Placed::of(&now));
             if let Err(e) = self.record(&Step::Create {
                 rel: rel.into(),
                 placed,
@@ -472,10 +502,20 @@ fn taken_name(name: &Path) -> PathBuf {
 pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), String> {
     let path = layer.join("apply.jsonl");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("no journal: {e}"))?;
-    let steps: Vec<Step> = text
+    // A line that cannot be read stops the undo: dropped, the journal's
+    // rewrite below would lose the step it records. A torn last line (no
+    // newline: a crash while it was written) recorded a step never made.
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    let steps: Vec<Step> = complete
         .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| format!("{}: line {}: {e}", path.display(), i + 1))
+        })
+        .collect::<Result<_, _>>()?;
     let (mut done, mut left, mut kept) = (0, Vec::new(), Vec::new());
     for s in steps.iter().rev() {
         match undo_step(trees, layer, s) {
@@ -515,14 +555,14 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
     let name = rel.file_name().ok_or("no name")?;
     let dir = beneath(&t.lower, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
         .map_err(|e| format!("its directory: {e}"))?;
-    // The file the apply placed is still there: the very inode it moved
-    // out of the layer, or the same bytes as the layer's.
+    // The file the apply placed is still there: the very file it moved out
+    // of the layer, unedited, or the same bytes as the layer's.
     let placed = match s {
         Step::Create { placed, .. } | Step::Replace { placed, .. } => *placed,
         _ => None,
     };
     let ours = || match placed {
-        Some(id) => stat_at(&t.lower, rel).is_some_and(|s| (s.st_dev, s.st_ino) == id),
+        Some(p) => stat_at(&t.lower, rel).is_some_and(|s| p.is(&s)),
         None => t.same_content(rel),
     };
     match s {

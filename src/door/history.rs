@@ -118,14 +118,18 @@ fn bare_in(repo: &Path, c: &str, path: &str) -> Option<String> {
             continue;
         }
         let dir = parts[..i].join("/");
-        let mut args = vec!["ls-tree".to_string(), "--name-only".into(), c.to_string()];
+        let mut args = vec!["ls-tree", "-z", "--name-only", c, "--"];
+        let spec = format!("{dir}/");
         if !dir.is_empty() {
-            args.push(format!("{dir}/"));
+            args.push(&spec);
         }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let names = super::refs::git_out(repo, &args).ok()?;
+        // A tree git cannot list is refused, never taken for a plain one.
+        let names = match super::refs::git_out(repo, &args) {
+            Ok(n) => n,
+            Err(e) => return Some(format!("its tree could not be read ({e})")),
+        };
         let names: Vec<&str> = names
-            .lines()
+            .split('\0')
             .map(|l| l.rsplit('/').next().unwrap_or(l))
             .collect();
         if names.contains(&"HEAD") && BARE.iter().any(|b| names.contains(b)) {

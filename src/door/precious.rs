@@ -1,7 +1,7 @@
 //! Which of the human's files an `--on-end apply` may replace or remove
 //! without keeping a copy: those git can give back — tracked and clean —
-//! and what lies in a directory git ignores whole (`target/`,
-//! `node_modules/`: build output), in the workspace's repository, read
+//! and what lies in a directory git ignores whole under a name tools build
+//! into (`target/`, `node_modules/`: [`BUILT`]), in the workspace's repository, read
 //! before anything is applied (the tree is then the human's alone). Any
 //! other file replaced or removed — untracked, changed, or ignored by name
 //! (`.env`) — is the human's only copy: the layer is kept with it in
@@ -52,7 +52,7 @@ impl Precious {
                 continue;
             };
             match xy {
-                "!! " if rel.ends_with('/') => generated.push(PathBuf::from(rel)),
+                "!! " if rel.ends_with('/') && built(rel) => generated.push(PathBuf::from(rel)),
                 _ => dirty.push(PathBuf::from(rel)),
             }
         }
@@ -73,4 +73,37 @@ impl Precious {
             }
         }
     }
+}
+
+/// Directory names tools build into. An ignored directory counts as build
+/// output only under one of these names: ignore rules are files in the
+/// tree, which an earlier instance's agent may have written (a
+/// `notes/.gitignore` of `*` must not make the human's notes disposable).
+const BUILT: [&str; 18] = [
+    "target",
+    "node_modules",
+    "build",
+    "dist",
+    "out",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".tox",
+    ".nox",
+    ".venv",
+    "venv",
+    ".gradle",
+    ".next",
+    ".cache",
+    "coverage",
+    ".nyc_output",
+];
+
+/// Whether the ignored directory `rel` (ending in `/`) is build output.
+fn built(rel: &str) -> bool {
+    rel.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .is_some_and(|n| BUILT.contains(&n))
 }

@@ -123,6 +123,20 @@ pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
     (bytes, files, false)
 }
 
+/// When the layer was made or last applied (its journal, its `taken/`):
+/// `keep_days` counts from there, so the human's files an `apply` just set
+/// aside get the whole time.
+fn last_used(k: &Kept) -> i128 {
+    let Ok((dir, _)) = layer::find(&k.id) else {
+        return k.meta.created_ns;
+    };
+    ["apply.jsonl", "taken"]
+        .iter()
+        .filter_map(|n| dir.join(n).symlink_metadata().ok())
+        .map(|m| i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()))
+        .fold(k.meta.created_ns, i128::max)
+}
+
 /// Whether `apply` kept anything in layer `id`: a journal, or the human's
 /// files in `taken/`.
 fn kept_anything(id: &str) -> bool {
@@ -149,7 +163,7 @@ pub(crate) fn make_room(keep_days: u32, cap: u64) -> Result<Vec<String>, String>
     let mut said = Vec::new();
     let mut total = 0u64;
     for k in list() {
-        let old = keep_days > 0 && now - k.meta.created_ns > limit;
+        let old = keep_days > 0 && now - last_used(&k) > limit;
         // An ended layer with no change and nothing `apply` kept (its
         // supervisor was killed before it could remove it) holds nothing
         // to lose.
