@@ -50,8 +50,15 @@ pub(crate) fn kernel() -> Kernel {
 
 /// Tries `unshare(CLONE_NEWUSER)` in a short-lived child.
 fn try_userns() -> Result<(), String> {
+    in_child(&[])
+}
+
+/// Runs `sandmux __probe-userns ARGS` in a short-lived child (a process
+/// of its own, as `unshare` needs): `Err` is what it said on stderr.
+fn in_child(args: &[&std::ffi::OsStr]) -> Result<(), String> {
     let out = std::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
         .arg("__probe-userns")
+        .args(args)
         .output()
         .map_err(|e| e.to_string())?;
     if out.status.success() {
@@ -77,17 +84,12 @@ pub(crate) fn userns_child() -> i32 {
 /// `upper` and `work` (empty directories of the caller's). Nothing of the
 /// mount outlives the child.
 pub(crate) fn overlay(lower: &Path, upper: &Path, work: &Path) -> Result<(), String> {
-    let out = std::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
-        .arg("__probe-userns")
-        .arg("--overlay")
-        .args([lower, upper, work])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
+    in_child(&[
+        "--overlay".as_ref(),
+        lower.as_os_str(),
+        upper.as_os_str(),
+        work.as_os_str(),
+    ])
 }
 
 /// Body of `sandmux __probe-userns --overlay LOWER UPPER WORK`.
