@@ -11,7 +11,7 @@
 pub(crate) const LAYERS: &[&[&str]] = &[
     &["term", "nonce"],
     &["log"],
-    &["profile"],
+    &["profile", "audit"],
     &["sandbox"],
     &["guard", "proxy"],
     &["tmux"],

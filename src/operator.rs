@@ -311,6 +311,21 @@ pub(crate) fn journal(
     }
 }
 
+/// Prints a finished instance's audit records, from its log (`path`).
+pub(crate) fn journal_of_log(
+    path: &Path,
+    json_out: bool,
+    out: &mut impl Write,
+) -> Result<(), String> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        print_record(&line, json_out, out);
+    }
+    out.flush().map_err(|e| e.to_string())
+}
+
 /// Tells the human (on stderr, so `--json` stays records only) when the
 /// instance cannot record calls and refuses them.
 fn say_audit_state(f: &Found) {

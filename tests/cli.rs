@@ -489,3 +489,44 @@ fn docs_tool_table_matches_the_catalogue() {
     );
     assert_eq!(table.lines().count(), 2 + 55);
 }
+
+/// Issue 26: `serve --help` names every built-in profile (as `profile
+/// list` does) and the `core` preset; `run -q` says nothing when
+/// `--on-end apply` brought everything in, and still says what it left.
+#[test]
+fn help_names_every_built_in_and_run_q_is_quiet() {
+    let help = sandmux(&["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    let list = sandmux(&["profile", "list"]).output().unwrap();
+    let builtins: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .filter(|l| l.contains(" builtin "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert!(builtins.len() >= 5, "{builtins:?}");
+    for b in &builtins {
+        assert!(
+            help.contains(b.as_str()),
+            "serve --help misses {b}:\n{help}"
+        );
+    }
+    assert!(help.contains("`core`"), "{help}");
+    let ws = Ws::new();
+    let state = host_dir();
+    let o = run(ws.path())
+        .quiet()
+        .state(state.path())
+        .script("echo work > notes.txt")
+        .output();
+    assert_eq!(o.stderr(), "", "run -q said something");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.txt")).unwrap(),
+        "work\n"
+    );
+    let o = run(ws.path())
+        .quiet()
+        .state(state.path())
+        .script("mkdir -p .vscode && echo '{}' > .vscode/tasks.json")
+        .output();
+    assert!(o.stderr().contains("held back"), "{}", o.stderr());
+}

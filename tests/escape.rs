@@ -271,24 +271,28 @@ fn accepted(l: &TcpListener) -> bool {
     l.accept().is_ok()
 }
 
-/// E20: no network in `none`; `loopback` is the sandbox's own loopback only.
+/// E20: `none` (default) and `loopback` (ci) have only the sandbox's own
+/// loopback: a connect to 127.0.0.1 is refused there, never reaches the
+/// host's listener on the same port; a server inside answers its client
+/// inside (the positive control that loopback is up).
 #[test]
 fn tcp_connect_none_and_loopback() {
     let ws = Ws::new();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let o = run_script(&ws, "default", &connect_script(port));
-    assert!(
-        text(&o).contains(&format!("ERR {}", libc::ENETUNREACH)),
-        "{}",
-        text(&o)
-    );
-    let o = run_script(&ws, "ci", &connect_script(port));
-    assert!(
-        text(&o).contains(&format!("ERR {}", libc::ECONNREFUSED)),
-        "{}",
-        text(&o)
-    );
+    for profile in ["default", "ci"] {
+        let o = run_script(&ws, profile, &connect_script(port));
+        assert!(
+            text(&o).contains(&format!("ERR {}", libc::ECONNREFUSED)),
+            "{profile}: {}",
+            text(&o)
+        );
+        let both = format!(
+            "python3 -c \"import socket\nl=socket.socket(); l.bind(('127.0.0.1',{port})); l.listen(1)\nc=socket.create_connection(('127.0.0.1',{port}),2); a=l.accept()[0]; c.sendall(b'ok'); print('INSIDE', a.recv(2).decode())\""
+        );
+        let o = run_script(&ws, profile, &both);
+        assert!(text(&o).contains("INSIDE ok"), "{profile}: {}", text(&o));
+    }
     assert!(!accepted(&l), "the host listener saw a connection");
 }
 

@@ -276,3 +276,139 @@ fn proxy_mode_run_confines_the_proxy_thread() {
     );
     assert!(main.contains("\nSeccomp:\t0\n"), "{main}");
 }
+
+/// What the agent's processes hold of inotify counts against the host
+/// user's budget, which the workspace guard and the human's editor share.
+/// The sandbox's user namespace caps it (`[limits] inotify_watches`, 16,384,
+/// and `inotify_instances`, 16): the probe, spending all it can from a
+/// pane's seat, stops at the caps with ENOSPC and EMFILE, and while it
+/// holds them the host user still makes an instance and 1,000 watches.
+/// Control: a profile with higher caps lets the same probe past them, up
+/// to half the host user's own limit.
+#[test]
+fn the_agent_cannot_spend_the_host_users_inotify_budget() {
+    let ws = Ws::new();
+    let probe = include_str!("probes/inotify.py");
+    std::fs::write(ws.path().join("inotify.py"), probe).unwrap();
+    let spend = |profile: &str, instances: &str| {
+        let mut child = run(ws.path())
+            .profile(profile)
+            .cmd(["python3", "inotify.py", "/tmp/w", "40000", instances])
+            .command()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut lines = Vec::new();
+        loop {
+            let mut l = String::new();
+            if std::io::BufRead::read_line(&mut out, &mut l).unwrap() == 0 || l == "held\n" {
+                break;
+            }
+            lines.push(l.trim().to_string());
+        }
+        // The host user, while the agent holds all it could get.
+        let host = nix::sys::inotify::Inotify::init(nix::sys::inotify::InitFlags::empty());
+        let host_ok = host.is_ok_and(|i| {
+            let d = tempfile::tempdir().unwrap();
+            (0..1000).all(|n| {
+                let p = d.path().join(n.to_string());
+                std::fs::create_dir(&p).unwrap();
+                i.add_watch(&p, nix::sys::inotify::AddWatchFlags::IN_CREATE)
+                    .is_ok()
+            })
+        });
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        (lines, host_ok)
+    };
+    let (lines, host_ok) = spend("default", "40");
+    assert_eq!(
+        lines,
+        ["watches 16384 stopped 28", "instances 16 stopped 24"],
+        "the caps"
+    );
+    assert!(
+        host_ok,
+        "the host user could not watch while the agent held its share"
+    );
+    let cfg = host_dir();
+    let high = profile_file(cfg.path(), "high", "default", |t| {
+        let e = t
+            .replace("inotify_watches = 16384", "inotify_watches = 1048576")
+            .replace("inotify_instances = 16", "inotify_instances = 1024");
+        assert_ne!(e, t, "the profile edit did not apply");
+        e
+    });
+    // Control: higher caps let it past.
+    let (lines, _) = spend(high.to_str().unwrap(), "40");
+    assert_eq!(
+        lines,
+        ["watches 40000 stopped none", "instances 40 stopped none"],
+        "control: higher caps"
+    );
+    // Above half the host user's own limits, that half is the cap (read
+    // from the report: spending it here would starve the tests beside).
+    let host = |name: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/sys/fs/inotify/{name}"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let want = format!(
+        "inotify capped at {} watches, {} instances",
+        (host("max_user_watches") / 2).min(1 << 20),
+        (host("max_user_instances") / 2).min(1024)
+    );
+    let check = sandmux(&["check", "--json", "-p", high.to_str().unwrap(), "-w"])
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert!(text(&check).contains(&want), "{want}: {}", text(&check));
+}
+
+/// `--toolchain go`: a Go root reached through a symlink is found from
+/// `GOROOT`, bound read-only at its resolved path, first on `PATH`, with
+/// its caches in the sandbox's home; an unknown name lists the known.
+#[test]
+fn a_lent_toolchain_is_on_path_read_only_with_its_caches_in_home() {
+    let ws = Ws::new();
+    let host = host_dir();
+    let root = std::fs::canonicalize(host.path()).unwrap().join("go-1.0");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::write(
+        root.join("bin/go"),
+        "#!/bin/sh\necho \"go from $GOROOT cache $GOCACHE\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        root.join("bin/go"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let link = host.path().join("go");
+    std::os::unix::fs::symlink(&root, &link).unwrap();
+    let script = format!("go; touch {}/x 2>&1 | grep -c Read-only", root.display());
+    let mut c = run(ws.path())
+        .flag("--toolchain", "go")
+        .script(&script)
+        .command();
+    let o = ran(c.env("GOROOT", &link));
+    o.code(0);
+    assert_eq!(
+        o.stdout(),
+        format!(
+            "go from {} cache /home/sandmux/.cache/go-build\n1\n",
+            root.display()
+        ),
+        "{o}"
+    );
+    run(ws.path())
+        .flag("--toolchain", "ruby")
+        .cmd(["true"])
+        .output()
+        .code(2)
+        .says("sandmux lends rust, python, node, go");
+}

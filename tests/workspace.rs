@@ -457,3 +457,42 @@ fn the_workspace_tops_mode_is_restored_at_the_end() {
         );
     }
 }
+
+/// Class 7: a tree bigger than the guard's walk at start reads (here
+/// 1,001,000 entries, as an earlier agent could leave them) would let the
+/// end sweep stop looking below it. Live mode refuses to start over it,
+/// naming the bound and copy-on-write; copy-on-write (control) starts over
+/// the same tree, since it guards nothing there.
+#[test]
+fn a_tree_past_the_walks_bound_refuses_live_mode() {
+    let ws = Ws::new();
+    let w = ws.path();
+    let src: Vec<PathBuf> = (0..17).map(|i| w.join(format!("f{i}"))).collect();
+    for s in &src {
+        std::fs::write(s, "").unwrap();
+    }
+    let mut n = 0usize;
+    for d in 0..1001 {
+        let dir = w.join(format!("d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for i in 0..1000 {
+            std::fs::hard_link(&src[n % src.len()], dir.join(i.to_string())).unwrap();
+            n += 1;
+        }
+    }
+    let host = host_dir();
+    let o = run_in(&w, "default", host.path(), "echo ran-live");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(!t.contains("ran-live"), "{t}");
+    assert!(
+        t.contains("more than 1000000 entries") && t.contains("copy-on-write"),
+        "{t}"
+    );
+    let o = run(&w)
+        .profile("default")
+        .state(host.path())
+        .script("echo ran-cow")
+        .output();
+    assert!(o.stdout().contains("ran-cow"), "{}", o.stderr());
+}

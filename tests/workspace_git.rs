@@ -33,6 +33,10 @@ mv lib lib2
 git -C vendor/mirror.git config core.fsmonitor "$P"
 git init -q fresh && git -C fresh config core.fsmonitor "$P"
 mkdir -p other/sub && echo "gitdir: $PWD/evil/gd" > other/sub/.git
+mkdir -p docs/objects docs/refs && echo 'ref: refs/heads/main' > docs/HEAD && printf '[core]\n\tfsmonitor = %s\n' "$P" > docs/config
+git init -q docs/w2 && git -C docs/w2 config core.fsmonitor "$P"
+mkdir -p docs/sub/objects docs/sub/refs && echo 'ref: refs/heads/main' > docs/sub/HEAD && printf '[core]\n\tfsmonitor = %s\n' "$P" > docs/sub/config
+mkdir -p docs/worktrees/x && echo 'ref: refs/heads/main' > docs/worktrees/x/HEAD && echo ../.. > docs/worktrees/x/commondir
 echo attacks-done
 "#;
 
@@ -49,6 +53,11 @@ fn git_control_plane_is_read_only_in_a_repository() {
         repo(&w);
         repo(&w.join("lib/inner"));
         git_ok(&w, &["init", "-q", "--bare", "vendor/mirror.git"]);
+        put(&w.join("docs/notes.txt"), "the human's\n");
+        // The human's own repository and tool configuration inside what
+        // the agent will shape: never taken.
+        repo(&w.join("docs/lib"));
+        put(&w.join("docs/sub2/.envrc"), "export HUMAN=1\n");
         let host = host_dir();
         let marker = host.path().join("MARKER");
         let config_before = std::fs::read(w.join(".git/config")).unwrap();
@@ -63,6 +72,11 @@ fn git_control_plane_is_read_only_in_a_repository() {
             w.join("fresh"),
             w.join("other/sub"),
             w.join("vendor/mirror.git"),
+            w.join("evil/gd"),
+            w.join("docs"),
+            w.join("docs/w2"),
+            w.join("docs/sub"),
+            w.join("docs/worktrees/x"),
         ] {
             if d.exists() {
                 let _ = git(&d, &["status"]);
@@ -85,13 +99,35 @@ fn git_control_plane_is_read_only_in_a_repository() {
                 w.join("lib/inner/.git").is_dir() && !w.join("lib2").exists(),
                 "{profile}"
             );
-            for planted in ["fresh/.git", "other/sub/.git", "evil/gd"] {
+            // A directory shaped as a bare repository loses its HEAD, and
+            // keeps the human's files beside the shape, the human's nested
+            // repository and tool configuration; what the agent nested in
+            // it is taken as anywhere else (the marker checks host git in
+            // each).
+            assert!(w.join("docs/lib/.git/HEAD").is_file(), "{profile}: {t}");
+            assert!(w.join("docs/sub2/.envrc").is_file(), "{profile}: {t}");
+            assert_eq!(
+                std::fs::read_to_string(w.join("docs/notes.txt"))
+                    .ok()
+                    .as_deref(),
+                Some("the human's\n"),
+                "{profile}: {t}"
+            );
+            for planted in [
+                "fresh/.git",
+                "other/sub/.git",
+                "evil/gd/HEAD",
+                "docs/HEAD",
+                "docs/w2/.git",
+                "docs/sub/HEAD",
+                "docs/worktrees/x/HEAD",
+            ] {
                 assert!(
                     std::fs::symlink_metadata(w.join(planted)).is_err(),
                     "{profile}: {planted} left in the workspace\n{t}"
                 );
                 assert!(
-                    t.contains(planted.split('/').next_back().unwrap()),
+                    t.contains(planted),
                     "{profile}: {planted} not reported\n{t}"
                 );
             }
@@ -306,6 +342,23 @@ echo attacks-done"#,
         log.contains("agent change") && log.contains("first commit"),
         "{log}"
     );
+    // The next step fetch names works: the edits are already in the
+    // working tree, and the reset makes the commits main's history.
+    let theirs = format!("refs/sandmux/{id}/main");
+    assert!(
+        text(&f).contains("next: ") && text(&f).contains(&format!("`git reset {theirs}`")),
+        "{}",
+        text(&f)
+    );
+    git_ok(&w, &["reset", "-q", &theirs]);
+    assert_eq!(
+        git_ok(&w, &["status", "--porcelain", "--untracked-files=no"]),
+        ""
+    );
+    assert_eq!(
+        git_ok(&w, &["log", "-1", "--format=%s"]).trim(),
+        "agent change"
+    );
     let _ = git(&w, &["status"]);
     let _ = git(&w, &["commit", "-q", "--allow-empty", "-m", "host"]);
     assert!(!marker.exists(), "agent code ran on the host\n{t}");
@@ -317,6 +370,25 @@ echo attacks-done"#,
         text(&f)
     );
     assert!(!host.path().join(format!("sandmux/git/{id}")).exists());
+
+    // A branch that rewrites the human's history gets no reset advice:
+    // the reset would drop the human's commit ("host") without a trace.
+    let (id, f) = plant_and_fetch(
+        &w,
+        &commit,
+        host.path(),
+        "git reset -q --soft HEAD~1 && echo x >> README && git commit -qam rewrite; echo planted=$?",
+    );
+    assert!(f.status.success(), "{}", text(&f));
+    assert!(
+        text(&f).contains("review before anything else")
+            && text(&f).contains("does not continue your history")
+            && !text(&f).contains("`git reset"),
+        "{}",
+        text(&f)
+    );
+    let _ = fetch(host.path(), &id, &["--prune"]);
+    git_ok(&w, &["checkout", "-q", "--", "README"]);
 
     // A reshaped repository (commondir redirect to a config of the agent's) is refused.
     let (_, f) = plant_and_fetch(&w, &commit, host.path(), &format!(

@@ -34,6 +34,10 @@ pub(crate) struct Report {
     pub all_passed: bool,
     /// The network mode, and in `proxy` mode the allow list.
     pub network: NetworkView,
+    /// Toolchains lent read-only, and where they came from.
+    pub toolchains: Vec<crate::profile::Lent>,
+    /// Read-only entries that are symlinks on the host, as resolved.
+    pub links: Vec<String>,
 }
 
 /// The profile's network, as `check` reports it.
@@ -43,13 +47,27 @@ pub(crate) struct NetworkView {
     pub mode: String,
     /// `proxy` mode: the names that may be reached, canonical.
     pub allow: Vec<String>,
+    /// `proxy` mode: each name dialled as the proxy would (`proxy::reach`).
+    pub reach: Vec<crate::proxy::reach::Reach>,
+}
+
+impl NetworkView {
+    /// Whether every allowed name could be reached.
+    fn reached(&self) -> bool {
+        self.reach.iter().all(|r| r.ok)
+    }
 }
 
 fn network_of(policy: &Policy) -> NetworkView {
+    let cfg = (policy.network.mode == crate::profile::NetMode::Proxy)
+        .then(|| crate::proxy::Config::of(&policy.network).ok())
+        .flatten();
     NetworkView {
         mode: policy.network.mode.name().into(),
-        allow: crate::proxy::Config::of(&policy.network)
-            .map(|c| c.list())
+        allow: cfg.as_ref().map(|c| c.list()).unwrap_or_default(),
+        reach: cfg
+            .as_ref()
+            .map(crate::proxy::reach::reach_all)
             .unwrap_or_default(),
     }
 }
@@ -60,7 +78,13 @@ pub(crate) fn run(policy: Policy) -> Report {
     let profile = policy.name.clone();
     let source = policy.source.to_string();
     let network = network_of(&policy);
-    match Instance::start(policy, crate::supervisor::Proof::Here) {
+    let toolchains = policy.toolchains.clone();
+    let links = crate::profile::links_said(&policy);
+    match Instance::start(
+        policy,
+        crate::supervisor::Proof::Here,
+        &crate::sandbox::rundir::Rundir::new_id(),
+    ) {
         Err(e) => Report {
             profile,
             source,
@@ -73,6 +97,8 @@ pub(crate) fn run(policy: Policy) -> Report {
             observations: vec![],
             all_passed: false,
             network,
+            toolchains,
+            links,
         },
         Ok(inst) => {
             let mut layers = inst.layers();
@@ -95,6 +121,7 @@ pub(crate) fn run(policy: Policy) -> Report {
             let enforceable = supervisor.is_ok();
             let error = error.or(supervisor.err().map(|e| e.message));
             let all_passed = error.is_none()
+                && network.reached()
                 && !observations.is_empty()
                 && observations.iter().all(|o| o.passed);
             Report {
@@ -107,6 +134,8 @@ pub(crate) fn run(policy: Policy) -> Report {
                 observations,
                 all_passed,
                 network,
+                toolchains,
+                links,
             }
         }
     }
@@ -144,6 +173,13 @@ fn judge_dropped(mut obs: Vec<Observation>, layers: &[LayerStatus]) -> Vec<Obser
             o.passed = true;
             o.observed = format!(
                 "{} (the uts layer is dropped: the profile's hostname is not set)",
+                o.observed
+            );
+        }
+        if o.name == "tcp_connect" && !o.passed && dropped(crate::profile::Layer::Net) {
+            o.passed = true;
+            o.observed = format!(
+                "{} (the net layer is dropped: the host's network is seen, limited by Landlock where it can)",
                 o.observed
             );
         }
@@ -241,6 +277,7 @@ pub(crate) fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<(
     writeln!(out, "sandmux check: profile '{}' ({})", r.profile, r.source)?;
     print_kernel(&r.kernel, out)?;
     print_network(&r.network, out)?;
+    print_lent(r, out)?;
     if let Some(e) = &r.error {
         writeln!(out, "\nERROR: {e}")?;
     }
@@ -345,8 +382,29 @@ fn print_network(n: &NetworkView, out: &mut impl Write) -> std::io::Result<()> {
                 n.allow.join(", ")
             }
         )?;
+        for r in &n.reach {
+            let verdict = if r.ok { "ok" } else { "FAILED" };
+            writeln!(out, "  {verdict:<7} {}: {}", r.name, r.detail)?;
+        }
     } else {
         writeln!(out, "\nnetwork: {}", n.mode)?;
+    }
+    Ok(())
+}
+
+/// The toolchains lent and the symlinks resolved, in the human report.
+fn print_lent(r: &Report, out: &mut impl Write) -> std::io::Result<()> {
+    if !r.toolchains.is_empty() {
+        writeln!(out, "\ntoolchains lent (read-only):")?;
+        for l in &r.toolchains {
+            writeln!(out, "  {}", crate::term::printable(&l.said()))?;
+        }
+    }
+    if !r.links.is_empty() {
+        writeln!(out, "\nread-only symlinks, resolved:")?;
+        for l in &r.links {
+            writeln!(out, "  {}", crate::term::printable(l))?;
+        }
     }
     Ok(())
 }

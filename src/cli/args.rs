@@ -21,8 +21,8 @@ pub(super) struct Cli {
 
 #[derive(clap::Args, Clone)]
 pub(super) struct Target {
-    /// Profile: a built-in name (default, ci, dev, container), a name in
-    /// ~/.config/sandmux/profiles, or a path to a TOML file.
+    /// Profile: a built-in name (default, ci, dev, registries, container), a
+    /// name in ~/.config/sandmux/profiles, or a path to a TOML file.
     #[arg(long, short, default_value = "default")]
     pub(super) profile: String,
     /// The directory the sandbox may write (default: the current directory).
@@ -33,6 +33,17 @@ pub(super) struct Target {
     /// `sandmux apply` brings in (copy-on-write), or in the host's tree (live).
     #[arg(long, value_enum, value_name = "MODE")]
     pub(super) workspace_mode: Option<crate::profile::WorkspaceMode>,
+    /// Lend a host toolchain read-only (rust, python, node, go; repeatable;
+    /// added to the profile's `[toolchains] lend`): found where its
+    /// installer put it, its bin first on PATH, its caches in the sandbox's
+    /// home. Not found or unreadable: sandmux does not start.
+    #[arg(long = "toolchain", value_name = "NAME", value_parser = clap::builder::ValueParser::new(parse_toolchain))]
+    pub(super) toolchains: Vec<crate::profile::Toolchain>,
+}
+
+/// A `--toolchain` name; an unknown one lists the known.
+fn parse_toolchain(s: &str) -> Result<crate::profile::Toolchain, String> {
+    s.parse()
 }
 
 #[derive(Subcommand)]
@@ -41,7 +52,9 @@ pub(super) enum Cmd {
     Run {
         #[command(flatten)]
         target: Target,
-        /// No `sandmux:` line on stderr naming the layers dropped.
+        /// Quiet: no `sandmux:` line on stderr naming the layers dropped or
+        /// saying that `--on-end apply` brought everything in (what it left
+        /// for you is still said).
         #[arg(long, short)]
         quiet: bool,
         /// Copy-on-write: what happens to the agent's changes when the
@@ -71,7 +84,9 @@ pub(super) enum Cmd {
         /// instance ends (keep: the human reviews them with `sandmux diff`).
         #[arg(long, value_enum, default_value = "keep", value_name = "WHAT")]
         on_end: crate::profile::OnEnd,
-        /// Comma-separated toolsets (inspect, manage, execute, teardown); default from the profile.
+        /// Comma-separated toolsets (inspect, manage, execute, teardown), or
+        /// the preset `core` (the ten tools of an agent's daily work); default
+        /// from the profile.
         #[arg(long)]
         toolsets: Option<String>,
         /// Extra tools to enable by exact name.

@@ -29,15 +29,21 @@ fn resolve_quiet(
     on_end: profile::OnEnd,
     quiet: bool,
 ) -> Result<profile::Policy, ExitCode> {
+    resolved(t, on_end, quiet).map_err(|e| fail(EXIT_USAGE, e))
+}
+
+/// [`resolve_quiet`], the error as text (`serve` also tells the client).
+fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::Policy, String> {
     let ws = t.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
-    let ws = profile::check_workspace(&ws).map_err(|e| fail(EXIT_USAGE, e))?;
-    let loaded: Loaded = profile::load(&t.profile).map_err(|e| fail(EXIT_USAGE, e))?;
+    let ws = profile::check_workspace(&ws).map_err(|e| e.to_string())?;
+    let mut loaded: Loaded = profile::load(&t.profile).map_err(|e| e.to_string())?;
+    loaded.profile.toolchains.lend.extend(&t.toolchains);
     let mut ctx = Context::of(ws);
     ctx.mode = t.workspace_mode;
     if loaded.may_fall_back(&ctx) {
         ctx.no_overlay = supervisor::layer::possible(&ctx.workspace).err();
     }
-    let mut policy = loaded.resolve(&ctx).map_err(|e| fail(EXIT_USAGE, e))?;
+    let mut policy = loaded.resolve(&ctx).map_err(|e| e.to_string())?;
     policy.on_end = on_end;
     match &policy.workspace_fallback {
         Some(why) if !quiet => tracing::warn!("the workspace is {why}"),
@@ -157,9 +163,7 @@ fn operator(cmd: Cmd) -> ExitCode {
         Cmd::Grant { sel } => operator_change("grant", sel, false),
         Cmd::Freeze { id } => operator_freeze("freeze", &id),
         Cmd::Thaw { id } => operator_freeze("thaw", &id),
-        Cmd::Journal { id, follow, json } => match crate::operator::find(&id)
-            .and_then(|f| crate::operator::journal(&f, follow, json, &mut std::io::stdout()))
-        {
+        Cmd::Journal { id, follow, json } => match journal(&id, follow, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(1, e),
         },
@@ -248,30 +252,48 @@ fn serve(
     // First, before any thread exists: from here on a termination signal is
     // serve's own (a clean stop), never the default action.
     let stop = crate::mcp::exit::Stop::install();
-    if on_end == profile::OnEnd::Apply {
-        let e = "serve --on-end apply: serve ends confined to what it needs, which is not the workspace; use keep (the default) and then `sandmux apply ID`, or discard";
-        return fail(EXIT_USAGE, e);
-    }
-    let code = match resolve(target, on_end) {
-        Ok(policy) => crate::mcp::serve(
-            policy,
-            crate::mcp::Options {
-                flags,
-                audit_log,
-                no_session,
-                record,
-                http,
-            },
-            &stop,
-        ),
-        Err(_) => EXIT_USAGE,
+    // A configuration error is the MCP client's answer to `initialize` too
+    // (over stdio), in the words the CLI prints, not a closed connection.
+    let refuse = |e: &str| {
+        let code = fail(EXIT_USAGE, e);
+        if http.is_none() {
+            crate::mcp::refusal::tell_client(&crate::term::message(e), &|| stop.signal().is_some());
+        }
+        code
     };
-    crate::mcp::exit::finish(code)
+    if on_end == profile::OnEnd::Apply {
+        return refuse("serve --on-end apply: serve ends confined to what it needs, which is not the workspace; use keep (the default) and then `sandmux apply ID`, or discard");
+    }
+    let policy = match resolved(target, on_end, false) {
+        Ok(p) => p,
+        Err(e) => return refuse(&e),
+    };
+    let opts = crate::mcp::Options {
+        flags,
+        audit_log,
+        no_session,
+        record,
+        http,
+    };
+    crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
+}
+
+/// `sandmux journal ID`: a running instance's records (`--follow`: until
+/// it ends), or a finished one's, from the audit log named after it.
+fn journal(id: &str, follow: bool, json: bool) -> Result<(), String> {
+    let out = &mut std::io::stdout();
+    match crate::operator::find(id) {
+        Ok(f) => crate::operator::journal(&f, follow, json, out),
+        Err(_) if !follow => {
+            crate::audit::finished(id).and_then(|p| crate::operator::journal_of_log(&p, json, out))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `sandmux audit verify PATH`.
 fn audit_verify(path: &std::path::Path) -> ExitCode {
-    match crate::mcp::audit::verify(path) {
+    match crate::audit::verify(path) {
         Ok(v) if v.sealed => {
             println!(
                 "{}: {} records, chain intact, sealed",
@@ -290,7 +312,7 @@ fn audit_verify(path: &std::path::Path) -> ExitCode {
 
 fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
     use nix::sys::signal::{SigSet, Signal};
-    let mut rundir = match Rundir::create() {
+    let mut rundir = match Rundir::create(&Rundir::new_id()) {
         Ok(r) => r,
         Err(e) => return fail(EXIT_INTERNAL, e),
     };
@@ -358,7 +380,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     if let Some(line) = supervisor::layer::finish(&policy, &id, live) {
         tracing::warn!("{line}");
     }
-    apply_on_end(&policy, &id);
+    apply_on_end(&policy, &id, quiet);
     match status {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;
@@ -413,11 +435,16 @@ fn said_over(over: &Over) -> bool {
 }
 
 /// `--on-end apply`, after the instance ended (and `finish` left the
-/// layer): the door's lines, on stderr.
-fn apply_on_end(policy: &profile::Policy, id: &str) {
+/// layer): the door's lines, on stderr; with `quiet`, only when something
+/// is left for the human.
+fn apply_on_end(policy: &profile::Policy, id: &str, quiet: bool) {
     let there = policy.layer.as_ref().is_some_and(|d| d.exists());
     if policy.on_end == profile::OnEnd::Apply && there {
-        for line in crate::door::on_end(id) {
+        let (lines, left) = crate::door::on_end(id);
+        if quiet && !left {
+            return;
+        }
+        for line in lines {
             eprintln!("sandmux: {}", crate::term::printable(&line));
         }
     }
@@ -433,7 +460,8 @@ fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
     let wsp = policy.workspace.clone();
-    let mut inst = match Instance::start(policy, crate::supervisor::Proof::Here) {
+    let mut inst = match Instance::start(policy, crate::supervisor::Proof::Here, &Rundir::new_id())
+    {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
@@ -464,7 +492,7 @@ fn shell(policy: profile::Policy) -> ExitCode {
         policy.on_end = profile::OnEnd::Keep;
     }
     inst.stop();
-    apply_on_end(&policy, &id);
+    apply_on_end(&policy, &id, false);
     if let Some(t) = tally {
         eprintln!("{}", crate::proxy::summary(&t));
     }
@@ -530,7 +558,7 @@ fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
 }
 
 fn hold_instance(policy: profile::Policy) -> ExitCode {
-    let inst = match Instance::start(policy, crate::supervisor::Proof::Here) {
+    let inst = match Instance::start(policy, crate::supervisor::Proof::Here, &Rundir::new_id()) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };

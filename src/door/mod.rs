@@ -9,6 +9,7 @@ pub(crate) mod diff;
 pub(crate) mod history;
 pub(crate) mod hold;
 pub(crate) mod precious;
+pub(crate) mod record;
 pub(crate) mod refs;
 pub(crate) mod xattr;
 
@@ -133,17 +134,27 @@ fn commits(
 }
 
 /// `sandmux discard ID`: removes the layer; 0, or 2 with the reason.
+/// The record is written after the removal: a disk the agent filled must
+/// not keep the human from freeing it (a record that cannot be written
+/// then is said on stderr).
 pub(crate) fn discard(id: &str) -> i32 {
-    match crate::supervisor::layer::discard(id) {
-        Ok(dir) => {
-            eprintln!("sandmux: removed {}", dir.display());
-            0
-        }
+    let dir = match crate::supervisor::layer::find(id) {
+        Ok((dir, _)) => dir,
         Err(e) => {
             eprintln!("sandmux: {}", crate::term::printable(&e));
-            2
+            return 2;
         }
+    };
+    let (line, code) = match crate::supervisor::layer::discard(id) {
+        Ok(dir) => (format!("removed {}", dir.display()), 0),
+        Err(e) => (format!("failed: {e}"), 2),
+    };
+    eprintln!("sandmux: {}", crate::term::printable(&line));
+    match record::Record::open(id, &dir) {
+        Ok(rec) => rec.done("discard", &[], &[line], code),
+        Err(e) => eprintln!("sandmux: not recorded: {}", crate::term::printable(&e)),
     }
+    code
 }
 
 /// `sandmux apply ID [PATHS…]`: 0 applied, 1 nothing to do, 3 applied
@@ -178,15 +189,17 @@ pub(crate) fn apply(
 /// everything `sandmux apply ID` would bring in, moved (renamed) out of the
 /// layer where it shares the workspace's file system. A layer left with
 /// nothing held back and no conflict is removed; otherwise it is kept and
-/// the last line says so. The lines are for stderr.
-pub(crate) fn on_end(id: &str) -> Vec<String> {
+/// the last line says so. The lines are for stderr; the flag says whether
+/// anything is left for the human.
+pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
     let (mut lines, _) = match apply_all_moving(id, &[], false, false, true) {
         Ok(r) => r,
         Err(e) => {
-            return vec![
+            let lines = vec![
                 format!("--on-end apply: {e}"),
                 crate::supervisor::layer::kept(id),
-            ]
+            ];
+            return (lines, true);
         }
     };
     // Left for the human: what was held back or in conflict, but a git
@@ -213,7 +226,7 @@ pub(crate) fn on_end(id: &str) -> Vec<String> {
             crate::supervisor::layer::kept(id)
         ));
     }
-    lines
+    (lines, left)
 }
 
 fn apply_all(
@@ -234,8 +247,44 @@ fn apply_all_moving(
 ) -> Result<(Vec<String>, i32), String> {
     let (dir, meta) = crate::supervisor::layer::find(id)?;
     let _ended = crate::supervisor::layer::ended(&dir, id)?;
+    let rec = record::Record::open(id, &dir)?;
     // What the layer holds changes: measured again when next listed.
     let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));
+    let action = match (undo, moving) {
+        (true, _) => "undo",
+        (false, true) => "on-end apply",
+        (false, false) => "apply",
+    };
+    let ctx = Through {
+        id,
+        dir: &dir,
+        meta: &meta,
+    };
+    let done = through(ctx, paths, include_control, undo, moving);
+    match &done {
+        Ok((lines, code)) => rec.done(action, paths, lines, *code),
+        Err(e) => rec.done(action, paths, &[format!("failed: {e}")], 2),
+    }
+    done
+}
+
+/// What the door works on: the instance, its layer and what it says.
+#[derive(Clone, Copy)]
+struct Through<'a> {
+    id: &'a str,
+    dir: &'a std::path::Path,
+    meta: &'a crate::supervisor::layer::Meta,
+}
+
+/// `apply` (or `--undo`) once the layer is locked and the log open.
+fn through(
+    t: Through<'_>,
+    paths: &[std::path::PathBuf],
+    include_control: bool,
+    undo: bool,
+    moving: bool,
+) -> Result<(Vec<String>, i32), String> {
+    let (id, dir, meta) = (t.id, t.dir.to_path_buf(), t.meta);
     if undo {
         let trees = diff::Trees::open(&dir, &meta.workspace)?;
         let (n, left) = apply::undo(&trees, &dir)?;

@@ -334,6 +334,37 @@ fn wait_bounded(
     })
 }
 
+/// What to do next, when the agent moved the branch checked out: its edits
+/// are already in the working tree (commit mode never keeps them out), so
+/// a merge would refuse; `git reset` moves HEAD and the index to the
+/// agent's commits and leaves the files as they are.
+fn next_step(workspace: &Path, id: &str) -> Option<String> {
+    let branch = git_out(workspace, &["symbolic-ref", "--quiet", "--short", "HEAD"]).ok()?;
+    let branch = branch.trim();
+    let theirs = format!("refs/sandmux/{id}/{branch}");
+    let ours = git_out(workspace, &["rev-parse", "--verify", "--quiet", "HEAD"]).ok()?;
+    let at = git_out(workspace, &["rev-parse", "--verify", "--quiet", &theirs]).ok()?;
+    if at.trim() == ours.trim() {
+        return None;
+    }
+    // Only a continuation of the human's history whose tree is what the
+    // working tree holds: else a reset would drop the human's commits or
+    // stage content the human never saw (a file committed, then deleted).
+    let continues = git_out(workspace, &["merge-base", "--is-ancestor", "HEAD", &theirs]).is_ok();
+    let same_tree = git_out(workspace, &["diff", "--quiet", &theirs, "--"]).is_ok();
+    let line = if continues && same_tree {
+        format!("next: the agent's edits are already in your working tree; `git reset {theirs}` makes its commits {branch}'s history (HEAD and the index move, your files do not)")
+    } else {
+        let why = if continues {
+            "its commits hold content your working tree does not"
+        } else {
+            "it does not continue your history (it would drop commits of yours)"
+        };
+        format!("next: review before anything else: {theirs} is not your working tree's state: {why}; see `git log -p HEAD..{theirs}` and `git diff {theirs}`")
+    };
+    Some(crate::term::printable(&line))
+}
+
 /// `sandmux git fetch ID [--prune]`: the instance's commits into
 /// `refs/sandmux/<id>/*` of the workspace's repository. Returns the lines to print.
 pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
@@ -401,6 +432,7 @@ pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
     if lines.is_empty() {
         lines.push(format!("instance {id} made no branch"));
     }
+    lines.extend(next_step(&meta.workspace, id));
     if prune {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
         lines.push(format!("removed {}", dir.display()));

@@ -36,7 +36,9 @@ pub(crate) struct Taken {
     pub path: PathBuf,
     /// Where it is kept now, if it was kept.
     pub kept: Option<PathBuf>,
-    /// `rename`, `copy` (across file systems), or `removed` (over the budget).
+    /// `rename`, `copy` (across file systems), `copy, in part` (across
+    /// file systems, past the budget: the rest is removed), `removed` (over
+    /// the budget) or `FAILED`.
     pub how: String,
     /// Why it was taken: the guarded name or "new repository".
     pub why: String,
@@ -132,6 +134,7 @@ impl Quarantine {
             budget: Budget {
                 bytes: MAX_KEPT_BYTES,
                 entries: MAX_KEPT_ENTRIES,
+                lost: 0,
             },
             kept_items: 0,
             seq: 0,
@@ -195,18 +198,23 @@ impl Quarantine {
             ) {
                 Ok(()) => "rename",
                 Err(nix::Error::EXDEV) => {
-                    let _ = copy_tree(
+                    self.budget.lost = 0;
+                    if copy_tree(
                         &parent,
                         Path::new(name),
                         &self.fd,
                         Path::new(&kept_name),
                         &mut self.budget,
                         0,
-                    );
-                    if remove(&parent) {
-                        "copy"
-                    } else {
-                        "FAILED"
+                    )
+                    .is_err()
+                    {
+                        self.budget.lost += 1;
+                    }
+                    match (remove(&parent), self.budget.lost) {
+                        (false, _) => "FAILED",
+                        (true, 0) => "copy",
+                        (true, _) => "copy, in part",
                     }
                 }
                 Err(_) => {
@@ -258,10 +266,13 @@ pub(crate) fn redirect_or_self(root: &OwnedFd, rel: &Path) -> Option<PathBuf> {
     None
 }
 
-/// What a copy may still use: bytes of file content and entries.
+/// What a copy may still use: bytes of file content and entries; and what
+/// it could not keep.
 pub(crate) struct Budget {
     bytes: u64,
     entries: usize,
+    /// Entries not kept whole (cut, skipped, unreadable), this copy.
+    lost: usize,
 }
 
 /// Copies `name` under `src` to `to` under `dst` without following links,
@@ -275,6 +286,7 @@ fn copy_tree(
     depth: usize,
 ) -> nix::Result<()> {
     if budget.entries == 0 {
+        budget.lost += 1;
         return Ok(());
     }
     budget.entries -= 1;
@@ -287,7 +299,9 @@ fn copy_tree(
             let dd = beneath(dst, to, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
             let mut dir = nix::dir::Dir::from_fd(sd.try_clone().map_err(|_| nix::Error::EBADF)?)?;
             for n in entries(&mut dir) {
-                let _ = copy_tree(&sd, Path::new(&n), &dd, Path::new(&n), budget, depth + 1);
+                if copy_tree(&sd, Path::new(&n), &dd, Path::new(&n), budget, depth + 1).is_err() {
+                    budget.lost += 1;
+                }
             }
             Ok(())
         }
@@ -318,12 +332,20 @@ fn copy_tree(
             )?;
             let mut r = std::fs::File::from(f).take(budget.bytes);
             let mut w = std::fs::File::from(o);
+            let size = nix::sys::stat::fstat(r.get_ref().as_fd())?.st_size as u64;
             let n = std::io::copy(&mut r, &mut w).unwrap_or(0);
             let _ = w.flush();
             budget.bytes = budget.bytes.saturating_sub(n);
+            if n < size {
+                budget.lost += 1;
+            }
             Ok(())
         }
-        _ => Ok(()), // devices, fifos, sockets, too deep: not kept
+        _ => {
+            // Devices, FIFOs, sockets, too deep: not kept.
+            budget.lost += 1;
+            Ok(())
+        }
     }
 }
 
@@ -401,6 +423,7 @@ mod tests {
         let mut budget = Budget {
             bytes: 3,
             entries: 100,
+            lost: 0,
         };
         copy_tree(
             &fd,
@@ -411,6 +434,7 @@ mod tests {
             0,
         )
         .unwrap();
+        assert_eq!(budget.lost, 1, "the cut file is counted");
         remove_tree(&fd, Path::new("d"), 0);
         assert!(!ws.join("d").exists());
         assert_eq!(

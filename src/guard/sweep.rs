@@ -115,8 +115,20 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
                             "left in place, as the profile allows new repositories: {} (host git obeys its config and hooks)",
                             crate::term::printable(&t.root.join(r).to_string_lossy())
                         ));
-                    } else {
+                    } else if r.file_name().is_some_and(|n| n == ".git") {
                         new.insert((r.components().count(), r.clone(), "new repository"));
+                    } else {
+                        let mut shape = Shape {
+                            root: &t.root,
+                            names: &guard.names,
+                            at_start: &t.at_start,
+                            take: Vec::new(),
+                            warnings: &mut warnings,
+                        };
+                        shape.visit(r, 0);
+                        for (p, why) in shape.take {
+                            new.insert((p.components().count(), p, why));
+                        }
                     }
                 }
                 if t.at_start.special_overflow {
@@ -163,6 +175,71 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
         }
     }
     (out, warnings)
+}
+
+/// What to take for directories newly shaped as bare repositories: each
+/// may be one of the human's with the shape added beside their files, so
+/// only its `HEAD` (without which git discovers nothing there), and what
+/// the walk finds inside it (the walk stops at a repository's shape) that
+/// was not there at start: nested `.git`s whole, nested shapes the same
+/// way, guarded names. Never a whole directory, never anything the human
+/// had: where the inside cannot be read whole (too deep, too big, a
+/// directory it cannot open), a warning says so.
+struct Shape<'a> {
+    root: &'a Path,
+    names: &'a [PathBuf],
+    at_start: &'a scan::Found,
+    take: Vec<(PathBuf, &'static str)>,
+    warnings: &'a mut Vec<String>,
+}
+
+impl Shape<'_> {
+    fn visit(&mut self, r: &Path, depth: usize) {
+        self.take.push((
+            r.join("HEAD"),
+            "new repository's HEAD (a directory shaped as a bare repository)",
+        ));
+        let shown = crate::term::printable(&self.root.join(r).to_string_lossy());
+        if depth >= 8 {
+            self.warnings.push(format!("{shown}: shaped as a repository 8 levels deep in other shapes; only its HEAD was taken, and what is below it was not checked"));
+            return;
+        }
+        // The human's locked directories below stay locked.
+        let keep: BTreeSet<PathBuf> = self
+            .at_start
+            .unreadable
+            .iter()
+            .filter_map(|u| u.strip_prefix(r).ok().map(Path::to_path_buf))
+            .collect();
+        let found = match scan::walk_unlocking(&self.root.join(r), self.names, true, &keep) {
+            Ok(f) => f,
+            Err(e) => {
+                self.warnings.push(format!("{shown}: shaped as a repository; its HEAD was taken, but its inside could not be read ({e}): check it yourself"));
+                return;
+            }
+        };
+        if !found.complete || !found.unreadable.is_empty() {
+            self.warnings.push(format!("{shown}: shaped as a repository; its HEAD was taken, but its inside could not be read whole: repositories and guarded names below it were not all checked"));
+        }
+        let had = |p: &PathBuf| self.at_start.repos.contains(p) || self.at_start.names.contains(p);
+        for x in &found.repos {
+            let p = r.join(x);
+            if had(&p) {
+                continue;
+            }
+            if x.file_name().is_some_and(|n| n == ".git") {
+                self.take.push((p, "new repository"));
+            } else {
+                self.visit(&p, depth + 1);
+            }
+        }
+        for n in &found.names {
+            let p = r.join(n);
+            if !had(&p) {
+                self.take.push((p, "guarded name"));
+            }
+        }
+    }
 }
 
 /// Removes the socket, FIFO or device node at `rel` (checked again through
@@ -253,6 +330,10 @@ pub(crate) fn summary(taken: &[Taken]) -> Vec<String> {
                 match (&t.kept, t.how.as_str()) {
                     (Some(k), how) if how.contains("restored") => format!(
                         "moved to {}; the original restored",
+                        crate::term::printable(&k.to_string_lossy())
+                    ),
+                    (Some(k), "copy, in part") => format!(
+                        "copied IN PART to {} (the quarantine's budget was spent, or entries could not be read); what did not fit is gone",
                         crate::term::printable(&k.to_string_lossy())
                     ),
                     (Some(k), _) =>

@@ -468,6 +468,17 @@ pub(crate) fn start_for(
         code: Some(crate::sandbox::EXIT_USAGE),
         layers: vec![],
     };
+    // A tree bigger than the walk at start reads: the end sweep could not
+    // tell what the agent added below (an earlier agent can fill a tree to
+    // get there). An agent that fills it during this instance makes the end
+    // sweep stop too; that one says so (threat model, live mode).
+    if let Some(t) = policy.guard.trees.iter().find(|t| !t.at_start.complete) {
+        return Err(refuse(format!(
+            "{} holds more than {} entries, more than the guard's walk at start reads, so it could not tell at the end what the agent added below; run it copy-on-write (--workspace-mode copy-on-write, the built-ins' default), or make the tree smaller",
+            crate::term::printable(&t.root.to_string_lossy()),
+            super::scan::MAX_ENTRIES
+        )));
+    }
     // Where the mount layer may be missing, keep copies to restore from.
     let snapshots = if policy.best_effort.contains(&crate::profile::Layer::Mount) {
         policy

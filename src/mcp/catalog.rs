@@ -303,7 +303,7 @@ pub(crate) static TOOLS: &[ToolDef] = &[
     tool!("show_buffer", Inspect, ContentRead, buffers::ShowBuffer, read::Captured, buffers::show_buffer, "Show a buffer made by load_buffer (tail-capped)."),
     tool!("call_read_tools_batch", Inspect, ContentRead, instance::Batch, instance::BatchResult, instance::call_read_tools_batch, "Run up to 100 inspect tools in order under one deadline; each result or error in place.", batch: true),
     tool!("export_replay", Inspect, ContentRead, instance::Replay, instance::ReplayResult, instance::export_replay, "Terminal output as asciicast v2 (`asciinema play`), filtered of escapes that act on a viewer: a window of the --record file (page with offset = next_offset), else a pane snapshot. Input is never recorded."),
-    tool!("sandbox_status", Inspect, MetadataRead, tools::NoArgs, status::Status, status::sandbox_status, "What confines this terminal: each layer (in force or not, as observed), profile, network, writable paths, limits, workspace guard, audit log.", while_frozen: true),
+    tool!("sandbox_status", Inspect, MetadataRead, tools::NoArgs, status::Status, status::sandbox_status, "What confines this terminal: layers as observed, profile, network, workspace mode/guard, limits, audit log.", while_frozen: true),
     // manage
     tool!("rename_session", Manage, ChangeInPlace, sessions::RenameSession, tools::Done, sessions::rename_session, "Rename a session; the name is stored as text, never expanded."),
     tool!("rename_window", Manage, ChangeInPlace, windows::RenameWindow, tools::Done, windows::rename_window, "Rename a window; the name is stored as text."),
@@ -327,8 +327,8 @@ pub(crate) static TOOLS: &[ToolDef] = &[
     tool!("send_keys_batch", Execute, PaneInput, input::SendBatch, input::BatchSent, input::send_keys_batch, "Several send_keys operations in order (at most 100), with one deadline.", secret: &["text", "keys"], batch: true),
     tool!("paste_text", Execute, PaneInput, input::PasteText, input::Sent, input::paste_text, "Paste multi-line text through a buffer, bracketed by default, so the shell does not run it line by line.", secret: &["text"]),
     tool!("paste_buffer", Execute, PaneInput, input::PasteBuffer, input::Sent, input::paste_buffer, "Paste a buffer made by load_buffer into a pane."),
-    tool!("run_command", Execute, PaneInput, commands::RunCommand, follow::RunResult, commands::run_command, "Run a command in the pane's shell: its output tail and exit status (`cd`/`export` persist; `exit` ends the pane: pane_exited). A pane not at its prompt (REPL, pager, editor, job) is refused unless when_busy=\"type\". On timeout it keeps running: collect it with wait_for_command(command_id), or interrupt_on_timeout sends C-c.", secret: &["command"]),
-    tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, follow::RunResult, commands::wait_for_command, "Wait for a run_command that timed out, by its command_id: the run_command result once it ends, or timeout again. The 64 latest ids are kept.", waits: true),
+    tool!("run_command", Execute, PaneInput, commands::RunCommand, follow::RunResult, commands::run_command, "Run a command in the pane's shell: its output (head and tail) and exit status (`cd`/`export` persist; `exit` ends the pane). A pane not at its prompt is refused unless when_busy=\"type\". On timeout it keeps running: collect it with wait_for_command(command_id), or interrupt_on_timeout sends C-c.", secret: &["command"]),
+    tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, follow::RunResult, commands::wait_for_command, "Wait for a run_command that timed out (its command_id): its result once it ends, or timeout again. The 64 latest ids are kept.", waits: true),
     tool!("set_option", Execute, ChangeInPlace, options::SetOption, tools::Done, options::set_option, "Set one of a few harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...).", secret: &["value"]),
     tool!("set_environment", Execute, ChangeInPlace, options::SetEnv, tools::Done, options::set_environment, "Set a variable in the global or a session's environment (for later panes); tmux, sandmux and loader names are refused.", secret: &["value"]),
     // teardown
@@ -364,6 +364,7 @@ pub(crate) fn markdown_table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_tool_is_classified_once_with_object_schemas() {
@@ -442,6 +443,39 @@ mod tests {
             ]
         );
         assert_eq!(maps, &["environment"]);
+    }
+
+    /// What any tool declares secret is digested in every record of the
+    /// audit log (an unknown tool's and a batch's operations too); a
+    /// declared map keeps its names.
+    #[test]
+    fn the_catalogues_secrets_are_digested_in_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.jsonl");
+        let a = crate::audit::Audit::open(&p, 1 << 20, secrets()).unwrap();
+        let (digested, maps) = secrets();
+        let mut calls: Vec<Value> = digested
+            .iter()
+            .map(|a| json!({ *a: "s3cret", "operations": [{ *a: ["s3cret"] }] }))
+            .collect();
+        calls.extend(maps.iter().map(|a| json!({ *a: {"NAME": "s3cret"} })));
+        for args in &calls {
+            a.event(crate::audit::Entry {
+                tool: "no_such_tool",
+                toolset: None,
+                outcome: "event",
+                error_type: None,
+                duration_ms: 0,
+                request_id: String::new(),
+                client_id: None,
+                http: None,
+                args,
+            });
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(text.lines().count(), calls.len());
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(text.contains("\"NAME\""), "{text}");
     }
 
     /// The toolsets' names are the profile's (serde) names, each once.

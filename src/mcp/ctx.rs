@@ -52,6 +52,10 @@ pub(crate) struct State {
     pub enabled: std::sync::RwLock<std::collections::BTreeSet<&'static str>>,
     /// The most that may ever be enabled: what the instance started with.
     pub ceiling: std::collections::BTreeSet<&'static str>,
+    /// Whether `run_command` may make the first session again once the
+    /// last shell exited (not with `--no-session`, nor with
+    /// `create_session` excluded by name).
+    pub remake_session: bool,
     /// The `--record` recording, if any.
     pub record: Option<Arc<super::record::Recording>>,
     /// The MCP clients, once connected (for tools/list_changed).
@@ -72,6 +76,8 @@ pub(crate) struct State {
     /// Set once the first sessions, their watchers and the drift baseline
     /// exist (the MCP handshake does not wait for them; calls do).
     pub ready: tokio::sync::watch::Sender<Option<Result<(), String>>>,
+    /// The allowlist proxy's last refusals (network mode `proxy`).
+    pub refusals: Arc<crate::proxy::refusals::Refusals>,
 }
 
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at

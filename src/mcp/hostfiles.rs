@@ -72,24 +72,6 @@ pub(super) fn outside_agent_writable(
     Ok(resolved)
 }
 
-/// The default audit log: `$XDG_STATE_HOME/sandmux/audit/<time>-<id>.jsonl`
-/// (or `~/.local/state/...`).
-pub(super) fn default_audit_path(id: &str) -> Result<PathBuf, String> {
-    let base = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .ok_or("no XDG_STATE_HOME or HOME for the audit log; pass --audit-log PATH")?;
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(base
-        .join("sandmux")
-        .join("audit")
-        .join(format!("{secs}-{id}.jsonl")))
-}
-
 /// Applies the user's retention to the default audit directory (where
 /// `audit` was opened), and records what it removed.
 pub(super) fn retain(audit: &audit::Audit) -> Result<(), String> {

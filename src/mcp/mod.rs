@@ -10,7 +10,7 @@
 //! `kill_server` or the server's death all end in the same teardown; a signal
 //! during start-up ends it at the next step ([`exit`]).
 
-pub(crate) mod audit;
+pub(crate) use crate::audit;
 mod backlog;
 pub(crate) mod bounds;
 pub(crate) mod catalog;
@@ -28,7 +28,7 @@ pub(crate) mod oom;
 pub(crate) mod prompts;
 mod proxy;
 pub(crate) mod record;
-mod refusal;
+pub(crate) mod refusal;
 pub mod replay_filter;
 pub(crate) mod resources;
 pub(crate) mod reverts;
@@ -45,7 +45,7 @@ use crate::profile::Policy;
 use crate::supervisor::Instance;
 use crate::tmux::hub::Hub;
 use generation::{confine_self, info_of};
-use hostfiles::{default_audit_path, outside_agent_writable, retain};
+use hostfiles::{outside_agent_writable, retain};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,7 +108,7 @@ fn host_files(
 ) -> Result<(Arc<audit::Audit>, Option<Arc<record::Recording>>), String> {
     let audit_path = match opts.audit_log.clone() {
         Some(p) => p,
-        None => default_audit_path(id)?,
+        None => audit::default_path(id)?,
     };
     let audit_path = outside_agent_writable(&audit_path, policy, "the audit log", "--audit-log")?;
     let record = opts
@@ -120,9 +120,13 @@ fn host_files(
         .map(|r| record::Recording::open(&r, policy.recording.max_bytes.0))
         .transpose()
         .map_err(|e| format!("--record: {e}"))?;
-    let audit = audit::Audit::open(&audit_path, policy.mcp.audit_max_bytes.0)
-        .map(Arc::new)
-        .map_err(|e| format!("{e} (pass --audit-log PATH)"))?;
+    let audit = audit::Audit::open(
+        &audit_path,
+        policy.mcp.audit_max_bytes.0,
+        catalog::secrets(),
+    )
+    .map(Arc::new)
+    .map_err(|e| format!("{e} (pass --audit-log PATH)"))?;
     if opts.audit_log.is_none() {
         retain(&audit).map_err(|e| e.to_string())?;
     }
@@ -139,7 +143,12 @@ struct Started {
 /// Start-up steps 3-4: the broker and the sandbox (the sessions are the
 /// hub's, step 7). Ends what exists and gives the exit status on failure (or on
 /// a stop that came meanwhile).
-fn start(policy: &Policy, stop: &exit::Stop, audit: &audit::Audit) -> Result<Started, i32> {
+fn start(
+    policy: &Policy,
+    stop: &exit::Stop,
+    audit: &audit::Audit,
+    id: &str,
+) -> Result<Started, i32> {
     // What the confined supervisor cannot do itself (later generations, the
     // signals freezer) is the broker's. It is started from this thread (its
     // parent-death signal follows the thread that forked it, and this one
@@ -148,19 +157,20 @@ fn start(policy: &Policy, stop: &exit::Stop, audit: &audit::Audit) -> Result<Sta
     let broker = crate::supervisor::broker::Broker::spawn();
     // A start-up step that fails while a stop is pending is reported, and the
     // stop decides the status (a terminal's ^C reaches the sandbox too).
-    let mut inst = Instance::start(policy.clone(), crate::supervisor::Proof::Hub).map_err(|e| {
-        tracing::error!("{e}");
-        match stop.signal() {
-            Some(sig) => stopped(audit, None, sig),
-            None => {
-                refusal::tell_client(&e.message, &|| stop.signal().is_some());
-                match stop.signal() {
-                    Some(sig) => stopped(audit, None, sig),
-                    None => e.exit_code(),
+    let mut inst =
+        Instance::start(policy.clone(), crate::supervisor::Proof::Hub, id).map_err(|e| {
+            tracing::error!("{e}");
+            match stop.signal() {
+                Some(sig) => stopped(audit, None, sig),
+                None => {
+                    refusal::tell_client(&e.message, &|| stop.signal().is_some());
+                    match stop.signal() {
+                        Some(sig) => stopped(audit, None, sig),
+                        None => e.exit_code(),
+                    }
                 }
             }
-        }
-    })?;
+        })?;
     if let Some(sig) = stop.signal() {
         return Err(stopped(audit, Some(inst), sig));
     }
@@ -258,6 +268,12 @@ struct Prepared {
     tools: (Tools, Tools),
     /// The `--http` plan, checked.
     http: Option<http::Plan>,
+    /// The instance id: the rundir's, the layer's and the audit log's name.
+    id: String,
+    /// Whether `run_command` may make the first session again once the
+    /// last shell exited: there was one, and `create_session` was not
+    /// excluded by name.
+    remake_session: bool,
     audit: Arc<audit::Audit>,
     record: Option<Arc<record::Recording>>,
 }
@@ -267,11 +283,16 @@ struct Prepared {
 fn prepare(policy: &Policy, opts: &Options) -> Result<Prepared, String> {
     let tools = tools(policy, opts)?;
     let http = opts.http.as_ref().map(http::plan).transpose()?;
-    let id = crate::nonce::hex()[..12].to_string();
+    let id = crate::sandbox::rundir::Rundir::new_id();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let remake_session =
+        !opts.no_session && !toolsets::excludes(&opts.flags, &env, "create_session");
     let (audit, record) = host_files(policy, opts, &id)?;
     Ok(Prepared {
         tools,
         http,
+        id,
+        remake_session,
         audit,
         record,
     })
@@ -284,13 +305,16 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("{e}");
+            if opts.http.is_none() {
+                refusal::tell_client(&crate::term::message(&e), &|| stop.signal().is_some());
+            }
             return crate::sandbox::EXIT_USAGE;
         }
     };
     if let Some(sig) = stop.signal() {
         return stopped(&pre.audit, None, sig);
     }
-    let started = match start(&policy, stop, &pre.audit) {
+    let started = match start(&policy, stop, &pre.audit, &pre.id) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -357,10 +381,12 @@ fn hand_over(
     *left.inst.lock().unwrap_or_else(|p| p.into_inner()) = Some(st.inst);
     let shutdown = stop.token();
     let (reverts, frozen) = (left.reverts.clone(), left.frozen.clone());
+    let refusals = left.flood.refusals.clone();
     let Prepared {
         tools: (ceiling, enabled),
         audit,
         record,
+        remake_session,
         ..
     } = pre;
     let make: MakeState = Box::new(move |hub: Arc<Hub>| {
@@ -376,6 +402,7 @@ fn hand_over(
             shutdown,
             enabled: std::sync::RwLock::new(enabled),
             ceiling,
+            remake_session,
             record,
             peers: Default::default(),
             http: Default::default(),
@@ -385,6 +412,7 @@ fn hand_over(
             freeze: frozen,
             broker: Some(broker),
             ready: tokio::sync::watch::channel(None).0,
+            refusals,
         })
     });
     Ok((left, conn, make))

@@ -12,6 +12,7 @@
 //! (`args.open_at_stop`).
 
 use super::audit::{Audit, Entry};
+use crate::proxy::refusals::Refusals;
 use crate::proxy::tally::{self, Tally};
 use crate::proxy::{Config, Event, Sink};
 use crate::term::printable;
@@ -38,6 +39,8 @@ struct State {
 /// The decisions on their way to the audit log.
 pub(super) struct Flood {
     state: Mutex<State>,
+    /// The last refusals, for the agent (`sandbox_status`, `run_command`).
+    pub(super) refusals: Arc<Refusals>,
     audit: Arc<Audit>,
     open: Arc<AtomicUsize>,
 }
@@ -47,12 +50,14 @@ impl Flood {
     pub(super) fn new(audit: Arc<Audit>) -> Arc<Flood> {
         Arc::new(Flood {
             state: Mutex::default(),
+            refusals: Arc::default(),
             audit,
             open: Arc::default(),
         })
     }
 
     fn add(&self, ev: Event) {
+        self.refusals.add(&ev);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.written < PER_INTERVAL {
             s.written += 1;

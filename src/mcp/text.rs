@@ -65,9 +65,22 @@ const KEYS: &[&str] = &[
     "KP3", "KP4", "KP5", "KP6", "KP7", "KP8", "KP9", "KP/", "KP*", "KP-", "KP+", "KP.", "KPEnter",
 ];
 
+/// Longest key name (`C-M-S-BSpace` and the like are far shorter).
+const KEY_MAX: usize = 32;
+/// Most key names in one call: tmux parses them all as one command, and
+/// thousands overflow its parser.
+pub(crate) const MAX_KEYS: usize = 512;
+
 /// Validates a tmux key name such as `C-c`, `M-x`, `Enter`, `S-Up`, `F5` or a
 /// single character. Anything else is refused, never typed as text.
 pub(crate) fn key(k: &str) -> Result<(), ToolError> {
+    if k.len() > KEY_MAX {
+        return Err(ToolError::invalid(
+            "keys",
+            &format!("{:?} is not a key name", shown(k)),
+            "use names like C-c, Enter, Escape, Up, F5, M-x; send literal text with the `text` argument",
+        ));
+    }
     let mut rest = k;
     loop {
         match rest.get(..2) {
@@ -81,7 +94,7 @@ pub(crate) fn key(k: &str) -> Result<(), ToolError> {
     } else {
         Err(ToolError::invalid(
             "keys",
-            &format!("{k:?} is not a key name"),
+            &format!("{:?} is not a key name", shown(k)),
             "use names like C-c, Enter, Escape, Up, F5, M-x; send literal text with the `text` argument",
         ))
     }
@@ -165,8 +178,7 @@ pub(crate) fn clean(bytes: &[u8]) -> String {
                     None => {}
                 }
             }
-            b'\r' => i += 1,
-            b'\n' | b'\t' => {
+            b'\r' | b'\n' | b'\t' => {
                 out.push(b);
                 i += 1;
             }
@@ -178,10 +190,68 @@ pub(crate) fn clean(bytes: &[u8]) -> String {
         }
     }
     // C1 controls (U+0080–U+009F) act like escapes on some terminals: dropped too.
-    String::from_utf8_lossy(&out)
+    let text: String = String::from_utf8_lossy(&out)
         .chars()
         .filter(|c| !('\u{80}'..='\u{9f}').contains(c))
-        .collect()
+        .collect();
+    // The last piece has no line end yet (a prompt waiting for input, as
+    // "$ "): its trailing spaces are content a wait may look for.
+    let pieces: Vec<&str> = text.split('\n').collect();
+    let last = pieces.len() - 1;
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(i, l)| as_seen(l, i < last))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One line as a terminal leaves it: a carriage return goes back to the
+/// line's start and what follows overwrites (a progress line is its last
+/// state), trailing padding of an ended line is gone, and sandmux's own wrapper around a
+/// `run_command` line (`__sandmux_run NONCE 'quoted'`) shows as the command.
+fn as_seen(line: &str, ended: bool) -> String {
+    let mut s = if line.contains('\r') {
+        let mut cells: Vec<char> = Vec::new();
+        let mut col = 0;
+        for ch in line.chars() {
+            if ch == '\r' {
+                col = 0;
+                continue;
+            }
+            match cells.get_mut(col) {
+                Some(c) => *c = ch,
+                None => cells.push(ch),
+            }
+            col += 1;
+        }
+        cells.into_iter().collect()
+    } else {
+        line.to_string()
+    };
+    if ended {
+        s.truncate(s.trim_end_matches(' ').len());
+    }
+    unwrapped(&s).unwrap_or(s)
+}
+
+/// `PREFIX__sandmux_run NONCE 'CMD'` (the line `run_command` types, as the
+/// shell echoes it) → `PREFIXCMD`; `None` for any other line.
+fn unwrapped(line: &str) -> Option<String> {
+    const FN: &str = "__sandmux_run ";
+    let at = line.find(FN)?;
+    let rest = &line[at + FN.len()..];
+    let (nonce, quoted) = (rest.get(..12)?, rest.get(12..)?);
+    if !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let inner = quoted.strip_prefix(" '")?.strip_suffix('\'')?;
+    let cmd = inner.replace("'\\''", "'");
+    // Anything else quoted is not the form sandmux types.
+    if inner.replace("'\\''", "").contains('\'') {
+        return None;
+    }
+    Some(format!("{}{cmd}", &line[..at]))
 }
 
 /// Text kept within a line and byte budget, tail first.
@@ -242,6 +312,26 @@ pub(crate) fn shown(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_read_like_a_terminal() {
+        assert_eq!(clean(b"10%\r50%\r100%\r\n"), "100%\n");
+        assert_eq!(clean(b"abcdef\rXY"), "XYcdef");
+        assert_eq!(clean(b"x   \r\n  y  \n$ "), "x\n  y\n$ ");
+        let typed = format!(
+            "$  {}",
+            crate::mcp::tools::commands::wrap("echo 'hi'", "0123456789ab", false)
+        );
+        assert_eq!(clean(typed.as_bytes()), "$  echo 'hi'");
+        // Not the form sandmux types: left as it is.
+        for l in [
+            "__sandmux_run 0123456789ab 'a'b'",
+            "__sandmux_run nothex000000 'a'",
+            "__sandmux_run 0123456789ab 'open",
+        ] {
+            assert_eq!(clean(l.as_bytes()), l);
+        }
+    }
 
     #[test]
     fn keys() {

@@ -149,6 +149,20 @@ pub(crate) fn select(
     Ok(on)
 }
 
+/// Whether `--exclude-tools` (or `SANDMUX_EXCLUDE_TOOLS`) names `name`:
+/// the human withheld it on purpose, beyond what the toolsets offer.
+pub(crate) fn excludes(flags: &Flags, env: &[(String, String)], name: &str) -> bool {
+    flags
+        .exclude_tools
+        .clone()
+        .or_else(|| {
+            env.iter()
+                .find(|(k, _)| k == "SANDMUX_EXCLUDE_TOOLS")
+                .map(|(_, v)| v.clone())
+        })
+        .is_some_and(|s| list(&s).iter().any(|n| n == name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,18 +9,22 @@
 mod layer;
 mod resolve;
 mod schema;
+mod toolchains;
 pub(crate) mod user;
 mod validate;
 mod workspace;
 
 pub use layer::Layer;
 #[cfg(test)]
+pub(crate) use schema::RangedName;
+#[cfg(test)]
 pub(crate) use schema::MIN_RECORDING_BYTES;
 pub(crate) use schema::{
-    is_forbidden_env as schema_is_forbidden_env, Act, Environment, Limits, McpSettings, NetMode,
-    Network, Preset, Profile, RecordingSettings, SandboxSettings, ServerExit, Toolset,
+    is_forbidden_env as schema_is_forbidden_env, Act, AllowEntry, Environment, Limits, McpSettings,
+    NetMode, Network, Preset, Profile, RecordingSettings, SandboxSettings, ServerExit, Toolset,
     MAX_RESTARTS,
 };
+pub(crate) use toolchains::{Lent, Toolchain, ToolchainError, Toolchains};
 pub(crate) use workspace::{GitMode, NewRepos, OnEnd, WorkspaceMode, WorkspaceSettings};
 
 use std::collections::BTreeSet;
@@ -78,6 +82,14 @@ pub(crate) enum ProfileError {
         key: String,
         /// What is wrong and how to fix it.
         reason: String,
+    },
+    /// A toolchain asked for cannot be lent (`[toolchains] lend`, `--toolchain`).
+    #[error("profile {file}: {source}")]
+    Toolchain {
+        /// The file.
+        file: String,
+        /// What was searched, what is in the way, and the fix.
+        source: ToolchainError,
     },
     /// The profile would be loaded from inside the workspace the agent controls.
     #[error("profile {file} is inside the workspace {workspace}: an agent could widen its own sandbox; keep profiles outside the workspace")]
@@ -400,10 +412,41 @@ pub(crate) struct Policy {
     /// the instance runs.
     #[serde(default)]
     pub layer_bound: (u64, u64),
+    /// Toolchains lent read-only (`[toolchains] lend`, `--toolchain`): what
+    /// was found where, bound and set.
+    #[serde(default)]
+    pub toolchains: Vec<Lent>,
+    /// `[filesystem]` entries that are symlinks on the host, as resolved:
+    /// (the path, its target on the host).
+    #[serde(default)]
+    pub links: Vec<(PathBuf, PathBuf)>,
     /// MCP settings (used by `serve`).
     pub mcp: McpSettings,
     /// `serve --record` settings.
     pub recording: RecordingSettings,
+}
+
+/// The read-only entries that are symlinks on the host, one line each:
+/// what is inside, and whether the target is bound for it.
+pub(crate) fn links_said(p: &Policy) -> Vec<String> {
+    p.links
+        .iter()
+        .map(|(path, real)| {
+            let own =
+                p.fs.iter()
+                    .any(|e| &e.path == real && e.kind == MountKind::ReadOnly);
+            format!(
+                "{} → {} ({})",
+                path.display(),
+                real.display(),
+                if own {
+                    "the target is bound read-only for it"
+                } else {
+                    "the target is in the view"
+                }
+            )
+        })
+        .collect()
 }
 
 /// Checks a workspace argument: it must exist, be a directory, and contain no

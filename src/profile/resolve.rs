@@ -19,7 +19,7 @@ impl Loaded {
         }
         let p = &self.profile;
         let names = self.protected_names()?;
-        let fs = self.fs_entries(ctx)?;
+        let (mut fs, links) = self.fs_entries(ctx)?;
         let (mode, workspace_fallback) = self.workspace_mode(ctx);
         let cow = mode == WorkspaceMode::CopyOnWrite;
         if cow {
@@ -49,6 +49,16 @@ impl Loaded {
             // The proxy is the only way out: every spelling tools read.
             environment.set.extend(crate::proxy::env_vars());
         }
+        let var = |k: &str| std::env::var(k).ok();
+        let host = toolchains::Host::of_caller(&var);
+        let mut lent =
+            toolchains::lend(&p.toolchains.lend, &fs, &ctx.workspace, &host).map_err(|source| {
+                ProfileError::Toolchain {
+                    file: self.source.to_string(),
+                    source,
+                }
+            })?;
+        toolchains::apply(&mut lent, &mut fs, &mut environment.set);
         Ok(Policy {
             name: self.name.clone(),
             source: self.source.clone(),
@@ -69,6 +79,8 @@ impl Loaded {
             workspace_fallback,
             on_end: OnEnd::default(),
             layer_bound: (p.workspace.layer_bytes.0 .0, p.workspace.layer_files.0),
+            toolchains: lent,
+            links,
             mcp: p.mcp.clone(),
             recording: p.recording.clone(),
         })
@@ -130,8 +142,9 @@ impl Loaded {
         Ok(names)
     }
 
-    /// The filesystem entries, checked, parents before children.
-    fn fs_entries(&self, ctx: &Context) -> Result<Vec<FsEntry>, ProfileError> {
+    /// The filesystem entries, checked, parents before children, and the
+    /// read-only entries that are symlinks on the host with their targets.
+    fn fs_entries(&self, ctx: &Context) -> Result<(Vec<FsEntry>, Links), ProfileError> {
         let f = &self.profile.filesystem;
         let groups: [(&str, &Vec<String>, MountKind); 4] = [
             ("filesystem.read_only", &f.read_only, MountKind::ReadOnly),
@@ -148,9 +161,65 @@ impl Loaded {
                 }
             }
         }
+        let links = self.lend_link_targets(&mut fs, &ctx.workspace)?;
         // Parents before children; stable for equal depth.
         fs.sort_by_key(|e| e.path.components().count());
-        Ok(fs)
+        Ok((fs, links))
+    }
+
+    /// Each read-only entry that is a symlink on the host points, inside,
+    /// at its resolved target, and that target is in the view: shown by
+    /// another entry already (`/bin` → `/usr/bin`), else bound read-only
+    /// itself. Never a dangling link inside.
+    fn lend_link_targets(
+        &self,
+        fs: &mut Vec<FsEntry>,
+        workspace: &Path,
+    ) -> Result<Links, ProfileError> {
+        let mut links = Vec::new();
+        let mut added = Vec::new();
+        for i in 0..fs.len() {
+            let MountKind::Symlink(_) = &fs[i].kind else {
+                continue;
+            };
+            let key = "filesystem.read_only";
+            let real = std::fs::canonicalize(&fs[i].path)
+                .map_err(|e| self.invalid(key, format!("{}: {e}", fs[i].path.display())))?;
+            let runtime = std::env::var("XDG_RUNTIME_DIR").ok();
+            if let Some(why) = super::toolchains::never_shown(&real, runtime.as_deref()) {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{} is a symlink to {}, which is never shown inside: {why}; give another path",
+                        fs[i].path.display(),
+                        real.display()
+                    ),
+                ));
+            }
+            if fs[i].path.starts_with(workspace) {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{} is a symlink in the workspace: the agent chooses where it points",
+                        fs[i].path.display()
+                    ),
+                ));
+            }
+            let shown = fs.iter().chain(added.iter()).any(|e: &FsEntry| {
+                matches!(e.kind, MountKind::ReadOnly | MountKind::ReadWrite)
+                    && real.starts_with(&e.path)
+            });
+            if !shown {
+                added.push(FsEntry {
+                    path: real.clone(),
+                    kind: MountKind::ReadOnly,
+                });
+            }
+            fs[i].kind = MountKind::Symlink(real.clone());
+            links.push((fs[i].path.clone(), real));
+        }
+        fs.extend(added);
+        Ok(links)
     }
 
     /// One entry: substituted, absolute, no `..`, not `/`, listed once; a
@@ -203,16 +272,21 @@ impl Loaded {
                     ),
                 ))
             }
-            Ok(m) if m.file_type().is_symlink() => match kind {
-                MountKind::ReadWrite => {
+            Ok(m) if m.file_type().is_symlink() => match (kind, std::fs::canonicalize(&path)) {
+                (_, Err(_)) if optional => return Ok(None),
+                (MountKind::ReadOnly | MountKind::ReadWrite, Err(e)) => {
                     return Err(self.invalid(
                         key,
-                        format!("{} is a symlink; give the real path", path.display()),
+                        format!("{} is a symlink whose target cannot be resolved ({e}); give the real path, or prefix it with '?' to make it optional", path.display()),
                     ))
                 }
-                MountKind::ReadOnly => MountKind::Symlink(
-                    std::fs::read_link(&path).map_err(|e| self.invalid(key, e.to_string()))?,
-                ),
+                (MountKind::ReadWrite, Ok(real)) => {
+                    return Err(self.invalid(
+                        key,
+                        format!("{} is a symlink to {}; a read-write entry is never followed: give the real path", path.display(), real.display()),
+                    ))
+                }
+                (MountKind::ReadOnly, Ok(real)) => MountKind::Symlink(real),
                 // Masking a symlink: nothing readable behind it in the sandbox view.
                 _ => return Ok(None),
             },
@@ -221,6 +295,9 @@ impl Loaded {
         Ok(Some(FsEntry { path, kind }))
     }
 }
+
+/// Read-only entries that are symlinks on the host: (path, resolved target).
+type Links = Vec<(PathBuf, PathBuf)>;
 
 /// `{workspace}` and `{home}` substituted.
 fn subst(ctx: &Context, s: &str) -> String {

@@ -39,6 +39,9 @@ pub(crate) struct Profile {
     /// `serve --record` settings.
     #[serde(default)]
     pub recording: RecordingSettings,
+    /// Host toolchains lent read-only.
+    #[serde(default)]
+    pub toolchains: super::Toolchains,
 }
 
 /// `[recording]`: the `serve --record` file.
@@ -94,10 +97,11 @@ pub(crate) struct Filesystem {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum NetMode {
-    /// A new network namespace with nothing up.
+    /// A new network namespace with only its own `lo` up: nothing outside
+    /// the sandbox is reachable; a server and its client inside work.
     #[default]
     None,
-    /// A new network namespace with `lo` up.
+    /// The same as `none` (the name says what is there).
     Loopback,
     /// The host's network, limited by Landlock TCP port rules.
     Host,
@@ -132,9 +136,10 @@ pub(crate) struct Network {
     #[serde(default)]
     pub bind_tcp: Vec<u16>,
     /// Proxy mode: the names that may be reached (`name`, `*.suffix`, either
-    /// with `:port`; without one CONNECT goes to 443, plain HTTP to 80).
+    /// with `:port`; without one CONNECT goes to 443, plain HTTP to 80), each
+    /// alone or with the refused ranges its addresses may be in.
     #[serde(default)]
-    pub allow: Vec<String>,
+    pub allow: Vec<AllowEntry>,
     /// Proxy mode: address ranges (CIDR) the proxy may dial although they
     /// are loopback, private, link-local or otherwise refused by default.
     #[serde(default)]
@@ -151,6 +156,51 @@ pub(crate) struct Network {
     /// Proxy mode: the largest request head, in bytes.
     #[serde(default = "d_proxy_header")]
     pub proxy_header_bytes: u32,
+}
+
+/// One `[network] allow` entry: a name, or a name with the address ranges
+/// it may resolve to although the proxy refuses them by default (a mirror on
+/// a private or reserved range): `{ name = "mirror.example", ranges =
+/// ["10.20.0.0/16"] }`. The ranges apply to that entry's name only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a name (\"host\", \"*.suffix\", either with \":port\") or a table { name = \"host\", ranges = [\"CIDR\", …] }"
+)]
+pub(crate) enum AllowEntry {
+    /// `"name"`.
+    Name(String),
+    /// `{ name = "…", ranges = [ "CIDR", … ] }`.
+    Ranged(RangedName),
+}
+
+/// A name with the ranges its addresses may be in (see [`AllowEntry`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RangedName {
+    /// The name, as a plain entry writes it.
+    pub name: String,
+    /// CIDR ranges, each one the proxy refuses by default.
+    #[serde(default)]
+    pub ranges: Vec<String>,
+}
+
+impl AllowEntry {
+    /// The name as written (with `*.` and `:port` when given).
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            AllowEntry::Name(n) => n,
+            AllowEntry::Ranged(r) => &r.name,
+        }
+    }
+
+    /// The ranges written for this name (none for a plain name).
+    pub(crate) fn ranges(&self) -> &[String] {
+        match self {
+            AllowEntry::Name(_) => &[],
+            AllowEntry::Ranged(r) => &r.ranges,
+        }
+    }
 }
 
 fn d_proxy_connections() -> u32 {
@@ -208,7 +258,20 @@ pub(crate) struct Limits {
     /// Panes the agent may have at once, across all its sessions.
     #[serde(default = "d_max_panes")]
     pub max_panes: u32,
+    /// inotify watches the sandbox's processes may hold together, set in
+    /// its user namespace (`/proc/sys/user/max_inotify_watches`): they count
+    /// against the host user's too, which the workspace guard needs.
+    #[serde(default = "d_inotify_watches")]
+    pub inotify_watches: u64,
+    /// inotify instances, the same way (`max_inotify_instances`).
+    #[serde(default = "d_inotify_instances")]
+    pub inotify_instances: u64,
 }
+
+/// Highest `inotify_watches` a profile may set.
+pub(super) const MAX_INOTIFY_WATCHES: u64 = 1 << 20;
+/// Highest `inotify_instances` a profile may set.
+pub(super) const MAX_INOTIFY_INSTANCES: u64 = 1024;
 
 /// Highest `max_sessions` a profile may set (each session is a host process).
 pub(super) const MAX_SESSIONS_CEILING: u32 = 256;
@@ -236,6 +299,12 @@ fn d_max_sessions() -> u32 {
 fn d_max_panes() -> u32 {
     128
 }
+fn d_inotify_watches() -> u64 {
+    16384
+}
+fn d_inotify_instances() -> u64 {
+    16
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -248,6 +317,8 @@ impl Default for Limits {
             tmpfs_size: d_tmpfs(),
             max_sessions: d_max_sessions(),
             max_panes: d_max_panes(),
+            inotify_watches: d_inotify_watches(),
+            inotify_instances: d_inotify_instances(),
         }
     }
 }
@@ -456,7 +527,7 @@ fn d_max_input() -> u64 {
     32768
 }
 fn d_wait_max() -> u64 {
-    30
+    300
 }
 fn d_http_sessions() -> u64 {
     8

@@ -224,3 +224,81 @@ fn proxy_keys_are_checked_and_named() {
     assert_eq!(p.network.proxy_idle_seconds, 30);
     assert_eq!(p.network.proxy_header_bytes, 16384);
 }
+
+/// A profile of `text` in a file outside `ws`.
+fn loaded(text: &str) -> Loaded {
+    Loaded {
+        name: "t".into(),
+        source: Source::File("/etc/t.toml".into()),
+        text: text.into(),
+        profile: parse("t", text).unwrap(),
+    }
+}
+
+#[test]
+fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let ws = check_workspace(&ws).unwrap();
+    let real = std::fs::canonicalize(dir.path()).unwrap().join("sdk-1.2");
+    std::fs::create_dir(&real).unwrap();
+    let link = dir.path().join("sdk");
+    std::os::unix::fs::symlink("sdk-1.2", &link).unwrap();
+    let text = format!(
+        "version = 1\ndescription = \"x\"\n[filesystem]\nread_only = [\"/usr\", \"{}\"]\n",
+        link.display()
+    );
+    let p = loaded(&text).resolve(&Context::of(ws.clone())).unwrap();
+    let kind = |path: &Path| p.fs.iter().find(|e| e.path == path).map(|e| e.kind.clone());
+    assert_eq!(kind(&link), Some(MountKind::Symlink(real.clone())));
+    assert_eq!(kind(&real), Some(MountKind::ReadOnly), "{:?}", p.fs);
+    assert_eq!(p.links, vec![(link.clone(), real.clone())]);
+    assert!(links_said(&p)[0].contains("bound read-only for it"));
+    // A link whose target the view shows already is only the link.
+    let usr_link = dir.path().join("share");
+    std::os::unix::fs::symlink("/usr/share", &usr_link).unwrap();
+    let text = text.replace("\"/usr\"", &format!("\"/usr\", \"{}\"", usr_link.display()));
+    let p = loaded(&text).resolve(&Context::of(ws.clone())).unwrap();
+    assert!(!p.fs.iter().any(|e| e.path == Path::new("/usr/share")));
+    // Read-write: refused, naming the target; dangling: refused unless optional.
+    let rw = format!(
+        "version = 1\ndescription = \"x\"\n[filesystem]\nread_write = [\"{}\"]\n",
+        link.display()
+    );
+    let err = loaded(&rw)
+        .resolve(&Context::of(ws.clone()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is a symlink to") && err.contains("never followed"),
+        "{err}"
+    );
+    std::fs::remove_dir(&real).unwrap();
+    let err = loaded(&text)
+        .resolve(&Context::of(ws.clone()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("target cannot be resolved"), "{err}");
+    let optional = text.replace(
+        &format!("\"{}\"", link.display()),
+        &format!("\"?{}\"", link.display()),
+    );
+    let p = loaded(&optional).resolve(&Context::of(ws)).unwrap();
+    assert!(!p.fs.iter().any(|e| e.path == link));
+}
+
+#[test]
+fn toolchains_parse_and_unknown_names_list_the_known() {
+    let ok = "version = 1\ndescription = \"x\"\n[toolchains]\nlend = [\"rust\", \"go\"]\n";
+    assert_eq!(
+        parse("t", ok).unwrap().toolchains.lend,
+        [Toolchain::Rust, Toolchain::Go]
+    );
+    let bad = ok.replace("\"go\"", "\"ruby\"");
+    let err = parse("t", &bad).unwrap_err().to_string();
+    assert!(
+        err.contains("ruby") && err.contains("rust") && err.contains("go"),
+        "{err}"
+    );
+}

@@ -80,6 +80,21 @@ impl Profile {
                 format!("{} is outside 1-{MAX_PANES_CEILING}", l.max_panes),
             );
         }
+        if !(1..=MAX_INOTIFY_WATCHES).contains(&l.inotify_watches) {
+            return bad(
+                "limits.inotify_watches",
+                format!("{} is outside 1-{MAX_INOTIFY_WATCHES}", l.inotify_watches),
+            );
+        }
+        if !(1..=MAX_INOTIFY_INSTANCES).contains(&l.inotify_instances) {
+            return bad(
+                "limits.inotify_instances",
+                format!(
+                    "{} is outside 1-{MAX_INOTIFY_INSTANCES}",
+                    l.inotify_instances
+                ),
+            );
+        }
         if l.max_panes < l.max_sessions {
             return bad(
                 "limits.max_panes",
@@ -209,10 +224,10 @@ impl Profile {
             }
         }
         let m = &self.mcp;
-        if !(1..=120).contains(&m.wait_max_seconds) {
+        if !(1..=3600).contains(&m.wait_max_seconds) {
             return bad(
                 "mcp.wait_max_seconds",
-                format!("{} is outside 1-120", m.wait_max_seconds),
+                format!("{} is outside 1-3600", m.wait_max_seconds),
             );
         }
         if !(64 << 10..=1 << 40).contains(&m.audit_max_bytes.0) {

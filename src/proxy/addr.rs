@@ -102,6 +102,17 @@ const V6: [(u128, u8, &str); 11] = [
     (0xff << 120, 8, "multicast (ff00::/8)"),
 ];
 
+/// The IPv4 address an IPv6 one carries and reaches: IPv4-mapped,
+/// IPv4-compatible, NAT64 (`64:ff9b::/96`).
+fn embedded_v4(ip: IpAddr) -> Option<std::net::Ipv4Addr> {
+    let IpAddr::V6(a) = ip else { return None };
+    let n = u128::from(a);
+    let top = n >> 32;
+    // (`::` and `::1` are themselves, not IPv4-compatible addresses.)
+    (top == 0xffff || (top == 0 && n > 1) || top == 0x0064_ff9b << 64)
+        .then(|| std::net::Ipv4Addr::from((n & 0xffff_ffff) as u32))
+}
+
 /// Why `ip` is refused by default, or None for a public address.
 pub fn class(ip: IpAddr) -> Option<&'static str> {
     match ip {
@@ -123,10 +134,16 @@ pub fn class(ip: IpAddr) -> Option<&'static str> {
 
 /// Whether the proxy may dial `ip`: public, or covered by `allow_private`.
 pub fn check(ip: IpAddr, allow_private: &[Cidr]) -> Result<(), String> {
+    // An address that embeds an IPv4 one reaches that one: only a range
+    // of IPv4 addresses opens it (an IPv6 range such as `::/0` never opens
+    // `::ffff:127.0.0.1`).
+    let judged = embedded_v4(ip).map(IpAddr::V4).unwrap_or(ip);
     match class(ip) {
         None => Ok(()),
-        Some(_) if allow_private.iter().any(|c| c.contains(ip)) => Ok(()),
-        Some(why) => Err(format!("{ip} is {why}; [network] allow_private decides")),
+        Some(_) if allow_private.iter().any(|c| c.contains(judged)) => Ok(()),
+        Some(why) => Err(format!(
+            "{ip} is {why}; a range on the name's [network] allow entry (or allow_private) decides"
+        )),
     }
 }
 
@@ -178,6 +195,23 @@ mod tests {
         for m in METADATA {
             assert!(class(m).is_some());
         }
+    }
+
+    #[test]
+    fn an_ipv6_range_never_opens_an_embedded_ipv4_address() {
+        let all6 = [Cidr::parse("::/0").unwrap()];
+        for a in ["::ffff:127.0.0.1", "::127.0.0.1", "64:ff9b::a9fe:a9fe"] {
+            let ip: IpAddr = a.parse().unwrap();
+            assert!(check(ip, &all6).is_err(), "{a}");
+        }
+        // Control: the IPv4 range opens the mapped form of its address.
+        let lo = [Cidr::parse("127.0.0.0/8").unwrap()];
+        assert!(check("::ffff:127.0.0.1".parse().unwrap(), &lo).is_ok());
+        assert!(check("::ffff:10.0.0.1".parse().unwrap(), &lo).is_err());
+        assert!(check("fd00::1".parse().unwrap(), &all6).is_ok());
+        assert!(check("::1".parse().unwrap(), &all6).is_ok());
+        let all4 = [Cidr::parse("0.0.0.0/0").unwrap()];
+        assert!(check("::1".parse().unwrap(), &all4).is_err());
     }
 
     #[test]

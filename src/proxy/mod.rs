@@ -12,6 +12,8 @@ pub mod addr;
 pub mod head;
 pub mod hello;
 pub mod name;
+pub(crate) mod reach;
+pub(crate) mod refusals;
 mod serve;
 pub(crate) mod tally;
 
@@ -68,7 +70,7 @@ impl Config {
         let allow = n
             .allow
             .iter()
-            .map(|e| name::Rule::parse(e))
+            .map(name::Rule::of)
             .collect::<Result<_, _>>()
             .map_err(|e| ("network.allow", e))?;
         let allow_private = n
@@ -117,6 +119,12 @@ pub(crate) struct Event {
     pub address: Option<std::net::SocketAddr>,
     /// Why it was refused; None when allowed.
     pub denied: Option<String>,
+    /// The profile key that decides a refusal the profile could lift.
+    pub decides: Option<&'static str>,
+    /// The reason is sandmux's words, the canonical name and addresses
+    /// only: nothing the client sent (a malformed head is quoted in the
+    /// audit log, never in what the agent is told).
+    pub ours: bool,
     /// Bytes from the sandbox to the upstream.
     pub bytes_up: u64,
     /// Bytes from the upstream to the sandbox.

@@ -7,6 +7,9 @@
 //! refused rather than converted: internationalized names are written in
 //! their punycode form (`xn--…`), in the profile and by the client alike.
 
+use super::addr::Cidr;
+use crate::profile::AllowEntry;
+
 /// The port a CONNECT goes to when the allowlist entry names none.
 pub const CONNECT_PORT: u16 = 443;
 /// The port plain HTTP goes to when the allowlist entry names none.
@@ -70,7 +73,8 @@ pub fn split_port(s: &str) -> Result<(&str, Option<u16>), String> {
     Ok((host, port))
 }
 
-/// One allowlist entry: `name`, `*.suffix`, either with `:port`.
+/// One allowlist entry: `name`, `*.suffix`, either with `:port`, and the
+/// refused ranges the name's addresses may be in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     /// `*.` entries match names strictly below `name`.
@@ -79,9 +83,27 @@ pub struct Rule {
     pub name: String,
     /// The port; none means 443 for CONNECT and 80 for plain HTTP.
     pub port: Option<u16>,
+    /// Ranges refused by default that this name's addresses may be in.
+    pub ranges: Vec<Cidr>,
 }
 
 impl Rule {
+    /// Parses a profile's allowlist entry, its ranges included.
+    pub(crate) fn of(entry: &AllowEntry) -> Result<Rule, String> {
+        let mut r = Rule::parse(entry.name())?;
+        for c in entry.ranges() {
+            r.ranges
+                .push(Cidr::parse(c).map_err(|e| format!("{:?}: range {c:?}: {e}", entry.name()))?);
+        }
+        if matches!(entry, AllowEntry::Ranged(_)) && r.ranges.is_empty() {
+            return Err(format!(
+                "{:?}: a table entry needs at least one range (write the name alone otherwise)",
+                entry.name()
+            ));
+        }
+        Ok(r)
+    }
+
     /// Parses an allowlist entry.
     pub fn parse(entry: &str) -> Result<Rule, String> {
         let (host, port) = split_port(entry).map_err(|e| format!("{entry:?}: {e}"))?;
@@ -95,7 +117,12 @@ impl Rule {
             ));
         }
         let name = canonical(host).map_err(|e| format!("{entry:?}: {e}"))?;
-        Ok(Rule { suffix, name, port })
+        Ok(Rule {
+            suffix,
+            name,
+            port,
+            ranges: vec![],
+        })
     }
 
     /// Whether the canonical `host` on `port` matches (`default`: the
@@ -113,19 +140,36 @@ impl Rule {
         }
     }
 
-    /// The entry as written canonically.
+    /// The entry as written canonically (its ranges after it).
     pub fn show(&self) -> String {
         let star = if self.suffix { "*." } else { "" };
-        match self.port {
+        let name = match self.port {
             Some(p) => format!("{star}{}:{p}", self.name),
             None => format!("{star}{}", self.name),
+        };
+        if self.ranges.is_empty() {
+            return name;
         }
+        let r: Vec<String> = self.ranges.iter().map(|c| c.to_string()).collect();
+        format!("{name} (in {})", r.join(", "))
     }
 }
 
-/// Whether any rule allows the canonical `host` on `port`.
-pub fn allowed(rules: &[Rule], host: &str, port: u16, default: u16) -> bool {
-    rules.iter().any(|r| r.matches(host, port, default))
+/// Whether any rule allows the canonical `host` on `port`: None when none
+/// does, else the ranges the matching rules add (an address must be public
+/// or in one of them, or in `allow_private`).
+pub fn allowed<'a>(
+    rules: &'a [Rule],
+    host: &str,
+    port: u16,
+    default: u16,
+) -> Option<Vec<&'a Cidr>> {
+    let mut hit = rules
+        .iter()
+        .filter(|r| r.matches(host, port, default))
+        .peekable();
+    hit.peek()?;
+    Some(hit.flat_map(|r| r.ranges.iter()).collect())
 }
 
 #[cfg(test)]
@@ -163,5 +207,28 @@ mod tests {
         assert!(Rule::parse("a.*.test").is_err());
         assert!(Rule::parse("x.test:0").is_err());
         assert!(Rule::parse("10.0.0.1").is_err());
+    }
+
+    #[test]
+    fn an_entrys_ranges_go_with_its_name_only() {
+        use crate::profile::RangedName;
+        let ranged = AllowEntry::Ranged(RangedName {
+            name: "mirror.test".into(),
+            ranges: vec!["10.20.0.0/16".into()],
+        });
+        let rules = [
+            Rule::of(&ranged).unwrap(),
+            Rule::of(&AllowEntry::Name("other.test".into())).unwrap(),
+        ];
+        let r = allowed(&rules, "mirror.test", 443, 443).unwrap();
+        assert_eq!(r, vec![&Cidr::parse("10.20.0.0/16").unwrap()]);
+        assert!(allowed(&rules, "other.test", 443, 443).unwrap().is_empty());
+        assert!(allowed(&rules, "third.test", 443, 443).is_none());
+        assert_eq!(rules[0].show(), "mirror.test (in 10.20.0.0/16)");
+        let empty = AllowEntry::Ranged(RangedName {
+            name: "m.test".into(),
+            ranges: vec![],
+        });
+        assert!(Rule::of(&empty).unwrap_err().contains("at least one range"));
     }
 }

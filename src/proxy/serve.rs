@@ -3,6 +3,7 @@
 //! and write bounded by the idle timeout, nothing buffered beyond a request
 //! head, a ClientHello and one copy buffer per direction.
 
+use super::addr::Cidr;
 use super::head::{self, Parsed, Request};
 use super::hello::{self, Hello};
 use super::{addr, name, Config, Event, Sink};
@@ -63,6 +64,8 @@ pub(crate) async fn serve(
                         "over the cap of {} connections",
                         cfg.max_connections
                     )),
+                    decides: Some(DECIDES_CAP),
+                    ours: true,
                     bytes_up: 0,
                     bytes_down: 0,
                     duration: Duration::ZERO,
@@ -97,6 +100,8 @@ async fn connection(mut s: TcpStream, cfg: &Config) -> Event {
         port: 0,
         address: None,
         denied: None,
+        decides: None,
+        ours: false,
         bytes_up: 0,
         bytes_down: 0,
         duration: Duration::ZERO,
@@ -111,8 +116,15 @@ async fn connection(mut s: TcpStream, cfg: &Config) -> Event {
     ev
 }
 
+/// The profile key that decides a name refused as not on the list.
+pub(crate) const DECIDES_NAME: &str = "network.allow";
+/// The profile key that decides an address refused by its range.
+pub(crate) const DECIDES_RANGE: &str = "network.allow (an entry's ranges) or network.allow_private";
+/// The profile key that decides a connection over the cap.
+pub(crate) const DECIDES_CAP: &str = "network.proxy_connections";
+
 /// A refusal: the status to answer (0 once the tunnel is open) and why.
-type Refusal = (u16, String);
+pub(super) type Refusal = (u16, String);
 
 async fn decide_and_pass(s: &mut TcpStream, cfg: &Config, ev: &mut Event) -> Result<(), Refusal> {
     // The head and (for a tunnel) the ClientHello, together, must come
@@ -129,10 +141,19 @@ async fn decide_and_pass(s: &mut TcpStream, cfg: &Config, ev: &mut Event) -> Res
     } else {
         name::CONNECT_PORT
     };
-    if !name::allowed(&cfg.allow, &req.host, req.port, default) {
+    let Some(ranges) = name::allowed(&cfg.allow, &req.host, req.port, default) else {
+        ev.decides = Some(DECIDES_NAME);
+        ev.ours = true;
         return Err((403, format!("sandmux proxy: {}:{} is not in the profile's [network] allow list; the profile decides (sandmux profile show)", req.host, req.port)));
-    }
-    let to = resolve(cfg, &req).await?;
+    };
+    let to = resolve(cfg, &req.host, req.port, &ranges)
+        .await
+        .inspect_err(|(code, _)| {
+            ev.ours = true;
+            if *code == 403 {
+                ev.decides = Some(DECIDES_RANGE);
+            }
+        })?;
     ev.address = Some(to);
     let rest = buf.split_off(req.len);
     match &req.forward {
@@ -216,41 +237,40 @@ async fn read_some(
 /// resolver gives that the classifier passes. The name is asked for fully
 /// qualified (a trailing dot): the resolver's `search` domains are never
 /// appended (`x.allowed.test` must not become `x.allowed.test.corp.example`).
-async fn resolve(cfg: &Config, req: &Request) -> Result<SocketAddr, Refusal> {
-    let fqdn = format!("{}.", req.host);
-    let ips: Vec<IpAddr> = match cfg.hosts.get(&req.host) {
+pub(super) async fn resolve(
+    cfg: &Config,
+    host: &str,
+    port: u16,
+    ranges: &[&Cidr],
+) -> Result<SocketAddr, Refusal> {
+    let fqdn = format!("{host}.");
+    let ips: Vec<IpAddr> = match cfg.hosts.get(host) {
         Some(ip) => vec![*ip],
-        None => match timeout(cfg.idle, tokio::net::lookup_host((fqdn.as_str(), req.port))).await {
+        None => match timeout(cfg.idle, tokio::net::lookup_host((fqdn.as_str(), port))).await {
             Ok(Ok(it)) => it.map(|a| a.ip()).collect(),
             Ok(Err(e)) => {
                 return Err((
                     502,
-                    format!(
-                        "sandmux proxy: {} does not resolve on the host: {e}",
-                        req.host
-                    ),
+                    format!("sandmux proxy: {} does not resolve on the host: {e}", host),
                 ))
             }
-            Err(_) => {
-                return Err((
-                    504,
-                    format!("sandmux proxy: resolving {} timed out", req.host),
-                ))
-            }
+            Err(_) => return Err((504, format!("sandmux proxy: resolving {} timed out", host))),
         },
     };
-    let mut why = format!("sandmux proxy: {} has no address", req.host);
+    let mut why = format!("sandmux proxy: {} has no address", host);
+    let mut open = cfg.allow_private.clone();
+    open.extend(ranges.iter().copied().copied());
     for ip in ips {
-        match addr::check(ip, &cfg.allow_private) {
-            Ok(()) => return Ok(SocketAddr::new(ip, req.port)),
-            Err(e) => why = format!("sandmux proxy: {} refused: {e}", req.host),
+        match addr::check(ip, &open) {
+            Ok(()) => return Ok(SocketAddr::new(ip, port)),
+            Err(e) => why = format!("sandmux proxy: {} refused: {e}", host),
         }
     }
     Err((403, why))
 }
 
 /// Dials the checked address, within the idle time.
-async fn dial(cfg: &Config, to: SocketAddr) -> Result<TcpStream, Refusal> {
+pub(super) async fn dial(cfg: &Config, to: SocketAddr) -> Result<TcpStream, Refusal> {
     match timeout(cfg.idle, TcpStream::connect(to)).await {
         Ok(Ok(u)) => {
             // Relayed segments go out as they come (Nagle would hold the
@@ -301,7 +321,9 @@ async fn tunnel(
             return Err((0, "the client closed before a whole ClientHello".into()));
         }
     }
+    ev.ours = true;
     let mut up = dial(cfg, to).await.map_err(|(_, why)| (0, why))?;
+    ev.ours = false;
     write(&mut up, cfg, &first).await?;
     ev.bytes_up = first.len() as u64;
     pump(s, &mut up, cfg.idle, None, ev).await;
@@ -319,7 +341,9 @@ async fn plain(
     mut rest: Vec<u8>,
     ev: &mut Event,
 ) -> Result<(), Refusal> {
+    ev.ours = true;
     let mut up = dial(cfg, to).await?;
+    ev.ours = false;
     rest.truncate(body.min(rest.len() as u64) as usize);
     write(&mut up, cfg, head).await?;
     write(&mut up, cfg, &rest).await?;

@@ -249,10 +249,19 @@ fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Create
                 message: format!("writing the id maps: {e}"),
             },
         )?;
+        let l = &policy.limits;
+        // Where /proc/sys cannot be written (a container runtime's masks)
+        // the cap is said to be missing, not fatal: the runtime's own
+        // limits are the host's there, and the layers a masked /proc
+        // refuses (pid) say what to do.
+        let inotify = match namespaces::cap_inotify(l.inotify_watches, l.inotify_instances) {
+            Ok((w, i)) => format!("inotify capped at {w} watches, {i} instances"),
+            Err(e) => format!("inotify NOT capped ({e}: /proc/sys/user cannot be written here)"),
+        };
         layers.ok(
             Layer::Userns,
             format!(
-                "host uid {} → uid {} inside, nothing else mapped",
+                "host uid {} → uid {} inside, nothing else mapped; {inotify}",
                 plan.host_uid, policy.sandbox.uid
             ),
         );

@@ -244,9 +244,9 @@ pub(crate) fn name_files(policy: &Policy) -> Option<(String, String)> {
         return None;
     }
     let why = match mode {
-        NetMode::Loopback => "only loopback (127.0.0.1, ::1) is reachable",
+        NetMode::None | NetMode::Loopback => "only the sandbox's own loopback (127.0.0.1, ::1) is reachable: a server started here answers there, and nothing outside does",
         NetMode::Proxy => "names resolve through the proxy only (http://127.0.0.1:3128, set in http_proxy, https_proxy and the other proxy variables); it reaches the profile's [network] allow list and nothing else, and a program that ignores the proxy variables has no route",
-        _ => "there is no network at all",
+        NetMode::Host => unreachable!("returned above"),
     };
     let resolv = format!(
         "# sandmux: no DNS here. The profile '{}' sets [network] mode = \"{}\": {why}.\n# Names other than localhost do not resolve, by policy; this is not a fault.\n# A profile with another network mode decides otherwise (sandmux profile show {}).\n",

@@ -100,6 +100,30 @@ pub(crate) fn create(net: NetMode, no_pid: Option<String>) -> Created {
     }
 }
 
+/// Caps what the sandbox's processes may hold of the host user's inotify
+/// budget (per user, shared with the workspace guard and the human's
+/// editor): the limits of this process's user namespace, which the kernel
+/// checks besides every parent's (`/proc/sys/user`, writable by the
+/// namespace's root).
+/// Each cap is at most half the host user's own limit
+/// (`/proc/sys/fs/inotify/max_user_*`), so the other half stays the
+/// host's whatever the profile says. Returns the caps set.
+pub(crate) fn cap_inotify(watches: u64, instances: u64) -> std::io::Result<(u64, u64)> {
+    let half = |name: &str, want: u64| -> u64 {
+        std::fs::read_to_string(format!("/proc/sys/fs/inotify/{name}"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .map_or(want, |host| want.min((host / 2).max(1)))
+    };
+    let (w, i) = (
+        half("max_user_watches", watches),
+        half("max_user_instances", instances),
+    );
+    std::fs::write("/proc/sys/user/max_inotify_watches", w.to_string())?;
+    std::fs::write("/proc/sys/user/max_inotify_instances", i.to_string())?;
+    Ok((w, i))
+}
+
 /// Writes the single-id maps of a fresh user namespace (from inside it).
 pub(crate) fn write_id_maps(inside: u32, host_uid: u32, host_gid: u32) -> std::io::Result<()> {
     std::fs::OpenOptions::new()

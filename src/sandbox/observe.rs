@@ -413,14 +413,12 @@ fn tcp_probe(policy: &Policy) -> Observation {
     };
     let code = r.as_ref().err().and_then(|e| e.raw_os_error());
     let passed = match policy.network.mode {
-        NetMode::None => matches!(
-            code,
-            Some(libc::ENETUNREACH)
-                | Some(libc::EACCES)
-                | Some(libc::EPERM)
-                | Some(libc::EHOSTUNREACH)
-        ),
-        NetMode::Loopback | NetMode::Proxy => code == Some(libc::ECONNREFUSED) || r.is_ok(),
+        // A refused connect alone cannot tell the sandbox's loopback from
+        // the host's: the namespace must also have no interface but `lo`.
+        NetMode::None | NetMode::Loopback | NetMode::Proxy if !only_loopback() => false,
+        NetMode::None | NetMode::Loopback | NetMode::Proxy => {
+            code == Some(libc::ECONNREFUSED) || r.is_ok()
+        }
         NetMode::Host => {
             if policy.network.connect_tcp.contains(&9) {
                 true
@@ -433,10 +431,26 @@ fn tcp_probe(policy: &Policy) -> Observation {
         "tcp_connect",
         passed,
         format!(
-            "mode {}: 127.0.0.1:9: {observed}",
-            policy.network.mode.name()
+            "mode {}: 127.0.0.1:9: {observed}{}",
+            policy.network.mode.name(),
+            if policy.network.mode != NetMode::Host && !only_loopback() {
+                "; interfaces besides lo are visible (not the sandbox's own network namespace)"
+            } else {
+                ""
+            }
         ),
     )
+}
+
+/// Whether this network namespace has no interface but `lo`
+/// (`/proc/net/dev` lists the namespace's own).
+fn only_loopback() -> bool {
+    std::fs::read_to_string("/proc/net/dev").is_ok_and(|t| {
+        t.lines()
+            .skip(2)
+            .filter_map(|l| l.split(':').next())
+            .all(|n| n.trim() == "lo")
+    })
 }
 
 fn tiocsti_probe() -> Observation {

@@ -197,7 +197,9 @@ fn hostname_and_loopback(
             "the new UTS namespace keeps the hostname it was created with",
         )?;
     }
-    if ns.has(Layer::Net) && policy.network.mode == NetMode::Loopback {
+    // `none` and `loopback` alike: the sandbox's own loopback reaches nothing
+    // outside, and a dev server with its client in the same sandbox works.
+    if ns.has(Layer::Net) && matches!(policy.network.mode, NetMode::None | NetMode::Loopback) {
         net::loopback_up()
             .map_err(|e| Stop::applying(Layer::Net, format!("bringing lo up: {e}")))?;
     }

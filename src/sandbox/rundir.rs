@@ -115,11 +115,17 @@ pub(crate) fn clean_stale(base: &Path) -> Vec<PathBuf> {
 }
 
 impl Rundir {
-    /// Creates a fresh instance directory (after cleaning stale ones).
-    pub(crate) fn create() -> Result<Rundir, String> {
+    /// A fresh instance id: twelve hex digits. `ps`, the layer, the audit
+    /// log's file name and the quarantine all name the instance by it.
+    pub(crate) fn new_id() -> String {
+        crate::nonce::hex()[..12].to_string()
+    }
+
+    /// Creates instance `id`'s directory (after cleaning stale ones).
+    pub(crate) fn create(id: &str) -> Result<Rundir, String> {
         let base = base()?;
         clean_stale(&base);
-        let id = crate::nonce::hex()[..12].to_string();
+        let id = id.to_string();
         crate::log::set_instance(&id);
         // Built under a staging name and renamed, so a concurrent start never sees
         // (and cleans) a directory whose owner file is not written yet.

@@ -60,15 +60,20 @@ pub(crate) enum Proof {
 }
 
 impl Instance {
-    /// Starts a fresh confined tmux server; `proof` says who proves it ours.
-    pub(crate) fn start(mut policy: Policy, proof: Proof) -> Result<Instance, StartError> {
+    /// Starts a fresh confined tmux server as instance `id`
+    /// ([`Rundir::new_id`]); `proof` says who proves it ours.
+    pub(crate) fn start(
+        mut policy: Policy,
+        proof: Proof,
+        id: &str,
+    ) -> Result<Instance, StartError> {
         let tmux = locate_tmux().map_err(StartError::internal)?;
         // `tmux -V` runs while the sandbox starts; an old tmux is refused
         // before anything else is reported.
         let probe = version_probe(&tmux).map_err(StartError::internal)?;
         let host = (|| {
             check_visible(&policy, &tmux).map_err(StartError::internal)?;
-            let rundir = Rundir::create().map_err(StartError::internal)?;
+            let rundir = Rundir::create(id).map_err(StartError::internal)?;
             let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
             let layer = super::layer::create(&mut policy, &rundir.id)
                 .map_err(|e| StartError::internal(format!("the copy-on-write layer: {e}")))?;

@@ -42,7 +42,7 @@ pub(crate) fn list() -> Vec<Kept> {
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| !n.starts_with('.'))
         .filter_map(|id| {
-            let (dir, meta) = layer::find(&id).ok()?;
+            let (dir, meta) = layer::find_in(&state, &id).ok()?;
             let running = layer::ended(&dir, &id).is_err();
             let (bytes, files, more) = match running {
                 true => usage(&dir.join("upper")),

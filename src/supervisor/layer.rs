@@ -197,15 +197,19 @@ pub(crate) fn kept(id: &str) -> String {
 /// Finds the layer of instance `id` (for `diff` and `discard`), with what
 /// its `meta.json` says.
 pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
+    find_in(&crate::guard::quarantine::existing_state_dir()?, id)
+}
+
+/// [`find`] in the state directory `state`, already checked (listing every
+/// layer checks it once, not once a layer).
+pub(crate) fn find_in(state: &Path, id: &str) -> Result<(PathBuf, Meta), String> {
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric()) {
         return Err(format!(
             "{:?} is not an instance id (letters and digits, as `run` and `serve` print it)",
             crate::term::printable(id)
         ));
     }
-    let dir = crate::guard::quarantine::existing_state_dir()?
-        .join("layers")
-        .join(id);
+    let dir = state.join("layers").join(id);
     let text = std::fs::read(dir.join("meta.json")).map_err(|e| {
         format!(
             "no layer of instance {id} in {} ({e}); only copy-on-write instances have one",

@@ -54,6 +54,13 @@ impl Run {
         self
     }
 
+    /// `-q`: no informational lines on stderr.
+    #[allow(dead_code)]
+    pub(crate) fn quiet(mut self) -> Run {
+        self.flags.push("-q".into());
+        self
+    }
+
     /// `--workspace-mode live`: the agent writes the host's tree, guarded.
     pub(crate) fn live(self) -> Run {
         self.flag("--workspace-mode", "live")

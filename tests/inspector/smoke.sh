@@ -93,10 +93,11 @@ check "tools/call run_command returns output and exit status" $? \
 
 # (d) typed arguments: the Inspector converts --tool-arg values by the schema's
 # type, which it can only do for plain `number`/`boolean` (not ["number","null"]).
+# max_lines=3 keeps the head and the tail: lines 1 and 2, a marker, line 10.
 inspect --method tools/call --tool-name run_command --tool-arg 'command=seq 1 10' \
     --tool-arg timeout=5 --tool-arg max_lines=3 --tool-arg suppress_history=false
 check "tools/call run_command with a number, an integer and a boolean" $? \
-    '"isError": false' '"timeout": 5' '"output": "8\n9\n10"'
+    '"isError": false' '"timeout": 5' '"output": "1\n2\n' '\n10"' '"truncated_lines": 7'
 inspect --method tools/call --tool-name send_keys --tool-arg text=typed --tool-arg enter=false
 check "tools/call send_keys with enter=false" $? '"isError": false' '"keys": []'
 # No schema uses a format the SDK's validator does not know.

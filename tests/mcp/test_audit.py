@@ -227,6 +227,9 @@ def test_retention_removes_only_finished_old_logs(ws, tmp_path):
                 break
             time.sleep(0.05)
         live_log = next(logs.glob("*.jsonl"))
+        # The log is named after the instance, as `ps` names it.
+        ps = json.loads(subprocess.run([BIN, "ps", "--json"], capture_output=True, text=True, env=env, timeout=30).stdout)
+        assert any(live_log.name.endswith(f"-{r['id']}.jsonl") for r in ps), (live_log.name, ps)
         os.utime(live_log, (old, old))
         finished = logs / "100-aaaaaaaaaaaa.jsonl"
         recent = logs / "200-bbbbbbbbbbbb.jsonl"
@@ -405,3 +408,35 @@ def test_unread_list_answers_cannot_grow_the_supervisor(ws):
         sender.join(timeout=30)
     finally:
         s.stop()
+
+
+def test_the_journal_of_a_finished_instance_comes_from_its_log(ws, tmp_path):
+    """Issue 26: `sandmux journal ID` knew only running instances; the log
+    of a finished one is named after the same id, and journal reads it."""
+    work, host = ws
+    state = tmp_path / "state"
+    env = dict(_env(), XDG_STATE_HOME=str(state))
+    p = subprocess.Popen([BIN, "serve", "-w", str(work), "--workspace-mode", "live"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    msgs = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "list_sessions", "arguments": {}}},
+    ]
+    for m in msgs:
+        p.stdin.write((json.dumps(m) + "\n").encode())
+        p.stdin.flush()
+        if "id" in m:
+            while json.loads(p.stdout.readline()).get("id") != m["id"]:
+                pass
+    p.stdin.close()
+    assert p.wait(timeout=30) == 0
+    logs = list((state / "sandmux" / "audit").glob("*.jsonl"))
+    assert len(logs) == 1, logs
+    iid = logs[0].stem.split("-", 1)[1]
+    r = subprocess.run([BIN, "journal", iid[:6], "--json"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    tools = [json.loads(l)["tool"] for l in r.stdout.splitlines()]
+    assert "list_sessions" in tools and tools[-1] == "(sealed)", tools
+    r = subprocess.run([BIN, "journal", "ffffffffffff"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 1 and "no audit log named after it" in r.stderr, r.stderr

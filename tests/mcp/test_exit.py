@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from conftest import BIN
+from conftest import BIN, connect
 
 HELPER = r'''
 import ctypes, json, os, pathlib, signal, subprocess, sys, time
@@ -209,3 +209,30 @@ def test_sigterm_right_after_the_exec_leaves_nothing(ws):
         r = run_helper(ws, "raw", 0)
         assert r["rc"] in (0, -signal.SIGTERM), (r["rc"], r["stderr"])
         assert_clean(r, own_cgroup_dir())
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", [["--profile", "defualt"], ["--toolsets", "inspect,nosuch"]])
+async def test_a_configuration_error_is_the_answer_to_initialize(ws, bad):
+    """Issue 26: the client used to see "Connection closed"; now the error
+    answer to `initialize` carries the text the CLI prints on stderr."""
+    from mcp.shared.exceptions import MCPError
+    work, host = ws
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    cli = subprocess.run([BIN, "serve", "-w", str(work), *bad], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, env=env)
+    assert cli.returncode == 2, cli.stderr
+    said = cli.stderr.strip().removeprefix("sandmux: ")
+    def errors(e):
+        if isinstance(e, BaseExceptionGroup):
+            return [x for sub in e.exceptions for x in errors(sub)]
+        return [e]
+
+    try:
+        async with connect(ws, *bad):
+            pass
+        raise AssertionError("the client connected")
+    except BaseException as e:  # the SDK raises it inside a task group
+        found = [x for x in errors(e) if isinstance(x, MCPError)]
+        assert found, e
+        msg = str(found[0])
+    assert "sandmux could not start" in msg and said[:60] in msg, (msg, said)

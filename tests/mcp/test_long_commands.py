@@ -69,8 +69,10 @@ async def test_the_screen_shows_the_command_not_sandmux_plumbing(ws):
         for text in [(await call(c, "capture_pane", {}))["text"],
                      (await call(c, "capture_since", {"cursor": first["cursor"]}))["text"],
                      (await call(c, "snapshot_pane", {}))["content"]["text"]]:
-            # The command as written (its quote shown as '\''), the output, no markers or escapes.
-            assert "echo \"it'\\''s $((6*7))\" | tr 4 four" in text, text
+            # The command as written (issue 26: not sandmux's wrapper
+            # with its quote shown as '\''), the output, no markers or escapes.
+            assert "echo \"it's $((6*7))\" | tr 4 four" in text, text
+            assert "__sandmux_run" not in text, text
             assert "it's f2" in text
             assert "SANDMUX_" not in text and "6973" not in text and "\\047" not in text, text
         # A 30 KB heredoc stays about 30 KB on screen (it used to be typed as ~120 KB of escapes).

@@ -326,8 +326,8 @@ async def test_resources_and_prompts(ws):
             await c.read_resource("tmux://panes/%999/content")
         prompts = {p.name for p in (await c.list_prompts()).prompts}
         assert prompts == {"run_and_wait", "diagnose_failing_pane", "build_dev_workspace", "interrupt_gracefully"}
-        msg = await c.get_prompt("run_and_wait", {"command": "make", "pane_id": "%1", "timeout": "60"})
-        assert "timeout=30" in msg.messages[0].content.text
+        msg = await c.get_prompt("run_and_wait", {"command": "make", "pane_id": "%1", "timeout": "999"})
+        assert "timeout=300" in msg.messages[0].content.text
         msg = await c.get_prompt("interrupt_gracefully", {"pane_id": "%1"})
         assert '["C-c"]' in msg.messages[0].content.text
     assert any(r["tool"].startswith("resource:") for r in audit_records(ws))

@@ -163,8 +163,11 @@ async def test_run_command_statuses_quoting_and_truncation(ws):
         r = await call(c, "run_command", {"command": "echo still-alive"})
         assert r["output"] == "still-alive"
         r = await call(c, "run_command", {"command": "seq 1 2000", "max_lines": 10})
-        assert r["truncated"] and r["output"].splitlines() == [str(i) for i in range(1991, 2001)]
-        assert r["truncated_lines"] == 1990
+        # Head and tail, and the command's own counts (issue 26).
+        head, marker, tail = r["output"].split("\n")[:5], r["output"].split("\n")[5], r["output"].split("\n")[6:]
+        assert r["truncated"] and head == ["1", "2", "3", "4", "5"] and tail == [str(i) for i in range(1996, 2001)], r
+        assert marker == "…[1990 lines, 8858 bytes not shown]…", marker
+        assert r["truncated_lines"] == 1990 and r["lines"] == 2000 and r["bytes"] == 8893, r
         r = await call(c, "run_command", {"command": "printf 'a\\nb\\n'; echo $'\\e[31mred\\e[0m'"})
         assert r["output"] == "a\nb\nred", repr(r["output"])
         r = await call(c, "run_command", {"command": "sleep 5", "timeout": 0.5})
@@ -177,10 +180,14 @@ async def test_run_command_statuses_quoting_and_truncation(ws):
         assert r["status"] == "interrupted"
         r = await call(c, "run_command", {"command": "echo after-interrupt"})
         assert r["output"] == "after-interrupt"
-        assert r["timeout"] == 30 and "timeout_note" not in r, r
+        assert r["timeout"] == 30 and "note" not in r, r
         # A timeout above the profile's ceiling is not cut silently.
         r = await call(c, "run_command", {"command": "true", "timeout": 1000})
-        assert r["timeout"] == 30 and "wait_max_seconds" in r["timeout_note"], r
+        assert r["timeout"] == 300 and "wait_max_seconds" in r["note"], r
+        # Up to it, a long wait is one call (issue 26: a 10-minute build
+        # cost ~21 calls at the old 30 s ceiling).
+        r = await call(c, "run_command", {"command": "sleep 32; echo long", "timeout": 60})
+        assert r["status"] == "completed" and r["output"] == "long", r
 
 
 async def test_run_command_completes_after_output_larger_than_the_buffer(ws):
@@ -275,8 +282,9 @@ async def test_waits(ws):
         await call(c, "send_keys", {"pane_id": p, "text": "sleep 0.2; echo x"})
         r = await call(c, "wait_for_text", {"pane_id": p})
         assert r["outcome"] == "any_output"
-        r = await call(c, "wait_for_text", {"pane_id": p, "patterns": ["x"], "timeout": 999})
-        assert r["effective_timeout"] <= 30
+        sent = await call(c, "send_keys", {"pane_id": p, "text": "sleep 0.5; echo y"})
+        r = await call(c, "wait_for_text", {"pane_id": p, "patterns": ["^y$"], "regex": True, "cursor": sent["cursor"], "timeout": 999})
+        assert r["outcome"] == "matched" and r["effective_timeout"] == 300, r
         r = await call(c, "wait_for_stable", {"pane_id": p, "quiet_ms": 200})
         assert r["outcome"] == "stable"
         sent = await call(c, "send_keys", {"pane_id": p, "text": "clear; echo BUSY; sleep 0.5; clear"})
@@ -393,3 +401,73 @@ async def test_values_starting_with_a_dash_stay_values(ws):
         assert "-O2" in json.dumps(r), r
         await call(c, "rename_session", {"session_name": "main", "new_name": "-dash"})
         assert any(s["session_name"] == "-dash" for s in (await call(c, "list_sessions"))["sessions"])
+
+
+async def test_keys_are_bounded_and_a_busy_pane_names_its_command(ws):
+    """Issue 26: thousands of key names overflowed tmux's parser, a bad key
+    name came back whole in the error, and a pane busy with a long command
+    of ours was refused without naming the command to collect."""
+    async with connect(ws) as c:
+        s = await call(c, "create_session")
+        p = s["pane_id"]
+        err = await call(c, "send_keys", {"pane_id": p, "keys": ["a"] * 10000}, ok=False)
+        assert "keys" in err and "at most 512" in err and len(err) < 1000, err[:2000]
+        sent = await call(c, "send_keys", {"pane_id": p, "keys": ["BSpace"] * 512})
+        assert len(sent["keys"]) == 512
+        err = await call(c, "send_keys", {"pane_id": p, "keys": ["x" * 100000]}, ok=False)
+        assert "not a key name" in err and "keys" in err and len(err) < 2000, err[:3000]
+        r = await call(c, "run_command", {"pane_id": p, "command": "sleep 30", "timeout": 0.5})
+        assert r["status"] == "timeout" and r["command_id"], r
+        err = await call(c, "run_command", {"pane_id": p, "command": "echo hi"}, ok=False)
+        assert r["command_id"] in err and "wait_for_command" in err, err
+        await call(c, "send_keys", {"pane_id": p, "keys": ["C-c"]})
+
+
+async def test_the_agent_is_never_stranded_when_the_last_shell_exits(ws):
+    """Issue 26: under `core` (no create_session) an `exit` in the last pane
+    left the agent with no pane and no tool to make one. run_command with
+    no target now makes a fresh session and says so in `note`."""
+    async with connect(ws, "--toolsets", "core") as c:
+        for ender in ["exit", "set -e; false"]:
+            r = await call(c, "run_command", {"command": ender})
+            assert r["status"] == "pane_exited", r
+            assert (await call(c, "list_panes"))["panes"] == []
+            r = await call(c, "run_command", {"command": "echo back"})
+            assert r["status"] == "completed" and r["output"] == "back", r
+            assert "fresh session" in r["note"] and "exited" in r["note"], r
+        # A named target that is gone is still an error, not a new session.
+        err = await call(c, "run_command", {"command": "echo x", "pane_id": "%999"}, ok=False)
+        assert "%999" in err, err
+    # create_session excluded by name: the human withheld new sessions.
+    async with connect(ws, "--toolsets", "core", "--exclude-tools", "create_session") as c:
+        await call(c, "run_command", {"command": "exit"})
+        err = await call(c, "run_command", {"command": "echo back"}, ok=False)
+        assert "no sessions" in err, err
+
+
+async def test_a_big_output_is_bounded_and_counted_truly(ws):
+    """Issue 26: `seq 1 300000` came back as 239,244 bytes with missed false,
+    and a 300 KB line came back whole. Now: head and tail within the
+    budget, and the command's own counts."""
+    async with connect(ws) as c:
+        r = await call(c, "run_command", {"command": "seq 1 300000", "timeout": 60})
+        assert r["status"] == "completed" and r["bytes"] == 1988895 and r["lines"] == 300000, {k: v for k, v in r.items() if k != "output"}
+        out = r["output"]
+        assert r["truncated"] and out.startswith("1\n2\n3\n") and out.endswith("\n299999\n300000"), out[:50]
+        assert "lines," in out and "not shown]" in out and len(out.encode()) <= 32768 + 100
+        r = await call(c, "run_command", {"command": "python3 -c \"print('x' * 300000)\"", "timeout": 60})
+        assert r["bytes"] == 300001 and r["lines"] == 1 and r["truncated"], {k: v for k, v in r.items() if k != "output"}
+        assert 16000 < len(r["output"]) <= 32768 + 100, len(r["output"])
+        r = await call(c, "run_command", {"command": "seq 1 3000", "max_bytes": 1000000, "max_lines": 100000})
+        assert not r["truncated"] and r["output"].split("\n") == [str(i) for i in range(1, 3001)], r["truncated"]
+
+
+async def test_output_reads_like_a_terminal(ws):
+    """Issue 26: progress lines came back as every state glued together,
+    padding stayed, and captures showed sandmux's own wrapper line."""
+    async with connect(ws) as c:
+        r = await call(c, "run_command", {"command": "for i in 1 2 3; do printf '\\rstep %s of 3' $i; done; echo; printf 'pad   \\n'"})
+        assert r["output"] == "step 3 of 3\npad", repr(r["output"])
+        cap = await call(c, "capture_pane", {})
+        assert "__sandmux_run" not in cap["text"], cap["text"]
+        assert "for i in 1 2 3; do printf" in cap["text"], cap["text"]

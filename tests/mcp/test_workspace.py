@@ -75,7 +75,7 @@ async def test_p8_git_and_tool_configuration_through_mcp(ws):
         # The agent learns its limits where it looks (issue 10).
         lim = status["limits"]
         assert lim["writable"] == [str(work)] and "/tmp" in lim["vanishes_at_end"], lim
-        assert lim["wait_max_seconds"] == 30 and lim["output_ring_bytes"] > 0, lim
+        assert lim["wait_max_seconds"] == 300 and lim["output_ring_bytes"] > 0, lim
         assert any("network" in x for x in lim["impossible"]) and any("git" in x for x in lim["impossible"]), lim
         assert status["network"] == "none", status["network"]
     # The client is gone: the instance ended and its end sweep ran.
@@ -102,6 +102,7 @@ async def test_p8_positive_control_unguarded(ws):
     async with connect(ws, "-p", unguarded_profile(ws), env={"XDG_STATE_HOME": str(host / "state")}) as c:
         r, status = await attack(c, marker)
         assert status["workspace_guard"]["git"] == "unguarded", status
+        assert status["workspace_mode"] == "live", status
         layer = next(l for l in status["layers"] if l["layer"] == "git")
         assert not layer["enforced"] and "UNGUARDED" in layer["detail"], layer
     host_git(work, "status")
@@ -135,6 +136,8 @@ async def test_p8_copy_on_write_through_mcp(ws):
         lim = status["limits"]["impossible"]
         line = next(x for x in lim if "copy-on-write" in x)
         layer_id = re.search(r"sandmux diff (\w+)", line).group(1)
+        assert status["workspace_mode"] == "copy-on-write", status
+        assert f"refs/sandmux/{layer_id}" in line, line
         assert tree(work) == before, "the host tree changed while the instance ran"
     assert tree(work) == before, "the host tree changed"
     for d in (work, work / "lib" / "inner"):

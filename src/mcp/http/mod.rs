@@ -164,7 +164,7 @@ impl Info {
     }
 
     /// Writes the last aggregated record of refusals.
-    pub(crate) fn flush(&self, audit: &crate::mcp::audit::Audit) {
+    pub(crate) fn flush(&self, audit: &crate::audit::Audit) {
         self.rejects.flush(audit);
     }
 }
@@ -296,7 +296,7 @@ async fn idle_watch(
                 "no MCP request for {} s ([mcp] http_idle_seconds): ending the instance",
                 idle.as_secs()
             );
-            state.audit.event(crate::mcp::audit::Entry {
+            state.audit.event(crate::audit::Entry {
                 tool: "(http-idle)",
                 toolset: None,
                 outcome: "event",

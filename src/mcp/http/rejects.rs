@@ -5,7 +5,7 @@
 //! client addresses, so outsiders cannot spend the audit budget one request
 //! at a time.
 
-use crate::mcp::audit::{Audit, Entry};
+use crate::audit::{Audit, Entry};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::IpAddr;

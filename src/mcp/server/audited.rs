@@ -3,7 +3,7 @@
 //! parse, parameters that did not parse, calls nested in a read batch).
 
 use super::Server;
-use crate::mcp::audit::{Admission, Entry};
+use crate::audit::{Admission, Entry};
 use crate::mcp::catalog::{self, toolset_name, ToolDef};
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;

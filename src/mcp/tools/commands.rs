@@ -5,6 +5,7 @@
 //! finished ones are evicted oldest first, running ones never; ids belong to
 //! one server generation.
 
+use super::elide::{Caps, DEFAULT_BYTES, MAX_BYTES};
 use super::follow::{follow_until, Follow, RunResult, Until};
 use super::leave_modes;
 use super::read::MAX_LINES;
@@ -33,15 +34,16 @@ pub(crate) struct RunCommand {
     pub p: PaneSel,
     /// Seconds (default 30).
     pub timeout: Option<f64>,
-    /// Keep the last N output lines (default 500).
+    /// Lines returned (default 500).
     pub max_lines: Option<usize>,
+    /// Bytes returned (default 32768).
+    pub max_bytes: Option<usize>,
     /// Keep it out of shell history (default true).
     pub suppress_history: Option<bool>,
     /// On timeout, press C-c.
     #[serde(default)]
     pub interrupt_on_timeout: bool,
-    /// If the pane is not at its shell prompt: refuse (default), or type
-    /// into the foreground program anyway.
+    /// Pane not at its prompt: refuse (default), or type anyway.
     pub when_busy: Option<WhenBusy>,
 }
 
@@ -130,13 +132,14 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     if !c.s.commands.has_room() {
         return Err(ToolError::refused(format!("{} long commands are still running in this instance (each run_command that timed out keeps one until it ends); collect them with wait_for_command or stop them (send_keys C-c) first", MAX_COMMANDS)));
     }
-    let p = targets::pane(c, &a.p).await?;
+    let (p, fresh) = pane_or_fresh(c, &a.p).await?;
     if p.dead {
         return Err(ToolError::refused(format!(
             "pane {} is dead; respawn_pane it first",
             p.pane_id
         )));
     }
+    let mark = c.s.refusals.mark();
     let fg = foreground(c, &p.pane_id).await?;
     let at_prompt = refuse_if_busy(c, &p.pane_id, &fg).is_ok();
     if a.when_busy.unwrap_or_default() == WhenBusy::Refuse {
@@ -160,7 +163,10 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     let mut wait = Wait::call(c, timeout)
         .progress("command running")
         .cancel_says("cancelled by the client; the command may still be running");
-    let max_lines = a.max_lines.unwrap_or(MAX_LINES).min(100_000);
+    let caps = Caps {
+        lines: a.max_lines.unwrap_or(MAX_LINES).clamp(2, 100_000),
+        bytes: a.max_bytes.unwrap_or(DEFAULT_BYTES).clamp(256, MAX_BYTES),
+    };
     let total = timeout.as_secs_f64();
     let mut retyped = !bash;
     let ended = loop {
@@ -179,7 +185,7 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     };
     let f = follow.into_inner().unwrap_or_else(|p| p.into_inner());
     let mut r = if ended {
-        f.result(f.status(), max_lines, total)
+        f.result(f.status(), caps, total)
     } else {
         if a.interrupt_on_timeout {
             hub.run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c"))
@@ -190,18 +196,76 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
         } else {
             "timeout"
         };
-        let mut r = f.result(status, max_lines, total);
+        let mut r = f.result(status, caps, total);
         // Kept only when it was typed at a shell prompt: typed into another
         // program (when_busy = "type"), no marker may ever come.
         if !a.interrupt_on_timeout && at_prompt {
             r.command_id =
                 c.s.commands
-                    .keep(hub.clone(), &c.s.info().generation, f, max_lines);
+                    .keep(hub.clone(), &c.s.info().generation, f, caps);
         }
         r
     };
-    r.timeout_note = note;
+    r.note = notes([fresh, note, refused_since(c, mark)]);
     Ok(r)
+}
+
+/// The notes of a result, in one line; None when there are none.
+fn notes<const N: usize>(parts: [Option<String>; N]) -> Option<String> {
+    let v: Vec<String> = parts.into_iter().flatten().collect();
+    (!v.is_empty()).then(|| v.join("; "))
+}
+
+/// What the allowlist proxy refused since `mark` (clients seldom show its
+/// reasons), or None.
+fn refused_since(c: &Call<'_>, mark: u64) -> Option<String> {
+    let (kept, gone) = c.s.refusals.since(mark);
+    if kept.is_empty() {
+        return None;
+    }
+    let more = if gone > 0 {
+        format!(" (and {gone} earlier, not kept)")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "the network proxy refused while this ran: {}{more}",
+        kept.join(" | ")
+    ))
+}
+
+/// The pane `sel` names; with none named on a server with no session left
+/// (the last shell exited), a fresh session `main`, so the agent is never
+/// stranded (`create_session` may not be among its tools): the note says so.
+async fn pane_or_fresh(
+    c: &Call<'_>,
+    sel: &targets::PaneSel,
+) -> Result<(targets::PaneRow, Option<String>), ToolError> {
+    let unnamed = sel.pane_id.is_none()
+        && sel.window_id.is_none()
+        && sel.s.session_name.is_none()
+        && sel.s.session_id.is_none();
+    if !unnamed || !c.s.remake_session || !targets::panes(c).await?.is_empty() {
+        return Ok((targets::pane(c, sel).await?, None));
+    }
+    let cmd = super::spawn::making("new-session")
+        .flag("-d")
+        .opt("-s", crate::tmux::genesis::FIRST_SESSION);
+    let cmd = super::spawn::process(c, cmd, &None, &None, None)?
+        .opt("-x", "200")
+        .opt("-y", "50");
+    // A concurrent call may have made it first ("duplicate session"): then
+    // its pane is the one.
+    let made = super::spawn::spawn(c, cmd, crate::mcp::bounds::Adds::Session).await;
+    c.s.drift.after_call();
+    let note = made.ok().map(|m| {
+        format!(
+            "no session was left (the last shell exited), so a fresh session {:?} with pane {} was made for this command: cd, exports and shell variables from before are gone",
+            crate::tmux::genesis::FIRST_SESSION,
+            m.pane_id
+        )
+    });
+    Ok((targets::pane(c, sel).await?, note))
 }
 
 /// The pane's foreground program (`#{pane_current_command}`), waiting (at
@@ -243,8 +307,14 @@ fn refuse_if_busy(c: &Call<'_>, pane: &str, fg: &str) -> Result<(), ToolError> {
         return Ok(());
     }
     let fg = text::clean(fg.as_bytes());
+    // A long command of ours still runs there: name it, so the agent
+    // collects it instead of guessing.
+    let ours = match c.s.commands.running_in(pane) {
+        Some(id) => format!(" It is still running command {id} of an earlier run_command: collect it with wait_for_command {{\"command_id\": \"{id}\"}}."),
+        None => String::new(),
+    };
     Err(ToolError::refused(format!(
-        "pane {pane} is not at its shell prompt: its foreground program is {fg:?}, not {shell}, so the command's keys would go to {fg:?} (or wait behind it). Use another pane (split_window), talk to {fg:?} with send_keys, wait for it to end (wait_for_stable), or pass when_busy = \"type\" to type the command anyway"
+        "pane {pane} is not at its shell prompt: its foreground program is {fg:?}, not {shell}, so the command's keys would go to {fg:?} (or wait behind it).{ours} Use another pane (split_window), talk to {fg:?} with send_keys, wait for it to end (wait_for_stable), or pass when_busy = \"type\" to type the command anyway"
     )))
 }
 
@@ -253,7 +323,7 @@ struct Entry {
     generation: String,
     follow: Arc<Mutex<Follow>>,
     done: watch::Receiver<bool>,
-    max_lines: usize,
+    caps: Caps,
 }
 
 /// The instance's long commands.
@@ -264,6 +334,16 @@ pub(crate) struct Commands {
 }
 
 impl Commands {
+    /// The id of the newest kept command still running in `pane`.
+    pub(crate) fn running_in(&self, pane: &str) -> Option<String> {
+        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        e.iter()
+            .rev()
+            .filter(|x| !*x.done.borrow())
+            .find(|x| x.follow.lock().unwrap_or_else(|p| p.into_inner()).pane_id == pane)
+            .map(|x| x.id.clone())
+    }
+
     /// Whether a new long command can be kept (a finished one can be evicted,
     /// or there is room).
     pub(crate) fn has_room(&self) -> bool {
@@ -278,7 +358,7 @@ impl Commands {
         hub: Arc<Hub>,
         generation: &str,
         follow: Follow,
-        max_lines: usize,
+        caps: Caps,
     ) -> Option<String> {
         let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if e.len() >= MAX_COMMANDS {
@@ -303,7 +383,7 @@ impl Commands {
             generation: generation.to_string(),
             follow,
             done,
-            max_lines,
+            caps,
         });
         Some(id)
     }
@@ -312,7 +392,7 @@ impl Commands {
 /// `wait_for_command`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct WaitCommand {
-    /// The `command_id` a `run_command` result gave.
+    /// From a `run_command` result.
     pub command_id: String,
     /// Seconds (default 30).
     pub timeout: Option<f64>,
@@ -321,8 +401,9 @@ pub(crate) struct WaitCommand {
 /// Waits for a long command to end; the same result shape as `run_command`.
 pub(crate) async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<RunResult, ToolError> {
     let timeout = c.clamp(a.timeout, 30.0)?;
+    let mark = c.s.refusals.mark();
     let generation = c.s.info().generation;
-    let (follow, mut done, max_lines) = {
+    let (follow, mut done, caps) = {
         let e =
             c.s.commands
                 .entries
@@ -341,7 +422,7 @@ pub(crate) async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<Run
                 x.id
             )));
         }
-        (x.follow.clone(), x.done.clone(), x.max_lines)
+        (x.follow.clone(), x.done.clone(), x.caps)
     };
     let mut wait = Wait::call(c, timeout)
         .progress("command running")
@@ -365,8 +446,9 @@ pub(crate) async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<Run
         (true, None) => "expired",
         (false, None) => "timeout",
     };
-    let mut r = g.result(status, max_lines, timeout.as_secs_f64());
+    let mut r = g.result(status, caps, timeout.as_secs_f64());
     r.command_id = Some(a.command_id);
+    r.note = refused_since(c, mark);
     Ok(r)
 }
 

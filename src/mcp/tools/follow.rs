@@ -3,6 +3,7 @@
 //! keeps the command's own output (a bounded tail), so neither completion nor
 //! the exit status depends on how much it printed or on how long ago it ended.
 
+use super::elide::{elide, Caps};
 use super::wait::{Wait, Woke};
 use crate::mcp::error::ToolError;
 use crate::mcp::targets::PaneRow;
@@ -16,6 +17,8 @@ use tokio::sync::watch;
 
 /// Output kept per command (the tail; the same as a pane's ring).
 const BODY_CAP: usize = crate::tmux::hub::RING_BYTES;
+/// The head kept besides, for a result's first lines.
+const HEAD_CAP: usize = 64 * 1024;
 /// The OSC number sandmux's markers use (tmux draws nothing for it).
 const OSC: &str = "\x1b]6973;";
 
@@ -27,13 +30,16 @@ pub(crate) struct RunResult {
     pub status: String,
     /// Exit status (when completed; for pane_exited, tmux's when it kept the pane).
     pub exit_status: Option<i32>,
-    /// What the command printed (plain text; tail kept).
+    /// What the command printed (plain text): its head and tail within
+    /// `max_lines`/`max_bytes`, a marker line between if anything is not shown.
     pub output: String,
-    /// Bytes of output before capping.
+    /// Bytes the command printed (a line end counts one byte).
     pub bytes: usize,
-    /// Whether output was cut.
+    /// Lines it printed.
+    pub lines: usize,
+    /// Whether output was left out.
     pub truncated: bool,
-    /// Lines cut from the head.
+    /// Lines left out.
     pub truncated_lines: usize,
     /// Output was lost because it scrolled past sandmux's buffer.
     pub missed: bool,
@@ -43,9 +49,10 @@ pub(crate) struct RunResult {
     pub elapsed: f64,
     /// The timeout that applied, in seconds.
     pub timeout: f64,
-    /// Why it is not the one asked for (the profile's ceiling); absent when it is.
+    /// What you should know besides: a timeout cut to the profile's
+    /// ceiling, a fresh session made because none was left; absent if none.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout_note: Option<String>,
+    pub note: Option<String>,
     /// On timeout, the id `wait_for_command` collects the still-running
     /// command with; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -77,6 +84,10 @@ pub(crate) struct Follow {
     before: Vec<u8>,
     seen_begin: bool,
     body: Vec<u8>,
+    /// The first [`HEAD_CAP`] bytes of what left `body`'s front.
+    head: Vec<u8>,
+    /// Bytes and newlines that left `body`'s front.
+    dropped: (usize, usize),
     head_lost: bool,
     missed: bool,
     /// When the command was typed.
@@ -98,6 +109,8 @@ impl Follow {
             before: Vec::new(),
             seen_begin: false,
             body: Vec::new(),
+            head: Vec::new(),
+            dropped: (0, 0),
             head_lost: false,
             missed: false,
             t0: Instant::now(),
@@ -176,14 +189,17 @@ impl Follow {
         }
         if self.body.len() > BODY_CAP {
             let cut = self.body.len() - BODY_CAP;
-            self.body.drain(..cut);
-            self.head_lost = true;
+            let gone: Vec<u8> = self.body.drain(..cut).collect();
+            let room = HEAD_CAP.saturating_sub(self.head.len()).min(gone.len());
+            self.head.extend_from_slice(&gone[..room]);
+            self.dropped.0 += gone.len();
+            self.dropped.1 += newlines(&gone);
         }
         false
     }
 
     /// The result as it stands.
-    pub(crate) fn result(&self, status: &str, max_lines: usize, timeout: f64) -> RunResult {
+    pub(crate) fn result(&self, status: &str, caps: Caps, timeout: f64) -> RunResult {
         let exit = match self.ended {
             Some(End::Completed(c)) => Some(c),
             Some(End::PaneExited(c)) => c,
@@ -195,22 +211,47 @@ impl Follow {
         } else {
             &[][..]
         };
-        let out = text::clean(body);
-        let out = out.strip_prefix('\n').unwrap_or(&out);
-        let out = out.strip_suffix('\n').unwrap_or(out);
-        let capped = text::cap(out, max_lines, 1_000_000);
+        // What left the front: kept whole in `head`, or `head` and a gap.
+        let gap = (
+            self.dropped.0 - self.head.len(),
+            self.dropped.1.saturating_sub(newlines(&self.head)),
+        );
+        let (head, tail) = (text::clean(&self.head), text::clean(body));
+        let head = head.strip_prefix('\n').unwrap_or(&head);
+        let tail = tail.strip_suffix('\n').unwrap_or(&tail);
+        let tail = match head.is_empty() {
+            true => tail.strip_prefix('\n').unwrap_or(tail),
+            false => tail,
+        };
+        self.shaped(status, exit, (head, tail, gap), caps, timeout)
+    }
+
+    /// [`Follow::result`] once the text is cut into head and tail.
+    fn shaped(
+        &self,
+        status: &str,
+        exit: Option<i32>,
+        (head, tail, gap): (&str, &str, (usize, usize)),
+        caps: Caps,
+        timeout: f64,
+    ) -> RunResult {
+        let shown = elide(head, tail, gap, caps);
+        // The terminal turns each "\n" into "\r\n": one byte of the command's.
+        let newline_count = self.dropped.1 + newlines(&self.body);
+        let printed = (self.dropped.0 + self.body.len()).saturating_sub(newline_count);
         RunResult {
             status: status.into(),
             exit_status: exit,
-            bytes: out.len(),
-            output: capped.text,
-            truncated: capped.truncated || self.head_lost,
-            truncated_lines: capped.truncated_lines,
+            bytes: printed,
+            lines: newline_count,
+            output: shown.text,
+            truncated: shown.bytes > 0 || self.head_lost,
+            truncated_lines: shown.lines,
             missed: self.missed,
             pane_id: self.pane_id.clone(),
             elapsed: self.t0.elapsed().as_secs_f64(),
             timeout,
-            timeout_note: None,
+            note: None,
             command_id: None,
         }
     }
@@ -370,6 +411,10 @@ pub(crate) async fn pane_exited(hub: &Hub, pane: &str) -> Result<Option<Option<i
         Err(crate::tmux::client::TmuxError::Command(_)) => Ok(Some(None)),
         Err(e) => Err(ToolError::Tmux(e)),
     }
+}
+
+fn newlines(b: &[u8]) -> usize {
+    b.iter().filter(|c| **c == b'\n').count()
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub(crate) struct SendKeys {
     pub p: PaneSel,
     /// Press Enter after `text` (default true).
     pub enter: Option<bool>,
-    /// Type a string `keys` as text (compatibility).
+    /// Type a string `keys` as text.
     #[serde(default)]
     pub literal: bool,
     /// Prefix a space (keeps the text out of shell history).
@@ -68,6 +68,13 @@ async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, To
             "text",
             "nothing to send",
             "give text (typed literally) and/or keys (key names)",
+        ));
+    }
+    if keys.len() > text::MAX_KEYS {
+        return Err(ToolError::invalid(
+            "keys",
+            &format!("{} key names; at most {} in one call", keys.len(), text::MAX_KEYS),
+            "split them over several send_keys calls (or send_keys_batch), or type literal text with the `text` argument",
         ));
     }
     for k in &keys {

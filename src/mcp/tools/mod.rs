@@ -8,6 +8,7 @@
 pub(crate) mod buffers;
 pub(crate) mod capture;
 pub(crate) mod commands;
+pub(crate) mod elide;
 pub(crate) mod follow;
 pub(crate) mod input;
 pub(crate) mod instance;

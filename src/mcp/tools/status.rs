@@ -30,8 +30,14 @@ pub(crate) struct Status {
     pub description: String,
     /// Workspace (read-write inside).
     pub workspace: String,
+    /// `copy-on-write` (your writes land in a layer the human reviews: see
+    /// `limits.impossible`) or `live` (the human's own tree, guarded).
+    pub workspace_mode: String,
     /// Network mode.
     pub network: String,
+    /// The allowlist proxy's last refusals, oldest first: name, reason, the
+    /// profile key that decides.
+    pub network_refusals: Vec<String>,
     /// Every layer as the sandbox reported it while starting.
     pub layers: Vec<LayerView>,
     /// Layers dropped (best-effort).
@@ -40,28 +46,37 @@ pub(crate) struct Status {
     pub tools_enabled: usize,
     /// Where the audit log is.
     pub audit_log: String,
-    /// Whether calls can be recorded: `ok`, or `full`/`failing` and why
-    /// (then every call is refused).
+    /// `ok`, or `full`/`failing` and why (then calls are refused).
     pub audit_state: String,
     /// Drift status.
     pub drift: String,
-    /// Bytes of pane output buffered by sandmux.
+    /// Pane output bytes buffered.
     pub buffered_output_bytes: usize,
-    /// Processes the kernel killed for exceeding the memory limit (from the
-    /// instance's cgroup; null without one).
+    /// OOM kills in the instance's cgroup (null without one).
     pub oom_kills: Option<u64>,
     /// The workspace guard (P8): the checkout's kind, what is read-only,
-    /// watched, reverted.
+    /// watched, reverted. Declared as any value: its fields name
+    /// themselves, and their schema would cost every conversation 330 bytes.
+    #[schemars(with = "serde_json::Value")]
     pub workspace_guard: crate::guard::View,
     /// What the agent can rely on, and what it cannot do here.
     pub limits: Limits,
-    /// Sessions, panes and host-side tmux clients now (null if tmux did not
-    /// answer).
+    /// Sessions, panes and host tmux clients now.
     pub in_use: Option<crate::mcp::bounds::InUse>,
     /// The --record file (null without one).
     pub recording: Option<crate::mcp::record::View>,
     /// The operator froze the sandbox: other calls are refused until thawed.
     pub frozen: bool,
+    /// Host toolchains lent read-only: name, where found, host paths bound,
+    /// variables set. (Left out of the output schema, which counts against
+    /// the `tools/list` budget; an undeclared property is valid there.)
+    #[schemars(skip)]
+    pub toolchains: Vec<crate::profile::Lent>,
+    /// Read-only profile paths that are symlinks on the host, as resolved
+    /// (not in the output schema either).
+    #[schemars(skip)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub symlinks_resolved: Vec<String>,
 }
 
 /// The limits an agent meets, in one place.
@@ -114,10 +129,16 @@ fn limits(p: &crate::profile::Policy) -> Limits {
     if let Some(id) = p.layer.as_ref().and_then(|l| l.file_name()) {
         let id = id.to_string_lossy();
         impossible.push(format!(
-            "changing the host's copy of the workspace while you work (copy-on-write): your writes land in a layer; the human reviews it with `sandmux diff {id}` and brings it in with `sandmux apply {id}`, version-control data and tool configuration held back"
+            "changing the host's copy of the workspace while you work (copy-on-write): your writes land in a layer; after this instance the human reviews it with `sandmux diff {id}` and brings it in with `sandmux apply {id}`: files, your commits as refs/sandmux/{id}/*, new repositories as repositories; version-control data and tool configuration held back. git init, hooks and config work here"
         ));
     }
-    if live && p.guard.git != crate::profile::GitMode::Unguarded {
+    if let Some(c) = p.guard.commit.as_ref().filter(|_| live) {
+        let id = c.agent.parent().and_then(|d| d.file_name());
+        let id = id.map(|i| i.to_string_lossy()).unwrap_or_default();
+        impossible.push(format!(
+            "changing the workspace's own .git (commit mode): your commits go to a repository of your own; after this instance the human brings them in with `sandmux git fetch {id}` (your branches as refs/sandmux/{id}/*; your edits are already in their working tree)"
+        ));
+    } else if live && p.guard.git != crate::profile::GitMode::Unguarded {
         impossible
             .push("changing git's control plane in the workspace (history is readable)".into());
     }
@@ -129,8 +150,9 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         p.limits.max_sessions, p.limits.max_panes
     ));
     impossible.push(match p.network.mode {
-        NetMode::None => "any network, DNS included".into(),
-        NetMode::Loopback => "any network beyond loopback, DNS included".into(),
+        NetMode::None | NetMode::Loopback => {
+            "any network beyond the sandbox's own loopback, DNS included".into()
+        }
         NetMode::Host => "TCP to ports the profile does not list".into(),
         NetMode::Proxy => format!(
             "any network but these names, through the proxy {} (no DNS, no UDP, no address by number): {}",
@@ -170,7 +192,12 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         profile: c.s.policy.name.clone(),
         description: c.s.policy.description.clone(),
         workspace: c.s.policy.workspace.display().to_string(),
+        workspace_mode: match c.s.policy.workspace_mode {
+            crate::profile::WorkspaceMode::Live => "live".into(),
+            crate::profile::WorkspaceMode::CopyOnWrite => "copy-on-write".into(),
+        },
         network: c.s.policy.network.mode.name().into(),
+        network_refusals: c.s.refusals.since(0).0,
         dropped: layers
             .iter()
             .filter(|l| !l.enforced)
@@ -193,6 +220,8 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         in_use: crate::mcp::bounds::in_use(&c.s.hub()).await.ok(),
         recording: c.s.record.as_ref().map(|r| r.view()),
         frozen: c.s.freeze.is_frozen(),
+        toolchains: c.s.policy.toolchains.clone(),
+        symlinks_resolved: crate::profile::links_said(&c.s.policy),
         workspace_guard: c.s.policy.guard.view(
             git_kernel,
             c.s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),

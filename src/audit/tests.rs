@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// The tests' secrets (the MCP catalogue's are tested in `mcp::catalog`).
+static SECRETS: std::sync::LazyLock<Secrets> =
+    std::sync::LazyLock::new(|| (vec!["keys", "text"], Vec::new()));
+
 fn entry<'a>(tool: &'a str, args: &'a Value) -> Entry<'a> {
     Entry {
         tool,
@@ -24,7 +28,7 @@ fn call(a: &Audit, tool: &str, args: &Value) -> Result<(), String> {
 fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("a.jsonl");
-    let a = Audit::open(&p, 1 << 20).unwrap();
+    let a = Audit::open(&p, 1 << 20, &SECRETS).unwrap();
     for i in 0..4 {
         call(
             &a,
@@ -49,7 +53,7 @@ fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
         }
     );
     // One writer at a time.
-    let e = Audit::open(&p, 1 << 20).err().unwrap();
+    let e = Audit::open(&p, 1 << 20, &SECRETS).err().unwrap();
     assert!(e.contains("another running instance"), "{e}");
     drop(a);
     let text = std::fs::read_to_string(&p).unwrap();
@@ -76,11 +80,11 @@ fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
         e.starts_with("line 4: torn") && e.contains("3 records before it"),
         "{e}"
     );
-    let e = Audit::open(&p, 1 << 20).err().unwrap();
+    let e = Audit::open(&p, 1 << 20, &SECRETS).err().unwrap();
     assert!(e.contains("torn"), "{e}");
     // Reopening continues the chain.
     std::fs::write(&p, format!("{}\n", lines.join("\n"))).unwrap();
-    let b = Audit::open(&p, 1 << 20).unwrap();
+    let b = Audit::open(&p, 1 << 20, &SECRETS).unwrap();
     call(&b, "list_panes", &json!({})).unwrap();
     assert_eq!(verify(&p).unwrap().records, 6);
 }
@@ -89,7 +93,7 @@ fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
 fn every_record_and_the_window_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("b.jsonl");
-    let a = Audit::open(&p, 1 << 30).unwrap();
+    let a = Audit::open(&p, 1 << 30, &SECRETS).unwrap();
     let huge = "\u{1b}".repeat(10_000);
     let args =
         json!({"pattern": huge, "many": (0..2000).map(|i| i.to_string()).collect::<Vec<_>>()});
@@ -117,7 +121,7 @@ fn every_record_and_the_window_are_bounded() {
 fn the_budget_refuses_calls_and_keeps_room_for_the_seal() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("c.jsonl");
-    let a = Audit::open(&p, 64 * 1024).unwrap();
+    let a = Audit::open(&p, 64 * 1024, &SECRETS).unwrap();
     let big = json!({"pattern": "x".repeat(900)});
     let mut ran = 0;
     while call(&a, "capture_pane", &big).is_ok() {
@@ -145,7 +149,7 @@ fn the_budget_refuses_calls_and_keeps_room_for_the_seal() {
 fn forged_seals_abandoned_calls_and_the_events_room() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("d.jsonl");
-    let a = Audit::open(&p, 64 * 1024).unwrap();
+    let a = Audit::open(&p, 64 * 1024, &SECRETS).unwrap();
     // The agent names a tool "(sealed)": recorded, never taken for a seal.
     a.record(Entry {
         outcome: "refused",
