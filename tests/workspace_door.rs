@@ -638,6 +638,56 @@ fn a_crash_during_apply_leaves_a_state_apply_finishes_or_undoes() {
     assert!(killed_midway, "no kill fell in the middle of the apply");
 }
 
+/// An apply killed after it kept the host's file in `taken/` (a hard
+/// link, which moves the file's ctime) and before it renamed the new file
+/// over it: the next apply knows the link for its own, not a change by the
+/// human, and finishes; undo gives the old bytes back. The state is made
+/// exactly as the killed apply leaves it (its journal line and its link):
+/// a kill lands in that window only by chance (it made the test above
+/// fail once in CI). Control: the link without the journal line is a
+/// conflict, left as it is.
+#[test]
+fn an_apply_killed_between_keeping_and_renaming_is_finished() {
+    for journaled in [true, false] {
+        let ws = Ws::new();
+        let w = ws.path();
+        put(&w.join("a.txt"), "old\n");
+        let host = host_dir();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let o = run_cow(&w, "default", host.path(), "echo new > a.txt; echo done");
+        assert!(text(&o).contains("done"), "{}", text(&o));
+        let id = layer_id(&text(&o));
+        let layer = host.path().join("sandmux/layers").join(&id);
+        std::fs::create_dir_all(layer.join("taken")).unwrap();
+        let taken = layer.join("taken/0123456789abcdef-a.txt");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::fs::hard_link(w.join("a.txt"), &taken).unwrap();
+        if journaled {
+            let step = serde_json::json!({"op": "replace", "rel": "a.txt", "taken": taken});
+            std::fs::write(layer.join("apply.jsonl"), format!("{step}\n")).unwrap();
+        }
+        let mut c = sandmux(&["apply", &id]);
+        let o = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
+        let now = std::fs::read_to_string(w.join("a.txt")).unwrap();
+        if !journaled {
+            assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+            assert!(
+                text(&o).contains("conflict a.txt (changed on the host"),
+                "{}",
+                text(&o)
+            );
+            assert_eq!(now, "old\n");
+            continue;
+        }
+        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
+        assert_eq!(now, "new\n");
+        let mut c = sandmux(&["apply", &id, "--undo"]);
+        let u = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
+        assert!(u.status.success(), "{}", text(&u));
+        assert_eq!(std::fs::read_to_string(w.join("a.txt")).unwrap(), "old\n");
+    }
+}
+
 fn walk_names(root: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];

@@ -97,6 +97,9 @@ pub(crate) struct Door<'a> {
     /// Files replaced or removed that git could not give back.
     pub(crate) precious: usize,
     journal: std::fs::File,
+    /// What an earlier, crashed `apply` of this layer journaled as
+    /// replaced: each path and the names it kept in `taken/`.
+    replaced_before: std::collections::HashMap<PathBuf, Vec<PathBuf>>,
 }
 
 impl<'a> Door<'a> {
@@ -113,6 +116,12 @@ impl<'a> Door<'a> {
             .map_err(|e| format!("the journal in {}: {e}", layer.display()))?;
         std::fs::create_dir_all(layer.join("taken"))
             .map_err(|e| format!("{}: {e}", layer.join("taken").display()))?;
+        let mut replaced_before = std::collections::HashMap::<PathBuf, Vec<PathBuf>>::new();
+        for s in journaled(layer)? {
+            if let Step::Replace { rel, taken, .. } = s {
+                replaced_before.entry(rel).or_default().push(taken);
+            }
+        }
         // 20 ms before the layer was made: a coarse ctime just after it
         // still counts as a change.
         Ok(Door {
@@ -122,6 +131,7 @@ impl<'a> Door<'a> {
             moving: None,
             precious: 0,
             journal,
+            replaced_before,
         })
     }
 
@@ -139,6 +149,23 @@ impl<'a> Door<'a> {
         stat_at(&self.trees.lower, rel).is_some_and(|s| {
             (s.st_ctime as i128) * 1_000_000_000 + s.st_ctime_nsec as i128 > self.since_ns
         })
+    }
+
+    /// Whether the host's file at `rel` (stat `h`) is the very file an
+    /// earlier apply of this layer journaled and kept in `taken/` (a hard
+    /// link) before it was killed short of the rename: the link moved its
+    /// ctime, not the human, and its content was not touched since the
+    /// instance started. Its step is in the journal already.
+    fn kept_before(&self, rel: &Path, h: &nix::sys::stat::FileStat) -> bool {
+        let mtime = (h.st_mtime as i128) * 1_000_000_000 + h.st_mtime_nsec as i128;
+        let Some(names) = self.replaced_before.get(rel) else {
+            return false;
+        };
+        mtime <= self.since_ns
+            && names.iter().any(|t| {
+                taken_stat(self.layer, t)
+                    .is_some_and(|k| (k.st_dev, k.st_ino) == (h.st_dev, h.st_ino))
+            })
     }
 
     /// Applies one change; `Ok(false)`: nothing to do (already applied).
@@ -183,12 +210,14 @@ impl<'a> Door<'a> {
     /// A file from the layer, written beside its place and renamed over it.
     fn write(&mut self, rel: &Path, replace: bool) -> Result<bool, String> {
         let host = stat_at(&self.trees.lower, rel);
+        let mut kept = false;
         if let Some(h) = &host {
             let same = h.st_mode & libc::S_IFMT == libc::S_IFREG && self.same(rel);
             if same {
                 return Ok(false);
             }
-            if !replace || self.changed_on_host(rel) {
+            kept = replace && self.kept_before(rel, h);
+            if !replace || (!kept && self.changed_on_host(rel)) {
                 return Err("changed on the host since the instance started".into());
             }
         } else if replace {
@@ -224,7 +253,12 @@ impl<'a> Door<'a> {
             None => 0o644,
         };
         let (dir, name) = self.parent(rel)?;
-        if self.moving.is_some() {
+        if kept && self.moving.as_ref().is_some_and(|p| p.holds(rel)) {
+            self.precious += 1;
+        }
+        // Moved only when this apply journals the step itself (a step an
+        // earlier apply journaled was for a copy).
+        if self.moving.is_some() && !kept {
             if let Some(moved) = self.move_in(rel, &src, (&dir, &name), mode, host.is_some()) {
                 return moved.map(|()| true);
             }
@@ -260,7 +294,9 @@ impl<'a> Door<'a> {
             return Err(format!("copying: {e}"));
         }
         let placed = if host.is_some() {
-            self.set_aside(rel, &dir, &name, Aside::Replace(None))?;
+            if !kept {
+                self.set_aside(rel, &dir, &name, Aside::Replace(None))?;
+            }
             renameat(&dir, &tmp, &dir, &name)
         } else {
             self.record(&Step::Create {
@@ -501,21 +537,10 @@ fn taken_name(name: &Path) -> PathBuf {
 /// Returns how many steps were undone and what was left.
 pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), String> {
     let path = layer.join("apply.jsonl");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("no journal: {e}"))?;
-    // A line that cannot be read stops the undo: dropped, the journal's
-    // rewrite below would lose the step it records. A torn last line (no
-    // newline: a crash while it was written) recorded a step never made.
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    let steps: Vec<Step> = complete
-        .lines()
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| format!("{}: line {}: {e}", path.display(), i + 1))
-        })
-        .collect::<Result<_, _>>()?;
+    if !path.exists() {
+        return Err(format!("no journal: {} is not there", path.display()));
+    }
+    let steps = journaled(layer)?;
     let (mut done, mut left, mut kept) = (0, Vec::new(), Vec::new());
     for s in steps.iter().rev() {
         match undo_step(trees, layer, s) {
@@ -538,6 +563,37 @@ pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), 
         std::fs::write(&path, rest).map_err(|e| format!("rewriting the journal: {e}"))?;
     }
     Ok((done, left))
+}
+
+/// The steps the journal of the layer at `layer` records (none when it
+/// has none). A line that cannot be read is an error: dropped, a rewrite
+/// of the journal would lose the step it records. A torn last line (no
+/// newline: a crash while it was written) recorded a step never made.
+fn journaled(layer: &Path) -> Result<Vec<Step>, String> {
+    let path = layer.join("apply.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("the journal {}: {e}", path.display())),
+    };
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    complete
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| format!("{}: line {}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// The stat of `taken` (a name in the layer's `taken/`), through no link.
+fn taken_stat(layer: &Path, taken: &Path) -> Option<nix::sys::stat::FileStat> {
+    let n = taken.file_name()?;
+    let tdir = crate::sandbox::beneath::open_root(&layer.join("taken")).ok()?;
+    stat_at(&tdir, Path::new(n))
 }
 
 impl Step {
@@ -593,12 +649,7 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
 
 /// Whether `taken` is in the layer's `taken/`.
 fn was_set_aside(layer: &Path, taken: &Path) -> bool {
-    taken.file_name().is_some_and(|n| {
-        crate::sandbox::beneath::open_root(&layer.join("taken"))
-            .ok()
-            .and_then(|tdir| stat_at(&tdir, Path::new(n)))
-            .is_some()
-    })
+    taken_stat(layer, taken).is_some()
 }
 
 /// Whether the host's entry at `rel` is the very file kept as `taken` (a
@@ -607,11 +658,7 @@ fn still_there(t: &Trees, layer: &Path, rel: &Path, taken: &Path) -> bool {
     let Some(now) = stat_at(&t.lower, rel) else {
         return false;
     };
-    let kept = taken.file_name().and_then(|n| {
-        let tdir = crate::sandbox::beneath::open_root(&layer.join("taken")).ok()?;
-        stat_at(&tdir, Path::new(n))
-    });
-    kept.is_some_and(|k| (k.st_dev, k.st_ino) == (now.st_dev, now.st_ino))
+    taken_stat(layer, taken).is_some_and(|k| (k.st_dev, k.st_ino) == (now.st_dev, now.st_ino))
 }
 
 /// Puts `taken` back at `name` in `dir`: a rename (over what is there when
