@@ -2,7 +2,8 @@
 //! thaw | journal | stop`. They find this user's instances in the runtime directory and talk to
 //! each `serve` instance through its operator endpoint (`mcp::endpoint`).
 
-use crate::sandbox::rundir;
+use crate::mcp::endpoint::{Op, Request};
+use crate::sandbox::rundir::{self, Kind, Meta};
 use crate::term;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -17,8 +18,15 @@ pub(crate) struct Found {
     pub id: String,
     /// Its runtime directory.
     pub dir: PathBuf,
-    /// What `meta.json` says.
-    pub meta: Value,
+    /// What `meta.json` says (None: unreadable, or not written yet).
+    pub meta: Option<Meta>,
+}
+
+impl Found {
+    /// Whether a `sandmux serve` runs it (the kind with an endpoint).
+    pub(crate) fn is_serve(&self) -> bool {
+        self.meta.as_ref().is_some_and(|m| m.kind == Kind::Serve)
+    }
 }
 
 /// This user's live instances.
@@ -33,17 +41,14 @@ pub(crate) fn instances() -> Vec<Found> {
         if name.starts_with('.') || !rundir::owner_alive(&dir) {
             continue;
         }
-        let meta = std::fs::read_to_string(dir.join("meta.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(json!({}));
+        let meta = rundir::Rundir::read_meta(&dir);
         out.push(Found {
             id: name,
             dir,
             meta,
         });
     }
-    out.sort_by_key(|f| f.meta["started"].as_u64().unwrap_or(0));
+    out.sort_by_key(|f| f.meta.as_ref().map_or(0, |m| m.started));
     out
 }
 
@@ -61,7 +66,7 @@ pub(crate) fn find(id: &str) -> Result<Found, String> {
 }
 
 /// Sends one request to an instance's endpoint.
-pub(crate) fn request(dir: &Path, req: Value) -> Result<Value, String> {
+pub(crate) fn request(dir: &Path, req: Request) -> Result<Value, String> {
     let path = dir.join("control.sock");
     let mut s = UnixStream::connect(&path).map_err(|e| {
         format!(
@@ -70,7 +75,7 @@ pub(crate) fn request(dir: &Path, req: Value) -> Result<Value, String> {
         )
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut line = req.to_string();
+    let mut line = serde_json::to_string(&req).map_err(|e| e.to_string())?;
     line.push('\n');
     s.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
     let mut reply = String::new();
@@ -182,24 +187,25 @@ fn layers_table(layers: &[Value]) -> String {
 
 /// One instance's `ps` row: its metadata and, for `serve`, its status.
 fn ps_row(f: &Found) -> Value {
-    let st = if f.meta["kind"] == "serve" {
-        request(&f.dir, json!({"v": 1, "op": "status"})).ok()
+    let st = if f.is_serve() {
+        request(&f.dir, Request::new(Op::Status)).ok()
     } else {
         None
     };
+    let m = f.meta.as_ref();
     json!({
         "id": f.id,
-        "kind": f.meta["kind"],
-        "profile": f.meta["profile"],
-        "workspace": f.meta["workspace"],
-        "started": f.meta["started"],
-        "pid": f.meta["pid"],
+        "kind": m.map(|m| m.kind),
+        "profile": m.map(|m| &m.profile),
+        "workspace": m.map(|m| &m.workspace),
+        "started": m.map(|m| m.started),
+        "pid": m.map(|m| m.pid),
         "toolsets": st.as_ref().map(|s| s["toolsets"].clone()),
         "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
         "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
         "frozen": st.as_ref().map(|s| s["frozen"].clone()),
         "audit": st.as_ref().map(|s| s["audit"].clone()),
-        "http": f.meta["http"],
+        "http": m.and_then(|m| m.http.as_ref()),
     })
 }
 
@@ -253,13 +259,15 @@ fn ps_line(c: [&str; 10]) -> String {
 
 /// The request for `revoke`/`grant` (`freeze`: revoke, then freeze).
 pub(crate) fn change(
-    op: &str,
+    op: Op,
     toolset: Option<String>,
     tool: Option<String>,
     all: bool,
     freeze: bool,
-) -> Value {
-    json!({"v": 1, "op": op, "toolset": toolset, "tool": tool, "all": all, "freeze": freeze})
+) -> Request {
+    let mut r = Request::new(op);
+    (r.toolset, r.tool, r.all, r.freeze) = (toolset, tool, all, freeze);
+    r
 }
 
 /// What `freeze`/`thaw` print, from the endpoint's answer.
@@ -285,9 +293,10 @@ pub(crate) fn journal(
     json_out: bool,
     out: &mut impl Write,
 ) -> Result<(), String> {
-    let path = f.meta["audit_log"]
-        .as_str()
-        .map(PathBuf::from)
+    let path = f
+        .meta
+        .as_ref()
+        .and_then(|m| m.audit_log.clone())
         .ok_or("this instance has no audit log (only serve instances do)")?;
     let mut pos = 0u64;
     loop {
@@ -329,7 +338,7 @@ pub(crate) fn journal_of_log(
 /// Tells the human (on stderr, so `--json` stays records only) when the
 /// instance cannot record calls and refuses them.
 fn say_audit_state(f: &Found) {
-    let Ok(st) = request(&f.dir, json!({"v": 1, "op": "status"})) else {
+    let Ok(st) = request(&f.dir, Request::new(Op::Status)) else {
         return;
     };
     if let Some(why) = st["audit"]["reason"].as_str() {
@@ -375,8 +384,8 @@ fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
 /// `read_write`), to the first session that is not sandmux's own. A frozen
 /// instance is refused: its stopped server would answer nothing.
 pub(crate) fn attach(f: &Found, read_write: bool) -> Result<i32, String> {
-    if f.meta["kind"] == "serve" {
-        let st = request(&f.dir, json!({"v": 1, "op": "status"}))?;
+    if f.is_serve() {
+        let st = request(&f.dir, Request::new(Op::Status))?;
         if !st["frozen"].is_null() {
             return Err(format!(
                 "instance {} is frozen (sandmux thaw {})",

@@ -1,7 +1,9 @@
 //! The `sandmux` command line (the binary's `main` calls [`main`]).
 
+use crate::mcp::endpoint::{Op, Request};
 use crate::profile::{self, Context, Loaded};
-use crate::sandbox::{self, pane, rundir::Rundir, Payload, Stdio3, EXIT_INTERNAL, EXIT_USAGE};
+use crate::sandbox::rundir::{Kind, Meta, Rundir};
+use crate::sandbox::{self, pane, Payload, Stdio3, EXIT_INTERNAL, EXIT_USAGE};
 use crate::supervisor::{self, Instance};
 use clap::Parser;
 use std::path::PathBuf;
@@ -159,10 +161,10 @@ fn operator(cmd: Cmd) -> ExitCode {
         {
             fail(EXIT_USAGE, "name --toolset, --tool or --all")
         }
-        Cmd::Revoke { sel, freeze } => operator_change("revoke", sel, freeze),
-        Cmd::Grant { sel } => operator_change("grant", sel, false),
-        Cmd::Freeze { id } => operator_freeze("freeze", &id),
-        Cmd::Thaw { id } => operator_freeze("thaw", &id),
+        Cmd::Revoke { sel, freeze } => operator_change(Op::Revoke, sel, freeze),
+        Cmd::Grant { sel } => operator_change(Op::Grant, sel, false),
+        Cmd::Freeze { id } => operator_freeze(Op::Freeze, &id),
+        Cmd::Thaw { id } => operator_freeze(Op::Thaw, &id),
         Cmd::Journal { id, follow, json } => match journal(&id, follow, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(1, e),
@@ -210,12 +212,10 @@ fn operator(cmd: Cmd) -> ExitCode {
 /// `sandmux stop ID`: a clean stop through the endpoint (`serve`), else SIGTERM to the owner.
 fn stop_instance(id: &str) -> ExitCode {
     match crate::operator::find(id) {
-        Ok(f) if f.meta["kind"] == "serve" => {
-            match crate::operator::request(&f.dir, serde_json::json!({"v": 1, "op": "stop"})) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => fail(1, e),
-            }
-        }
+        Ok(f) if f.is_serve() => match crate::operator::request(&f.dir, Request::new(Op::Stop)) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => fail(1, e),
+        },
         Ok(f) => {
             let pid = std::fs::read_to_string(f.dir.join("owner"))
                 .ok()
@@ -320,7 +320,12 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(c) => c,
         Err(e) => return fail(e.exit_code(), e),
     };
-    rundir.write_meta(&serde_json::json!({"kind": "run", "id": rundir.id, "profile": policy.name, "workspace": policy.workspace, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
+    rundir.write_meta(&Meta::now(
+        Kind::Run,
+        &rundir.id,
+        &policy.name,
+        &policy.workspace,
+    ));
     let cwd = std::env::current_dir()
         .ok()
         .filter(|d| d.starts_with(&policy.workspace))
@@ -474,7 +479,8 @@ fn shell(policy: profile::Policy) -> ExitCode {
     };
     let init = nix::unistd::Pid::from_raw(inst.init_pid() as i32);
     let (bound, over) = bound_ends(&inst.policy, init);
-    inst.rundir.write_meta(&serde_json::json!({"kind": "shell", "id": inst.rundir.id, "profile": name, "workspace": wsp, "pid": std::process::id(), "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)}));
+    inst.rundir
+        .write_meta(&Meta::now(Kind::Shell, &inst.rundir.id, &name, &wsp));
     let status = inst
         .client()
         .args([
@@ -502,14 +508,14 @@ fn shell(policy: profile::Policy) -> ExitCode {
     }
 }
 
-fn operator_freeze(op: &str, id: &str) -> ExitCode {
+fn operator_freeze(which: Op, id: &str) -> ExitCode {
+    let op = which.name();
     let found = match crate::operator::find(id) {
-        Ok(f) if f.meta["kind"] == "serve" => f,
+        Ok(f) if f.is_serve() => f,
         Ok(_) => return fail(1, "only `sandmux serve` instances can be frozen"),
         Err(e) => return fail(1, e),
     };
-    let req = serde_json::json!({"v": 1, "op": op});
-    match crate::operator::request(&found.dir, req) {
+    match crate::operator::request(&found.dir, Request::new(which)) {
         Ok(v) => {
             println!("{}", crate::operator::freeze_line(op, &found.id, &v));
             ExitCode::SUCCESS
@@ -518,8 +524,9 @@ fn operator_freeze(op: &str, id: &str) -> ExitCode {
     }
 }
 
-fn operator_change(op: &str, sel: Selection, freeze: bool) -> ExitCode {
-    let req = crate::operator::change(op, sel.toolset, sel.tool, sel.all, freeze);
+fn operator_change(which: Op, sel: Selection, freeze: bool) -> ExitCode {
+    let op = which.name();
+    let req = crate::operator::change(which, sel.toolset, sel.tool, sel.all, freeze);
     let found = crate::operator::find(&sel.id);
     let id = found.as_ref().map(|f| f.id.clone()).unwrap_or_default();
     match found.and_then(|f| crate::operator::request(&f.dir, req)) {

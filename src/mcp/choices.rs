@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 /// A corner of a window (`find_pane_by_position`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-#[allow(missing_docs)]
 pub(crate) enum Corner {
     TopLeft,
     TopRight,
@@ -19,7 +18,6 @@ pub(crate) enum Corner {
 /// What a batch does after an operation fails.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-#[allow(missing_docs)]
 pub(crate) enum OnError {
     #[default]
     Stop,
@@ -29,7 +27,6 @@ pub(crate) enum OnError {
 /// Where `split_window` puts the new pane.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-#[allow(missing_docs)]
 pub(crate) enum Split {
     Above,
     #[default]
@@ -41,7 +38,6 @@ pub(crate) enum Split {
 /// Where `create_window` puts the new window, beside the current one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-#[allow(missing_docs)]
 pub(crate) enum Beside {
     Before,
     After,
@@ -50,7 +46,6 @@ pub(crate) enum Beside {
 /// Which window `select_window` moves to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-#[allow(missing_docs)]
 pub(crate) enum WindowStep {
     Next,
     Previous,
@@ -60,7 +55,6 @@ pub(crate) enum WindowStep {
 /// Which pane `select_pane` moves to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-#[allow(missing_docs)]
 pub(crate) enum PaneStep {
     Up,
     Down,
@@ -75,7 +69,6 @@ pub(crate) enum PaneStep {
 /// custom layout strings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-#[allow(missing_docs)]
 pub(crate) enum Layout {
     EvenHorizontal,
     EvenVertical,

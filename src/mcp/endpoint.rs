@@ -7,7 +7,7 @@
 
 use super::catalog::{toolset_named, toolset_names, TOOLS, TOOLSETS};
 use super::ctx::State;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -15,24 +15,95 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
-/// Protocol version.
+/// Protocol version: a request of another version (a `sandmux` binary
+/// other than the one that started the instance) is refused naming both.
 pub(crate) const VERSION: u32 = 1;
 
-#[derive(Debug, Deserialize)]
-struct Req {
+/// What an operator command asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Op {
+    /// `ps`, `attach`: the instance's status.
+    Status,
+    /// `stop`.
+    Stop,
+    /// `freeze`.
+    Freeze,
+    /// `thaw`.
+    Thaw,
+    /// `revoke` the tools selected.
+    Revoke,
+    /// `grant` the tools selected (within the ceiling).
+    Grant,
+}
+
+impl Op {
+    /// The command's name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Status => "status",
+            Op::Stop => "stop",
+            Op::Freeze => "freeze",
+            Op::Thaw => "thaw",
+            Op::Revoke => "revoke",
+            Op::Grant => "grant",
+        }
+    }
+}
+
+/// One operator request, as the CLI sends it and the endpoint reads it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Request {
+    /// Always [`VERSION`] when made by [`Request::new`].
     v: u32,
-    op: String,
-    toolset: Option<String>,
-    tool: Option<String>,
+    /// What is asked.
+    pub op: Op,
+    /// `revoke`/`grant`: a toolset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolset: Option<String>,
+    /// `revoke`/`grant`: one tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// `revoke`/`grant`: every tool.
     #[serde(default)]
-    all: bool,
+    pub all: bool,
     /// With `revoke`: freeze once the tools are revoked.
     #[serde(default)]
-    freeze: bool,
+    pub freeze: bool,
+}
+
+impl Request {
+    /// A request for `op`, selecting nothing.
+    pub(crate) fn new(op: Op) -> Request {
+        Request {
+            v: VERSION,
+            op,
+            toolset: None,
+            tool: None,
+            all: false,
+            freeze: false,
+        }
+    }
+
+    /// Reads one line: the version first, so a request from a binary of
+    /// another version is refused naming both, whatever else it holds.
+    fn parse(line: &str) -> Result<Request, String> {
+        #[derive(Deserialize)]
+        struct Version {
+            v: u32,
+        }
+        let Version { v } = serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))?;
+        if v != VERSION {
+            return Err(format!(
+                "this instance speaks operator protocol {VERSION} and the request is version {v}: use the sandmux binary that started the instance"
+            ));
+        }
+        serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))
+    }
 }
 
 /// The tools a request names (a toolset, a tool, or all).
-fn selected(r: &Req) -> Result<BTreeSet<&'static str>, String> {
+fn selected(r: &Request) -> Result<BTreeSet<&'static str>, String> {
     if r.all {
         return Ok(TOOLS.iter().map(|t| t.name).collect());
     }
@@ -103,22 +174,19 @@ async fn freezing(s: &State, thaw: bool) -> Value {
 }
 
 async fn handle(s: &Arc<State>, line: &str) -> Value {
-    let r: Req = match serde_json::from_str(line) {
+    let r = match Request::parse(line) {
         Ok(r) => r,
-        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+        Err(e) => return json!({"ok": false, "error": e}),
     };
-    if r.v != VERSION {
-        return json!({"ok": false, "error": format!("protocol version {} is not {VERSION}", r.v)});
-    }
-    match r.op.as_str() {
-        "status" => status(s),
-        "stop" => {
+    match r.op {
+        Op::Status => status(s),
+        Op::Stop => {
             s.shutdown.cancel();
             json!({"ok": true, "stopping": true})
         }
-        "freeze" => freezing_when_ready(s, false).await,
-        "thaw" => freezing_when_ready(s, true).await,
-        "revoke" | "grant" => {
+        Op::Freeze => freezing_when_ready(s, false).await,
+        Op::Thaw => freezing_when_ready(s, true).await,
+        Op::Revoke | Op::Grant => {
             let names = match selected(&r) {
                 Ok(n) => n,
                 Err(e) => return json!({"ok": false, "error": e}),
@@ -129,7 +197,7 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
                     return json!({"ok": false, "error": "state poisoned"});
                 };
                 for n in &names {
-                    if r.op == "revoke" {
+                    if r.op == Op::Revoke {
                         en.remove(n);
                     } else if s.ceiling.contains(n) {
                         en.insert(n);
@@ -140,7 +208,7 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
             }
             // The client learns at once; the next call is checked against the new set.
             s.peers.tools_changed().await;
-            if r.op == "revoke" && r.freeze {
+            if r.op == Op::Revoke && r.freeze {
                 let mut st = freezing_when_ready(s, false).await;
                 if let Some(e) = st["error"].as_str() {
                     st["error"] = json!(format!("the tools are revoked, but {e}"));
@@ -152,7 +220,6 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
             st["not_granted"] = json!(refused);
             st
         }
-        other => json!({"ok": false, "error": format!("unknown op {other:?}")}),
     }
 }
 
@@ -202,5 +269,40 @@ pub(crate) async fn serve(listener: UnixListener, s: Arc<State>) -> std::io::Res
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_read_version_first() {
+        let e = Request::parse(r#"{"v":2,"op":"nuke"}"#).unwrap_err();
+        assert!(e.contains("protocol 1") && e.contains("version 2"), "{e}");
+        let e = Request::parse(r#"{"v":1,"op":"nuke"}"#).unwrap_err();
+        assert!(e.contains("unknown variant") && e.contains("thaw"), "{e}");
+        assert!(Request::parse(r#"{"op":"stop"}"#).is_err());
+        let mut r = Request::new(Op::Grant);
+        r.toolset = Some("execute".into());
+        let back = Request::parse(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(
+            (back.op, back.toolset.as_deref()),
+            (Op::Grant, Some("execute"))
+        );
+        for op in [
+            Op::Status,
+            Op::Stop,
+            Op::Freeze,
+            Op::Thaw,
+            Op::Revoke,
+            Op::Grant,
+        ] {
+            let line = serde_json::to_string(&Request::new(op)).unwrap();
+            assert!(
+                line.contains(&format!("\"op\":\"{}\"", op.name())),
+                "{line}"
+            );
+        }
     }
 }

@@ -239,16 +239,19 @@ fn listen_and_confine(
 
 /// The instance's description for `sandmux ps` and `stop`.
 fn write_meta(inst: &Instance, policy: &Policy, audit: &audit::Audit, l: Option<&http::Listening>) {
-    inst.rundir.write_meta(&serde_json::json!({
-        "kind": "serve",
-        "id": inst.rundir.id,
-        "profile": policy.name,
-        "workspace": policy.workspace,
-        "audit_log": audit.path(),
-        "pid": std::process::id(),
-        "started": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        "http": l.map(|l| serde_json::json!({"url": l.url, "token_file": l.token_file})),
-    }));
+    use crate::sandbox::rundir::{HttpMeta, Kind, Meta};
+    let mut meta = Meta::now(
+        Kind::Serve,
+        &inst.rundir.id,
+        &policy.name,
+        &policy.workspace,
+    );
+    meta.audit_log = Some(audit.path().to_path_buf());
+    meta.http = l.map(|l| HttpMeta {
+        url: l.url.clone(),
+        token_file: l.token_file.clone(),
+    });
+    inst.rundir.write_meta(&meta);
 }
 
 /// What the teardown needs once the runtime has stopped.

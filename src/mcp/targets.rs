@@ -294,7 +294,6 @@ fn rows_of(c: &Call<'_>, rows: Vec<Vec<String>>) -> Vec<PaneRow> {
 /// schema descriptions; a tool that documents its own session arguments
 /// builds one with [`SessionSel::new`].)
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[allow(missing_docs)]
 pub(crate) struct SessionSel {
     pub session_name: Option<String>,
     pub session_id: Option<String>,
@@ -335,7 +334,6 @@ impl SessionSel {
 /// schema descriptions: the server's instructions say this once, rather
 /// than every tool's schema.)
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[allow(missing_docs)]
 pub(crate) struct PaneSel {
     pub pane_id: Option<String>,
     #[serde(flatten)]
@@ -346,7 +344,6 @@ pub(crate) struct PaneSel {
 /// Which window a call means: `window_id` (`@N`), or `window_index` in a
 /// session ([`SessionSel`]); see [`PaneSel`].
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[allow(missing_docs)]
 pub(crate) struct WindowSel {
     pub window_id: Option<String>,
     pub window_index: Option<String>,

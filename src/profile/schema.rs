@@ -46,25 +46,20 @@ pub(crate) struct Profile {
 
 /// `[recording]`: the `serve --record` file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub(crate) struct RecordingSettings {
     /// Largest size of the file; at it the recording ends with a notice and
     /// a marker event (default 64MiB, at least 4KiB).
-    #[serde(default = "d_recording_max")]
     pub max_bytes: Size,
 }
 
 /// The smallest `[recording] max_bytes`: a header and the closing lines fit.
 pub(crate) const MIN_RECORDING_BYTES: u64 = 4096;
 
-fn d_recording_max() -> Size {
-    Size(64 << 20)
-}
-
 impl Default for RecordingSettings {
     fn default() -> Self {
         RecordingSettings {
-            max_bytes: d_recording_max(),
+            max_bytes: Size(64 << 20),
         }
     }
 }
@@ -124,7 +119,7 @@ impl NetMode {
 
 /// `[network]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub(crate) struct Network {
     /// none | loopback | host | proxy.
     #[serde(default)]
@@ -148,13 +143,10 @@ pub(crate) struct Network {
     #[serde(default)]
     pub hosts: std::collections::BTreeMap<String, String>,
     /// Proxy mode: connections served at once; more are refused (503).
-    #[serde(default = "d_proxy_connections")]
     pub proxy_connections: u32,
     /// Proxy mode: a connection with no traffic for this long is closed.
-    #[serde(default = "d_proxy_idle")]
     pub proxy_idle_seconds: u64,
     /// Proxy mode: the largest request head, in bytes.
-    #[serde(default = "d_proxy_header")]
     pub proxy_header_bytes: u32,
 }
 
@@ -203,16 +195,6 @@ impl AllowEntry {
     }
 }
 
-fn d_proxy_connections() -> u32 {
-    64
-}
-fn d_proxy_idle() -> u64 {
-    30
-}
-fn d_proxy_header() -> u32 {
-    16 * 1024
-}
-
 impl Default for Network {
     fn default() -> Self {
         Network {
@@ -222,49 +204,40 @@ impl Default for Network {
             allow: vec![],
             allow_private: vec![],
             hosts: Default::default(),
-            proxy_connections: d_proxy_connections(),
-            proxy_idle_seconds: d_proxy_idle(),
-            proxy_header_bytes: d_proxy_header(),
+            proxy_connections: 64,
+            proxy_idle_seconds: 30,
+            proxy_header_bytes: 16 * 1024,
         }
     }
 }
 
 /// `[limits]`. Sizes are strings like "4GiB" or plain byte counts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub(crate) struct Limits {
     /// RLIMIT_NOFILE.
-    #[serde(default = "d_nofile")]
     pub nofile: u64,
     /// cgroup pids.max and the RLIMIT_NPROC backstop.
-    #[serde(default = "d_processes")]
     pub processes: u64,
     /// cgroup memory.max.
-    #[serde(default = "d_memory")]
     pub memory: Size,
     /// RLIMIT_FSIZE.
-    #[serde(default = "d_file_size")]
     pub file_size: Size,
     /// RLIMIT_CORE (0: no core dumps).
     #[serde(default)]
     pub core: u64,
     /// Size of each tmpfs the sandbox mounts.
-    #[serde(default = "d_tmpfs")]
     pub tmpfs_size: Size,
     /// Sessions the agent may have at once (besides sandmux's own control
     /// session); each costs one tmux client on the host.
-    #[serde(default = "d_max_sessions")]
     pub max_sessions: u32,
     /// Panes the agent may have at once, across all its sessions.
-    #[serde(default = "d_max_panes")]
     pub max_panes: u32,
     /// inotify watches the sandbox's processes may hold together, set in
     /// its user namespace (`/proc/sys/user/max_inotify_watches`): they count
     /// against the host user's too, which the workspace guard needs.
-    #[serde(default = "d_inotify_watches")]
     pub inotify_watches: u64,
     /// inotify instances, the same way (`max_inotify_instances`).
-    #[serde(default = "d_inotify_instances")]
     pub inotify_instances: u64,
 }
 
@@ -278,47 +251,19 @@ pub(super) const MAX_SESSIONS_CEILING: u32 = 256;
 /// Highest `max_panes` a profile may set (each pane has a ring in the supervisor).
 pub(super) const MAX_PANES_CEILING: u32 = 4096;
 
-fn d_nofile() -> u64 {
-    4096
-}
-fn d_processes() -> u64 {
-    512
-}
-fn d_memory() -> Size {
-    Size(4 << 30)
-}
-fn d_file_size() -> Size {
-    Size(8 << 30)
-}
-fn d_tmpfs() -> Size {
-    Size(1 << 30)
-}
-fn d_max_sessions() -> u32 {
-    16
-}
-fn d_max_panes() -> u32 {
-    128
-}
-fn d_inotify_watches() -> u64 {
-    16384
-}
-fn d_inotify_instances() -> u64 {
-    16
-}
-
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            nofile: d_nofile(),
-            processes: d_processes(),
-            memory: d_memory(),
-            file_size: d_file_size(),
+            nofile: 4096,
+            processes: 512,
+            memory: Size(4 << 30),
+            file_size: Size(8 << 30),
             core: 0,
-            tmpfs_size: d_tmpfs(),
-            max_sessions: d_max_sessions(),
-            max_panes: d_max_panes(),
-            inotify_watches: d_inotify_watches(),
-            inotify_instances: d_inotify_instances(),
+            tmpfs_size: Size(1 << 30),
+            max_sessions: 16,
+            max_panes: 128,
+            inotify_watches: 16384,
+            inotify_instances: 16,
         }
     }
 }
@@ -384,35 +329,22 @@ pub(crate) struct Environment {
 
 /// `[sandbox]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub(crate) struct SandboxSettings {
     /// Hostname in the UTS namespace.
-    #[serde(default = "d_hostname")]
     pub hostname: String,
     /// The shell panes run (must be inside a read-only tree).
-    #[serde(default = "d_shell")]
     pub shell: String,
     /// The uid (and gid) processes have inside; never 0.
-    #[serde(default = "d_uid")]
     pub uid: u32,
-}
-
-fn d_hostname() -> String {
-    "sandmux".into()
-}
-fn d_shell() -> String {
-    "/bin/bash".into()
-}
-fn d_uid() -> u32 {
-    1000
 }
 
 impl Default for SandboxSettings {
     fn default() -> Self {
         SandboxSettings {
-            hostname: d_hostname(),
-            shell: d_shell(),
-            uid: d_uid(),
+            hostname: "sandmux".into(),
+            shell: "/bin/bash".into(),
+            uid: 1000,
         }
     }
 }
@@ -453,23 +385,19 @@ pub(crate) enum Preset {
 
 /// `[mcp]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub(crate) struct McpSettings {
     /// Toolsets enabled by default.
-    #[serde(default = "d_toolsets")]
     pub toolsets: Vec<Toolset>,
     /// A preset that narrows them (`"core"`: ten tools of daily work).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<Preset>,
     /// Largest text input per call, in bytes.
-    #[serde(default = "d_max_input")]
     pub max_input_bytes: u64,
     /// Ceiling for every wait, in seconds (1–120).
-    #[serde(default = "d_wait_max")]
     pub wait_max_seconds: u64,
     /// The audit log's budget for one instance (64 KiB-1 TiB); when it is
     /// spent, calls are refused.
-    #[serde(default = "d_audit_max")]
     pub audit_max_bytes: Size,
     /// When execute-class tools are live: "always", or "on-grant" (only after
     /// a human runs `sandmux grant ID --toolset execute`).
@@ -484,13 +412,10 @@ pub(crate) struct McpSettings {
     #[serde(default)]
     pub http_idle_seconds: u64,
     /// `serve --http`: most open MCP sessions (1-256).
-    #[serde(default = "d_http_sessions")]
     pub http_max_sessions: u64,
     /// `serve --http`: most requests served at once (1-1024).
-    #[serde(default = "d_http_requests")]
     pub http_max_requests: u64,
     /// `serve --http`: largest request body, in bytes (64 KiB-16 MiB).
-    #[serde(default = "d_http_body")]
     pub http_max_body_bytes: u64,
 }
 
@@ -520,42 +445,20 @@ pub(crate) enum Act {
     OnGrant,
 }
 
-fn d_toolsets() -> Vec<Toolset> {
-    vec![Toolset::Inspect, Toolset::Manage, Toolset::Execute]
-}
-fn d_max_input() -> u64 {
-    32768
-}
-fn d_wait_max() -> u64 {
-    300
-}
-fn d_http_sessions() -> u64 {
-    8
-}
-fn d_http_requests() -> u64 {
-    32
-}
-fn d_http_body() -> u64 {
-    1 << 20
-}
-fn d_audit_max() -> Size {
-    Size(256 << 20)
-}
-
 impl Default for McpSettings {
     fn default() -> Self {
         McpSettings {
-            toolsets: d_toolsets(),
+            toolsets: vec![Toolset::Inspect, Toolset::Manage, Toolset::Execute],
             preset: None,
-            max_input_bytes: d_max_input(),
-            wait_max_seconds: d_wait_max(),
-            audit_max_bytes: d_audit_max(),
+            max_input_bytes: 32768,
+            wait_max_seconds: 300,
+            audit_max_bytes: Size(256 << 20),
             act: Act::Always,
             on_server_exit: ServerExit::End,
             http_idle_seconds: 0,
-            http_max_sessions: d_http_sessions(),
-            http_max_requests: d_http_requests(),
-            http_max_body_bytes: d_http_body(),
+            http_max_sessions: 8,
+            http_max_requests: 32,
+            http_max_body_bytes: 1 << 20,
         }
     }
 }

@@ -302,3 +302,28 @@ fn toolchains_parse_and_unknown_names_list_the_known() {
         "{err}"
     );
 }
+
+/// Each section's defaults are written once, in its `Default`: a missing
+/// key takes that value (`#[serde(default)]` on the section), and an
+/// empty section is the `Default`.
+#[test]
+fn an_empty_section_is_its_default() {
+    fn same<T: serde::de::DeserializeOwned + Default + std::fmt::Debug>(what: &str) {
+        let parsed: T = toml::from_str("").unwrap();
+        assert_eq!(
+            format!("{parsed:?}"),
+            format!("{:?}", T::default()),
+            "{what}"
+        );
+    }
+    same::<schema::Network>("network");
+    same::<schema::Limits>("limits");
+    same::<schema::SandboxSettings>("sandbox");
+    same::<schema::McpSettings>("mcp");
+    same::<schema::RecordingSettings>("recording");
+    same::<user::KeptLayers>("kept layers");
+    same::<user::AuditRetention>("audit retention");
+    // One key given, the rest from the Default.
+    let l: schema::Limits = toml::from_str("nofile = 99").unwrap();
+    assert_eq!((l.nofile, l.processes, l.max_panes), (99, 512, 128));
+}

@@ -51,23 +51,16 @@ impl Default for KeptLayers {
 /// `[audit]`: how long finished instances' logs stay in the default audit
 /// directory.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub(crate) struct AuditRetention {
     /// Days since a finished log's last record; 0 keeps every log.
-    #[serde(default = "d_keep_days")]
     pub keep_days: u32,
 }
 
 impl Default for AuditRetention {
     fn default() -> Self {
-        AuditRetention {
-            keep_days: d_keep_days(),
-        }
+        AuditRetention { keep_days: 30 }
     }
-}
-
-fn d_keep_days() -> u32 {
-    30
 }
 
 /// Where the file is.

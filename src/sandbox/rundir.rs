@@ -7,6 +7,71 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+/// Which command runs an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Kind {
+    /// `sandmux run`.
+    Run,
+    /// `sandmux shell`.
+    Shell,
+    /// `sandmux serve`: the only kind with an operator endpoint.
+    Serve,
+}
+
+/// What an instance's `meta.json` says of it (`sandmux ps`, `stop`,
+/// `journal`, `attach`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Meta {
+    /// The command running it.
+    pub kind: Kind,
+    /// The instance id.
+    pub id: String,
+    /// The profile's name.
+    pub profile: String,
+    /// The workspace.
+    pub workspace: PathBuf,
+    /// The supervisor's process id.
+    pub pid: u32,
+    /// When it started, in seconds since the epoch.
+    pub started: u64,
+    /// Its audit log (`serve` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<PathBuf>,
+    /// Its HTTP endpoint (`serve --http` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpMeta>,
+}
+
+/// Where a `serve --http` instance listens.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct HttpMeta {
+    /// The URL clients use.
+    pub url: String,
+    /// The file holding its bearer token.
+    pub token_file: PathBuf,
+}
+
+impl Meta {
+    /// This process's instance `id` of `kind`, started now.
+    pub(crate) fn now(kind: Kind, id: &str, profile: &str, workspace: &Path) -> Meta {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Meta {
+            kind,
+            id: id.to_string(),
+            profile: profile.to_string(),
+            workspace: workspace.to_path_buf(),
+            pid: std::process::id(),
+            started,
+            audit_log: None,
+            http: None,
+        }
+    }
+}
+
 /// A runtime directory owned by this process; removed on drop.
 #[derive(Debug)]
 pub(crate) struct Rundir {
@@ -166,8 +231,17 @@ impl Rundir {
     }
 
     /// Records what runs here (for `sandmux ps`): written beside the socket.
-    pub(crate) fn write_meta(&self, meta: &serde_json::Value) {
-        let _ = std::fs::write(self.path.join("meta.json"), meta.to_string());
+    pub(crate) fn write_meta(&self, meta: &Meta) {
+        if let Ok(text) = serde_json::to_vec(meta) {
+            let _ = std::fs::write(self.path.join("meta.json"), text);
+        }
+    }
+
+    /// What `meta.json` in the runtime directory `dir` says (None: not
+    /// written yet, or not sandmux's).
+    pub(crate) fn read_meta(dir: &Path) -> Option<Meta> {
+        let text = std::fs::read(dir.join("meta.json")).ok()?;
+        serde_json::from_slice(&text).ok()
     }
 
     /// The tmux socket on the host side (without a mount view, a link to

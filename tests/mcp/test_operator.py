@@ -131,6 +131,36 @@ async def test_endpoint_is_private(ws):
             subprocess.run(["rm", "-rf", str(work), f"/tmp/sandmux-op-{os.getpid()}.jsonl"])
 
 
+async def test_endpoint_names_both_versions_and_refuses_unknown_requests(ws):
+    """A request from a sandmux of another operator protocol version is
+    refused naming both versions, whatever op it carries; an unknown op or
+    a malformed line is refused; the instance keeps serving."""
+    import socket
+    async with connect(ws) as c:
+        await call(c, "list_sessions")
+        sock = runtime_dir_of(serve_pids(ws[0])[0]) / "control.sock"
+
+        def ask(line):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(sock))
+            s.sendall(line + b"\n")
+            reply = json.loads(s.makefile().readline())
+            s.close()
+            return reply
+
+        r = ask(b'{"v":2,"op":"stop"}')
+        assert r["ok"] is False and "protocol 1" in r["error"] and "version 2" in r["error"], r
+        r = ask(b'{"v":2,"op":"something-new"}')
+        assert r["ok"] is False and "version 2" in r["error"], r
+        r = ask(b'{"v":1,"op":"nuke"}')
+        assert r["ok"] is False and "unknown variant" in r["error"] and "grant" in r["error"], r
+        r = ask(b'not json')
+        assert r["ok"] is False and r["error"].startswith("bad request"), r
+        assert ask(b'{"v":1,"op":"status"}')["ok"] is True
+        out = await call(c, "run_command", {"command": "echo still"})
+        assert out["output"] == "still"
+
+
 def _read_pty(fd, seconds):
     out = b""
     end = time.monotonic() + seconds

@@ -20,6 +20,12 @@ CHOICES = {  # every argument that picks one of a few words is an enum
 }
 
 
+# The shared target arguments: described once, in the server's instructions,
+# not in every tool's schema (the default surface's budget).
+TARGETS = {"pane_id", "window_id", "window_index", "session_id", "session_name"}
+INSTRUCTIONS = [""]
+
+
 def tools_list(*args):
     """The `result` of tools/list from a fresh `sandmux serve`, over raw stdio."""
     with tempfile.TemporaryDirectory() as ws, tempfile.TemporaryDirectory() as host:
@@ -39,7 +45,8 @@ def tools_list(*args):
                 if m.get("id") == i:
                     return m
 
-        ask(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        init = ask(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        INSTRUCTIONS[0] = init["result"].get("instructions", "")
         p.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
         r = ask(1, "tools/list")["result"]
         p.stdin.close()
@@ -93,5 +100,12 @@ def test_schemas_are_plain_json_schema():
         # Tool descriptions are real sentences.
         assert len(t["description"]) > 12, t["name"]
     props = {(t["name"], k): v for t in r["tools"] for k, v in t["inputSchema"].get("properties", {}).items()}
+    # Every argument the model fills in is described (the doc comment of its
+    # field becomes its description); the shared targets once, in the
+    # instructions the same server gave.
+    undescribed = sorted(k for k, v in props.items() if k[1] not in TARGETS and not v.get("description"))
+    assert not undescribed, f"arguments without a description: {undescribed}"
+    for name in TARGETS:
+        assert name in INSTRUCTIONS[0], f"the instructions do not describe {name}"
     for c in CHOICES:
         assert props[c].get("type") == "string" and props[c].get("enum"), (c, props[c])

@@ -121,7 +121,7 @@ impl Server {
             .collect();
         let mut s = format!(
             "sandmux: a confined terminal. One private tmux server inside a sandbox (profile '{}': {}). Workspace {} is writable; the rest of the system is read-only or absent; network: {}. Toolsets: {}. Layers dropped: {}. \
-Targets: pane_id (%N), window_id (@N), session_id ($N) or session_name; with none, a tool acts on the first pane of the first window of the first session. Every wait is clamped to the profile's ceiling (sandbox_status.limits); results say which timeout applied. Start with list_panes (or create_session); run commands with run_command (returns output and exit status; on timeout, collect it later with wait_for_command); type with send_keys (text is literal, keys are key names like C-c); wait with wait_for_text / wait_for_stable instead of sleeping; read with capture_pane or capture_since. sandbox_status shows what confines you. Every call is audited.",
+Targets: pane_id (%N), window_id (@N) or window_index, session_id ($N) or session_name; with none, a tool acts on the first pane of the first window of the first session. Every wait is clamped to the profile's ceiling (sandbox_status.limits); results say which timeout applied. Start with list_panes (or create_session); run commands with run_command (returns output and exit status; on timeout, collect it later with wait_for_command); type with send_keys (text is literal, keys are key names like C-c); wait with wait_for_text / wait_for_stable instead of sleeping; read with capture_pane or capture_since. sandbox_status shows what confines you. Every call is audited.",
             self.s.policy.name,
             self.s.policy.description,
             self.s.policy.workspace.display(),

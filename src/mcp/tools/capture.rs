@@ -14,7 +14,6 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct Capture {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// First line (0 = top of the visible screen, negative = scrollback).
     pub start: Option<i64>,
@@ -45,7 +44,6 @@ pub(crate) struct CaptureSince {
     /// The cursor from the previous call (omit on the first call).
     pub cursor: Option<String>,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Line cap (default 500).
     pub max_lines: Option<usize>,
@@ -65,7 +63,6 @@ pub(crate) struct SinceResult {
     /// Whether this is the visible screen (first call) rather than new output.
     pub full_screen: bool,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub content: Capped,
 }
 
@@ -111,7 +108,6 @@ pub(crate) async fn capture_since(c: &Call<'_>, a: CaptureSince) -> Result<Since
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct Snapshot {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Line cap (default 500).
     pub max_lines: Option<usize>,
@@ -269,7 +265,6 @@ pub(crate) struct Display {
     /// Literal text with plain #{variable} lookups, e.g. "#{pane_current_command} in #{pane_current_path}".
     pub format_string: String,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
 }
 

@@ -30,7 +30,6 @@ pub(crate) struct RunCommand {
     /// A shell command line.
     pub command: String,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Seconds (default 30).
     pub timeout: Option<f64>,

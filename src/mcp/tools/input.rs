@@ -15,7 +15,6 @@ use std::time::Instant;
 /// Keys: one name (or several separated by spaces), or a list of names.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
-#[allow(missing_docs)]
 pub(crate) enum Keys {
     One(String),
     Many(Vec<String>),
@@ -29,7 +28,6 @@ pub(crate) struct SendKeys {
     /// Key names pressed after the text, e.g. ["C-c"] or "Escape".
     pub keys: Option<Keys>,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Press Enter after `text` (default true).
     pub enter: Option<bool>,
@@ -248,7 +246,6 @@ pub(crate) struct PasteText {
     /// The text (multi-line is fine).
     pub text: String,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Bracketed paste (default true).
     pub bracket: Option<bool>,
@@ -293,7 +290,6 @@ pub(crate) struct PasteBuffer {
     /// A name returned by load_buffer.
     pub buffer_name: String,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Bracketed paste (default true).
     pub bracket: Option<bool>,

@@ -150,7 +150,6 @@ const REPLAY_MIN_BYTES: usize = 65_536;
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct Replay {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Where in the recording to start: 0 (default) or a next_offset.
     pub offset: Option<u64>,

@@ -58,7 +58,6 @@ pub(crate) async fn list_panes(c: &Call<'_>, a: ListPanes) -> Result<Panes, Tool
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct PaneArgs {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
 }
 
@@ -73,7 +72,6 @@ pub(crate) struct FindPane {
     /// Which corner.
     pub corner: crate::mcp::choices::Corner,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: WindowSel,
 }
 
@@ -104,7 +102,6 @@ pub(crate) async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<P
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct SplitWindow {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Where the new pane goes (default below).
     pub direction: Option<crate::mcp::choices::Split>,
@@ -193,7 +190,6 @@ pub(crate) struct SelectPane {
     /// Move from the active pane instead of naming one.
     pub direction: Option<crate::mcp::choices::PaneStep>,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: WindowSel,
 }
 
@@ -260,7 +256,6 @@ pub(crate) async fn swap_pane(c: &Call<'_>, a: SwapPane) -> Result<Done, ToolErr
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct ResizePane {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Height in rows.
     pub height: Option<u32>,
@@ -300,7 +295,6 @@ pub(crate) struct SetTitle {
     /// The new title.
     pub title: String,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
 }
 
@@ -322,7 +316,6 @@ pub(crate) async fn set_pane_title(c: &Call<'_>, a: SetTitle) -> Result<Done, To
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct CopyMode {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Lines to scroll up.
     pub scroll_up: Option<u32>,
@@ -352,7 +345,6 @@ pub(crate) async fn enter_copy_mode(c: &Call<'_>, a: CopyMode) -> Result<Done, T
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct PaneOnly {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
 }
 

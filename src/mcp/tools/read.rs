@@ -26,7 +26,6 @@ pub(crate) struct Captured {
     /// The pane (or buffer) read.
     pub source: String,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub content: Capped,
 }
 

@@ -16,7 +16,6 @@ use std::time::Duration;
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct PatternWait {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Seconds (default 8).
     pub timeout: Option<f64>,
@@ -46,7 +45,6 @@ pub(crate) struct WaitText {
     /// Patterns that end the wait early with outcome "stopped".
     pub stop: Option<Vec<String>>,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: PatternWait,
     /// Ignored (waits are event-driven).
     // Accepted so that libtmux-mcp's callers keep working (the doc comment
@@ -177,7 +175,6 @@ pub(crate) async fn wait_for_text(c: &Call<'_>, a: WaitText) -> Result<WaitResul
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct WaitStable {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub p: PaneSel,
     /// Quiet time in milliseconds (default 400).
     pub quiet_ms: Option<u64>,
@@ -213,7 +210,6 @@ pub(crate) struct WaitGone {
     /// Patterns that must disappear from the visible screen.
     pub patterns: Vec<String>,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: PatternWait,
 }
 

@@ -95,7 +95,6 @@ pub(crate) async fn list_windows(c: &Call<'_>, a: ListWindows) -> Result<Windows
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct WindowArgs {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: WindowSel,
 }
 
@@ -159,7 +158,6 @@ pub(crate) struct RenameWindow {
     /// The new name.
     pub new_name: String,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: WindowSel,
 }
 
@@ -235,7 +233,6 @@ pub(crate) struct SelectLayout {
     /// A preset layout.
     pub layout: crate::mcp::choices::Layout,
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: WindowSel,
 }
 
@@ -261,7 +258,6 @@ pub(crate) async fn select_layout(c: &Call<'_>, a: SelectLayout) -> Result<Done,
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct ResizeWindow {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: WindowSel,
     /// Height in rows.
     pub height: Option<u32>,
@@ -287,7 +283,6 @@ pub(crate) async fn resize_window(c: &Call<'_>, a: ResizeWindow) -> Result<Done,
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct MoveWindow {
     #[serde(flatten)]
-    #[allow(missing_docs)]
     pub w: WindowSel,
     /// New index ("" for the next free one).
     #[serde(default)]
