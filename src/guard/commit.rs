@@ -21,17 +21,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The agent's repository of one instance, as the mount layer needs it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct CommitRepo {
-    /// The agent's git directory on the host (`<state>/git/<id>/agent.git`).
-    pub agent: PathBuf,
-    /// The real git directory (`<workspace>/.git`).
-    pub real: PathBuf,
-    /// Where the real git directory is seen read-only, inside and (as a link)
-    /// outside: the path the alternates file names.
-    pub origin: PathBuf,
-}
+pub(crate) use crate::profile::guard::CommitRepo;
 
 /// What `git fetch ID` checks against.
 #[derive(Debug, Serialize, Deserialize)]

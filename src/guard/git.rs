@@ -6,36 +6,11 @@
 //! (config, hooks, `commondir`, `gitdir`, alternates, worktrees, modules): the
 //! guard binds the whole directory read-only instead of naming its parts.
 
-use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-/// What kind of checkout a read-write tree is, at its root.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub(crate) enum Shape {
-    /// Not inside any git repository.
-    Plain,
-    /// A repository: `.git` is a directory.
-    Repository,
-    /// `.git` is a file naming a git directory elsewhere (`gitdir:`).
-    Linked {
-        /// `worktree` (the git directory has a `commondir`) or `separate`
-        /// (a submodule checkout, or `git init --separate-git-dir`).
-        link: String,
-        /// The git directory the file names.
-        gitdir: PathBuf,
-        /// The common directory (config, hooks, objects): `gitdir` itself
-        /// when there is no `commondir`.
-        common: PathBuf,
-    },
-    /// A subdirectory of a repository whose `.git` is above the tree.
-    Inside {
-        /// The directory holding that `.git`.
-        toplevel: PathBuf,
-    },
-}
+pub(crate) use crate::profile::guard::Shape;
 
 impl Shape {
     /// One phrase for reports.

@@ -27,56 +27,15 @@ pub(crate) mod watch;
 
 pub(crate) use crate::profile::{GitMode, NewRepos};
 pub(crate) use git::Shape;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// The guard of one read-write tree, as planned at start.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct TreeGuard {
-    /// The tree's root (absolute, canonical).
-    pub root: PathBuf,
-    /// What kind of checkout it is.
-    pub shape: Shape,
-    /// What the walk at start found (relative paths).
-    pub at_start: scan::Found,
-    /// Guarded paths (relative) that did not exist: watched and reverted.
-    pub watched: Vec<PathBuf>,
-    /// The root's permission bits at start: the end sweep puts them back if
-    /// the agent changed them (a world-writable workspace top would let any
-    /// host user plant files in it after the instance).
-    #[serde(default)]
-    pub mode: Option<u32>,
-}
+pub(crate) use crate::profile::guard::TreeGuard;
 
-/// The whole guard of an instance.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Guard {
-    /// How git is guarded.
-    pub git: GitMode,
-    /// The guarded tool-configuration names (relative paths).
-    pub names: Vec<PathBuf>,
-    /// One entry per read-write tree.
-    pub trees: Vec<TreeGuard>,
-    /// Git directories outside every read-write tree that a `.git` file names,
-    /// bound read-only at the same path so git keeps working inside.
-    pub git_outside: Vec<PathBuf>,
-    /// What happens to repositories created during the instance.
-    #[serde(default)]
-    pub new_repositories: NewRepos,
-    /// Commit mode: the agent's own repository, made when the instance starts.
-    #[serde(default)]
-    pub commit: Option<commit::CommitRepo>,
-}
+pub(crate) use crate::profile::guard::Guard;
 
-/// What the mount layer must make read-only, computed with the guard.
-#[derive(Debug, Default)]
-pub(crate) struct ReadOnly {
-    /// Absolute paths inside read-write trees, bound read-only onto themselves.
-    pub protected: Vec<PathBuf>,
-    /// Their parents below each tree's root, pinned (parents first).
-    pub pinned: Vec<PathBuf>,
-}
+pub(crate) use crate::profile::guard::ReadOnly;
 
 /// Plans the guard for the read-write trees `roots`.
 pub(crate) fn plan(

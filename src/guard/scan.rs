@@ -9,7 +9,7 @@
 use crate::sandbox::beneath::{beneath, open_root};
 use nix::dir::{Dir, Type};
 use nix::fcntl::OFlag;
-use serde::{Deserialize, Serialize};
+
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
@@ -19,29 +19,7 @@ use std::path::{Path, PathBuf};
 /// Entries visited before a walk stops (and says it stopped).
 pub(crate) const MAX_ENTRIES: usize = 1_000_000;
 
-/// What a walk found, every path relative to the tree's root.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Found {
-    /// `.git` entries (directories or files) and bare-repository directories.
-    pub repos: BTreeSet<PathBuf>,
-    /// Guarded names that exist.
-    pub names: BTreeSet<PathBuf>,
-    /// Entries visited.
-    pub entries: usize,
-    /// False when the walk stopped at [`MAX_ENTRIES`].
-    pub complete: bool,
-    /// Directories the walk could not open (their owner took the read or
-    /// search bit away): nothing below them was seen.
-    #[serde(default)]
-    pub unreadable: BTreeSet<PathBuf>,
-    /// Sockets, FIFOs and device nodes (by the directory entry's type), at
-    /// most [`MAX_SPECIAL`]; the end sweep removes those that are new.
-    #[serde(default)]
-    pub special: BTreeSet<PathBuf>,
-    /// More special files than [`MAX_SPECIAL`] were seen.
-    #[serde(default)]
-    pub special_overflow: bool,
-}
+pub(crate) use crate::profile::guard::Found;
 
 /// Special files a walk records.
 pub(crate) const MAX_SPECIAL: usize = 4096;

@@ -6,6 +6,8 @@
 //! the reason. [`Profile::resolve`] turns a profile into a [`Policy`] with the
 //! `{workspace}` and `{home}` variables substituted and every path checked.
 
+pub(crate) mod allow;
+pub(crate) mod guard;
 mod layer;
 mod resolve;
 mod schema;
@@ -279,15 +281,28 @@ pub(crate) struct Context {
     /// overlay), when the caller looked; a profile with `mount` best-effort
     /// then runs live, any other refuses to start.
     pub no_overlay: Option<String>,
+    /// The workspace guard's planner (`crate::guard::plan`): it reads the
+    /// host's trees, a layer above the profile, so the caller hands it in.
+    pub plan_guard: GuardPlanner,
 }
 
+/// Plans the workspace guard of the read-write trees `roots` with the
+/// guarded `names` (`crate::guard::plan`).
+pub(crate) type GuardPlanner = fn(
+    roots: &[PathBuf],
+    names: &[PathBuf],
+    git: GitMode,
+    new_repositories: NewRepos,
+) -> Result<(guard::Guard, guard::ReadOnly), String>;
+
 impl Context {
-    /// A workspace, with the profile's mode.
-    pub(crate) fn of(workspace: PathBuf) -> Context {
+    /// A workspace, with the profile's mode, its guard planned by `plan_guard`.
+    pub(crate) fn of(workspace: PathBuf, plan_guard: GuardPlanner) -> Context {
         Context {
             workspace,
             mode: None,
             no_overlay: None,
+            plan_guard,
         }
     }
 }
@@ -374,7 +389,7 @@ pub(crate) struct Policy {
     pub protected: Vec<PathBuf>,
     /// The workspace guard (P8): what kind of checkout each read-write tree
     /// is, what is bound read-only, and what is watched.
-    pub guard: crate::guard::Guard,
+    pub guard: guard::Guard,
     /// Directories between a read-write root and a protected path, bound onto
     /// themselves so they cannot be renamed away, parents first.
     pub pinned: Vec<PathBuf>,

@@ -34,7 +34,7 @@ impl Loaded {
             .map(|e| e.path.clone())
             .collect();
         let names = with_config_dir(names, &roots);
-        let (guard, ro) = crate::guard::plan(
+        let (guard, ro) = (ctx.plan_guard)(
             &roots,
             &names,
             p.workspace.git,
@@ -47,7 +47,7 @@ impl Loaded {
         }
         if p.network.mode == NetMode::Proxy {
             // The proxy is the only way out: every spelling tools read.
-            environment.set.extend(crate::proxy::env_vars());
+            environment.set.extend(super::allow::env_vars());
         }
         let var = |k: &str| std::env::var(k).ok();
         let host = toolchains::Host::of_caller(&var);

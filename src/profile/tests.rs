@@ -138,7 +138,10 @@ fn missing_path_names_key() {
         text: text.into(),
         profile: parse("t", text).unwrap(),
     };
-    let err = loaded.resolve(&Context::of(ws)).unwrap_err().to_string();
+    let err = loaded
+        .resolve(&Context::of(ws, crate::guard::plan))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("filesystem.read_only")
             && err.contains("line 4")
@@ -173,7 +176,9 @@ fn profile_inside_workspace_refused() {
     let f = ws.join("evil.toml");
     std::fs::write(&f, BUILTINS[0].1).unwrap();
     let loaded = load_file(&f).unwrap();
-    let err = loaded.resolve(&Context::of(ws)).unwrap_err();
+    let err = loaded
+        .resolve(&Context::of(ws, crate::guard::plan))
+        .unwrap_err();
     assert!(matches!(err, ProfileError::InWorkspace { .. }));
 }
 
@@ -182,7 +187,7 @@ fn mount_order_parents_first() {
     let dir = tempfile::tempdir().unwrap();
     let ws = check_workspace(dir.path()).unwrap();
     let l = load("default").unwrap();
-    let pol = l.resolve(&Context::of(ws)).unwrap();
+    let pol = l.resolve(&Context::of(ws, crate::guard::plan)).unwrap();
     let depths: Vec<usize> = pol.fs.iter().map(|e| e.path.components().count()).collect();
     let mut sorted = depths.clone();
     sorted.sort();
@@ -249,7 +254,9 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
         "version = 1\ndescription = \"x\"\n[filesystem]\nread_only = [\"/usr\", \"{}\"]\n",
         link.display()
     );
-    let p = loaded(&text).resolve(&Context::of(ws.clone())).unwrap();
+    let p = loaded(&text)
+        .resolve(&Context::of(ws.clone(), crate::guard::plan))
+        .unwrap();
     let kind = |path: &Path| p.fs.iter().find(|e| e.path == path).map(|e| e.kind.clone());
     assert_eq!(kind(&link), Some(MountKind::Symlink(real.clone())));
     assert_eq!(kind(&real), Some(MountKind::ReadOnly), "{:?}", p.fs);
@@ -259,7 +266,9 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
     let usr_link = dir.path().join("share");
     std::os::unix::fs::symlink("/usr/share", &usr_link).unwrap();
     let text = text.replace("\"/usr\"", &format!("\"/usr\", \"{}\"", usr_link.display()));
-    let p = loaded(&text).resolve(&Context::of(ws.clone())).unwrap();
+    let p = loaded(&text)
+        .resolve(&Context::of(ws.clone(), crate::guard::plan))
+        .unwrap();
     assert!(!p.fs.iter().any(|e| e.path == Path::new("/usr/share")));
     // Read-write: refused, naming the target; dangling: refused unless optional.
     let rw = format!(
@@ -267,7 +276,7 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
         link.display()
     );
     let err = loaded(&rw)
-        .resolve(&Context::of(ws.clone()))
+        .resolve(&Context::of(ws.clone(), crate::guard::plan))
         .unwrap_err()
         .to_string();
     assert!(
@@ -276,7 +285,7 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
     );
     std::fs::remove_dir(&real).unwrap();
     let err = loaded(&text)
-        .resolve(&Context::of(ws.clone()))
+        .resolve(&Context::of(ws.clone(), crate::guard::plan))
         .unwrap_err()
         .to_string();
     assert!(err.contains("target cannot be resolved"), "{err}");
@@ -284,7 +293,9 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
         &format!("\"{}\"", link.display()),
         &format!("\"?{}\"", link.display()),
     );
-    let p = loaded(&optional).resolve(&Context::of(ws)).unwrap();
+    let p = loaded(&optional)
+        .resolve(&Context::of(ws, crate::guard::plan))
+        .unwrap();
     assert!(!p.fs.iter().any(|e| e.path == link));
 }
 

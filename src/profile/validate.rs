@@ -158,7 +158,7 @@ impl Profile {
             }
             return Ok(());
         }
-        crate::proxy::Config::of(n)?;
+        super::allow::Config::of(n)?;
         if self.mcp.on_server_exit == ServerExit::Restart {
             return bad(
                 "mcp.on_server_exit",

@@ -8,103 +8,21 @@
 //! to on the host against the refused ranges ([`addr`]), and for a tunnel
 //! the ClientHello's server name ([`hello`]). TLS is never terminated.
 
-pub mod addr;
 pub mod head;
 pub mod hello;
-pub mod name;
 pub(crate) mod reach;
 pub(crate) mod refusals;
 mod serve;
 pub(crate) mod tally;
 
+/// The allowlist's vocabulary, with the configuration that lives in `profile`.
+pub use crate::profile::allow::{addr, name};
 pub(crate) use serve::serve;
 
-use crate::profile::Network;
-use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::sandbox::net::LISTEN;
-
-/// The proxy as `http://…`, for the environment.
-pub(crate) fn url() -> String {
-    format!("http://{LISTEN}")
-}
-
-/// The environment variables set for every process inside, in each
-/// spelling tools read.
-pub(crate) fn env_vars() -> Vec<(String, String)> {
-    let u = url();
-    let mut v = Vec::new();
-    for n in ["http_proxy", "https_proxy", "all_proxy"] {
-        v.push((n.to_string(), u.clone()));
-        v.push((n.to_ascii_uppercase(), u.clone()));
-    }
-    for n in ["no_proxy", "NO_PROXY"] {
-        v.push((n.to_string(), "localhost,127.0.0.1,::1".to_string()));
-    }
-    v
-}
-
-/// The proxy's settings, parsed from `[network]`.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    /// The allowlist.
-    pub allow: Vec<name::Rule>,
-    /// Ranges that may be dialled although refused by default.
-    pub allow_private: Vec<addr::Cidr>,
-    /// Names pinned to an address (no resolution).
-    pub hosts: BTreeMap<String, IpAddr>,
-    /// Connections served at once; more are refused.
-    pub max_connections: usize,
-    /// A connection with no traffic for this long is closed.
-    pub idle: Duration,
-    /// Largest request head.
-    pub header_bytes: usize,
-}
-
-impl Config {
-    /// Parses `[network]`; errors name the key.
-    pub(crate) fn of(n: &Network) -> Result<Config, (&'static str, String)> {
-        let allow = n
-            .allow
-            .iter()
-            .map(name::Rule::of)
-            .collect::<Result<_, _>>()
-            .map_err(|e| ("network.allow", e))?;
-        let allow_private = n
-            .allow_private
-            .iter()
-            .map(|c| addr::Cidr::parse(c))
-            .collect::<Result<_, _>>()
-            .map_err(|e| ("network.allow_private", e))?;
-        let mut hosts = BTreeMap::new();
-        for (k, v) in &n.hosts {
-            let key = name::canonical(k).map_err(|e| ("network.hosts", format!("{k:?}: {e}")))?;
-            let ip = v.parse().map_err(|_| {
-                (
-                    "network.hosts",
-                    format!("{k:?}: {v:?} is not an IP address"),
-                )
-            })?;
-            hosts.insert(key, ip);
-        }
-        Ok(Config {
-            allow,
-            allow_private,
-            hosts,
-            max_connections: n.proxy_connections as usize,
-            idle: Duration::from_secs(n.proxy_idle_seconds),
-            header_bytes: n.proxy_header_bytes as usize,
-        })
-    }
-
-    /// The allowlist as written canonically (reports).
-    pub(crate) fn list(&self) -> Vec<String> {
-        self.allow.iter().map(|r| r.show()).collect()
-    }
-}
+pub(crate) use crate::profile::allow::{url, Config};
 
 /// One decision, reported when the connection ends (or is refused).
 #[derive(Debug, Clone)]

@@ -7,10 +7,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// The proxy's address inside the sandbox (bound here, served by
-/// `crate::proxy`).
-pub(crate) const LISTEN: std::net::SocketAddrV4 =
-    std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 3128);
+pub(crate) use crate::profile::allow::LISTEN;
 
 /// The descriptor `__init` gets in proxy mode: a Unix socket to the supervisor.
 pub(crate) const PROXY_FD: i32 = 5;

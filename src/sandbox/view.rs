@@ -83,13 +83,13 @@ fn sample() -> Policy {
             entry("{masked}", MountKind::Masked),
         ],
         protected: vec![ph("{protected}")],
-        guard: crate::guard::Guard {
+        guard: crate::profile::guard::Guard {
             git: p.workspace.git,
             names: Vec::new(),
             trees: Vec::new(),
             git_outside: vec![ph("{git dir outside}")],
             new_repositories: p.workspace.new_repositories,
-            commit: Some(crate::guard::commit::CommitRepo {
+            commit: Some(crate::profile::guard::CommitRepo {
                 agent: ph("{state}/git/{id}/agent.git"),
                 real: ph("{workspace}/.git"),
                 origin: ph("{state}/git/{id}/origin"),

@@ -369,8 +369,14 @@ async def test_short_lived_commands_in_new_panes_are_not_reported_as_failures(ws
             assert r["pane_id"].startswith("%") and r["window_id"] == s["window_id"], r
             r = await call(c, "create_window", {"session_name": "quick", "shell": f"echo {i} > w{i}"})
             assert r["session_name"] == "quick" and r["session_id"] == s["session_id"], r
+        # The shell makes the file (the redirection) before echo writes it:
+        # wait for the line, not for the name (CI read one empty once).
+        def written(i):
+            f = ws[0] / f"w{i}"
+            return f.exists() and f.read_text().endswith("\n")
+
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all((ws[0] / f"w{i}").exists() for i in range(20)):
+        while time.monotonic() < deadline and not all(written(i) for i in range(20)):
             await anyio.sleep(0.05)
         for i in range(20):
             assert (ws[0] / f"w{i}").read_text().strip() == str(i)
