@@ -43,7 +43,9 @@ fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::
     let mut ctx = Context::of(ws, crate::guard::plan);
     ctx.mode = t.workspace_mode;
     if loaded.may_fall_back(&ctx) {
-        ctx.no_overlay = supervisor::layer::possible(&ctx.workspace).err();
+        ctx.no_overlay = supervisor::layer::possible(&ctx.workspace)
+            .err()
+            .map(|e| e.to_string());
     }
     let mut policy = loaded.resolve(&ctx).map_err(|e| e.to_string())?;
     policy.on_end = on_end;
@@ -405,7 +407,9 @@ fn serve_proxy(
 ) -> Result<Option<std::sync::Arc<std::sync::Mutex<crate::proxy::tally::Tally>>>, String> {
     let Some(l) = listener else { return Ok(None) };
     let cfg = crate::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
-    crate::proxy::spawn_counted(l, cfg, policy).map(Some)
+    crate::proxy::spawn_counted(l, cfg, policy)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// What a layer over its bound said, once the sandbox was ended for it.

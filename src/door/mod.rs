@@ -37,7 +37,7 @@ pub(crate) fn show(id: &str, names_only: bool) -> i32 {
             i32::from(changed)
         }
         Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e));
+            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
             2
         }
     }
@@ -45,7 +45,7 @@ pub(crate) fn show(id: &str, names_only: bool) -> i32 {
 
 /// The summary and the diff of layer `id`, and whether it changed anything.
 fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
-    let (dir, meta) = crate::supervisor::layer::find(id)?;
+    let (dir, meta) = crate::supervisor::layer::find(id).map_err(|e| e.to_string())?;
     let trees = diff::Trees::open(&dir, &meta.workspace)?;
     let changes = diff::changes(&trees)?;
     let bare = |p: &std::path::Path| trees.bare_shape(p);
@@ -141,7 +141,7 @@ pub(crate) fn discard(id: &str) -> i32 {
     let dir = match crate::supervisor::layer::find(id) {
         Ok((dir, _)) => dir,
         Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e));
+            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
             return 2;
         }
     };
@@ -179,7 +179,7 @@ pub(crate) fn apply(
             code
         }
         Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e));
+            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
             2
         }
     }
@@ -245,8 +245,8 @@ fn apply_all_moving(
     undo: bool,
     moving: bool,
 ) -> Result<(Vec<String>, i32), String> {
-    let (dir, meta) = crate::supervisor::layer::find(id)?;
-    let _ended = crate::supervisor::layer::ended(&dir, id)?;
+    let (dir, meta) = crate::supervisor::layer::find(id).map_err(|e| e.to_string())?;
+    let _ended = crate::supervisor::layer::ended(&dir, id).map_err(|e| e.to_string())?;
     let rec = record::Record::open(id, &dir)?;
     // What the layer holds changes: measured again when next listed.
     let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));

@@ -364,7 +364,7 @@ pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
             crate::term::printable(id)
         ));
     }
-    let state = super::quarantine::state_dir(&[])?;
+    let state = super::quarantine::state_dir(&[]).map_err(|e| e.to_string())?;
     let dir = state.join("git").join(id);
     let meta: Meta = std::fs::read(dir.join("meta.json"))
         .ok()

@@ -37,6 +37,33 @@ pub(crate) use crate::profile::guard::Guard;
 
 pub(crate) use crate::profile::guard::ReadOnly;
 
+/// Why the guard's host side could not be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GuardError {
+    /// No candidate state directory is usable; each with why.
+    #[error("no usable state directory for the workspace guard's quarantine ({}); set XDG_STATE_HOME to a directory of yours outside the workspace", tried.join("; "))]
+    NoStateDir {
+        /// `path: why`, in the order tried.
+        tried: Vec<String>,
+    },
+    /// The watches could not be set (inotify).
+    #[error("{0}")]
+    Inotify(String),
+    /// The watching thread, or its stop pipe, could not be made.
+    #[error("the guard's thread: {0}")]
+    Thread(std::io::Error),
+    /// A file-system step in the state directory.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
 /// Plans the guard for the read-write trees `roots`.
 pub(crate) fn plan(
     roots: &[PathBuf],

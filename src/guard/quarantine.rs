@@ -9,6 +9,7 @@
 //! removed. This is the one host-side file operation sandmux does on the
 //! agent's behalf (trust boundary 5 of the threat model).
 
+use super::GuardError;
 use crate::sandbox::beneath::{beneath, unlock_dir};
 use nix::fcntl::{openat, renameat2, AtFlags, OFlag, RenameFlags};
 use nix::sys::stat::{fstatat, mkdirat, Mode};
@@ -47,17 +48,17 @@ pub(crate) struct Taken {
 }
 
 /// sandmux's state directory, created 0700, outside every tree in `forbidden`.
-pub(crate) fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+pub(crate) fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, GuardError> {
     state_dir_with(forbidden, true)
 }
 
 /// [`state_dir`] without making anything: the one that exists (`diff`,
 /// `apply`, `discard` look there).
-pub(crate) fn existing_state_dir() -> Result<PathBuf, String> {
+pub(crate) fn existing_state_dir() -> Result<PathBuf, GuardError> {
     state_dir_with(&[], false)
 }
 
-fn state_dir_with(forbidden: &[PathBuf], create: bool) -> Result<PathBuf, String> {
+fn state_dir_with(forbidden: &[PathBuf], create: bool) -> Result<PathBuf, GuardError> {
     let uid = nix::unistd::geteuid().as_raw();
     let xdg = std::env::var_os("XDG_STATE_HOME")
         .filter(|v| !v.is_empty())
@@ -74,10 +75,7 @@ fn state_dir_with(forbidden: &[PathBuf], create: bool) -> Result<PathBuf, String
             Err(e) => tried.push(format!("{}: {e}", cand.display())),
         }
     }
-    Err(format!(
-        "no usable state directory for the workspace guard's quarantine ({}); set XDG_STATE_HOME to a directory of yours outside the workspace",
-        tried.join("; ")
-    ))
+    Err(GuardError::NoStateDir { tried })
 }
 
 fn usable(p: &Path, uid: u32, forbidden: &[PathBuf], create: bool) -> Result<PathBuf, String> {
@@ -119,15 +117,22 @@ pub(crate) struct Quarantine {
 
 impl Quarantine {
     /// Opens (creating) the quarantine for instance `id` under `state`.
-    pub(crate) fn open(state: &Path, id: &str) -> Result<Quarantine, String> {
+    pub(crate) fn open(state: &Path, id: &str) -> Result<Quarantine, GuardError> {
         let dir = state.join("quarantine").join(id);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
-            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let fd = crate::sandbox::beneath::open_root(&dir)
-            .map_err(|e| format!("opening {}: {e}", dir.display()))?;
+            .map_err(|source| GuardError::Io {
+                what: "creating",
+                path: dir.clone(),
+                source,
+            })?;
+        let fd = crate::sandbox::beneath::open_root(&dir).map_err(|e| GuardError::Io {
+            what: "opening",
+            path: dir.clone(),
+            source: e.into(),
+        })?;
         Ok(Quarantine {
             dir,
             fd,

@@ -11,7 +11,7 @@
 
 use super::quarantine::{state_dir, Quarantine, Taken};
 use super::sweep::{digests, summary, sweep, sweep_stale, Manifest};
-use super::{GitMode, Guard};
+use super::{GitMode, Guard, GuardError};
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
@@ -52,22 +52,26 @@ impl Watch {
         snapshots: Vec<super::restore::Snapshot>,
         id: &str,
         confine: Option<&crate::profile::Policy>,
-    ) -> Result<Watch, String> {
+    ) -> Result<Watch, GuardError> {
+        let io = |what: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source: std::io::Error| GuardError::Io { what, path, source }
+        };
         let roots: Vec<PathBuf> = guard.trees.iter().map(|t| t.root.clone()).collect();
         let state = state_dir(&roots)?;
         let swept_stale = sweep_stale(&state);
         let q = Quarantine::open(&state, id)?;
         let gdir = state.join("guard");
-        std::fs::create_dir_all(&gdir).map_err(|e| format!("creating {}: {e}", gdir.display()))?;
+        std::fs::create_dir_all(&gdir).map_err(io("creating", &gdir))?;
         let mpath = gdir.join(format!("{id}.json"));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .open(&mpath)
-            .map_err(|e| format!("creating {}: {e}", mpath.display()))?;
+            .map_err(io("creating", &mpath))?;
         let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, e)| format!("locking {}: {e}", mpath.display()))?;
+            .map_err(|(_, e)| io("locking", &mpath)(e.into()))?;
         let m = Manifest {
             id: id.into(),
             pid: std::process::id(),
@@ -75,11 +79,10 @@ impl Watch {
             digests: digests(guard),
         };
         // One write, not one per JSON token.
-        let bytes =
-            serde_json::to_vec(&m).map_err(|e| format!("writing {}: {e}", mpath.display()))?;
-        std::io::Write::write_all(&mut &*lock, &bytes)
-            .map_err(|e| format!("writing {}: {e}", mpath.display()))?;
-        let (stop_r, stop_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec(&m).map_err(|e| io("writing", &mpath)(e.into()))?;
+        std::io::Write::write_all(&mut &*lock, &bytes).map_err(io("writing", &mpath))?;
+        let (stop_r, stop_w) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| GuardError::Thread(e.into()))?;
         let taken = Arc::new(Mutex::new(Vec::new()));
         let quarantine = Arc::new(Mutex::new(q));
         let unlisted = Arc::new(AtomicUsize::new(0));
@@ -89,7 +92,8 @@ impl Watch {
             quarantine.clone(),
             taken.clone(),
             unlisted.clone(),
-        )?;
+        )
+        .map_err(GuardError::Inotify)?;
         // The first pass runs here, before the sandbox starts: nothing the
         // agent does can come before the watches.
         armed.arm_all();
@@ -104,7 +108,7 @@ impl Watch {
                 armed.run(stop_r);
                 armed
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(GuardError::Thread)?;
         let confined = heard
             .recv()
             .unwrap_or_else(|_| Some(Err("the guard thread ended".into())));
@@ -496,11 +500,12 @@ pub(crate) fn start_for(
     } else {
         Vec::new()
     };
-    let mut w = Watch::start(&policy.guard, snapshots, id, Some(policy)).map_err(refuse)?;
+    let mut w = Watch::start(&policy.guard, snapshots, id, Some(policy))
+        .map_err(|e| refuse(e.to_string()))?;
     if policy.guard.git == GitMode::Commit {
         let t = &policy.guard.trees[0];
         let roots: Vec<PathBuf> = policy.guard.trees.iter().map(|t| t.root.clone()).collect();
-        let state = state_dir(&roots).map_err(refuse)?;
+        let state = state_dir(&roots).map_err(|e| refuse(e.to_string()))?;
         let c = super::commit::prepare(&state, id, &t.root, &t.shape).map_err(refuse)?;
         let at = t.root.join(".git");
         for p in ["config", "hooks", "info", "objects/info"] {

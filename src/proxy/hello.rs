@@ -59,7 +59,7 @@ pub fn parse(buf: &[u8]) -> Hello {
         if hs.len() >= need {
             return match body(&hs[4..need]) {
                 Ok(name) => Hello::Sni(name),
-                Err(e) => Hello::Refused(e),
+                Err(e) => Hello::Refused(e.to_string()),
             };
         }
     }
@@ -73,46 +73,84 @@ fn more(buf: &[u8]) -> Hello {
     }
 }
 
+/// Why a ClientHello's body names no one server (a refusal's reason).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// It ends inside a field.
+    #[error("truncated ClientHello")]
+    Truncated,
+    /// Its session id is longer than TLS allows.
+    #[error("session id over 32 bytes")]
+    SessionId,
+    /// It has no extensions.
+    #[error("a ClientHello without extensions has no server name")]
+    NoExtensions,
+    /// Two `server_name` extensions.
+    #[error("two server_name extensions")]
+    TwoExtensions,
+    /// Encrypted Client Hello.
+    #[error("an encrypted ClientHello (ECH) hides the server name")]
+    Ech,
+    /// The ESNI draft.
+    #[error("encrypted SNI (the ESNI draft) hides the server name")]
+    Esni,
+    /// No `server_name` extension.
+    #[error("the ClientHello has no server name (SNI)")]
+    NoSni,
+    /// Two host names in the extension.
+    #[error("two host names in server_name")]
+    TwoNames,
+    /// The name is not UTF-8.
+    #[error("the server name is not text")]
+    NotText,
+    /// The name is not one the allowlist could hold.
+    #[error("server name: {0}")]
+    Name(String),
+    /// The extension holds no host name.
+    #[error("server_name without a host name")]
+    NoName,
+}
+
 /// A cursor over bytes that never reads past their end.
 struct Cur<'a>(&'a [u8]);
 
 impl<'a> Cur<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], BodyError> {
         if n > self.0.len() {
-            return Err("truncated ClientHello".into());
+            return Err(BodyError::Truncated);
         }
         let (a, b) = self.0.split_at(n);
         self.0 = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<usize, String> {
+    fn u8(&mut self) -> Result<usize, BodyError> {
         Ok(self.take(1)?[0] as usize)
     }
-    fn u16(&mut self) -> Result<usize, String> {
+    fn u16(&mut self) -> Result<usize, BodyError> {
         let b = self.take(2)?;
         Ok(u16::from_be_bytes([b[0], b[1]]) as usize)
     }
-    fn vec8(&mut self) -> Result<&'a [u8], String> {
+    fn vec8(&mut self) -> Result<&'a [u8], BodyError> {
         let n = self.u8()?;
         self.take(n)
     }
-    fn vec16(&mut self) -> Result<&'a [u8], String> {
+    fn vec16(&mut self) -> Result<&'a [u8], BodyError> {
         let n = self.u16()?;
         self.take(n)
     }
 }
 
 /// The ClientHello's body (after type and length): its one server name.
-fn body(b: &[u8]) -> Result<String, String> {
+fn body(b: &[u8]) -> Result<String, BodyError> {
     let mut c = Cur(b);
     c.take(2 + 32)?; // legacy_version, random
     if c.vec8()?.len() > 32 {
-        return Err("session id over 32 bytes".into());
+        return Err(BodyError::SessionId);
     }
     c.vec16()?; // cipher suites
     c.vec8()?; // compression methods
     if c.0.is_empty() {
-        return Err("a ClientHello without extensions has no server name".into());
+        return Err(BodyError::NoExtensions);
     }
     let mut exts = Cur(c.vec16()?);
     let mut name = None;
@@ -120,18 +158,18 @@ fn body(b: &[u8]) -> Result<String, String> {
         let typ = exts.u16()?;
         let data = exts.vec16()?;
         match typ {
-            0 if name.is_some() => return Err("two server_name extensions".into()),
+            0 if name.is_some() => return Err(BodyError::TwoExtensions),
             0 => name = Some(server_name(data)?),
-            0xfe0d => return Err("an encrypted ClientHello (ECH) hides the server name".into()),
-            0xffce => return Err("encrypted SNI (the ESNI draft) hides the server name".into()),
+            0xfe0d => return Err(BodyError::Ech),
+            0xffce => return Err(BodyError::Esni),
             _ => {}
         }
     }
-    name.ok_or_else(|| "the ClientHello has no server name (SNI)".into())
+    name.ok_or(BodyError::NoSni)
 }
 
 /// The `server_name` extension's one host name, canonical.
-fn server_name(data: &[u8]) -> Result<String, String> {
+fn server_name(data: &[u8]) -> Result<String, BodyError> {
     let mut outer = Cur(data);
     let mut list = Cur(outer.vec16()?);
     let mut found = None;
@@ -142,12 +180,12 @@ fn server_name(data: &[u8]) -> Result<String, String> {
             continue;
         }
         if found.is_some() {
-            return Err("two host names in server_name".into());
+            return Err(BodyError::TwoNames);
         }
-        let s = std::str::from_utf8(n).map_err(|_| "the server name is not text".to_string())?;
-        found = Some(super::name::canonical(s).map_err(|e| format!("server name: {e}"))?);
+        let s = std::str::from_utf8(n).map_err(|_| BodyError::NotText)?;
+        found = Some(super::name::canonical(s).map_err(BodyError::Name)?);
     }
-    found.ok_or_else(|| "server_name without a host name".into())
+    found.ok_or(BodyError::NoName)
 }
 
 /// A ClientHello carrying `sni` (tests, fuzzing and the benchmark).

@@ -54,6 +54,26 @@ pub(crate) struct Event {
 /// Where decisions go.
 pub(crate) type Sink = Arc<dyn Fn(Event) + Send + Sync>;
 
+/// Why the proxy could not start serving (`run`, `shell`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProxyError {
+    /// Its tokio runtime could not be built.
+    #[error("the proxy's runtime: {0}")]
+    Runtime(std::io::Error),
+    /// Its thread could not be started.
+    #[error("the proxy's thread: {0}")]
+    Thread(std::io::Error),
+    /// Its thread's Landlock ruleset could not be prepared.
+    #[error("confining the proxy's thread: Landlock: {0}")]
+    Prepare(String),
+    /// Its thread could not confine itself, so it serves nothing.
+    #[error("confining the proxy's thread: {0}")]
+    Confine(String),
+    /// Its thread ended before it said whether it is confined.
+    #[error("the proxy's thread ended before confining itself")]
+    Gone,
+}
+
 /// Serves `listener` on a thread of its own until the process ends (`run`,
 /// `shell`: their supervisor is not confined, so the thread confines
 /// itself first — `sandbox::supervisor::confine_this_thread` — and serves
@@ -63,7 +83,7 @@ pub(crate) fn spawn_counted(
     listener: std::net::TcpListener,
     cfg: Config,
     policy: &crate::profile::Policy,
-) -> Result<Arc<Mutex<tally::Tally>>, String> {
+) -> Result<Arc<Mutex<tally::Tally>>, ProxyError> {
     use crate::sandbox::supervisor;
     let t = Arc::new(Mutex::new(tally::Tally::default()));
     let open = t.lock().unwrap_or_else(|p| p.into_inner()).open.clone();
@@ -72,11 +92,11 @@ pub(crate) fn spawn_counted(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("the proxy's runtime: {e}"))?;
+        .map_err(ProxyError::Runtime)?;
     let needs = supervisor::proxy_thread_needs(dials(policy));
     let inet = needs.inet();
-    let prepared = supervisor::prepare(policy, &needs)
-        .map_err(|e| format!("confining the proxy's thread: Landlock: {e}"))?;
+    let prepared =
+        supervisor::prepare(policy, &needs).map_err(|e| ProxyError::Prepare(e.to_string()))?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("sandmux-proxy".into())
@@ -94,11 +114,11 @@ pub(crate) fn spawn_counted(
                 }
             })
         })
-        .map_err(|e| format!("the proxy's thread: {e}"))?;
+        .map_err(ProxyError::Thread)?;
     match rx.recv() {
         Ok(Ok(_)) => Ok(t),
-        Ok(Err(e)) => Err(format!("confining the proxy's thread: {e}")),
-        Err(_) => Err("the proxy's thread ended before confining itself".into()),
+        Ok(Err(e)) => Err(ProxyError::Confine(e.to_string())),
+        Err(_) => Err(ProxyError::Gone),
     }
 }
 

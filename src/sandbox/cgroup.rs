@@ -20,6 +20,20 @@ fn threads() -> std::io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
+/// Where a sandbox's processes are placed: in the instance's cgroup, or
+/// without one (the profile lets the cgroup layer go and this system
+/// refused it: `why`, with what limits them instead).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) enum Placement {
+    /// In this cgroup.
+    In(Cgroup),
+    /// Without a cgroup.
+    Without {
+        /// Why, and what is in force instead.
+        why: String,
+    },
+}
+
 /// A created cgroup (one directory per hierarchy).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Cgroup {

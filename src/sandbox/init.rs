@@ -19,6 +19,7 @@
 //! Every system call's result is checked: a failure is fatal, or a named
 //! best-effort layer reported as dropped.
 
+use super::cgroup::Placement;
 use super::plan::Blueprint;
 use super::report::{Message, Reporter};
 use super::{caps, namespaces, Plan, Wire, EXIT_INTERNAL, EXIT_LAYER};
@@ -199,7 +200,7 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
 fn join_cgroup(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
     let limits = &plan.policy.limits;
     match &plan.cgroup {
-        Ok(cg) => {
+        Placement::In(cg) => {
             cg.join_self().map_err(|e| Stop {
                 unavailable: false,
                 layer: Some(Layer::Cgroup),
@@ -216,7 +217,7 @@ fn join_cgroup(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
             );
             Ok(())
         }
-        Err(reason) => layers.missing(Layer::Cgroup, reason.clone()),
+        Placement::Without { why } => layers.missing(Layer::Cgroup, why.clone()),
     }
 }
 

@@ -90,7 +90,7 @@ pub(crate) struct Plan {
     /// Caller's gid on the host.
     pub host_gid: u32,
     /// The cgroup to join, or why there is none.
-    pub cgroup: Result<cgroup::Cgroup, String>,
+    pub cgroup: cgroup::Placement,
     /// Files for `/run/sandmux`.
     pub run_files: mounts::RunFiles,
     /// What to run.

@@ -90,7 +90,7 @@ pub(crate) fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
 pub(crate) fn make_cgroup(
     policy: &Policy,
     rundir: &mut Rundir,
-) -> Result<Result<cgroup::Cgroup, String>, StartError> {
+) -> Result<cgroup::Placement, StartError> {
     match cgroup::create(
         &format!("sandmux-{}", rundir.id),
         &format!("gen-{}", &nonce::hex()[..8]),
@@ -99,11 +99,13 @@ pub(crate) fn make_cgroup(
     ) {
         Ok(cg) => {
             rundir.set_cgroup(cg.clone());
-            Ok(Ok(cg))
+            Ok(cgroup::Placement::In(cg))
         }
-        Err(reason) if policy.best_effort.contains(&crate::profile::Layer::Cgroup) => Ok(Err(
-            format!("{reason}. In force instead: {}", without_cgroup(policy)),
-        )),
+        Err(reason) if policy.best_effort.contains(&crate::profile::Layer::Cgroup) => {
+            Ok(cgroup::Placement::Without {
+                why: format!("{reason}. In force instead: {}", without_cgroup(policy)),
+            })
+        }
         Err(reason) => Err(StartError::layer(crate::profile::Layer::Cgroup, &reason)),
     }
 }
@@ -126,7 +128,7 @@ pub(crate) fn without_cgroup(policy: &Policy) -> String {
 pub(crate) fn plan(
     policy: &Policy,
     rundir: &Rundir,
-    cgroup: Result<cgroup::Cgroup, String>,
+    cgroup: cgroup::Placement,
     payload: Payload,
     tmux_conf: Option<String>,
 ) -> Plan {

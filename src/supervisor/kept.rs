@@ -154,7 +154,7 @@ fn kept_anything(id: &str) -> bool {
 /// Before a layer is made: removes ended layers older than `keep_days` (0
 /// keeps them), then refuses when the rest hold more than `cap` bytes.
 /// The lines say what was removed.
-pub(crate) fn make_room(keep_days: u32, cap: u64) -> Result<Vec<String>, String> {
+pub(crate) fn make_room(keep_days: u32, cap: u64) -> Result<Vec<String>, layer::LayerError> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i128)
@@ -187,10 +187,11 @@ pub(crate) fn make_room(keep_days: u32, cap: u64) -> Result<Vec<String>, String>
         total = total.saturating_add(k.bytes);
     }
     if total > cap {
-        return Err(format!(
-            "the kept copy-on-write layers hold {total} bytes, more than [workspace] kept_bytes = {cap} of {}: see them with `sandmux ps --all`, then `sandmux apply ID` or `sandmux discard ID`",
-            crate::profile::user::path().display()
-        ));
+        return Err(layer::LayerError::OverKept {
+            total,
+            cap,
+            config: crate::profile::user::path(),
+        });
     }
     Ok(said)
 }

@@ -13,6 +13,81 @@ use serde::{Deserialize, Serialize};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+/// Why a layer could not be made, found, locked or removed. Each says the
+/// path or the id, and what to do where there is something to do.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LayerError {
+    /// sandmux's state directory.
+    #[error(transparent)]
+    StateDir(#[from] crate::guard::GuardError),
+    /// The user's `config.toml`.
+    #[error("{0}")]
+    User(String),
+    /// A file-system step on the layer's directory.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Its lock could not be taken (`flock`).
+    #[error("locking {}: {source}", path.display())]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The error.
+        source: nix::Error,
+    },
+    /// Not an id sandmux prints.
+    #[error("{0:?} is not an instance id (letters and digits, as `run` and `serve` print it)")]
+    NotAnId(String),
+    /// No layer of that instance.
+    #[error("no layer of instance {id} in {} ({source}); only copy-on-write instances have one", dir.display())]
+    NoLayer {
+        /// The instance id.
+        id: String,
+        /// Where the layers are.
+        dir: PathBuf,
+        /// Why its `meta.json` could not be read.
+        source: std::io::Error,
+    },
+    /// Its `meta.json` is not sandmux's.
+    #[error("{}: {source}", path.display())]
+    BadMeta {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: serde_json::Error,
+    },
+    /// Its instance still runs.
+    #[error("instance {0} is still running, and its agent may still write the layer; end it first (`sandmux stop {0}`)")]
+    Live(String),
+    /// The kept layers are over `[workspace] kept_bytes`.
+    #[error("the kept copy-on-write layers hold {total} bytes, more than [workspace] kept_bytes = {cap} of {}: see them with `sandmux ps --all`, then `sandmux apply ID` or `sandmux discard ID`", config.display())]
+    OverKept {
+        /// What they hold.
+        total: u64,
+        /// The cap.
+        cap: u64,
+        /// The user's `config.toml`.
+        config: PathBuf,
+    },
+    /// The overlay probe failed (`possible`): why.
+    #[error("{0}")]
+    Probe(String),
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LayerError + 'a {
+    move |source| LayerError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// What `meta.json` says of a layer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Meta {
@@ -36,14 +111,14 @@ pub(crate) struct Meta {
 
 /// Where the layers are: `<state>/layers`, made 0700 if missing; never in
 /// one of `forbidden` (the trees the agent can write).
-fn base(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
+fn base(forbidden: &[PathBuf]) -> Result<PathBuf, LayerError> {
     let state = crate::guard::quarantine::state_dir(forbidden)?;
     let dir = state.join("layers");
     std::fs::DirBuilder::new()
         .mode(0o700)
         .recursive(true)
         .create(&dir)
-        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        .map_err(io("creating", &dir))?;
     Ok(dir)
 }
 
@@ -51,16 +126,18 @@ fn base(forbidden: &[PathBuf]) -> Result<PathBuf, String> {
 /// child with namespaces of its own mounts the overlay on an empty layer
 /// in the layers' directory (where the real one will be), which is then
 /// removed. `Err`: why not.
-pub(crate) fn possible(workspace: &Path) -> Result<(), String> {
+pub(crate) fn possible(workspace: &Path) -> Result<(), LayerError> {
     let dir = base(&[workspace.to_path_buf()])?.join(format!(".probe-{}", crate::nonce::hex()));
     let made = ["", "upper", "work"].iter().try_for_each(|n| {
+        let p = dir.join(n);
         std::fs::DirBuilder::new()
             .mode(0o700)
-            .create(dir.join(n))
-            .map_err(|e| format!("creating {}: {e}", dir.join(n).display()))
+            .create(&p)
+            .map_err(io("creating", &p))
     });
     let tried = made.and_then(|()| {
         crate::sandbox::probe::overlay(workspace, &dir.join("upper"), &dir.join("work"))
+            .map_err(LayerError::Probe)
     });
     let _ = remove(&dir);
     tried
@@ -93,30 +170,31 @@ fn remove(dir: &Path) -> std::io::Result<()> {
 /// lives: `apply` and `discard` refuse a layer the agent may still write.
 pub(crate) struct Live(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 
-fn lock(dir: &Path, wait: bool) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+fn lock(dir: &Path, wait: bool) -> Result<nix::fcntl::Flock<std::fs::File>, LayerError> {
     use nix::fcntl::{Flock, FlockArg};
+    let path = dir.join("lock");
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(dir.join("lock"))
-        .map_err(|e| format!("{}: {e}", dir.join("lock").display()))?;
+        .open(&path)
+        .map_err(io("opening", &path))?;
     let how = if wait {
         FlockArg::LockExclusive
     } else {
         FlockArg::LockExclusiveNonblock
     };
-    Flock::lock(f, how).map_err(|(_, e)| e.to_string())
+    Flock::lock(f, how).map_err(|(_, source)| LayerError::Lock { path, source })
 }
 
 /// Makes this instance's layer when the profile asks for one, names it in
 /// the policy the sandbox is built from, and returns its held lock.
-pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, String> {
+pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, LayerError> {
     if policy.workspace_mode != WorkspaceMode::CopyOnWrite {
         return Ok(None);
     }
-    let user = crate::profile::user::load()?;
+    let user = crate::profile::user::load().map_err(LayerError::User)?;
     let kept = &user.workspace;
     for line in super::kept::make_room(kept.keep_days, kept.kept_bytes.0)? {
         tracing::info!("{line}");
@@ -126,18 +204,19 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Stri
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(p)
-            .map_err(|e| format!("creating {}: {e}", p.display()))
+            .map_err(io("creating", p))
     };
     mk(&dir)?;
     mk(&dir.join("upper"))?;
     mk(&dir.join("work"))?;
     // The overlay's top shows the upper directory's mode: the workspace's.
-    let ws = std::fs::metadata(&policy.workspace)
-        .map_err(|e| format!("{}: {e}", policy.workspace.display()))?;
+    let ws = std::fs::metadata(&policy.workspace).map_err(io("reading", &policy.workspace))?;
     let mode = nix::sys::stat::Mode::from_bits_truncate(ws.mode() & 0o777);
-    crate::sandbox::beneath::open_root(&dir.join("upper"))
+    let upper = dir.join("upper");
+    crate::sandbox::beneath::open_root(&upper)
         .and_then(|up| nix::sys::stat::fchmod(&up, mode))
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+        .map_err(std::io::Error::from)
+        .map_err(io("setting the mode of", &upper))?;
     let meta = Meta {
         id: id.to_string(),
         workspace: policy.workspace.clone(),
@@ -149,9 +228,12 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Stri
             .unwrap_or(0),
         held_names: policy.guard.names.clone(),
     };
-    let text = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("meta.json"), text)
-        .map_err(|e| format!("writing {}: {e}", dir.display()))?;
+    let path = dir.join("meta.json");
+    let text = serde_json::to_vec_pretty(&meta).map_err(|source| LayerError::BadMeta {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::write(&path, text).map_err(io("writing", &path))?;
     let live = Live(lock(&dir, true)?);
     policy.layer = Some(dir);
     Ok(Some(live))
@@ -159,10 +241,8 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Stri
 
 /// Refuses a layer whose instance still runs (its lock is held); the lock
 /// is kept while the caller works on the layer.
-pub(crate) fn ended(dir: &Path, id: &str) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
-    lock(dir, false).map_err(|_| {
-        format!("instance {id} is still running, and its agent may still write the layer; end it first (`sandmux stop {id}`)")
-    })
+pub(crate) fn ended(dir: &Path, id: &str) -> Result<nix::fcntl::Flock<std::fs::File>, LayerError> {
+    lock(dir, false).map_err(|_| LayerError::Live(id.to_string()))
 }
 
 /// When the instance has ended: removes a layer that holds no change and
@@ -196,35 +276,34 @@ pub(crate) fn kept(id: &str) -> String {
 
 /// Finds the layer of instance `id` (for `diff` and `discard`), with what
 /// its `meta.json` says.
-pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), String> {
-    find_in(&crate::guard::quarantine::existing_state_dir()?, id)
+pub(crate) fn find(id: &str) -> Result<(PathBuf, Meta), LayerError> {
+    let state = crate::guard::quarantine::existing_state_dir()?;
+    find_in(&state, id)
 }
 
 /// [`find`] in the state directory `state`, already checked (listing every
 /// layer checks it once, not once a layer).
-pub(crate) fn find_in(state: &Path, id: &str) -> Result<(PathBuf, Meta), String> {
+pub(crate) fn find_in(state: &Path, id: &str) -> Result<(PathBuf, Meta), LayerError> {
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric()) {
-        return Err(format!(
-            "{:?} is not an instance id (letters and digits, as `run` and `serve` print it)",
-            crate::term::printable(id)
-        ));
+        return Err(LayerError::NotAnId(crate::term::printable(id)));
     }
-    let dir = state.join("layers").join(id);
-    let text = std::fs::read(dir.join("meta.json")).map_err(|e| {
-        format!(
-            "no layer of instance {id} in {} ({e}); only copy-on-write instances have one",
-            dir.parent().unwrap_or(&dir).display()
-        )
+    let layers = state.join("layers");
+    let dir = layers.join(id);
+    let path = dir.join("meta.json");
+    let text = std::fs::read(&path).map_err(|source| LayerError::NoLayer {
+        id: id.to_string(),
+        dir: layers,
+        source,
     })?;
-    let meta: Meta = serde_json::from_slice(&text)
-        .map_err(|e| format!("{}: {e}", dir.join("meta.json").display()))?;
+    let meta: Meta =
+        serde_json::from_slice(&text).map_err(|source| LayerError::BadMeta { path, source })?;
     Ok((dir, meta))
 }
 
 /// Removes the layer of instance `id`.
-pub(crate) fn discard(id: &str) -> Result<PathBuf, String> {
+pub(crate) fn discard(id: &str) -> Result<PathBuf, LayerError> {
     let (dir, _) = find(id)?;
     let _held = ended(&dir, id)?;
-    remove(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+    remove(&dir).map_err(io("removing", &dir))?;
     Ok(dir)
 }
