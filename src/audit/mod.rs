@@ -183,6 +183,33 @@ pub(crate) struct Entry<'a> {
     pub args: &'a Value,
 }
 
+impl<'a> Entry<'a> {
+    /// An event sandmux records by itself (`outcome` "event"), not a
+    /// client's call: `tool` names what saw it (`(door)`, `(proxy)`, …),
+    /// `kind` what happened (`oom_kill`, `proxy_denied`, …).
+    pub(crate) fn event(tool: &'a str, kind: Option<&'a str>, args: &'a Value) -> Entry<'a> {
+        Entry {
+            tool,
+            toolset: None,
+            outcome: "event",
+            error_type: kind,
+            duration_ms: 0,
+            request_id: String::new(),
+            client_id: None,
+            http: None,
+            args,
+        }
+    }
+
+    /// The same, taking `ms` milliseconds.
+    pub(crate) fn took(self, ms: u64) -> Entry<'a> {
+        Entry {
+            duration_ms: ms,
+            ..self
+        }
+    }
+}
+
 /// Room for one call's record, held from before the call runs until its
 /// record is written ([`Admission::record`]). Dropped unrecorded (a handler
 /// cancelled at shutdown), it writes an `abandoned` record into that room.

@@ -91,17 +91,10 @@ impl Record {
         code: i32,
     ) {
         let args = summary(&self.id, paths, lines, code);
-        let ok = self.audit.event(Entry {
-            tool: "(door)",
-            toolset: None,
-            outcome: "event",
-            error_type: Some(action),
-            duration_ms: self.started.elapsed().as_millis() as u64,
-            request_id: String::new(),
-            client_id: None,
-            http: None,
-            args: &args,
-        });
+        let ok = self.audit.event(
+            Entry::event("(door)", Some(action), &args)
+                .took(self.started.elapsed().as_millis() as u64),
+        );
         if !ok {
             eprintln!(
                 "sandmux: the audit log {} did not take the door's record",

@@ -460,17 +460,7 @@ mod tests {
             .collect();
         calls.extend(maps.iter().map(|a| json!({ *a: {"NAME": "s3cret"} })));
         for args in &calls {
-            a.event(crate::audit::Entry {
-                tool: "no_such_tool",
-                toolset: None,
-                outcome: "event",
-                error_type: None,
-                duration_ms: 0,
-                request_id: String::new(),
-                client_id: None,
-                http: None,
-                args,
-            });
+            a.event(crate::audit::Entry::event("no_such_tool", None, args));
         }
         let text = std::fs::read_to_string(&p).unwrap();
         assert_eq!(text.lines().count(), calls.len());

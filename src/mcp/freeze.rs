@@ -83,17 +83,7 @@ pub(crate) fn target(s: &State) -> Target {
 }
 
 fn event(s: &State, tool: &str, args: &Value) {
-    s.audit.event(Entry {
-        tool,
-        toolset: None,
-        outcome: "event",
-        error_type: None,
-        duration_ms: 0,
-        request_id: String::new(),
-        client_id: None,
-        http: None,
-        args,
-    });
+    s.audit.event(Entry::event(tool, None, args));
 }
 
 /// Freezes the instance: calls are refused from the first moment, then

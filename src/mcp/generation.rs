@@ -85,16 +85,6 @@ pub(super) async fn restart(
     let generation = info.generation.clone();
     let server_pid = info.server_pid;
     state.replace(hub, info);
-    state.audit.event(audit::Entry {
-            tool: "(server-restart)",
-            toolset: None,
-            outcome: "event",
-            error_type: Some("server_gone"),
-            duration_ms: 0,
-            request_id: String::new(),
-            client_id: None,
-            http: None,
-            args: &serde_json::json!({"reason": why, "restart": n, "generation": generation, "server_pid": server_pid}),
-        });
+    state.audit.event(audit::Entry::event("(server-restart)", Some("server_gone"), &serde_json::json!({"reason": why, "restart": n, "generation": generation, "server_pid": server_pid})));
     Ok(())
 }

@@ -81,17 +81,7 @@ pub(super) fn retain(audit: &audit::Audit) -> Result<(), String> {
     };
     let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())?;
     if n > 0 {
-        audit.event(audit::Entry {
-            tool: "(audit-retention)",
-            toolset: None,
-            outcome: "event",
-            error_type: Some("retention"),
-            duration_ms: 0,
-            request_id: String::new(),
-            client_id: None,
-            http: None,
-            args: &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()}),
-        });
+        audit.event(audit::Entry::event("(audit-retention)", Some("retention"), &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()})));
     }
     Ok(())
 }

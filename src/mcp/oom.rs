@@ -59,17 +59,11 @@ impl Watch {
         if now <= seen {
             return;
         }
-        self.audit.event(Entry {
-            tool: TOOL,
-            toolset: None,
-            outcome: "event",
-            error_type: Some("oom_kill"),
-            duration_ms: 0,
-            request_id: String::new(),
-            client_id: None,
-            http: None,
-            args: &json!({"oom_kills": now, "new": now - seen}),
-        });
+        self.audit.event(Entry::event(
+            TOOL,
+            Some("oom_kill"),
+            &json!({"oom_kills": now, "new": now - seen}),
+        ));
     }
 
     /// Checks once a second until the task is dropped with the runtime.

@@ -160,15 +160,12 @@ fn write_one(audit: &Audit, ev: &Event) {
 }
 
 fn write(audit: &Audit, ok: bool, args: serde_json::Value, ms: u64) {
-    audit.proxy(Entry {
-        tool: TOOL,
-        toolset: None,
-        outcome: "event",
-        error_type: Some(if ok { "proxy_allowed" } else { "proxy_denied" }),
-        duration_ms: ms,
-        request_id: String::new(),
-        client_id: None,
-        args: &args,
-        http: None,
-    });
+    audit.proxy(
+        Entry::event(
+            TOOL,
+            Some(if ok { "proxy_allowed" } else { "proxy_denied" }),
+            &args,
+        )
+        .took(ms),
+    );
 }

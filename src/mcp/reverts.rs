@@ -59,17 +59,8 @@ impl Reverts {
                     "kept": t.kept.as_deref().map(esc),
                 })
             };
-            self.audit.event(Entry {
-                tool: TOOL,
-                toolset: None,
-                outcome: "event",
-                error_type: Some("workspace_revert"),
-                duration_ms: 0,
-                request_id: String::new(),
-                client_id: None,
-                http: None,
-                args: &args,
-            });
+            self.audit
+                .event(Entry::event(TOOL, Some("workspace_revert"), &args));
         }
         *seen = (*seen).max(all.len());
     }

@@ -296,17 +296,11 @@ async fn idle_watch(
                 "no MCP request for {} s ([mcp] http_idle_seconds): ending the instance",
                 idle.as_secs()
             );
-            state.audit.event(crate::audit::Entry {
-                tool: "(http-idle)",
-                toolset: None,
-                outcome: "event",
-                error_type: Some("idle_timeout"),
-                duration_ms: 0,
-                request_id: String::new(),
-                client_id: None,
-                http: None,
-                args: &json!({"idle_seconds": idle.as_secs()}),
-            });
+            state.audit.event(crate::audit::Entry::event(
+                "(http-idle)",
+                Some("idle_timeout"),
+                &json!({"idle_seconds": idle.as_secs()}),
+            ));
             shutdown.cancel();
             return;
         }
