@@ -1,7 +1,7 @@
 //! The command line: profiles (clear errors, exit 2, nothing starts), `check`
 //! (observed, fail closed with exit 3 and a named layer and fix).
 
-mod common;
+use crate::common;
 use common::*;
 
 fn write(dir: &std::path::Path, name: &str, body: &str) -> std::path::PathBuf {

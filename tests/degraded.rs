@@ -15,9 +15,8 @@
 //! Landlock ABI); `degraded_calls.rs`: the calls a container's seccomp
 //! profile refuses (seccomp itself, `keyctl`, `close_range`).
 
-mod common;
-#[path = "common/degraded_env.rs"]
-mod degraded_env;
+use crate::common;
+use crate::degraded_env;
 use common::*;
 use degraded_env::*;
 use sandmux::testing::Layer;

@@ -8,9 +8,8 @@
 //! Every case runs both as root and as an unprivileged uid (CI re-runs this
 //! binary as 65534).
 
-mod common;
-#[path = "common/degraded_env.rs"]
-mod degraded_env;
+use crate::common;
+use crate::degraded_env;
 use common::*;
 use degraded_env::*;
 use sandmux::testing::Layer;

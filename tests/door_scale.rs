@@ -3,37 +3,13 @@
 //! while `apply` runs writes nothing outside the workspace; every door
 //! action is a record in the instance's audit log, sealed again after it.
 
-mod common;
-#[path = "common/workspace_env.rs"]
-mod workspace_env;
+use crate::common;
+use crate::workspace_env;
 use common::*;
 use std::path::Path;
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use workspace_env::*;
-
-fn door(state: &Path, args: &[&str]) -> Output {
-    sandmux(args).env("XDG_STATE_HOME", state).output().unwrap()
-}
-
-/// The instance's audit log, verified, and its records.
-fn records(state: &Path, id: &str) -> Vec<serde_json::Value> {
-    let dir = state.join("sandmux/audit");
-    let tail = format!("-{id}.jsonl");
-    let log = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().ends_with(&tail))
-        .unwrap_or_else(|| panic!("no log named after instance {id} in {}", dir.display()));
-    let v = door(state, &["audit", "verify", log.to_str().unwrap()]);
-    assert!(v.status.success(), "verify: {}", text(&v));
-    std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
 
 /// A layer of 20,000 files in 100 directories and a 64 MiB file: `apply`
 /// brings every one in, with its content, and leaves no temporary file;
@@ -76,7 +52,7 @@ fn a_huge_layer_comes_in_whole_and_on_the_record() {
         .output()
         .unwrap();
     assert!(sum.status.success(), "{}", text(&sum));
-    let recs = records(state, &id);
+    let recs = door_records(state, &id);
     let rec = recs
         .iter()
         .find(|r| r["tool"] == "(door)" && r["error_type"] == "apply")
@@ -87,7 +63,7 @@ fn a_huge_layer_comes_in_whole_and_on_the_record() {
     assert_eq!(recs.last().unwrap()["tool"], "(sealed)");
     let d = door(state, &["discard", &id]);
     assert!(d.status.success(), "{}", text(&d));
-    let recs = records(state, &id);
+    let recs = door_records(state, &id);
     assert!(
         recs.iter().any(|r| r["error_type"] == "discard"),
         "{recs:?}"

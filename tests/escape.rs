@@ -2,9 +2,8 @@
 //! Each test also shows the attack works where the protection does not apply
 //! (a positive control), so a probe cannot pass by failing for another reason.
 
-mod common;
-#[path = "common/degraded_env.rs"]
-mod degraded_env;
+use crate::common;
+use crate::degraded_env;
 use common::*;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;

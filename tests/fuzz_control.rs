@@ -10,8 +10,7 @@
 
 use proptest::prelude::*;
 
-#[path = "common/prop.rs"]
-mod props;
+use crate::props;
 use props::check;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;

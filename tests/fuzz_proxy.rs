@@ -13,8 +13,7 @@ use sandmux::testing::hello::{self, Hello};
 use sandmux::testing::name::{canonical, Rule};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-#[path = "common/prop.rs"]
-mod props;
+use crate::props;
 use props::check;
 
 /// A valid ClientHello with some bytes flipped, cut or appended.

@@ -8,14 +8,12 @@
 
 use proptest::prelude::*;
 
-#[path = "common/prop.rs"]
-mod props;
+use crate::props;
 use props::check;
 use proptest::test_runner::TestCaseError;
 use sandmux::testing::replay_filter::{filter_all, Filter, CSI_MAX};
 
-#[path = "common/replay_spec.rs"]
-mod spec;
+use crate::spec;
 use spec::allowed;
 
 /// Sequences that act on the viewer's terminal, each terminated.

@@ -1,6 +1,6 @@
 //! `sandmux run`: one confined command, stdio passed through, status returned.
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::Write;
 use std::process::Stdio;

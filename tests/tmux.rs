@@ -1,6 +1,6 @@
 //! The confined tmux server: attacks from inside panes, checked from the host.
 
-mod common;
+use crate::common;
 use common::*;
 use std::time::Duration;
 

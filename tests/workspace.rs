@@ -9,9 +9,8 @@
 //! robustness and bounds; `workspace_git.rs`: W1 (git's control plane) and
 //! commit mode.
 
-mod common;
-#[path = "common/workspace_env.rs"]
-mod workspace_env;
+use crate::common;
+use crate::workspace_env;
 use common::*;
 use std::path::PathBuf;
 use std::process::Command;

@@ -3,9 +3,8 @@
 //! attacked from inside `sandmux run` and checked on the host with real git
 //! and patch. `workspace.rs` is live mode's guard.
 
-mod common;
-#[path = "common/workspace_env.rs"]
-mod workspace_env;
+use crate::common;
+use crate::workspace_env;
 use common::*;
 use std::path::PathBuf;
 use std::process::Command;

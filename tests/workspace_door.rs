@@ -4,9 +4,8 @@
 //! host's git made), `--on-end discard`, and the kept layers together
 //! (`ps --all`, `[workspace] keep_days` and `kept_bytes` of config.toml).
 
-mod common;
-#[path = "common/workspace_env.rs"]
-mod workspace_env;
+use crate::common;
+use crate::workspace_env;
 use common::*;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -153,6 +152,37 @@ fn on_end_discard_and_keep_and_ps_all() {
     assert!(!w.join("big").exists());
     let layers = state.join("sandmux/layers");
     assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 0);
+    // On the record, as `sandmux discard` is.
+    let gone = o.stderr();
+    let gone = gone
+        .split("discarded with layer ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no layer named in {gone}"));
+    let recs = door_records(&state, gone);
+    assert!(
+        recs.iter()
+            .any(|r| r["tool"] == "(door)" && r["error_type"] == "discard"),
+        "{recs:?}"
+    );
+    // `--on-end apply` (run's default): the apply and the layer's removal.
+    let o = run(&w)
+        .state(&state)
+        .script("echo kept > small && echo done")
+        .output();
+    let applied = o.stderr();
+    let id = applied
+        .split("changes of instance ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no removal said in {applied}"));
+    assert_eq!(std::fs::read_to_string(w.join("small")).unwrap(), "kept\n");
+    let kinds: Vec<_> = door_records(&state, id)
+        .iter()
+        .filter(|r| r["tool"] == "(door)")
+        .map(|r| r["error_type"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(kinds, ["on-end apply", "discard"], "{applied}");
     let o = run_cow(
         &w,
         "default",

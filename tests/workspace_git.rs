@@ -6,9 +6,8 @@
 //! own repository and the human fetches. Every attack has a positive
 //! control: the same script with the guard off leaves the marker.
 
-mod common;
-#[path = "common/workspace_env.rs"]
-mod workspace_env;
+use crate::common;
+use crate::workspace_env;
 use common::*;
 use std::path::Path;
 use std::process::Output;

@@ -5,7 +5,7 @@
 //! in `.git` and in guarded tool configuration; host git and direnv run
 //! afterwards. Positive control: the same attack with the guard off.
 
-mod common;
+use crate::common;
 use common::*;
 use std::os::unix::process::CommandExt;
 use std::path::Path;

@@ -6,9 +6,8 @@
 //! with a link followed. Control: a host `cat` of a planted link is caught
 //! by the same check.
 
-mod common;
-#[path = "common/workspace_env.rs"]
-mod workspace_env;
+use crate::common;
+use crate::workspace_env;
 use common::*;
 use std::path::Path;
 use std::process::Command;

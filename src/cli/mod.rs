@@ -384,8 +384,16 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     if said_over(&over) {
         policy.on_end = profile::OnEnd::Keep;
     }
+    let discarding = policy.on_end == profile::OnEnd::Discard;
     if let Some(line) = supervisor::layer::finish(&policy, &id, live) {
         tracing::warn!("{line}");
+        // A discard at the end goes on the record, as `sandmux discard` does.
+        if let (true, Some(dir)) = (discarding, &policy.layer) {
+            let removed = !dir.exists();
+            if let Some(said) = crate::door::record_end(&id, dir, &line, removed) {
+                tracing::warn!("{said}");
+            }
+        }
     }
     apply_on_end(&policy, &id, quiet);
     match status {

@@ -16,7 +16,7 @@ pub(crate) mod xattr;
 use diff::Change;
 use hold::{held, shown_name, unsafe_name, Hold};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `sandmux diff ID`: 0 when the layer holds no change, 1 when it does
 /// (as `diff(1)`), 2 when it cannot be read. `names_only`: the summary alone.
@@ -157,6 +157,25 @@ pub(crate) fn discard(id: &str) -> i32 {
     code
 }
 
+/// Records the removal of instance `id`'s layer (at `dir`) when the
+/// instance ended (`--on-end apply` once everything came in, `--on-end
+/// discard`) as a `discard` in its audit log, like `sandmux discard ID`;
+/// written after the removal. A line to say when it could not be written.
+pub(crate) fn record_end(id: &str, dir: &Path, line: &str, removed: bool) -> Option<String> {
+    match record::Record::open(id, dir) {
+        Ok(rec) => {
+            rec.done(
+                "discard",
+                &[],
+                &[line.to_string()],
+                if removed { 0 } else { 2 },
+            );
+            None
+        }
+        Err(e) => Some(format!("not recorded: {e}")),
+    }
+}
+
 /// `sandmux apply ID [PATHS…]`: 0 applied, 1 nothing to do, 3 applied
 /// what it could and left conflicts (nothing lost), 2 refused or failed.
 pub(crate) fn apply(
@@ -215,11 +234,16 @@ pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
     lines.retain(|l| !l.starts_with("applied "));
     let applied = n - lines.len();
     if !left {
+        let dir = crate::supervisor::layer::find(id).map(|(d, _)| d);
         let gone = crate::supervisor::layer::discard(id);
-        lines.push(match gone {
+        let line = match &gone {
             Ok(_) => format!("--on-end apply: {applied} changes of instance {id} applied to the workspace; its layer is removed"),
             Err(e) => format!("--on-end apply: {applied} changes applied; layer {id} could not be removed: {e}"),
-        });
+        };
+        if let Ok(dir) = dir {
+            lines.extend(record_end(id, &dir, &line, gone.is_ok()));
+        }
+        lines.push(line);
     } else {
         lines.push(format!(
             "--on-end apply: {applied} changes applied; what is listed above is left in the layer: {}",

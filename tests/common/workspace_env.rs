@@ -104,3 +104,27 @@ pub(crate) fn layer_id(stderr: &str) -> String {
         .unwrap_or_else(|| panic!("no layer id in {stderr}"))
         .to_string()
 }
+
+/// `sandmux ARGS` with `state` as `XDG_STATE_HOME`.
+pub(crate) fn door(state: &Path, args: &[&str]) -> Output {
+    sandmux(args).env("XDG_STATE_HOME", state).output().unwrap()
+}
+
+/// The instance's audit log, verified, and its records.
+pub(crate) fn door_records(state: &Path, id: &str) -> Vec<serde_json::Value> {
+    let dir = state.join("sandmux/audit");
+    let tail = format!("-{id}.jsonl");
+    let log = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(&tail))
+        .unwrap_or_else(|| panic!("no log named after instance {id} in {}", dir.display()));
+    let v = door(state, &["audit", "verify", log.to_str().unwrap()]);
+    assert!(v.status.success(), "verify: {}", text(&v));
+    std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
