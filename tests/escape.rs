@@ -335,9 +335,8 @@ fn tiocsti_injection_refused() {
     let ws = Ws::new();
     let pty = nix::pty::openpty(None, None).unwrap();
     let slave = std::fs::File::from(pty.slave);
-    let script = "python3 -c \"\nimport fcntl,os\nres=[]\nfds=[0,1,2]\ntry:\n  fds.append(os.open('/dev/tty',os.O_RDWR))\nexcept OSError as e:\n  res.append('tty:%d'%e.errno)\nfor fd in fds:\n  for req in (0x5412, 0x5412|(1<<32)):\n    try:\n      fcntl.ioctl(fd, req, b'X'); res.append('INJECTED')\n    except OSError as e:\n      res.append('%d:%d'%(fd,e.errno))\n    except OverflowError:\n      import ctypes; r=ctypes.CDLL(None,use_errno=True).syscall(16, fd, ctypes.c_ulong(req), b'X'); res.append('INJECTED' if r==0 else '%d:%d'%(fd,ctypes.get_errno()))\nprint(' '.join(res))\n\"";
     let o = run(ws.path())
-        .script(script)
+        .cmd(["python3", "-c", include_str!("probes/tiocsti.py")])
         .command()
         .stdin(slave.try_clone().unwrap())
         .stdout(std::process::Stdio::piped())
@@ -391,7 +390,7 @@ fn namespaces_mounts_and_setuid() {
 #[test]
 fn fork_bomb_is_contained() {
     let ws = Ws::new();
-    let bomb = "import os,time\npids=[]\nerr=None\nfor i in range(5000):\n  try:\n    p=os.fork()\n  except OSError as e:\n    err=e.errno\n    break\n  if p==0:\n    time.sleep(20)\n    os._exit(0)\n  pids.append(p)\nprint('forked',len(pids),'err',err,'procs',len([d for d in os.listdir('/proc') if d.isdigit()]),flush=True)\nfor p in pids:\n  os.kill(p,9)\n";
+    let bomb = include_str!("probes/fork_bomb.py");
     let child = run(ws.path())
         .cmd(["python3", "-c", bomb])
         .command()
@@ -420,64 +419,16 @@ fn fork_bomb_is_contained() {
 /// What the set-ID attack does from inside, each step printing `NAME=RESULT`
 /// (`ok` or the errno's name): every way to give a file a set-ID mode, a
 /// file capability, and special files, in the workspace.
-const SETID_ATTACK: &str = r#"cp /bin/true suid && chmod u+s suid; echo chmod_u=$?
+const SETID_ATTACK: &str = concat!(
+    r#"cp /bin/true suid && chmod u+s suid; echo chmod_u=$?
 cp /bin/true sgid && chmod 2755 sgid; echo chmod_g=$?
 mkdir setgid-dir && chmod g+s setgid-dir; echo chmod_dir=$?
 cp /bin/true plain
 python3 - <<'PY'
-import ctypes, errno, os, stat, struct
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def tr(name, f):
-    try:
-        f()
-        r = "ok"
-    except OSError as e:
-        r = errno.errorcode.get(e.errno, str(e.errno))
-    print(f"{name}={r}", flush=True)
-def make(path, flags, mode):
-    os.close(os.open(path, flags | os.O_WRONLY, mode))
-tr("open_creat", lambda: make("o-creat", os.O_CREAT, 0o4755))
-tr("open_creat_sgid", lambda: make("o-creat-g", os.O_CREAT | os.O_EXCL, 0o2755))
-tr("tmpfile", lambda: make(".", os.O_TMPFILE, 0o4755))
-def creat():
-    r = libc.syscall(85, b"creat", 0o4755)
-    if r < 0:
-        raise OSError(ctypes.get_errno(), "creat")
-    os.close(r)
-tr("creat", creat)
-fd = os.open("plain", os.O_RDONLY)
-tr("fchmod", lambda: os.fchmod(fd, 0o4755))
-tr("fchmodat", lambda: os.chmod("plain", 0o6755))
-def fchmodat2():
-    if libc.syscall(452, -100, b"plain", 0o4755, 0) < 0:
-        raise OSError(ctypes.get_errno(), "fchmodat2")
-tr("fchmodat2", fchmodat2)
-tr("mknod_reg", lambda: os.mknod("mknod-reg", stat.S_IFREG | 0o4755))
-tr("mkfifo", lambda: os.mkfifo("fifo"))
-tr("mknod_sock", lambda: os.mknod("sock-node", stat.S_IFSOCK | 0o600))
-tr("whiteout", lambda: os.mknod("whiteout", stat.S_IFCHR | 0o600, 0))
-open("to-rename", "w").close()
-def rename_whiteout():
-    if libc.syscall(316, -100, b"to-rename", -100, b"renamed", 4) < 0:
-        raise OSError(ctypes.get_errno(), "renameat2")
-tr("rename_whiteout", rename_whiteout)
-import socket
-s = socket.socket(socket.AF_UNIX)
-s.bind("bound.sock")
-print("bound=" + ("socket" if stat.S_ISSOCK(os.lstat("bound.sock").st_mode) else "?"), flush=True)
-how = ctypes.create_string_buffer(struct.pack("<QQQ", os.O_CREAT | os.O_WRONLY, 0o4755, 0))
-def openat2():
-    r = libc.syscall(437, -100, b"openat2", how, 24)
-    if r < 0:
-        raise OSError(ctypes.get_errno(), "openat2")
-    os.close(r)
-tr("openat2", openat2)
-cap = struct.pack("<IIIII", 0x02000001, 1 << 13, 0, 0, 0)
-tr("setcap", lambda: os.setxattr("plain", "security.capability", cap))
-tr("plain_chmod", lambda: os.chmod("plain", 0o750))
-PY
-echo attack-done"#;
+"#,
+    include_str!("probes/setid.py"),
+    "PY\necho attack-done"
+);
 
 /// Whether a host path carries a set-ID bit, a file capability or is a
 /// special file; its name and why, for the assertion.
