@@ -68,7 +68,7 @@ pub(crate) fn signals(
     init_pid: u32,
 ) -> Result<usize, String> {
     match b {
-        Some(b) => b.signals(op, init_pid),
+        Some(b) => b.signals(op, init_pid).map_err(|e| e.to_string()),
         None => mech::by_signals(op, init_pid),
     }
 }

@@ -69,6 +69,32 @@ enum Reply {
     Ended,
 }
 
+/// Why the supervisor could not work with its broker.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BrokerError {
+    /// The broker process could not be started.
+    #[error("starting the broker: {0}")]
+    Spawn(std::io::Error),
+    /// Its socket failed.
+    #[error("the broker: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line that is not the protocol's JSON.
+    #[error("the broker: {0}")]
+    Json(#[from] serde_json::Error),
+    /// It closed its end.
+    #[error("the broker ended")]
+    Ended,
+    /// A line over [`MAX_LINE`] bytes, or cut.
+    #[error("a broker line too long or cut")]
+    Line,
+    /// An answer to another request.
+    #[error("the broker answered out of turn")]
+    OutOfTurn,
+    /// The broker refused, saying why.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// The supervisor's end of the broker.
 pub(crate) struct Broker {
     io: Mutex<(BufReader<UnixStream>, UnixStream)>,
@@ -81,11 +107,11 @@ const SOCKET_FD: i32 = 3;
 impl Broker {
     /// Starts the broker process, before the sandbox (its start overlaps
     /// the sandbox's); it waits for [`Broker::configure`].
-    pub(crate) fn spawn() -> Result<Broker, String> {
+    pub(crate) fn spawn() -> Result<Broker, BrokerError> {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
-        let exe = std::env::current_exe().map_err(|e| format!("the broker: {e}"))?;
-        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let exe = std::env::current_exe().map_err(BrokerError::Spawn)?;
+        let (ours, theirs) = UnixStream::pair().map_err(BrokerError::Spawn)?;
         let fd = theirs.as_raw_fd();
         let mut cmd = std::process::Command::new(exe);
         cmd.arg0("sandmux-broker")
@@ -107,11 +133,9 @@ impl Broker {
                 crate::sandbox::die_with_parent()
             });
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("starting the broker: {e}"))?;
+        let child = cmd.spawn().map_err(BrokerError::Spawn)?;
         drop(theirs);
-        let read = ours.try_clone().map_err(|e| e.to_string())?;
+        let read = ours.try_clone().map_err(BrokerError::Spawn)?;
         Ok(Broker {
             io: Mutex::new((BufReader::new(read), ours)),
             pid: Pid::from_raw(child.id() as i32),
@@ -125,7 +149,7 @@ impl Broker {
         policy: &Policy,
         rundir: &Rundir,
         tmux: &Path,
-    ) -> Result<(), String> {
+    ) -> Result<(), BrokerError> {
         let config = Config {
             policy: policy.clone(),
             rundir: rundir.path.clone(),
@@ -133,30 +157,31 @@ impl Broker {
             tmux: tmux.to_path_buf(),
             cgroup: rundir.cgroup.clone(),
         };
-        let mut line = serde_json::to_vec(&config).map_err(|e| e.to_string())?;
+        let mut line = serde_json::to_vec(&config)?;
         line.push(b'\n');
         self.io
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .1
-            .write_all(&line)
-            .map_err(|e| format!("the broker: {e}"))
+            .write_all(&line)?;
+        Ok(())
     }
 
-    fn ask(&self, r: &Request) -> Result<Reply, String> {
+    fn ask(&self, r: &Request) -> Result<Reply, BrokerError> {
         let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
-        let mut line = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+        let mut line = serde_json::to_vec(r)?;
         line.push(b'\n');
-        io.1.write_all(&line)
-            .map_err(|e| format!("the broker: {e}"))?;
-        read_line(&mut io.0)?
-            .ok_or_else(|| "the broker ended".to_string())
-            .and_then(|l| serde_json::from_slice(&l).map_err(|e| e.to_string()))
+        io.1.write_all(&line)?;
+        let line = read_line(&mut io.0)?.ok_or(BrokerError::Ended)?;
+        Ok(serde_json::from_slice(&line)?)
     }
 
     /// Starts a generation in the instance's directory; the caller proves it.
     pub(crate) fn launch(&self) -> Result<Generation, StartError> {
-        match self.ask(&Request::Launch).map_err(StartError::internal)? {
+        match self
+            .ask(&Request::Launch)
+            .map_err(|e| StartError::internal(e.to_string()))?
+        {
             Reply::Launched(g) => Ok(g),
             Reply::Failed {
                 layer,
@@ -179,10 +204,10 @@ impl Broker {
         &self,
         op: crate::sandbox::freeze::Op,
         init_pid: u32,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, BrokerError> {
         match self.ask(&Request::Signals(op, init_pid))? {
-            Reply::Signalled(r) => r,
-            _ => Err("the broker answered out of turn".into()),
+            Reply::Signalled(r) => r.map_err(BrokerError::Refused),
+            _ => Err(BrokerError::OutOfTurn),
         }
     }
 
@@ -209,16 +234,13 @@ impl Drop for Broker {
 }
 
 /// One line of at most [`MAX_LINE`] bytes; `None` at the end of the stream.
-fn read_line(r: &mut BufReader<UnixStream>) -> Result<Option<Vec<u8>>, String> {
+fn read_line(r: &mut BufReader<UnixStream>) -> Result<Option<Vec<u8>>, BrokerError> {
     let mut line = Vec::new();
-    r.by_ref()
-        .take(MAX_LINE)
-        .read_until(b'\n', &mut line)
-        .map_err(|e| e.to_string())?;
+    r.by_ref().take(MAX_LINE).read_until(b'\n', &mut line)?;
     match line.last() {
         None => Ok(None),
         Some(b'\n') => Ok(Some(line)),
-        Some(_) => Err("a broker line too long or cut".into()),
+        Some(_) => Err(BrokerError::Line),
     }
 }
 
@@ -234,7 +256,7 @@ pub(crate) fn main() -> i32 {
     };
     let (mut read, mut write) = (BufReader::new(sock), write);
     let config: Config = match read_line(&mut read).and_then(|l| {
-        l.map(|l| serde_json::from_slice(&l).map_err(|e| e.to_string()))
+        l.map(|l| serde_json::from_slice(&l).map_err(BrokerError::from))
             .transpose()
     }) {
         Ok(Some(c)) => c,
