@@ -205,6 +205,19 @@ impl Host<'_> {
     fn home(&self) -> Option<PathBuf> {
         self.get("HOME").map(PathBuf::from)
     }
+
+    /// Where uv keeps its pythons: `UV_PYTHON_INSTALL_DIR`, else
+    /// `$XDG_DATA_HOME/uv/python`, else `~/.local/share/uv/python`.
+    fn uv_pythons(&self) -> Option<PathBuf> {
+        match self.get("UV_PYTHON_INSTALL_DIR") {
+            Some(d) => Some(PathBuf::from(d)),
+            None => self
+                .get("XDG_DATA_HOME")
+                .map(PathBuf::from)
+                .or_else(|| self.home().map(|h| h.join(".local/share")))
+                .map(|d| d.join("uv/python")),
+        }
+    }
 }
 
 /// Finds and checks `names` (a name given twice is lent once) against the
@@ -238,22 +251,25 @@ fn sources_outside(
 ) -> Result<(), ToolchainError> {
     let places: &[(&str, &str)] = match name {
         Toolchain::Rust => &[("RUSTUP_HOME", ".rustup")],
-        Toolchain::Python => &[
-            ("PYENV_ROOT", ".pyenv"),
-            ("UV_PYTHON_INSTALL_DIR", ".local/share/uv/python"),
-        ],
+        Toolchain::Python => &[("PYENV_ROOT", ".pyenv")],
         Toolchain::Node => &[("NVM_DIR", ".nvm"), ("NVM_BIN", "")],
         Toolchain::Go => &[("GOROOT", "")],
     };
-    for (var, rel) in places {
+    // uv's pythons, where `find` looks for them (its default follows
+    // XDG_DATA_HOME).
+    let uv = (name == Toolchain::Python)
+        .then(|| host.uv_pythons())
+        .flatten()
+        .map(|p| ("UV_PYTHON_INSTALL_DIR (or XDG_DATA_HOME)", p));
+    let named = places.iter().filter_map(|(var, rel)| {
         let at = match host.get(var) {
             Some(v) => PathBuf::from(v),
-            None if !rel.is_empty() => match host.home() {
-                Some(h) => h.join(rel),
-                None => continue,
-            },
-            None => continue,
+            None if !rel.is_empty() => host.home()?.join(rel),
+            None => return None,
         };
+        Some((*var, at))
+    });
+    for (var, at) in named.chain(uv) {
         let real = std::fs::canonicalize(&at).unwrap_or_else(|_| at.clone());
         if at.starts_with(workspace) || real.starts_with(workspace) {
             return Err(ToolchainError::Refused {

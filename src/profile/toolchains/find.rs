@@ -205,15 +205,7 @@ fn python(host: &Host<'_>, searched: &mut Vec<String>) -> Result<Option<Found>, 
             }
         }
     }
-    let uv = match host.get("UV_PYTHON_INSTALL_DIR") {
-        Some(d) => Some(PathBuf::from(d)),
-        None => host
-            .get("XDG_DATA_HOME")
-            .map(PathBuf::from)
-            .or_else(|| host.home().map(|h| h.join(".local/share")))
-            .map(|d| d.join("uv/python")),
-    };
-    if let Some(uv) = uv {
+    if let Some(uv) = host.uv_pythons() {
         searched.push(format!("uv's pythons {}", uv.display()));
         if present(Toolchain::Python, &uv, host)? {
             if let Some(d) = pick(&uv, "", "cpython-") {

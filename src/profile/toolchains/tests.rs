@@ -177,3 +177,30 @@ fn names_are_checked_and_listed() {
     assert_eq!(lent[0].env["PATH"], "/opt/go/bin");
     assert!(!lent[1].env.contains_key("PATH"));
 }
+
+/// uv's pythons where `find` looks when `UV_PYTHON_INSTALL_DIR` is unset:
+/// `$XDG_DATA_HOME/uv/python`. In the workspace, they are refused like
+/// the other toolchain homes (the agent writes them).
+#[test]
+fn uv_pythons_under_xdg_data_home_in_the_workspace_are_refused() {
+    let ws = tempfile::tempdir().unwrap();
+    let data = ws.path().join("share");
+    exe(&data.join("uv/python/cpython-3.12.1-linux-x86_64-gnu/bin/python3"));
+    let vars = [("XDG_DATA_HOME", data.display().to_string())];
+    let var = move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+    let e = lend(&[Toolchain::Python], &[], ws.path(), &host(&var)).unwrap_err();
+    let s = e.to_string();
+    assert!(
+        s.contains("XDG_DATA_HOME") && s.contains("workspace"),
+        "{s}"
+    );
+    // Outside the workspace the same variable is only where uv looks.
+    let other = tempfile::tempdir().unwrap();
+    let e = lend(&[Toolchain::Python], &[], other.path(), &host(&var));
+    assert!(
+        e.as_ref()
+            .err()
+            .is_none_or(|e| !e.to_string().contains("lies in the workspace")),
+        "{e:?}"
+    );
+}
