@@ -670,15 +670,23 @@ fn a_crash_during_apply_leaves_a_state_apply_finishes_or_undoes() {
 
 /// An apply killed after it kept the host's file in `taken/` (a hard
 /// link, which moves the file's ctime) and before it renamed the new file
-/// over it: the next apply knows the link for its own, not a change by the
-/// human, and finishes; undo gives the old bytes back. The state is made
-/// exactly as the killed apply leaves it (its journal line and its link):
-/// a kill lands in that window only by chance (it made the test above
-/// fail once in CI). Control: the link without the journal line is a
-/// conflict, left as it is.
+/// over it: the next apply knows the link for its own by the ctime it
+/// journaled (`kept`), not a change by the human, and finishes; undo gives
+/// the old bytes back. The state is made exactly as the killed apply
+/// leaves it (its journal lines and its link): a kill lands in that window
+/// only by chance (it made the test above fail once in CI). Cases:
+/// - `copy`: a copying apply's step; a torn line after it is cut;
+/// - `moved`: an `--on-end apply` step (it named the layer's file it would
+///   move; the finishing apply copies, and undo still restores);
+/// - `undo first`: `apply --undo` before anything (nothing to reverse; the
+///   steps stay), then the apply still finishes, not a conflict;
+/// - `edited` (control): the human rewrote the file in place after the
+///   kill and put its old times back: a conflict, the human's bytes stay;
+/// - `unjournaled` (control): the link alone is a conflict.
 #[test]
 fn an_apply_killed_between_keeping_and_renaming_is_finished() {
-    for journaled in [true, false] {
+    use std::os::unix::fs::MetadataExt;
+    for case in ["copy", "moved", "undo first", "edited", "unjournaled"] {
         let ws = Ws::new();
         let w = ws.path();
         put(&w.join("a.txt"), "old\n");
@@ -692,29 +700,74 @@ fn an_apply_killed_between_keeping_and_renaming_is_finished() {
         let taken = layer.join("taken/0123456789abcdef-a.txt");
         std::thread::sleep(std::time::Duration::from_millis(50));
         std::fs::hard_link(w.join("a.txt"), &taken).unwrap();
-        if journaled {
-            let step = serde_json::json!({"op": "replace", "rel": "a.txt", "taken": taken});
-            std::fs::write(layer.join("apply.jsonl"), format!("{step}\n")).unwrap();
+        let k = std::fs::metadata(&taken).unwrap();
+        let placed = match case {
+            "moved" => {
+                let l = std::fs::metadata(layer.join("upper/a.txt")).unwrap();
+                serde_json::json!({"dev": l.dev(), "ino": l.ino(), "size": l.size(),
+                    "mtime_ns": l.mtime() * 1_000_000_000 + l.mtime_nsec()})
+            }
+            _ => serde_json::Value::Null,
+        };
+        let replace =
+            serde_json::json!({"op": "replace", "rel": "a.txt", "taken": taken, "placed": placed});
+        let kept = serde_json::json!({"op": "kept", "rel": "a.txt", "taken": taken,
+            "ctime_ns": k.ctime() * 1_000_000_000 + k.ctime_nsec()});
+        if case != "unjournaled" {
+            let torn = if case == "copy" { "{\"op\":\"repl" } else { "" };
+            std::fs::write(
+                layer.join("apply.jsonl"),
+                format!("{replace}\n{kept}\n{torn}"),
+            )
+            .unwrap();
+        }
+        if case == "edited" {
+            let m = std::fs::metadata(w.join("a.txt")).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::fs::write(w.join("a.txt"), "human\n").unwrap();
+            let at = format!("@{}.{:09}", m.mtime(), m.mtime_nsec());
+            let t = std::process::Command::new("touch")
+                .args(["-m", "-d", &at])
+                .arg(w.join("a.txt"))
+                .status()
+                .unwrap();
+            assert!(t.success());
+        }
+        if case == "undo first" {
+            let mut c = sandmux(&["apply", &id, "--undo"]);
+            let u = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
+            assert!(u.status.success(), "{case}: {}", text(&u));
+            assert_eq!(std::fs::read_to_string(w.join("a.txt")).unwrap(), "old\n");
         }
         let mut c = sandmux(&["apply", &id]);
         let o = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
         let now = std::fs::read_to_string(w.join("a.txt")).unwrap();
-        if !journaled {
-            assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+        if matches!(case, "edited" | "unjournaled") {
+            assert_eq!(o.status.code(), Some(3), "{case}: {}", text(&o));
             assert!(
                 text(&o).contains("conflict a.txt (changed on the host"),
-                "{}",
+                "{case}: {}",
                 text(&o)
             );
-            assert_eq!(now, "old\n");
+            let was = if case == "edited" { "human\n" } else { "old\n" };
+            assert_eq!(now, was, "{case}");
             continue;
         }
-        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
-        assert_eq!(now, "new\n");
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "{case}: {}",
+            text(&o)
+        );
+        assert_eq!(now, "new\n", "{case}");
         let mut c = sandmux(&["apply", &id, "--undo"]);
         let u = c.env("XDG_STATE_HOME", host.path()).output().unwrap();
-        assert!(u.status.success(), "{}", text(&u));
-        assert_eq!(std::fs::read_to_string(w.join("a.txt")).unwrap(), "old\n");
+        assert!(u.status.success(), "{case}: {}", text(&u));
+        assert_eq!(
+            std::fs::read_to_string(w.join("a.txt")).unwrap(),
+            "old\n",
+            "{case}: {}",
+            text(&u)
+        );
     }
 }
 

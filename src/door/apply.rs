@@ -82,6 +82,16 @@ pub(crate) enum Step {
     },
     /// An entry removed into `taken`.
     Remove { rel: PathBuf, taken: PathBuf },
+    /// After a `Replace` kept the host's file as `taken` (a hard link,
+    /// which sets the inode's ctime): that ctime. The host's file still
+    /// that inode with that ctime is untouched since, and a later `apply`
+    /// finishes the step (one killed before its rename); no line, no
+    /// finishing: a conflict, as for any file the human changed.
+    Kept {
+        rel: PathBuf,
+        taken: PathBuf,
+        ctime_ns: i64,
+    },
 }
 
 /// The layer, the workspace and the journal of one `apply`.
@@ -97,9 +107,9 @@ pub(crate) struct Door<'a> {
     /// Files replaced or removed that git could not give back.
     pub(crate) precious: usize,
     journal: std::fs::File,
-    /// What an earlier, crashed `apply` of this layer journaled as
-    /// replaced: each path and the names it kept in `taken/`.
-    replaced_before: std::collections::HashMap<PathBuf, Vec<PathBuf>>,
+    /// What earlier applies of this layer journaled (a killed one's
+    /// steps are finished, not taken for the human's changes).
+    earlier: Vec<Step>,
 }
 
 impl<'a> Door<'a> {
@@ -114,14 +124,18 @@ impl<'a> Door<'a> {
             .append(true)
             .open(layer.join("apply.jsonl"))
             .map_err(|e| format!("the journal in {}: {e}", layer.display()))?;
+        // A torn last line (a crash, a full disk while it was written) is a
+        // step never made: cut, so the next line does not join it.
+        let text = std::fs::read(layer.join("apply.jsonl")).unwrap_or_default();
+        if text.last().is_some_and(|b| *b != b'\n') {
+            let whole = text.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+            journal
+                .set_len(whole as u64)
+                .map_err(|e| format!("cutting the journal's torn line: {e}"))?;
+        }
         std::fs::create_dir_all(layer.join("taken"))
             .map_err(|e| format!("{}: {e}", layer.join("taken").display()))?;
-        let mut replaced_before = std::collections::HashMap::<PathBuf, Vec<PathBuf>>::new();
-        for s in journaled(layer)? {
-            if let Step::Replace { rel, taken, .. } = s {
-                replaced_before.entry(rel).or_default().push(taken);
-            }
-        }
+        let earlier = journaled(layer)?;
         // 20 ms before the layer was made: a coarse ctime just after it
         // still counts as a change.
         Ok(Door {
@@ -131,17 +145,26 @@ impl<'a> Door<'a> {
             moving: None,
             precious: 0,
             journal,
-            replaced_before,
+            earlier,
         })
     }
 
     fn record(&mut self, step: &Step) -> Result<(), String> {
         let mut line = serde_json::to_vec(step).map_err(|e| e.to_string())?;
         line.push(b'\n');
-        self.journal
+        let before = self.journal.metadata().map(|m| m.len());
+        let wrote = self
+            .journal
             .write_all(&line)
-            .and_then(|()| self.journal.sync_data())
-            .map_err(|e| format!("writing the journal: {e}"))
+            .and_then(|()| self.journal.sync_data());
+        if let Err(e) = wrote {
+            // No part of a line stays to join the next one.
+            if let Ok(len) = before {
+                let _ = self.journal.set_len(len);
+            }
+            return Err(format!("writing the journal: {e}"));
+        }
+        Ok(())
     }
 
     /// Whether the host's entry at `rel` changed after the instance started.
@@ -151,21 +174,35 @@ impl<'a> Door<'a> {
         })
     }
 
-    /// Whether the host's file at `rel` (stat `h`) is the very file an
-    /// earlier apply of this layer journaled and kept in `taken/` (a hard
-    /// link) before it was killed short of the rename: the link moved its
-    /// ctime, not the human, and its content was not touched since the
-    /// instance started. Its step is in the journal already.
-    fn kept_before(&self, rel: &Path, h: &nix::sys::stat::FileStat) -> bool {
-        let mtime = (h.st_mtime as i128) * 1_000_000_000 + h.st_mtime_nsec as i128;
-        let Some(names) = self.replaced_before.get(rel) else {
-            return false;
-        };
-        mtime <= self.since_ns
-            && names.iter().any(|t| {
-                taken_stat(self.layer, t)
-                    .is_some_and(|k| (k.st_dev, k.st_ino) == (h.st_dev, h.st_ino))
-            })
+    /// The step of an earlier apply of this layer that kept the host's
+    /// file at `rel` (stat `h`) in `taken/` and was killed short of its
+    /// rename: the file is that very inode, its ctime the one the link
+    /// gave it (nothing changed it since, not even a `touch -r`), so its
+    /// ctime is the apply's, not the human's. The kept name and what the
+    /// step said it placed.
+    fn kept_before(
+        &self,
+        rel: &Path,
+        h: &nix::sys::stat::FileStat,
+    ) -> Option<(PathBuf, Option<Placed>)> {
+        let ctime = h.st_ctime * 1_000_000_000 + h.st_ctime_nsec;
+        let taken = self.earlier.iter().find_map(|s| match s {
+            Step::Kept {
+                rel: r,
+                taken,
+                ctime_ns,
+            } if r == rel && *ctime_ns == ctime => taken_stat(self.layer, taken)
+                .filter(|k| (k.st_dev, k.st_ino) == (h.st_dev, h.st_ino))
+                .map(|_| taken.clone()),
+            _ => None,
+        })?;
+        let placed = self.earlier.iter().find_map(|s| match s {
+            Step::Replace {
+                taken: t, placed, ..
+            } if *t == taken => Some(*placed),
+            _ => None,
+        })?;
+        Some((taken, placed))
     }
 
     /// Applies one change; `Ok(false)`: nothing to do (already applied).
@@ -210,14 +247,14 @@ impl<'a> Door<'a> {
     /// A file from the layer, written beside its place and renamed over it.
     fn write(&mut self, rel: &Path, replace: bool) -> Result<bool, String> {
         let host = stat_at(&self.trees.lower, rel);
-        let mut kept = false;
+        let mut kept = None;
         if let Some(h) = &host {
             let same = h.st_mode & libc::S_IFMT == libc::S_IFREG && self.same(rel);
             if same {
                 return Ok(false);
             }
-            kept = replace && self.kept_before(rel, h);
-            if !replace || (!kept && self.changed_on_host(rel)) {
+            kept = replace.then(|| self.kept_before(rel, h)).flatten();
+            if !replace || (kept.is_none() && self.changed_on_host(rel)) {
                 return Err("changed on the host since the instance started".into());
             }
         } else if replace {
@@ -253,12 +290,11 @@ impl<'a> Door<'a> {
             None => 0o644,
         };
         let (dir, name) = self.parent(rel)?;
-        if kept && self.moving.as_ref().is_some_and(|p| p.holds(rel)) {
+        if kept.is_some() && self.moving.as_ref().is_some_and(|p| p.holds(rel)) {
             self.precious += 1;
         }
-        // Moved only when this apply journals the step itself (a step an
-        // earlier apply journaled was for a copy).
-        if self.moving.is_some() && !kept {
+        // A step an earlier apply journaled is finished with a copy.
+        if self.moving.is_some() && kept.is_none() {
             if let Some(moved) = self.move_in(rel, &src, (&dir, &name), mode, host.is_some()) {
                 return moved.map(|()| true);
             }
@@ -294,8 +330,18 @@ impl<'a> Door<'a> {
             return Err(format!("copying: {e}"));
         }
         let placed = if host.is_some() {
-            if !kept {
-                self.set_aside(rel, &dir, &name, Aside::Replace(None))?;
+            match kept {
+                None => self.set_aside(rel, &dir, &name, Aside::Replace(None))?,
+                // The earlier step was for a file moved out of the layer
+                // (undo would look for that file): journaled again for
+                // this copy, with the same kept file; undo takes the newer
+                // step first and then skips the older (its kept file gone).
+                Some((taken, Some(_))) => self.record(&Step::Replace {
+                    rel: rel.into(),
+                    taken,
+                    placed: None,
+                })?,
+                Some((_, None)) => {}
             }
             renameat(&dir, &tmp, &dir, &name)
         } else {
@@ -427,7 +473,19 @@ impl<'a> Door<'a> {
                 taken,
             },
         })?;
-        self.take(&rel, dir, name, &tname, keep)
+        self.take(&rel, dir, name, &tname, keep)?;
+        if keep {
+            // The ctime the link gave the host's file, for a later apply
+            // should this one be killed before the rename.
+            if let Some(k) = taken_stat(self.layer, &tname) {
+                self.record(&Step::Kept {
+                    rel,
+                    taken: self.layer.join("taken").join(&tname),
+                    ctime_ns: k.st_ctime * 1_000_000_000 + k.st_ctime_nsec,
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// A directory the agent removed may go only when nothing below it
@@ -544,13 +602,17 @@ pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), 
     let (mut done, mut left, mut kept) = (0, Vec::new(), Vec::new());
     for s in steps.iter().rev() {
         match undo_step(trees, layer, s) {
-            Ok(()) => done += 1,
+            Ok(Undone::Done) => done += 1,
+            Ok(Undone::Stays) => kept.push(s.clone()),
             Err(e) => {
                 left.push(format!("{}: {e}", s.rel().display()));
                 kept.push(s.clone());
             }
         }
     }
+    // A `Kept` line whose kept file went back (its step undone) says
+    // nothing more.
+    kept.retain(|s| !matches!(s, Step::Kept { taken, .. } if !was_set_aside(layer, taken)));
     kept.reverse();
     let rest: String = kept
         .iter()
@@ -601,11 +663,34 @@ impl Step {
         match self {
             Step::Mkdir { rel } | Step::Create { rel, .. } => rel,
             Step::Replace { rel, .. } | Step::Remove { rel, .. } => rel,
+            Step::Kept { rel, .. } => rel,
         }
     }
 }
 
-fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
+/// What undoing one step did.
+enum Undone {
+    /// Reversed, or nothing to reverse: the step leaves the journal.
+    Done,
+    /// Nothing to reverse, and the step stays in the journal: a replace
+    /// killed before its rename (the host's file is the kept one; its
+    /// ctime is the link's, and a later `apply` finishes it by its `Kept`
+    /// line), and those lines themselves.
+    Stays,
+}
+
+fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<Undone, String> {
+    match s {
+        Step::Kept { .. } => return Ok(Undone::Stays),
+        Step::Replace { taken, .. } if still_there(t, layer, s.rel(), taken) => {
+            return Ok(Undone::Stays)
+        }
+        _ => {}
+    }
+    reverse(t, layer, s).map(|()| Undone::Done)
+}
+
+fn reverse(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
     let rel = s.rel();
     let parent = rel.parent().unwrap_or(Path::new(""));
     let name = rel.file_name().ok_or("no name")?;
@@ -626,7 +711,6 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
             .map_err(|e| format!("not removed ({e}): it holds something now")),
         // A step journaled by an apply that crashed before making it.
         Step::Create { .. } if stat_at(&t.lower, rel).is_none() => Ok(()),
-        Step::Replace { taken, .. } if still_there(t, layer, rel, taken) => Ok(()),
         // Journaled, then killed before the host's entry was set aside:
         // it was never touched.
         Step::Replace { taken, .. } | Step::Remove { taken, .. }
@@ -644,6 +728,7 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
             Err("something is there again: left".into())
         }
         Step::Remove { taken, .. } => restore(layer, taken, &dir, name.as_ref(), false),
+        Step::Kept { .. } => Ok(()),
     }
 }
 

@@ -162,14 +162,14 @@ pub(crate) fn discard(id: &str) -> i32 {
 /// discard`) as a `discard` in its audit log, like `sandmux discard ID`;
 /// written after the removal. A line to say when it could not be written.
 pub(crate) fn record_end(id: &str, dir: &Path, line: &str, removed: bool) -> Option<String> {
+    // The record's summary keeps lines by their first word.
+    let said = match removed {
+        true => format!("removed layer {id} at the end: {line}"),
+        false => format!("failed: {line}"),
+    };
     match record::Record::open(id, dir) {
         Ok(rec) => {
-            rec.done(
-                "discard",
-                &[],
-                &[line.to_string()],
-                if removed { 0 } else { 2 },
-            );
+            rec.done("discard", &[], &[said], if removed { 0 } else { 2 });
             None
         }
         Err(e) => Some(format!("not recorded: {e}")),
