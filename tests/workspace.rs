@@ -495,3 +495,31 @@ fn a_tree_past_the_walks_bound_refuses_live_mode() {
         .output();
     assert!(o.stdout().contains("ran-cow"), "{}", o.stderr());
 }
+
+/// Class 5, a revert that fails is retried while the instance runs:
+/// `.cargo/config.toml` arrives inside a directory the agent made
+/// unwritable (a supervisor that is not root cannot move it out), then the
+/// agent makes the directory writable again, which no event the watch asks
+/// for reports. The guard's recheck (on a deadline, every 2 s) takes it
+/// before the instance ends. Control: as uid 65534 the first revert really
+/// failed (the file is still there half a second later); as root the
+/// supervisor may write anywhere and the first revert already takes it.
+#[test]
+fn a_revert_that_failed_is_retried_while_the_instance_runs() {
+    let ws = Ws::new();
+    let o = run_script_live(
+        &ws,
+        "default",
+        r#"mkdir t && echo '[build]' > t/config.toml && chmod 555 t && mv t .cargo
+sleep 0.5; [ -e .cargo/config.toml ] && echo first-revert-failed
+chmod 755 .cargo 2>/dev/null
+for i in $(seq 60); do [ -e .cargo/config.toml ] || break; sleep 0.1; done
+[ -e .cargo/config.toml ] && echo still-there || echo taken-during"#,
+    );
+    let t = text(&o);
+    assert!(t.contains("taken-during"), "{t}");
+    assert!(!ws.path().join(".cargo/config.toml").exists(), "{t}");
+    if nix_uid() != 0 {
+        assert!(t.contains("first-revert-failed"), "control: {t}");
+    }
+}

@@ -20,6 +20,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A running watch; [`Watch::finish`] ends it with the end sweep.
 pub(crate) struct Watch {
@@ -230,6 +231,10 @@ struct Armed {
     unlisted: Arc<AtomicUsize>,
 }
 
+/// How often every watched path is checked again without an event
+/// ([`Armed::recheck`]).
+const RECHECK: Duration = Duration::from_secs(2);
+
 const RESTORE_UNKNOWN: u8 = 0;
 const RESTORE_ON: u8 = 1;
 const RESTORE_OFF: u8 = 2;
@@ -390,19 +395,39 @@ impl Armed {
         }
     }
 
+    /// Every watched path checked again, and every snapshot compared,
+    /// whatever the events said: a revert that failed (a directory the
+    /// agent made unwritable, then writable again, with no event the watch
+    /// asks for) or a watch that could not be added (the user's inotify
+    /// limit) is retried here.
+    fn recheck(&mut self) {
+        for i in 0..self.trees.len() {
+            self.arm(i, PathBuf::new());
+        }
+        self.restore(None);
+    }
+
     fn run(&mut self, stop: OwnedFd) {
+        // On a deadline, not on quiet: a stream of events cannot put it off.
+        let mut recheck_at = Instant::now() + RECHECK;
         loop {
+            if Instant::now() >= recheck_at {
+                self.recheck();
+                recheck_at = Instant::now() + RECHECK;
+            }
             let mut fds = [
                 PollFd::new(self.ino.as_fd(), PollFlags::POLLIN),
                 PollFd::new(stop.as_fd(), PollFlags::POLLIN),
             ];
             let mode = self.restore_mode.load(std::sync::atomic::Ordering::SeqCst);
             let waiting = !self.snapshots.is_empty() && mode == RESTORE_UNKNOWN;
-            let timeout = if waiting {
-                PollTimeout::from(50u8)
+            let until = recheck_at.saturating_duration_since(Instant::now());
+            let ms = if waiting {
+                until.min(Duration::from_millis(50))
             } else {
-                PollTimeout::NONE
+                until
             };
+            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
             match poll(&mut fds, timeout) {
                 Ok(0) => {
                     // Woken to see whether the sandbox has said how it started.
@@ -506,7 +531,8 @@ pub(crate) fn start_for(
         let t = &policy.guard.trees[0];
         let roots: Vec<PathBuf> = policy.guard.trees.iter().map(|t| t.root.clone()).collect();
         let state = state_dir(&roots).map_err(|e| refuse(e.to_string()))?;
-        let c = super::commit::prepare(&state, id, &t.root, &t.shape).map_err(refuse)?;
+        let c = super::commit::prepare(&state, id, &t.root, &t.shape)
+            .map_err(|e| refuse(e.to_string()))?;
         let at = t.root.join(".git");
         for p in ["config", "hooks", "info", "objects/info"] {
             policy.protected.push(at.join(p));
