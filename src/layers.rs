@@ -110,6 +110,50 @@ mod tests {
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
+    /// What runs inside the sandbox acts on the compiled blueprint alone:
+    /// no file of `__init`, PID 1, the payload or the pane gate names the
+    /// profile's policy (issue 25: one compiled value crosses).
+    #[test]
+    fn the_policy_does_not_cross_into_the_sandbox() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sandbox");
+        let inside = [
+            "init.rs",
+            "pid1.rs",
+            "payload.rs",
+            "pane.rs",
+            "observe.rs",
+            "uid.rs",
+            "limits.rs",
+            "env.rs",
+            "mounts",
+        ];
+        let mut files: Vec<std::path::PathBuf> = Vec::new();
+        for f in inside {
+            let p = src.join(f);
+            if p.is_dir() {
+                files.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+            } else {
+                files.push(p);
+            }
+        }
+        let mut named = Vec::new();
+        for p in files {
+            for (n, line) in std::fs::read_to_string(&p).unwrap().lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                if code.contains("Policy") {
+                    named.push(format!("{}:{}: {}", p.display(), n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(named.is_empty(), "{}", named.join("\n"));
+        assert!(
+            std::fs::read_to_string(src.join("mod.rs"))
+                .unwrap()
+                .contains("pub blueprint: plan::Blueprint,"),
+            "the Plan carries the blueprint"
+        );
+    }
+
     #[test]
     fn every_top_level_module_is_placed() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

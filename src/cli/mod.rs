@@ -40,7 +40,7 @@ fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::
     let ws = profile::check_workspace(&ws).map_err(|e| e.to_string())?;
     let mut loaded: Loaded = profile::load(&t.profile).map_err(|e| e.to_string())?;
     loaded.profile.toolchains.lend.extend(&t.toolchains);
-    let mut ctx = Context::of(ws, crate::guard::plan);
+    let mut ctx = Context::of(ws, crate::guard::planner);
     ctx.mode = t.workspace_mode;
     if loaded.may_fall_back(&ctx) {
         ctx.no_overlay = supervisor::layer::possible(&ctx.workspace)

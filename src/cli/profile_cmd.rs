@@ -85,7 +85,7 @@ pub(crate) fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
                 Ok(w) => w,
                 Err(e) => return fail(EXIT_USAGE, e),
             };
-            let mut policy = match loaded.resolve(&Context::of(ws, crate::guard::plan)) {
+            let mut policy = match loaded.resolve(&Context::of(ws, crate::guard::planner)) {
                 Ok(p) => p,
                 Err(e) => return fail(EXIT_USAGE, e),
             };

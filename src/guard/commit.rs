@@ -23,6 +23,76 @@ use std::process::Command;
 
 pub(crate) use crate::profile::guard::CommitRepo;
 
+/// What commit mode's set-up and `sandmux git fetch` fail with.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CommitError {
+    /// The workspace's `.git` is not a directory of its own.
+    #[error("[workspace] git = \"commit\" needs a workspace whose .git is a directory; {} is a {shape}", root.display())]
+    NotRepository {
+        /// The workspace.
+        root: PathBuf,
+        /// What it is instead.
+        shape: String,
+    },
+    /// A file-system step.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Host git could not be started.
+    #[error("git: {0}")]
+    Spawn(std::io::Error),
+    /// Host git failed (its stderr, printable).
+    #[error("git {args}: {stderr}")]
+    Git {
+        /// Its arguments.
+        args: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// The fetch itself failed or could not be waited for.
+    #[error("git fetch: {0}")]
+    Fetch(String),
+    /// The fetch ran past its time.
+    #[error("git fetch did not finish within {0} s; killed")]
+    Timeout(u64),
+    /// The agent's repository is not what sandmux made.
+    #[error("refusing to fetch from {}: {} (sandmux made this repository; only the agent could have changed it)", agent.display(), bad.join("; "))]
+    Changed {
+        /// The agent's repository.
+        agent: PathBuf,
+        /// What differs.
+        bad: Vec<String>,
+    },
+    /// Not an instance id (printable).
+    #[error("{0:?} is not an instance id (see sandmux ps)")]
+    NotAnId(String),
+    /// No commit-mode repository for the instance.
+    #[error("no commit-mode repository for instance {id} in {}", dir.display())]
+    NoRepository {
+        /// The instance.
+        id: String,
+        /// Where it was looked for.
+        dir: PathBuf,
+    },
+    /// The instance still runs.
+    #[error("instance {0} is still running: stop it first (sandmux stop {0}), then fetch")]
+    Running(String),
+    /// The state directory.
+    #[error(transparent)]
+    State(#[from] super::GuardError),
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CommitError {
+    let path = path.to_path_buf();
+    move |source| CommitError::Io { what, path, source }
+}
+
 /// What `git fetch ID` checks against.
 #[derive(Debug, Serialize, Deserialize)]
 struct Meta {
@@ -79,7 +149,7 @@ fn sha(b: &[u8]) -> String {
         .collect()
 }
 
-fn git_out(dir: &Path, args: &[&str]) -> Result<String, String> {
+fn git_out(dir: &Path, args: &[&str]) -> Result<String, CommitError> {
     let o = Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -87,13 +157,12 @@ fn git_out(dir: &Path, args: &[&str]) -> Result<String, String> {
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env_remove("GIT_DIR")
         .output()
-        .map_err(|e| format!("git: {e}"))?;
+        .map_err(CommitError::Spawn)?;
     if !o.status.success() {
-        return Err(format!(
-            "git {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ));
+        return Err(CommitError::Git {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        });
     }
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
@@ -104,13 +173,12 @@ pub(crate) fn prepare(
     id: &str,
     root: &Path,
     shape: &Shape,
-) -> Result<CommitRepo, String> {
+) -> Result<CommitRepo, CommitError> {
     if *shape != Shape::Repository {
-        return Err(format!(
-            "[workspace] git = \"commit\" needs a workspace whose .git is a directory; {} is a {}",
-            root.display(),
-            shape.describe()
-        ));
+        return Err(CommitError::NotRepository {
+            root: root.to_path_buf(),
+            shape: shape.describe(),
+        });
     }
     let real = root.join(".git");
     let dir = state.join("git").join(id);
@@ -119,7 +187,7 @@ pub(crate) fn prepare(
             .recursive(true)
             .mode(0o700)
             .create(p)
-            .map_err(|e| format!("creating {}: {e}", p.display()))
+            .map_err(io("creating", p))
     };
     let agent = dir.join("agent.git");
     for d in [
@@ -133,13 +201,10 @@ pub(crate) fn prepare(
         mk(&agent.join(d))?;
     }
     let origin = dir.join("origin");
-    std::os::unix::fs::symlink(&real, &origin)
-        .map_err(|e| format!("linking {}: {e}", origin.display()))?;
-    let write = |p: &str, b: &[u8]| {
-        std::fs::write(agent.join(p), b).map_err(|e| format!("writing {p}: {e}"))
-    };
-    let head = std::fs::read(real.join("HEAD"))
-        .map_err(|e| format!("reading {}/HEAD: {e}", real.display()))?;
+    std::os::unix::fs::symlink(&real, &origin).map_err(io("linking", &origin))?;
+    let write =
+        |p: &str, b: &[u8]| std::fs::write(agent.join(p), b).map_err(io("writing", Path::new(p)));
+    let head = std::fs::read(real.join("HEAD")).map_err(io("reading", &real.join("HEAD")))?;
     write("HEAD", &head)?;
     let refs = git_out(root, &["for-each-ref", "--format=%(objectname) %(refname)"])?;
     write(
@@ -188,7 +253,7 @@ pub(crate) fn prepare(
         dir.join("meta.json"),
         serde_json::to_vec(&meta).unwrap_or_default(),
     )
-    .map_err(|e| format!("writing meta.json: {e}"))?;
+    .map_err(io("writing", Path::new("meta.json")))?;
     Ok(CommitRepo {
         agent,
         real,
@@ -200,9 +265,9 @@ pub(crate) fn prepare(
 /// unknown top-level entry (`commondir`, `gitdir`, `worktrees`, …), a config
 /// or alternates file that changed, a hook, or a symlink where a directory
 /// must be.
-fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
+fn check(agent: &Path, meta: &Meta) -> Result<(), CommitError> {
     let mut bad = Vec::new();
-    let rd = std::fs::read_dir(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+    let rd = std::fs::read_dir(agent).map_err(io("reading", agent))?;
     for e in rd.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
         if !DATA.contains(&n.as_str()) {
@@ -265,11 +330,10 @@ fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
     if bad.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "refusing to fetch from {}: {} (sandmux made this repository; only the agent could have changed it)",
-            agent.display(),
-            bad.join("; ")
-        ))
+        Err(CommitError::Changed {
+            agent: agent.to_path_buf(),
+            bad,
+        })
     }
 }
 
@@ -278,7 +342,7 @@ fn check(agent: &Path, meta: &Meta) -> Result<(), String> {
 fn wait_bounded(
     mut child: std::process::Child,
     limit: std::time::Duration,
-) -> Result<std::process::Output, String> {
+) -> Result<std::process::Output, CommitError> {
     use std::io::Read;
     let drain = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
@@ -308,13 +372,10 @@ fn wait_bounded(
             Ok(None) if t0.elapsed() > limit => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "git fetch did not finish within {} s; killed",
-                    limit.as_secs()
-                ));
+                return Err(CommitError::Timeout(limit.as_secs()));
             }
             Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(e) => return Err(format!("git fetch: {e}")),
+            Err(e) => return Err(CommitError::Fetch(e.to_string())),
         }
     };
     Ok(std::process::Output {
@@ -357,28 +418,21 @@ fn next_step(workspace: &Path, id: &str) -> Option<String> {
 
 /// `sandmux git fetch ID [--prune]`: the instance's commits into
 /// `refs/sandmux/<id>/*` of the workspace's repository. Returns the lines to print.
-pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
+pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, CommitError> {
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(format!(
-            "{:?} is not an instance id (see sandmux ps)",
-            crate::term::printable(id)
-        ));
+        return Err(CommitError::NotAnId(crate::term::printable(id)));
     }
-    let state = super::quarantine::state_dir(&[]).map_err(|e| e.to_string())?;
+    let state = super::quarantine::state_dir(&[])?;
     let dir = state.join("git").join(id);
     let meta: Meta = std::fs::read(dir.join("meta.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| {
-            format!(
-                "no commit-mode repository for instance {id} in {}",
-                dir.display()
-            )
+        .ok_or_else(|| CommitError::NoRepository {
+            id: id.into(),
+            dir: dir.clone(),
         })?;
     if super::watch::is_live(&state, id) {
-        return Err(format!(
-            "instance {id} is still running: stop it first (sandmux stop {id}), then fetch"
-        ));
+        return Err(CommitError::Running(id.into()));
     }
     let agent = dir.join("agent.git");
     check(&agent, &meta)?;
@@ -402,13 +456,12 @@ pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| format!("git fetch: {e}"))?;
+        .map_err(|e| CommitError::Fetch(e.to_string()))?;
     let o = wait_bounded(child, std::time::Duration::from_secs(600))?;
     if !o.status.success() {
-        return Err(format!(
-            "git fetch: {}",
-            crate::term::printable(String::from_utf8_lossy(&o.stderr).trim())
-        ));
+        return Err(CommitError::Fetch(crate::term::printable(
+            String::from_utf8_lossy(&o.stderr).trim(),
+        )));
     }
     let refs = git_out(
         &meta.workspace,
@@ -424,7 +477,7 @@ pub(crate) fn fetch(id: &str, prune: bool) -> Result<Vec<String>, String> {
     }
     lines.extend(next_step(&meta.workspace, id));
     if prune {
-        std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+        std::fs::remove_dir_all(&dir).map_err(io("removing", &dir))?;
         lines.push(format!("removed {}", dir.display()));
     }
     Ok(lines)

@@ -10,37 +10,8 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use super::GuardError;
 pub(crate) use crate::profile::guard::Shape;
-
-impl Shape {
-    /// One phrase for reports.
-    pub(crate) fn describe(&self) -> String {
-        match self {
-            Shape::Plain => "plain directory (no git repository)".into(),
-            Shape::Repository => "git repository (.git is a directory)".into(),
-            Shape::Linked {
-                link,
-                gitdir,
-                common,
-            } => {
-                let what = if link == "worktree" {
-                    "linked worktree"
-                } else {
-                    "checkout with a separate git directory (submodule or --separate-git-dir)"
-                };
-                format!(
-                    "{what}: .git is a file naming {} (common directory {})",
-                    gitdir.display(),
-                    common.display()
-                )
-            }
-            Shape::Inside { toplevel } => format!(
-                "subdirectory of the repository at {} (its .git is outside the view)",
-                toplevel.display()
-            ),
-        }
-    }
-}
 
 /// Reads a small file without following a symlink at its last component.
 fn read_small(p: &Path) -> std::io::Result<String> {
@@ -60,17 +31,12 @@ fn resolve_in(base: &Path, written: &str) -> std::io::Result<PathBuf> {
 }
 
 /// Classifies the tree at `root` (a real, canonical directory).
-pub(crate) fn shape(root: &Path) -> Result<Shape, String> {
+pub(crate) fn shape(root: &Path) -> Result<Shape, GuardError> {
     let dotgit = root.join(".git");
     match std::fs::symlink_metadata(&dotgit) {
         Ok(m) if m.is_dir() => return Ok(Shape::Repository),
         Ok(m) if m.is_file() => return linked(root, &dotgit),
-        Ok(_) => {
-            return Err(format!(
-                "{} is neither a directory nor a file (a symlink?): remove it, or set [workspace] git = \"unguarded\"",
-                dotgit.display()
-            ))
-        }
+        Ok(_) => return Err(GuardError::NotGitEntry(dotgit)),
         Err(_) => {}
     }
     let mut up = root.parent();
@@ -85,8 +51,11 @@ pub(crate) fn shape(root: &Path) -> Result<Shape, String> {
     Ok(Shape::Plain)
 }
 
-fn linked(root: &Path, dotgit: &Path) -> Result<Shape, String> {
-    let bad = |why: String| format!("{}: {why}", dotgit.display());
+fn linked(root: &Path, dotgit: &Path) -> Result<Shape, GuardError> {
+    let bad = |why: String| GuardError::GitFile {
+        dotgit: dotgit.to_path_buf(),
+        why,
+    };
     let text = read_small(dotgit).map_err(|e| bad(e.to_string()))?;
     let written = text
         .lines()

@@ -52,6 +52,33 @@ pub(crate) enum GuardError {
     /// The watching thread, or its stop pipe, could not be made.
     #[error("the guard's thread: {0}")]
     Thread(std::io::Error),
+    /// A `.git` that is neither a directory nor a file.
+    #[error("{} is neither a directory nor a file (a symlink?): remove it, or set [workspace] git = \"unguarded\"", .0.display())]
+    NotGitEntry(PathBuf),
+    /// A `.git` file (`gitdir:`) that names no usable git directory.
+    #[error("{}: {why}", dotgit.display())]
+    GitFile {
+        /// The `.git` file.
+        dotgit: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A tree could not be walked at start.
+    #[error("scanning {} for control files: {source}", root.display())]
+    Scan {
+        /// The tree.
+        root: PathBuf,
+        /// The error.
+        source: nix::Error,
+    },
+    /// Commit mode in a workspace that is no repository of its own.
+    #[error("git = \"commit\" needs a workspace whose .git is a directory; {} is a {shape}", root.display())]
+    CommitShape {
+        /// The workspace.
+        root: PathBuf,
+        /// What it is instead.
+        shape: String,
+    },
     /// A file-system step in the state directory.
     #[error("{what} {}: {source}", path.display())]
     Io {
@@ -70,7 +97,7 @@ pub(crate) fn plan(
     names: &[PathBuf],
     git: GitMode,
     new_repositories: NewRepos,
-) -> Result<(Guard, ReadOnly), String> {
+) -> Result<(Guard, ReadOnly), GuardError> {
     let mut p = Planner {
         roots,
         names,
@@ -105,6 +132,18 @@ pub(crate) fn plan(
     Ok((guard, ReadOnly { protected, pinned }))
 }
 
+/// [`plan`] as the profile's resolution calls it
+/// (`profile::GuardPlanner`): the profile, a layer below, takes the error
+/// as text into its own.
+pub(crate) fn planner(
+    roots: &[PathBuf],
+    names: &[PathBuf],
+    git: GitMode,
+    new_repositories: NewRepos,
+) -> Result<(Guard, ReadOnly), String> {
+    plan(roots, names, git, new_repositories).map_err(|e| e.to_string())
+}
+
 /// What [`plan`] gathers across the trees.
 struct Planner<'a> {
     roots: &'a [PathBuf],
@@ -123,21 +162,23 @@ impl Planner<'_> {
     }
 
     /// One tree: its shape, what it holds at start, what is watched.
-    fn tree(&mut self, root: &PathBuf) -> Result<TreeGuard, String> {
+    fn tree(&mut self, root: &PathBuf) -> Result<TreeGuard, GuardError> {
         let shape = if self.guard_git() {
             git::shape(root)?
         } else {
             Shape::Plain
         };
-        let found = scan::walk(root, self.names, self.guard_git())
-            .map_err(|e| format!("scanning {} for control files: {e}", root.display()))?;
+        let found =
+            scan::walk(root, self.names, self.guard_git()).map_err(|source| GuardError::Scan {
+                root: root.clone(),
+                source,
+            })?;
         let workspace = root == &self.roots[0];
         if self.git == GitMode::Commit && workspace && shape != Shape::Repository {
-            return Err(format!(
-                "git = \"commit\" needs a workspace whose .git is a directory; {} is a {}",
-                root.display(),
-                shape.describe()
-            ));
+            return Err(GuardError::CommitShape {
+                root: root.clone(),
+                shape: shape.describe(),
+            });
         }
         if let Shape::Linked { gitdir, common, .. } = &shape {
             self.linked(gitdir, common);
@@ -265,73 +306,6 @@ fn configs(root: &Path, shape: &Shape, found: &scan::Found) -> Vec<(PathBuf, Opt
     out
 }
 
-impl Guard {
-    /// One line per tree for reports: its kind and how each part is guarded.
-    pub(crate) fn describe(&self, kernel: bool) -> Vec<String> {
-        let how_ro = if kernel {
-            "read-only (kernel: bind mount)"
-        } else {
-            "NOT kernel-enforced (no mount namespace)"
-        };
-        let mut out = Vec::new();
-        for t in &self.trees {
-            let mut parts = vec![format!(
-                "{}: {}",
-                printable(&t.root.to_string_lossy()),
-                t.shape.describe()
-            )];
-            match self.git {
-                GitMode::Unguarded => parts.push("git: UNGUARDED (the profile opts out: the agent can change what host git obeys)".into()),
-                GitMode::Commit | GitMode::ReadOnly => {
-                    if let Some(c) = self.commit.as_ref().filter(|_| t.root == self.trees[0].root) {
-                        parts.push(format!(
-                            "commit mode: the agent commits into {} (its config, hooks and info read-only); {} {how_ro}; bring commits in with `sandmux git fetch ID`",
-                            printable(&c.agent.to_string_lossy()),
-                            printable(&c.real.to_string_lossy())
-                        ));
-                    }
-                    if !t.at_start.repos.is_empty() {
-                        parts.push(format!("git control plane {how_ro}: {}", list(&t.at_start.repos)));
-                    }
-                    if !self.git_outside.is_empty() {
-                        parts.push(format!("git directories outside the tree {how_ro}: {}", list(&self.git_outside)));
-                    }
-                    parts.push(match self.new_repositories {
-                        NewRepos::Quarantine => "new repositories: quarantined when the instance ends; .git at the top: watched and reverted".into(),
-                        NewRepos::Allow => "new repositories: ALLOWED by the profile (left in place, listed at the end; host git obeys their config)".into(),
-                    });
-                }
-            }
-            if !t.at_start.names.is_empty() {
-                parts.push(format!(
-                    "tool configuration {how_ro}: {}",
-                    list(&t.at_start.names)
-                ));
-            }
-            if !t.watched.is_empty() {
-                parts.push(format!(
-                    "{} guarded names absent: watched and reverted when created (at the top at once, deeper when the instance ends)",
-                    t.watched.len()
-                ));
-            }
-            if !t.at_start.unreadable.is_empty() {
-                parts.push(format!(
-                    "directories that could not be read (not guarded below): {}",
-                    list(t.at_start.unreadable.iter())
-                ));
-            }
-            if !t.at_start.complete {
-                parts.push(format!(
-                    "the walk stopped after {} entries: deeper paths are not guarded",
-                    scan::MAX_ENTRIES
-                ));
-            }
-            out.push(parts.join("; "));
-        }
-        out
-    }
-}
-
 /// The guard as `sandbox_status` and `sandmux://status` show it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub(crate) struct View {
@@ -409,29 +383,6 @@ impl Guard {
             quarantine: quarantine.display().to_string(),
         }
     }
-}
-
-/// At most this many paths named in one report line (a monorepo can hold
-/// thousands of nested repositories; `sandbox_status` lists 64).
-const LISTED_IN_LINE: usize = 20;
-
-fn list<'a>(it: impl IntoIterator<Item = &'a PathBuf>) -> String {
-    let all: Vec<&PathBuf> = it.into_iter().collect();
-    let mut v: Vec<String> = all
-        .iter()
-        .take(LISTED_IN_LINE)
-        .map(|p| {
-            if p.as_os_str().is_empty() {
-                ".".into()
-            } else {
-                printable(&p.to_string_lossy())
-            }
-        })
-        .collect();
-    if all.len() > LISTED_IN_LINE {
-        v.push(format!("and {} more", all.len() - LISTED_IN_LINE));
-    }
-    v.join(", ")
 }
 
 use crate::term::printable;

@@ -16,8 +16,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// Entries visited before a walk stops (and says it stopped).
-pub(crate) const MAX_ENTRIES: usize = 1_000_000;
+pub(crate) use crate::profile::guard::MAX_ENTRIES;
 
 pub(crate) use crate::profile::guard::Found;
 

@@ -6,9 +6,13 @@
 //! reports read these types from here.
 
 use super::{GitMode, NewRepos};
+use crate::term::printable;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+
+/// Entries the guard's walk visits before it stops (and says it stopped).
+pub(crate) const MAX_ENTRIES: usize = 1_000_000;
 
 /// What kind of checkout a read-write tree is, at its root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,4 +121,124 @@ pub(crate) struct ReadOnly {
     pub protected: Vec<PathBuf>,
     /// Their parents below each tree's root, pinned (parents first).
     pub pinned: Vec<PathBuf>,
+}
+
+impl Shape {
+    /// One phrase for reports.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Shape::Plain => "plain directory (no git repository)".into(),
+            Shape::Repository => "git repository (.git is a directory)".into(),
+            Shape::Linked {
+                link,
+                gitdir,
+                common,
+            } => {
+                let what = if link == "worktree" {
+                    "linked worktree"
+                } else {
+                    "checkout with a separate git directory (submodule or --separate-git-dir)"
+                };
+                format!(
+                    "{what}: .git is a file naming {} (common directory {})",
+                    gitdir.display(),
+                    common.display()
+                )
+            }
+            Shape::Inside { toplevel } => format!(
+                "subdirectory of the repository at {} (its .git is outside the view)",
+                toplevel.display()
+            ),
+        }
+    }
+}
+
+impl Guard {
+    /// One line per tree for reports: its kind and how each part is guarded.
+    pub(crate) fn describe(&self, kernel: bool) -> Vec<String> {
+        let how_ro = if kernel {
+            "read-only (kernel: bind mount)"
+        } else {
+            "NOT kernel-enforced (no mount namespace)"
+        };
+        let mut out = Vec::new();
+        for t in &self.trees {
+            let mut parts = vec![format!(
+                "{}: {}",
+                printable(&t.root.to_string_lossy()),
+                t.shape.describe()
+            )];
+            match self.git {
+                GitMode::Unguarded => parts.push("git: UNGUARDED (the profile opts out: the agent can change what host git obeys)".into()),
+                GitMode::Commit | GitMode::ReadOnly => {
+                    if let Some(c) = self.commit.as_ref().filter(|_| t.root == self.trees[0].root) {
+                        parts.push(format!(
+                            "commit mode: the agent commits into {} (its config, hooks and info read-only); {} {how_ro}; bring commits in with `sandmux git fetch ID`",
+                            printable(&c.agent.to_string_lossy()),
+                            printable(&c.real.to_string_lossy())
+                        ));
+                    }
+                    if !t.at_start.repos.is_empty() {
+                        parts.push(format!("git control plane {how_ro}: {}", list(&t.at_start.repos)));
+                    }
+                    if !self.git_outside.is_empty() {
+                        parts.push(format!("git directories outside the tree {how_ro}: {}", list(&self.git_outside)));
+                    }
+                    parts.push(match self.new_repositories {
+                        NewRepos::Quarantine => "new repositories: quarantined when the instance ends; .git at the top: watched and reverted".into(),
+                        NewRepos::Allow => "new repositories: ALLOWED by the profile (left in place, listed at the end; host git obeys their config)".into(),
+                    });
+                }
+            }
+            if !t.at_start.names.is_empty() {
+                parts.push(format!(
+                    "tool configuration {how_ro}: {}",
+                    list(&t.at_start.names)
+                ));
+            }
+            if !t.watched.is_empty() {
+                parts.push(format!(
+                    "{} guarded names absent: watched and reverted when created (at the top at once, deeper when the instance ends)",
+                    t.watched.len()
+                ));
+            }
+            if !t.at_start.unreadable.is_empty() {
+                parts.push(format!(
+                    "directories that could not be read (not guarded below): {}",
+                    list(t.at_start.unreadable.iter())
+                ));
+            }
+            if !t.at_start.complete {
+                parts.push(format!(
+                    "the walk stopped after {} entries: deeper paths are not guarded",
+                    MAX_ENTRIES
+                ));
+            }
+            out.push(parts.join("; "));
+        }
+        out
+    }
+}
+
+/// At most this many paths named in one report line (a monorepo can hold
+/// thousands of nested repositories; `sandbox_status` lists 64).
+const LISTED_IN_LINE: usize = 20;
+
+fn list<'a>(it: impl IntoIterator<Item = &'a PathBuf>) -> String {
+    let all: Vec<&PathBuf> = it.into_iter().collect();
+    let mut v: Vec<String> = all
+        .iter()
+        .take(LISTED_IN_LINE)
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                ".".into()
+            } else {
+                printable(&p.to_string_lossy())
+            }
+        })
+        .collect();
+    if all.len() > LISTED_IN_LINE {
+        v.push(format!("and {} more", all.len() - LISTED_IN_LINE));
+    }
+    v.join(", ")
 }

@@ -281,13 +281,13 @@ pub(crate) struct Context {
     /// overlay), when the caller looked; a profile with `mount` best-effort
     /// then runs live, any other refuses to start.
     pub no_overlay: Option<String>,
-    /// The workspace guard's planner (`crate::guard::plan`): it reads the
+    /// The workspace guard's planner (`crate::guard::planner`): it reads the
     /// host's trees, a layer above the profile, so the caller hands it in.
     pub plan_guard: GuardPlanner,
 }
 
 /// Plans the workspace guard of the read-write trees `roots` with the
-/// guarded `names` (`crate::guard::plan`).
+/// guarded `names` (`crate::guard::planner`).
 pub(crate) type GuardPlanner = fn(
     roots: &[PathBuf],
     names: &[PathBuf],

@@ -212,7 +212,7 @@ impl Default for Network {
 }
 
 /// `[limits]`. Sizes are strings like "4GiB" or plain byte counts.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct Limits {
     /// RLIMIT_NOFILE.
@@ -316,7 +316,7 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// `[environment]`: what every process inside sees.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Environment {
     /// Names kept from the caller's environment; a trailing `*` matches a prefix.
@@ -328,7 +328,7 @@ pub(crate) struct Environment {
 }
 
 /// `[sandbox]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct SandboxSettings {
     /// Hostname in the UTS namespace.

@@ -139,7 +139,7 @@ fn missing_path_names_key() {
         profile: parse("t", text).unwrap(),
     };
     let err = loaded
-        .resolve(&Context::of(ws, crate::guard::plan))
+        .resolve(&Context::of(ws, crate::guard::planner))
         .unwrap_err()
         .to_string();
     assert!(
@@ -177,7 +177,7 @@ fn profile_inside_workspace_refused() {
     std::fs::write(&f, BUILTINS[0].1).unwrap();
     let loaded = load_file(&f).unwrap();
     let err = loaded
-        .resolve(&Context::of(ws, crate::guard::plan))
+        .resolve(&Context::of(ws, crate::guard::planner))
         .unwrap_err();
     assert!(matches!(err, ProfileError::InWorkspace { .. }));
 }
@@ -187,7 +187,7 @@ fn mount_order_parents_first() {
     let dir = tempfile::tempdir().unwrap();
     let ws = check_workspace(dir.path()).unwrap();
     let l = load("default").unwrap();
-    let pol = l.resolve(&Context::of(ws, crate::guard::plan)).unwrap();
+    let pol = l.resolve(&Context::of(ws, crate::guard::planner)).unwrap();
     let depths: Vec<usize> = pol.fs.iter().map(|e| e.path.components().count()).collect();
     let mut sorted = depths.clone();
     sorted.sort();
@@ -255,7 +255,7 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
         link.display()
     );
     let p = loaded(&text)
-        .resolve(&Context::of(ws.clone(), crate::guard::plan))
+        .resolve(&Context::of(ws.clone(), crate::guard::planner))
         .unwrap();
     let kind = |path: &Path| p.fs.iter().find(|e| e.path == path).map(|e| e.kind.clone());
     assert_eq!(kind(&link), Some(MountKind::Symlink(real.clone())));
@@ -267,7 +267,7 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
     std::os::unix::fs::symlink("/usr/share", &usr_link).unwrap();
     let text = text.replace("\"/usr\"", &format!("\"/usr\", \"{}\"", usr_link.display()));
     let p = loaded(&text)
-        .resolve(&Context::of(ws.clone(), crate::guard::plan))
+        .resolve(&Context::of(ws.clone(), crate::guard::planner))
         .unwrap();
     assert!(!p.fs.iter().any(|e| e.path == Path::new("/usr/share")));
     // Read-write: refused, naming the target; dangling: refused unless optional.
@@ -276,7 +276,7 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
         link.display()
     );
     let err = loaded(&rw)
-        .resolve(&Context::of(ws.clone(), crate::guard::plan))
+        .resolve(&Context::of(ws.clone(), crate::guard::planner))
         .unwrap_err()
         .to_string();
     assert!(
@@ -285,7 +285,7 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
     );
     std::fs::remove_dir(&real).unwrap();
     let err = loaded(&text)
-        .resolve(&Context::of(ws.clone(), crate::guard::plan))
+        .resolve(&Context::of(ws.clone(), crate::guard::planner))
         .unwrap_err()
         .to_string();
     assert!(err.contains("target cannot be resolved"), "{err}");
@@ -294,7 +294,7 @@ fn a_read_only_symlink_points_at_its_resolved_target_which_is_bound() {
         &format!("\"?{}\"", link.display()),
     );
     let p = loaded(&optional)
-        .resolve(&Context::of(ws, crate::guard::plan))
+        .resolve(&Context::of(ws, crate::guard::planner))
         .unwrap();
     assert!(!p.fs.iter().any(|e| e.path == link));
 }

@@ -22,7 +22,7 @@
 use super::cgroup::Placement;
 use super::plan::Blueprint;
 use super::report::{Message, Reporter};
-use super::{caps, namespaces, Plan, Wire, EXIT_INTERNAL, EXIT_LAYER};
+use super::{caps, namespaces, Plan, EXIT_INTERNAL, EXIT_LAYER};
 use crate::profile::{Layer, NetMode};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -141,7 +141,7 @@ pub(crate) fn main() -> ! {
     };
     let mut rep = Reporter::new(report);
     let mut buf = Vec::new();
-    let wire: Wire = match clean.and_then(|_| {
+    let plan: Plan = match clean.and_then(|_| {
         plan_in
             .read_to_end(&mut buf)
             .map_err(|e| e.to_string())
@@ -159,8 +159,8 @@ pub(crate) fn main() -> ! {
         }
     };
     drop(plan_in);
-    rep.notes(&wire.plan.log);
-    match outer(&wire.plan, &wire.blueprint, &mut rep) {
+    rep.notes(&plan.log);
+    match outer(&plan, &plan.blueprint, &mut rep) {
         Ok(code) => std::process::exit(code),
         Err(stop) => {
             std::process::exit(fatal(&mut rep, stop, EXIT_INTERNAL));
@@ -190,7 +190,7 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
     join_cgroup(plan, &mut layers)?;
     layers.rep.note(|| "init: the namespaces".into());
     let ns = namespaces(plan, &mut layers)?;
-    proxy_listener(&plan.policy, &ns)?;
+    proxy_listener(bp.net.mode, &ns)?;
     layers.rep.note(|| "init: forking PID 1".into());
     fork_pid1(plan, bp, &ns, layers)
 }
@@ -198,7 +198,7 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
 /// Step 1: the cgroup (created by the supervisor), joined before any
 /// namespace exists.
 fn join_cgroup(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
-    let limits = &plan.policy.limits;
+    let limits = &plan.blueprint.limits;
     match &plan.cgroup {
         Placement::In(cg) => {
             cg.join_self().map_err(|e| Stop {
@@ -225,17 +225,17 @@ fn join_cgroup(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
 /// procfs would be refused and the profile lets pid go); then the
 /// single-id user mapping.
 fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Created, Stop> {
-    let policy = &plan.policy;
-    let no_pid = policy
-        .best_effort
+    let bp = &plan.blueprint;
+    let no_pid = bp
+        .best_effort()
         .contains(&Layer::Pid)
         .then(namespaces::proc_covered)
         .flatten();
-    let ns = namespaces::create(policy.network.mode, no_pid);
+    let ns = namespaces::create(bp.net.mode, no_pid);
     for (layer, why) in &ns.missing {
         layers.missing(*layer, why.clone())?;
     }
-    if policy.network.mode == NetMode::Host {
+    if bp.net.mode == NetMode::Host {
         // The profile chose this: reported as dropped whatever best_effort says.
         layers.rep.send(&Message::Dropped {
             layer: Layer::Net,
@@ -243,14 +243,14 @@ fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Create
         });
     }
     if ns.has(Layer::Userns) {
-        namespaces::write_id_maps(policy.sandbox.uid, plan.host_uid, plan.host_gid).map_err(
-            |e| Stop {
+        namespaces::write_id_maps(bp.identity.uid, plan.host_uid, plan.host_gid).map_err(|e| {
+            Stop {
                 unavailable: false,
                 layer: Some(Layer::Userns),
                 message: format!("writing the id maps: {e}"),
-            },
-        )?;
-        let l = &policy.limits;
+            }
+        })?;
+        let l = &bp.limits;
         // Where /proc/sys cannot be written (a container runtime's masks)
         // the cap is said to be missing, not fatal: the runtime's own
         // limits are the host's there, and the layers a masked /proc
@@ -263,7 +263,7 @@ fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Create
             Layer::Userns,
             format!(
                 "host uid {} → uid {} inside, nothing else mapped; {inotify}",
-                plan.host_uid, policy.sandbox.uid
+                plan.host_uid, bp.identity.uid
             ),
         );
     }
@@ -277,8 +277,8 @@ fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Create
 
 /// Step 2b: proxy mode's listener is made here, in the new network
 /// namespace, and handed to the supervisor, which serves it.
-fn proxy_listener(policy: &crate::profile::Policy, ns: &namespaces::Created) -> Result<(), Stop> {
-    if policy.network.mode != NetMode::Proxy {
+fn proxy_listener(mode: NetMode, ns: &namespaces::Created) -> Result<(), Stop> {
+    if mode != NetMode::Proxy {
         return Ok(());
     }
     if !ns.has(Layer::Net) {
@@ -338,7 +338,7 @@ fn fork_pid1(
 fn relay_privileges(plan: &Plan, ns: &namespaces::Created) -> Result<(), String> {
     if !ns.has(Layer::Userns)
         && nix::unistd::geteuid().is_root()
-        && super::uid::drop_uid(super::uid::target(&plan.policy)).is_ok()
+        && super::uid::drop_uid(super::uid::target(&plan.blueprint)).is_ok()
     {
         return caps::set_nondumpable();
     }

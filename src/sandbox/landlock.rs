@@ -13,6 +13,7 @@
 //! lower ABI lacks are listed in the report; a required layer whose feature is
 //! missing refuses start-up.
 
+use super::net::Net;
 use crate::profile::{Layer, MountKind, NetMode, Policy};
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
@@ -118,10 +119,10 @@ pub(crate) fn abi_of(n: u8) -> ABI {
     }
 }
 
-/// The effective ABI for a policy (the kernel's, capped by the profile's pin).
-pub(crate) fn effective_abi(policy: &Policy) -> (u8, u8) {
+/// The effective ABI (the kernel's, capped by the profile's pin).
+pub(crate) fn effective_abi(pin: Option<u8>) -> (u8, u8) {
     let k = kernel_abi();
-    let e = match policy.landlock_abi {
+    let e = match pin {
         Some(pin) => k.min(pin),
         None => k,
     };
@@ -272,11 +273,12 @@ fn access_for(grant: Grant, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
 /// one, `none` and `loopback` fall back to Landlock denying every TCP bind and
 /// connect (the best Landlock can do; UDP stays open and the report says so).
 pub(crate) fn restrict(
-    policy: &Policy,
+    abi_pin: Option<u8>,
+    net: &Net,
     rules: &[(PathBuf, Grant)],
     net_isolated: bool,
 ) -> Result<Outcome, (Layer, String)> {
-    let (kernel, eff) = effective_abi(policy);
+    let (kernel, eff) = effective_abi(abi_pin);
     if eff == 0 {
         return Err((
             Layer::Landlock,
@@ -284,13 +286,14 @@ pub(crate) fn restrict(
         ));
     }
     let abi = abi_of(eff);
-    let want_net = policy.network.mode == NetMode::Host || !net_isolated;
+    let want_net = net.mode == NetMode::Host || !net_isolated;
+    let ports = net;
     let net = want_net && eff >= 4;
     let scoped = eff >= 6;
     let created = ruleset(abi, net, scoped)?;
     let created = add_paths(created, rules, abi)?;
     let created = if net {
-        add_ports(created, policy)?
+        add_ports(created, ports)?
     } else {
         created
     };
@@ -372,16 +375,13 @@ fn add_paths(
 }
 
 /// The profile's TCP connect and bind ports.
-fn add_ports(
-    mut created: RulesetCreated,
-    policy: &Policy,
-) -> Result<RulesetCreated, (Layer, String)> {
-    for &p in &policy.network.connect_tcp {
+fn add_ports(mut created: RulesetCreated, net: &Net) -> Result<RulesetCreated, (Layer, String)> {
+    for &p in &net.connect_tcp {
         created = created
             .add_rule(NetPort::new(p, AccessNet::ConnectTcp))
             .map_err(err(Layer::LandlockNet))?;
     }
-    for &p in &policy.network.bind_tcp {
+    for &p in &net.bind_tcp {
         created = created
             .add_rule(NetPort::new(p, AccessNet::BindTcp))
             .map_err(err(Layer::LandlockNet))?;

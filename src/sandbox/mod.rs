@@ -72,17 +72,14 @@ pub(crate) enum Payload {
     },
 }
 
-/// Everything `sandmux __init` needs, sent as JSON on fd 3.
+/// Everything `sandmux __init` needs, sent as JSON on fd 3: the compiled
+/// [`plan::Blueprint`] and this start's facts on the host.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Plan {
-    /// The resolved profile.
-    pub policy: Policy,
+    /// The policy, compiled (with tmux mode's host view, if it may need one).
+    pub blueprint: plan::Blueprint,
     /// This instance's private runtime directory on the host.
     pub rundir: PathBuf,
-    /// Tmux mode: where its files go on the host when there is no mount
-    /// view (`hostview`; made only then).
-    #[serde(default)]
-    pub host_view: Option<PathBuf>,
     /// The supervisor's pid (the init checks it is still its parent).
     pub supervisor_pid: i32,
     /// Caller's uid on the host.
@@ -103,20 +100,6 @@ pub(crate) struct Plan {
     /// `SANDMUX_LOG` from, and no stderr of its own to write to.
     #[serde(default)]
     pub log: String,
-}
-
-/// What `sandmux __init` receives on fd 3: the plan and its compiled steps.
-#[derive(Serialize)]
-struct WireOut<'a> {
-    plan: &'a Plan,
-    blueprint: &'a plan::Blueprint,
-}
-
-/// The init side of [`WireOut`].
-#[derive(Deserialize)]
-pub(crate) struct Wire {
-    pub(crate) plan: Plan,
-    pub(crate) blueprint: plan::Blueprint,
 }
 
 /// The plan's payload, as the compiled plan needs it.
@@ -308,7 +291,7 @@ pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     let exe = std::env::current_exe().map_err(internal)?;
     let (plan_r, plan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
     let (rep_r, rep_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(internal)?;
-    let chan = if plan.policy.network.mode == crate::profile::NetMode::Proxy {
+    let chan = if plan.blueprint.net.mode == crate::profile::NetMode::Proxy {
         Some(std::os::unix::net::UnixStream::pair().map_err(internal)?)
     } else {
         None
@@ -317,7 +300,7 @@ pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     let child = spawn_init(&exe, stdio, plan_r.as_raw_fd(), rep_w.as_raw_fd(), theirs)?;
     drop((plan_r, rep_w));
     let chan = chan.map(|(ours, _theirs)| ours);
-    send_plan(plan, &exe, plan_w)?;
+    send_plan(plan, plan_w)?;
     let report = std::fs::File::from(rep_r);
     let messages = report::read_until_done(&report);
     report::log(&messages);
@@ -382,22 +365,9 @@ fn spawn_init(
         .map_err(|e| internal(format!("starting sandmux __init: {e}")))
 }
 
-/// The plan and its compiled steps (with the host view tmux mode falls
-/// back to), as JSON on the plan pipe.
-fn send_plan(
-    plan: &Plan,
-    exe: &std::path::Path,
-    w: std::os::fd::OwnedFd,
-) -> Result<(), StartError> {
-    let mut blueprint = plan::compile(&plan.policy, mode_of(&plan.payload));
-    if let Some(dir) = &plan.host_view {
-        blueprint.host_view = Some(plan::host_view(&plan.policy, dir, exe));
-    }
-    let json = serde_json::to_vec(&WireOut {
-        plan,
-        blueprint: &blueprint,
-    })
-    .map_err(internal)?;
+/// The plan, as JSON on the plan pipe.
+fn send_plan(plan: &Plan, w: std::os::fd::OwnedFd) -> Result<(), StartError> {
+    let json = serde_json::to_vec(plan).map_err(internal)?;
     std::fs::File::from(w)
         .write_all(&json)
         .map_err(|e| internal(format!("sending the plan: {e}")))

@@ -8,6 +8,20 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 pub(crate) use crate::profile::allow::LISTEN;
+use crate::profile::NetMode;
+use serde::{Deserialize, Serialize};
+
+/// The network as the sandbox applies it, compiled from `[network]`: the
+/// mode, and the TCP ports Landlock opens where the mode needs them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Net {
+    /// none | loopback | host | proxy.
+    pub mode: NetMode,
+    /// TCP ports that may be connected to.
+    pub connect_tcp: Vec<u16>,
+    /// TCP ports that may be bound.
+    pub bind_tcp: Vec<u16>,
+}
 
 /// The descriptor `__init` gets in proxy mode: a Unix socket to the supervisor.
 pub(crate) const PROXY_FD: i32 = 5;

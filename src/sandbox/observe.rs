@@ -2,7 +2,8 @@
 //! --probe`) and tries what an agent would try. Each observation records what
 //! the kernel answered; the supervisor prints them as they are.
 
-use crate::profile::{NetMode, Policy};
+use super::plan::Blueprint;
+use crate::profile::NetMode;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -61,7 +62,7 @@ fn try_create(p: &Path) -> Result<(), std::io::Error> {
 
 /// Runs every probe; `own` is the sandbox's own directory (`/run/sandmux`
 /// in the mount view).
-pub(crate) fn run(policy: &Policy, own: &Path) -> Vec<Observation> {
+pub(crate) fn run(bp: &Blueprint, own: &Path) -> Vec<Observation> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|rd| {
@@ -70,29 +71,29 @@ pub(crate) fn run(policy: &Policy, own: &Path) -> Vec<Observation> {
                 .collect()
         })
         .unwrap_or_default();
-    let mut v = identity(policy, &status);
+    let mut v = identity(bp, &status);
     v.push(pid_view(&pids));
-    v.push(hostname(policy));
-    v.extend(writes(policy, own));
-    v.extend(protected_paths(policy));
+    v.push(hostname(bp));
+    v.extend(writes(bp, own));
+    v.extend(protected_paths(bp));
     v.extend(secrets());
-    v.push(tcp_probe(policy));
+    v.push(tcp_probe(bp));
     v.extend(tmux_socket(own));
     v.extend(server_reach(&pids));
     v.extend(signal_pid1());
     v.push(tiocsti_probe());
     v.extend(kernel_refusals());
-    v.extend(environment(policy));
+    v.extend(environment(bp));
     v
 }
 
 /// Who the probe is: uid, no_new_privs, capabilities, seccomp.
-fn identity(policy: &Policy, status: &str) -> Vec<Observation> {
+fn identity(bp: &Blueprint, status: &str) -> Vec<Observation> {
     let mut v = Vec::new();
     let uid = nix::unistd::getuid().as_raw();
     v.push(obs(
         "identity",
-        uid != 0 && uid == policy.sandbox.uid,
+        uid != 0 && uid == bp.identity.uid,
         format!("uid {uid}, gid {}", nix::unistd::getgid()),
     ));
 
@@ -136,15 +137,15 @@ fn pid_view(pids: &[u32]) -> Observation {
 }
 
 /// The sandbox's hostname.
-fn hostname(policy: &Policy) -> Observation {
+fn hostname(bp: &Blueprint) -> Observation {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    obs("hostname", host == policy.sandbox.hostname, host)
+    obs("hostname", host == bp.identity.hostname, host)
 }
 
 /// Writes outside the workspace fail; inside it they work.
-fn writes(policy: &Policy, own: &Path) -> Vec<Observation> {
+fn writes(bp: &Blueprint, own: &Path) -> Vec<Observation> {
     let mut v = Vec::new();
     let mut outside = Vec::new();
     let mut all_refused = true;
@@ -165,14 +166,15 @@ fn writes(policy: &Policy, own: &Path) -> Vec<Observation> {
         outside.join("; "),
     ));
 
-    let ws_probe = policy
+    let ws_probe = bp
+        .paths
         .workspace
         .join(format!(".sandmux-probe-{}", std::process::id()));
     match try_create(&ws_probe) {
         Ok(()) => v.push(obs(
             "write_workspace",
             true,
-            format!("{}: created and removed", policy.workspace.display()),
+            format!("{}: created and removed", bp.paths.workspace.display()),
         )),
         Err(e) => v.push(obs("write_workspace", false, errno_of(&e))),
     }
@@ -181,11 +183,11 @@ fn writes(policy: &Policy, own: &Path) -> Vec<Observation> {
 }
 
 /// Protected paths are read-only.
-fn protected_paths(policy: &Policy) -> Vec<Observation> {
+fn protected_paths(bp: &Blueprint) -> Vec<Observation> {
     let mut v = Vec::new();
     let mut prot = Vec::new();
     let mut prot_ok = true;
-    for p in &policy.protected {
+    for p in &bp.protected {
         let target = if p.is_dir() {
             p.join(".sandmux-probe")
         } else {
@@ -369,18 +371,18 @@ fn kernel_refusals() -> Vec<Observation> {
 }
 
 /// Only allowlisted variables are in the environment.
-fn environment(policy: &Policy) -> Vec<Observation> {
+fn environment(bp: &Blueprint) -> Vec<Observation> {
     let mut v = Vec::new();
     let names: Vec<String> = std::env::vars_os()
         .map(|(k, _)| k.to_string_lossy().into_owned())
         .collect();
     let allowed = |n: &str| {
-        policy.environment.set.contains_key(n)
+        bp.environment.set.contains_key(n)
             || n == "PATH"
             || n == "PWD"
             || n == "SHLVL"
             || n == "_"
-            || policy
+            || bp
                 .environment
                 .keep
                 .iter()
@@ -402,7 +404,7 @@ fn environment(policy: &Policy) -> Vec<Observation> {
     v
 }
 
-fn tcp_probe(policy: &Policy) -> Observation {
+fn tcp_probe(bp: &Blueprint) -> Observation {
     use std::net::{SocketAddr, TcpStream};
     // Port 9 (discard) on loopback: never a real service, never off this machine.
     let addr: SocketAddr = "127.0.0.1:9".parse().expect("literal address");
@@ -412,7 +414,7 @@ fn tcp_probe(policy: &Policy) -> Observation {
         Err(e) => errno_of(e),
     };
     let code = r.as_ref().err().and_then(|e| e.raw_os_error());
-    let passed = match policy.network.mode {
+    let passed = match bp.net.mode {
         // A refused connect alone cannot tell the sandbox's loopback from
         // the host's: the namespace must also have no interface but `lo`.
         NetMode::None | NetMode::Loopback | NetMode::Proxy if !only_loopback() => false,
@@ -420,7 +422,7 @@ fn tcp_probe(policy: &Policy) -> Observation {
             code == Some(libc::ECONNREFUSED) || r.is_ok()
         }
         NetMode::Host => {
-            if policy.network.connect_tcp.contains(&9) {
+            if bp.net.connect_tcp.contains(&9) {
                 true
             } else {
                 matches!(code, Some(libc::EACCES) | Some(libc::EPERM))
@@ -432,8 +434,8 @@ fn tcp_probe(policy: &Policy) -> Observation {
         passed,
         format!(
             "mode {}: 127.0.0.1:9: {observed}{}",
-            policy.network.mode.name(),
-            if policy.network.mode != NetMode::Host && !only_loopback() {
+            bp.net.mode.name(),
+            if bp.net.mode != NetMode::Host && !only_loopback() {
                 "; interfaces besides lo are visible (not the sandbox's own network namespace)"
             } else {
                 ""
@@ -485,8 +487,8 @@ fn tiocsti_probe() -> Observation {
 }
 
 /// Runs the probe and prints the framed JSON on stdout.
-pub(crate) fn run_and_print(policy: &Policy, own: &Path) {
-    let obs = run(policy, own);
+pub(crate) fn run_and_print(bp: &Blueprint, own: &Path) {
+    let obs = run(bp, own);
     let json = serde_json::to_string(&obs).unwrap_or_else(|_| "[]".into());
     // ASCII only, so the terminal passes it through unchanged.
     let ascii: String = json

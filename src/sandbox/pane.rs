@@ -8,7 +8,8 @@
 //!
 //! 1. reads its configuration from `gate.json` beside tmux's socket directory
 //!    (`/run/sandmux/gate.json` in the mount view, the host view's without one;
-//!    written by PID 1);
+//!    written by PID 1): the sandbox's compiled blueprint, the same value
+//!    PID 1 acts on, and which view's files it is in;
 //! 2. rebuilds the environment: what tmux passes (the sandbox's own, already
 //!    reduced to the profile's allowlist, plus variables sandmux's tools set
 //!    after checking them) minus `TMUX`, `TMUX_PANE`, loader and session-bus
@@ -25,8 +26,9 @@
 //! the sandbox seccomp filter already forbids
 //! new namespaces and mounts, so the gate needs no privilege of its own.
 
+use super::plan::Blueprint;
 use super::{env, landlock};
-use crate::profile::{Layer, Policy};
+use crate::profile::Layer;
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 
@@ -39,8 +41,8 @@ const CONFIG: &str = "/run/sandmux/gate.json";
 /// Configuration the gate reads.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct GateConfig {
-    /// The resolved policy.
-    pub policy: Policy,
+    /// The sandbox, compiled (the same value PID 1 acts on).
+    pub blueprint: Blueprint,
     /// Where the sandbox's own files are (the mount view's `/run/sandmux`
     /// unless PID 1 made a host view).
     #[serde(default)]
@@ -145,32 +147,39 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
     let text = std::fs::read(&config).unwrap_or_else(|e| fail(&format!("cannot read {at}: {e}")));
     let cfg: GateConfig =
         serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {at}: {e}")));
-    let policy = &cfg.policy;
-    let pane_rules = landlock::rules(policy, landlock::Role::Pane, &cfg.own);
+    let bp = &cfg.blueprint;
+    let pane_rules = bp
+        .rules_for(landlock::Role::Pane, &cfg.own)
+        .unwrap_or_else(|| {
+            fail(&format!(
+                "{at} names a view the sandbox was not compiled for"
+            ))
+        });
+    let best_effort = bp.best_effort();
 
-    let mut env = env::gate(&policy.environment, std::env::vars_os());
+    let mut env = env::gate(&bp.environment, std::env::vars_os());
     if !matches!(req, Request::Probe) {
         add_run_functions(&mut env);
     }
     // TCP rules, when needed, are already in the server's layer, which panes inherit.
-    match landlock::restrict(policy, &pane_rules, true) {
+    match landlock::restrict(bp.landlock_abi, &bp.net, &pane_rules, true) {
         Ok(o) => {
             for (l, why) in o.missing {
-                if !policy.best_effort.contains(&l) {
+                if !best_effort.contains(&l) {
                     fail(&format!("required layer {l} unavailable: {why}"));
                 }
             }
         }
         Err((l, why))
-            if !policy.best_effort.contains(&l)
-                || l == Layer::Landlock && !policy.best_effort.contains(&Layer::LandlockScope) =>
+            if !best_effort.contains(&l)
+                || l == Layer::Landlock && !best_effort.contains(&Layer::LandlockScope) =>
         {
             fail(&format!("required layer {l} unavailable: {why}"))
         }
         Err(_) => {}
     }
 
-    let shell = OsString::from(&policy.sandbox.shell);
+    let shell = OsString::from(&bp.identity.shell);
     let (prog, argv): (OsString, Vec<OsString>) = match req {
         Request::Interactive => {
             let base = std::path::Path::new(&shell)
@@ -189,7 +198,7 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
             for (k, v) in &env {
                 std::env::set_var(k, v);
             }
-            super::observe::run_and_print(policy, &cfg.own.dir);
+            super::observe::run_and_print(bp, &cfg.own.dir);
             // Stay until the reader kills the pane: a pane that exits at once can lose
             // its last output. The alarm bounds the wait if nobody does.
             // SAFETY: alarm(2) takes an integer only.

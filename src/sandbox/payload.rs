@@ -6,7 +6,7 @@ use super::init::{Layers, Stop};
 use super::plan::{Blueprint, HostView};
 use super::report::Message;
 use super::{caps, landlock, seccomp, Payload, Plan};
-use crate::profile::{Layer, NetMode, Policy};
+use crate::profile::{Layer, NetMode};
 use nix::sys::signal::{SigSet, Signal};
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -50,7 +50,7 @@ impl<'a> Job<'a> {
                     paths.socket.clone().into_os_string(),
                 ],
                 landlock::Role::Server,
-                plan.policy.workspace.clone(),
+                bp.paths.workspace.clone(),
             ),
         };
         let rules = landlock
@@ -119,7 +119,7 @@ pub(super) fn confine_and_exec(
     x: Exec<'_>,
     layers: &mut Layers<'_>,
 ) -> Result<Never, Stop> {
-    let policy = &plan.policy;
+    let bp = &plan.blueprint;
     let setup =
         |what: &'static str| move |e: nix::Error| super::init::internal(what)(e.to_string());
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(setup("PR_SET_PDEATHSIG"))?;
@@ -136,7 +136,7 @@ pub(super) fn confine_and_exec(
     if !x.job.pre_confined {
         drop_privileges(layers)?;
     }
-    restrict(policy, &x.job.rules, x.net_isolated, layers)?;
+    restrict(bp, &x.job.rules, x.net_isolated, layers)?;
     if !x.job.pre_confined {
         filter(layers, x.filters)?;
     }
@@ -145,13 +145,13 @@ pub(super) fn confine_and_exec(
 
 /// The Landlock layer and its sub-layers (TCP rules, scopes).
 fn restrict(
-    policy: &Policy,
+    bp: &Blueprint,
     rules: &[(PathBuf, landlock::Grant)],
     net_isolated: bool,
     layers: &mut Layers<'_>,
 ) -> Result<(), Stop> {
-    let host = policy.network.mode == NetMode::Host;
-    match landlock::restrict(policy, rules, net_isolated) {
+    let host = bp.net.mode == NetMode::Host;
+    match landlock::restrict(bp.landlock_abi, &bp.net, rules, net_isolated) {
         Ok(o) => {
             layers.ok(Layer::Landlock, o.detail.clone());
             if host && o.net {
@@ -165,8 +165,8 @@ fn restrict(
                     Layer::LandlockNet,
                     format!(
                         "connect tcp [{}], bind tcp [{}]",
-                        ports(&policy.network.connect_tcp),
-                        ports(&policy.network.bind_tcp)
+                        ports(&bp.net.connect_tcp),
+                        ports(&bp.net.bind_tcp)
                     ),
                 );
             }

@@ -4,11 +4,11 @@
 
 use super::init::{fatal, internal, relay_signals, Layers, Stop};
 use super::payload::{self, Exec};
-use super::plan::{Blueprint, HostView};
+use super::plan::{Blueprint, GitStep, HostView, MountNeed};
 use super::report::{Message, Reporter};
 use super::{caps, fds, keyring, limits, mounts, namespaces, net, seccomp};
 use super::{Payload, Plan};
-use crate::profile::{Layer, NetMode, Policy};
+use crate::profile::{Layer, NetMode};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
@@ -20,7 +20,6 @@ pub(super) fn run(
     ns: &namespaces::Created,
     rep: &mut Reporter,
 ) -> Result<i32, Stop> {
-    let policy = &plan.policy;
     // With a pid namespace, PID 1's end ends everything inside. Without
     // one it must live to end what is left: the relay's death is a SIGTERM
     // that `reap` sees come from an orphaned PID 1.
@@ -44,8 +43,8 @@ pub(super) fn run(
     layers
         .rep
         .note(|| "PID 1: the git guard, hostname and loopback".into());
-    git_guard(policy, ns, &mut layers)?;
-    hostname_and_loopback(policy, ns, &mut layers)?;
+    git_guard(&bp.git, ns, &mut layers)?;
+    hostname_and_loopback(bp, ns, &mut layers)?;
     layers
         .rep
         .note(|| "PID 1: rlimits, keyring, session, descriptors".into());
@@ -113,7 +112,6 @@ fn mount_view(
     if !ns.has(Layer::Mount) {
         return Ok(());
     }
-    let policy = &plan.policy;
     let sources = mounts::Sources {
         newroot: &plan.rundir.join("root"),
         host_sock_dir: &plan.rundir.join("sock"),
@@ -128,11 +126,11 @@ fn mount_view(
         Layer::Mount,
         format!(
             "fresh root; {} entries, {} masked, {} protected paths read-only ({} parents pinned), {} git directories outside bound read-only",
-            policy.fs.len(),
+            bp.counts.entries,
             built.masked.len(),
             built.protected.len(),
-            policy.pinned.len(),
-            policy.guard.git_outside.len(),
+            bp.counts.pinned,
+            bp.counts.git_outside,
         ),
     );
     Ok(())
@@ -140,37 +138,35 @@ fn mount_view(
 
 /// Step 4b: The git guard rides on the mount view (P8).
 fn git_guard(
-    policy: &Policy,
+    step: &GitStep,
     ns: &namespaces::Created,
     layers: &mut Layers<'_>,
 ) -> Result<(), Stop> {
-    if policy.guard.git == crate::profile::GitMode::Unguarded {
-        layers.rep.send(&Message::Dropped {
-            layer: Layer::Git,
-            reason: "UNGUARDED by the profile ([workspace] git = \"unguarded\"): the agent can change what host git obeys".into(),
-        });
-        return Ok(());
-    }
-    if policy.layer.is_some() && !ns.has(Layer::Mount) {
-        return Err(Stop {
+    let (needs_mount, said) = match step {
+        GitStep::Unguarded => {
+            layers.rep.send(&Message::Dropped {
+                layer: Layer::Git,
+                reason: "UNGUARDED by the profile ([workspace] git = \"unguarded\"): the agent can change what host git obeys".into(),
+            });
+            return Ok(());
+        }
+        GitStep::Guarded { needs_mount, said } => (needs_mount, said),
+    };
+    match needs_mount {
+        Some(MountNeed::Layer) if !ns.has(Layer::Mount) => return Err(Stop {
             unavailable: true,
             layer: Some(Layer::Mount),
             message: "[workspace] mode = \"copy-on-write\" needs a mount namespace (the layer is an overlay over the workspace); without one, use mode = \"live\"".into(),
-        });
-    }
-    if policy.guard.commit.is_some() && !ns.has(Layer::Mount) {
-        return Err(Stop {
+        }),
+        Some(MountNeed::Commit) if !ns.has(Layer::Mount) => return Err(Stop {
             unavailable: true,
             layer: Some(Layer::Git),
             message: "git = \"commit\" needs a mount namespace (the agent's repository is mounted over .git); use git = \"read-only\" here".into(),
-        });
+        }),
+        _ => {}
     }
     if ns.has(Layer::Mount) {
-        let mut said = policy.guard.describe(true);
-        if policy.layer.is_some() {
-            said.insert(0, "copy-on-write workspace: the agent's git is its own; version-control data reaches the host only through `sandmux apply`, which holds it back".into());
-        }
-        layers.ok(Layer::Git, said.join(" | "));
+        layers.ok(Layer::Git, said.clone());
         Ok(())
     } else {
         layers.missing(
@@ -184,12 +180,12 @@ fn git_guard(
 /// seccomp profile denies it) is the `uts` layer's best-effort step: dropped
 /// and reported when the profile lets `uts` go, fatal otherwise.
 fn hostname_and_loopback(
-    policy: &Policy,
+    bp: &Blueprint,
     ns: &namespaces::Created,
     layers: &mut Layers<'_>,
 ) -> Result<(), Stop> {
     if ns.has(Layer::Uts) {
-        let r = namespaces::set_hostname(&policy.sandbox.hostname)
+        let r = namespaces::set_hostname(&bp.identity.hostname)
             .map_err(|e| format!("sethostname: {e}"));
         layers.step(
             Layer::Uts,
@@ -199,7 +195,7 @@ fn hostname_and_loopback(
     }
     // `none` and `loopback` alike: the sandbox's own loopback reaches nothing
     // outside, and a dev server with its client in the same sandbox works.
-    if ns.has(Layer::Net) && matches!(policy.network.mode, NetMode::None | NetMode::Loopback) {
+    if ns.has(Layer::Net) && matches!(bp.net.mode, NetMode::None | NetMode::Loopback) {
         net::loopback_up()
             .map_err(|e| Stop::applying(Layer::Net, format!("bringing lo up: {e}")))?;
     }
@@ -216,7 +212,7 @@ fn rlimits_and_keyring(
     // The kernel never applies RLIMIT_NPROC to host uid 0, so for root only
     // the cgroup limits processes (without a user namespace, root drops to
     // an unprivileged uid, which it does bind).
-    let rl = limits::apply(&plan.policy.limits).map(|d| {
+    let rl = limits::apply(&plan.blueprint.limits).map(|d| {
         if plan.host_uid == 0 && ns.has(Layer::Userns) {
             format!("{d} (nproc is not enforced for host root: the cgroup layer limits processes)")
         } else {
@@ -311,7 +307,7 @@ fn withhold_writes(plan: &Plan, job: &mut payload::Job<'_>) -> Result<Option<Str
 /// As root: the uid everything confined runs as (see [`without_userns`]);
 /// with a host view, its files too. Returns what to report.
 fn drop_uid(plan: &Plan, job: &mut payload::Job<'_>) -> Result<String, Stop> {
-    let t = super::uid::target(&plan.policy);
+    let t = super::uid::target(&plan.blueprint);
     let now = job.pre_confined;
     let r = if now {
         super::uid::drop_uid(t)

@@ -309,7 +309,7 @@ pub(crate) struct Prepared {
 
 /// Builds the ruleset for `needs` at the profile's Landlock ABI.
 pub(crate) fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
-    let (kernel, eff) = effective_abi(policy);
+    let (kernel, eff) = effective_abi(policy.landlock_abi);
     if eff == 0 {
         return Err("Landlock is not available in this kernel".into());
     }

@@ -11,7 +11,7 @@
 //!   host path itself, so `tmpfs = ["/tmp"]` would grant the real `/tmp`).
 
 use super::landlock::Grant;
-use crate::profile::Policy;
+use super::plan::Blueprint;
 use nix::unistd::{Gid, Uid};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -26,16 +26,16 @@ pub(crate) struct Target {
 }
 
 /// The uid to drop to: the workspace's owner unless that is root.
-pub(crate) fn target(policy: &Policy) -> Target {
-    match std::fs::metadata(&policy.workspace) {
+pub(crate) fn target(bp: &Blueprint) -> Target {
+    match std::fs::metadata(&bp.paths.workspace) {
         Ok(m) if m.uid() != 0 => Target {
             uid: m.uid(),
             gid: m.gid(),
             owner: true,
         },
         _ => Target {
-            uid: policy.sandbox.uid,
-            gid: policy.sandbox.uid,
+            uid: bp.identity.uid,
+            gid: bp.identity.uid,
             owner: false,
         },
     }

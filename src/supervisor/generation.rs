@@ -133,17 +133,23 @@ pub(crate) fn plan(
     tmux_conf: Option<String>,
 ) -> Plan {
     let (passwd, group) = sandbox::identity_files(policy);
+    let mut blueprint = sandbox::plan::compile(policy, sandbox::mode_of(&payload));
+    // Tmux mode: where its files go on the host when there is no mount view
+    // (`hostview`; made only then). Without the binary's path there is no
+    // start at all (`sandbox::start` needs it first).
+    if let (Payload::Tmux { .. }, Some(dir), Ok(exe)) =
+        (&payload, rundir.host_view(), std::env::current_exe())
+    {
+        blueprint.host_view = Some(sandbox::plan::host_view(policy, &dir, &exe));
+    }
     let gate_json = serde_json::to_string(&pane::GateConfig {
-        policy: policy.clone(),
+        blueprint: blueprint.clone(),
         own: Default::default(),
     })
     .unwrap_or_default();
     Plan {
-        policy: policy.clone(),
+        blueprint,
         rundir: rundir.path.clone(),
-        host_view: matches!(payload, Payload::Tmux { .. })
-            .then(|| rundir.host_view())
-            .flatten(),
         supervisor_pid: std::process::id() as i32,
         host_uid: nix::unistd::geteuid().as_raw(),
         host_gid: nix::unistd::getegid().as_raw(),

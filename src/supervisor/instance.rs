@@ -13,6 +13,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+/// What a tmux command to the instance's server, or the proof that the
+/// server is the one this run started, fails with.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InstanceError {
+    /// The tmux client could not be started.
+    #[error("tmux: {0}")]
+    Spawn(std::io::Error),
+    /// tmux refused the command (its first word, and what tmux said).
+    #[error("tmux {cmd}: {stderr}")]
+    Tmux {
+        /// The command.
+        cmd: String,
+        /// tmux's stderr.
+        stderr: String,
+    },
+    /// A server answers at the socket, but not this run's.
+    #[error("{0}")]
+    Foreign(String),
+    /// No proof within the deadline.
+    #[error("cannot reach the sandboxed tmux server: {0}")]
+    Unreachable(String),
+}
+
 /// A running, confined tmux server.
 pub(crate) struct Instance {
     /// Runtime directory (removed on drop).
@@ -151,7 +174,9 @@ impl Instance {
             w.mount_in_force(mount);
         }
         match proof {
-            Proof::Here => self.verify().map_err(StartError::internal),
+            Proof::Here => self
+                .verify()
+                .map_err(|e| StartError::internal(e.to_string())),
             Proof::Hub => Ok(()),
         }
     }
@@ -194,39 +219,38 @@ impl Instance {
     }
 
     /// Runs one tmux command and returns its standard output.
-    pub(crate) fn cmd(&self, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn cmd(&self, args: &[&str]) -> Result<String, InstanceError> {
         let out = self
             .client()
             .args(args)
             .output()
-            .map_err(|e| format!("tmux: {e}"))?;
+            .map_err(InstanceError::Spawn)?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
-            Err(format!(
-                "tmux {}: {}",
-                args.first().unwrap_or(&""),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
+            Err(InstanceError::Tmux {
+                cmd: args.first().unwrap_or(&"").to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            })
         }
     }
 
     /// Proves the server at the socket is the one this run started: it carries
     /// this run's generation id and has the pid PID 1 reported.
-    pub(crate) fn verify(&self) -> Result<(), String> {
+    pub(crate) fn verify(&self) -> Result<(), InstanceError> {
         use genesis::{identity, Identity, IDENTITY};
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
             let why = match self.cmd(&["display-message", "-p", IDENTITY]) {
                 Ok(g) => match identity(&g, &self.generation, self.server_pid) {
                     Identity::Ours => return Ok(()),
-                    Identity::Foreign(why) => return Err(why),
+                    Identity::Foreign(why) => return Err(InstanceError::Foreign(why)),
                     Identity::Unset => "the configuration is not applied".to_string(),
                 },
-                Err(e) => e,
+                Err(e) => e.to_string(),
             };
             if Instant::now() > deadline {
-                return Err(format!("cannot reach the sandboxed tmux server: {why}"));
+                return Err(InstanceError::Unreachable(why));
             }
             std::thread::sleep(Duration::from_millis(5));
         }

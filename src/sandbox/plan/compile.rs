@@ -4,6 +4,7 @@
 use super::*;
 use crate::profile::{MountKind, Policy};
 use crate::sandbox::landlock::{self, Own, RUN_DIR};
+use crate::sandbox::net::Net;
 use std::path::Path;
 
 fn step(path: impl Into<PathBuf>, part: Part, op: Op, need: Need) -> Step {
@@ -84,6 +85,42 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
         landlock: role_rules(policy, &Own::default()),
         paths: paths(policy, Path::new(RUN_DIR)),
         host_view: None,
+        identity: policy.sandbox.clone(),
+        net: Net {
+            mode: policy.network.mode,
+            connect_tcp: policy.network.connect_tcp.clone(),
+            bind_tcp: policy.network.bind_tcp.clone(),
+        },
+        landlock_abi: policy.landlock_abi,
+        limits: policy.limits.clone(),
+        environment: policy.environment.clone(),
+        protected: policy.protected.clone(),
+        git: git_step(policy),
+        counts: ViewCounts {
+            entries: policy.fs.len(),
+            pinned: policy.pinned.len(),
+            git_outside: policy.guard.git_outside.len(),
+        },
+    }
+}
+
+/// The workspace guard's step: what needs a mount namespace, and its line.
+fn git_step(policy: &Policy) -> GitStep {
+    if policy.guard.git == crate::profile::GitMode::Unguarded {
+        return GitStep::Unguarded;
+    }
+    let needs_mount = if policy.layer.is_some() {
+        Some(MountNeed::Layer)
+    } else {
+        policy.guard.commit.as_ref().map(|_| MountNeed::Commit)
+    };
+    let mut said = policy.guard.describe(true);
+    if policy.layer.is_some() {
+        said.insert(0, "copy-on-write workspace: the agent's git is its own; version-control data reaches the host only through `sandmux apply`, which holds it back".into());
+    }
+    GitStep::Guarded {
+        needs_mount,
+        said: said.join(" | "),
     }
 }
 

@@ -14,7 +14,8 @@ mod compile;
 pub(crate) use compile::{compile, host_view};
 
 use super::landlock::{Grant, Role};
-use crate::profile::Layer;
+use super::net::Net;
+use crate::profile::{Environment, Layer, Limits, SandboxSettings};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -25,7 +26,9 @@ pub(crate) const GATE: &str = "/run/sandmux/bin/sandmux-pane";
 /// The empty file that masks files.
 pub(crate) const EMPTY: &str = "/run/sandmux/empty";
 
-/// Everything the sandbox will be, compiled from a policy.
+/// Everything the sandbox will be, compiled from a policy: the one value
+/// that crosses into it. PID 1, the payload and the pane gate act on this
+/// and never read the profile.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Blueprint {
     /// Each layer and whether the profile requires it.
@@ -42,6 +45,58 @@ pub(crate) struct Blueprint {
     /// Tmux mode without a mount view: where its files are instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_view: Option<HostView>,
+    /// Who runs inside: the uid, the hostname and the panes' shell.
+    pub identity: SandboxSettings,
+    /// The network mode and Landlock's TCP ports.
+    pub net: Net,
+    /// The highest Landlock ABI the profile lets the sandbox use.
+    pub landlock_abi: Option<u8>,
+    /// rlimits, and the limits the cgroup line reports.
+    pub limits: Limits,
+    /// What the pane gate keeps of a pane's environment and sets in it.
+    pub environment: Environment,
+    /// Paths kept read-only inside read-write trees (the self-test checks).
+    pub protected: Vec<PathBuf>,
+    /// The workspace guard's step in PID 1 (P8).
+    pub git: GitStep,
+    /// What the mount view's report line counts.
+    pub counts: ViewCounts,
+}
+
+/// The workspace guard's step in PID 1, compiled from the policy's guard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum GitStep {
+    /// `[workspace] git = "unguarded"`: reported as dropped.
+    Unguarded,
+    /// Guarded by the mount view.
+    Guarded {
+        /// What needs a mount namespace (start-up stops without one).
+        needs_mount: Option<MountNeed>,
+        /// The report line, with a mount namespace.
+        said: String,
+    },
+}
+
+/// What of the workspace guard cannot be had without a mount namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum MountNeed {
+    /// The copy-on-write layer (an overlay over the workspace).
+    Layer,
+    /// Commit mode (the agent's repository mounted over `.git`).
+    Commit,
+}
+
+/// What the mount view's report line counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ViewCounts {
+    /// The profile's filesystem entries.
+    pub entries: usize,
+    /// Parents of protected paths bound onto themselves.
+    pub pinned: usize,
+    /// Git directories outside every tree, bound read-only.
+    pub git_outside: usize,
 }
 
 /// Tmux mode without a mount namespace (root with no user namespace: a
@@ -393,6 +448,26 @@ pub(crate) enum Mode {
 }
 
 impl Blueprint {
+    /// The Landlock rules of `role` for the view whose own files are `own`
+    /// (the mount view's, or the host view's); None for any other.
+    pub(crate) fn rules_for(
+        &self,
+        role: Role,
+        own: &super::landlock::Own,
+    ) -> Option<Vec<(PathBuf, Grant)>> {
+        let all = match &self.host_view {
+            Some(h) if h.own == *own => &h.landlock,
+            _ if *own == super::landlock::Own::default() => &self.landlock,
+            _ => return None,
+        };
+        Some(
+            all.iter()
+                .filter(|r| r.role == role)
+                .flat_map(|r| r.rules.iter().map(|x| (x.path.clone(), x.grant)))
+                .collect(),
+        )
+    }
+
     /// The layers the profile lets go.
     pub(crate) fn best_effort(&self) -> std::collections::BTreeSet<Layer> {
         self.layers
