@@ -26,24 +26,6 @@ pub(crate) use crate::profile::guard::CommitRepo;
 /// What commit mode's set-up and `sandmux git fetch` fail with.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CommitError {
-    /// The workspace's `.git` is not a directory of its own.
-    #[error("[workspace] git = \"commit\" needs a workspace whose .git is a directory; {} is a {shape}", root.display())]
-    NotRepository {
-        /// The workspace.
-        root: PathBuf,
-        /// What it is instead.
-        shape: String,
-    },
-    /// A file-system step.
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
     /// Host git could not be started.
     #[error("git: {0}")]
     Spawn(std::io::Error),
@@ -83,14 +65,14 @@ pub(crate) enum CommitError {
     /// The instance still runs.
     #[error("instance {0} is still running: stop it first (sandmux stop {0}), then fetch")]
     Running(String),
-    /// The state directory.
+    /// The workspace's shape, a file-system step, the state directory.
     #[error(transparent)]
-    State(#[from] super::GuardError),
+    Guard(#[from] super::GuardError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CommitError {
     let path = path.to_path_buf();
-    move |source| CommitError::Io { what, path, source }
+    move |source| CommitError::Guard(super::GuardError::Io { what, path, source })
 }
 
 /// What `git fetch ID` checks against.
@@ -175,10 +157,11 @@ pub(crate) fn prepare(
     shape: &Shape,
 ) -> Result<CommitRepo, CommitError> {
     if *shape != Shape::Repository {
-        return Err(CommitError::NotRepository {
+        return Err(super::GuardError::CommitShape {
             root: root.to_path_buf(),
             shape: shape.describe(),
-        });
+        }
+        .into());
     }
     let real = root.join(".git");
     let dir = state.join("git").join(id);

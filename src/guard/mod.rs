@@ -72,14 +72,14 @@ pub(crate) enum GuardError {
         source: nix::Error,
     },
     /// Commit mode in a workspace that is no repository of its own.
-    #[error("git = \"commit\" needs a workspace whose .git is a directory; {} is a {shape}", root.display())]
+    #[error("[workspace] git = \"commit\" needs a workspace whose .git is a directory; {} is a {shape}", root.display())]
     CommitShape {
         /// The workspace.
         root: PathBuf,
         /// What it is instead.
         shape: String,
     },
-    /// A file-system step in the state directory.
+    /// A file-system step (the state directory, commit mode's repository).
     #[error("{what} {}: {source}", path.display())]
     Io {
         /// What was being done.
