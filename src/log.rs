@@ -25,6 +25,23 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+/// Microseconds on the monotonic clock, which every process of the host
+/// shares: `__init`'s notes and the supervisor's steps line up, and a
+/// benchmark's own clock too (`bench/start-steps`).
+pub(crate) fn mono_us() -> u64 {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000)
+        .unwrap_or(0)
+}
+
+/// A start-up step reached (trace level, target `sandmux::steps`), with
+/// its time on the monotonic clock as `at_us`; nothing is read unless the
+/// level is on.
+pub(crate) fn step(what: &'static str) {
+    tracing::trace!(target: "sandmux::steps", at_us = mono_us(), "{what}");
+}
+
 /// The variable that sets the levels (env-filter syntax).
 pub(crate) const ENV: &str = "SANDMUX_LOG";
 /// The filter without `SANDMUX_LOG`: what sandmux always printed.

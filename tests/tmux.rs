@@ -314,13 +314,19 @@ fn clean_stop_removes_everything() {
     assert!(!rundir.exists());
 }
 
-/// `sandmux shell` on a real terminal: the user types, the pane runs confined,
-/// exiting the shell ends the instance and leaves nothing behind.
-#[test]
-fn shell_attaches_a_terminal_and_cleans_up() {
+/// A `sandmux shell` on a real terminal (a pty) that types `typed` once the
+/// prompt shows: its status, its screen, its pid and the instance's
+/// processes (taken at the prompt).
+struct Shell {
+    status: std::process::ExitStatus,
+    screen: String,
+    sup: u32,
+    pids: Vec<u32>,
+}
+
+fn shell_in_pty(args: &[&str], state: Option<&std::path::Path>, typed: &[u8]) -> Shell {
     use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
-    let ws = Ws::new();
     let pty = nix::pty::openpty(
         Some(&nix::pty::Winsize {
             ws_row: 30,
@@ -333,18 +339,14 @@ fn shell_attaches_a_terminal_and_cleans_up() {
     .unwrap();
     let slave = std::fs::File::from(pty.slave);
     let mut master = std::fs::File::from(pty.master);
-    // The default copy-on-write workspace, applied when the shell ends.
-    let mut cmd = sandmux(&[
-        "shell",
-        "-w",
-        ws.path().to_str().unwrap(),
-        "--on-end",
-        "apply",
-    ]);
+    let mut cmd = sandmux(args);
     cmd.stdin(slave.try_clone().unwrap())
         .stdout(slave.try_clone().unwrap())
         .stderr(slave.try_clone().unwrap())
         .env("TERM", "xterm");
+    if let Some(st) = state {
+        cmd.env("XDG_STATE_HOME", st);
+    }
     // SAFETY: setsid and TIOCSCTTY are async-signal-safe; the child gets the pty as its terminal.
     unsafe {
         cmd.pre_exec(|| {
@@ -375,9 +377,7 @@ fn shell_attaches_a_terminal_and_cleans_up() {
         "the shell prompt",
     );
     let pids = descendants(sup);
-    master
-        .write_all(b"echo MARK$((6*7)) > from-shell.txt; id -u >> from-shell.txt; exit\r")
-        .unwrap();
+    master.write_all(typed).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -390,15 +390,85 @@ fn shell_attaches_a_terminal_and_cleans_up() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(status.success(), "{status:?}");
+    // What the supervisor wrote after tmux let go of the terminal.
+    std::thread::sleep(Duration::from_millis(100));
+    let screen = String::from_utf8_lossy(&screen.lock().unwrap()).into_owned();
+    Shell {
+        status,
+        screen,
+        sup,
+        pids,
+    }
+}
+
+/// `sandmux shell` on a real terminal: the user types, the pane runs confined,
+/// exiting the shell ends the instance and leaves nothing behind.
+#[test]
+fn shell_attaches_a_terminal_and_cleans_up() {
+    let ws = Ws::new();
+    // The default copy-on-write workspace, applied when the shell ends.
+    let sh = shell_in_pty(
+        &[
+            "shell",
+            "-w",
+            ws.path().to_str().unwrap(),
+            "--on-end",
+            "apply",
+        ],
+        None,
+        b"echo MARK$((6*7)) > from-shell.txt; id -u >> from-shell.txt; exit\r",
+    );
+    assert!(sh.status.success(), "{:?}", sh.status);
     assert_eq!(
         std::fs::read_to_string(ws.join("from-shell.txt")).unwrap(),
         "MARK42\n1000\n"
     );
     wait_for(
-        || pids.iter().all(|p| !alive(*p)),
+        || sh.pids.iter().all(|p| !alive(*p)),
         Duration::from_secs(5),
         "instance processes to end",
     );
-    assert_no_rundir_of(sup);
+    assert_no_rundir_of(sh.sup);
+}
+
+/// `sandmux shell --on-end discard`: the agent's work never reaches the
+/// workspace, the layer is removed, and the removal is a `(door)` `discard`
+/// record in the instance's log, as `sandmux discard ID` and `run`'s are.
+#[test]
+fn shell_on_end_discard_is_on_the_record() {
+    let ws = Ws::new();
+    let host = host_dir();
+    let state = host.path().join("state");
+    let sh = shell_in_pty(
+        &[
+            "shell",
+            "-w",
+            ws.path().to_str().unwrap(),
+            "--on-end",
+            "discard",
+        ],
+        Some(&state),
+        b"echo work > made-inside.txt; exit\r",
+    );
+    assert!(sh.status.success(), "{:?}\n{}", sh.status, sh.screen);
+    assert!(!ws.join("made-inside.txt").exists(), "{}", sh.screen);
+    let id = sh
+        .screen
+        .split("discarded with layer ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no layer named in {}", sh.screen));
+    let layers = state.join("sandmux/layers");
+    assert!(
+        std::fs::read_dir(&layers).map_or(true, |mut d| d.next().is_none()),
+        "{}",
+        sh.screen
+    );
+    let recs = crate::workspace_env::door_records(&state, id);
+    assert!(
+        recs.iter().any(|r| r["tool"] == "(door)"
+            && r["error_type"] == "discard"
+            && r.to_string().contains("removed layer")),
+        "{recs:?}"
+    );
 }

@@ -39,6 +39,7 @@ fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::
     let ws = t.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
     let ws = profile::check_workspace(&ws).map_err(|e| e.to_string())?;
     let mut loaded: Loaded = profile::load(&t.profile).map_err(|e| e.to_string())?;
+    crate::log::step("profile loaded");
     loaded.profile.toolchains.lend.extend(&t.toolchains);
     let mut ctx = Context::of(ws, crate::guard::planner);
     ctx.mode = t.workspace_mode;
@@ -48,6 +49,7 @@ fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::
             .map(|e| e.to_string());
     }
     let mut policy = loaded.resolve(&ctx).map_err(|e| e.to_string())?;
+    crate::log::step("policy resolved (the guard's walk included)");
     policy.on_end = on_end;
     match &policy.workspace_fallback {
         Some(why) if !quiet => tracing::warn!("the workspace is {why}"),
@@ -72,6 +74,7 @@ pub fn main() -> ExitCode {
             return fail(EXIT_USAGE, e);
         }
     }
+    crate::log::step("cli: arguments parsed");
     if matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Run { .. }) {
         // Before any thread: as a container's PID 1, a reaping parent stays PID 1.
         crate::entrypoint::take_pid1_duties();
@@ -318,10 +321,12 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(r) => r,
         Err(e) => return fail(EXIT_INTERNAL, e),
     };
+    crate::log::step("run: runtime directory");
     let cg = match supervisor::make_cgroup(&policy, &mut rundir) {
         Ok(c) => c,
         Err(e) => return fail(e.exit_code(), e),
     };
+    crate::log::step("run: cgroup");
     rundir.write_meta(&Meta::now(
         Kind::Run,
         &rundir.id,
@@ -336,10 +341,12 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(g) => g,
         Err(e) => return fail(e.exit_code(), e),
     };
+    crate::log::step("run: the guard's watch");
     let live = match supervisor::layer::create(&mut policy, &rundir.id) {
         Ok(l) => l,
         Err(e) => return fail(EXIT_INTERNAL, format!("the copy-on-write layer: {e}")),
     };
+    crate::log::step("run: the copy-on-write layer");
     let plan = supervisor::plan(
         &policy,
         &rundir,
@@ -357,6 +364,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         set.add(s);
     }
     let _ = set.thread_block();
+    crate::log::step("run: plan compiled");
     let mut started = match sandbox::start(&plan, Stdio3::Inherit) {
         Ok(s) => s,
         Err(e) => return fail(e.exit_code(), e),
@@ -375,27 +383,23 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     });
     let mut child = started.child;
     let status = child.wait();
+    crate::log::step("run: the sandbox ended");
     let id = rundir.id.clone();
     drop(rundir);
     if let Some(t) = tally {
         eprintln!("{}", crate::proxy::summary(&t));
     }
     crate::guard::watch::finish_and_say(guard);
+    crate::log::step("run: the guard's end sweep");
     if said_over(&over) {
         policy.on_end = profile::OnEnd::Keep;
     }
-    let discarding = policy.on_end == profile::OnEnd::Discard;
     if let Some(line) = supervisor::layer::finish(&policy, &id, live) {
         tracing::warn!("{line}");
-        // A discard at the end goes on the record, as `sandmux discard` does.
-        if let (true, Some(dir)) = (discarding, &policy.layer) {
-            let removed = !dir.exists();
-            if let Some(said) = crate::door::record_end(&id, dir, &line, removed) {
-                tracing::warn!("{said}");
-            }
-        }
+        record_discard(&policy, &id, &line);
     }
     apply_on_end(&policy, &id, quiet);
+    crate::log::step("run: the layer finished");
     match status {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;
@@ -473,6 +477,17 @@ fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {
         .any(|l| l.layer == profile::Layer::Mount && l.enforced)
 }
 
+/// A discard at the end (`--on-end discard`) goes on the record, as
+/// `sandmux discard` does: a `(door)` record in the instance's log.
+fn record_discard(policy: &profile::Policy, id: &str, line: &str) {
+    if let (profile::OnEnd::Discard, Some(dir)) = (policy.on_end, &policy.layer) {
+        let removed = !dir.exists();
+        if let Some(said) = crate::door::record_end(id, dir, line, removed) {
+            tracing::warn!("{said}");
+        }
+    }
+}
+
 fn shell(policy: profile::Policy) -> ExitCode {
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
@@ -509,7 +524,14 @@ fn shell(policy: profile::Policy) -> ExitCode {
         inst.policy.on_end = profile::OnEnd::Keep;
         policy.on_end = profile::OnEnd::Keep;
     }
-    inst.stop();
+    let said = inst.stop();
+    // The layer's line is the warning that names it.
+    if let Some(w) = said
+        .iter()
+        .find(|t| t.how == "warning" && t.why.contains(&id))
+    {
+        record_discard(&policy, &id, &w.why);
+    }
     apply_on_end(&policy, &id, false);
     if let Some(t) = tally {
         eprintln!("{}", crate::proxy::summary(&t));

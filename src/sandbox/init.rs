@@ -160,6 +160,7 @@ pub(crate) fn main() -> ! {
     };
     drop(plan_in);
     rep.notes(&plan.log);
+    rep.note(|| "init: the plan read".into());
     match outer(&plan, &plan.blueprint, &mut rep) {
         Ok(code) => std::process::exit(code),
         Err(stop) => {

@@ -298,11 +298,13 @@ pub(crate) fn start(plan: &Plan, stdio: Stdio3) -> Result<Started, StartError> {
     };
     let theirs = chan.as_ref().map(|(_, t)| t.as_raw_fd());
     let child = spawn_init(&exe, stdio, plan_r.as_raw_fd(), rep_w.as_raw_fd(), theirs)?;
+    crate::log::step("start: __init spawned");
     drop((plan_r, rep_w));
     let chan = chan.map(|(ours, _theirs)| ours);
     send_plan(plan, plan_w)?;
     let report = std::fs::File::from(rep_r);
     let messages = report::read_until_done(&report);
+    crate::log::step("start: the report read (the payload runs)");
     report::log(&messages);
     if let Some(e) = failure(&messages) {
         return Err(e);

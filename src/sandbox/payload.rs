@@ -217,6 +217,7 @@ fn say_dropped(dropped: &[Layer]) {
 }
 
 fn exec(job: &Job<'_>, layers: &mut Layers<'_>) -> Result<Never, Stop> {
+    layers.rep.note(|| "payload: confined, exec".into());
     nix::unistd::chdir(&job.cwd).map_err(|e| Stop {
         unavailable: false,
         layer: None,

@@ -49,6 +49,9 @@ pub(crate) enum Message {
     Note {
         /// What `__init` is doing.
         message: String,
+        /// When, on the monotonic clock ([`crate::log::mono_us`]).
+        #[serde(default)]
+        at_us: u64,
     },
     /// The tmux server listens and its socket directory is hidden (tmux mode).
     Ready {
@@ -101,7 +104,8 @@ impl Reporter {
     pub(crate) fn note(&mut self, message: impl FnOnce() -> String) {
         if self.notes {
             let message = message();
-            self.send(&Message::Note { message });
+            let at_us = crate::log::mono_us();
+            self.send(&Message::Note { message, at_us });
         }
     }
 
@@ -161,8 +165,8 @@ pub(crate) fn log(msgs: &[Message]) {
             Message::Dropped { layer, reason } => {
                 tracing::debug!(layer = %layer, reason = %reason, "layer dropped")
             }
-            Message::Note { message } => {
-                tracing::trace!(target: "sandmux::sandbox::init", "{message}")
+            Message::Note { message, at_us } => {
+                tracing::trace!(target: "sandmux::sandbox::init", at_us, "{message}")
             }
             Message::Fatal { layer, message, .. } => tracing::debug!(
                 layer = %layer.map(|l| l.name()).unwrap_or("-"),
