@@ -125,6 +125,8 @@ mod tests {
             "uid.rs",
             "limits.rs",
             "env.rs",
+            "hostview.rs",
+            "plan/gate.rs",
             "mounts",
         ];
         let mut files: Vec<std::path::PathBuf> = Vec::new();

@@ -496,30 +496,42 @@ fn a_tree_past_the_walks_bound_refuses_live_mode() {
     assert!(o.stdout().contains("ran-cow"), "{}", o.stderr());
 }
 
-/// Class 5, a revert that fails is retried while the instance runs:
-/// `.cargo/config.toml` arrives inside a directory the agent made
-/// unwritable (a supervisor that is not root cannot move it out), then the
-/// agent makes the directory writable again, which no event the watch asks
-/// for reports. The guard's recheck (on a deadline, every 2 s) takes it
-/// before the instance ends. Control: as uid 65534 the first revert really
-/// failed (the file is still there half a second later); as root the
-/// supervisor may write anywhere and the first revert already takes it.
+/// Class 5, a revert that would fail: `.cargo/config.toml` arrives inside
+/// a directory the agent made unwritable (`chmod 555`, then renamed into
+/// place), which a supervisor that is not root could neither move it out of
+/// nor empty. The guard opens the directory for the take and puts its mode
+/// back: the file is gone while the instance still runs, and `.cargo` is
+/// 0555 again. As root the supervisor needs no permission bit. Control:
+/// with the guard off the file stays, and host cargo would read it.
 #[test]
-fn a_revert_that_failed_is_retried_while_the_instance_runs() {
-    let ws = Ws::new();
-    let o = run_script_live(
-        &ws,
-        "default",
-        r#"mkdir t && echo '[build]' > t/config.toml && chmod 555 t && mv t .cargo
-sleep 0.5; [ -e .cargo/config.toml ] && echo first-revert-failed
-chmod 755 .cargo 2>/dev/null
-for i in $(seq 60); do [ -e .cargo/config.toml ] || break; sleep 0.1; done
-[ -e .cargo/config.toml ] && echo still-there || echo taken-during"#,
-    );
-    let t = text(&o);
-    assert!(t.contains("taken-during"), "{t}");
-    assert!(!ws.path().join(".cargo/config.toml").exists(), "{t}");
-    if nix_uid() != 0 {
-        assert!(t.contains("first-revert-failed"), "control: {t}");
+fn a_planted_name_in_a_directory_made_unwritable_is_taken() {
+    let cfg = host_dir();
+    let open = profile_file(cfg.path(), "open", "default", unguard);
+    for (profile, guarded) in [("default", true), (open.to_str().unwrap(), false)] {
+        let ws = Ws::new();
+        let o = run_script_live(
+            &ws,
+            profile,
+            r#"mkdir t && echo '[build]' > t/config.toml && chmod 555 t && mv t .cargo
+for i in $(seq 50); do [ -e .cargo/config.toml ] || break; sleep 0.1; done
+[ -e .cargo/config.toml ] && echo still-there || echo taken-during
+echo mode=$(stat -c %a .cargo)"#,
+        );
+        let t = text(&o);
+        let there = ws.path().join(".cargo/config.toml").exists();
+        if guarded {
+            assert!(t.contains("taken-during") && !there, "{t}");
+            assert!(
+                t.contains("mode=555"),
+                "the directory's mode is put back: {t}"
+            );
+        } else {
+            assert!(t.contains("still-there") && there, "control: {t}");
+        }
+        let _ = Command::new("chmod")
+            .arg("-R")
+            .arg("u+w")
+            .arg(ws.path())
+            .status();
     }
 }

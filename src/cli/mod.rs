@@ -347,7 +347,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Err(e) => return fail(EXIT_INTERNAL, format!("the copy-on-write layer: {e}")),
     };
     crate::log::step("run: the copy-on-write layer");
-    let plan = supervisor::plan(
+    let plan = match supervisor::plan(
         &policy,
         &rundir,
         cg,
@@ -357,7 +357,10 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
             quiet,
         },
         None,
-    );
+    ) {
+        Ok(p) => p,
+        Err(e) => return fail(e.exit_code(), e),
+    };
     // Termination signals are forwarded to the sandbox by a helper thread.
     let mut set = SigSet::empty();
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {

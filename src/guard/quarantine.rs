@@ -47,6 +47,20 @@ pub(crate) struct Taken {
     pub took_ms: f64,
 }
 
+/// A parent directory of ours without write and search for its owner (an
+/// agent's `chmod 555`): given them, for a supervisor that is not root
+/// (root needs no permission bit). Returns the mode to put back.
+fn open_parent(parent: &OwnedFd) -> Option<u32> {
+    let me = nix::unistd::geteuid();
+    let st = nix::sys::stat::fstat(parent).ok()?;
+    let mode = st.st_mode & 0o7777;
+    if me.is_root() || st.st_uid != me.as_raw() || mode & 0o300 == 0o300 {
+        return None;
+    }
+    nix::sys::stat::fchmod(parent, Mode::from_bits_truncate(mode | 0o300)).ok()?;
+    Some(mode)
+}
+
 /// sandmux's state directory, created 0700, outside every tree in `forbidden`.
 pub(crate) fn state_dir(forbidden: &[PathBuf]) -> Result<PathBuf, GuardError> {
     state_dir_with(forbidden, true)
@@ -178,6 +192,9 @@ impl Quarantine {
         // A directory the agent made unwritable cannot be moved to another
         // parent (its `..` changes) nor emptied: the user owns it, so unlock it.
         unlock_dir(&parent, Path::new(name));
+        // Nor can anything leave a parent made unwritable: opened for the
+        // take, and put back as it was after it.
+        let parent_was = open_parent(&parent);
         let over = self.kept_items >= MAX_KEPT_ITEMS || self.budget.bytes == 0;
         // Whether the entry is out: a rename moves it at once; a removal may
         // fail (a directory that grew meanwhile), gets one more try, and is
@@ -231,6 +248,9 @@ impl Quarantine {
                 }
             }
         };
+        if let Some(mode) = parent_was {
+            let _ = nix::sys::stat::fchmod(&parent, Mode::from_bits_truncate(mode));
+        }
         let kept = matches!(how, "rename" | "copy");
         if kept {
             self.kept_items += 1;

@@ -229,6 +229,8 @@ struct Armed {
     quarantine: Arc<Mutex<Quarantine>>,
     taken: Arc<Mutex<Vec<Taken>>>,
     unlisted: Arc<AtomicUsize>,
+    /// Paths whose revert failed: listed once, not at every recheck.
+    failing: std::collections::HashSet<PathBuf>,
 }
 
 /// How often every watched path is checked again without an event
@@ -287,7 +289,25 @@ impl Armed {
             quarantine,
             taken,
             unlisted,
+            failing: Default::default(),
         })
+    }
+
+    /// Lists what was taken; a revert that failed again at the same path
+    /// (the recheck retries it) is not listed again until it succeeds.
+    fn report(&mut self, new: impl IntoIterator<Item = Taken>) {
+        let failing = &mut self.failing;
+        let fresh: Vec<Taken> = new
+            .into_iter()
+            .filter(|t| match t.how.as_str() {
+                "FAILED" => failing.insert(t.path.clone()),
+                _ => {
+                    failing.remove(&t.path);
+                    true
+                }
+            })
+            .collect();
+        push_bounded(&self.taken, &self.unlisted, fresh);
     }
 
     fn arm_all(&mut self) {
@@ -327,16 +347,18 @@ impl Armed {
             }
             _ => return,
         }
-        let mut q = lock(&self.quarantine);
         let mut out = Vec::new();
-        for (i, s) in self.snapshots.iter().enumerate() {
-            match which {
-                Some((j, d)) if *j == i => out.extend(s.check(Some(d), &mut q)),
-                Some(_) => {}
-                None => out.extend(s.check(None, &mut q)),
+        {
+            let mut q = lock(&self.quarantine);
+            for (i, s) in self.snapshots.iter().enumerate() {
+                match which {
+                    Some((j, d)) if *j == i => out.extend(s.check(Some(d), &mut q)),
+                    Some(_) => {}
+                    None => out.extend(s.check(None, &mut q)),
+                }
             }
         }
-        push_bounded(&self.taken, &self.unlisted, out);
+        self.report(out);
     }
 
     /// Watches `dir` (relative to tree `i`) and handles what is already in it.
@@ -377,7 +399,7 @@ impl Armed {
             let (root, fd, _) = &self.trees[i];
             let why = rel.display().to_string();
             let t = lock(&self.quarantine).take(fd, root, &rel, &why);
-            push_bounded(&self.taken, &self.unlisted, t);
+            self.report(t);
         } else if self.trees[i].2.iter().any(|t| t.starts_with(&rel)) {
             // A link on the way to a guarded path redirects it: take the link.
             let (root, fd, _) = &self.trees[i];
@@ -388,7 +410,7 @@ impl Armed {
             if is_link {
                 let why = format!("a link on the way to a guarded name ({})", rel.display());
                 let t = lock(&self.quarantine).take(fd, root, &rel, &why);
-                push_bounded(&self.taken, &self.unlisted, t);
+                self.report(t);
             } else {
                 self.arm(i, rel);
             }
@@ -421,7 +443,9 @@ impl Armed {
             ];
             let mode = self.restore_mode.load(std::sync::atomic::Ordering::SeqCst);
             let waiting = !self.snapshots.is_empty() && mode == RESTORE_UNKNOWN;
-            let until = recheck_at.saturating_duration_since(Instant::now());
+            // Rounded up: poll counts whole milliseconds.
+            let until =
+                recheck_at.saturating_duration_since(Instant::now()) + Duration::from_micros(999);
             let ms = if waiting {
                 until.min(Duration::from_millis(50))
             } else {
@@ -592,3 +616,7 @@ pub(crate) fn finish_and_say(w: Watch) -> Vec<Taken> {
     }));
     taken
 }
+
+#[cfg(test)]
+#[path = "watch_tests.rs"]
+mod tests;

@@ -19,7 +19,7 @@
 //!
 //! The supervisor removes the directory with the runtime directory.
 
-use super::pane::GateConfig;
+use super::plan::GateConfig;
 use super::plan::HostView;
 use super::uid::Target;
 use super::Plan;
@@ -43,9 +43,7 @@ pub(super) fn make(plan: &Plan, hv: &HostView, to: Target) -> Result<(), String>
         p.gate.display()
     );
     file(&p.tmux_conf, conf.as_bytes())?;
-    let mut gate: GateConfig = serde_json::from_str(&plan.run_files.gate_json)
-        .map_err(|e| format!("the gate's configuration: {e}"))?;
-    gate.own = hv.own.clone();
+    let gate = GateConfig::of(&plan.blueprint, Some(hv));
     let json = serde_json::to_vec(&gate).map_err(|e| e.to_string())?;
     file(&p.gate_config, &json)?;
     let sock = p.socket.parent().ok_or("no socket directory")?;

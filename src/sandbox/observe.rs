@@ -2,7 +2,7 @@
 //! --probe`) and tries what an agent would try. Each observation records what
 //! the kernel answered; the supervisor prints them as they are.
 
-use super::plan::Blueprint;
+use super::plan::GateConfig;
 use crate::profile::NetMode;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -60,9 +60,10 @@ fn try_create(p: &Path) -> Result<(), std::io::Error> {
     Ok(())
 }
 
-/// Runs every probe; `own` is the sandbox's own directory (`/run/sandmux`
-/// in the mount view).
-pub(crate) fn run(bp: &Blueprint, own: &Path) -> Vec<Observation> {
+/// Runs every probe (the sandbox's own directory is `g.own`:
+/// `/run/sandmux` in the mount view).
+pub(crate) fn run(g: &GateConfig) -> Vec<Observation> {
+    let own = g.own.dir.as_path();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|rd| {
@@ -71,29 +72,29 @@ pub(crate) fn run(bp: &Blueprint, own: &Path) -> Vec<Observation> {
                 .collect()
         })
         .unwrap_or_default();
-    let mut v = identity(bp, &status);
+    let mut v = identity(g, &status);
     v.push(pid_view(&pids));
-    v.push(hostname(bp));
-    v.extend(writes(bp, own));
-    v.extend(protected_paths(bp));
+    v.push(hostname(g));
+    v.extend(writes(g, own));
+    v.extend(protected_paths(g));
     v.extend(secrets());
-    v.push(tcp_probe(bp));
+    v.push(tcp_probe(g));
     v.extend(tmux_socket(own));
     v.extend(server_reach(&pids));
     v.extend(signal_pid1());
     v.push(tiocsti_probe());
     v.extend(kernel_refusals());
-    v.extend(environment(bp));
+    v.extend(environment(g));
     v
 }
 
 /// Who the probe is: uid, no_new_privs, capabilities, seccomp.
-fn identity(bp: &Blueprint, status: &str) -> Vec<Observation> {
+fn identity(g: &GateConfig, status: &str) -> Vec<Observation> {
     let mut v = Vec::new();
     let uid = nix::unistd::getuid().as_raw();
     v.push(obs(
         "identity",
-        uid != 0 && uid == bp.identity.uid,
+        uid != 0 && uid == g.identity.uid,
         format!("uid {uid}, gid {}", nix::unistd::getgid()),
     ));
 
@@ -137,15 +138,15 @@ fn pid_view(pids: &[u32]) -> Observation {
 }
 
 /// The sandbox's hostname.
-fn hostname(bp: &Blueprint) -> Observation {
+fn hostname(g: &GateConfig) -> Observation {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    obs("hostname", host == bp.identity.hostname, host)
+    obs("hostname", host == g.identity.hostname, host)
 }
 
 /// Writes outside the workspace fail; inside it they work.
-fn writes(bp: &Blueprint, own: &Path) -> Vec<Observation> {
+fn writes(g: &GateConfig, own: &Path) -> Vec<Observation> {
     let mut v = Vec::new();
     let mut outside = Vec::new();
     let mut all_refused = true;
@@ -166,15 +167,14 @@ fn writes(bp: &Blueprint, own: &Path) -> Vec<Observation> {
         outside.join("; "),
     ));
 
-    let ws_probe = bp
-        .paths
+    let ws_probe = g
         .workspace
         .join(format!(".sandmux-probe-{}", std::process::id()));
     match try_create(&ws_probe) {
         Ok(()) => v.push(obs(
             "write_workspace",
             true,
-            format!("{}: created and removed", bp.paths.workspace.display()),
+            format!("{}: created and removed", g.workspace.display()),
         )),
         Err(e) => v.push(obs("write_workspace", false, errno_of(&e))),
     }
@@ -183,11 +183,11 @@ fn writes(bp: &Blueprint, own: &Path) -> Vec<Observation> {
 }
 
 /// Protected paths are read-only.
-fn protected_paths(bp: &Blueprint) -> Vec<Observation> {
+fn protected_paths(g: &GateConfig) -> Vec<Observation> {
     let mut v = Vec::new();
     let mut prot = Vec::new();
     let mut prot_ok = true;
-    for p in &bp.protected {
+    for p in &g.protected {
         let target = if p.is_dir() {
             p.join(".sandmux-probe")
         } else {
@@ -371,19 +371,18 @@ fn kernel_refusals() -> Vec<Observation> {
 }
 
 /// Only allowlisted variables are in the environment.
-fn environment(bp: &Blueprint) -> Vec<Observation> {
+fn environment(g: &GateConfig) -> Vec<Observation> {
     let mut v = Vec::new();
     let names: Vec<String> = std::env::vars_os()
         .map(|(k, _)| k.to_string_lossy().into_owned())
         .collect();
     let allowed = |n: &str| {
-        bp.environment.set.contains_key(n)
+        g.environment.set.contains_key(n)
             || n == "PATH"
             || n == "PWD"
             || n == "SHLVL"
             || n == "_"
-            || bp
-                .environment
+            || g.environment
                 .keep
                 .iter()
                 .any(|k| match k.strip_suffix('*') {
@@ -404,7 +403,7 @@ fn environment(bp: &Blueprint) -> Vec<Observation> {
     v
 }
 
-fn tcp_probe(bp: &Blueprint) -> Observation {
+fn tcp_probe(g: &GateConfig) -> Observation {
     use std::net::{SocketAddr, TcpStream};
     // Port 9 (discard) on loopback: never a real service, never off this machine.
     let addr: SocketAddr = "127.0.0.1:9".parse().expect("literal address");
@@ -414,7 +413,7 @@ fn tcp_probe(bp: &Blueprint) -> Observation {
         Err(e) => errno_of(e),
     };
     let code = r.as_ref().err().and_then(|e| e.raw_os_error());
-    let passed = match bp.net.mode {
+    let passed = match g.net.mode {
         // A refused connect alone cannot tell the sandbox's loopback from
         // the host's: the namespace must also have no interface but `lo`.
         NetMode::None | NetMode::Loopback | NetMode::Proxy if !only_loopback() => false,
@@ -422,7 +421,7 @@ fn tcp_probe(bp: &Blueprint) -> Observation {
             code == Some(libc::ECONNREFUSED) || r.is_ok()
         }
         NetMode::Host => {
-            if bp.net.connect_tcp.contains(&9) {
+            if g.net.connect_tcp.contains(&9) {
                 true
             } else {
                 matches!(code, Some(libc::EACCES) | Some(libc::EPERM))
@@ -434,8 +433,8 @@ fn tcp_probe(bp: &Blueprint) -> Observation {
         passed,
         format!(
             "mode {}: 127.0.0.1:9: {observed}{}",
-            bp.net.mode.name(),
-            if bp.net.mode != NetMode::Host && !only_loopback() {
+            g.net.mode.name(),
+            if g.net.mode != NetMode::Host && !only_loopback() {
                 "; interfaces besides lo are visible (not the sandbox's own network namespace)"
             } else {
                 ""
@@ -487,8 +486,8 @@ fn tiocsti_probe() -> Observation {
 }
 
 /// Runs the probe and prints the framed JSON on stdout.
-pub(crate) fn run_and_print(bp: &Blueprint, own: &Path) {
-    let obs = run(bp, own);
+pub(crate) fn run_and_print(g: &GateConfig) {
+    let obs = run(g);
     let json = serde_json::to_string(&obs).unwrap_or_else(|_| "[]".into());
     // ASCII only, so the terminal passes it through unchanged.
     let ascii: String = json

@@ -8,8 +8,9 @@
 //!
 //! 1. reads its configuration from `gate.json` beside tmux's socket directory
 //!    (`/run/sandmux/gate.json` in the mount view, the host view's without one;
-//!    written by PID 1): the sandbox's compiled blueprint, the same value
-//!    PID 1 acts on, and which view's files it is in;
+//!    written by PID 1): its part of the sandbox's compiled blueprint
+//!    (`plan::GateConfig`), the same value PID 1 acts on, for the view
+//!    its files are in;
 //! 2. rebuilds the environment: what tmux passes (the sandbox's own, already
 //!    reduced to the profile's allowlist, plus variables sandmux's tools set
 //!    after checking them) minus `TMUX`, `TMUX_PANE`, loader and session-bus
@@ -26,7 +27,7 @@
 //! the sandbox seccomp filter already forbids
 //! new namespaces and mounts, so the gate needs no privilege of its own.
 
-use super::plan::Blueprint;
+use super::plan::GateConfig;
 use super::{env, landlock};
 use crate::profile::Layer;
 use std::ffi::{CString, OsString};
@@ -37,17 +38,6 @@ pub(crate) const GATE_PATH: &str = "/run/sandmux/bin/sandmux-pane";
 /// Basename the binary recognises as the gate.
 pub(crate) const GATE_NAME: &str = "sandmux-pane";
 const CONFIG: &str = "/run/sandmux/gate.json";
-
-/// Configuration the gate reads.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct GateConfig {
-    /// The sandbox, compiled (the same value PID 1 acts on).
-    pub blueprint: Blueprint,
-    /// Where the sandbox's own files are (the mount view's `/run/sandmux`
-    /// unless PID 1 made a host view).
-    #[serde(default)]
-    pub own: landlock::Own,
-}
 
 /// Where the gate's configuration is: beside the socket directory that
 /// `TMUX` names (`<dir>/sock/tmux.sock` → `<dir>/gate.json`). tmux sets
@@ -147,22 +137,15 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
     let text = std::fs::read(&config).unwrap_or_else(|e| fail(&format!("cannot read {at}: {e}")));
     let cfg: GateConfig =
         serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {at}: {e}")));
-    let bp = &cfg.blueprint;
-    let pane_rules = bp
-        .rules_for(landlock::Role::Pane, &cfg.own)
-        .unwrap_or_else(|| {
-            fail(&format!(
-                "{at} names a view the sandbox was not compiled for"
-            ))
-        });
-    let best_effort = bp.best_effort();
+    let pane_rules = cfg.pane_rules();
+    let best_effort = &cfg.best_effort;
 
-    let mut env = env::gate(&bp.environment, std::env::vars_os());
+    let mut env = env::gate(&cfg.environment, std::env::vars_os());
     if !matches!(req, Request::Probe) {
         add_run_functions(&mut env);
     }
     // TCP rules, when needed, are already in the server's layer, which panes inherit.
-    match landlock::restrict(bp.landlock_abi, &bp.net, &pane_rules, true) {
+    match landlock::restrict(cfg.landlock_abi, &cfg.net, &pane_rules, true) {
         Ok(o) => {
             for (l, why) in o.missing {
                 if !best_effort.contains(&l) {
@@ -179,7 +162,7 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
         Err(_) => {}
     }
 
-    let shell = OsString::from(&bp.identity.shell);
+    let shell = OsString::from(&cfg.identity.shell);
     let (prog, argv): (OsString, Vec<OsString>) = match req {
         Request::Interactive => {
             let base = std::path::Path::new(&shell)
@@ -198,7 +181,7 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
             for (k, v) in &env {
                 std::env::set_var(k, v);
             }
-            super::observe::run_and_print(bp, &cfg.own.dir);
+            super::observe::run_and_print(&cfg);
             // Stay until the reader kills the pane: a pane that exits at once can lose
             // its last output. The alarm bounds the wait if nobody does.
             // SAFETY: alarm(2) takes an integer only.

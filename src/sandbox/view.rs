@@ -62,7 +62,7 @@ pub(crate) fn table() -> String {
 }
 
 /// A policy whose host-dependent parts are placeholders.
-fn sample() -> Policy {
+pub(crate) fn sample() -> Policy {
     let (_, text) = crate::profile::BUILTINS[0];
     let p = crate::profile::parse("default", text).expect("built-in profiles parse");
     let entry = |path: &str, kind| FsEntry {

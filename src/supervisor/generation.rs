@@ -6,7 +6,7 @@ use crate::nonce;
 use crate::profile::{MountKind, Policy};
 use crate::sandbox::report::Message;
 use crate::sandbox::rundir::Rundir;
-use crate::sandbox::{self, cgroup, mounts, pane, Payload, Plan, StartError, Stdio3};
+use crate::sandbox::{self, cgroup, mounts, Payload, Plan, StartError, Stdio3};
 use crate::tmux::MINIMAL_CONF;
 use std::path::Path;
 use std::process::Child;
@@ -50,7 +50,7 @@ pub(crate) fn start_generation(
             tmux: tmux.to_path_buf(),
         },
         Some(conf),
-    );
+    )?;
     let started = sandbox::start(&plan, Stdio3::Null)?;
     let server_pid = started
         .messages
@@ -131,23 +131,19 @@ pub(crate) fn plan(
     cgroup: cgroup::Placement,
     payload: Payload,
     tmux_conf: Option<String>,
-) -> Plan {
+) -> Result<Plan, StartError> {
     let (passwd, group) = sandbox::identity_files(policy);
     let mut blueprint = sandbox::plan::compile(policy, sandbox::mode_of(&payload));
     // Tmux mode: where its files go on the host when there is no mount view
-    // (`hostview`; made only then). Without the binary's path there is no
-    // start at all (`sandbox::start` needs it first).
-    if let (Payload::Tmux { .. }, Some(dir), Ok(exe)) =
-        (&payload, rundir.host_view(), std::env::current_exe())
-    {
+    // (`hostview`; made only then), the gate a link to this binary.
+    if let (Payload::Tmux { .. }, Some(dir)) = (&payload, rundir.host_view()) {
+        let exe = std::env::current_exe()
+            .map_err(|e| StartError::internal(format!("the sandmux binary's path: {e}")))?;
         blueprint.host_view = Some(sandbox::plan::host_view(policy, &dir, &exe));
     }
-    let gate_json = serde_json::to_string(&pane::GateConfig {
-        blueprint: blueprint.clone(),
-        own: Default::default(),
-    })
-    .unwrap_or_default();
-    Plan {
+    let gate_json =
+        serde_json::to_string(&sandbox::plan::GateConfig::of(&blueprint, None)).unwrap_or_default();
+    Ok(Plan {
         blueprint,
         rundir: rundir.path.clone(),
         supervisor_pid: std::process::id() as i32,
@@ -164,7 +160,7 @@ pub(crate) fn plan(
         },
         payload,
         log: crate::log::init_level(),
-    }
+    })
 }
 
 /// Ends a sandbox: SIGTERM to its `__init`, SIGKILL after 3 s, reaped.

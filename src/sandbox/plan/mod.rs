@@ -11,7 +11,9 @@
 //! go, and ends start-up (as that layer) when it does not.
 
 mod compile;
+mod gate;
 pub(crate) use compile::{compile, host_view};
+pub(crate) use gate::GateConfig;
 
 use super::landlock::{Grant, Role};
 use super::net::Net;
@@ -448,26 +450,6 @@ pub(crate) enum Mode {
 }
 
 impl Blueprint {
-    /// The Landlock rules of `role` for the view whose own files are `own`
-    /// (the mount view's, or the host view's); None for any other.
-    pub(crate) fn rules_for(
-        &self,
-        role: Role,
-        own: &super::landlock::Own,
-    ) -> Option<Vec<(PathBuf, Grant)>> {
-        let all = match &self.host_view {
-            Some(h) if h.own == *own => &h.landlock,
-            _ if *own == super::landlock::Own::default() => &self.landlock,
-            _ => return None,
-        };
-        Some(
-            all.iter()
-                .filter(|r| r.role == role)
-                .flat_map(|r| r.rules.iter().map(|x| (x.path.clone(), x.grant)))
-                .collect(),
-        )
-    }
-
     /// The layers the profile lets go.
     pub(crate) fn best_effort(&self) -> std::collections::BTreeSet<Layer> {
         self.layers
