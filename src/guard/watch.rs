@@ -82,43 +82,41 @@ impl Watch {
         // One write, not one per JSON token.
         let bytes = serde_json::to_vec(&m).map_err(|e| io("writing", &mpath)(e.into()))?;
         std::io::Write::write_all(&mut &*lock, &bytes).map_err(io("writing", &mpath))?;
-        let (stop_r, stop_w) =
-            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| GuardError::Thread(e.into()))?;
         let taken = Arc::new(Mutex::new(Vec::new()));
         let quarantine = Arc::new(Mutex::new(q));
         let unlisted = Arc::new(AtomicUsize::new(0));
-        let mut armed = Armed::new(
-            guard,
-            snapshots,
-            quarantine.clone(),
-            taken.clone(),
-            unlisted.clone(),
-        )
-        .map_err(GuardError::Inotify)?;
-        // The first pass runs here, before the sandbox starts: nothing the
-        // agent does can come before the watches.
-        armed.arm_all();
-        let restore_mode = armed.restore_mode.clone();
-        use crate::sandbox::supervisor::{prepare, Needs, Prepared};
-        let rules = confine.map(|p| prepare(p, &Needs::guard(&roots, &state)));
-        let (said, heard) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("sandmux-guard".into())
-            .spawn(move || {
-                let _ = said.send(rules.map(|r| r.and_then(Prepared::restrict)));
-                armed.run(stop_r);
-                armed
-            })
-            .map_err(GuardError::Thread)?;
-        let confined = heard
-            .recv()
-            .unwrap_or_else(|_| Some(Err("the guard thread ended".into())));
+        // Nothing to watch (copy-on-write: the workspace is no tree of the
+        // guard's): no thread and no inotify instance, whose closing waits
+        // for the kernel's grace period. The end sweep and the manifest stay.
+        let watching =
+            !snapshots.is_empty() || guard.trees.iter().any(|t| !t.watched.is_empty());
+        let (thread, stop, restore_mode, confined) = if watching {
+            let mut armed = Armed::new(
+                guard,
+                snapshots,
+                quarantine.clone(),
+                taken.clone(),
+                unlisted.clone(),
+            )
+            .map_err(GuardError::Inotify)?;
+            // The first pass runs here, before the sandbox starts: nothing
+            // the agent does can come before the watches.
+            armed.arm_all();
+            let restore_mode = armed.restore_mode.clone();
+            use crate::sandbox::supervisor::{prepare, Needs};
+            let rules = confine.map(|p| prepare(p, &Needs::guard(&roots, &state)));
+            let (thread, stop, confined) = spawn(armed, rules)?;
+            (Some(thread), Some(stop), restore_mode, confined)
+        } else {
+            let off = Arc::new(std::sync::atomic::AtomicU8::new(RESTORE_OFF));
+            (None, None, off, None)
+        };
         Ok(Watch {
             taken,
             quarantine,
             guard: guard.clone(),
-            stop: Some(stop_w),
-            thread: Some(thread),
+            stop,
+            thread,
             manifest: Some((mpath, lock)),
             swept_stale,
             warnings: Vec::new(),
@@ -189,6 +187,38 @@ impl Drop for Watch {
             self.end();
         }
     }
+}
+
+/// The watching thread, confined by `rules` when given; returns it, the
+/// pipe whose closing stops it, and how it confined itself.
+#[allow(clippy::type_complexity)]
+fn spawn(
+    mut armed: Armed,
+    rules: Option<Result<crate::sandbox::supervisor::Prepared, String>>,
+) -> Result<
+    (
+        std::thread::JoinHandle<Armed>,
+        OwnedFd,
+        Option<Result<String, String>>,
+    ),
+    GuardError,
+> {
+    use crate::sandbox::supervisor::Prepared;
+    let (stop_r, stop_w) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| GuardError::Thread(e.into()))?;
+    let (said, heard) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("sandmux-guard".into())
+        .spawn(move || {
+            let _ = said.send(rules.map(|r| r.and_then(Prepared::restrict)));
+            armed.run(stop_r);
+            armed
+        })
+        .map_err(GuardError::Thread)?;
+    let confined = heard
+        .recv()
+        .unwrap_or_else(|_| Some(Err("the guard thread ended".into())));
+    Ok((thread, stop_w, confined))
 }
 
 /// Entries listed (in memory, on stderr, in the audit log) per instance;
