@@ -317,10 +317,11 @@ fn audit_verify(path: &std::path::Path) -> ExitCode {
 
 fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
     use nix::sys::signal::{SigSet, Signal};
-    let mut rundir = match Rundir::create(&Rundir::new_id()) {
-        Ok(r) => r,
-        Err(e) => return fail(EXIT_INTERNAL, e),
-    };
+    let mut rundir =
+        match Rundir::create(&Rundir::new_id(), crate::sandbox::rundir::Serves::Command) {
+            Ok(r) => r,
+            Err(e) => return fail(EXIT_INTERNAL, e),
+        };
     crate::log::step("run: runtime directory");
     let cg = match supervisor::make_cgroup(&policy, &mut rundir) {
         Ok(c) => c,
@@ -376,7 +377,9 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(t) => t,
         Err(e) => return fail(EXIT_INTERNAL, e),
     };
-    guard.mount_in_force(mount_in_force(&started.messages));
+    if let Some(g) = &guard {
+        g.mount_in_force(mount_in_force(&started.messages));
+    }
     let pid = nix::unistd::Pid::from_raw(started.child.id() as i32);
     let (_bound, over) = bound_ends(&policy, pid);
     std::thread::spawn(move || loop {
@@ -392,7 +395,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     if let Some(t) = tally {
         eprintln!("{}", crate::proxy::summary(&t));
     }
-    crate::guard::watch::finish_and_say(guard);
+    guard.map(crate::guard::watch::finish_and_say);
     crate::log::step("run: the guard's end sweep");
     if said_over(&over) {
         policy.on_end = profile::OnEnd::Keep;

@@ -88,8 +88,7 @@ impl Watch {
         // Nothing to watch (copy-on-write: the workspace is no tree of the
         // guard's): no thread and no inotify instance, whose closing waits
         // for the kernel's grace period. The end sweep and the manifest stay.
-        let watching =
-            !snapshots.is_empty() || guard.trees.iter().any(|t| !t.watched.is_empty());
+        let watching = !snapshots.is_empty() || guard.trees.iter().any(|t| !t.watched.is_empty());
         let (thread, stop, restore_mode, confined) = if watching {
             let mut armed = Armed::new(
                 guard,
@@ -540,11 +539,14 @@ impl Armed {
 }
 
 /// Starts the watch for a resolved policy and says what a stale sweep took;
-/// a guard that cannot start refuses the instance (fail closed).
+/// a guard that cannot start refuses the instance (fail closed). With no
+/// tree to guard (a copy-on-write workspace and no other writable tree) there
+/// is no watch: no manifest, no quarantine, only the stale sweep of earlier
+/// instances.
 pub(crate) fn start_for(
     policy: &mut crate::profile::Policy,
     id: &str,
-) -> Result<Watch, crate::sandbox::StartError> {
+) -> Result<Option<Watch>, crate::sandbox::StartError> {
     let refuse = |e: String| crate::sandbox::StartError {
         layer: None,
         message: format!("the workspace guard cannot start: {e}"),
@@ -561,6 +563,11 @@ pub(crate) fn start_for(
             crate::term::printable(&t.root.to_string_lossy()),
             super::scan::MAX_ENTRIES
         )));
+    }
+    if policy.guard.trees.is_empty() && policy.guard.git != GitMode::Commit {
+        let state = state_dir(&[]).map_err(|e| refuse(e.to_string()))?;
+        say_stale(&sweep_stale(&state));
+        return Ok(None);
     }
     // Where the mount layer may be missing, keep copies to restore from.
     let snapshots = if policy.best_effort.contains(&crate::profile::Layer::Mount) {
@@ -599,14 +606,17 @@ pub(crate) fn start_for(
         ));
         policy.guard.commit = Some(c);
     }
-    if !w.swept_stale.is_empty() {
-        let lines = summary(&w.swept_stale);
+    say_stale(&w.swept_stale);
+    Ok(Some(w))
+}
+
+fn say_stale(swept: &[Taken]) {
+    if !swept.is_empty() {
         tracing::warn!(
             "an earlier instance ended uncleanly; the workspace guard took what its agent planted:\n{}",
-            lines.join("\n")
+            summary(swept).join("\n")
         );
     }
-    Ok(w)
 }
 
 /// Whether instance `id`'s manifest is held by a live instance.

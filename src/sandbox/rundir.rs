@@ -179,6 +179,16 @@ pub(crate) fn clean_stale(base: &Path) -> Vec<PathBuf> {
     removed
 }
 
+/// What an instance runs in its sandbox: a command has no tmux socket to
+/// share, so it needs no view directory ([`Rundir::host_view`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Serves {
+    /// `sandmux run`: one command.
+    Command,
+    /// `serve` and `shell`: a tmux server.
+    Tmux,
+}
+
 impl Rundir {
     /// A fresh instance id: twelve hex digits. `ps`, the layer, the audit
     /// log's file name and the quarantine all name the instance by it.
@@ -186,8 +196,9 @@ impl Rundir {
         crate::nonce::hex()[..12].to_string()
     }
 
-    /// Creates instance `id`'s directory (after cleaning stale ones).
-    pub(crate) fn create(id: &str) -> Result<Rundir, String> {
+    /// Creates instance `id`'s directory (after cleaning stale ones), and
+    /// for a tmux server the view directory tmux mode may need.
+    pub(crate) fn create(id: &str, serves: Serves) -> Result<Rundir, String> {
         let base = base()?;
         clean_stale(&base);
         let id = id.to_string();
@@ -206,7 +217,9 @@ impl Rundir {
                     .mode(0o700)
                     .create(staging.join(d))?;
             }
-            make_view_base(&id)?;
+            if serves == Serves::Tmux {
+                make_view_base(&id)?;
+            }
             std::fs::rename(&staging, &path)
         };
         if let Err(e) = fill() {

@@ -96,7 +96,8 @@ impl Instance {
         let probe = version_probe(&tmux).map_err(StartError::internal)?;
         let host = (|| {
             check_visible(&policy, &tmux).map_err(StartError::internal)?;
-            let rundir = Rundir::create(id).map_err(StartError::internal)?;
+            let rundir = Rundir::create(id, crate::sandbox::rundir::Serves::Tmux)
+                .map_err(StartError::internal)?;
             let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
             let layer = super::layer::create(&mut policy, &rundir.id)
                 .map_err(|e| StartError::internal(format!("the copy-on-write layer: {e}")))?;
@@ -118,7 +119,7 @@ impl Instance {
             tmux,
             tmux_version: String::new(),
             policy,
-            guard: Some(guard),
+            guard,
             layer,
             broker: None,
             supervisor: None,
