@@ -412,3 +412,64 @@ fn a_lent_toolchain_is_on_path_read_only_with_its_caches_in_home() {
         .code(2)
         .says("sandmux lends rust, python, node, go");
 }
+
+/// Two starts at once: each clears away ended empty layers first, and must
+/// never take the layer another start is still making. The first start is
+/// held inside its making (strace delays its first `flock`, the new layer's
+/// lock, by one second) while the second starts and ends; then the first
+/// runs and keeps its work. Before layers were made under a staging name
+/// the second removed the first's, half made, unlocked and empty (25 `serve`
+/// started at once lost one). Control, before: an unlocked empty layer made
+/// by hand, as the first's looked then, is removed by a start.
+#[test]
+fn a_start_never_takes_the_layer_another_start_is_making() {
+    let (ws, other) = (Ws::new(), Ws::new());
+    let host = host_dir();
+    let state = host.path().join("state");
+    let layers = state.join("sandmux/layers");
+    let ghost = layers.join("0123456789ab");
+    std::fs::create_dir_all(ghost.join("upper")).unwrap();
+    std::fs::create_dir_all(ghost.join("work")).unwrap();
+    let meta = format!(
+        r#"{{"id":"0123456789ab","workspace":"{}","profile":"default","created":"2026-01-01T00:00:00Z","created_ns":0,"held_names":[]}}"#,
+        other.path().display()
+    );
+    put(&ghost.join("meta.json"), &meta);
+    run(other.path())
+        .state(&state)
+        .cmd(["true"])
+        .output()
+        .code(0);
+    assert!(!ghost.exists(), "control: the unlocked empty layer stayed");
+    // No layer is left, so the first start's first flock is its own layer's.
+    let first = run(ws.path())
+        .flag("--on-end", "keep")
+        .state(&state)
+        .script("echo mine > mine");
+    let mut held = std::process::Command::new("strace");
+    held.args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=flock"])
+        .args(["-e", "inject=flock:delay_enter=1000000:when=1"])
+        .arg(bin())
+        .args(first.args())
+        .env("XDG_STATE_HOME", &state)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let held = held.spawn().expect("strace (the CI installs it)");
+    std::thread::sleep(Duration::from_millis(400));
+    run(other.path())
+        .state(&state)
+        .cmd(["true"])
+        .output()
+        .code(0);
+    let o = held.wait_with_output().unwrap();
+    assert!(o.status.success(), "the held start: {}", text(&o));
+    let kept: Vec<String> = std::fs::read_dir(&layers)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}: {}", text(&o));
+    let mine = layers.join(&kept[0]).join("upper/mine");
+    assert_eq!(std::fs::read_to_string(mine).unwrap(), "mine\n");
+}

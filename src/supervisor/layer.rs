@@ -199,14 +199,76 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Laye
     for line in super::kept::make_room(kept.keep_days, kept.kept_bytes.0)? {
         tracing::info!("{line}");
     }
-    let dir = base(std::slice::from_ref(&policy.workspace))?.join(id);
+    let layers = base(std::slice::from_ref(&policy.workspace))?;
+    sweep_staging(&layers);
+    // Made under a staging name that listing skips, with its lock held from
+    // the start, and renamed whole (the held lock moves with it): a start
+    // running at the same time never finds it half made, unlocked and
+    // empty, and removes it as a leftover.
+    let staging = layers.join(format!("{STAGING}{id}"));
+    let dir = layers.join(id);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(io("creating", &staging))?;
+    let made = fill(policy, id, &staging).and_then(|live| {
+        std::fs::rename(&staging, &dir).map_err(io("renaming", &staging))?;
+        Ok(live)
+    });
+    match made {
+        Ok(live) => {
+            policy.layer = Some(dir);
+            Ok(Some(live))
+        }
+        Err(e) => {
+            let _ = remove(&staging);
+            Err(e)
+        }
+    }
+}
+
+/// The prefix of a layer being made ([`create`]); `list` skips it.
+const STAGING: &str = ".new-";
+
+/// A staging directory older than this, whose lock nobody holds, was left
+/// by a supervisor killed while it made its layer.
+const STAGING_STALE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes staging directories left by killed supervisors.
+fn sweep_staging(layers: &Path) {
+    let Ok(rd) = std::fs::read_dir(layers) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with(STAGING) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STAGING_STALE);
+        let dir = layers.join(&name);
+        if old {
+            if let Ok(_held) = lock(&dir, false) {
+                let _ = remove(&dir);
+            }
+        }
+    }
+}
+
+/// Fills the staging directory `dir` of layer `id`: its lock (taken first),
+/// `upper` with the workspace's mode, `work` and `meta.json`.
+fn fill(policy: &Policy, id: &str, dir: &Path) -> Result<Live, LayerError> {
+    let live = Live(lock(dir, true)?);
     let mk = |p: &Path| {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(p)
             .map_err(io("creating", p))
     };
-    mk(&dir)?;
     mk(&dir.join("upper"))?;
     mk(&dir.join("work"))?;
     // The overlay's top shows the upper directory's mode: the workspace's.
@@ -234,9 +296,7 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Laye
         source,
     })?;
     std::fs::write(&path, text).map_err(io("writing", &path))?;
-    let live = Live(lock(&dir, true)?);
-    policy.layer = Some(dir);
-    Ok(Some(live))
+    Ok(live)
 }
 
 /// Refuses a layer whose instance still runs (its lock is held); the lock
