@@ -49,7 +49,6 @@ pub enum Event {
 pub struct Parser {
     buf: Vec<u8>,
     block: Option<(Guard, Vec<Vec<u8>>)>,
-    truncated: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,26 +89,39 @@ fn guard(line: &[u8], word: &[u8]) -> Option<Guard> {
     Some(g)
 }
 
-/// Decodes the `\ooo` escapes of a `%output` payload.
+/// Decodes the `\ooo` escapes of a `%output` payload: the runs between
+/// backslashes are copied whole, not byte by byte.
 pub fn decode_output(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'\\'
-            && i + 4 <= s.len()
-            && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (s[i + 1] - b'0') as u32 * 64
-                + (s[i + 2] - b'0') as u32 * 8
-                + (s[i + 3] - b'0') as u32;
-            out.push((v & 0xff) as u8);
-            i += 4;
-        } else {
-            out.push(s[i]);
-            i += 1;
+    let mut rest = s;
+    while let Some(i) = next_backslash(rest) {
+        out.extend_from_slice(&rest[..i]);
+        let esc = &rest[i..];
+        match esc.get(1..4) {
+            Some(d) if d.iter().all(|c| (b'0'..=b'7').contains(c)) => {
+                let v = (d[0] - b'0') as u32 * 64 + (d[1] - b'0') as u32 * 8 + (d[2] - b'0') as u32;
+                out.push((v & 0xff) as u8);
+                rest = &esc[4..];
+            }
+            _ => {
+                out.push(b'\\');
+                rest = &esc[1..];
+            }
         }
     }
+    out.extend_from_slice(rest);
     out
+}
+
+/// Where the next `\` is. Escapes come close together in terminal output
+/// (CR LF after each short line, `yes`): the next few bytes are looked at by
+/// hand before `memchr` takes the long runs.
+fn next_backslash(s: &[u8]) -> Option<usize> {
+    let near = s.len().min(16);
+    match s[..near].iter().position(|&b| b == b'\\') {
+        Some(i) => Some(i),
+        None => memchr::memchr(b'\\', &s[near..]).map(|i| i + near),
+    }
 }
 
 fn pane_id(s: &[u8]) -> Option<u32> {
@@ -125,38 +137,40 @@ impl Parser {
         Self::default()
     }
 
-    /// Feeds bytes; returns every event completed by them.
+    /// Feeds bytes; returns every event completed by them. A line wholly
+    /// inside `bytes` is parsed where it lies; only a line split across
+    /// reads is gathered in the buffer.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Event> {
         let mut events = Vec::new();
         let mut rest = bytes;
-        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+        while let Some(nl) = memchr::memchr(b'\n', rest) {
             let (head, tail) = rest.split_at(nl);
-            self.push(head);
-            let line = std::mem::take(&mut self.buf);
-            self.truncated = false;
-            if let Some(e) = self.line(line) {
-                events.push(e);
-            }
+            let e = if self.buf.is_empty() {
+                self.line(&head[..head.len().min(MAX_LINE)])
+            } else {
+                self.push(head);
+                let line = std::mem::take(&mut self.buf);
+                self.line(&line)
+            };
+            events.extend(e);
             rest = &tail[1..];
         }
         self.push(rest);
         events
     }
 
+    /// Gathers part of a line, cut at [`MAX_LINE`].
     fn push(&mut self, bytes: &[u8]) {
         let room = MAX_LINE.saturating_sub(self.buf.len());
-        if bytes.len() > room {
-            self.truncated = true;
-        }
         self.buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     // tmux ends lines with `\n` alone; a `\r` before it is data (a value that
     // ends in CR) and is kept.
-    fn line(&mut self, line: Vec<u8>) -> Option<Event> {
+    fn line(&mut self, line: &[u8]) -> Option<Event> {
         if let Some((g, lines)) = &mut self.block {
             for (word, error) in [(&b"%end"[..], false), (&b"%error"[..], true)] {
-                if guard(&line, word) == Some(*g) {
+                if guard(line, word) == Some(*g) {
                     let (g, lines) = self.block.take().expect("in a block");
                     return Some(Event::Reply {
                         number: g.number,
@@ -166,10 +180,10 @@ impl Parser {
                     });
                 }
             }
-            lines.push(line);
+            lines.push(line.to_vec());
             return None;
         }
-        if let Some(g) = guard(&line, b"%begin") {
+        if let Some(g) = guard(line, b"%begin") {
             self.block = Some((g, Vec::new()));
             return None;
         }
@@ -204,7 +218,7 @@ impl Parser {
         if line.is_empty() {
             return None;
         }
-        Some(Event::Notification(line))
+        Some(Event::Notification(line.to_vec()))
     }
 }
 
