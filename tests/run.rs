@@ -416,7 +416,7 @@ fn a_lent_toolchain_is_on_path_read_only_with_its_caches_in_home() {
 /// Two starts at once: each clears away ended empty layers first, and must
 /// never take the layer another start is still making. The first start is
 /// held inside its making (strace delays its first `flock`, the new layer's
-/// lock, by one second) while the second starts and ends; then the first
+/// lock, by three seconds) while the second starts and ends; then the first
 /// runs and keeps its work. Before layers were made under a staging name
 /// the second removed the first's, half made, unlocked and empty (25 `serve`
 /// started at once lost one). Control, before: an unlocked empty layer made
@@ -448,20 +448,24 @@ fn a_start_never_takes_the_layer_another_start_is_making() {
         .script("echo mine > mine");
     let mut held = std::process::Command::new("strace");
     held.args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=flock"])
-        .args(["-e", "inject=flock:delay_enter=1000000:when=1"])
+        .args(["-e", "inject=flock:delay_enter=3000000:when=1"])
         .arg(bin())
         .args(first.args())
         .env("XDG_STATE_HOME", &state)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let held = held.spawn().expect("strace (the CI installs it)");
-    std::thread::sleep(Duration::from_millis(400));
-    run(other.path())
-        .state(&state)
-        .cmd(["true"])
-        .output()
-        .code(0);
+    let mut held = held.spawn().expect("strace (the CI installs it)");
+    // The first start is inside its making: its layer's directory exists.
+    let making = || std::fs::read_dir(&layers).is_ok_and(|mut d| d.next().is_some());
+    wait_for(making, Duration::from_secs(20), "the first start's layer");
+    let second = run(other.path()).state(&state).cmd(["true"]).output();
+    let still = held.try_wait().unwrap().is_none();
+    if !still {
+        let _ = held.kill();
+    }
+    second.code(0);
+    assert!(still, "the first start was not held while the second ran");
     let o = held.wait_with_output().unwrap();
     assert!(o.status.success(), "the held start: {}", text(&o));
     let kept: Vec<String> = std::fs::read_dir(&layers)

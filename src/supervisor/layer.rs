@@ -10,7 +10,7 @@
 
 use crate::profile::{OnEnd, Policy, WorkspaceMode};
 use serde::{Deserialize, Serialize};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a layer could not be made, found, locked or removed. Each says the
@@ -178,6 +178,7 @@ fn lock(dir: &Path, wait: bool) -> Result<nix::fcntl::Flock<std::fs::File>, Laye
         .write(true)
         .create(true)
         .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
         .map_err(io("opening", &path))?;
     let how = if wait {
@@ -212,7 +213,14 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Laye
         .create(&staging)
         .map_err(io("creating", &staging))?;
     let made = fill(policy, id, &staging).and_then(|live| {
-        std::fs::rename(&staging, &dir).map_err(io("renaming", &staging))?;
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &staging,
+            nix::fcntl::AT_FDCWD,
+            &dir,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|e| io("renaming", &staging)(e.into()))?;
         Ok(live)
     });
     match made {
@@ -241,7 +249,8 @@ fn sweep_staging(layers: &Path) {
     };
     for e in rd.flatten() {
         let name = e.file_name();
-        if !name.to_string_lossy().starts_with(STAGING) {
+        let dir_entry = e.file_type().is_ok_and(|t| t.is_dir());
+        if !dir_entry || !name.to_string_lossy().starts_with(STAGING) {
             continue;
         }
         let old = e
