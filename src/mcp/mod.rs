@@ -429,10 +429,12 @@ fn leftovers(inst: &Instance, info: &ctx::InstanceInfo, audit: &Arc<audit::Audit
             .cgroup
             .clone()
             .map(|cg| oom::Watch::new(audit.clone(), cg)),
-        reverts: inst
-            .guard
-            .as_ref()
-            .map(|g| reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir())),
+        // Without a guarded tree there is nothing to revert, but the end's
+        // warnings (where the kept layer is) still go to the audit log.
+        reverts: Some(match &inst.guard {
+            Some(g) => reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir()),
+            None => reverts::Reverts::new(audit.clone(), Default::default(), PathBuf::new()),
+        }),
         frozen: Arc::new(freeze::Freeze::default()),
         flood: proxy::Flood::new(audit.clone()),
         audit: audit.clone(),
