@@ -43,6 +43,7 @@ pub(super) fn run(
     layers
         .rep
         .note(|| "PID 1: the git guard, hostname and loopback".into());
+    needs_mount(bp.needs_mount, ns)?;
     git_guard(&bp.git, ns, &mut layers)?;
     hostname_and_loopback(bp, ns, &mut layers)?;
     layers
@@ -136,13 +137,34 @@ fn mount_view(
     Ok(())
 }
 
+/// Step 4a: what cannot be had without a mount namespace stops start-up,
+/// whatever the git guard's mode.
+fn needs_mount(need: Option<MountNeed>, ns: &namespaces::Created) -> Result<(), Stop> {
+    if ns.has(Layer::Mount) {
+        return Ok(());
+    }
+    match need {
+        Some(MountNeed::Layer) => Err(Stop {
+            unavailable: true,
+            layer: Some(Layer::Mount),
+            message: "[workspace] mode = \"copy-on-write\" needs a mount namespace (the layer is an overlay over the workspace); without one, use mode = \"live\"".into(),
+        }),
+        Some(MountNeed::Commit) => Err(Stop {
+            unavailable: true,
+            layer: Some(Layer::Git),
+            message: "git = \"commit\" needs a mount namespace (the agent's repository is mounted over .git); use git = \"read-only\" here".into(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Step 4b: The git guard rides on the mount view (P8).
 fn git_guard(
     step: &GitStep,
     ns: &namespaces::Created,
     layers: &mut Layers<'_>,
 ) -> Result<(), Stop> {
-    let (needs_mount, said) = match step {
+    let said = match step {
         GitStep::Unguarded => {
             layers.rep.send(&Message::Dropped {
                 layer: Layer::Git,
@@ -150,21 +172,8 @@ fn git_guard(
             });
             return Ok(());
         }
-        GitStep::Guarded { needs_mount, said } => (needs_mount, said),
+        GitStep::Guarded { said } => said,
     };
-    match needs_mount {
-        Some(MountNeed::Layer) if !ns.has(Layer::Mount) => return Err(Stop {
-            unavailable: true,
-            layer: Some(Layer::Mount),
-            message: "[workspace] mode = \"copy-on-write\" needs a mount namespace (the layer is an overlay over the workspace); without one, use mode = \"live\"".into(),
-        }),
-        Some(MountNeed::Commit) if !ns.has(Layer::Mount) => return Err(Stop {
-            unavailable: true,
-            layer: Some(Layer::Git),
-            message: "git = \"commit\" needs a mount namespace (the agent's repository is mounted over .git); use git = \"read-only\" here".into(),
-        }),
-        _ => {}
-    }
     if ns.has(Layer::Mount) {
         layers.ok(Layer::Git, said.clone());
         Ok(())

@@ -95,6 +95,15 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
         limits: policy.limits.clone(),
         environment: policy.environment.clone(),
         protected: policy.protected.clone(),
+        needs_mount: if policy.layer.is_some() {
+            Some(MountNeed::Layer)
+        } else if policy.guard.git == crate::profile::GitMode::Commit
+            && policy.guard.commit.is_some()
+        {
+            Some(MountNeed::Commit)
+        } else {
+            None
+        },
         git: git_step(policy),
         counts: ViewCounts {
             entries: policy.fs.len(),
@@ -104,22 +113,16 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
     }
 }
 
-/// The workspace guard's step: what needs a mount namespace, and its line.
+/// The workspace guard's step: its report line.
 fn git_step(policy: &Policy) -> GitStep {
     if policy.guard.git == crate::profile::GitMode::Unguarded {
         return GitStep::Unguarded;
     }
-    let needs_mount = if policy.layer.is_some() {
-        Some(MountNeed::Layer)
-    } else {
-        policy.guard.commit.as_ref().map(|_| MountNeed::Commit)
-    };
     let mut said = policy.guard.describe(true);
     if policy.layer.is_some() {
         said.insert(0, "copy-on-write workspace: the agent's git is its own; version-control data reaches the host only through `sandmux apply`, which holds it back".into());
     }
     GitStep::Guarded {
-        needs_mount,
         said: said.join(" | "),
     }
 }
@@ -432,5 +435,32 @@ fn etc(m: &mut Vec<Step>, policy: &Policy) {
             bind(from, Onto::IfPresent, Attrs::RO_NOSUID_NODEV),
             Need::IfPresent,
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy-on-write workspace needs a mount namespace whatever git's
+    /// mode: with `git = "unguarded"` too (before, only the guarded step
+    /// carried the need, and a sandbox without a mount namespace would have
+    /// written the host's tree, unguarded). Control: live and unguarded
+    /// needs none.
+    #[test]
+    fn a_copy_on_write_layer_needs_a_mount_namespace_in_every_git_mode() {
+        let mut policy = crate::sandbox::view::sample();
+        policy.layer = Some(PathBuf::from("/state/layers/0123456789ab"));
+        for git in [
+            crate::profile::GitMode::Unguarded,
+            crate::profile::GitMode::ReadOnly,
+        ] {
+            policy.guard.git = git;
+            let bp = compile(&policy, Mode::Run);
+            assert_eq!(bp.needs_mount, Some(MountNeed::Layer), "{git:?}");
+        }
+        policy.layer = None;
+        policy.guard.git = crate::profile::GitMode::Unguarded;
+        assert_eq!(compile(&policy, Mode::Run).needs_mount, None);
     }
 }

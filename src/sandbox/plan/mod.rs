@@ -59,6 +59,10 @@ pub(crate) struct Blueprint {
     pub environment: Environment,
     /// Paths kept read-only inside read-write trees (the self-test checks).
     pub protected: Vec<PathBuf>,
+    /// What needs a mount namespace: without one PID 1 stops, whatever
+    /// the git guard's mode (a copy-on-write workspace with no overlay would
+    /// be the host's tree, written live and unguarded).
+    pub needs_mount: Option<MountNeed>,
     /// The workspace guard's step in PID 1 (P8).
     pub git: GitStep,
     /// What the mount view's report line counts.
@@ -73,8 +77,6 @@ pub(crate) enum GitStep {
     Unguarded,
     /// Guarded by the mount view.
     Guarded {
-        /// What needs a mount namespace (start-up stops without one).
-        needs_mount: Option<MountNeed>,
         /// The report line, with a mount namespace.
         said: String,
     },
