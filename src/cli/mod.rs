@@ -74,7 +74,11 @@ pub fn main() -> ExitCode {
             return fail(EXIT_USAGE, e);
         }
     }
-    crate::log::step("cli: arguments parsed");
+    // The instance's own processes (the broker) log under no instance id
+    // of their own: only the commands a person runs mark their start.
+    if !matches!(cli.cmd, Cmd::Init | Cmd::ProbeUserns { .. } | Cmd::Broker) {
+        crate::log::step("cli: arguments parsed");
+    }
     if matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Run { .. }) {
         // Before any thread: as a container's PID 1, a reaping parent stays PID 1.
         crate::entrypoint::take_pid1_duties();
