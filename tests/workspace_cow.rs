@@ -223,7 +223,8 @@ fn apply_brings_the_work_in_and_nothing_else() {
                 .flatten()
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .find(|n| *n != id)
+                // A layer being made is `.new-ID` until it is whole.
+                .find(|n| *n != id && !n.starts_with('.'))
                 .unwrap_or_default();
             !other.is_empty()
         },
