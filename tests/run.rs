@@ -477,3 +477,23 @@ fn a_start_never_takes_the_layer_another_start_is_making() {
     let mine = layers.join(&kept[0]).join("upper/mine");
     assert_eq!(std::fs::read_to_string(mine).unwrap(), "mine\n");
 }
+
+/// `git = "commit"` with a copy-on-write workspace is refused, naming the
+/// key (it used to crash at start: the guard had no tree to commit from).
+#[test]
+fn commit_mode_with_a_copy_on_write_workspace_is_refused() {
+    let ws = Ws::new();
+    let host = host_dir();
+    let shown = sandmux(&["profile", "show", "default"]).output().unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout)
+        .replace("\ngit = \"read-only\"", "\ngit = \"commit\"");
+    assert!(text.contains("\ngit = \"commit\""), "{text}");
+    let p = host.path().join("commit.toml");
+    std::fs::write(&p, text).unwrap();
+    run(ws.path())
+        .profile(&p)
+        .cmd(["true"])
+        .output()
+        .code(2)
+        .says("git = \"commit\" needs [workspace] mode = \"live\"");
+}

@@ -35,14 +35,21 @@ impl Loaded {
             .collect();
         let names = with_config_dir(names, &roots);
         // Commit mode is about the workspace's repository, which a
-        // copy-on-write workspace keeps out of the guard's trees (the agent's
-        // commits come through the door): other trees are guarded read-only.
-        let git = match p.workspace.git {
-            GitMode::Commit if cow => GitMode::ReadOnly,
-            g => g,
-        };
-        let (guard, ro) = (ctx.plan_guard)(&roots, &names, git, p.workspace.new_repositories)
-            .map_err(|reason| self.invalid("workspace.git", reason))?;
+        // copy-on-write workspace keeps out of the guard's trees: said, not
+        // quietly changed.
+        if cow && p.workspace.git == GitMode::Commit {
+            return Err(self.invalid(
+                "workspace.git",
+                "git = \"commit\" needs [workspace] mode = \"live\": a copy-on-write workspace already keeps the agent's commits in its layer, and `sandmux apply` brings them in as refs".into(),
+            ));
+        }
+        let (guard, ro) = (ctx.plan_guard)(
+            &roots,
+            &names,
+            p.workspace.git,
+            p.workspace.new_repositories,
+        )
+        .map_err(|reason| self.invalid("workspace.git", reason))?;
         let mut environment = p.environment.clone();
         for v in environment.set.values_mut() {
             *v = subst(ctx, v);
