@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""One summary table of the four benchmarks' headline figures.
+"""One summary table of the five benchmarks' headline figures.
 
 Reads the JSON files the benchmarks write beside their markdown reports
-(sandbox-start.json, mcp-latency.json, workload-overhead.json, scale.json in
+(sandbox-start.json, mcp-latency.json, workload-overhead.json, scale.json,
+curves.json in
 the output directory) and writes summary.md (and summary.json, the same rows)
 there; the markdown also goes to stdout. bench/run calls this after running the
 benchmarks; it can also be run on its own to redo the table from the last JSONs:
@@ -26,7 +27,7 @@ import json
 import os
 import sys
 
-BENCHES = ["sandbox-start", "mcp-latency", "workload-overhead", "scale"]
+BENCHES = ["sandbox-start", "mcp-latency", "workload-overhead", "scale", "curves"]
 
 # Goal not stated in a benchmark's own output: confined workload overhead
 # ≤ 3% (docs/benchmarks.md), i.e. sandmux / plain ≤ 1.03.
@@ -137,8 +138,17 @@ def scale(t: Table, d: dict) -> None:
           "same instance, no flood (p99, before)", fl["before"]["p99"])
 
 
+def curves(t: Table, d: dict) -> None:
+    for r in d["summary"]:
+        goal = None
+        if r["goal"]:
+            goal = {"op": "≤", "value": float(r["goal"].split()[1].rstrip("x"))}
+        t.add("curves", r["measurement"], r["sandmux"], r["unit"], r["other_what"], r["other"], goal,
+              goal_on_ratio=goal is not None)
+
+
 READERS = {"sandbox-start": sandbox_start, "mcp-latency": mcp_latency,
-           "workload-overhead": workload_overhead, "scale": scale}
+           "workload-overhead": workload_overhead, "scale": scale, "curves": curves}
 
 
 def main() -> int:
