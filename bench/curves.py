@@ -581,6 +581,13 @@ async def http_clients(url: str, headers: dict, clients: int, seconds: float) ->
             sid = r.headers.get("mcp-session-id")
             hs = {**H, **({"Mcp-Session-Id": sid} if sid else {}), "MCP-Protocol-Version": "2025-11-25"}
             await h.post(url, headers=hs, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            # The clock starts when every client has its session.
+            ready[0] += 1
+            if ready[0] == clients:
+                clock[0], clock[1] = time.perf_counter(), time.perf_counter() + seconds
+                go.set()
+            await go.wait()
+            stop = clock[1]
             n = 0
             while time.perf_counter() < stop:
                 n += 1
@@ -592,13 +599,14 @@ async def http_clients(url: str, headers: dict, clients: int, seconds: float) ->
                     errors[0] += 1
                 elif time.perf_counter() < stop:
                     lat.append((time.perf_counter() - t0) * 1000)
+            if sid:  # the session ends, as a client that is done ends it
+                await h.delete(url, headers=hs)
 
     import asyncio
-    stop = time.perf_counter() + seconds
-    t0 = time.perf_counter()
+    ready, clock, go = [0], [0.0, 0.0], asyncio.Event()
     await asyncio.gather(*(one(k) for k in range(clients)))
     st = stats(lat)
-    st["calls_per_s"] = len(lat) / (time.perf_counter() - t0)
+    st["calls_per_s"] = len(lat) / seconds
     st["errors"] = errors[0]
     return st
 
