@@ -330,8 +330,14 @@ def panes_point(env: Env, n: int, rounds: int) -> dict:
         settle(lambda: smx_tree() + descendants(tmux_pid))
         got = {}
         listing = listing_cmd("ctl")
-        if len(ctl.cmd(listing)) != n:
-            raise BenchError(f"the floor's listing did not show {n} panes")
+        for _ in range(10):  # the panes settle (a pane whose shell is still starting)
+            shown = ctl.cmd(listing)
+            if len(shown) == n:
+                break
+            log(f"the floor's listing showed {len(shown)} lines, not {n} panes: {shown[:2]}; again in 1 s")
+            time.sleep(1)
+        else:
+            raise BenchError(f"the floor's listing showed {len(shown)} lines, not {n} panes: {shown[:3]}")
         calls = {
             "sandmux": (lambda: smx.call("list_panes", {}), lambda: smx.call("capture_pane", {"pane_id": spane})),
             "libtmux-mcp": (lambda: lib.call("list_panes", {}), lambda: lib.call("capture_pane", {"pane_id": lpane})),
