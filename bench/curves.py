@@ -201,10 +201,8 @@ class Ctl:
         if watch:
             threading.Thread(target=self._drain, daemon=True).start()
         else:
-            # The attach's own reply block comes first: read until the sync's.
-            self.p.stdin.write(b"display-message -p sync\n")
-            while self._block() != [b"sync"]:
-                pass
+            if self.cmd("display-message -p sync") != [b"sync"]:
+                raise BenchError("tmux -C: the first reply is not the first command's")
 
     def _drain(self) -> None:
         rest = b""
@@ -232,7 +230,9 @@ class Ctl:
         return self._block(line)
 
     def _block(self, line: str = "") -> list[bytes]:
-        while not (ln := self._line()).startswith(b"%begin "):
+        # Only this client's commands have flags 1: the attach's own block
+        # (flags 0) may come before or after the first command's.
+        while not ((ln := self._line()).startswith(b"%begin ") and ln.split()[3:4] == [b"1"]):
             pass
         body = []
         while not (ln := self._line()).startswith((b"%end ", b"%error ")):
@@ -330,13 +330,8 @@ def panes_point(env: Env, n: int, rounds: int) -> dict:
         settle(lambda: smx_tree() + descendants(tmux_pid))
         got = {}
         listing = listing_cmd("ctl")
-        for _ in range(10):  # the panes settle (a pane whose shell is still starting)
-            shown = ctl.cmd(listing)
-            if len(shown) == n:
-                break
-            log(f"the floor's listing showed {len(shown)} lines, not {n} panes: {shown[:2]}; again in 1 s")
-            time.sleep(1)
-        else:
+        shown = ctl.cmd(listing)
+        if len(shown) != n or ctl.cmd("display-message -p check") != [b"check"]:
             raise BenchError(f"the floor's listing showed {len(shown)} lines, not {n} panes: {shown[:3]}")
         calls = {
             "sandmux": (lambda: smx.call("list_panes", {}), lambda: smx.call("capture_pane", {"pane_id": spane})),

@@ -180,6 +180,7 @@ def main() -> int:
     first = next(iter(data.values()), {})
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     runs = "; ".join(
+        f"{b}: {d['meta']['when']}, {d['meta']['minutes']:.1f} min" if b == "curves" else
         f"{b}: {d.get('date') or d.get('summary', {}).get('date', '?')}, "
         + (f"{d['rounds']} rounds" if "rounds" in d else
            f"N = {','.join(map(str, d['summary']['sizes']))}, {d['summary']['reps']} rep(s), "
