@@ -39,6 +39,8 @@ import sys
 import threading
 import time
 
+from lines import Lines
+
 # The fields sandmux's list_panes asks tmux for (src/mcp/targets.rs).
 PANE_FIELDS = ("session_id q:session_name window_id window_index q:window_name pane_id pane_index "
                "pane_active q:pane_title q:pane_current_command q:pane_current_path pane_width "
@@ -144,7 +146,7 @@ class Rpc:
     def __init__(self, argv: list[str], env: dict, errlog):
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog,
                                   env=env, start_new_session=True, bufsize=0)
-        self.buf, self.n = b"", 0
+        self.lines, self.n = Lines(self.p.stdout.fileno(), f"{argv[0]}'s stdout", BenchError), 0
 
     def start(self) -> None:
         self.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
@@ -152,13 +154,7 @@ class Rpc:
         self.p.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
 
     def _line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = os.read(self.p.stdout.fileno(), 1 << 20)
-            if not chunk:
-                raise BenchError(f"{self.p.args[0]}: stdout closed")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
+        return self.lines.next()
 
     def request(self, method: str, params: dict) -> dict:
         self.n += 1
@@ -197,7 +193,7 @@ class Ctl:
         self.p = subprocess.Popen(["tmux", "-S", sock, "-C", "attach-session", "-t", session, "-f", flags],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   bufsize=0)
-        self.buf = b""
+        self.lines = Lines(self.p.stdout.fileno(), "tmux -C", BenchError)
         if watch:
             threading.Thread(target=self._drain, daemon=True).start()
         else:
@@ -217,13 +213,7 @@ class Ctl:
             rest = rest[rest.rfind(b"\n") + 1:]
 
     def _line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = os.read(self.p.stdout.fileno(), 1 << 20)
-            if not chunk:
-                raise BenchError("tmux -C closed")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
+        return self.lines.next()
 
     def cmd(self, line: str) -> list[bytes]:
         self.p.stdin.write(line.encode() + b"\n")

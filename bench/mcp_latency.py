@@ -47,6 +47,8 @@ import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from lines import Lines
+
 warnings.filterwarnings("ignore")  # send_ping's deprecation warning (legacy mode is what we use)
 
 PERMS3 = [(0, 1, 2), (2, 1, 0), (1, 2, 0), (0, 2, 1), (2, 0, 1), (1, 0, 2)]
@@ -163,17 +165,11 @@ class ControlConn:
             ["tmux", "-S", sock, "-C", "attach-session", "-t", session, "-f", "no-output"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
         )
-        self.buf = b""
-        self.cmd("display-message -p sync")  # skips the attach's own block and any notifications
+        self.lines = Lines(self.p.stdout.fileno(), "tmux -C connection", BenchError)
+        self.cmd("display-message -p sync")  # the attach done; notifications are skipped
 
     def _line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = os.read(self.p.stdout.fileno(), 65536)
-            if not chunk:
-                raise BenchError("tmux -C connection closed")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
+        return self.lines.next()
 
     def cmd(self, line: str) -> list[bytes]:
         self.p.stdin.write(line.encode() + b"\n")
@@ -189,7 +185,9 @@ class ControlConn:
         # Skip notifications until our block starts, then collect until its end.
         while True:
             ln = self._line()
-            if ln.startswith(b"%begin "):
+            # Only this client's commands have flags 1: the attach's own
+            # block (flags 0) can come after the first command's reply.
+            if ln.startswith(b"%begin ") and ln.split()[3:4] == [b"1"]:
                 num = ln.split()[2]
                 break
         body = []
@@ -221,7 +219,7 @@ class RawRpc:
         env.update(params.env or {})
         self.p = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=errlog, env=env, start_new_session=True, bufsize=0)
-        self.buf = b""
+        self.lines = Lines(self.p.stdout.fileno(), f"{params.command}: stdout (raw JSON-RPC)", BenchError)
         self.next_id = 0
         self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
                                     "clientInfo": {"name": "mcp-latency-raw", "version": "0"}})
@@ -231,13 +229,7 @@ class RawRpc:
         self.p.stdin.write(json.dumps(msg).encode() + b"\n")
 
     def _line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = os.read(self.p.stdout.fileno(), 1 << 20)
-            if not chunk:
-                raise BenchError(f"{self.p.args[0]}: stdout closed (raw JSON-RPC)")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
+        return self.lines.next()
 
     def request(self, method: str, params: dict) -> dict:
         self.next_id += 1
