@@ -19,15 +19,20 @@ pub(super) fn info_of(inst: &Instance, tmux_version: String) -> ctx::InstanceInf
 }
 
 /// Confines the supervisor to what it uses from here on
-/// (`sandbox::supervisor`): the main thread now, before the runtime starts a
-/// thread; the guard's thread has restricted itself already.
+/// (`sandbox::supervisor`), and `reads` (the HTTP token file's directories,
+/// read again when it is rotated): the main thread now, before the runtime
+/// starts a thread; the guard's thread has restricted itself already.
 pub(super) fn confine_self(
     inst: &Instance,
     audit: &audit::Audit,
     record: Option<&record::Recording>,
+    reads: &[std::path::PathBuf],
 ) -> Result<crate::sandbox::report::LayerStatus, crate::sandbox::StartError> {
-    use crate::sandbox::supervisor::{confine, status};
-    let needs = inst.supervisor_needs(audit.path(), record.map(|r| r.path()));
+    use crate::sandbox::supervisor::{confine, status, Right};
+    let mut needs = inst.supervisor_needs(audit.path(), record.map(|r| r.path()));
+    needs
+        .rules
+        .extend(reads.iter().map(|d| (d.clone(), Right::Read)));
     let main = confine(&inst.policy, &needs)?;
     let guard = inst.guard.as_ref();
     // The guard thread's own restriction is part of the layer.

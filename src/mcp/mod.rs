@@ -224,7 +224,11 @@ fn listen_and_confine(
             return Err(fail(st, crate::sandbox::EXIT_USAGE));
         }
     };
-    match confine_self(&st.inst, audit, record) {
+    let reads = listening
+        .as_ref()
+        .map(|l| l.reads.as_slice())
+        .unwrap_or(&[]);
+    match confine_self(&st.inst, audit, record, reads) {
         Ok(status) => {
             tracing::debug!(layer = %status.layer, enforced = status.enforced, detail = %status.detail, "the supervisor's own layer");
             st.inst.supervisor = Some(status)

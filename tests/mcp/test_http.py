@@ -198,6 +198,45 @@ def test_a_non_loopback_bind_needs_a_private_token_file(ws):
         stopped(proc)
 
 
+def test_a_rotated_token_file_replaces_the_token_at_once_and_an_unusable_one_admits_nothing(ws):
+    # A Kubernetes Secret rotates by swapping the `..data` link in its
+    # directory. The supervisor, confined after start, reads the file again
+    # when it changes: the old token stops working at once (before, it kept
+    # working until the instance ended), and a file that cannot be used
+    # admits nothing until it can (fail closed). The audit log names each
+    # change by its digest, never the token itself.
+    d = ws[1] / "secret"
+    d.mkdir(mode=0o700)
+
+    def put(gen, text, mode=0o600):
+        g = d / f"..{gen}"
+        g.mkdir(mode=0o700)
+        (g / "token").write_text(text + "\n")
+        (g / "token").chmod(mode)
+        (d / "..data_tmp").symlink_to(g.name)
+        os.replace(d / "..data_tmp", d / "..data")
+
+    a, b, c, e = ("a" * 20, "b" * 20, "c" * 20, "e" * 20)
+    put("v1", a)
+    (d / "token").symlink_to("..data/token")
+    with http_server(ws, "--token-file", str(d / "token")) as (url, token, proc):
+        assert token == a and post(url, a).status_code == 200
+        put("v2", b)
+        assert post(url, a).status_code == 401
+        assert post(url, b).status_code == 200
+        put("v3", c, 0o644)  # others may read it: unusable
+        assert post(url, b).status_code == 401 and post(url, c).status_code == 401
+        put("v4", e)
+        assert post(url, e).status_code == 200
+        stopped(proc)
+    events = [(r["error_type"], r["args"]) for r in audit_records(ws) if r["tool"] == "(http)"]
+    kinds = [k for k, _ in events]
+    assert kinds == ["token_replaced", "token_unusable", "token_replaced"], events
+    assert "0644" in events[1][1]["why"]
+    text = (ws[1] / "audit.jsonl").read_text()
+    assert not any(t in text for t in (a, b, c, e))
+
+
 async def test_one_sandbox_serves_100_sequential_and_20_concurrent_calls(ws):
     with http_server(ws) as (url, token, proc):
         from mcp import Client

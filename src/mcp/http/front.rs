@@ -5,7 +5,7 @@
 //! cap. Every refusal is counted ([`super::rejects`]) and none reaches MCP.
 
 use super::rejects::{Rejects, Why};
-use super::token::Token;
+use super::token::{Change, Current};
 use super::Limits;
 use crate::mcp::backlog::Debt;
 use crate::mcp::ctx::State;
@@ -41,7 +41,7 @@ pub(crate) struct Front {
     pub(crate) state: Arc<State>,
     pub(crate) mcp: StreamableHttpService<Server, LocalSessionManager>,
     pub(crate) sessions: Arc<LocalSessionManager>,
-    pub(crate) token: Token,
+    pub(crate) token: Current,
     pub(crate) hosts: Vec<String>,
     pub(crate) limits: Limits,
     pub(crate) requests: Arc<Semaphore>,
@@ -85,6 +85,27 @@ pub(crate) fn host_of(authority: &str) -> String {
 }
 
 impl Front {
+    /// The token in force; a replaced or unusable token file is said once,
+    /// in the log and the audit log (never the token, only its digest).
+    fn token_now(&self) -> Option<Arc<super::token::Token>> {
+        let (token, change) = self.token.get();
+        let (kind, detail) = match change {
+            Change::None => return token,
+            Change::Replaced(id) => {
+                tracing::info!("--token-file changed: the token in force is now {id}");
+                ("token_replaced", serde_json::json!({"token": id}))
+            }
+            Change::Unusable(why) => {
+                tracing::error!("{why}: every request is refused until the file can be used");
+                ("token_unusable", serde_json::json!({"why": why}))
+            }
+        };
+        self.state
+            .audit
+            .event(crate::audit::Entry::event("(http)", Some(kind), &detail));
+        token
+    }
+
     fn allowed(&self, host: &str) -> bool {
         let h = host_of(host);
         !h.is_empty() && self.hosts.contains(&h)
@@ -181,7 +202,8 @@ impl Front {
             .headers()
             .get(hyper::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        if !self.token.admits(auth) {
+        let token = self.token_now();
+        if !token.as_ref().is_some_and(|t| t.admits(auth)) {
             return self.refuse(
                 if auth.is_none() {
                     Why::NoToken
@@ -218,7 +240,7 @@ impl Front {
         };
         parts.extensions.insert(Caller {
             addr: peer,
-            token: self.token.id.clone(),
+            token: token.map(|t| t.id.clone()).unwrap_or_default(),
         });
         let debt = Arc::new(Debt::new(self.state.backlog.clone()));
         parts.extensions.insert(debt.clone());

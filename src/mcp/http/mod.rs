@@ -20,7 +20,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -111,9 +111,14 @@ pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
 /// A bound listener and its token, ready to serve once the runtime runs.
 pub(crate) struct Listening {
     listener: std::net::TcpListener,
-    token: token::Token,
+    token: token::Current,
     /// Where the token is (the given file, or the generated one).
     pub(crate) token_file: PathBuf,
+    /// What the supervisor reads after it confines itself: a given token
+    /// file's directory, and its target's when it is a link (a rotated
+    /// Secret replaces a link in that directory). None for a generated
+    /// token, which is in the runtime directory.
+    pub(crate) reads: Vec<PathBuf>,
     /// The URL clients use.
     pub(crate) url: String,
     hosts: Vec<String>,
@@ -128,20 +133,33 @@ pub(crate) fn open(plan: Plan, rundir: &std::path::Path) -> Result<Listening, St
         .set_nonblocking(true)
         .map_err(|e| format!("--http {}: {e}", plan.addr))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let (token, token_file) = match (plan.token, plan.token_file) {
-        (Some(t), Some(p)) => (t, p),
+    let (token, token_file, reads) = match (plan.token, plan.token_file) {
+        (Some(t), Some(p)) => (token::Current::from_file(&p, t), p.clone(), dirs_of(&p)),
         _ => {
             let p = rundir.join("http-token");
-            (token::generate(&p)?, p)
+            (token::Current::fixed(token::generate(&p)?), p, vec![])
         }
     };
     Ok(Listening {
         listener,
         token,
         token_file,
+        reads,
         url: format!("http://{local}/mcp"),
         hosts: plan.hosts,
     })
+}
+
+/// A token file's directory, and its target's when it is a link.
+fn dirs_of(file: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = file.parent().map(Path::to_path_buf).into_iter().collect();
+    let target = std::fs::canonicalize(file).ok();
+    if let Some(d) = target.as_deref().and_then(Path::parent) {
+        if !dirs.iter().any(|x| x == d) {
+            dirs.push(d.to_path_buf());
+        }
+    }
+    dirs
 }
 
 /// What the operator endpoint reports (`sandmux ps`).

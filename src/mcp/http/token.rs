@@ -121,6 +121,88 @@ pub(crate) fn generate(path: &Path) -> Result<Token, String> {
     Ok(Token::new(secret.into_bytes()))
 }
 
+/// What identifies one version of the token file: the file a path leads to
+/// (links followed, as a rotated Kubernetes Secret swaps a link) and its size
+/// and times.
+type Stamp = (u64, u64, u64, i64, i64, i64, i64);
+
+fn stamp(path: &Path) -> Result<Stamp, String> {
+    let m = std::fs::metadata(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+    Ok((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ))
+}
+
+/// What a look at the token file found.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Change {
+    /// The same file as before (or still the same trouble).
+    None,
+    /// A new token is in force (its digest).
+    Replaced(String),
+    /// The file cannot be used: no token admits anything until it can.
+    Unusable(String),
+}
+
+/// The token in force. From `--token-file`, the file is looked at before
+/// every request and read again when it changed (a rotated Secret): the old
+/// token stops working at once, and a file that cannot be used (gone, a
+/// wrong mode, a bad token) admits nothing until it can (fail closed). A
+/// generated token never changes.
+pub(crate) struct Current {
+    path: Option<std::path::PathBuf>,
+    held: std::sync::Mutex<(Option<std::sync::Arc<Token>>, Option<Stamp>)>,
+}
+
+impl Current {
+    /// A token that never changes (generated into the runtime directory).
+    pub(crate) fn fixed(t: Token) -> Current {
+        Current {
+            path: None,
+            held: std::sync::Mutex::new((Some(std::sync::Arc::new(t)), None)),
+        }
+    }
+
+    /// The token read from `path` at start.
+    pub(crate) fn from_file(path: &Path, t: Token) -> Current {
+        Current {
+            held: std::sync::Mutex::new((Some(std::sync::Arc::new(t)), stamp(path).ok())),
+            path: Some(path.to_path_buf()),
+        }
+    }
+
+    /// The token in force now, and what changed since the last look.
+    pub(crate) fn get(&self) -> (Option<std::sync::Arc<Token>>, Change) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(path) = &self.path else {
+            return (held.0.clone(), Change::None);
+        };
+        let now = stamp(path);
+        if now.as_ref().ok() == held.1.as_ref() && (now.is_ok() || held.0.is_none()) {
+            return (held.0.clone(), Change::None);
+        }
+        held.1 = now.as_ref().ok().copied();
+        let change = match now.and_then(|_| read(path)) {
+            Ok(t) => {
+                let id = t.id.clone();
+                held.0 = Some(std::sync::Arc::new(t));
+                Change::Replaced(id)
+            }
+            Err(e) => {
+                held.0 = None;
+                Change::Unusable(e)
+            }
+        };
+        (held.0.clone(), change)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +217,42 @@ mod tests {
         assert!(!t.admits(Some(b"Bearer ")));
         assert!(!t.admits(None));
         assert!(t.id.starts_with("sha256:") && !t.id.contains("0123"));
+    }
+
+    #[test]
+    fn a_replaced_file_replaces_the_token_and_an_unusable_one_admits_nothing() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let (p, new) = (d.path().join("token"), d.path().join("new"));
+        let put = |text: &str, mode: u32| {
+            std::fs::write(&new, text).unwrap();
+            std::fs::set_permissions(&new, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::fs::rename(&new, &p).unwrap();
+        };
+        put("aaaaaaaaaaaaaaaaaaaa\n", 0o600);
+        let c = Current::from_file(&p, read(&p).unwrap());
+        let admits = |c: &Current, t: &[u8]| c.get().0.is_some_and(|k| k.admits(Some(t)));
+        assert!(admits(&c, b"Bearer aaaaaaaaaaaaaaaaaaaa"));
+        assert_eq!(c.get().1, Change::None);
+        put("bbbbbbbbbbbbbbbbbbbb\n", 0o600);
+        assert!(matches!(c.get().1, Change::Replaced(_)));
+        assert!(!admits(&c, b"Bearer aaaaaaaaaaaaaaaaaaaa"));
+        assert!(admits(&c, b"Bearer bbbbbbbbbbbbbbbbbbbb"));
+        // Others may read the new file: nothing is admitted, said once.
+        put("cccccccccccccccccccc\n", 0o644);
+        assert!(matches!(c.get().1, Change::Unusable(e) if e.contains("0644")));
+        assert_eq!(c.get().1, Change::None);
+        assert!(!admits(&c, b"Bearer bbbbbbbbbbbbbbbbbbbb"));
+        assert!(!admits(&c, b"Bearer cccccccccccccccccccc"));
+        // Gone: still nothing; back: in force again.
+        std::fs::remove_file(&p).unwrap();
+        assert!(matches!(c.get().1, Change::Unusable(_)));
+        assert!(!admits(&c, b"Bearer cccccccccccccccccccc"));
+        put("dddddddddddddddddddd\n", 0o400);
+        assert!(admits(&c, b"Bearer dddddddddddddddddddd"));
+        // A generated token is never looked up again.
+        let f = Current::fixed(Token::new(b"eeeeeeeeeeeeeeee".to_vec()));
+        assert!(admits(&f, b"Bearer eeeeeeeeeeeeeeee"));
     }
 
     #[test]
