@@ -87,7 +87,8 @@ pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
     if !addr.ip().is_loopback() && f.token_file.is_none() {
         return Err(format!("--http {addr} is not a loopback address: pass --token-file PATH (a generated token is only for loopback binds)"));
     }
-    let token = f.token_file.as_deref().map(token::read).transpose()?;
+    let token_file = f.token_file.as_deref().map(own_directory).transpose()?;
+    let token = token_file.as_deref().map(token::read).transpose()?;
     let mut hosts: Vec<String> = LOOPBACK_NAMES.iter().map(|s| s.to_string()).collect();
     for h in &f.allowed_hosts {
         let n = h.trim().to_ascii_lowercase();
@@ -103,7 +104,7 @@ pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
     Ok(Plan {
         addr,
         token,
-        token_file: f.token_file.clone(),
+        token_file,
         hosts,
     })
 }
@@ -150,15 +151,32 @@ pub(crate) fn open(plan: Plan, rundir: &std::path::Path) -> Result<Listening, St
     })
 }
 
-/// A token file's directory, and its target's when it is a link.
+/// `--token-file` as an absolute path in a directory other than `/`: that
+/// directory stays readable to the confined supervisor (a rotated token is
+/// read again), and `/` would open the whole file system.
+fn own_directory(file: &Path) -> Result<PathBuf, String> {
+    let abs =
+        std::path::absolute(file).map_err(|e| format!("--token-file {}: {e}", file.display()))?;
+    match abs.parent() {
+        Some(d) if d != Path::new("/") => Ok(abs),
+        _ => Err(format!("--token-file {}: keep the token in a directory of its own (not /): the confined supervisor keeps read access to that directory to read a rotated token again", file.display())),
+    }
+}
+
+/// A token file's directory, and its target's when it is a link (never `/`:
+/// a link into `/` is not read again, and the file then admits nothing).
 fn dirs_of(file: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = file.parent().map(Path::to_path_buf).into_iter().collect();
     let target = std::fs::canonicalize(file).ok();
     if let Some(d) = target.as_deref().and_then(Path::parent) {
-        if !dirs.iter().any(|x| x == d) {
+        if d != Path::new("/") && !dirs.iter().any(|x| x == d) {
             dirs.push(d.to_path_buf());
         }
     }
+    tracing::debug!(
+        ?dirs,
+        "the token file's directories stay readable to the supervisor"
+    );
     dirs
 }
 
@@ -408,5 +426,31 @@ async fn accept(
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|c| c.id != id);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_file_needs_a_directory_of_its_own() {
+        assert!(own_directory(Path::new("/token"))
+            .unwrap_err()
+            .contains("not /"));
+        let rel = own_directory(Path::new("secret/token")).unwrap();
+        assert!(rel.is_absolute() && rel.ends_with("secret/token"));
+        let d = tempfile::tempdir().unwrap();
+        let (file, target) = (d.path().join("token"), d.path().join("t").join("token"));
+        std::fs::create_dir(target.parent().unwrap()).unwrap();
+        std::fs::write(&target, "x").unwrap();
+        std::os::unix::fs::symlink(&target, &file).unwrap();
+        assert_eq!(
+            dirs_of(&file),
+            vec![
+                d.path().to_path_buf(),
+                target.parent().unwrap().to_path_buf()
+            ]
+        );
     }
 }

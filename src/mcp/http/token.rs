@@ -17,6 +17,8 @@ pub(crate) struct Token {
     secret: Vec<u8>,
     /// `sha256:` and the first 12 hex digits of its digest (audit records).
     pub(crate) id: String,
+    /// The file it was read from, as the open file was (see [`Current`]).
+    stamp: Option<Stamp>,
 }
 
 impl Token {
@@ -29,6 +31,7 @@ impl Token {
         Token {
             secret,
             id: format!("sha256:{id}"),
+            stamp: None,
         }
     }
 
@@ -103,7 +106,9 @@ pub(crate) fn read(path: &Path) -> Result<Token, String> {
             "--token-file {shown}: the token must be one line of printable ASCII without spaces"
         ));
     }
-    Ok(Token::new(t.to_vec()))
+    let mut token = Token::new(t.to_vec());
+    token.stamp = Some(stamp_of(&m));
+    Ok(token)
 }
 
 /// A fresh random token, written 0600 to `path` (in the instance's 0700
@@ -126,9 +131,12 @@ pub(crate) fn generate(path: &Path) -> Result<Token, String> {
 /// and times.
 type Stamp = (u64, u64, u64, i64, i64, i64, i64);
 
-fn stamp(path: &Path) -> Result<Stamp, String> {
-    let m = std::fs::metadata(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?;
-    Ok((
+fn stamp(path: &Path) -> Option<Stamp> {
+    std::fs::metadata(path).ok().map(|m| stamp_of(&m))
+}
+
+fn stamp_of(m: &std::fs::Metadata) -> Stamp {
+    (
         m.dev(),
         m.ino(),
         m.size(),
@@ -136,7 +144,7 @@ fn stamp(path: &Path) -> Result<Stamp, String> {
         m.mtime_nsec(),
         m.ctime(),
         m.ctime_nsec(),
-    ))
+    )
 }
 
 /// What a look at the token file found.
@@ -150,14 +158,23 @@ pub(crate) enum Change {
     Unusable(String),
 }
 
-/// The token in force. From `--token-file`, the file is looked at before
-/// every request and read again when it changed (a rotated Secret): the old
-/// token stops working at once, and a file that cannot be used (gone, a
-/// wrong mode, a bad token) admits nothing until it can (fail closed). A
-/// generated token never changes.
+/// The token in force. From `--token-file`, the file is looked at (one
+/// `stat`) before every request and read again when it changed (a rotated
+/// Secret): the old token stops working at once, and a file that cannot be
+/// used (gone, a wrong mode, a bad token) admits nothing until it can (fail
+/// closed; read again at every request until then, so a passing error such
+/// as too many open files does not lock clients out). The stamp kept is the
+/// opened file's, so a change between the look and the read is seen at the
+/// next request. A generated token never changes.
 pub(crate) struct Current {
     path: Option<std::path::PathBuf>,
-    held: std::sync::Mutex<(Option<std::sync::Arc<Token>>, Option<Stamp>)>,
+    held: std::sync::Mutex<Held>,
+}
+
+struct Held {
+    token: Option<std::sync::Arc<Token>>,
+    /// The last reason the file could not be used, said once.
+    unusable: Option<String>,
 }
 
 impl Current {
@@ -165,14 +182,20 @@ impl Current {
     pub(crate) fn fixed(t: Token) -> Current {
         Current {
             path: None,
-            held: std::sync::Mutex::new((Some(std::sync::Arc::new(t)), None)),
+            held: std::sync::Mutex::new(Held {
+                token: Some(std::sync::Arc::new(t)),
+                unusable: None,
+            }),
         }
     }
 
     /// The token read from `path` at start.
     pub(crate) fn from_file(path: &Path, t: Token) -> Current {
         Current {
-            held: std::sync::Mutex::new((Some(std::sync::Arc::new(t)), stamp(path).ok())),
+            held: std::sync::Mutex::new(Held {
+                token: Some(std::sync::Arc::new(t)),
+                unusable: None,
+            }),
             path: Some(path.to_path_buf()),
         }
     }
@@ -181,25 +204,36 @@ impl Current {
     pub(crate) fn get(&self) -> (Option<std::sync::Arc<Token>>, Change) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let Some(path) = &self.path else {
-            return (held.0.clone(), Change::None);
+            return (held.token.clone(), Change::None);
         };
-        let now = stamp(path);
-        if now.as_ref().ok() == held.1.as_ref() && (now.is_ok() || held.0.is_none()) {
-            return (held.0.clone(), Change::None);
+        if let Some(t) = &held.token {
+            if t.stamp.is_some() && stamp(path) == t.stamp {
+                return (held.token.clone(), Change::None);
+            }
         }
-        held.1 = now.as_ref().ok().copied();
-        let change = match now.and_then(|_| read(path)) {
+        let change = match read(path) {
             Ok(t) => {
+                let same = held.token.as_ref().is_some_and(|old| old.id == t.id);
                 let id = t.id.clone();
-                held.0 = Some(std::sync::Arc::new(t));
-                Change::Replaced(id)
+                held.token = Some(std::sync::Arc::new(t));
+                held.unusable = None;
+                if same {
+                    Change::None
+                } else {
+                    Change::Replaced(id)
+                }
             }
             Err(e) => {
-                held.0 = None;
-                Change::Unusable(e)
+                held.token = None;
+                if held.unusable.as_deref() == Some(e.as_str()) {
+                    Change::None
+                } else {
+                    held.unusable = Some(e.clone());
+                    Change::Unusable(e)
+                }
             }
         };
-        (held.0.clone(), change)
+        (held.token.clone(), change)
     }
 }
 
@@ -249,6 +283,10 @@ mod tests {
         assert!(matches!(c.get().1, Change::Unusable(_)));
         assert!(!admits(&c, b"Bearer cccccccccccccccccccc"));
         put("dddddddddddddddddddd\n", 0o400);
+        assert!(admits(&c, b"Bearer dddddddddddddddddddd"));
+        // The same token written again is no change.
+        put("dddddddddddddddddddd\n", 0o600);
+        assert_eq!(c.get().1, Change::None);
         assert!(admits(&c, b"Bearer dddddddddddddddddddd"));
         // A generated token is never looked up again.
         let f = Current::fixed(Token::new(b"eeeeeeeeeeeeeeee".to_vec()));
