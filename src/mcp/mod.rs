@@ -215,7 +215,7 @@ fn listen_and_confine(
         code
     };
     let listening = match http
-        .map(|p| http::open(p, &st.inst.rundir.path))
+        .map(|p| http::open(p, &st.inst.rundir.path, &writable(&st.inst.policy)))
         .transpose()
     {
         Ok(l) => l,
@@ -239,6 +239,21 @@ fn listen_and_confine(
         }
     }
     Ok((st, listening))
+}
+
+/// What the sandbox can write on the host: the workspace and the profile's
+/// read-write binds (a rotated token file must not be under any of them).
+fn writable(policy: &crate::profile::Policy) -> Vec<std::path::PathBuf> {
+    use crate::profile::MountKind;
+    std::iter::once(policy.workspace.clone())
+        .chain(
+            policy
+                .fs
+                .iter()
+                .filter(|e| e.kind == MountKind::ReadWrite)
+                .map(|e| e.path.clone()),
+        )
+        .collect()
 }
 
 /// The instance's description for `sandmux ps` and `stop`.

@@ -189,6 +189,14 @@ def test_a_non_loopback_bind_needs_a_private_token_file(ws):
     os.mkfifo(fifo, 0o600)
     r = subprocess.run([*base, "127.0.0.1:0", "--token-file", str(fifo)], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "not a regular file" in r.stderr
+    # A token the sandbox could write (in the workspace): the agent could
+    # choose the token once it is read again after a change. Refused.
+    inside = ws[0] / "token"
+    inside.write_text("0123456789abcdef0123456789\n")
+    inside.chmod(0o600)
+    r = subprocess.run([*base, "127.0.0.1:0", "--token-file", str(inside)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "which the sandbox can write" in r.stderr, r.stderr
+    inside.unlink()
     # The control: a 0600 regular file, through a symlink (as Kubernetes
     # mounts Secrets), is read.
     tf.chmod(0o600)

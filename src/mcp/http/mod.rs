@@ -127,7 +127,10 @@ pub(crate) struct Listening {
 
 /// Binds the listener (before confinement) and, without `--token-file`,
 /// writes a fresh token into the runtime directory.
-pub(crate) fn open(plan: Plan, rundir: &std::path::Path) -> Result<Listening, String> {
+pub(crate) fn open(plan: Plan, rundir: &Path, writable: &[PathBuf]) -> Result<Listening, String> {
+    if let Some(f) = &plan.token_file {
+        outside_the_sandbox(f, writable)?;
+    }
     let listener =
         std::net::TcpListener::bind(plan.addr).map_err(|e| format!("--http {}: {e}", plan.addr))?;
     listener
@@ -161,6 +164,24 @@ fn own_directory(file: &Path) -> Result<PathBuf, String> {
         Some(d) if d != Path::new("/") => Ok(abs),
         _ => Err(format!("--token-file {}: keep the token in a directory of its own (not /): the confined supervisor keeps read access to that directory to read a rotated token again", file.display())),
     }
+}
+
+/// A token file the sandbox could write would let the agent choose the
+/// token once it is read again: its directories must lie outside the
+/// workspace and every read-write bind.
+fn outside_the_sandbox(file: &Path, writable: &[PathBuf]) -> Result<(), String> {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    for d in dirs_of(file) {
+        let d = canon(&d);
+        if let Some(w) = writable.iter().find(|w| d.starts_with(canon(w))) {
+            return Err(format!(
+                "--token-file {}: it is under {}, which the sandbox can write; keep the token outside the workspace and every read-write path",
+                file.display(),
+                w.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A token file's directory, and its target's when it is a link (never `/`:
