@@ -9,7 +9,7 @@
 
 /// Lowest first; the modules of one layer may not name each other.
 pub(crate) const LAYERS: &[&[&str]] = &[
-    &["term", "nonce"],
+    &["term", "nonce", "secretfile"],
     &["log"],
     &["profile", "audit"],
     &["sandbox"],

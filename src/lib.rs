@@ -25,6 +25,7 @@ pub(crate) mod operator;
 pub(crate) mod profile;
 pub(crate) mod proxy;
 pub(crate) mod sandbox;
+pub(crate) mod secretfile;
 pub(crate) mod supervisor;
 pub(crate) mod tables;
 pub(crate) mod term;

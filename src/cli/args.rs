@@ -264,6 +264,10 @@ pub(super) struct Selection {
     /// Every tool.
     #[arg(long)]
     pub(super) all: bool,
+    /// One credential (`[[credentials]]`) by name: revoked, later requests
+    /// carrying its placeholder are refused; granted, they are served again.
+    #[arg(long, conflicts_with_all = ["toolset", "tool", "all"])]
+    pub(super) credential: Option<String>,
 }
 
 #[derive(Subcommand)]

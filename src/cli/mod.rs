@@ -166,10 +166,17 @@ fn operator(cmd: Cmd) -> ExitCode {
             }
         }
         Cmd::Revoke { sel, .. } | Cmd::Grant { sel }
-            if sel.toolset.is_none() && sel.tool.is_none() && !sel.all =>
+            if sel.toolset.is_none()
+                && sel.tool.is_none()
+                && !sel.all
+                && sel.credential.is_none() =>
         {
-            fail(EXIT_USAGE, "name --toolset, --tool or --all")
+            fail(EXIT_USAGE, "name --toolset, --tool, --all or --credential")
         }
+        Cmd::Revoke { sel, freeze: true } if sel.credential.is_some() => fail(
+            EXIT_USAGE,
+            "--freeze goes with tools, not --credential (run `sandmux freeze ID` after)",
+        ),
         Cmd::Revoke { sel, freeze } => operator_change(Op::Revoke, sel, freeze),
         Cmd::Grant { sel } => operator_change(Op::Grant, sel, false),
         Cmd::Freeze { id } => operator_freeze(Op::Freeze, &id),
@@ -321,6 +328,10 @@ fn audit_verify(path: &std::path::Path) -> ExitCode {
 
 fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
     use nix::sys::signal::{SigSet, Signal};
+    let vault = match crate::proxy::credentials::apply(&mut policy) {
+        Ok(v) => v,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
     let mut rundir =
         match Rundir::create(&Rundir::new_id(), crate::sandbox::rundir::Serves::Command) {
             Ok(r) => r,
@@ -377,7 +388,7 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Ok(s) => s,
         Err(e) => return fail(e.exit_code(), e),
     };
-    let tally = match serve_proxy(&policy, started.proxy.take()) {
+    let tally = match serve_proxy(&policy, started.proxy.take(), vault) {
         Ok(t) => t,
         Err(e) => return fail(EXIT_INTERNAL, e),
     };
@@ -426,10 +437,11 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
 fn serve_proxy(
     policy: &profile::Policy,
     listener: Option<std::net::TcpListener>,
+    vault: Option<std::sync::Arc<crate::proxy::credentials::Vault>>,
 ) -> Result<Option<std::sync::Arc<std::sync::Mutex<crate::proxy::tally::Tally>>>, String> {
     let Some(l) = listener else { return Ok(None) };
     let cfg = crate::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
-    crate::proxy::spawn_counted(l, cfg, policy)
+    crate::proxy::spawn_counted(l, cfg, policy, vault)
         .map(Some)
         .map_err(|e| e.to_string())
 }
@@ -498,7 +510,11 @@ fn record_discard(policy: &profile::Policy, id: &str, line: &str) {
     }
 }
 
-fn shell(policy: profile::Policy) -> ExitCode {
+fn shell(mut policy: profile::Policy) -> ExitCode {
+    let vault = match crate::proxy::credentials::apply(&mut policy) {
+        Ok(v) => v,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
     let ws = policy.workspace.display().to_string();
     let name = policy.name.clone();
     let wsp = policy.workspace.clone();
@@ -507,7 +523,7 @@ fn shell(policy: profile::Policy) -> ExitCode {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
-    let tally = match serve_proxy(&inst.policy, inst.proxy.take()) {
+    let tally = match serve_proxy(&inst.policy, inst.proxy.take(), vault) {
         Ok(t) => t,
         Err(e) => {
             inst.stop();
@@ -570,10 +586,22 @@ fn operator_freeze(which: Op, id: &str) -> ExitCode {
 
 fn operator_change(which: Op, sel: Selection, freeze: bool) -> ExitCode {
     let op = which.name();
-    let req = crate::operator::change(which, sel.toolset, sel.tool, sel.all, freeze);
+    let mut req = crate::operator::change(which, sel.toolset, sel.tool, sel.all, freeze);
+    req.credential = sel.credential.clone();
     let found = crate::operator::find(&sel.id);
     let id = found.as_ref().map(|f| f.id.clone()).unwrap_or_default();
     match found.and_then(|f| crate::operator::request(&f.dir, req)) {
+        Ok(v) if sel.credential.is_some() => {
+            let name = crate::term::printable(sel.credential.as_deref().unwrap_or_default());
+            let what = if which == Op::Grant {
+                "granted again: requests carrying its placeholder are served"
+            } else {
+                "revoked: requests carrying its placeholder are refused"
+            };
+            println!("{op}: credential {name} {what}");
+            let _ = v;
+            ExitCode::SUCCESS
+        }
         Ok(v) => {
             let ts = v["toolsets"]
                 .as_array()

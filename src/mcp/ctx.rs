@@ -78,6 +78,8 @@ pub(crate) struct State {
     pub ready: tokio::sync::watch::Sender<Option<Result<(), String>>>,
     /// The allowlist proxy's last refusals (network mode `proxy`).
     pub refusals: Arc<crate::proxy::refusals::Refusals>,
+    /// The credentials the proxy puts in (`[[credentials]]`).
+    pub vault: Option<Arc<crate::proxy::credentials::Vault>>,
 }
 
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at

@@ -67,6 +67,9 @@ pub(crate) struct Request {
     /// `revoke`/`grant`: every tool.
     #[serde(default)]
     pub all: bool,
+    /// `revoke`/`grant`: one credential (`[[credentials]]`) by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
     /// With `revoke`: freeze once the tools are revoked.
     #[serde(default)]
     pub freeze: bool,
@@ -78,6 +81,7 @@ impl Request {
         Request {
             v: VERSION,
             op,
+            credential: None,
             toolset: None,
             tool: None,
             all: false,
@@ -186,6 +190,7 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
         }
         Op::Freeze => freezing_when_ready(s, false).await,
         Op::Thaw => freezing_when_ready(s, true).await,
+        Op::Revoke | Op::Grant if r.credential.is_some() => credential(s, &r),
         Op::Revoke | Op::Grant => {
             let names = match selected(&r) {
                 Ok(n) => n,
@@ -221,6 +226,32 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
             st
         }
     }
+}
+
+/// `revoke --credential` / `grant --credential`: later requests carrying
+/// its placeholder are refused (or substituted again); audited.
+fn credential(s: &State, r: &Request) -> Value {
+    let name = r.credential.as_deref().unwrap_or_default();
+    let on = r.op == Op::Grant;
+    let Some(v) = &s.vault else {
+        return json!({"ok": false, "error": "this instance has no credentials ([[credentials]] in its profile)"});
+    };
+    if !v.set_granted(name, on) {
+        return json!({"ok": false, "error": format!("no credential named {:?} in this instance", crate::term::printable(name))});
+    }
+    let kind = if on {
+        "credential_granted"
+    } else {
+        "credential_revoked"
+    };
+    s.audit.event(crate::audit::Entry::event(
+        "(credentials)",
+        Some(kind),
+        &json!({"name": name}),
+    ));
+    let mut st = status(s);
+    st["credentials"] = v.status();
+    st
 }
 
 /// The endpoint is bound before the first sessions exist: `stop`, `status`,

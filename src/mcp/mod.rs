@@ -298,6 +298,8 @@ struct Prepared {
     remake_session: bool,
     audit: Arc<audit::Audit>,
     record: Option<Arc<record::Recording>>,
+    /// The credentials (`[[credentials]]`), read before the broker exists.
+    vault: Option<Arc<crate::proxy::credentials::Vault>>,
 }
 
 /// Start-up steps 1-2, on the host before any sandbox exists: the tools,
@@ -317,12 +319,25 @@ fn prepare(policy: &Policy, opts: &Options) -> Result<Prepared, String> {
         remake_session,
         audit,
         record,
+        vault: None,
     })
 }
 
 /// Runs the server; returns the process exit status. `stop` must have been
 /// installed before any thread was started ([`exit::Stop::install`]).
-pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
+pub(crate) fn serve(mut policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
+    // The credentials first: read (and taken out of this process's
+    // environment) before any other process, the broker included, exists.
+    let vault = match crate::proxy::credentials::apply(&mut policy) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!("{e}");
+            if opts.http.is_none() {
+                refusal::tell_client(&e.to_string(), &|| stop.signal().is_some());
+            }
+            return crate::sandbox::EXIT_USAGE;
+        }
+    };
     let mut pre = match prepare(&policy, &opts) {
         Ok(p) => p,
         Err(e) => {
@@ -333,6 +348,7 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
             return crate::sandbox::EXIT_USAGE;
         }
     };
+    pre.vault = vault;
     if let Some(sig) = stop.signal() {
         return stopped(&pre.audit, None, sig);
     }
@@ -398,6 +414,7 @@ fn hand_over(
         no_session,
         watchers: policy.limits.max_sessions as usize,
         proxy,
+        vault: pre.vault.clone(),
     };
     let broker = st.broker.clone();
     *left.inst.lock().unwrap_or_else(|p| p.into_inner()) = Some(st.inst);
@@ -409,6 +426,7 @@ fn hand_over(
         audit,
         record,
         remake_session,
+        vault,
         ..
     } = pre;
     let make: MakeState = Box::new(move |hub: Arc<Hub>| {
@@ -435,6 +453,7 @@ fn hand_over(
             broker: Some(broker),
             ready: tokio::sync::watch::channel(None).0,
             refusals,
+            vault,
         })
     });
     Ok((left, conn, make))

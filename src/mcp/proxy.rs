@@ -59,7 +59,7 @@ impl Flood {
     fn add(&self, ev: Event) {
         self.refusals.add(&ev);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.written < PER_INTERVAL {
+        if s.written < PER_INTERVAL || ev.exfiltration {
             s.written += 1;
             drop(s);
             write_one(&self.audit, &ev);
@@ -95,13 +95,18 @@ impl Flood {
 
     /// Starts serving `listener` on the current runtime (after confinement,
     /// so its tasks are confined too).
-    pub(super) fn start(self: &Arc<Flood>, listener: std::net::TcpListener, cfg: Config) {
+    pub(super) fn start(
+        self: &Arc<Flood>,
+        listener: std::net::TcpListener,
+        cfg: Config,
+        vault: Option<Arc<crate::proxy::credentials::Vault>>,
+    ) {
         let me = self.clone();
         let sink: Sink = Arc::new(move |ev: Event| me.add(ev));
         match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => {
                 let open = self.open.clone();
-                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open));
+                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open, vault));
             }
             Err(e) => tracing::error!("the proxy's listener: {e}"),
         }
@@ -151,6 +156,19 @@ fn write_one(audit: &Audit, ev: &Event) {
         "bytes_up": ev.bytes_up,
         "bytes_down": ev.bytes_down,
     });
+    let mut args = args;
+    if let Some(n) = ev.requests {
+        args["intercepted_requests"] = n.into();
+    }
+    if ev.exfiltration {
+        // Never aggregated: an attempt is always its own record.
+        args["exfiltration"] = true.into();
+        audit.proxy(
+            Entry::event(TOOL, Some("proxy_exfiltration"), &args)
+                .took(ev.duration.as_millis() as u64),
+        );
+        return;
+    }
     write(
         audit,
         ev.denied.is_none(),

@@ -23,6 +23,8 @@ pub(super) struct Conn {
     pub(super) watchers: usize,
     /// The allowlist proxy's listener and configuration (network mode `proxy`).
     pub(super) proxy: Option<(std::net::TcpListener, crate::proxy::Config)>,
+    /// The credentials the proxy puts in.
+    pub(super) vault: Option<Arc<crate::proxy::credentials::Vault>>,
 }
 
 /// The runtime's part: the hub, the state, the watchers, then MCP over
@@ -40,7 +42,7 @@ pub(super) async fn run(
         return (0, None);
     }
     if let Some((l, cfg)) = c.proxy {
-        left.flood.start(l, cfg);
+        left.flood.start(l, cfg, c.vault.clone());
     }
     let hub = match Hub::spawn(&c.tmux, &c.socket, c.genesis, c.watchers).await {
         Ok(h) => h,

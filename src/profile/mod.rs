@@ -7,6 +7,7 @@
 //! `{workspace}` and `{home}` variables substituted and every path checked.
 
 pub(crate) mod allow;
+pub(crate) mod credentials;
 pub(crate) mod guard;
 mod layer;
 mod resolve;
@@ -256,7 +257,7 @@ pub(crate) fn line_of(text: &str, dotted: &str) -> usize {
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
         if let Some(h) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            current = h.trim().to_string();
+            current = h.trim().trim_matches(['[', ']']).trim().to_string();
             continue;
         }
         if current == table {
@@ -439,6 +440,14 @@ pub(crate) struct Policy {
     pub mcp: McpSettings,
     /// `serve --record` settings.
     pub recording: RecordingSettings,
+    /// `[[credentials]]`: where each secret comes from and where it may go
+    /// (never its value).
+    #[serde(default)]
+    pub credentials: Vec<credentials::Credential>,
+    /// The instance's own CA certificate (PEM, public), made by the host
+    /// side when the instance starts with credentials: the sandbox trusts it.
+    #[serde(default)]
+    pub ca_pem: Option<String>,
 }
 
 /// The read-only entries that are symlinks on the host, one line each:

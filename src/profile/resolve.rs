@@ -91,6 +91,8 @@ impl Loaded {
             toolchains: lent,
             links,
             mcp: p.mcp.clone(),
+            credentials: p.credentials.clone(),
+            ca_pem: None,
             recording: p.recording.clone(),
         })
     }

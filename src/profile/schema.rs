@@ -42,6 +42,9 @@ pub(crate) struct Profile {
     /// Host toolchains lent read-only.
     #[serde(default)]
     pub toolchains: super::Toolchains,
+    /// Secrets the agent uses but never holds (`[[credentials]]`).
+    #[serde(default)]
+    pub credentials: Vec<super::credentials::Credential>,
 }
 
 /// `[recording]`: the `serve --record` file.
@@ -148,6 +151,10 @@ pub(crate) struct Network {
     pub proxy_idle_seconds: u64,
     /// Proxy mode: the largest request head, in bytes.
     pub proxy_header_bytes: u32,
+    /// Proxy mode: extra roots (PEM files on the host) the proxy trusts for
+    /// the upstream of an intercepted connection, beside the host's own.
+    #[serde(default)]
+    pub upstream_ca: Vec<std::path::PathBuf>,
 }
 
 /// One `[network] allow` entry: a name, or a name with the address ranges
@@ -207,6 +214,7 @@ impl Default for Network {
             proxy_connections: 64,
             proxy_idle_seconds: 30,
             proxy_header_bytes: 16 * 1024,
+            upstream_ca: vec![],
         }
     }
 }

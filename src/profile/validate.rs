@@ -19,6 +19,9 @@ impl Profile {
             .and_then(|_| self.check_network_and_sandbox())
             .and_then(|_| self.check_environment())
             .and_then(|_| self.check_enforcement_and_mcp())
+            .and_then(|_| {
+                super::credentials::check(&self.credentials, &self.network, &self.environment.set)
+            })
             .map_err(|(key, reason)| ProfileError::Invalid {
                 file: file.to_string(),
                 line: line_of(text, key),

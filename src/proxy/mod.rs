@@ -6,14 +6,22 @@
 //! runs the proxy. Each connection is one decision: the request head
 //! ([`head`]), the name against the list ([`name`]), the address it resolves
 //! to on the host against the refused ranges ([`addr`]), and for a tunnel
-//! the ClientHello's server name ([`hello`]). TLS is never terminated.
+//! the ClientHello's server name ([`hello`]). TLS is terminated only for a
+//! host a credential is sent to ([`credentials`], `intercept`): the
+//! sandbox's TLS ends at the proxy, with a certificate from the instance's
+//! own CA ([`ca`]), and the placeholder is replaced in the headers.
 
+pub(crate) mod ca;
+pub(crate) mod credentials;
 pub mod head;
 pub mod hello;
+mod intercept;
 pub(crate) mod reach;
 pub(crate) mod refusals;
+pub(crate) mod scan;
 mod serve;
 pub(crate) mod tally;
+mod watched;
 
 /// The allowlist's vocabulary, with the configuration that lives in `profile`.
 pub use crate::profile::allow::{addr, name};
@@ -49,6 +57,11 @@ pub(crate) struct Event {
     pub bytes_down: u64,
     /// How long the connection lasted.
     pub duration: Duration,
+    /// Intercepted for a credential: the requests read on it.
+    pub requests: Option<u64>,
+    /// Refused because a credential's placeholder was where it does not
+    /// belong.
+    pub exfiltration: bool,
 }
 
 /// Where decisions go.
@@ -83,6 +96,7 @@ pub(crate) fn spawn_counted(
     listener: std::net::TcpListener,
     cfg: Config,
     policy: &crate::profile::Policy,
+    vault: Option<Arc<credentials::Vault>>,
 ) -> Result<Arc<Mutex<tally::Tally>>, ProxyError> {
     use crate::sandbox::supervisor;
     let t = Arc::new(Mutex::new(tally::Tally::default()));
@@ -109,7 +123,7 @@ pub(crate) fn spawn_counted(
             }
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, Arc::new(cfg), sink, open).await,
+                    Ok(l) => serve(l, Arc::new(cfg), sink, open, vault).await,
                     Err(e) => tracing::error!("the proxy's listener: {e}"),
                 }
             })

@@ -66,7 +66,7 @@ async fn one(cfg: &Config, r: &name::Rule) -> Reach {
         Ok(to) => to,
         Err((_, why)) => return failed(&shown, why),
     };
-    match dial(cfg, to).await {
+    match dial(cfg.idle, to).await {
         Ok(_) => Reach {
             name: shown,
             ok: true,

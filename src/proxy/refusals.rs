@@ -79,6 +79,8 @@ mod tests {
             bytes_up: 0,
             bytes_down: 0,
             duration: Duration::ZERO,
+            requests: None,
+            exfiltration: false,
         }
     }
 

@@ -4,6 +4,7 @@
 //! head, a ClientHello and one copy buffer per direction.
 
 use super::addr::Cidr;
+use super::credentials::Vault;
 use super::head::{self, Parsed, Request};
 use super::hello::{self, Hello};
 use super::{addr, name, Config, Event, Sink};
@@ -26,6 +27,7 @@ pub(crate) async fn serve(
     cfg: Arc<Config>,
     sink: Sink,
     open: Arc<AtomicUsize>,
+    vault: Option<Arc<Vault>>,
 ) {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     loop {
@@ -40,9 +42,10 @@ pub(crate) async fn serve(
         match slots.clone().try_acquire_owned() {
             Ok(permit) => {
                 let (cfg, sink, open) = (cfg.clone(), sink.clone(), open.clone());
+                let vault = vault.clone();
                 open.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
-                    let ev = connection(s, &cfg).await;
+                    let ev = connection(s, &cfg, vault.as_ref()).await;
                     drop(permit);
                     sink(ev);
                     open.fetch_sub(1, Ordering::Relaxed);
@@ -69,6 +72,8 @@ pub(crate) async fn serve(
                     bytes_up: 0,
                     bytes_down: 0,
                     duration: Duration::ZERO,
+                    requests: None,
+                    exfiltration: false,
                 });
             }
         }
@@ -91,7 +96,7 @@ fn response(code: u16, msg: &str) -> Vec<u8> {
 }
 
 /// One connection, start to end: its decision as an event.
-async fn connection(mut s: TcpStream, cfg: &Config) -> Event {
+async fn connection(mut s: TcpStream, cfg: &Config, vault: Option<&Arc<Vault>>) -> Event {
     let t0 = Instant::now();
     let _ = s.set_nodelay(true);
     let mut ev = Event {
@@ -105,8 +110,10 @@ async fn connection(mut s: TcpStream, cfg: &Config) -> Event {
         bytes_up: 0,
         bytes_down: 0,
         duration: Duration::ZERO,
+        requests: None,
+        exfiltration: false,
     };
-    if let Err((code, why)) = decide_and_pass(&mut s, cfg, &mut ev).await {
+    if let Err((code, why)) = decide_and_pass(&mut s, cfg, vault, &mut ev).await {
         if code != 0 {
             let _ = timeout(cfg.idle, s.write_all(&response(code, &why))).await;
         }
@@ -126,7 +133,12 @@ pub(crate) const DECIDES_CAP: &str = "network.proxy_connections";
 /// A refusal: the status to answer (0 once the tunnel is open) and why.
 pub(super) type Refusal = (u16, String);
 
-async fn decide_and_pass(s: &mut TcpStream, cfg: &Config, ev: &mut Event) -> Result<(), Refusal> {
+async fn decide_and_pass(
+    s: &mut TcpStream,
+    cfg: &Config,
+    vault: Option<&Arc<Vault>>,
+    ev: &mut Event,
+) -> Result<(), Refusal> {
     // The head and (for a tunnel) the ClientHello, together, must come
     // within one idle time of the accept: a client trickling a byte at a
     // time cannot hold a slot for longer.
@@ -156,9 +168,10 @@ async fn decide_and_pass(s: &mut TcpStream, cfg: &Config, ev: &mut Event) -> Res
         })?;
     ev.address = Some(to);
     let rest = buf.split_off(req.len);
+    let how = Pass { cfg, to, vault };
     match &req.forward {
-        None => tunnel(s, cfg, &req, to, rest, ev, by).await,
-        Some((head, body)) => plain(s, cfg, to, head, *body, rest, ev).await,
+        None => tunnel(s, &how, &req, rest, ev, by).await,
+        Some((head, body)) => plain(s, &how, &req.host, head, *body, rest, ev).await,
     }
 }
 
@@ -270,8 +283,8 @@ pub(super) async fn resolve(
 }
 
 /// Dials the checked address, within the idle time.
-pub(super) async fn dial(cfg: &Config, to: SocketAddr) -> Result<TcpStream, Refusal> {
-    match timeout(cfg.idle, TcpStream::connect(to)).await {
+pub(super) async fn dial(idle: Duration, to: SocketAddr) -> Result<TcpStream, Refusal> {
+    match timeout(idle, TcpStream::connect(to)).await {
         Ok(Ok(u)) => {
             // Relayed segments go out as they come (Nagle would hold the
             // small ones of a handshake for a delayed ACK).
@@ -283,17 +296,27 @@ pub(super) async fn dial(cfg: &Config, to: SocketAddr) -> Result<TcpStream, Refu
     }
 }
 
+/// What a connection allowed through goes by.
+struct Pass<'a> {
+    cfg: &'a Config,
+    /// The checked address.
+    to: SocketAddr,
+    /// The instance's credentials, if any.
+    vault: Option<&'a Arc<Vault>>,
+}
+
 /// CONNECT: 200, then the ClientHello (its SNI must be the CONNECT host),
-/// and only then the upstream.
+/// and only then the upstream; a host a credential is sent to is
+/// intercepted ([`super::intercept`]).
 async fn tunnel(
     s: &mut TcpStream,
-    cfg: &Config,
+    how: &Pass<'_>,
     req: &Request,
-    to: SocketAddr,
     mut first: Vec<u8>,
     ev: &mut Event,
     by: Deadline,
 ) -> Result<(), Refusal> {
+    let (cfg, to) = (how.cfg, how.to);
     timeout(
         cfg.idle,
         s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n"),
@@ -321,8 +344,12 @@ async fn tunnel(
             return Err((0, "the client closed before a whole ClientHello".into()));
         }
     }
+    if let Some(v) = how.vault.filter(|v| v.intercepts(&req.host)) {
+        let (host, port) = (req.host.as_str(), req.port);
+        return super::intercept::intercept(s, first, cfg, v, host, port, to, ev).await;
+    }
     ev.ours = true;
-    let mut up = dial(cfg, to).await.map_err(|(_, why)| (0, why))?;
+    let mut up = dial(cfg.idle, to).await.map_err(|(_, why)| (0, why))?;
     ev.ours = false;
     write(&mut up, cfg, &first).await?;
     ev.bytes_up = first.len() as u64;
@@ -331,25 +358,63 @@ async fn tunnel(
 }
 
 /// Plain HTTP: the rewritten head, exactly the body's length, then the
-/// answer until the upstream closes.
+/// answer until the upstream closes. With credentials, a placeholder in the
+/// head or the body is refused (a credential never goes over plain HTTP):
+/// the body is then passed on holding back what could begin one.
 async fn plain(
     s: &mut TcpStream,
-    cfg: &Config,
-    to: SocketAddr,
+    how: &Pass<'_>,
+    host: &str,
     head: &[u8],
     body: u64,
     mut rest: Vec<u8>,
     ev: &mut Event,
 ) -> Result<(), Refusal> {
+    let cfg = how.cfg;
+    let refuse = |ev: &mut Event, r: super::credentials::Refused| {
+        ev.ours = true;
+        ev.exfiltration = r.exfiltration;
+        (r.code, r.why)
+    };
+    const WHERE: &str = "over plain HTTP";
+    if let Some(v) = how.vault {
+        v.refuse_in(head, host, WHERE).map_err(|r| refuse(ev, r))?;
+    }
     ev.ours = true;
-    let mut up = dial(cfg, to).await?;
+    let mut up = dial(cfg.idle, how.to).await?;
     ev.ours = false;
     rest.truncate(body.min(rest.len() as u64) as usize);
     write(&mut up, cfg, head).await?;
-    write(&mut up, cfg, &rest).await?;
-    ev.bytes_up = (head.len() + rest.len()) as u64;
-    let left = body - rest.len() as u64;
-    pump(s, &mut up, cfg.idle, Some(left), ev).await;
+    ev.bytes_up = head.len() as u64;
+    let mut left = body - rest.len() as u64;
+    let Some(v) = how.vault else {
+        write(&mut up, cfg, &rest).await?;
+        ev.bytes_up += rest.len() as u64;
+        pump(s, &mut up, cfg.idle, Some(left), ev).await;
+        return Ok(());
+    };
+    let mut held = rest;
+    loop {
+        v.refuse_in(&held, host, WHERE).map_err(|r| refuse(ev, r))?;
+        let keep = if left == 0 {
+            0
+        } else {
+            (super::credentials::PLACEHOLDER_LEN - 1).min(held.len())
+        };
+        let out: Vec<u8> = held.drain(..held.len() - keep).collect();
+        write(&mut up, cfg, &out).await?;
+        ev.bytes_up += out.len() as u64;
+        if left == 0 {
+            break;
+        }
+        let by = tokio::time::Instant::now() + cfg.idle;
+        let n = read_some(s, cfg, &mut held, left.min(BUF as u64) as usize, by).await?;
+        if n == 0 {
+            return Err((0, "the client closed before the whole body".into()));
+        }
+        left -= n as u64;
+    }
+    pump(s, &mut up, cfg.idle, Some(0), ev).await;
     Ok(())
 }
 

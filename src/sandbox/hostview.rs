@@ -46,6 +46,11 @@ pub(super) fn make(plan: &Plan, hv: &HostView, to: Target) -> Result<(), String>
     let gate = GateConfig::of(&plan.blueprint, Some(hv));
     let json = serde_json::to_vec(&gate).map_err(|e| e.to_string())?;
     file(&p.gate_config, &json)?;
+    if let Some((bundle, ca)) = &plan.run_files.ca {
+        // No mount view: clients find the CA through the variables only.
+        file(&p.run_dir.join(super::plan::CA_BUNDLE), bundle.as_bytes())?;
+        file(&p.run_dir.join(super::plan::CA), ca.as_bytes())?;
+    }
     let sock = p.socket.parent().ok_or("no socket directory")?;
     dir(sock, 0o700)?;
     chown(sock, to.uid, to.gid)?;

@@ -189,6 +189,12 @@ pub(crate) fn rules(policy: &Policy, role: Role, own: &Own) -> Vec<(PathBuf, Gra
     if let Some(c) = &policy.guard.commit {
         r.push((c.origin.clone(), Grant::Read));
     }
+    // With credentials, the instance's CA files the variables name.
+    if policy.ca_pem.is_some() {
+        for f in [super::plan::CA_BUNDLE, super::plan::CA] {
+            r.push((own.dir.join(f), Grant::Read));
+        }
+    }
     r.extend(fixed(role, own));
     r
 }

@@ -112,6 +112,8 @@ pub(crate) fn sample() -> Policy {
         links: Vec::new(),
         mcp: p.mcp.clone(),
         recording: p.recording.clone(),
+        credentials: vec![],
+        ca_pem: None,
     }
 }
 

@@ -143,6 +143,7 @@ pub(crate) fn plan(
     }
     let gate_json =
         serde_json::to_string(&sandbox::plan::GateConfig::of(&blueprint, None)).unwrap_or_default();
+    let run_dir = blueprint.paths.run_dir.clone();
     Ok(Plan {
         blueprint,
         rundir: rundir.path.clone(),
@@ -150,17 +151,67 @@ pub(crate) fn plan(
         host_uid: nix::unistd::geteuid().as_raw(),
         host_gid: nix::unistd::getegid().as_raw(),
         cgroup,
-        env: sandbox::env::build(&policy.environment, std::env::vars_os()),
+        env: ca_env(
+            sandbox::env::build(&policy.environment, std::env::vars_os()),
+            policy,
+            &run_dir,
+        ),
         run_files: mounts::RunFiles {
             tmux_conf,
             gate_json,
             passwd,
             group,
             names: sandbox::name_files(policy),
+            ca: policy
+                .ca_pem
+                .as_deref()
+                .map(|ca| (ca_bundle(ca), ca.to_string())),
         },
         payload,
         log: crate::log::init_level(),
     })
+}
+
+/// With credentials, the variables that point clients at the instance's CA
+/// (in `run`, the directory of the sandbox's own files: `/run/sandmux`, or
+/// the host view's).
+fn ca_env(
+    mut env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    policy: &Policy,
+    run: &Path,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    use sandbox::plan::{CA, CA_BUNDLE};
+    if policy.ca_pem.is_none() {
+        return env;
+    }
+    let bundle = run.join(CA_BUNDLE);
+    let mut set = |k: &str, v: &Path| {
+        env.retain(|(n, _)| n != k);
+        env.push((k.into(), v.into()));
+    };
+    for k in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "CARGO_HTTP_CAINFO",
+        "PIP_CERT",
+        "NPM_CONFIG_CAFILE",
+    ] {
+        set(k, &bundle);
+    }
+    set("NODE_EXTRA_CA_CERTS", &run.join(CA));
+    env
+}
+
+/// The bundle clients inside read: the host's first system bundle found and
+/// the instance's CA.
+fn ca_bundle(ca: &str) -> String {
+    let host = sandbox::plan::SYSTEM_BUNDLES
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    format!("{host}\n# sandmux: this instance's CA (credentials are put in by its proxy)\n{ca}")
 }
 
 /// Ends a sandbox: SIGTERM to its `__init`, SIGKILL after 3 s, reaped.

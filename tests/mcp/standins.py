@@ -99,9 +99,14 @@ def make_repo(d):
 class Standins:
     """The HTTPS stand-in server (start with `start()`, stop with `stop()`)."""
 
-    def __init__(self, d):
+    def __init__(self, d, names=NAMES):
         self.dir = pathlib.Path(d)
-        self.ca, cert, key = make_ca(self.dir)
+        self.ca, cert, key = make_ca(self.dir, names)
+        # Every request's host and headers (the credential tests read them),
+        # extra routes by path prefix, and whether a push needs a login.
+        self.seen = []
+        self.routes = {}
+        self.push_needs_login = False
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(cert, key)
         self.accepted = 0
@@ -120,6 +125,7 @@ class Standins:
 
             def do_GET(self):
                 outer.requests.append((self.headers.get("Host", ""), self.command, self.path))
+                outer.seen.append((self.headers.get("Host", "").split(":")[0], self.path, {k.lower(): v for k, v in self.headers.items()}))
                 outer.route(self)
 
             do_POST = do_GET
@@ -146,6 +152,9 @@ class Standins:
 
     def route(self, h):
         host = h.headers.get("Host", "").split(":")[0]
+        for prefix, f in self.routes.items():
+            if h.path.startswith(prefix):
+                return f(h)
         if host == "git.test":
             return self.cgi(h)
         if host == "pypi.test" and h.path.rstrip("/") == "/simple/sandmuxdemo":
@@ -172,12 +181,21 @@ class Standins:
         path, _, query = h.path.partition("?")
         n = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(n) if n else b""
+        login = h.headers.get("Authorization")
+        if self.push_needs_login and "receive-pack" in h.path and not login:
+            h.send_response(401)
+            h.send_header("WWW-Authenticate", 'Basic realm="stand-in"')
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": str(self.git), "GIT_HTTP_EXPORT_ALL": "1",
             "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": h.command,
             "CONTENT_TYPE": h.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
             "GIT_PROTOCOL": h.headers.get("Git-Protocol", ""), "REMOTE_ADDR": "127.0.0.1",
         }
+        if self.push_needs_login and login:
+            env["REMOTE_USER"] = "pusher"
         out = subprocess.run(["git", "http-backend"], input=body, capture_output=True, env=env).stdout
         head, _, rest = out.partition(b"\r\n\r\n")
         status = 200

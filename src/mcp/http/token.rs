@@ -4,7 +4,7 @@
 //! constant time; audit records name it by a short digest, never itself.
 
 use sha2::{Digest, Sha256};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Shortest token accepted from a file, in bytes.
@@ -59,55 +59,13 @@ pub(crate) fn ct_eq(given: &[u8], want: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// Reads `--token-file`: a regular file owned by this user (or root) that
-/// neither group nor others can read or write (a Kubernetes Secret mounted
-/// with `defaultMode: 0400` and the pod's `runAsUser` passes); one line of
-/// 16–4096 printable bytes, surrounding whitespace trimmed. A FIFO or device
-/// is refused without waiting on it.
+/// Reads `--token-file` (see `crate::secretfile`: owned by this user or
+/// root, mode 0400 or stricter, one line of 16–4096 printable bytes).
 pub(crate) fn read(path: &Path) -> Result<Token, String> {
-    let shown = path.display();
-    // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
-    // waiting for a writer. Links are followed: Secret files are symlinks.
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("--token-file {shown}: {e}"))?;
-    let m = f
-        .metadata()
-        .map_err(|e| format!("--token-file {shown}: {e}"))?;
-    if !m.is_file() {
-        return Err(format!("--token-file {shown}: not a regular file"));
-    }
-    let me = nix::unistd::geteuid().as_raw();
-    if m.uid() != me && m.uid() != 0 {
-        return Err(format!(
-            "--token-file {shown}: owned by uid {}, not by this user ({me}) or root",
-            m.uid()
-        ));
-    }
-    if m.mode() & 0o077 != 0 {
-        return Err(format!("--token-file {shown}: mode {:04o} lets group or others read or write it; chmod 0400 (Kubernetes: the Secret volume's defaultMode: 0400)", m.mode() & 0o7777));
-    }
-    let mut buf = Vec::new();
-    use std::io::Read;
-    f.take(MAX_LEN as u64 + 2)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("--token-file {shown}: {e}"))?;
-    let t = buf.trim_ascii();
-    if t.len() < MIN_LEN || t.len() > MAX_LEN {
-        return Err(format!(
-            "--token-file {shown}: the token must be {MIN_LEN}-{MAX_LEN} bytes (it has {})",
-            t.len()
-        ));
-    }
-    if !t.iter().all(|b| b.is_ascii_graphic()) {
-        return Err(format!(
-            "--token-file {shown}: the token must be one line of printable ASCII without spaces"
-        ));
-    }
-    let mut token = Token::new(t.to_vec());
-    token.stamp = Some(stamp_of(&m));
+    let what = format!("--token-file {}", path.display());
+    let (secret, stamp) = crate::secretfile::read(path, &what, (MIN_LEN, MAX_LEN))?;
+    let mut token = Token::new(secret);
+    token.stamp = Some(stamp);
     Ok(token)
 }
 
@@ -126,26 +84,7 @@ pub(crate) fn generate(path: &Path) -> Result<Token, String> {
     Ok(Token::new(secret.into_bytes()))
 }
 
-/// What identifies one version of the token file: the file a path leads to
-/// (links followed, as a rotated Kubernetes Secret swaps a link) and its size
-/// and times.
-type Stamp = (u64, u64, u64, i64, i64, i64, i64);
-
-fn stamp(path: &Path) -> Option<Stamp> {
-    std::fs::metadata(path).ok().map(|m| stamp_of(&m))
-}
-
-fn stamp_of(m: &std::fs::Metadata) -> Stamp {
-    (
-        m.dev(),
-        m.ino(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec(),
-        m.ctime(),
-        m.ctime_nsec(),
-    )
-}
+use crate::secretfile::{stamp, Stamp};
 
 /// What a look at the token file found.
 #[derive(Debug, PartialEq)]

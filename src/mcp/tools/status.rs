@@ -38,6 +38,13 @@ pub(crate) struct Status {
     /// The allowlist proxy's last refusals, oldest first: name, reason, the
     /// profile key that decides.
     pub network_refusals: Vec<String>,
+    /// `[[credentials]]`: each one's name, the hosts it is sent to, whether
+    /// the operator revoked it, how often it was put in and how many
+    /// exfiltration attempts were refused (never a value; the variable
+    /// holds a placeholder the proxy replaces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub credentials: Option<serde_json::Value>,
     /// Every layer as the sandbox reported it while starting.
     pub layers: Vec<LayerView>,
     /// Layers dropped (best-effort).
@@ -198,6 +205,7 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         },
         network: c.s.policy.network.mode.name().into(),
         network_refusals: c.s.refusals.since(0).0,
+        credentials: c.s.vault.as_ref().map(|v| v.status()),
         dropped: layers
             .iter()
             .filter(|l| !l.enforced)

@@ -283,6 +283,8 @@ fn write_run_file(
         RunFile::ResolvConf => names.map(|n| n.0.as_str()),
         RunFile::Hosts => names.map(|n| n.1.as_str()),
         RunFile::TmuxConf => files.tmux_conf.as_deref(),
+        RunFile::CaBundle => files.ca.as_ref().map(|c| c.0.as_str()),
+        RunFile::Ca => files.ca.as_ref().map(|c| c.1.as_str()),
     };
     let text = text.ok_or_else(|| MountError {
         what: "the plan lists a file the supervisor did not send:",

@@ -91,6 +91,10 @@ pub(crate) struct RunFiles {
     /// network policy (none in `host` mode: the host's files stay).
     #[serde(default)]
     pub names: Option<(String, String)>,
+    /// With credentials: the CA bundle clients read (the host's roots and
+    /// the instance's CA) and the instance's CA alone.
+    #[serde(default)]
+    pub ca: Option<(String, String)>,
 }
 
 /// What the view ended up with, for the report.

@@ -190,6 +190,10 @@ fn run_dir(m: &mut Vec<Step>, policy: &Policy, mode: Mode) {
     if mode == Mode::Tmux {
         files.push(("tmux.conf", RunFile::TmuxConf));
     }
+    if policy.ca_pem.is_some() {
+        files.push((CA_BUNDLE, RunFile::CaBundle));
+        files.push((CA, RunFile::Ca));
+    }
     for (name, content) in files {
         m.push(step(
             run.join(name),
@@ -418,9 +422,38 @@ fn utempter(m: &mut Vec<Step>) {
     }
 }
 
+/// With credentials: the CA bundle (the host's roots and the instance's
+/// CA), in `/run/sandmux`.
+pub(crate) const CA_BUNDLE: &str = "ca-bundle.pem";
+/// With credentials: the instance's CA alone, in `/run/sandmux`.
+pub(crate) const CA: &str = "ca.pem";
+
+/// Where distributions keep the system's CA bundle: with credentials, the
+/// instance's bundle is bound over each one present.
+pub(crate) const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+    "/etc/ssl/ca-bundle.pem",
+];
+
 /// `/etc/passwd` and `/etc/group`: the sandbox's identity only; without a
-/// host network, `/etc/resolv.conf` and `/etc/hosts` say why.
+/// host network, `/etc/resolv.conf` and `/etc/hosts` say why; with
+/// credentials, the system's CA bundle is the instance's.
 fn etc(m: &mut Vec<Step>, policy: &Policy) {
+    if policy.ca_pem.is_some() {
+        for p in SYSTEM_BUNDLES {
+            let from = From::Inside {
+                path: Path::new(RUN_DIR).join(CA_BUNDLE),
+            };
+            m.push(step(
+                p,
+                Part::Etc,
+                bind(from, Onto::IfPresent, Attrs::RO_NOSUID_NODEV),
+                Need::IfPresent,
+            ));
+        }
+    }
     let mut names = vec!["passwd", "group"];
     if crate::sandbox::name_files(policy).is_some() {
         names.extend(["resolv.conf", "hosts"]);

@@ -12,7 +12,7 @@
 
 mod compile;
 mod gate;
-pub(crate) use compile::{compile, host_view};
+pub(crate) use compile::{compile, host_view, CA, CA_BUNDLE, SYSTEM_BUNDLES};
 pub(crate) use gate::GateConfig;
 
 use super::landlock::{Grant, Role};
@@ -334,6 +334,10 @@ pub(crate) enum RunFile {
     Hosts,
     /// The tmux configuration.
     TmuxConf,
+    /// With credentials: the host's roots and the instance's CA.
+    CaBundle,
+    /// With credentials: the instance's CA alone.
+    Ca,
 }
 
 /// Mount attributes, written as in `mount(8)`: `ro,nosuid,nodev,noexec`.

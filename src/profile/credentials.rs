@@ -1,0 +1,230 @@
+//! `[[credentials]]`: secrets the agent uses but never holds. Each names the
+//! variable the sandbox sees (a placeholder, made per instance), the hosts
+//! the real value may be sent to (each one the `[network] allow` list
+//! reaches), and where the supervisor reads the value on the host. The
+//! value itself is the proxy's (`crate::proxy::credentials`): the profile
+//! holds only where it comes from.
+
+use super::schema::{is_forbidden_env, NetMode, Network};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Most credentials one profile may name.
+pub(crate) const MAX_CREDENTIALS: usize = 32;
+
+/// One `[[credentials]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Credential {
+    /// The variable the sandbox sees, holding the placeholder.
+    pub name: String,
+    /// The hosts the real value may go to (each reached through the proxy
+    /// on port 443, intercepted).
+    pub send_to: Vec<String>,
+    /// The host-side variable the value is read from.
+    #[serde(default)]
+    pub from_env: Option<String>,
+    /// The host-side file the value is read from (read again when it
+    /// changes).
+    #[serde(default)]
+    pub from_file: Option<PathBuf>,
+}
+
+/// Where a credential's value is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum From<'a> {
+    /// A variable of the supervisor's environment.
+    Env(&'a str),
+    /// A file on the host.
+    File(&'a std::path::Path),
+}
+
+impl Credential {
+    /// Where the value comes from (validated: exactly one).
+    pub(crate) fn from(&self) -> From<'_> {
+        match (&self.from_env, &self.from_file) {
+            (Some(v), _) => From::Env(v),
+            (None, Some(f)) => From::File(f),
+            (None, None) => From::Env(&self.name),
+        }
+    }
+
+    /// The hosts, canonical (validated).
+    pub(crate) fn hosts(&self) -> Vec<String> {
+        self.send_to
+            .iter()
+            .filter_map(|h| super::allow::name::canonical(h).ok())
+            .collect()
+    }
+}
+
+fn var_name(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Checks the entries against `[network]` and `[environment] set`: errors
+/// name the key.
+pub(crate) fn check(
+    creds: &[Credential],
+    net: &Network,
+    set: &std::collections::BTreeMap<String, String>,
+) -> Result<(), (&'static str, String)> {
+    if creds.is_empty() {
+        if !net.upstream_ca.is_empty() && net.mode != NetMode::Proxy {
+            return Err((
+                "network.upstream_ca",
+                "upstream_ca applies only to mode = \"proxy\"".into(),
+            ));
+        }
+        return Ok(());
+    }
+    if net.mode != NetMode::Proxy {
+        return Err(("credentials.name", format!("a credential needs [network] mode = \"proxy\" (this profile's is \"{}\"): the proxy is what puts the real value in, on its way to the hosts in send_to", net.mode.name())));
+    }
+    if creds.len() > MAX_CREDENTIALS {
+        return Err((
+            "credentials.name",
+            format!("{} credentials (at most {MAX_CREDENTIALS})", creds.len()),
+        ));
+    }
+    for ca in &net.upstream_ca {
+        if !ca.is_absolute() {
+            return Err((
+                "network.upstream_ca",
+                format!("{} is not an absolute path", ca.display()),
+            ));
+        }
+    }
+    let cfg = super::allow::Config::of(net)?;
+    let mut seen = std::collections::BTreeSet::new();
+    for c in creds {
+        one(c, &cfg, set)?;
+        if !seen.insert(c.name.as_str()) {
+            return Err((
+                "credentials.name",
+                format!("{:?} is named by two credentials", c.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn one(
+    c: &Credential,
+    cfg: &super::allow::Config,
+    set: &std::collections::BTreeMap<String, String>,
+) -> Result<(), (&'static str, String)> {
+    let n = &c.name;
+    if !var_name(n) || is_forbidden_env(n) {
+        return Err((
+            "credentials.name",
+            format!("{n:?} is not a variable name the sandbox may have"),
+        ));
+    }
+    if set.contains_key(n) {
+        return Err((
+            "credentials.name",
+            format!(
+                "{n:?} is also in [environment] set: the credential's placeholder is its value"
+            ),
+        ));
+    }
+    match (&c.from_env, &c.from_file) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err((
+                "credentials.from_env",
+                format!("credential {n:?}: give exactly one of from_env and from_file"),
+            ))
+        }
+        (Some(v), None) if !var_name(v) => {
+            return Err((
+                "credentials.from_env",
+                format!("credential {n:?}: {v:?} is not a variable name"),
+            ))
+        }
+        (None, Some(f)) if !f.is_absolute() => {
+            return Err((
+                "credentials.from_file",
+                format!("credential {n:?}: {} is not an absolute path", f.display()),
+            ))
+        }
+        _ => {}
+    }
+    if c.send_to.is_empty() {
+        return Err((
+            "credentials.send_to",
+            format!("credential {n:?} names no host to send it to"),
+        ));
+    }
+    for h in &c.send_to {
+        let host = super::allow::name::canonical(h).map_err(|e| {
+            (
+                "credentials.send_to",
+                format!("credential {n:?}: {h:?}: {e}"),
+            )
+        })?;
+        // Any port: the entry's own (`host:8443`) or HTTPS's.
+        let port =
+            |r: &super::allow::name::Rule| r.port.unwrap_or(super::allow::name::CONNECT_PORT);
+        if !cfg.allow.iter().any(|r| r.matches(&host, port(r), port(r))) {
+            return Err((
+                "credentials.send_to",
+                format!(
+                    "credential {n:?}: {host} is not reached by [network] allow; add it there too"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net() -> Network {
+        Network {
+            mode: NetMode::Proxy,
+            allow: vec![crate::profile::AllowEntry::Name("api.test".into())],
+            ..Network::default()
+        }
+    }
+
+    fn cred() -> Credential {
+        Credential {
+            name: "GITHUB_TOKEN".into(),
+            send_to: vec!["api.test".into()],
+            from_env: Some("GH".into()),
+            from_file: None,
+        }
+    }
+
+    #[test]
+    fn each_mistake_names_its_key() {
+        let set = Default::default();
+        assert_eq!(check(&[cred()], &net(), &set), Ok(()));
+        let key = |c: Credential, n: &Network| check(&[c], n, &set).unwrap_err().0;
+        let mut n = net();
+        n.mode = NetMode::None;
+        n.allow.clear();
+        assert_eq!(key(cred(), &n), "credentials.name");
+        let mut c = cred();
+        c.send_to = vec!["other.test".into()];
+        assert_eq!(key(c, &net()), "credentials.send_to");
+        let mut c = cred();
+        c.from_file = Some("/run/x".into());
+        assert_eq!(key(c, &net()), "credentials.from_env");
+        let mut c = cred();
+        c.name = "LD_PRELOAD".into();
+        assert_eq!(key(c, &net()), "credentials.name");
+        let mut c = cred();
+        (c.from_env, c.from_file) = (None, Some("rel/x".into()));
+        assert_eq!(key(c, &net()), "credentials.from_file");
+        assert_eq!(
+            check(&[cred(), cred()], &net(), &set).unwrap_err().0,
+            "credentials.name"
+        );
+    }
+}

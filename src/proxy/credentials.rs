@@ -1,0 +1,586 @@
+//! Credentials the agent uses but never holds (`[[credentials]]`): the
+//! supervisor reads each real value on the host when the instance starts,
+//! the sandbox sees only a placeholder made for this instance
+//! (`sandmux-cred-` and 32 hex digits), and the proxy puts the real value in
+//! place of the placeholder in the headers of a request it intercepts for
+//! one of the credential's hosts (inside `Authorization: Basic` too). A
+//! placeholder anywhere else the proxy reads (another host, a URL, a body,
+//! plain HTTP) is refused as an exfiltration attempt; a real value in an
+//! answer reaches the sandbox as its placeholder. Values are never printed,
+//! logged or audited: names, hosts and counts only.
+
+use crate::profile::credentials::{Credential, From};
+use crate::profile::{MountKind, Policy};
+use crate::secretfile::{self, Stamp};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// What every placeholder starts with.
+pub(crate) const PREFIX: &str = "sandmux-cred-";
+/// A placeholder's length (the prefix and 32 hex digits).
+pub(crate) const PLACEHOLDER_LEN: usize = PREFIX.len() + 32;
+/// Shortest real value accepted (a shorter one would be found in answers by
+/// chance).
+pub(crate) const MIN_VALUE: usize = 8;
+/// Longest real value accepted.
+pub(crate) const MAX_VALUE: usize = 4096;
+
+/// Why the credentials cannot be had: the instance does not start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CredError {
+    /// `from_env` names a variable the supervisor does not have.
+    #[error("credential {name}: the variable {var} is not set in sandmux's environment (from_env); set it where sandmux starts, or take the credential out of the profile")]
+    Missing {
+        /// The credential.
+        name: String,
+        /// The variable.
+        var: String,
+    },
+    /// The value cannot be used.
+    #[error("credential {name}: {why}")]
+    Unusable {
+        /// The credential.
+        name: String,
+        /// Why.
+        why: String,
+    },
+    /// The TLS settings.
+    #[error(transparent)]
+    Tls(#[from] super::ca::CaError),
+}
+
+/// One credential as the supervisor holds it.
+struct Held {
+    name: String,
+    hosts: Vec<String>,
+    placeholder: String,
+    file: Option<PathBuf>,
+    value: RwLock<Value>,
+    revoked: AtomicBool,
+    used: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// The value in force, and what the file was when it was read.
+struct Value {
+    bytes: Arc<Vec<u8>>,
+    stamp: Option<Stamp>,
+    /// The file changed and cannot be used: nothing is sent until it can.
+    unusable: Option<String>,
+}
+
+/// The instance's credentials and the TLS settings of the connections the
+/// proxy intercepts for them.
+pub(crate) struct Vault {
+    held: Vec<Held>,
+    /// The CA and both TLS sides.
+    pub(crate) tls: super::ca::Tls,
+}
+
+impl std::fmt::Debug for Vault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.held.iter().map(|h| h.name.as_str()).collect();
+        f.debug_struct("Vault").field("names", &names).finish()
+    }
+}
+
+/// A request the proxy refuses for a credential's sake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused {
+    /// What to answer.
+    pub code: u16,
+    /// Why, in sandmux's words (names and hosts only).
+    pub why: String,
+    /// An exfiltration attempt (a placeholder where it does not belong).
+    pub exfiltration: bool,
+}
+
+fn check_value(name: &str, v: &[u8]) -> Result<(), CredError> {
+    let bad = |why: String| CredError::Unusable {
+        name: name.to_string(),
+        why,
+    };
+    if v.len() < MIN_VALUE || v.len() > MAX_VALUE {
+        return Err(bad(format!(
+            "the value must be {MIN_VALUE}-{MAX_VALUE} bytes (it has {})",
+            v.len()
+        )));
+    }
+    if !v.iter().all(|b| b.is_ascii_graphic()) {
+        return Err(bad(
+            "the value must be printable ASCII without spaces (it goes into HTTP headers)".into(),
+        ));
+    }
+    if v.windows(PREFIX.len()).any(|w| w == PREFIX.as_bytes()) {
+        return Err(bad(format!("the value contains {PREFIX}")));
+    }
+    Ok(())
+}
+
+fn read_file(path: &std::path::Path) -> Result<(Vec<u8>, Stamp), String> {
+    let what = format!("from_file {}", path.display());
+    secretfile::read(path, &what, (MIN_VALUE, MAX_VALUE))
+}
+
+impl Vault {
+    /// Reads every credential of `creds` (None when there are none), makes
+    /// the placeholders and the CA. A `from_env` variable, and every other
+    /// variable holding a credential's value, is taken out of this process's
+    /// environment, so that no sandbox started later can inherit it.
+    pub(crate) fn open(
+        creds: &[Credential],
+        upstream_ca: &[PathBuf],
+    ) -> Result<Option<Vault>, CredError> {
+        if creds.is_empty() {
+            return Ok(None);
+        }
+        let mut held = Vec::new();
+        for c in creds {
+            held.push(read_one(c)?);
+        }
+        let values: Vec<Arc<Vec<u8>>> = held.iter().map(|h| h.current()).collect();
+        for (k, v) in std::env::vars_os() {
+            let v = v.as_encoded_bytes();
+            if values.iter().any(|s| contains(v, s)) {
+                std::env::remove_var(k);
+            }
+        }
+        let mut hosts: Vec<String> = held.iter().flat_map(|h| h.hosts.clone()).collect();
+        hosts.sort();
+        hosts.dedup();
+        let tls = super::ca::Tls::new(&hosts, upstream_ca)?;
+        Ok(Some(Vault { held, tls }))
+    }
+
+    /// The variables every process inside gets: each credential's
+    /// placeholder, and git's credential helper for its hosts (git sends
+    /// the placeholder as the password, which the proxy replaces).
+    pub(crate) fn inside_env(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .held
+            .iter()
+            .map(|h| (h.name.clone(), h.placeholder.clone()))
+            .collect();
+        // One helper per credential: it answers for its hosts on any port
+        // (git's per-URL keys would need the port written out).
+        let git: Vec<(String, String)> = self
+            .held
+            .iter()
+            .map(|h| {
+                let hosts = h.hosts.join("|");
+                (
+                    "credential.helper".to_string(),
+                    format!(
+                        "!f() {{ test \"$1\" = get || return 0; h=; while IFS== read -r k v; do test \"$k\" = host && h=\"${{v%%:*}}\"; done; case \"$h\" in {hosts}) echo username=x-access-token; echo \"password=${}\";; esac; }}; f",
+                        h.name
+                    ),
+                )
+            })
+            .collect();
+        v.push(("GIT_CONFIG_COUNT".into(), git.len().to_string()));
+        for (i, (k, val)) in git.into_iter().enumerate() {
+            v.push((format!("GIT_CONFIG_KEY_{i}"), k));
+            v.push((format!("GIT_CONFIG_VALUE_{i}"), val));
+        }
+        v
+    }
+
+    /// Whether the proxy intercepts connections to `host` (a credential
+    /// may be sent there).
+    pub(crate) fn intercepts(&self, host: &str) -> bool {
+        self.held.iter().any(|h| h.hosts.iter().any(|x| x == host))
+    }
+
+    /// Reads again each `from_file` value whose file changed (one `stat`
+    /// each): the old value stops at once; a file that cannot be used sends
+    /// nothing until it can.
+    fn refresh(&self) {
+        for h in &self.held {
+            let Some(path) = &h.file else { continue };
+            let now = secretfile::stamp(path);
+            let same = {
+                let v = h.value.read().unwrap_or_else(|p| p.into_inner());
+                now.is_some() && now == v.stamp && v.unusable.is_none()
+            };
+            if same {
+                continue;
+            }
+            let mut v = h.value.write().unwrap_or_else(|p| p.into_inner());
+            match read_file(path).and_then(|(b, s)| {
+                check_value(&h.name, &b).map_err(|e| e.to_string())?;
+                Ok((b, s))
+            }) {
+                Ok((b, s)) => {
+                    if b != *v.bytes || v.unusable.is_some() {
+                        tracing::info!(credential = %h.name, "credential: the file changed; its new value is in force");
+                    }
+                    *v = Value {
+                        bytes: Arc::new(b),
+                        stamp: Some(s),
+                        unusable: None,
+                    };
+                }
+                Err(why) => {
+                    if v.unusable.as_deref() != Some(why.as_str()) {
+                        tracing::warn!(credential = %h.name, "credential: {why}; nothing is sent until the file can be used");
+                    }
+                    v.unusable = Some(why);
+                    v.stamp = now;
+                }
+            }
+        }
+    }
+
+    /// The credential whose placeholder is in `b`, if any.
+    fn found_in(&self, b: &[u8]) -> Option<&Held> {
+        memchr::memmem::find_iter(b, PREFIX.as_bytes()).find_map(|at| {
+            let p = b.get(at..at + PLACEHOLDER_LEN)?;
+            self.held.iter().find(|h| h.placeholder.as_bytes() == p)
+        })
+    }
+
+    /// Refuses `b` (a URL, a plain request's head or body, an intercepted
+    /// body) when it carries a placeholder: `where_` says where.
+    pub(crate) fn refuse_in(&self, b: &[u8], host: &str, where_: &str) -> Result<(), Refused> {
+        match self.found_in(b) {
+            None => Ok(()),
+            Some(h) => Err(self.exfiltration(h, host, where_)),
+        }
+    }
+
+    fn exfiltration(&self, h: &Held, host: &str, where_: &str) -> Refused {
+        h.refused.fetch_add(1, Ordering::Relaxed);
+        Refused {
+            code: 403,
+            why: format!("sandmux proxy: exfiltration refused: the placeholder of credential {} was sent to {host} {where_}; it is only ever replaced in the headers of HTTPS requests to {}", h.name, h.hosts.join(", ")),
+            exfiltration: true,
+        }
+    }
+
+    /// Replaces the placeholders in one header value bound for `host`
+    /// (inside `Basic` too); refuses one that does not belong there.
+    pub(crate) fn header(&self, value: &[u8], host: &str) -> Result<Option<Vec<u8>>, Refused> {
+        if let Some(b64) = basic(value) {
+            use base64::Engine;
+            let e = base64::engine::general_purpose::STANDARD;
+            if let Ok(plain) = e.decode(b64) {
+                if let Some(out) = self.replace(&plain, host)? {
+                    let mut v = b"Basic ".to_vec();
+                    v.extend_from_slice(e.encode(out).as_bytes());
+                    return Ok(Some(v));
+                }
+            }
+        }
+        self.replace(value, host)
+    }
+
+    fn replace(&self, value: &[u8], host: &str) -> Result<Option<Vec<u8>>, Refused> {
+        if self.found_in(value).is_none() {
+            return Ok(None);
+        }
+        self.refresh();
+        let mut out = value.to_vec();
+        while let Some(h) = self.found_in(&out) {
+            if !h.hosts.iter().any(|x| x == host) {
+                return Err(self.exfiltration(h, host, "in a header"));
+            }
+            if h.revoked.load(Ordering::Relaxed) {
+                return Err(Refused {
+                    code: 403,
+                    why: format!("sandmux proxy: credential {} is revoked by the operator (sandmux grant ID --credential {} restores it)", h.name, h.name),
+                    exfiltration: false,
+                });
+            }
+            let v = h.value.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(why) = &v.unusable {
+                return Err(Refused {
+                    code: 503,
+                    why: format!(
+                        "sandmux proxy: credential {} cannot be used now: {why}",
+                        h.name
+                    ),
+                    exfiltration: false,
+                });
+            }
+            let at = memchr::memmem::find(&out, h.placeholder.as_bytes()).unwrap_or(0);
+            out.splice(at..at + PLACEHOLDER_LEN, v.bytes.iter().copied());
+            h.used.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Some(out))
+    }
+
+    /// The (what is masked, its mask) pairs answers are masked with: each
+    /// real value as it is, in hex and in base64 (standard and URL-safe, at
+    /// each of the three alignments, so any base64 text that holds the
+    /// value, a `Basic` header's included, is caught), and `sent`: the
+    /// header values this exchange's request carried after substitution
+    /// (masked back to what the sandbox wrote).
+    pub(crate) fn masks(&self, sent: &[(Vec<u8>, Vec<u8>)]) -> Vec<(Arc<Vec<u8>>, Vec<u8>)> {
+        let mut out: Vec<(Arc<Vec<u8>>, Vec<u8>)> = sent
+            .iter()
+            .map(|(new, old)| (Arc::new(new.clone()), old.clone()))
+            .collect();
+        for h in &self.held {
+            let v = h.current();
+            let p = h.placeholder.clone().into_bytes();
+            for e in encodings(&v) {
+                out.push((Arc::new(e), p.clone()));
+            }
+            out.push((v, p));
+        }
+        out
+    }
+
+    /// Revokes (`on` false) or grants again one credential; false when no
+    /// credential has that name.
+    pub(crate) fn set_granted(&self, name: &str, on: bool) -> bool {
+        match self.held.iter().find(|h| h.name == name) {
+            Some(h) => {
+                h.revoked.store(!on, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// What `sandbox_status` says of each credential (never a value).
+    pub(crate) fn status(&self) -> serde_json::Value {
+        let v: Vec<serde_json::Value> = self
+            .held
+            .iter()
+            .map(|h| {
+                serde_json::json!({
+                    "name": h.name,
+                    "send_to": h.hosts,
+                    "revoked": h.revoked.load(Ordering::Relaxed),
+                    "times_used": h.used.load(Ordering::Relaxed),
+                    "exfiltration_refused": h.refused.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        serde_json::Value::Array(v)
+    }
+}
+
+impl Held {
+    fn current(&self) -> Arc<Vec<u8>> {
+        self.value
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .bytes
+            .clone()
+    }
+}
+
+/// Opens the credentials of `policy` and completes it for the sandbox:
+/// the placeholders and git's helper in its environment, the instance's CA
+/// in `ca_pem` (the plan puts it where clients look). None without
+/// credentials.
+pub(crate) fn apply(policy: &mut Policy) -> Result<Option<Arc<Vault>>, CredError> {
+    for c in &policy.credentials {
+        if let From::File(path) = c.from() {
+            visible(policy, path).map_err(|why| CredError::Unusable {
+                name: c.name.clone(),
+                why,
+            })?;
+        }
+    }
+    let Some(v) = Vault::open(&policy.credentials, &policy.network.upstream_ca)? else {
+        return Ok(None);
+    };
+    policy.environment.set.extend(v.inside_env());
+    policy.ca_pem = Some(v.tls.ca_pem());
+    Ok(Some(Arc::new(v)))
+}
+
+/// Refuses a `from_file` the sandbox could read: the deepest entry of the
+/// view above it (or its link's target) binds the host's tree.
+fn visible(policy: &Policy, path: &std::path::Path) -> Result<(), String> {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    for p in [path, real.as_path()] {
+        let deepest = policy
+            .fs
+            .iter()
+            .filter(|e| p.starts_with(&e.path))
+            .max_by_key(|e| e.path.components().count());
+        let shown = deepest
+            .is_some_and(|e| matches!(e.kind, MountKind::ReadOnly | MountKind::ReadWrite))
+            || p.starts_with(&policy.workspace);
+        if shown {
+            return Err(format!("from_file {} is visible inside the sandbox (profile '{}' binds it); keep the secret outside every tree the profile shows", p.display(), policy.name));
+        }
+    }
+    Ok(())
+}
+
+fn read_one(c: &Credential) -> Result<Held, CredError> {
+    let name = c.name.clone();
+    let (bytes, stamp, file) = match c.from() {
+        From::Env(var) => {
+            let v = std::env::var_os(var).ok_or_else(|| CredError::Missing {
+                name: name.clone(),
+                var: var.to_string(),
+            })?;
+            (v.into_encoded_bytes(), None, None)
+        }
+        From::File(path) => {
+            let (b, s) = read_file(path).map_err(|why| CredError::Unusable {
+                name: name.clone(),
+                why,
+            })?;
+            (b, Some(s), Some(path.to_path_buf()))
+        }
+    };
+    check_value(&name, &bytes)?;
+    Ok(Held {
+        placeholder: format!("{PREFIX}{}", crate::nonce::hex()),
+        hosts: c.hosts(),
+        name,
+        file,
+        value: RwLock::new(Value {
+            bytes: Arc::new(bytes),
+            stamp,
+            unusable: None,
+        }),
+        revoked: AtomicBool::new(false),
+        used: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+    })
+}
+
+/// `v` in hex (both cases) and the parts of its base64 that any base64 text
+/// holding it contains, whatever comes before it (both alphabets).
+fn encodings(v: &[u8]) -> Vec<Vec<u8>> {
+    use base64::Engine;
+    let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
+    let mut out = vec![
+        hex.clone().into_bytes(),
+        hex.to_ascii_uppercase().into_bytes(),
+    ];
+    for skip in 0..3usize {
+        let rest = &v[skip.min(v.len())..];
+        let whole = &rest[..rest.len() / 3 * 3];
+        if whole.len() < 6 {
+            continue;
+        }
+        let std = base64::engine::general_purpose::STANDARD_NO_PAD.encode(whole);
+        let url = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(whole);
+        if url != std {
+            out.push(url.into_bytes());
+        }
+        out.push(std.into_bytes());
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    memchr::memmem::find(hay, needle).is_some()
+}
+
+/// The base64 of `Basic <base64>`.
+fn basic(v: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = v.split_at(v.iter().position(|b| *b == b' ')?);
+    scheme
+        .eq_ignore_ascii_case(b"basic")
+        .then(|| rest.trim_ascii())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn write(p: &std::path::Path, v: &str) {
+        std::fs::write(p, v).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o400)).unwrap();
+    }
+
+    fn vault(dir: &std::path::Path) -> (Vault, String) {
+        let f = dir.join("tok");
+        write(&f, "first-secret-value\n");
+        let c = Credential {
+            name: "TOK".into(),
+            send_to: vec!["api.test".into()],
+            from_env: None,
+            from_file: Some(f),
+        };
+        let v = Vault::open(&[c], &[]).unwrap().unwrap();
+        let ph = v.held[0].placeholder.clone();
+        (v, ph)
+    }
+
+    /// Replaced in headers (Basic too) for its host only; refused elsewhere;
+    /// a file rotated is read again, an unusable one sends nothing.
+    #[test]
+    fn a_placeholder_becomes_the_value_only_where_it_belongs() {
+        let d = tempfile::tempdir().unwrap();
+        let (v, ph) = vault(d.path());
+        let bearer = format!("Bearer {ph}");
+        let got = v.header(bearer.as_bytes(), "api.test").unwrap().unwrap();
+        assert_eq!(got, b"Bearer first-secret-value");
+        use base64::Engine;
+        let e = base64::engine::general_purpose::STANDARD;
+        let basic = format!("Basic {}", e.encode(format!("x:{ph}")));
+        let got = v.header(basic.as_bytes(), "api.test").unwrap().unwrap();
+        assert_eq!(
+            got,
+            format!("Basic {}", e.encode("x:first-secret-value")).as_bytes()
+        );
+        let r = v.header(bearer.as_bytes(), "other.test").unwrap_err();
+        assert!(r.exfiltration && r.why.contains("other.test"), "{r:?}");
+        assert!(v
+            .refuse_in(format!("/x?t={ph}").as_bytes(), "api.test", "in the URL")
+            .is_err());
+        assert_eq!(v.header(b"Bearer nothing", "api.test"), Ok(None));
+        // Rotation: the new value at once; an unusable file sends nothing.
+        let f = d.path().join("tok");
+        std::fs::remove_file(&f).unwrap();
+        write(&f, "second-secret-value");
+        let got = v.header(bearer.as_bytes(), "api.test").unwrap().unwrap();
+        assert_eq!(got, b"Bearer second-secret-value");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let r = v.header(bearer.as_bytes(), "api.test").unwrap_err();
+        assert_eq!((r.code, r.exfiltration), (503, false), "{r:?}");
+        // Revoked: refused, not an exfiltration; granted again: served.
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(v.set_granted("TOK", false) && !v.set_granted("NOPE", false));
+        assert_eq!(
+            v.header(bearer.as_bytes(), "api.test").unwrap_err().code,
+            403
+        );
+        v.set_granted("TOK", true);
+        assert!(v.header(bearer.as_bytes(), "api.test").is_ok());
+    }
+
+    /// The value in an answer, as it is, in hex and in base64 at any
+    /// alignment, is masked.
+    #[test]
+    fn every_common_spelling_of_the_value_is_masked() {
+        let d = tempfile::tempdir().unwrap();
+        let (v, ph) = vault(d.path());
+        use base64::Engine;
+        let e = base64::engine::general_purpose::STANDARD;
+        let value = "first-secret-value";
+        let hex: String = value.bytes().map(|b| format!("{b:02x}")).collect();
+        for text in [
+            format!("token={value}!"),
+            format!("hex {hex}"),
+            e.encode(format!("x:{value}")),
+            e.encode(format!("xy:{value}")),
+            e.encode(format!("xyz:{value}")),
+        ] {
+            let mut b = text.clone().into_bytes();
+            let out = crate::proxy::scan::mask(&mut b, &v.masks(&[]), true);
+            let out = String::from_utf8(out).unwrap();
+            assert!(out.contains(&ph), "{text} -> {out}");
+            let decoded = e.decode(out.as_bytes()).unwrap_or_default();
+            assert!(
+                !out.contains(value)
+                    && !out.contains(&hex)
+                    && !String::from_utf8_lossy(&decoded).contains(value),
+                "{text} -> {out}"
+            );
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Secrets read from files on the host (`serve --http --token-file`, a
+//! `[[credentials]]` entry's `from_file`): a regular file owned by this user
+//! (or root) that neither group nor others can read or write (a Kubernetes
+//! Secret mounted with `defaultMode: 0400` and the pod's `runAsUser`
+//! passes); one line of printable ASCII, surrounding whitespace trimmed. A
+//! FIFO or device is refused without waiting on it. Each read keeps the
+//! opened file's [`Stamp`], so a caller can tell when it changed.
+
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// What identifies one version of a file: the file a path leads to (links
+/// followed, as a rotated Kubernetes Secret swaps a link) and its size and
+/// times.
+pub(crate) type Stamp = (u64, u64, u64, i64, i64, i64, i64);
+
+/// The stamp of what `path` leads to now (None: it cannot be looked at).
+pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
+    std::fs::metadata(path).ok().map(|m| stamp_of(&m))
+}
+
+fn stamp_of(m: &std::fs::Metadata) -> Stamp {
+    (
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+/// Reads the one line of `path` (`what` starts every error, e.g.
+/// `--token-file /run/t`), of `min`–`max` printable bytes without spaces.
+pub(crate) fn read(
+    path: &Path,
+    what: &str,
+    (min, max): (usize, usize),
+) -> Result<(Vec<u8>, Stamp), String> {
+    // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
+    // waiting for a writer. Links are followed: Secret files are symlinks.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("{what}: {e}"))?;
+    let m = f.metadata().map_err(|e| format!("{what}: {e}"))?;
+    if !m.is_file() {
+        return Err(format!("{what}: not a regular file"));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if m.uid() != me && m.uid() != 0 {
+        return Err(format!(
+            "{what}: owned by uid {}, not by this user ({me}) or root",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Err(format!("{what}: mode {:04o} lets group or others read or write it; chmod 0400 (Kubernetes: the Secret volume's defaultMode: 0400)", m.mode() & 0o7777));
+    }
+    let mut buf = Vec::new();
+    use std::io::Read;
+    f.take(max as u64 + 2)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("{what}: {e}"))?;
+    let t = buf.trim_ascii();
+    if t.len() < min || t.len() > max {
+        return Err(format!(
+            "{what}: the secret must be {min}-{max} bytes (it has {})",
+            t.len()
+        ));
+    }
+    if !t.iter().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{what}: the secret must be one line of printable ASCII without spaces"
+        ));
+    }
+    Ok((t.to_vec(), stamp_of(&m)))
+}
