@@ -67,8 +67,27 @@ fn network_of(policy: &Policy) -> NetworkView {
         allow: cfg.as_ref().map(|c| c.list()).unwrap_or_default(),
         reach: cfg
             .as_ref()
-            .map(crate::proxy::reach::reach_all)
+            .map(|c| {
+                let mut r = crate::proxy::reach::reach_all(c);
+                r.extend(credentials(policy, c));
+                r
+            })
             .unwrap_or_default(),
+    }
+}
+
+/// `[[credentials]]`: their values can be had (as `serve` would read them
+/// here) and each host's interception path works.
+fn credentials(policy: &Policy, cfg: &crate::proxy::Config) -> Vec<crate::proxy::reach::Reach> {
+    use crate::proxy::credentials::Vault;
+    match Vault::open(&policy.credentials, &policy.network.upstream_ca) {
+        Ok(None) => vec![],
+        Ok(Some(v)) => crate::proxy::reach::intercepted(cfg, &v),
+        Err(e) => vec![crate::proxy::reach::Reach {
+            name: "(credentials)".into(),
+            ok: false,
+            detail: e.to_string(),
+        }],
     }
 }
 

@@ -28,6 +28,10 @@ pub(crate) struct Credential {
     /// changes).
     #[serde(default)]
     pub from_file: Option<PathBuf>,
+    /// The request headers the value is put into (default `Authorization`;
+    /// e.g. `PRIVATE-TOKEN` for GitLab, `X-Api-Key`).
+    #[serde(default)]
+    pub headers: Vec<String>,
 }
 
 /// Where a credential's value is read from.
@@ -47,6 +51,18 @@ impl Credential {
             (None, Some(f)) => From::File(f),
             (None, None) => From::Env(&self.name),
         }
+    }
+
+    /// The headers the value is put into, lowercase (`authorization`
+    /// unless the profile names others).
+    pub(crate) fn headers(&self) -> Vec<String> {
+        if self.headers.is_empty() {
+            return vec!["authorization".into()];
+        }
+        self.headers
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect()
     }
 
     /// The hosts, canonical (validated).
@@ -152,6 +168,28 @@ fn one(
         }
         _ => {}
     }
+    for h in &c.headers {
+        let token = !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        let l = h.to_ascii_lowercase();
+        let framing = [
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "te",
+            "upgrade",
+            "trailer",
+            "keep-alive",
+        ];
+        if !token || framing.contains(&l.as_str()) || l.starts_with("proxy-") {
+            return Err((
+                "credentials.headers",
+                format!("credential {n:?}: {h:?} is not a header a credential may be put into"),
+            ));
+        }
+    }
     if c.send_to.is_empty() {
         return Err((
             "credentials.send_to",
@@ -198,6 +236,7 @@ mod tests {
             send_to: vec!["api.test".into()],
             from_env: Some("GH".into()),
             from_file: None,
+            headers: vec![],
         }
     }
 

@@ -25,6 +25,8 @@ pub(crate) const PLACEHOLDER_LEN: usize = PREFIX.len() + 32;
 pub(crate) const MIN_VALUE: usize = 8;
 /// Longest real value accepted.
 pub(crate) const MAX_VALUE: usize = 4096;
+/// Values replaced by a rotation that answers are still masked for.
+const PAST: usize = 8;
 
 /// Why the credentials cannot be had: the instance does not start.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +56,10 @@ pub(crate) enum CredError {
 struct Held {
     name: String,
     hosts: Vec<String>,
+    /// The headers it is put into (lowercase).
+    headers: Vec<String>,
+    /// Values replaced by a rotation (the last [`PAST`]): still masked.
+    past: std::sync::Mutex<Vec<Arc<Vec<u8>>>>,
     placeholder: String,
     file: Option<PathBuf>,
     value: RwLock<Value>,
@@ -186,6 +192,14 @@ impl Vault {
         v
     }
 
+    /// Every host a credential may be sent to (sorted, once each).
+    pub(crate) fn hosts(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.held.iter().flat_map(|h| h.hosts.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// Whether the proxy intercepts connections to `host` (a credential
     /// may be sent there).
     pub(crate) fn intercepts(&self, host: &str) -> bool {
@@ -214,6 +228,12 @@ impl Vault {
                 Ok((b, s)) => {
                     if b != *v.bytes || v.unusable.is_some() {
                         tracing::info!(credential = %h.name, "credential: the file changed; its new value is in force");
+                    }
+                    if b != *v.bytes {
+                        let mut past = h.past.lock().unwrap_or_else(|p| p.into_inner());
+                        past.push(v.bytes.clone());
+                        let extra = past.len().saturating_sub(PAST);
+                        past.drain(..extra);
                     }
                     *v = Value {
                         bytes: Arc::new(b),
@@ -258,56 +278,69 @@ impl Vault {
         }
     }
 
-    /// Replaces the placeholders in one header value bound for `host`
-    /// (inside `Basic` too); refuses one that does not belong there.
-    pub(crate) fn header(&self, value: &[u8], host: &str) -> Result<Option<Vec<u8>>, Refused> {
-        if let Some(b64) = basic(value) {
-            use base64::Engine;
-            let e = base64::engine::general_purpose::STANDARD;
-            if let Ok(plain) = e.decode(b64) {
-                if let Some(out) = self.replace(&plain, host)? {
-                    let mut v = b"Basic ".to_vec();
-                    v.extend_from_slice(e.encode(out).as_bytes());
-                    return Ok(Some(v));
-                }
-            }
+    /// Puts the real value into one header bound for `host`, in exactly
+    /// these shapes: the whole value (`X-Api-Key: <placeholder>`), after an
+    /// authorization scheme (`Bearer <placeholder>`), or as the password of
+    /// `Basic` (`user:<placeholder>`, base64), and only in a header the
+    /// credential names (`headers`, `Authorization` by default). A
+    /// placeholder anywhere else in a header is refused: a header of the
+    /// agent's choosing could be one the host echoes, logs or forwards.
+    pub(crate) fn header(
+        &self,
+        name: &str,
+        value: &[u8],
+        host: &str,
+    ) -> Result<Option<Vec<u8>>, Refused> {
+        use base64::Engine;
+        let e = base64::engine::general_purpose::STANDARD;
+        let decoded = basic(value).and_then(|b| e.decode(b).ok());
+        let (h, shape) = match (self.found_in(value), &decoded) {
+            (Some(h), _) => (h, Shape::of(value, &h.placeholder)),
+            (None, Some(d)) => match self.found_in(d) {
+                Some(h) => (h, Shape::basic(d, &h.placeholder)),
+                None => return Ok(None),
+            },
+            (None, None) => return Ok(None),
+        };
+        let place = format!("in header {name}");
+        if !h.hosts.iter().any(|x| x == host) {
+            return Err(self.exfiltration(h, host, &place));
         }
-        self.replace(value, host)
-    }
-
-    fn replace(&self, value: &[u8], host: &str) -> Result<Option<Vec<u8>>, Refused> {
-        if self.found_in(value).is_none() {
-            return Ok(None);
+        if !h.headers.iter().any(|x| x.eq_ignore_ascii_case(name)) || shape.is_none() {
+            let mut r = self.exfiltration(h, host, &place);
+            r.why = format!("sandmux proxy: exfiltration refused: the placeholder of credential {} is put in only as the whole value of {}, after an authorization scheme, or as Basic's password; {place} it is refused", h.name, h.headers.join(", "));
+            return Err(r);
         }
         self.refresh();
-        let mut out = value.to_vec();
-        while let Some(h) = self.found_in(&out) {
-            if !h.hosts.iter().any(|x| x == host) {
-                return Err(self.exfiltration(h, host, "in a header"));
-            }
-            if h.revoked.load(Ordering::Relaxed) {
-                return Err(Refused {
-                    code: 403,
-                    why: format!("sandmux proxy: credential {} is revoked by the operator (sandmux grant ID --credential {} restores it)", h.name, h.name),
-                    exfiltration: false,
-                });
-            }
-            let v = h.value.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(why) = &v.unusable {
-                return Err(Refused {
-                    code: 503,
-                    why: format!(
-                        "sandmux proxy: credential {} cannot be used now: {why}",
-                        h.name
-                    ),
-                    exfiltration: false,
-                });
-            }
-            let at = memchr::memmem::find(&out, h.placeholder.as_bytes()).unwrap_or(0);
-            out.splice(at..at + PLACEHOLDER_LEN, v.bytes.iter().copied());
-            h.used.fetch_add(1, Ordering::Relaxed);
+        if h.revoked.load(Ordering::Relaxed) {
+            return Err(Refused {
+                code: 403,
+                why: format!("sandmux proxy: credential {} is revoked by the operator (sandmux grant ID --credential {} restores it)", h.name, h.name),
+                exfiltration: false,
+            });
         }
-        Ok(Some(out))
+        let v = h.value.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = &v.unusable {
+            return Err(Refused {
+                code: 503,
+                why: format!(
+                    "sandmux proxy: credential {} cannot be used now: {why}",
+                    h.name
+                ),
+                exfiltration: false,
+            });
+        }
+        h.used.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(match shape {
+            Some(Shape::Whole) => v.bytes.to_vec(),
+            Some(Shape::Scheme(n)) => [&value[..n], &v.bytes[..]].concat(),
+            Some(Shape::Basic(n)) => {
+                let user = decoded.as_deref().map(|d| &d[..n]).unwrap_or_default();
+                let plain = [user, &v.bytes[..]].concat();
+                [&b"Basic "[..], e.encode(plain).as_bytes()].concat()
+            }
+            None => unreachable!("refused above"),
+        }))
     }
 
     /// The (what is masked, its mask) pairs answers are masked with: each
@@ -322,12 +355,14 @@ impl Vault {
             .map(|(new, old)| (Arc::new(new.clone()), old.clone()))
             .collect();
         for h in &self.held {
-            let v = h.current();
             let p = h.placeholder.clone().into_bytes();
-            for e in encodings(&v) {
-                out.push((Arc::new(e), p.clone()));
+            let past = h.past.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for v in past.into_iter().chain([h.current()]) {
+                for e in encodings(&v) {
+                    out.push((Arc::new(e), p.clone()));
+                }
+                out.push((v, p.clone()));
             }
-            out.push((v, p));
         }
         out
     }
@@ -436,6 +471,8 @@ fn read_one(c: &Credential) -> Result<Held, CredError> {
     Ok(Held {
         placeholder: format!("{PREFIX}{}", crate::nonce::hex()),
         hosts: c.hosts(),
+        headers: c.headers(),
+        past: Default::default(),
         name,
         file,
         value: RwLock::new(Value {
@@ -478,6 +515,44 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
 }
 
+/// Where a placeholder may stand in a header value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// The whole value.
+    Whole,
+    /// After a scheme and one space (the scheme's bytes, space included).
+    Scheme(usize),
+    /// Basic's password (the user's bytes and the colon).
+    Basic(usize),
+}
+
+impl Shape {
+    fn of(v: &[u8], ph: &str) -> Option<Shape> {
+        let ph = ph.as_bytes();
+        if v == ph {
+            return Some(Shape::Whole);
+        }
+        let n = v.len().checked_sub(ph.len())?;
+        let (scheme, rest) = v.split_at(n);
+        let token = scheme.len() >= 2
+            && scheme.ends_with(b" ")
+            && scheme[..scheme.len() - 1]
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~+".contains(b));
+        (rest == ph && token && !scheme.eq_ignore_ascii_case(b"basic ")).then_some(Shape::Scheme(n))
+    }
+
+    fn basic(d: &[u8], ph: &str) -> Option<Shape> {
+        let n = d.len().checked_sub(ph.len())?;
+        let (user, rest) = d.split_at(n);
+        let ok = rest == ph.as_bytes()
+            && user.ends_with(b":")
+            && !user[..user.len() - 1].contains(&b':')
+            && memchr::memmem::find(user, PREFIX.as_bytes()).is_none();
+        ok.then_some(Shape::Basic(n))
+    }
+}
+
 /// The base64 of `Basic <base64>`.
 fn basic(v: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = v.split_at(v.iter().position(|b| *b == b' ')?);
@@ -504,6 +579,7 @@ mod tests {
             send_to: vec!["api.test".into()],
             from_env: None,
             from_file: Some(f),
+            headers: vec![],
         };
         let v = Vault::open(&[c], &[]).unwrap().unwrap();
         let ph = v.held[0].placeholder.clone();
@@ -517,40 +593,86 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let (v, ph) = vault(d.path());
         let bearer = format!("Bearer {ph}");
-        let got = v.header(bearer.as_bytes(), "api.test").unwrap().unwrap();
+        let got = v
+            .header("authorization", bearer.as_bytes(), "api.test")
+            .unwrap()
+            .unwrap();
         assert_eq!(got, b"Bearer first-secret-value");
         use base64::Engine;
         let e = base64::engine::general_purpose::STANDARD;
         let basic = format!("Basic {}", e.encode(format!("x:{ph}")));
-        let got = v.header(basic.as_bytes(), "api.test").unwrap().unwrap();
+        let got = v
+            .header("authorization", basic.as_bytes(), "api.test")
+            .unwrap()
+            .unwrap();
         assert_eq!(
             got,
             format!("Basic {}", e.encode("x:first-secret-value")).as_bytes()
         );
-        let r = v.header(bearer.as_bytes(), "other.test").unwrap_err();
+        let r = v
+            .header("authorization", bearer.as_bytes(), "other.test")
+            .unwrap_err();
         assert!(r.exfiltration && r.why.contains("other.test"), "{r:?}");
         assert!(v
             .refuse_in(format!("/x?t={ph}").as_bytes(), "api.test", "in the URL")
             .is_err());
-        assert_eq!(v.header(b"Bearer nothing", "api.test"), Ok(None));
+        assert_eq!(
+            v.header("authorization", b"Bearer nothing", "api.test"),
+            Ok(None)
+        );
+        // Only in its headers, and only in the shapes a credential has.
+        for (name, value) in [
+            ("x-request-id", ph.clone()),
+            ("authorization", format!("Bearer {ph} more")),
+            ("authorization", format!("Bearer x{ph}")),
+            ("authorization", format!("https://api.test/?t={ph}")),
+            (
+                "authorization",
+                format!("Basic {}", e.encode(format!("{ph}:x"))),
+            ),
+            (
+                "authorization",
+                format!("Basic {}", e.encode(format!("x:y{ph}"))),
+            ),
+        ] {
+            let r = v.header(name, value.as_bytes(), "api.test").unwrap_err();
+            assert!(r.exfiltration, "{name}: {value}: {r:?}");
+        }
+        let got = v
+            .header("authorization", ph.as_bytes(), "api.test")
+            .unwrap();
+        assert_eq!(got.unwrap(), b"first-secret-value");
         // Rotation: the new value at once; an unusable file sends nothing.
         let f = d.path().join("tok");
         std::fs::remove_file(&f).unwrap();
         write(&f, "second-secret-value");
-        let got = v.header(bearer.as_bytes(), "api.test").unwrap().unwrap();
+        let got = v
+            .header("authorization", bearer.as_bytes(), "api.test")
+            .unwrap()
+            .unwrap();
         assert_eq!(got, b"Bearer second-secret-value");
+        // The value rotated out is still masked in answers.
+        let mut b = b"old first-secret-value".to_vec();
+        let out = crate::proxy::scan::mask(&mut b, &v.masks(&[]), true);
+        assert_eq!(out, format!("old {ph}").as_bytes());
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let r = v.header(bearer.as_bytes(), "api.test").unwrap_err();
+        let r = v
+            .header("authorization", bearer.as_bytes(), "api.test")
+            .unwrap_err();
         assert_eq!((r.code, r.exfiltration), (503, false), "{r:?}");
         // Revoked: refused, not an exfiltration; granted again: served.
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o400)).unwrap();
         assert!(v.set_granted("TOK", false) && !v.set_granted("NOPE", false));
         assert_eq!(
-            v.header(bearer.as_bytes(), "api.test").unwrap_err().code,
+            v.header("authorization", bearer.as_bytes(), "api.test")
+                .unwrap_err()
+                .code,
             403
         );
         v.set_granted("TOK", true);
-        assert!(v.header(bearer.as_bytes(), "api.test").is_ok());
+        assert!(v
+            .header("authorization", bearer.as_bytes(), "api.test")
+            .is_ok());
     }
 
     /// The value in an answer, as it is, in hex and in base64 at any

@@ -10,7 +10,7 @@
 //! tunnel; it is the connection's event.
 
 use super::credentials::{Refused, Vault};
-use super::scan::{BoxError, Guarded, Masked, Slot};
+use super::scan::{BoxError, Filtered, Slot};
 use super::serve::{dial, Refusal};
 use super::watched::{Traffic, Watched};
 use super::{name, Config, Event};
@@ -29,7 +29,10 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 type Out = http_body_util::combinators::BoxBody<Bytes, BoxError>;
-type Up = SendRequest<Guarded<Incoming>>;
+
+/// Most headers of one request a credential is put into.
+const MAX_PUT: usize = 4;
+type Up = SendRequest<Filtered<Incoming>>;
 
 /// One intercepted tunnel.
 struct Tunnel {
@@ -166,6 +169,8 @@ fn hop(n: &HeaderName) -> bool {
             | "upgrade"
             | "host"
             | "accept-encoding"
+            | "range"
+            | "if-range"
     ) || s.starts_with("proxy-")
 }
 
@@ -194,7 +199,7 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
     );
     let mut sent = Vec::new();
     for (k, v) in parts.headers.iter().filter(|(k, _)| !hop(k)) {
-        let v = match t.vault.header(v.as_bytes(), &t.host)? {
+        let v = match t.vault.header(k.as_str(), v.as_bytes(), &t.host)? {
             Some(n) => {
                 sent.push((n.clone(), v.as_bytes().to_vec()));
                 HeaderValue::from_bytes(&n)
@@ -204,11 +209,17 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
         };
         h.append(k.clone(), v);
     }
+    if sent.len() > MAX_PUT {
+        return Err(refused(
+            400,
+            format!("more than {MAX_PUT} headers carry a credential"),
+        ));
+    }
     h.insert(
         header::ACCEPT_ENCODING,
         HeaderValue::from_static("identity"),
     );
-    let body = Guarded::new(body, t.vault.clone(), &t.host, t.refused.clone());
+    let body = Filtered::guard(body, t.vault.clone(), &t.host, t.refused.clone());
     let req = up
         .body(body)
         .map_err(|e| refused(400, format!("the request cannot be forwarded: {e}")))?;
@@ -305,15 +316,33 @@ fn answer(
     sent: &[(Vec<u8>, Vec<u8>)],
 ) -> Result<Response<Out>, Refused> {
     let (mut parts, body) = resp.into_parts();
-    if let Some(ce) = parts.headers.get(header::CONTENT_ENCODING) {
-        if !ce.as_bytes().eq_ignore_ascii_case(b"identity") {
-            return Err(refused(502, format!("{} answered with an encoded body (Content-Encoding) although the proxy asked for none: an encoded answer cannot be checked for a credential's value", t.host)));
-        }
+    let encoded = parts
+        .headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .chain(parts.headers.get_all(header::TRANSFER_ENCODING).iter())
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|c| c.trim_ascii())
+        .any(|c| {
+            !c.is_empty()
+                && !c.eq_ignore_ascii_case(b"identity")
+                && !c.eq_ignore_ascii_case(b"chunked")
+        });
+    if encoded {
+        return Err(refused(502, format!("{} answered with an encoded body (Content-Encoding or Transfer-Encoding) although the proxy asked for none: an encoded answer cannot be checked for a credential's value", t.host)));
     }
+    // The upstream's own reason phrase (hyper keeps a non-standard one) is
+    // not passed on: the standard one for the code is.
+    parts.extensions = Default::default();
     let masks = t.vault.masks(sent);
     let mut headers = hyper::HeaderMap::new();
     for (k, v) in parts.headers.iter() {
         if hop(k) || (k == header::CONTENT_LENGTH && !head) {
+            continue;
+        }
+        // A header whose name holds a value is dropped.
+        let mut n = k.as_str().as_bytes().to_vec();
+        if super::scan::mask(&mut n, &masks, true) != k.as_str().as_bytes() {
             continue;
         }
         let mut b = v.as_bytes().to_vec();
@@ -328,6 +357,6 @@ fn answer(
     parts.version = hyper::Version::HTTP_11;
     Ok(Response::from_parts(
         parts,
-        Masked::new(body, masks).boxed(),
+        Filtered::mask(body, masks).boxed(),
     ))
 }

@@ -1,8 +1,8 @@
 //! The bodies of intercepted exchanges, read as they stream (bounded: what
 //! is held back is shorter than one placeholder or one value): a request's
-//! body is refused at the first placeholder in it, which never leaves whole
-//! ([`Guarded`]); an answer's body has every real value replaced by its
-//! placeholder ([`Masked`]).
+//! body is refused at the first placeholder in it, which never leaves whole;
+//! an answer's body has every real value replaced by its placeholder
+//! ([`Filtered`]).
 
 use super::credentials::{Refused, Vault, PLACEHOLDER_LEN};
 use bytes::Bytes;
@@ -17,94 +17,65 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Where a refusal found in a body is left for the exchange to answer.
 pub(crate) type Slot = Arc<Mutex<Option<Refused>>>;
 
-/// A request body on its way up: refused at the first placeholder.
-pub(crate) struct Guarded<B> {
+/// A body read as it streams: a request's on its way up (refused at the
+/// first placeholder, [`Filtered::guard`]) or an answer's on its way down
+/// (every real value masked, [`Filtered::mask`]).
+pub(crate) struct Filtered<B> {
     inner: B,
-    vault: Arc<Vault>,
-    host: String,
+    filter: Filter,
     held: Vec<u8>,
-    slot: Slot,
     done: bool,
 }
 
-impl<B> Guarded<B> {
-    pub(crate) fn new(inner: B, vault: Arc<Vault>, host: &str, slot: Slot) -> Guarded<B> {
-        Guarded {
+enum Filter {
+    Guard {
+        vault: Arc<Vault>,
+        host: String,
+        slot: Slot,
+    },
+    Mask(Vec<(Arc<Vec<u8>>, Vec<u8>)>),
+}
+
+impl<B> Filtered<B> {
+    /// A request body: refused (the refusal left in `slot`) at the first
+    /// placeholder, which never leaves whole.
+    pub(crate) fn guard(inner: B, vault: Arc<Vault>, host: &str, slot: Slot) -> Filtered<B> {
+        let host = host.to_string();
+        Filtered::new(inner, Filter::Guard { vault, host, slot })
+    }
+
+    /// An answer's body: every value of `masks` replaced by its placeholder.
+    pub(crate) fn mask(inner: B, masks: Vec<(Arc<Vec<u8>>, Vec<u8>)>) -> Filtered<B> {
+        Filtered::new(inner, Filter::Mask(masks))
+    }
+
+    fn new(inner: B, filter: Filter) -> Filtered<B> {
+        Filtered {
             inner,
-            vault,
-            host: host.to_string(),
+            filter,
             held: Vec::new(),
-            slot,
             done: false,
         }
     }
 }
 
-impl<B> Body for Guarded<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let me = &mut *self;
-        loop {
-            if me.done {
-                return Poll::Ready(None);
-            }
-            match ready!(Pin::new(&mut me.inner).poll_frame(cx)) {
-                Some(Ok(f)) => {
-                    // Trailers are dropped: only data goes up.
-                    let Ok(d) = f.into_data() else { continue };
-                    me.held.extend_from_slice(&d);
-                    if let Err(r) = me.vault.refuse_in(&me.held, &me.host, "in a request body") {
-                        *me.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-                        me.done = true;
-                        return Poll::Ready(Some(Err("refused by the proxy".into())));
-                    }
-                    let keep = (PLACEHOLDER_LEN - 1).min(me.held.len());
-                    let out: Vec<u8> = me.held.drain(..me.held.len() - keep).collect();
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(out.into()))));
-                    }
+impl Filter {
+    /// What of `held` may go on now (all of it at the `end`).
+    fn pass(&self, held: &mut Vec<u8>, end: bool) -> Result<Vec<u8>, BoxError> {
+        match self {
+            Filter::Guard { vault, host, slot } => {
+                if let Err(r) = vault.refuse_in(held, host, "in a request body") {
+                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                    return Err("refused by the proxy".into());
                 }
-                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-                None => {
-                    me.done = true;
-                    if !me.held.is_empty() {
-                        let out = std::mem::take(&mut me.held);
-                        return Poll::Ready(Some(Ok(Frame::data(out.into()))));
-                    }
-                }
+                let keep = if end {
+                    0
+                } else {
+                    (PLACEHOLDER_LEN - 1).min(held.len())
+                };
+                Ok(held.drain(..held.len() - keep).collect())
             }
-        }
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// An answer's body on its way down: every real value replaced.
-pub(crate) struct Masked<B> {
-    inner: B,
-    masks: Vec<(Arc<Vec<u8>>, Vec<u8>)>,
-    held: Vec<u8>,
-    done: bool,
-}
-
-impl<B> Masked<B> {
-    pub(crate) fn new(inner: B, masks: Vec<(Arc<Vec<u8>>, Vec<u8>)>) -> Masked<B> {
-        Masked {
-            inner,
-            masks,
-            held: Vec::new(),
-            done: false,
+            Filter::Mask(masks) => Ok(mask(held, masks, end)),
         }
     }
 }
@@ -135,7 +106,7 @@ pub(crate) fn mask(b: &mut Vec<u8>, masks: &[(Arc<Vec<u8>>, Vec<u8>)], all: bool
     out
 }
 
-impl<B> Body for Masked<B>
+impl<B> Body for Filtered<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -148,28 +119,39 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let me = &mut *self;
-        loop {
-            if me.done {
-                return Poll::Ready(None);
-            }
-            match ready!(Pin::new(&mut me.inner).poll_frame(cx)) {
-                Some(Ok(f)) => {
-                    let Ok(d) = f.into_data() else { continue };
-                    me.held.extend_from_slice(&d);
-                    let out = mask(&mut me.held, &me.masks, false);
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(out.into()))));
+        while !me.done {
+            let end = match ready!(Pin::new(&mut me.inner).poll_frame(cx)) {
+                // Trailers are dropped: only data goes on.
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => {
+                        me.held.extend_from_slice(&d);
+                        false
                     }
-                }
+                    Err(_) => continue,
+                },
                 Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-                None => {
+                None => true,
+            };
+            me.done = end;
+            match me.filter.pass(&mut me.held, end) {
+                Err(e) => {
                     me.done = true;
-                    let out = mask(&mut me.held, &me.masks, true);
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(out.into()))));
-                    }
+                    return Poll::Ready(Some(Err(e)));
                 }
+                Ok(out) if !out.is_empty() => {
+                    return Poll::Ready(Some(Ok(Frame::data(out.into()))))
+                }
+                Ok(_) => {}
             }
+        }
+        Poll::Ready(None)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self.filter {
+            // A request's length is unchanged (its Content-Length is kept).
+            Filter::Guard { .. } => self.inner.size_hint(),
+            Filter::Mask(_) => hyper::body::SizeHint::default(),
         }
     }
 }
