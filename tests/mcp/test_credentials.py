@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, audit_records, call, descendants, runtime_dir_of, serve_pids, tmux_server_pid
+from conftest import BIN, audit_records, call, descendants, runtime_dir_of, serve_pids, tmux_host, tmux_server_pid
 from standins import Standins
 from test_escape import launch, profile
 from test_proxy import sh
@@ -176,6 +176,17 @@ async def test_an_agent_uses_credentials_it_never_holds(ws, stand):
         creds = {x["name"]: x for x in st["credentials"]}
         assert creds["API_TOKEN"]["send_to"] == ["api.test", "git.test"] and creds["API_TOKEN"]["exfiltration_refused"] >= 6, st["credentials"]
         assert real not in json.dumps(st), st
+        # tmux's own environments (global and the session's), asked on the
+        # host: placeholders only.
+        sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
+        tenv = tmux_host(sock, "show-environment", "-g").stdout + tmux_host(sock, "show-environment").stdout
+        assert f"API_TOKEN={ph}" in tenv and not any(v in tenv for v in (real, other, reg)), tenv
+        # Bypassing interception: an IP literal, another SNI in the tunnel.
+        probe = "openssl s_client -proxy 127.0.0.1:3128 -connect api.test:{} -servername {} </dev/null 2>&1 | grep -c BEGIN.CERTIFICATE"
+        r = await sh(c, f"curl -s -o /dev/null -w '%{{http_connect}} ' --noproxy '' -x http://127.0.0.1:3128 -k https://127.0.0.1:{port}/echo; {probe.format(port, 'other.test')}; {probe.format(port, 'api.test')}")
+        # 403 for the literal, no certificate for another SNI; the control
+        # (the tunnel's own SNI) gets the instance's certificate.
+        assert r["output"].split() == ["403", "0", "1"], r
         # Host side: no process started after the value was read inherits
         # it (the tmux server, the broker); serve's own initial block
         # (/proc/PID/environ, the same user's to read) is not rewritten.
