@@ -159,6 +159,33 @@ pub(super) enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The questions a `serve` instance holds for a human (`[network] ask`)
+    /// and what was granted.
+    Approvals {
+        /// Instance id (or a unique prefix).
+        id: String,
+        /// Raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Allow what an open question asks: once (that connection, and the
+    /// next ones to the name for 10 s), or for the rest of the instance.
+    Approve {
+        /// Instance id (or a unique prefix).
+        id: String,
+        /// The question's number (`sandmux approvals ID`).
+        question: u64,
+        /// For the rest of the instance, not once.
+        #[arg(long)]
+        for_instance: bool,
+    },
+    /// Refuse what an open question asks.
+    Deny {
+        /// Instance id (or a unique prefix).
+        id: String,
+        /// The question's number (`sandmux approvals ID`).
+        question: u64,
+    },
     /// Stop every process in a `serve` instance's sandbox (the tmux server and
     /// PID 1 included) and refuse tool calls until `thaw`.
     Freeze {

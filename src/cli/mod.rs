@@ -9,6 +9,7 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod approvals_cmd;
 mod args;
 mod profile_cmd;
 use args::{AuditCmd, Cli, Cmd, GitCmd, Selection, Target};
@@ -180,6 +181,13 @@ fn operator(cmd: Cmd) -> ExitCode {
         Cmd::Revoke { sel, freeze } => operator_change(Op::Revoke, sel, freeze),
         Cmd::Grant { sel } => operator_change(Op::Grant, sel, false),
         Cmd::Freeze { id } => operator_freeze(Op::Freeze, &id),
+        Cmd::Approvals { id, json } => approvals_cmd::list(&id, json),
+        Cmd::Approve {
+            id,
+            question,
+            for_instance,
+        } => approvals_cmd::answer(Op::Approve, &id, question, for_instance),
+        Cmd::Deny { id, question } => approvals_cmd::answer(Op::Deny, &id, question, false),
         Cmd::Thaw { id } => operator_freeze(Op::Thaw, &id),
         Cmd::Journal { id, follow, json } => match journal(&id, follow, json) {
             Ok(()) => ExitCode::SUCCESS,
@@ -441,7 +449,9 @@ fn serve_proxy(
 ) -> Result<Option<std::sync::Arc<std::sync::Mutex<crate::proxy::tally::Tally>>>, String> {
     let Some(l) = listener else { return Ok(None) };
     let cfg = crate::proxy::Config::of(&policy.network).map_err(|(k, e)| format!("{k}: {e}"))?;
-    crate::proxy::spawn_counted(l, cfg, policy, vault)
+    // No operator endpoint here: `[network] ask` refuses as before.
+    let hooks = crate::proxy::ask::Hooks { vault, ask: None };
+    crate::proxy::spawn_counted(l, cfg, policy, hooks)
         .map(Some)
         .map_err(|e| e.to_string())
 }

@@ -80,6 +80,8 @@ pub(crate) struct State {
     pub refusals: Arc<crate::proxy::refusals::Refusals>,
     /// The credentials the proxy puts in (`[[credentials]]`).
     pub vault: Option<Arc<crate::proxy::credentials::Vault>>,
+    /// Questions to a human and their grants (`[network] ask`).
+    pub approvals: Arc<super::approvals::Approvals>,
 }
 
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at

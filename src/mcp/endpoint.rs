@@ -35,6 +35,12 @@ pub(crate) enum Op {
     Revoke,
     /// `grant` the tools selected (within the ceiling).
     Grant,
+    /// `approvals`: the open questions and the grants.
+    Approvals,
+    /// `approve` an open question.
+    Approve,
+    /// `deny` an open question.
+    Deny,
 }
 
 impl Op {
@@ -47,6 +53,9 @@ impl Op {
             Op::Thaw => "thaw",
             Op::Revoke => "revoke",
             Op::Grant => "grant",
+            Op::Approvals => "approvals",
+            Op::Approve => "approve",
+            Op::Deny => "deny",
         }
     }
 }
@@ -70,6 +79,12 @@ pub(crate) struct Request {
     /// `revoke`/`grant`: one credential (`[[credentials]]`) by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// `approve`/`deny`: the question's number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<u64>,
+    /// `approve`: for the rest of the instance, not once.
+    #[serde(default)]
+    pub for_instance: bool,
     /// With `revoke`: freeze once the tools are revoked.
     #[serde(default)]
     pub freeze: bool,
@@ -82,6 +97,8 @@ impl Request {
             v: VERSION,
             op,
             credential: None,
+            question: None,
+            for_instance: false,
             toolset: None,
             tool: None,
             all: false,
@@ -177,7 +194,24 @@ async fn freezing(s: &State, thaw: bool) -> Value {
     }
 }
 
-async fn handle(s: &Arc<State>, line: &str) -> Value {
+/// `approve`/`deny`: the first answer wins; who answered is recorded.
+fn answer(s: &State, r: &Request, uid: u32) -> Value {
+    use super::approvals::{Answer, Grant};
+    let Some(q) = r.question else {
+        return json!({"ok": false, "error": "name the question (sandmux approvals ID lists them)"});
+    };
+    let a = match (r.op, r.for_instance) {
+        (Op::Approve, false) => Answer::Allow(Grant::Once),
+        (Op::Approve, true) => Answer::Allow(Grant::Instance),
+        _ => Answer::Deny,
+    };
+    match s.approvals.answer(q, a, &format!("operator uid {uid}")) {
+        Ok(name) => json!({"ok": true, "question": q, "name": name}),
+        Err(e) => json!({"ok": false, "error": e}),
+    }
+}
+
+async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
     let r = match Request::parse(line) {
         Ok(r) => r,
         Err(e) => return json!({"ok": false, "error": e}),
@@ -190,6 +224,8 @@ async fn handle(s: &Arc<State>, line: &str) -> Value {
         }
         Op::Freeze => freezing_when_ready(s, false).await,
         Op::Thaw => freezing_when_ready(s, true).await,
+        Op::Approvals => json!({"ok": true, "approvals": s.approvals.list()}),
+        Op::Approve | Op::Deny => answer(s, &r, uid),
         Op::Revoke | Op::Grant if r.credential.is_some() => credential(s, &r),
         Op::Revoke | Op::Grant => {
             let names = match selected(&r) {
@@ -294,7 +330,7 @@ pub(crate) async fn serve(listener: UnixListener, s: Arc<State>) -> std::io::Res
                 return;
             }
             while let Ok(Some(line)) = lines.next_line().await {
-                let reply = handle(&s, &line).await;
+                let reply = handle(&s, &line, uid).await;
                 if wr.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
                     break;
                 }

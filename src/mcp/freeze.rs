@@ -134,6 +134,8 @@ async fn freeze_for(s: &State, why: Option<String>) -> Result<Value, String> {
     };
     s.freeze.set(Some(f.clone()));
     s.hub().set_frozen(true);
+    // A frozen instance asks nothing; what was waiting is denied.
+    s.approvals.close("the instance is frozen");
     let b = s.broker.clone();
     let r = tokio::task::spawn_blocking(move || mech::freeze(&t, &|op, pid| signals(&b, op, pid)))
         .await
@@ -167,6 +169,7 @@ pub(crate) async fn thaw(s: &State) -> Result<Value, String> {
         .unwrap_or_else(|e| Err(format!("the thaw task failed: {e}")))
         .map_err(|e| format!("{e}; the instance stays frozen"))?;
     s.freeze.set(None);
+    s.approvals.reopen();
     let hub = s.hub();
     hub.set_frozen(false);
     // A watcher that timed out under the freeze is replaced.

@@ -11,6 +11,7 @@
 //! during start-up ends it at the next step ([`exit`]).
 
 pub(crate) use crate::audit;
+pub(crate) mod approvals;
 mod backlog;
 pub(crate) mod bounds;
 pub(crate) mod catalog;
@@ -282,6 +283,8 @@ struct Leftovers {
     audit: Arc<audit::Audit>,
     /// The allowlist proxy's decisions (network mode `proxy`).
     flood: Arc<proxy::Flood>,
+    /// Questions to a human and their grants (`[network] ask`).
+    approvals: Arc<approvals::Approvals>,
 }
 
 /// What the host side prepared before any sandbox exists (steps 1-2).
@@ -415,12 +418,14 @@ fn hand_over(
         watchers: policy.limits.max_sessions as usize,
         proxy,
         vault: pre.vault.clone(),
+        ask: policy.network.ask.then(|| left.approvals.asker()),
     };
     let broker = st.broker.clone();
     *left.inst.lock().unwrap_or_else(|p| p.into_inner()) = Some(st.inst);
     let shutdown = stop.token();
     let (reverts, frozen) = (left.reverts.clone(), left.frozen.clone());
     let refusals = left.flood.refusals.clone();
+    let approvals = left.approvals.clone();
     let Prepared {
         tools: (ceiling, enabled),
         audit,
@@ -454,6 +459,7 @@ fn hand_over(
             ready: tokio::sync::watch::channel(None).0,
             refusals,
             vault,
+            approvals,
         })
     });
     Ok((left, conn, make))
@@ -475,6 +481,10 @@ fn leftovers(inst: &Instance, info: &ctx::InstanceInfo, audit: &Arc<audit::Audit
         }),
         frozen: Arc::new(freeze::Freeze::default()),
         flood: proxy::Flood::new(audit.clone()),
+        approvals: approvals::Approvals::new(
+            Duration::from_secs(inst.policy.mcp.ask_seconds),
+            audit.clone(),
+        ),
         audit: audit.clone(),
         inst: Arc::new(std::sync::Mutex::new(None)),
     }
@@ -524,6 +534,7 @@ fn teardown(left: Leftovers, code: i32) -> i32 {
             r.record(&taken);
         }
     }
+    left.approvals.close("the instance ended");
     left.flood.finish();
     left.audit.seal(code);
     tracing::debug!(code, "shutdown: the instance ended");

@@ -99,14 +99,14 @@ impl Flood {
         self: &Arc<Flood>,
         listener: std::net::TcpListener,
         cfg: Config,
-        vault: Option<Arc<crate::proxy::credentials::Vault>>,
+        hooks: crate::proxy::ask::Hooks,
     ) {
         let me = self.clone();
         let sink: Sink = Arc::new(move |ev: Event| me.add(ev));
         match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => {
                 let open = self.open.clone();
-                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open, vault));
+                tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open, hooks));
             }
             Err(e) => tracing::error!("the proxy's listener: {e}"),
         }

@@ -25,6 +25,8 @@ pub(super) struct Conn {
     pub(super) proxy: Option<(std::net::TcpListener, crate::proxy::Config)>,
     /// The credentials the proxy puts in.
     pub(super) vault: Option<Arc<crate::proxy::credentials::Vault>>,
+    /// `[network] ask`: who the proxy asks about a name off the list.
+    pub(super) ask: Option<crate::proxy::ask::Asker>,
 }
 
 /// The runtime's part: the hub, the state, the watchers, then MCP over
@@ -42,7 +44,11 @@ pub(super) async fn run(
         return (0, None);
     }
     if let Some((l, cfg)) = c.proxy {
-        left.flood.start(l, cfg, c.vault.clone());
+        let hooks = crate::proxy::ask::Hooks {
+            vault: c.vault.clone(),
+            ask: c.ask.clone(),
+        };
+        left.flood.start(l, cfg, hooks);
     }
     let hub = match Hub::spawn(&c.tmux, &c.socket, c.genesis, c.watchers).await {
         Ok(h) => h,

@@ -155,6 +155,10 @@ pub(crate) struct Network {
     /// the upstream of an intercepted connection, beside the host's own.
     #[serde(default)]
     pub upstream_ca: Vec<std::path::PathBuf>,
+    /// Proxy mode: a name not on the allow list is held and the operator
+    /// asked (`sandmux approvals`), instead of refused at once.
+    #[serde(default)]
+    pub ask: bool,
 }
 
 /// One `[network] allow` entry: a name, or a name with the address ranges
@@ -215,6 +219,7 @@ impl Default for Network {
             proxy_idle_seconds: 30,
             proxy_header_bytes: 16 * 1024,
             upstream_ca: vec![],
+            ask: false,
         }
     }
 }
@@ -425,6 +430,9 @@ pub(crate) struct McpSettings {
     pub http_max_requests: u64,
     /// `serve --http`: largest request body, in bytes (64 KiB-16 MiB).
     pub http_max_body_bytes: u64,
+    /// How long a question to a human (`[network] ask`) holds the request
+    /// before silence denies it, in seconds (5-600).
+    pub ask_seconds: u64,
 }
 
 /// Most restarts one `serve` instance makes before it ends anyway.
@@ -467,6 +475,7 @@ impl Default for McpSettings {
             http_max_sessions: 8,
             http_max_requests: 32,
             http_max_body_bytes: 1 << 20,
+            ask_seconds: 60,
         }
     }
 }

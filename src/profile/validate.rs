@@ -159,6 +159,12 @@ impl Profile {
                     "allow, allow_private and hosts apply only to mode = \"proxy\"".into(),
                 );
             }
+            if n.ask {
+                return bad(
+                    "network.ask",
+                    "asking for a name applies only to mode = \"proxy\" (the proxy is what holds the connection)".into(),
+                );
+            }
             return Ok(());
         }
         super::allow::Config::of(n)?;
@@ -270,6 +276,12 @@ impl Profile {
             return bad(
                 "mcp.http_max_body_bytes",
                 format!("{} is outside 65536-16777216", m.http_max_body_bytes),
+            );
+        }
+        if !(5..=600).contains(&m.ask_seconds) {
+            return bad(
+                "mcp.ask_seconds",
+                format!("{} is outside 5-600", m.ask_seconds),
             );
         }
         if self.recording.max_bytes.0 < MIN_RECORDING_BYTES {

@@ -11,6 +11,7 @@
 //! sandbox's TLS ends at the proxy, with a certificate from the instance's
 //! own CA ([`ca`]), and the placeholder is replaced in the headers.
 
+pub(crate) mod ask;
 pub(crate) mod ca;
 pub(crate) mod credentials;
 pub mod head;
@@ -62,6 +63,8 @@ pub(crate) struct Event {
     /// Refused because a credential's placeholder was where it does not
     /// belong.
     pub exfiltration: bool,
+    /// Off the allow list, allowed by a human (`[network] ask`).
+    pub approved: bool,
 }
 
 /// Where decisions go.
@@ -96,7 +99,7 @@ pub(crate) fn spawn_counted(
     listener: std::net::TcpListener,
     cfg: Config,
     policy: &crate::profile::Policy,
-    vault: Option<Arc<credentials::Vault>>,
+    hooks: ask::Hooks,
 ) -> Result<Arc<Mutex<tally::Tally>>, ProxyError> {
     use crate::sandbox::supervisor;
     let t = Arc::new(Mutex::new(tally::Tally::default()));
@@ -123,7 +126,7 @@ pub(crate) fn spawn_counted(
             }
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, Arc::new(cfg), sink, open, vault).await,
+                    Ok(l) => serve(l, Arc::new(cfg), sink, open, hooks).await,
                     Err(e) => tracing::error!("the proxy's listener: {e}"),
                 }
             })

@@ -81,6 +81,7 @@ mod tests {
             duration: Duration::ZERO,
             requests: None,
             exfiltration: false,
+            approved: false,
         }
     }
 

@@ -4,6 +4,7 @@
 //! head, a ClientHello and one copy buffer per direction.
 
 use super::addr::Cidr;
+use super::ask::{Hooks, Verdict};
 use super::credentials::Vault;
 use super::head::{self, Parsed, Request};
 use super::hello::{self, Hello};
@@ -27,7 +28,7 @@ pub(crate) async fn serve(
     cfg: Arc<Config>,
     sink: Sink,
     open: Arc<AtomicUsize>,
-    vault: Option<Arc<Vault>>,
+    hooks: Hooks,
 ) {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     loop {
@@ -42,10 +43,10 @@ pub(crate) async fn serve(
         match slots.clone().try_acquire_owned() {
             Ok(permit) => {
                 let (cfg, sink, open) = (cfg.clone(), sink.clone(), open.clone());
-                let vault = vault.clone();
+                let hooks = hooks.clone();
                 open.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
-                    let ev = connection(s, &cfg, vault.as_ref()).await;
+                    let ev = connection(s, &cfg, &hooks).await;
                     drop(permit);
                     sink(ev);
                     open.fetch_sub(1, Ordering::Relaxed);
@@ -74,6 +75,7 @@ pub(crate) async fn serve(
                     duration: Duration::ZERO,
                     requests: None,
                     exfiltration: false,
+                    approved: false,
                 });
             }
         }
@@ -96,7 +98,7 @@ fn response(code: u16, msg: &str) -> Vec<u8> {
 }
 
 /// One connection, start to end: its decision as an event.
-async fn connection(mut s: TcpStream, cfg: &Config, vault: Option<&Arc<Vault>>) -> Event {
+async fn connection(mut s: TcpStream, cfg: &Config, hooks: &Hooks) -> Event {
     let t0 = Instant::now();
     let _ = s.set_nodelay(true);
     let mut ev = Event {
@@ -112,8 +114,9 @@ async fn connection(mut s: TcpStream, cfg: &Config, vault: Option<&Arc<Vault>>) 
         duration: Duration::ZERO,
         requests: None,
         exfiltration: false,
+        approved: false,
     };
-    if let Err((code, why)) = decide_and_pass(&mut s, cfg, vault, &mut ev).await {
+    if let Err((code, why)) = decide_and_pass(&mut s, cfg, hooks, &mut ev).await {
         if code != 0 {
             let _ = timeout(cfg.idle, s.write_all(&response(code, &why))).await;
         }
@@ -136,13 +139,13 @@ pub(super) type Refusal = (u16, String);
 async fn decide_and_pass(
     s: &mut TcpStream,
     cfg: &Config,
-    vault: Option<&Arc<Vault>>,
+    hooks: &Hooks,
     ev: &mut Event,
 ) -> Result<(), Refusal> {
     // The head and (for a tunnel) the ClientHello, together, must come
     // within one idle time of the accept: a client trickling a byte at a
     // time cannot hold a slot for longer.
-    let by = tokio::time::Instant::now() + cfg.idle;
+    let mut by = tokio::time::Instant::now() + cfg.idle;
     let mut buf = Vec::with_capacity(1024);
     let req = read_head(s, cfg, &mut buf, by).await?;
     ev.method = req.method.clone();
@@ -153,10 +156,14 @@ async fn decide_and_pass(
     } else {
         name::CONNECT_PORT
     };
-    let Some(ranges) = name::allowed(&cfg.allow, &req.host, req.port, default) else {
-        ev.decides = Some(DECIDES_NAME);
-        ev.ours = true;
-        return Err((403, format!("sandmux proxy: {}:{} is not in the profile's [network] allow list; the profile decides (sandmux profile show)", req.host, req.port)));
+    let ranges = match name::allowed(&cfg.allow, &req.host, req.port, default) {
+        Some(r) => r,
+        None => {
+            ask(hooks, &req, ev).await?;
+            // The wait for an answer does not count against the client.
+            by = tokio::time::Instant::now() + cfg.idle;
+            vec![]
+        }
     };
     let to = resolve(cfg, &req.host, req.port, &ranges)
         .await
@@ -168,10 +175,40 @@ async fn decide_and_pass(
         })?;
     ev.address = Some(to);
     let rest = buf.split_off(req.len);
-    let how = Pass { cfg, to, vault };
+    let how = Pass {
+        cfg,
+        to,
+        vault: hooks.vault.as_ref(),
+    };
     match &req.forward {
         None => tunnel(s, &how, &req, rest, ev, by).await,
         Some((head, body)) => plain(s, &how, &req.host, head, *body, rest, ev).await,
+    }
+}
+
+/// A name off the list: refused, or (`[network] ask`) held while a human
+/// is asked.
+async fn ask(hooks: &Hooks, req: &Request, ev: &mut Event) -> Result<(), Refusal> {
+    ev.decides = Some(DECIDES_NAME);
+    ev.ours = true;
+    let off = format!(
+        "sandmux proxy: {}:{} is not in the profile's [network] allow list",
+        req.host, req.port
+    );
+    let Some(asker) = &hooks.ask else {
+        return Err((
+            403,
+            format!("{off}; the profile decides (sandmux profile show)"),
+        ));
+    };
+    match asker(req.host.clone(), req.port).await {
+        Verdict::Allow => {
+            ev.decides = None;
+            ev.ours = false;
+            ev.approved = true;
+            Ok(())
+        }
+        Verdict::Deny(why) => Err((403, format!("{off}, and {why}"))),
     }
 }
 

@@ -45,6 +45,12 @@ pub(crate) struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Value>")]
     pub credentials: Option<serde_json::Value>,
+    /// `[network] ask`: the questions waiting for a human (a name off the
+    /// allow list holds its connection until answered; silence denies) and
+    /// the names a human allowed, once or for the instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
+    pub approvals: Option<serde_json::Value>,
     /// Every layer as the sandbox reported it while starting.
     pub layers: Vec<LayerView>,
     /// Layers dropped (best-effort).
@@ -206,6 +212,7 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         network: c.s.policy.network.mode.name().into(),
         network_refusals: c.s.refusals.since(0).0,
         credentials: c.s.vault.as_ref().map(|v| v.status()),
+        approvals: c.s.policy.network.ask.then(|| c.s.approvals.list()),
         dropped: layers
             .iter()
             .filter(|l| !l.enforced)

@@ -1,0 +1,33 @@
+//! `[network] ask`: a name not on the allow list is not refused at once;
+//! the connection is held while a human is asked (the asker is the host
+//! side's, `crate::mcp::approvals`: it bounds the questions and the wait,
+//! and silence denies). Only the name is askable: an address refused by its
+//! range, an IP literal or a bad head is refused as before.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// A human's answer for one connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// This connection may go (once, or the name for the instance).
+    Allow,
+    /// Refused, and why (sandmux's words: a human declined, no answer in
+    /// time, too many open questions).
+    Deny(String),
+}
+
+/// Asks about `host:port`; resolves when answered (or denied).
+pub(crate) type Asker =
+    Arc<dyn Fn(String, u16) -> Pin<Box<dyn Future<Output = Verdict> + Send>> + Send + Sync>;
+
+/// What the proxy may use besides its configuration: the credentials it
+/// puts in, and who it asks about names off the list.
+#[derive(Clone, Default)]
+pub(crate) struct Hooks {
+    /// `[[credentials]]`.
+    pub vault: Option<Arc<super::credentials::Vault>>,
+    /// `[network] ask`.
+    pub ask: Option<Asker>,
+}

@@ -1,0 +1,114 @@
+"""`[network] ask`: a name off the allow list is held while the operator is
+asked (`sandmux approvals`, `approve`, `deny`), instead of refused at once.
+From a pane, as an agent would: curl to a name the profile does not list;
+on the host, the operator answers. Approve once, approve for the instance,
+deny, silence (denied when `[mcp] ask_seconds` pass), a flood of questions
+(bounded: the ninth is refused at once), an IP literal (never asked), and
+the instance's end with a question open. Every question and answer is an
+audit record. The stand-ins are local HTTPS servers (test_proxy.py)."""
+
+import json
+import subprocess
+import time
+
+import anyio
+import pytest
+
+from conftest import BIN, audit_records, call, runtime_dir_of, serve_pids
+from standins import NAMES, Standins
+from test_escape import launch, profile
+from test_proxy import sh
+
+pytestmark = pytest.mark.anyio
+
+ALL = ["--toolsets", "inspect,manage,execute,teardown"]
+
+
+def ask_net(port):
+    pins = ", ".join(f'"{n}" = "127.0.0.1"' for n in NAMES + ["ask.test"])
+    net = f'mode = "proxy"\nallow = ["files.test:{port}"]\nallow_private = ["127.0.0.0/8"]\nhosts = {{ {pins} }}\nask = true'
+    return lambda t: t.replace('mode = "none"', net).replace("wait_max_seconds = 300", "wait_max_seconds = 300\nask_seconds = 5")
+
+
+@pytest.fixture
+def standins(tmp_path):
+    s = Standins(tmp_path).start()
+    yield s
+    s.stop()
+
+
+def sm(*a):
+    return subprocess.run([BIN, *a], capture_output=True, text=True, timeout=30)
+
+
+async def open_question(iid, name, timeout=10):
+    """Waits for the open question about `name`; its number."""
+    end = time.time() + timeout
+    while time.time() < end:
+        v = json.loads(sm("approvals", iid, "--json").stdout)
+        for q in v["open"]:
+            if q["name"] == name:
+                return q["question"]
+        await anyio.sleep(0.1)
+    raise AssertionError(f"no question about {name}: {v}")
+
+
+async def test_a_name_off_the_list_asks_the_operator(ws, standins):
+    (ws[0] / "ca.pem").write_bytes(standins.ca.read_bytes())
+    port = standins.port
+    prof = profile(ws, "ask", ask_net(port))
+    if "ask_seconds = 5" not in open(prof).read():
+        pytest.fail("the profile edit did not set ask_seconds")
+    async with launch(ws, "-p", prof, *ALL) as c:
+        iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+        curl = f"curl -sS --cacert ca.pem https://pypi.test:{port}/simple/sandmuxdemo/"
+        # Once: the held connection goes on; the next within the window too.
+        await sh(c, f"({curl} > o1 2>&1; echo END >> o1) &")
+        q = await open_question(iid, f"pypi.test:{port}")
+        r = sm("approvals", iid)
+        assert f"may the sandbox connect to pypi.test:{port}?" in r.stdout, r.stdout
+        r = sm("approve", iid, str(q))
+        assert r.returncode == 0 and "allowed once" in r.stdout, r
+        r = await sh(c, "while ! grep -q END o1; do sleep 0.1; done; cat o1; " + curl)
+        assert r["output"].count("<a href") == 2, r
+        # A second answer to the same question: refused, nothing changes.
+        assert sm("deny", iid, str(q)).returncode != 0
+        # Deny: the reason reaches the agent.
+        await sh(c, f"(curl -sS -i -x http://127.0.0.1:3128 http://npm.test:{port}/ > o2 2>&1; echo END >> o2) &")
+        q = await open_question(iid, f"npm.test:{port}")
+        assert sm("deny", iid, str(q)).returncode == 0
+        r = await sh(c, "while ! grep -q END o2; do sleep 0.1; done; cat o2")
+        assert "403" in r["output"] and "a human declined (operator uid" in r["output"], r
+        # For the instance: listed, and not asked again.
+        await sh(c, f"(curl -sS --cacert ca.pem https://files.test:{port}/hello.txt -o /dev/null; curl -sS --cacert ca.pem https://git.test:{port}/repo.git/info/refs > o3 2>&1; echo END >> o3) &")
+        q = await open_question(iid, f"git.test:{port}")
+        assert sm("approve", iid, str(q), "--for-instance").returncode == 0
+        r = await sh(c, "while ! grep -q END o3; do sleep 0.1; done; cat o3")
+        assert "refs/heads/main" in r["output"], r
+        st = await call(c, "sandbox_status")
+        assert st["approvals"]["granted_for_instance"] == [f"git.test:{port}"] and st["approvals"]["open"] == [], st["approvals"]
+        # Silence: denied after ask_seconds, saying so.
+        t0 = time.time()
+        r = await sh(c, f"curl -sS -i -x http://127.0.0.1:3128 http://ask.test:{port}/", timeout=30)
+        assert "no human answered within 5 s" in r["output"] and 4.5 < time.time() - t0 < 15, r
+        # An IP literal is never asked.
+        r = await sh(c, f"curl -sS -i --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{port}/")
+        assert "403" in r["output"], r
+        assert json.loads(sm("approvals", iid, "--json").stdout)["open"] == []
+        # A flood: 8 questions open at once, the rest refused at once.
+        probe = "import socket,sys,time\nss=[]\nfor i in range(12):\n    s=socket.create_connection(('127.0.0.1',3128)); s.sendall(f'CONNECT n{i}.flood.test:443 HTTP/1.1\\r\\n\\r\\n'.encode()); ss.append(s)\ntime.sleep(1)\nfast=0\nfor s in ss:\n    s.setblocking(False)\n    try:\n        fast+=b'already waiting' in s.recv(4096)\n    except BlockingIOError:\n        pass\nprint('FAST', fast)\ntime.sleep(6)\n"
+        (ws[0] / "flood.py").write_text(probe)
+        await sh(c, "(python3 flood.py > o4 2>&1; echo END >> o4) &")
+        await anyio.sleep(0.8)
+        n_open = len(json.loads(sm("approvals", iid, "--json").stdout)["open"])
+        r = await sh(c, "while ! grep -q END o4; do sleep 0.1; done; cat o4", timeout=30)
+        assert n_open == 8 and "FAST 4" in r["output"], (n_open, r)
+        # Left open at the end: denied, on the record.
+        await sh(c, f"(curl -sS --cacert ca.pem https://npm.test:{port}/x > o5 2>&1) &")
+        await open_question(iid, f"npm.test:{port}")
+    recs = [x for x in audit_records(ws) if x["tool"] == "(approvals)"]
+    kinds = [x["error_type"] for x in recs]
+    assert kinds.count("question_asked") >= 13 and kinds.count("question_refused") == 4, kinds
+    answered = [x["args"] for x in recs if x["error_type"] == "question_answered"]
+    assert any(a["answer"] == "approve" and a["granted"] == "once" and a["by"].startswith("operator uid") for a in answered), answered
+    assert any(a["by"] == "timeout" for a in answered) and any(a["by"] == "the instance ended" for a in answered), answered
