@@ -7,6 +7,10 @@
 //! exactly what was asked: one name and port, once (that connection, and
 //! others to it within [`ONCE_WINDOW`]: a client that gave up and retried
 //! is not asked again) or for the instance; it never outlives the instance.
+//! One question per name: further connections to it wait on the same
+//! answer, and a name a human declined is refused without asking again
+//! for [`DENY_WINDOW`]. A question whose connections all went away is
+//! withdrawn.
 
 use super::audit::{Audit, Entry};
 use crate::proxy::ask::{Asker, Verdict};
@@ -20,6 +24,8 @@ use tokio::sync::oneshot;
 pub(crate) const MAX_OPEN: usize = 8;
 /// How long "once" also covers the next connections to the same name.
 pub(crate) const ONCE_WINDOW: Duration = Duration::from_secs(10);
+/// How long a declined name is refused without asking again.
+pub(crate) const DENY_WINDOW: Duration = Duration::from_secs(10);
 
 /// What an answer grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,10 +46,12 @@ pub(crate) enum Answer {
 }
 
 struct Open {
-    /// `host:port`.
+    /// `https://host:port` or `http://host:port`.
     name: String,
     asked: SystemTime,
-    tx: oneshot::Sender<(Answer, String)>,
+    deadline: Instant,
+    /// The connections waiting on the answer.
+    waiters: Vec<oneshot::Sender<(Answer, String)>>,
 }
 
 #[derive(Default)]
@@ -54,8 +62,31 @@ struct State {
     instance: BTreeSet<String>,
     /// Names granted once, until when.
     once: BTreeMap<String, Instant>,
+    /// Names a human declined, until when they are refused unasked.
+    declined: BTreeMap<String, Instant>,
     /// New questions are refused (frozen or stopping), and why.
     closed: Option<String>,
+}
+
+impl State {
+    /// Forgets what expired and withdraws questions nobody waits on any
+    /// more; the withdrawn, for the record.
+    fn tidy(&mut self) -> Vec<(u64, String)> {
+        let now = Instant::now();
+        self.once.retain(|_, until| *until > now);
+        self.declined.retain(|_, until| *until > now);
+        let gone: Vec<u64> = self
+            .open
+            .iter_mut()
+            .filter_map(|(id, o)| {
+                o.waiters.retain(|w| !w.is_closed());
+                o.waiters.is_empty().then_some(*id)
+            })
+            .collect();
+        gone.into_iter()
+            .filter_map(|id| self.open.remove(&id).map(|o| (id, o.name)))
+            .collect()
+    }
 }
 
 /// The instance's questions and grants.
@@ -63,6 +94,12 @@ pub(crate) struct Approvals {
     state: Mutex<State>,
     wait: Duration,
     audit: Arc<Audit>,
+}
+
+/// What a connection does about its name.
+enum Step {
+    Now(Verdict),
+    Wait(u64, Instant, oneshot::Receiver<(Answer, String)>),
 }
 
 impl Approvals {
@@ -84,115 +121,144 @@ impl Approvals {
             .event(Entry::event("(approvals)", Some(kind), &args));
     }
 
+    fn withdrawn(&self, gone: Vec<(u64, String)>) {
+        for (id, name) in gone {
+            self.record("question_answered", json!({"question": id, "name": name, "answer": "deny", "by": "withdrawn: its connections went away"}));
+        }
+    }
+
     /// The proxy's asker.
     pub(crate) fn asker(self: &Arc<Approvals>) -> Asker {
         let me = self.clone();
-        Arc::new(move |host, port| {
+        Arc::new(move |scheme, host, port| {
             let me = me.clone();
-            Box::pin(async move { me.ask_name(&format!("{host}:{port}")).await })
+            Box::pin(async move { me.ask_name(&format!("{scheme}://{host}:{port}")).await })
         })
     }
 
-    /// Asks about a name (`host:port`, canonical: the proxy's parser
-    /// admits nothing else) and waits for the answer.
-    async fn ask_name(&self, name: &str) -> Verdict {
-        let (id, rx) = {
-            let mut s = self.lock();
-            if s.instance.contains(name) {
-                return Verdict::Allow;
-            }
-            let now = Instant::now();
-            s.once.retain(|_, until| *until > now);
-            if s.once.contains_key(name) {
-                return Verdict::Allow;
-            }
-            if let Some(why) = &s.closed {
-                return Verdict::Deny(format!("no question can be asked now ({why})"));
-            }
-            if s.open.len() >= MAX_OPEN {
-                drop(s);
-                self.record(
-                    "question_refused",
-                    json!({"name": name, "reason": "too many open questions"}),
-                );
-                return Verdict::Deny(format!(
-                    "{MAX_OPEN} questions are already waiting for a human; this one was not asked"
-                ));
-            }
+    /// A grant, a refusal without asking, or the question to wait on
+    /// (joined, or asked now).
+    fn step(&self, name: &str) -> Step {
+        let mut s = self.lock();
+        let gone = s.tidy();
+        let step = if s.instance.contains(name) || s.once.contains_key(name) {
+            Step::Now(Verdict::Allow)
+        } else if s.declined.contains_key(name) {
+            Step::Now(Verdict::Deny(
+                "a human declined it a moment ago (asked again in a few seconds)".into(),
+            ))
+        } else if let Some(why) = &s.closed {
+            Step::Now(Verdict::Deny(format!(
+                "no question can be asked now ({why})"
+            )))
+        } else if let Some((id, o)) = s.open.iter_mut().find(|(_, o)| o.name == name) {
+            let (tx, rx) = oneshot::channel();
+            o.waiters.push(tx);
+            Step::Wait(*id, o.deadline, rx)
+        } else if s.open.len() >= MAX_OPEN {
+            // Counted in the proxy's own (aggregated) record, not one
+            // record each: a flood cannot spend the audit budget.
+            Step::Now(Verdict::Deny(format!(
+                "{MAX_OPEN} questions are already waiting for a human; this one was not asked"
+            )))
+        } else {
             s.next += 1;
             let id = s.next;
             let (tx, rx) = oneshot::channel();
+            let deadline = Instant::now() + self.wait;
             s.open.insert(
                 id,
                 Open {
                     name: name.to_string(),
                     asked: SystemTime::now(),
-                    tx,
+                    deadline,
+                    waiters: vec![tx],
                 },
             );
-            (id, rx)
+            drop(s);
+            self.record(
+                "question_asked",
+                json!({"question": id, "kind": "network", "name": name, "via": "operator"}),
+            );
+            tracing::warn!(question = id, %name, "approval asked: `sandmux approvals` lists it, `sandmux approve ID {id}` or `sandmux deny ID {id}` answers");
+            return Step::Wait(id, deadline, rx);
         };
-        self.record(
-            "question_asked",
-            json!({"question": id, "kind": "network", "name": name, "via": "operator"}),
-        );
-        tracing::warn!(question = id, %name, "approval asked: `sandmux approvals` lists it, `sandmux approve ID {id}` or `sandmux deny ID {id}` answers");
-        let got = tokio::time::timeout(self.wait, rx).await;
-        let (answer, by) = match got {
-            Ok(Ok(a)) => a,
-            Ok(Err(_)) => (Answer::Deny, "the instance".to_string()),
+        drop(s);
+        self.withdrawn(gone);
+        step
+    }
+
+    /// Asks about a name (`scheme://host:port`, canonical: the proxy's
+    /// parser admits nothing else) and waits for the answer.
+    async fn ask_name(&self, name: &str) -> Verdict {
+        let (id, deadline, mut rx) = match self.step(name) {
+            Step::Now(v) => return v,
+            Step::Wait(id, d, rx) => (id, d, rx),
+        };
+        let got = match tokio::time::timeout_at(deadline.into(), &mut rx).await {
+            Ok(r) => r.ok(),
             Err(_) => {
-                self.lock().open.remove(&id);
-                self.record(
-                    "question_answered",
-                    json!({"question": id, "name": name, "answer": "deny", "by": "timeout"}),
-                );
-                return Verdict::Deny(format!(
-                    "no human answered within {} s (silence denies)",
-                    self.wait.as_secs()
-                ));
+                let timed_out = self.lock().open.remove(&id).is_some();
+                if timed_out {
+                    self.record(
+                        "question_answered",
+                        json!({"question": id, "name": name, "answer": "deny", "by": "timeout"}),
+                    );
+                }
+                // An answer that came as the time ran out still counts.
+                rx.try_recv().ok()
             }
         };
-        match answer {
-            Answer::Allow(g) => {
-                let mut s = self.lock();
-                match g {
-                    Grant::Instance => {
-                        s.instance.insert(name.to_string());
-                    }
-                    Grant::Once => {
-                        s.once
-                            .insert(name.to_string(), Instant::now() + ONCE_WINDOW);
-                    }
-                }
-                Verdict::Allow
+        match got {
+            Some((Answer::Allow(_), _)) => Verdict::Allow,
+            Some((Answer::Deny, by)) if by.starts_with("operator") => {
+                Verdict::Deny(format!("a human declined ({by})"))
             }
-            Answer::Deny if by == "the instance" => Verdict::Deny(
-                "the question was withdrawn (the instance is stopping or frozen)".into(),
-            ),
-            Answer::Deny => Verdict::Deny(format!("a human declined ({by})")),
+            Some((Answer::Deny, why)) => {
+                Verdict::Deny(format!("the question was withdrawn ({why})"))
+            }
+            None => Verdict::Deny(format!(
+                "no human answered within {} s (silence denies)",
+                self.wait.as_secs()
+            )),
         }
     }
 
-    /// Answers question `id` (the operator); the first answer wins.
+    /// Answers question `id` (the operator); the first answer wins, and it
+    /// is recorded once it reached the waiting connections.
     pub(crate) fn answer(&self, id: u64, a: Answer, by: &str) -> Result<String, String> {
-        let open = self.lock().open.remove(&id).ok_or_else(|| {
-            format!("no open question {id} (answered, timed out, or never asked)")
-        })?;
+        let (name, reached) = {
+            let mut s = self.lock();
+            let open = s.open.remove(&id).ok_or_else(|| {
+                format!("no open question {id} (answered, timed out, withdrawn, or never asked)")
+            })?;
+            match a {
+                Answer::Allow(Grant::Instance) => {
+                    s.instance.insert(open.name.clone());
+                }
+                Answer::Allow(Grant::Once) => {
+                    s.once
+                        .insert(open.name.clone(), Instant::now() + ONCE_WINDOW);
+                }
+                Answer::Deny => {
+                    s.declined
+                        .insert(open.name.clone(), Instant::now() + DENY_WINDOW);
+                }
+            }
+            let reached = open
+                .waiters
+                .into_iter()
+                .map(|w| w.send((a.clone(), by.to_string())).is_ok())
+                .filter(|ok| *ok)
+                .count();
+            (open.name, reached)
+        };
         let (word, grant) = match &a {
             Answer::Allow(Grant::Once) => ("approve", "once"),
             Answer::Allow(Grant::Instance) => ("approve", "for the instance"),
             Answer::Deny => ("deny", "nothing"),
         };
-        self.record(
-            "question_answered",
-            json!({"question": id, "name": open.name, "answer": word, "granted": grant, "by": by}),
-        );
-        let name = open.name.clone();
-        // The asker may have timed out meanwhile: then nothing is granted.
-        if open.tx.send((a, by.to_string())).is_err() {
-            return Err(format!("question {id} timed out before the answer"));
-        }
+        self.record("question_answered", json!({"question": id, "name": name, "answer": word, "granted": grant, "by": by, "connections": reached}));
         Ok(name)
     }
 
@@ -208,7 +274,9 @@ impl Approvals {
                 "question_answered",
                 json!({"question": id, "name": o.name, "answer": "deny", "by": why}),
             );
-            let _ = o.tx.send((Answer::Deny, "the instance".into()));
+            for w in o.waiters {
+                let _ = w.send((Answer::Deny, why.to_string()));
+            }
         }
     }
 
@@ -217,23 +285,30 @@ impl Approvals {
         self.lock().closed = None;
     }
 
-    /// The open questions and the grants (`sandmux approvals`,
+    /// The open questions and the grants in force (`sandmux approvals`,
     /// `sandbox_status`).
     pub(crate) fn list(&self) -> Value {
-        let s = self.lock();
-        let now = SystemTime::now();
-        let open: Vec<Value> = s
-            .open
-            .iter()
-            .map(|(id, o)| {
-                let waited = now.duration_since(o.asked).unwrap_or_default().as_secs();
-                json!({"question": id, "kind": "network", "name": o.name, "waiting_s": waited, "deny_in_s": self.wait.as_secs().saturating_sub(waited)})
-            })
-            .collect();
-        json!({
-            "open": open,
-            "granted_for_instance": s.instance,
-            "granted_once": s.once.keys().collect::<Vec<_>>(),
-        })
+        let (v, gone) = {
+            let mut s = self.lock();
+            let gone = s.tidy();
+            let now = SystemTime::now();
+            let open: Vec<Value> = s
+                .open
+                .iter()
+                .map(|(id, o)| {
+                    let waited = now.duration_since(o.asked).unwrap_or_default().as_secs();
+                    let left = o.deadline.saturating_duration_since(Instant::now()).as_secs();
+                    json!({"question": id, "kind": "network", "name": o.name, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
+                })
+                .collect();
+            let v = json!({
+                "open": open,
+                "granted_for_instance": s.instance,
+                "granted_once": s.once.keys().collect::<Vec<_>>(),
+            });
+            (v, gone)
+        };
+        self.withdrawn(gone);
+        v
     }
 }

@@ -1,8 +1,11 @@
 //! `[network] ask`: a name not on the allow list is not refused at once;
 //! the connection is held while a human is asked (the asker is the host
 //! side's, `crate::mcp::approvals`: it bounds the questions and the wait,
-//! and silence denies). Only the name is askable: an address refused by its
-//! range, an IP literal or a bad head is refused as before.
+//! and silence denies). Only a name is askable: an IP literal or a bad head
+//! is refused as before, without a question. The name is asked about
+//! before it is resolved (resolving every name off the list would be a way
+//! out through DNS): one that resolves to a refused range is refused after
+//! the approval, by its address. A client that goes away stops waiting.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,9 +21,13 @@ pub(crate) enum Verdict {
     Deny(String),
 }
 
-/// Asks about `host:port`; resolves when answered (or denied).
-pub(crate) type Asker =
-    Arc<dyn Fn(String, u16) -> Pin<Box<dyn Future<Output = Verdict> + Send>> + Send + Sync>;
+/// Asks about `scheme://host:port` (`https` for a tunnel, `http` for a
+/// plain request); resolves when answered (or denied).
+pub(crate) type Asker = Arc<
+    dyn Fn(&'static str, String, u16) -> Pin<Box<dyn Future<Output = Verdict> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// What the proxy may use besides its configuration: the credentials it
 /// puts in, and who it asks about names off the list.

@@ -159,7 +159,7 @@ async fn decide_and_pass(
     let ranges = match name::allowed(&cfg.allow, &req.host, req.port, default) {
         Some(r) => r,
         None => {
-            ask(hooks, &req, ev).await?;
+            ask(hooks, &req, s, ev).await?;
             // The wait for an answer does not count against the client.
             by = tokio::time::Instant::now() + cfg.idle;
             vec![]
@@ -188,7 +188,7 @@ async fn decide_and_pass(
 
 /// A name off the list: refused, or (`[network] ask`) held while a human
 /// is asked.
-async fn ask(hooks: &Hooks, req: &Request, ev: &mut Event) -> Result<(), Refusal> {
+async fn ask(hooks: &Hooks, req: &Request, s: &TcpStream, ev: &mut Event) -> Result<(), Refusal> {
     ev.decides = Some(DECIDES_NAME);
     ev.ours = true;
     let off = format!(
@@ -201,7 +201,16 @@ async fn ask(hooks: &Hooks, req: &Request, ev: &mut Event) -> Result<(), Refusal
             format!("{off}; the profile decides (sandmux profile show)"),
         ));
     };
-    match asker(req.host.clone(), req.port).await {
+    let scheme = if req.forward.is_some() {
+        "http"
+    } else {
+        "https"
+    };
+    let answer = tokio::select! {
+        v = asker(scheme, req.host.clone(), req.port) => v,
+        () = closed(s) => return Err((0, "the client went away while a human was asked".into())),
+    };
+    match answer {
         Verdict::Allow => {
             ev.decides = None;
             ev.ours = false;
@@ -210,6 +219,16 @@ async fn ask(hooks: &Hooks, req: &Request, ev: &mut Event) -> Result<(), Refusal
         }
         Verdict::Deny(why) => Err((403, format!("{off}, and {why}"))),
     }
+}
+
+/// Resolves when the client closes (bytes it sends meanwhile are left to
+/// be read: then this never resolves).
+async fn closed(s: &TcpStream) {
+    let mut b = [0u8; 1];
+    if s.readable().await.is_ok() && matches!(s.peek(&mut b).await, Ok(0) | Err(_)) {
+        return;
+    }
+    std::future::pending::<()>().await
 }
 
 /// Reads until a whole head is in `buf`, at most `header_bytes`, by `by`.
@@ -381,7 +400,12 @@ async fn tunnel(
             return Err((0, "the client closed before a whole ClientHello".into()));
         }
     }
-    if let Some(v) = how.vault.filter(|v| v.intercepts(&req.host)) {
+    // A credential goes only where the allow list leads, never to a name
+    // a human allowed for this connection.
+    if let Some(v) = how
+        .vault
+        .filter(|v| v.intercepts(&req.host) && !ev.approved)
+    {
         let (host, port) = (req.host.as_str(), req.port);
         return super::intercept::intercept(s, first, cfg, v, host, port, to, ev).await;
     }
