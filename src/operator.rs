@@ -204,6 +204,7 @@ fn ps_row(f: &Found) -> Value {
         "client_connected": st.as_ref().map(|s| s["client_connected"].clone()),
         "workspace_reverted": st.as_ref().map(|s| s["workspace_reverted"].clone()),
         "frozen": st.as_ref().map(|s| s["frozen"].clone()),
+        "questions_open": st.as_ref().map(|s| s["questions_open"].clone()),
         "audit": st.as_ref().map(|s| s["audit"].clone()),
         "http": m.and_then(|m| m.http.as_ref()),
     })
@@ -232,6 +233,8 @@ fn ps_cells(r: &Value) -> String {
         .unwrap_or_else(|| "-".into());
     let state = match &r["frozen"] {
         Value::Null if r["toolsets"].is_null() => "-",
+        // A question waits for `sandmux approve` or `deny`.
+        Value::Null if r["questions_open"].as_u64().unwrap_or(0) > 0 => "asking",
         Value::Null => "running",
         _ => "frozen",
     };

@@ -295,6 +295,10 @@ pub(super) struct Selection {
     /// carrying its placeholder are refused; granted, they are served again.
     #[arg(long, conflicts_with_all = ["toolset", "tool", "all"])]
     pub(super) credential: Option<String>,
+    /// A name a human allowed (`[network] ask`), as `sandmux approvals`
+    /// lists it (`https://host:port`): taken back (revoke only).
+    #[arg(long, conflicts_with_all = ["toolset", "tool", "all", "credential"])]
+    pub(super) approval: Option<String>,
 }
 
 #[derive(Subcommand)]

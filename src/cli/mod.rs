@@ -170,13 +170,17 @@ fn operator(cmd: Cmd) -> ExitCode {
             if sel.toolset.is_none()
                 && sel.tool.is_none()
                 && !sel.all
-                && sel.credential.is_none() =>
+                && sel.credential.is_none()
+                && sel.approval.is_none() =>
         {
-            fail(EXIT_USAGE, "name --toolset, --tool, --all or --credential")
+            fail(
+                EXIT_USAGE,
+                "name --toolset, --tool, --all, --credential or --approval",
+            )
         }
-        Cmd::Revoke { sel, freeze: true } if sel.credential.is_some() => fail(
+        Cmd::Revoke { sel, freeze: true } if sel.credential.is_some() || sel.approval.is_some() => fail(
             EXIT_USAGE,
-            "--freeze goes with tools, not --credential (run `sandmux freeze ID` after)",
+            "--freeze goes with tools, not --credential or --approval (run `sandmux freeze ID` after)",
         ),
         Cmd::Revoke { sel, freeze } => operator_change(Op::Revoke, sel, freeze),
         Cmd::Grant { sel } => operator_change(Op::Grant, sel, false),
@@ -598,9 +602,15 @@ fn operator_change(which: Op, sel: Selection, freeze: bool) -> ExitCode {
     let op = which.name();
     let mut req = crate::operator::change(which, sel.toolset, sel.tool, sel.all, freeze);
     req.credential = sel.credential.clone();
+    req.approval = sel.approval.clone();
     let found = crate::operator::find(&sel.id);
     let id = found.as_ref().map(|f| f.id.clone()).unwrap_or_default();
     match found.and_then(|f| crate::operator::request(&f.dir, req)) {
+        Ok(_) if sel.approval.is_some() => {
+            let name = crate::term::printable(sel.approval.as_deref().unwrap_or_default());
+            println!("{op}: {name} is no longer allowed (it asks again)");
+            ExitCode::SUCCESS
+        }
         Ok(v) if sel.credential.is_some() => {
             let name = crate::term::printable(sel.credential.as_deref().unwrap_or_default());
             let what = if which == Op::Grant {

@@ -280,6 +280,26 @@ impl Approvals {
         }
     }
 
+    /// Takes back a grant of `name` (`scheme://host:port`), once or for the
+    /// instance; false when there is none. Connections already open go on.
+    pub(crate) fn revoke(&self, name: &str, by: &str) -> bool {
+        let had = {
+            let mut s = self.lock();
+            let a = s.instance.remove(name);
+            let b = s.once.remove(name).is_some();
+            a || b
+        };
+        if had {
+            self.record("grant_revoked", json!({"name": name, "by": by}));
+        }
+        had
+    }
+
+    /// How many questions wait for a human (`sandmux ps`).
+    pub(crate) fn open_count(&self) -> usize {
+        self.lock().open.len()
+    }
+
     /// Asks again after a thaw.
     pub(crate) fn reopen(&self) {
         self.lock().closed = None;

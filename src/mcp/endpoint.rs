@@ -79,6 +79,9 @@ pub(crate) struct Request {
     /// `revoke`/`grant`: one credential (`[[credentials]]`) by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// `revoke`: a name a human allowed (`scheme://host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
     /// `approve`/`deny`: the question's number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub question: Option<u64>,
@@ -97,6 +100,7 @@ impl Request {
             v: VERSION,
             op,
             credential: None,
+            approval: None,
             question: None,
             for_instance: false,
             toolset: None,
@@ -174,6 +178,7 @@ pub(crate) fn status(s: &State) -> Value {
         "drift": s.drift.tripped(),
         "workspace_reverted": s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
         "frozen": s.freeze.get(),
+        "questions_open": s.approvals.open_count(),
     })
 }
 
@@ -227,6 +232,16 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
         Op::Approvals => json!({"ok": true, "approvals": s.approvals.list()}),
         Op::Approve | Op::Deny => answer(s, &r, uid),
         Op::Revoke | Op::Grant if r.credential.is_some() => credential(s, &r),
+        Op::Revoke | Op::Grant if r.approval.is_some() => {
+            let name = r.approval.as_deref().unwrap_or_default();
+            if r.op == Op::Grant {
+                json!({"ok": false, "error": "a name is allowed by answering its question (sandmux approve), not by grant"})
+            } else if s.approvals.revoke(name, &format!("operator uid {uid}")) {
+                json!({"ok": true, "revoked": name})
+            } else {
+                json!({"ok": false, "error": format!("no grant for {:?} (sandmux approvals ID lists them)", crate::term::printable(name))})
+            }
+        }
         Op::Revoke | Op::Grant => {
             let names = match selected(&r) {
                 Ok(n) => n,

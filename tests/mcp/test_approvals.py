@@ -67,6 +67,9 @@ async def test_a_name_off_the_list_asks_the_operator(ws, standins):
         q = await open_question(iid, f"https://pypi.test:{port}")
         r = sm("approvals", iid)
         assert f"may the sandbox connect to https://pypi.test:{port}?" in r.stdout, r.stdout
+        me = next(x for x in json.loads(sm("ps", "--json").stdout) if x["id"] == iid)
+        assert me["questions_open"] == 1, me
+        assert any(l.startswith(iid) and " asking " in l for l in sm("ps").stdout.splitlines()), sm("ps").stdout
         r = sm("approve", iid, str(q))
         assert r.returncode == 0 and "allowed once" in r.stdout, r
         r = await sh(c, "while ! grep -q END o1; do sleep 0.1; done; cat o1; " + curl)
@@ -99,6 +102,11 @@ async def test_a_name_off_the_list_asks_the_operator(ws, standins):
         assert "refs/heads/main" in r["output"], r
         st = await call(c, "sandbox_status")
         assert st["approvals"]["granted_for_instance"] == [f"https://git.test:{port}"] and st["approvals"]["open"] == [], st["approvals"]
+        # The operator takes the grant back: the name asks again.
+        r = sm("revoke", iid, "--approval", f"https://git.test:{port}")
+        assert r.returncode == 0 and "no longer allowed" in r.stdout, r
+        assert sm("revoke", iid, "--approval", f"https://git.test:{port}").returncode != 0
+        assert json.loads(sm("approvals", iid, "--json").stdout)["granted_for_instance"] == []
         # Silence: denied after ask_seconds, saying so.
         t0 = time.time()
         r = await sh(c, f"curl -sS -i -x http://127.0.0.1:3128 http://ask.test:{port}/", timeout=30)
@@ -129,3 +137,4 @@ async def test_a_name_off_the_list_asks_the_operator(ws, standins):
     assert any(a["answer"] == "approve" and a["granted"] == "once" and a["by"].startswith("operator uid") for a in answered), answered
     assert any(a["by"] == "timeout" for a in answered) and any(a["by"] == "the instance ended" for a in answered), answered
     assert any(a["by"].startswith("withdrawn") and "gone.test" in a["name"] for a in answered), answered
+    assert kinds.count("grant_revoked") == 1, kinds
