@@ -46,11 +46,18 @@ pub(crate) enum Answer {
 }
 
 struct Open {
-    /// `https://host:port` or `http://host:port`.
+    /// `https://host:port` or `http://host:port`, or `tool NAME`.
     name: String,
+    /// `network` or `tool`.
+    kind: &'static str,
+    /// Whether the operator may answer it (`[mcp] ask_via`).
+    operator: bool,
+    /// How long "once" also covers what comes next (none for a tool: the
+    /// next call asks again).
+    window: Duration,
     asked: SystemTime,
     deadline: Instant,
-    /// The connections waiting on the answer.
+    /// The connections (or the call) waiting on the answer.
     waiters: Vec<oneshot::Sender<(Answer, String)>>,
 }
 
@@ -96,9 +103,21 @@ pub(crate) struct Approvals {
     audit: Arc<Audit>,
 }
 
-/// What a connection does about its name.
+/// What is asked, and who may answer.
+struct Ask<'a> {
+    name: &'a str,
+    kind: &'static str,
+    operator: bool,
+    window: Duration,
+}
+
+/// The client's answer to a tool's question, if it gives one.
+pub(crate) type ClientAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<Answer>> + Send>>;
+
+/// What a request does about its question.
 enum Step {
-    Now(Verdict),
+    Now(Result<Grant, String>),
     Wait(u64, Instant, oneshot::Receiver<(Answer, String)>),
 }
 
@@ -138,19 +157,20 @@ impl Approvals {
 
     /// A grant, a refusal without asking, or the question to wait on
     /// (joined, or asked now).
-    fn step(&self, name: &str) -> Step {
+    fn step(&self, a: &Ask<'_>) -> Step {
+        let name = a.name;
         let mut s = self.lock();
         let gone = s.tidy();
-        let step = if s.instance.contains(name) || s.once.contains_key(name) {
-            Step::Now(Verdict::Allow)
+        let step = if s.instance.contains(name) {
+            Step::Now(Ok(Grant::Instance))
+        } else if s.once.contains_key(name) {
+            Step::Now(Ok(Grant::Once))
         } else if s.declined.contains_key(name) {
-            Step::Now(Verdict::Deny(
+            Step::Now(Err(
                 "a human declined it a moment ago (asked again in a few seconds)".into(),
             ))
         } else if let Some(why) = &s.closed {
-            Step::Now(Verdict::Deny(format!(
-                "no question can be asked now ({why})"
-            )))
+            Step::Now(Err(format!("no question can be asked now ({why})")))
         } else if let Some((id, o)) = s.open.iter_mut().find(|(_, o)| o.name == name) {
             let (tx, rx) = oneshot::channel();
             o.waiters.push(tx);
@@ -158,7 +178,7 @@ impl Approvals {
         } else if s.open.len() >= MAX_OPEN {
             // Counted in the proxy's own (aggregated) record, not one
             // record each: a flood cannot spend the audit budget.
-            Step::Now(Verdict::Deny(format!(
+            Step::Now(Err(format!(
                 "{MAX_OPEN} questions are already waiting for a human; this one was not asked"
             )))
         } else {
@@ -166,19 +186,20 @@ impl Approvals {
             let id = s.next;
             let (tx, rx) = oneshot::channel();
             let deadline = Instant::now() + self.wait;
-            s.open.insert(
-                id,
-                Open {
-                    name: name.to_string(),
-                    asked: SystemTime::now(),
-                    deadline,
-                    waiters: vec![tx],
-                },
-            );
+            let open = Open {
+                name: name.to_string(),
+                kind: a.kind,
+                operator: a.operator,
+                window: a.window,
+                asked: SystemTime::now(),
+                deadline,
+                waiters: vec![tx],
+            };
+            s.open.insert(id, open);
             drop(s);
             self.record(
                 "question_asked",
-                json!({"question": id, "kind": "network", "name": name, "via": "operator"}),
+                json!({"question": id, "kind": a.kind, "name": name, "operator": a.operator}),
             );
             tracing::warn!(question = id, %name, "approval asked: `sandmux approvals` lists it, `sandmux approve ID {id}` or `sandmux deny ID {id}` answers");
             return Step::Wait(id, deadline, rx);
@@ -189,12 +210,63 @@ impl Approvals {
     }
 
     /// Asks about a name (`scheme://host:port`, canonical: the proxy's
-    /// parser admits nothing else) and waits for the answer.
+    /// parser admits nothing else) and waits for the operator's answer.
     async fn ask_name(&self, name: &str) -> Verdict {
-        let (id, deadline, mut rx) = match self.step(name) {
+        let a = Ask {
+            name,
+            kind: "network",
+            operator: true,
+            window: ONCE_WINDOW,
+        };
+        match self.ask(&a, None).await {
+            Ok(_) => Verdict::Allow,
+            Err(why) => Verdict::Deny(why),
+        }
+    }
+
+    /// Asks whether `tool` (of a toolset `[mcp] ask_toolsets` names) may
+    /// run: the client's answer (`client`, elicitation) and the operator's
+    /// (when `operator`), the first wins. Once is this call only.
+    pub(crate) async fn ask_tool(
+        &self,
+        tool: &str,
+        client: Option<ClientAnswer>,
+        operator: bool,
+    ) -> Result<Grant, String> {
+        if client.is_none() && !operator {
+            return Err("no one can be asked: the client did not declare elicitation, and [mcp] ask_via leaves the operator out".into());
+        }
+        let name = format!("tool {tool}");
+        let a = Ask {
+            name: &name,
+            kind: "tool",
+            operator,
+            window: Duration::ZERO,
+        };
+        self.ask(&a, client).await
+    }
+
+    /// Asks `a` (or joins its open question) and waits for the first
+    /// answer, the client's included; silence past the deadline denies.
+    async fn ask(&self, a: &Ask<'_>, client: Option<ClientAnswer>) -> Result<Grant, String> {
+        let (id, deadline, mut rx) = match self.step(a) {
             Step::Now(v) => return v,
             Step::Wait(id, d, rx) => (id, d, rx),
         };
+        if let Some(c) = client {
+            let wait = tokio::time::timeout_at(deadline.into(), c);
+            tokio::pin!(wait);
+            tokio::select! {
+                biased;
+                r = &mut rx => return self.outcome(r.ok()),
+                r = &mut wait => {
+                    // One more answer to the question: the first wins.
+                    if let Ok(Some(ans)) = r {
+                        let _ = self.answer_as(id, ans, "client", true);
+                    }
+                }
+            }
+        }
         let got = match tokio::time::timeout_at(deadline.into(), &mut rx).await {
             Ok(r) => r.ok(),
             Err(_) => {
@@ -202,22 +274,24 @@ impl Approvals {
                 if timed_out {
                     self.record(
                         "question_answered",
-                        json!({"question": id, "name": name, "answer": "deny", "by": "timeout"}),
+                        json!({"question": id, "name": a.name, "answer": "deny", "by": "timeout"}),
                     );
                 }
                 // An answer that came as the time ran out still counts.
                 rx.try_recv().ok()
             }
         };
+        self.outcome(got)
+    }
+
+    fn outcome(&self, got: Option<(Answer, String)>) -> Result<Grant, String> {
         match got {
-            Some((Answer::Allow(_), _)) => Verdict::Allow,
-            Some((Answer::Deny, by)) if by.starts_with("operator") => {
-                Verdict::Deny(format!("a human declined ({by})"))
+            Some((Answer::Allow(g), _)) => Ok(g),
+            Some((Answer::Deny, by)) if by.starts_with("operator") || by == "client" => {
+                Err(format!("a human declined ({by})"))
             }
-            Some((Answer::Deny, why)) => {
-                Verdict::Deny(format!("the question was withdrawn ({why})"))
-            }
-            None => Verdict::Deny(format!(
+            Some((Answer::Deny, why)) => Err(format!("the question was withdrawn ({why})")),
+            None => Err(format!(
                 "no human answered within {} s (silence denies)",
                 self.wait.as_secs()
             )),
@@ -227,19 +301,37 @@ impl Approvals {
     /// Answers question `id` (the operator); the first answer wins, and it
     /// is recorded once it reached the waiting connections.
     pub(crate) fn answer(&self, id: u64, a: Answer, by: &str) -> Result<String, String> {
+        self.answer_as(id, a, by, false)
+    }
+
+    fn answer_as(&self, id: u64, a: Answer, by: &str, client: bool) -> Result<String, String> {
         let (name, reached) = {
             let mut s = self.lock();
-            let open = s.open.remove(&id).ok_or_else(|| {
-                format!("no open question {id} (answered, timed out, withdrawn, or never asked)")
-            })?;
+            match s.open.get(&id) {
+                None => {
+                    return Err(format!(
+                        "no open question {id} (answered, timed out, withdrawn, or never asked)"
+                    ))
+                }
+                Some(o) if !client && !o.operator => {
+                    return Err(format!(
+                        "question {id} is the MCP client's to answer ([mcp] ask_via)"
+                    ))
+                }
+                Some(_) => {}
+            }
+            let Some(open) = s.open.remove(&id) else {
+                return Err(format!("no open question {id}"));
+            };
             match a {
                 Answer::Allow(Grant::Instance) => {
                     s.instance.insert(open.name.clone());
                 }
-                Answer::Allow(Grant::Once) => {
+                Answer::Allow(Grant::Once) if !open.window.is_zero() => {
                     s.once
-                        .insert(open.name.clone(), Instant::now() + ONCE_WINDOW);
+                        .insert(open.name.clone(), Instant::now() + open.window);
                 }
+                Answer::Allow(Grant::Once) => {}
                 Answer::Deny => {
                     s.declined
                         .insert(open.name.clone(), Instant::now() + DENY_WINDOW);
@@ -318,7 +410,7 @@ impl Approvals {
                 .map(|(id, o)| {
                     let waited = now.duration_since(o.asked).unwrap_or_default().as_secs();
                     let left = o.deadline.saturating_duration_since(Instant::now()).as_secs();
-                    json!({"question": id, "kind": "network", "name": o.name, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
+                    json!({"question": id, "kind": o.kind, "name": o.name, "operator": o.operator, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
                 })
                 .collect();
             let v = json!({

@@ -25,7 +25,7 @@ pub(crate) use schema::MIN_RECORDING_BYTES;
 pub(crate) use schema::{
     is_forbidden_env as schema_is_forbidden_env, Act, AllowEntry, Environment, Limits, McpSettings,
     NetMode, Network, Preset, Profile, RecordingSettings, SandboxSettings, ServerExit, Toolset,
-    MAX_RESTARTS,
+    Via, MAX_RESTARTS,
 };
 pub(crate) use toolchains::{Lent, Toolchain, ToolchainError, Toolchains};
 pub(crate) use workspace::{GitMode, NewRepos, OnEnd, WorkspaceMode, WorkspaceSettings};

@@ -430,9 +430,27 @@ pub(crate) struct McpSettings {
     pub http_max_requests: u64,
     /// `serve --http`: largest request body, in bytes (64 KiB-16 MiB).
     pub http_max_body_bytes: u64,
-    /// How long a question to a human (`[network] ask`) holds the request
-    /// before silence denies it, in seconds (5-600).
+    /// How long a question to a human (`[network] ask`, `ask_toolsets`)
+    /// holds the request before silence denies it, in seconds (5-600).
     pub ask_seconds: u64,
+    /// Toolsets this instance does not enable whose tools are listed and,
+    /// when called, ask a human first (once, for the instance, or deny).
+    #[serde(default)]
+    pub ask_toolsets: Vec<Toolset>,
+    /// Who may answer a tool's question: the MCP client (elicitation) and
+    /// the operator (`sandmux approve`); a name's question only ever goes
+    /// to the operator.
+    pub ask_via: Vec<Via>,
+}
+
+/// Who a question goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Via {
+    /// The MCP client, by elicitation (when it declared the capability).
+    Client,
+    /// The operator, by `sandmux approve` / `deny`.
+    Operator,
 }
 
 /// Most restarts one `serve` instance makes before it ends anyway.
@@ -476,6 +494,8 @@ impl Default for McpSettings {
             http_max_requests: 32,
             http_max_body_bytes: 1 << 20,
             ask_seconds: 60,
+            ask_toolsets: vec![],
+            ask_via: vec![Via::Client, Via::Operator],
         }
     }
 }

@@ -278,6 +278,18 @@ impl Profile {
                 format!("{} is outside 65536-16777216", m.http_max_body_bytes),
             );
         }
+        if m.ask_via.is_empty() {
+            return bad(
+                "mcp.ask_via",
+                "name who answers: \"client\", \"operator\" or both".into(),
+            );
+        }
+        if self.network.ask && !m.ask_via.contains(&Via::Operator) {
+            return bad(
+                "mcp.ask_via",
+                "[network] ask needs \"operator\": a connection from a pane is asked of the operator only".into(),
+            );
+        }
         if !(5..=600).contains(&m.ask_seconds) {
             return bad(
                 "mcp.ask_seconds",

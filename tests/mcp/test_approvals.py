@@ -138,3 +138,80 @@ async def test_a_name_off_the_list_asks_the_operator(ws, standins):
     assert any(a["by"] == "timeout" for a in answered) and any(a["by"] == "the instance ended" for a in answered), answered
     assert any(a["by"].startswith("withdrawn") and "gone.test" in a["name"] for a in answered), answered
     assert kinds.count("grant_revoked") == 1, kinds
+
+
+def tool_ask(ws, name, via=None):
+    extra = "" if via is None else f"\nask_via = {json.dumps(via)}"
+    return profile(ws, name, lambda t: t.replace("wait_max_seconds = 300", f'wait_max_seconds = 300\nask_seconds = 5\nask_toolsets = ["teardown"]{extra}'))
+
+
+async def test_a_tool_not_enabled_asks_the_client_or_the_operator(ws):
+    """kill_session (teardown, not enabled) is listed as asking first. With
+    an elicitation callback: once runs the call and the next asks again;
+    for this instance enables it; decline refuses, saying a human declined.
+    Without one, the operator answers. With ask_via = ["client"] and no
+    callback, the call is refused at once. Controls: an enabled tool never
+    asks; a tool revoked at runtime is not askable."""
+    from mcp import Client
+    import mcp.types as mt
+    from conftest import server_params
+
+    answers, asked = [], []
+
+    async def on_elicit(ctx, params):
+        asked.append(params.message)
+        a = answers.pop(0)
+        if a == "decline":
+            return mt.ElicitResult(action="decline")
+        return mt.ElicitResult(action="accept", content={"answer": a})
+
+    prof = tool_ask(ws, "ask-tools")
+    p = server_params(ws, "-p", prof, "--toolsets", "inspect,manage,execute")
+    async with Client(p, mode="legacy", elicitation_callback=on_elicit) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert tools["kill_session"].description.startswith("[asks a human first"), tools["kill_session"].description
+        assert not tools["list_panes"].description.startswith("[asks"), tools["list_panes"]
+        for n in ("a1", "a2", "a3", "a4"):
+            await call(c, "create_session", {"session_name": n})
+        answers[:] = ["once", "once"]
+        await call(c, "kill_session", {"session_name": "a1"})
+        await call(c, "kill_session", {"session_name": "a2"})
+        assert len(asked) == 2 and "kill_session" in asked[0] and "teardown" in asked[0], asked
+        answers[:] = ["decline"]
+        r = await c.call_tool("kill_session", {"session_name": "a3"})
+        assert r.is_error and "a human declined (client)" in r.content[0].text, r
+        await anyio.sleep(10.5)  # a declined question is not asked again for 10 s
+        answers[:] = ["for this instance"]
+        await call(c, "kill_session", {"session_name": "a3"})
+        await call(c, "kill_session", {"session_name": "a4"})
+        assert len(asked) == 4, asked
+        await call(c, "list_panes")
+        assert len(asked) == 4
+    # No elicitation: the operator answers.
+    async with launch(ws, "-p", prof, "--toolsets", "inspect,manage,execute") as c:
+        iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+        await call(c, "create_session", {"session_name": "b1"})
+
+        async def approve():
+            q = await open_question(iid, "tool kill_session")
+            assert sm("approve", iid, str(q)).returncode == 0
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(approve)
+            await call(c, "kill_session", {"session_name": "b1"})
+        # Revoked at runtime is a human's no: not askable.
+        assert sm("revoke", iid, "--tool", "list_panes").returncode == 0
+        from mcp.shared.exceptions import MCPError
+
+        with pytest.raises(MCPError, match="revoked at runtime"):
+            await c.call_tool("list_panes", {})
+    # The client only, and it cannot be asked: refused at once.
+    prof2 = tool_ask(ws, "ask-tools-client", via=["client"])
+    async with launch(ws, "-p", prof2, "--toolsets", "inspect,manage,execute") as c:
+        await call(c, "create_session", {"session_name": "c1"})
+        t0 = time.time()
+        r = await c.call_tool("kill_session", {"session_name": "c1"})
+        assert r.is_error and "no one can be asked" in r.content[0].text and time.time() - t0 < 3, r
+    recs = [x for x in audit_records(ws) if x["tool"] == "(approvals)"]
+    bys = [x["args"].get("by", "") for x in recs if x["error_type"] == "question_answered"]
+    assert bys.count("client") == 4 and any(b.startswith("operator uid") for b in bys), bys

@@ -3,6 +3,7 @@
 //! and recorded in the audit log whatever its outcome.
 
 mod answers;
+mod ask;
 mod audited;
 
 use super::catalog::{self, toolset_name, Class, ToolDef};
@@ -65,11 +66,13 @@ impl Server {
         def: &'static ToolDef,
         call: &Call<'_>,
         args: Value,
+        once: bool,
     ) -> Result<Value, ToolError> {
         // The handshake did not wait for the sessions and the baseline; a call
         // does (and is checked again: a revoke may have come meanwhile).
         self.s.until_ready().await?;
-        if !self.enabled(def.name) {
+        // `once`: a human allowed this call of a tool not enabled.
+        if !once && !self.enabled(def.name) {
             return Err(ToolError::refused(self.why_absent(def.name)));
         }
         // Frozen: refused before tmux is asked (a stopped server would not
@@ -173,8 +176,15 @@ impl ServerHandler for Server {
                 catalog::TOOLS
                     .iter()
                     .zip(described())
-                    .filter(|(t, _)| self.enabled(t.name))
-                    .map(|(_, d)| d.clone())
+                    .filter_map(|(t, d)| {
+                        if self.enabled(t.name) {
+                            Some(d.clone())
+                        } else if self.askable(t) {
+                            Some(Self::marked(d))
+                        } else {
+                            None
+                        }
+                    })
                     .collect(),
             ),
         ))
@@ -190,9 +200,22 @@ impl ServerHandler for Server {
         let args = req.arguments.map(Value::Object).unwrap_or(Value::Null);
         let rid = request_id_text(&cx.id);
         let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
-        let def = catalog::find(&name).filter(|d| self.enabled(d.name));
+        let mut once = false;
+        let mut def = catalog::find(&name).filter(|d| self.enabled(d.name));
+        let mut why = None;
+        if let Some(d) = catalog::find(&name).filter(|d| def.is_none() && self.askable(d)) {
+            // Asked before anything else: a human's no is the answer.
+            match self.ask(d, &cx).await {
+                Ok(g) => {
+                    once = g == crate::mcp::approvals::Grant::Once;
+                    def = Some(d);
+                }
+                Err(w) => why = Some(format!("{name}: not run: {w}")),
+            }
+        }
         let Some(def) = def else {
-            let why = self.why_absent(&name);
+            let asked = why.is_some();
+            let why = why.unwrap_or_else(|| self.why_absent(&name));
             let e = ToolError::refused(why.clone());
             self.audit(
                 &Audited {
@@ -207,6 +230,10 @@ impl ServerHandler for Server {
                 Some(&e),
                 Some("refused"),
             );
+            if asked {
+                // The agent reads why in its tool result.
+                return Ok(error_result(&e).into());
+            }
             return Err(McpError::invalid_params(
                 why,
                 Some(json!({"hint": "call tools/list for the enabled tools"})),
@@ -225,7 +252,7 @@ impl ServerHandler for Server {
             progress,
             ct: cx.ct.clone(),
         };
-        let r = self.run(def, &call, args.clone()).await;
+        let r = self.run(def, &call, args.clone(), once).await;
         self.audit_admitted(
             Some(ticket),
             &Audited {

@@ -212,7 +212,8 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         network: c.s.policy.network.mode.name().into(),
         network_refusals: c.s.refusals.since(0).0,
         credentials: c.s.vault.as_ref().map(|v| v.status()),
-        approvals: c.s.policy.network.ask.then(|| c.s.approvals.list()),
+        approvals: (c.s.policy.network.ask || !c.s.policy.mcp.ask_toolsets.is_empty())
+            .then(|| c.s.approvals.list()),
         dropped: layers
             .iter()
             .filter(|l| !l.enforced)
