@@ -73,6 +73,8 @@ struct State {
     declined: BTreeMap<String, Instant>,
     /// New questions are refused (frozen or stopping), and why.
     closed: Option<String>,
+    /// Tools the operator revoked at runtime: a standing no, never asked.
+    revoked_tools: BTreeSet<String>,
 }
 
 impl State {
@@ -171,7 +173,12 @@ impl Approvals {
             ))
         } else if let Some(why) = &s.closed {
             Step::Now(Err(format!("no question can be asked now ({why})")))
-        } else if let Some((id, o)) = s.open.iter_mut().find(|(_, o)| o.name == name) {
+        } else if let Some((id, o)) = s
+            .open
+            .iter_mut()
+            // A tool's question is one call's: its once runs that call only.
+            .find(|(_, o)| o.name == name && a.kind == "network")
+        {
             let (tx, rx) = oneshot::channel();
             o.waiters.push(tx);
             Step::Wait(*id, o.deadline, rx)
@@ -259,11 +266,16 @@ impl Approvals {
             tokio::select! {
                 biased;
                 r = &mut rx => return self.outcome(r.ok()),
-                r = &mut wait => {
+                r = &mut wait => match r {
                     // One more answer to the question: the first wins.
-                    if let Ok(Some(ans)) = r {
+                    Ok(Some(ans)) => {
                         let _ = self.answer_as(id, ans, "client", true);
                     }
+                    // The client gave none, and no one else may answer.
+                    Ok(None) if !a.operator => {
+                        let _ = self.answer_as(id, Answer::Deny, "the client gave no answer", true);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -385,6 +397,24 @@ impl Approvals {
             self.record("grant_revoked", json!({"name": name, "by": by}));
         }
         had
+    }
+
+    /// The operator revoked `tools` at runtime: their grants are gone and
+    /// they are not asked about until granted again (`on`: granted).
+    pub(crate) fn tools_revoked(&self, tools: &[&str], on: bool, by: &str) {
+        for t in tools {
+            if on {
+                self.lock().revoked_tools.remove(*t);
+                continue;
+            }
+            self.revoke(&format!("tool {t}"), by);
+            self.lock().revoked_tools.insert(t.to_string());
+        }
+    }
+
+    /// Whether the operator revoked `tool` at runtime.
+    pub(crate) fn tool_revoked(&self, tool: &str) -> bool {
+        self.lock().revoked_tools.contains(tool)
     }
 
     /// How many questions wait for a human (`sandmux ps`).

@@ -262,6 +262,10 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
                     }
                 }
             }
+            // A revoked tool is a standing no: not asked about, its grant gone.
+            let list: Vec<&str> = names.iter().copied().collect();
+            s.approvals
+                .tools_revoked(&list, r.op == Op::Grant, &format!("operator uid {uid}"));
             // The client learns at once; the next call is checked against the new set.
             s.peers.tools_changed().await;
             if r.op == Op::Revoke && r.freeze {

@@ -199,12 +199,18 @@ async def test_a_tool_not_enabled_asks_the_client_or_the_operator(ws):
         async with anyio.create_task_group() as tg:
             tg.start_soon(approve)
             await call(c, "kill_session", {"session_name": "b1"})
-        # Revoked at runtime is a human's no: not askable.
-        assert sm("revoke", iid, "--tool", "list_panes").returncode == 0
+        # Revoked at runtime is a human's no: not askable, whether it was
+        # enabled (list_panes) or asked for (kill_session).
         from mcp.shared.exceptions import MCPError
 
+        assert sm("revoke", iid, "--tool", "list_panes").returncode == 0
         with pytest.raises(MCPError, match="revoked at runtime"):
             await c.call_tool("list_panes", {})
+        await call(c, "create_session", {"session_name": "b2"})
+        assert sm("revoke", iid, "--tool", "kill_session").returncode == 0
+        with pytest.raises(MCPError, match="Unknown tool: kill_session"):
+            await c.call_tool("kill_session", {"session_name": "b2"})
+        assert json.loads(sm("approvals", iid, "--json").stdout)["open"] == []
     # The client only, and it cannot be asked: refused at once.
     prof2 = tool_ask(ws, "ask-tools-client", via=["client"])
     async with launch(ws, "-p", prof2, "--toolsets", "inspect,manage,execute") as c:

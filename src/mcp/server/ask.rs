@@ -27,6 +27,7 @@ impl Server {
     pub(super) fn askable(&self, def: &ToolDef) -> bool {
         !self.enabled(def.name)
             && !self.s.ceiling.contains(def.name)
+            && !self.s.approvals.tool_revoked(def.name)
             && self.s.policy.mcp.ask_toolsets.contains(&def.toolset)
     }
 
@@ -49,15 +50,21 @@ impl Server {
         let client = (via.contains(&Via::Client)
             && !cx.peer.supported_elicitation_modes().is_empty())
         .then(|| elicit(cx.peer.clone(), def));
-        let g = self
+        let asked = self
             .s
             .approvals
-            .ask_tool(def.name, client, via.contains(&Via::Operator))
-            .await?;
+            .ask_tool(def.name, client, via.contains(&Via::Operator));
+        // A call the client cancels stops asking (its question is withdrawn).
+        let g = tokio::select! {
+            g = asked => g?,
+            () = cx.ct.cancelled() => return Err("the call was cancelled while a human was asked".into()),
+        };
         if g == Grant::Instance {
             if let Ok(mut en) = self.s.enabled.write() {
                 en.insert(def.name);
             }
+            // The client lists it again, without the mark.
+            self.s.peers.tools_changed().await;
         }
         Ok(g)
     }

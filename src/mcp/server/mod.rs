@@ -75,6 +75,12 @@ impl Server {
         if !once && !self.enabled(def.name) {
             return Err(ToolError::refused(self.why_absent(def.name)));
         }
+        if once && call.ct.is_cancelled() {
+            return Err(ToolError::refused(format!(
+                "{}: the call was cancelled before it ran",
+                def.name
+            )));
+        }
         // Frozen: refused before tmux is asked (a stopped server would not
         // answer); the status is the supervisor's, and ending stays possible.
         let frozen = self.s.freeze.is_frozen();
