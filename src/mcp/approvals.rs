@@ -137,9 +137,25 @@ impl Approvals {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A question from a pane (a name), and what becomes of it without a
+    /// human (asked, timed out, withdrawn), is written in the proxy's share
+    /// of the audit budget: a pane opening and dropping connections to new
+    /// names cannot spend the budget tool calls need (past the share they
+    /// are counted in the seal). A human's answer, and a tool's question
+    /// (one per audited call), are events.
     fn record(&self, kind: &str, args: Value) {
-        self.audit
-            .event(Entry::event("(approvals)", Some(kind), &args));
+        let e = Entry::event("(approvals)", Some(kind), &args);
+        let from_pane = args["name"]
+            .as_str()
+            .is_some_and(|n| !n.starts_with("tool "))
+            && !args["by"]
+                .as_str()
+                .is_some_and(|b| b.starts_with("operator"));
+        if from_pane {
+            self.audit.proxy(e);
+        } else {
+            self.audit.event(e);
+        }
     }
 
     fn withdrawn(&self, gone: Vec<(u64, String)>) {

@@ -221,3 +221,23 @@ async def test_a_tool_not_enabled_asks_the_client_or_the_operator(ws):
     recs = [x for x in audit_records(ws) if x["tool"] == "(approvals)"]
     bys = [x["args"].get("by", "") for x in recs if x["error_type"] == "question_answered"]
     assert bys.count("client") == 4 and any(b.startswith("operator uid") for b in bys), bys
+
+
+async def test_a_pane_asking_in_a_loop_cannot_spend_the_audit_budget(ws, standins):
+    """The smallest audit budget (64 KiB); from a pane, connections to new
+    names off the list, each dropped at once, for 8 s: every question and
+    its withdrawal is a pane's record, written in the proxy's eighth of the
+    budget and counted past it. Tool calls are still admitted after."""
+    prof = profile(ws, "ask-flood", lambda t: ask_net(standins.port)(t).replace('audit_max_bytes = "256MiB"', 'audit_max_bytes = "64KiB"'))
+    probe = "import socket,time\nend=time.time()+8\nn=0\nwhile time.time()<end:\n    s=socket.create_connection(('127.0.0.1',3128)); s.sendall(f'CONNECT n{n}.flood.test:443 HTTP/1.1\\r\\n\\r\\n'.encode()); time.sleep(0.005); s.close(); n+=1\nprint('SENT', n)\n"
+    (ws[0] / "askflood.py").write_text(probe)
+    async with launch(ws, "-p", prof, *ALL) as c:
+        r = await sh(c, "python3 askflood.py", timeout=30)
+        sent = int(r["output"].split("SENT")[1].split()[0])
+        assert sent > 300, r
+        await sh(c, "echo still-admitted")
+    lines = (ws[1] / "audit.jsonl").read_text().splitlines(keepends=True)
+    recs = [json.loads(l) for l in lines]
+    pane = sum(len(l) for l, x in zip(lines, recs) if x["tool"] in ("(proxy)", "(approvals)"))
+    assert 0 < pane <= 64 * 1024 // 8 + 4096, pane
+    assert recs[-1]["tool"] == "(sealed)" and recs[-1]["args"]["refused_calls"] == 0, recs[-1]
