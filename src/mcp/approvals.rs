@@ -224,7 +224,9 @@ impl Approvals {
                 "question_asked",
                 json!({"question": id, "kind": a.kind, "name": name, "operator": a.operator}),
             );
-            tracing::warn!(question = id, %name, "approval asked: `sandmux approvals` lists it, `sandmux approve ID {id}` or `sandmux deny ID {id}` answers");
+            // Debug only: a pane asking in a loop must not flood the log
+            // (`sandmux ps` shows the instance as asking).
+            tracing::debug!(question = id, %name, "approval asked: `sandmux approvals` lists it, `sandmux approve ID {id}` or `sandmux deny ID {id}` answers");
             return Step::Wait(id, deadline, rx);
         };
         drop(s);
