@@ -87,7 +87,7 @@ impl ToolError {
             ToolError::Limit { .. } => "limit_reached",
             ToolError::Tmux(TmuxError::Timeout(_)) => "timeout",
             ToolError::Tmux(TmuxError::Closed(_)) => "server_gone",
-            ToolError::Tmux(TmuxError::Frozen) => "frozen",
+            ToolError::Tmux(TmuxError::Frozen | TmuxError::FrozenInFlight) => "frozen",
             ToolError::Tmux(_) => "tmux_error",
             ToolError::Drift(_) => "drift",
             ToolError::Internal(_) => "internal",

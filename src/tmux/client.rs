@@ -35,6 +35,17 @@ pub(crate) enum TmuxError {
     /// The operator froze the sandbox: nothing is sent to the server.
     #[error("refused: this instance is frozen (the operator stopped every process in the sandbox); calls are refused until they thaw it (sandmux thaw)")]
     Frozen,
+    /// The freeze landed while tmux had the command: it may have taken
+    /// effect (or take effect at the thaw), so it is no refusal.
+    #[error("interrupted: the operator froze the instance while tmux had this command; it may have taken effect, or will when they thaw it (sandmux thaw): look before repeating it")]
+    FrozenInFlight,
+}
+
+impl TmuxError {
+    /// Whether a freeze is why (before or while tmux had the command).
+    pub(crate) fn frozen(&self) -> bool {
+        matches!(self, TmuxError::Frozen | TmuxError::FrozenInFlight)
+    }
 }
 
 /// Where non-reply events go.

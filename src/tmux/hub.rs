@@ -286,8 +286,9 @@ impl Hub {
     }
 
     /// Runs `f` unless a freeze lands first: a command in flight then fails
-    /// at once with [`TmuxError::Frozen`] (its waiter stays queued, so the
-    /// late reply still meets it and nothing is matched to the wrong call).
+    /// at once with [`TmuxError::FrozenInFlight`] (it may have reached tmux:
+    /// no refusal; its waiter stays queued, so the late reply still meets
+    /// it and nothing is matched to the wrong call).
     async fn unless_frozen<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, TmuxError>>,
@@ -295,7 +296,7 @@ impl Hub {
         let mut rx = self.frozen.subscribe();
         tokio::select! {
             r = f => r,
-            _ = rx.wait_for(|f| *f) => Err(TmuxError::Frozen),
+            _ = rx.wait_for(|f| *f) => Err(TmuxError::FrozenInFlight),
         }
     }
 

@@ -331,7 +331,7 @@ impl Drift {
             while self.tripped().is_none() {
                 match self.full(&hub()).await {
                     // Frozen under the scan: finished after the thaw.
-                    Err(ToolError::Tmux(TmuxError::Frozen)) => hub().thawed().await,
+                    Err(ToolError::Tmux(e)) if e.frozen() => hub().thawed().await,
                     Err(ToolError::Tmux(TmuxError::Timeout(_) | TmuxError::Closed(_)))
                         if tokio::time::Instant::now() < give_up =>
                     {

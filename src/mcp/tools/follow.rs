@@ -372,7 +372,7 @@ async fn exited(
     rx: &mut watch::Receiver<u64>,
 ) -> Result<Option<Option<i32>>, ToolError> {
     let status = match pane_exited(hub, pane).await {
-        Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen)) => return Ok(None),
+        Err(ToolError::Tmux(e)) if e.frozen() => return Ok(None),
         r => r?,
     };
     if status.is_some() {
