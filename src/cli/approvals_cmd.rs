@@ -1,6 +1,7 @@
 //! `sandmux approvals | approve | deny`: the operator's side of the
-//! questions a `serve` instance holds (`[network] ask`). Names are the
-//! proxy's canonical host names, printed escaped all the same.
+//! questions a `serve` instance holds (`[network] ask`, `[mcp]
+//! ask_toolsets`). Names are the proxy's canonical host names or the
+//! catalog's tool names, printed escaped all the same.
 
 use super::{fail, ExitCode};
 use crate::mcp::endpoint::{Op, Request};
@@ -33,9 +34,14 @@ fn table(id: &str, a: &Value) -> String {
         out.push_str(&format!("{id}: no open questions\n"));
     }
     for q in &open {
+        let name = p(&q["name"]);
+        let what = match name.strip_prefix("tool ") {
+            Some(tool) if q["kind"] == "tool" => format!("may the agent use the tool {tool}"),
+            _ => format!("may the sandbox connect to {name}"),
+        };
         out.push_str(&format!(
-            "{id} question {}: may the sandbox connect to {}? (waiting {} s, denied in {} s) — sandmux approve {id} {} [--for-instance] | sandmux deny {id} {}\n",
-            q["question"], p(&q["name"]), q["waiting_s"], q["deny_in_s"], q["question"], q["question"]
+            "{id} question {}: {what}? (waiting {} s, denied in {} s) — sandmux approve {id} {} [--for-instance] | sandmux deny {id} {}\n",
+            q["question"], q["waiting_s"], q["deny_in_s"], q["question"], q["question"]
         ));
     }
     for (k, what) in [

@@ -111,6 +111,9 @@ struct Ask<'a> {
     kind: &'static str,
     operator: bool,
     window: Duration,
+    /// A tool's question: the call's request id (its audit record has the
+    /// same), so the record of a call run under a once names its question.
+    call: Option<&'a str>,
 }
 
 /// The client's answer to a tool's question, if it gives one.
@@ -222,7 +225,7 @@ impl Approvals {
             drop(s);
             self.record(
                 "question_asked",
-                json!({"question": id, "kind": a.kind, "name": name, "operator": a.operator}),
+                json!({"question": id, "kind": a.kind, "name": name, "operator": a.operator, "request_id": a.call}),
             );
             // Debug only: a pane asking in a loop must not flood the log
             // (`sandmux ps` shows the instance as asking).
@@ -242,6 +245,7 @@ impl Approvals {
             kind: "network",
             operator: true,
             window: ONCE_WINDOW,
+            call: None,
         };
         match self.ask(&a, None).await {
             Ok(_) => Verdict::Allow,
@@ -255,6 +259,7 @@ impl Approvals {
     pub(crate) async fn ask_tool(
         &self,
         tool: &str,
+        call: &str,
         client: Option<ClientAnswer>,
         operator: bool,
     ) -> Result<Grant, String> {
@@ -267,6 +272,7 @@ impl Approvals {
             kind: "tool",
             operator,
             window: Duration::ZERO,
+            call: Some(call),
         };
         self.ask(&a, client).await
     }

@@ -82,6 +82,8 @@ pub(crate) struct State {
     pub vault: Option<Arc<crate::proxy::credentials::Vault>>,
     /// Questions to a human and their grants (`[network] ask`).
     pub approvals: Arc<super::approvals::Approvals>,
+    /// Tool questions held between the rounds of a 2026-07-28 call.
+    pub rounds: super::rounds::Rounds,
 }
 
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at

@@ -33,6 +33,7 @@ pub(crate) mod refusal;
 pub mod replay_filter;
 pub(crate) mod resources;
 pub(crate) mod reverts;
+mod rounds;
 mod runtime;
 pub(crate) mod schema;
 pub(crate) mod server;
@@ -434,6 +435,7 @@ fn hand_over(
         vault,
         ..
     } = pre;
+    let ask_seconds = policy.mcp.ask_seconds;
     let make: MakeState = Box::new(move |hub: Arc<Hub>| {
         Arc::new(ctx::State {
             hub_now: std::sync::RwLock::new(hub),
@@ -460,6 +462,7 @@ fn hand_over(
             refusals,
             vault,
             approvals,
+            rounds: rounds::Rounds::new(Duration::from_secs(ask_seconds)),
         })
     });
     Ok((left, conn, make))

@@ -338,3 +338,35 @@ fn an_empty_section_is_its_default() {
     let l: schema::Limits = toml::from_str("nofile = 99").unwrap();
     assert_eq!((l.nofile, l.processes, l.max_panes), (99, 512, 128));
 }
+
+#[test]
+fn ask_toolsets_name_only_what_is_not_enabled() {
+    let with = |body: &str| format!("version = 1\ndescription = \"x\"\n[mcp]\n{body}\n");
+    let err = parse(
+        "p.toml",
+        &with("toolsets = [\"inspect\", \"execute\"]\nask_toolsets = [\"execute\"]"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("mcp.ask_toolsets") && err.contains("\"execute\" is enabled"),
+        "{err}"
+    );
+    // Held until a grant (act = "on-grant"), execute may be asked for.
+    parse(
+        "p.toml",
+        &with("toolsets = [\"inspect\", \"execute\"]\nact = \"on-grant\"\nask_toolsets = [\"execute\"]"),
+    )
+    .unwrap();
+    parse("p.toml", &with("ask_toolsets = [\"teardown\"]")).unwrap();
+    // dev asks for the teardown tools; the other built-ins ask for nothing.
+    for (name, text) in BUILTINS {
+        let b = parse(name, text).unwrap();
+        let want: &[Toolset] = if *name == "dev" {
+            &[Toolset::Teardown]
+        } else {
+            &[]
+        };
+        assert_eq!(b.mcp.ask_toolsets, want, "{name}");
+    }
+}

@@ -290,6 +290,19 @@ impl Profile {
                 "[network] ask needs \"operator\": a connection from a pane is asked of the operator only".into(),
             );
         }
+        // A tool enabled is never asked about; execute under act =
+        // "on-grant" is the exception: held until a grant, the agent may ask.
+        let held = |t: &Toolset| m.act == Act::OnGrant && *t == Toolset::Execute;
+        if let Some(t) = m
+            .ask_toolsets
+            .iter()
+            .find(|t| m.toolsets.contains(t) && !held(t))
+        {
+            return bad(
+                "mcp.ask_toolsets",
+                format!("{} is enabled by [mcp] toolsets, so its tools are never asked about; name only toolsets the instance does not enable (or execute with act = \"on-grant\")", serde_json::to_string(t).unwrap_or_default()),
+            );
+        }
         if !(5..=600).contains(&m.ask_seconds) {
             return bad(
                 "mcp.ask_seconds",

@@ -223,6 +223,241 @@ async def test_a_tool_not_enabled_asks_the_client_or_the_operator(ws):
     assert bys.count("client") == 4 and any(b.startswith("operator uid") for b in bys), bys
 
 
+async def test_on_2026_07_28_a_tool_asks_by_input_required_and_the_state_is_the_servers(ws):
+    """Protocol 2026-07-28 has no requests from server to client: the call
+    answers input_required with the elicitation, and the client calls again
+    with the answer and the requestState (the official SDK drives the
+    rounds through its elicitation callback). Once runs that call; decline
+    refuses. Attacks on the state the client echoes: a forged one, and a
+    real one replayed for another call (other arguments), are no grant
+    (the session they name still exists); a real one answered twice runs
+    once. Control: the same forged answer on a question the server holds
+    for that call runs it."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    import mcp.types as mt
+    from conftest import http_client, http_server
+
+    answers, asked = [], []
+
+    async def on_elicit(ctx, params):
+        asked.append(params.message)
+        a = answers.pop(0)
+        if a == "decline":
+            return mt.ElicitResult(action="decline")
+        return mt.ElicitResult(action="accept", content={"answer": a})
+
+    once = {"sandmux_approval": {"action": "accept", "content": {"answer": "once"}}}
+    prof = tool_ask(ws, "ask-rounds")
+    with http_server(ws, "-p", prof, "--toolsets", "inspect,manage,execute") as (url, token, proc):
+        async with http_client(token) as h, Client(streamable_http_client(url, http_client=h), mode="2026-07-28", elicitation_callback=on_elicit) as c:
+            for n in ("r1", "r2", "r3", "r4"):
+                await call(c, "create_session", {"session_name": n})
+            answers[:] = ["once"]
+            await call(c, "kill_session", {"session_name": "r1"})
+            assert len(asked) == 1 and "kill_session" in asked[0], asked
+            answers[:] = ["decline"]
+            r = await c.call_tool("kill_session", {"session_name": "r2"})
+            assert r.is_error and "a human declined (client)" in r.content[0].text, r
+            await anyio.sleep(10.5)  # a declined question is not asked again for 10 s
+            # A state the server never gave.
+            r = await c.session.call_tool("kill_session", {"session_name": "r2"}, input_responses=once, request_state="0" * 32, allow_input_required=True)
+            assert getattr(r, "is_error", False) and "not open here" in r.content[0].text, r
+            # A real state, replayed for another call.
+            first = await c.session.call_tool("kill_session", {"session_name": "r3"}, allow_input_required=True)
+            assert isinstance(first, mt.InputRequiredResult) and first.request_state, first
+            r = await c.session.call_tool("kill_session", {"session_name": "r2"}, input_responses=once, request_state=first.request_state, allow_input_required=True)
+            assert getattr(r, "is_error", False) and "not open here" in r.content[0].text, r
+            names = {s["session_name"] for s in (await call(c, "list_sessions"))["sessions"]}
+            assert {"r2", "r3", "r4"} <= names, names
+            # Control: answered for the call it was asked for, it runs, once.
+            r = await c.session.call_tool("kill_session", {"session_name": "r3"}, input_responses=once, request_state=first.request_state, allow_input_required=True)
+            assert not r.is_error, r
+            again = await c.session.call_tool("kill_session", {"session_name": "r3"}, input_responses=once, request_state=first.request_state, allow_input_required=True)
+            assert again.is_error and "not open here" in again.content[0].text, again
+            names = {s["session_name"] for s in (await call(c, "list_sessions"))["sessions"]}
+            assert "r3" not in names and {"r2", "r4"} <= names, names
+    recs = [x for x in audit_records(ws) if x["tool"] == "(approvals)"]
+    bys = [x["args"].get("by", "") for x in recs if x["error_type"] == "question_answered"]
+    assert bys.count("client") == 3, bys
+
+
+async def test_a_waiting_tool_call_hears_progress_and_the_operator_answers(ws):
+    """A call waiting for the operator (the client has no elicitation) is
+    told so by progress notifications, on stdio and on 2026-07-28 (where
+    only the operator can be asked without elicitation)."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from conftest import http_client, http_server
+
+    prof = profile(ws, "ask-progress", lambda t: t.replace("wait_max_seconds = 300", 'wait_max_seconds = 300\nask_seconds = 30\nask_toolsets = ["teardown"]'))
+    for http in (False, True):
+        heard = []
+
+        async def on_progress(done, total, message):
+            heard.append((done, total, message))
+
+        async def approve(iid):
+            q = await open_question(iid, "tool kill_session")
+            await anyio.sleep(6)  # long enough for two notifications
+            assert sm("approve", iid, str(q)).returncode == 0
+
+        async def run(c):
+            iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+            await call(c, "create_session", {"session_name": "p1"})
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(approve, iid)
+                r = await c.call_tool("kill_session", {"session_name": "p1"}, progress_callback=on_progress)
+                assert not r.is_error, r
+
+        if http:
+            with http_server(ws, "-p", prof, "--toolsets", "inspect,manage,execute") as (url, token, proc):
+                async with http_client(token) as h, Client(streamable_http_client(url, http_client=h), mode="2026-07-28") as c:
+                    await run(c)
+        else:
+            async with launch(ws, "-p", prof, "--toolsets", "inspect,manage,execute") as c:
+                await run(c)
+        assert len(heard) >= 2 and all("waiting for a human" in m for _, _, m in heard), (http, heard)
+        assert heard[0][1] == 30 and heard[-1][0] >= 5, heard
+
+
+async def test_the_dev_profile_asks_for_teardown_and_the_operator_answers(ws):
+    """The README's example: on the built-in dev profile, kill_session is
+    listed as asking first; a client without elicitation waits while the
+    operator lists the question and approves it once; the next call asks
+    again, and the operator's deny is the agent's answer."""
+    async with launch(ws, "-p", "dev") as c:
+        iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert tools["kill_session"].description.startswith("[asks a human first"), tools["kill_session"]
+        for n in ("d1", "d2"):
+            await call(c, "create_session", {"session_name": n})
+
+        async def answer(verb):
+            q = await open_question(iid, "tool kill_session")
+            listed = sm("approvals", iid)
+            assert f"question {q}: may the agent use the tool kill_session?" in listed.stdout, listed.stdout
+            assert sm(verb, iid, str(q)).returncode == 0
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(answer, "approve")
+            await call(c, "kill_session", {"session_name": "d1"})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(answer, "deny")
+            r = await c.call_tool("kill_session", {"session_name": "d2"})
+        assert r.is_error and "a human declined (operator uid" in r.content[0].text, r
+        names = {x["session_name"] for x in (await call(c, "list_sessions"))["sessions"]}
+        assert "d1" not in names and "d2" in names, names
+
+
+def act_on_grant(ws, name):
+    """execute held until a grant (act = "on-grant") and askable; teardown
+    askable; the operator answers (the launch client has no elicitation)."""
+    return profile(ws, name, lambda t: t.replace("wait_max_seconds = 300", 'wait_max_seconds = 300\nask_seconds = 30\nact = "on-grant"\nask_toolsets = ["teardown", "execute"]'))
+
+
+async def test_approve_racing_freeze_and_stop(ws):
+    """The operator's approve and freeze at the same moment, four times: a
+    call that ran is one whose question was approved before the freeze,
+    a call refused left its session alone, no question stays open, and
+    an approve after the freeze closed the question is refused. A question
+    asked while frozen is refused at once. Then approve racing stop: the
+    instance ends, the question is on the record with an answer, and the
+    audit chain verifies. Also [mcp] act = "on-grant" with execute in
+    ask_toolsets: run_command is held, listed as asking, and an approve
+    runs that one call (the next asks again)."""
+    from mcp.shared.exceptions import MCPError
+
+    prof = act_on_grant(ws, "ask-race")
+    async with launch(ws, "-p", prof, "--toolsets", "inspect,manage,execute") as c:
+        iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert tools["run_command"].description.startswith("[asks a human first"), tools["run_command"].description
+
+        async def approving(q_name, then=None):
+            q = await open_question(iid, q_name)
+            procs = [subprocess.Popen([BIN, "approve", iid, str(q)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+            if then:
+                procs.append(subprocess.Popen([BIN, then, iid], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            for p in procs:
+                p.wait(timeout=30)
+            return procs[0]
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(approving, "tool run_command")
+            r = await call(c, "run_command", {"command": "echo approved-once"})
+        assert "approved-once" in r["output"], r
+        assert sm("grant", iid, "--toolset", "execute").returncode == 0
+        for i in range(4):
+            await call(c, "create_session", {"session_name": f"f{i}"})
+        ran = []
+        for i in range(4):
+            got = {}
+
+            async def race():
+                got["approve"] = await approving("tool kill_session", then="freeze")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(race)
+                r = await c.call_tool("kill_session", {"session_name": f"f{i}"})
+            # Frozen now: a new question is refused at once, not asked.
+            t0 = time.time()
+            r2 = await c.call_tool("kill_session", {"session_name": f"f{i}"})
+            assert r2.is_error and time.time() - t0 < 3, r2
+            assert json.loads(sm("approvals", iid, "--json").stdout)["open"] == []
+            assert sm("thaw", iid).returncode == 0
+            names = {x["session_name"] for x in (await call(c, "list_sessions"))["sessions"]}
+            text = r.content[0].text if r.is_error else ""
+            if "interrupted" in text:
+                # The freeze landed while tmux had the command: the result
+                # says it may have taken effect, never that it was refused.
+                assert "may have taken effect" in text and "refused" not in text, r
+            else:
+                assert (f"f{i}" in names) == r.is_error, (i, r, names)
+            if r.is_error:
+                assert "froze" in text or "withdrawn" in text, r
+            ran.append(not r.is_error)
+        # Approve after the question closed: refused, nothing runs.
+        await call(c, "create_session", {"session_name": "late"})
+
+        async def freeze_then_approve():
+            q = await open_question(iid, "tool kill_session")
+            assert sm("freeze", iid).returncode == 0
+            late = sm("approve", iid, str(q))
+            assert late.returncode != 0, late
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(freeze_then_approve)
+            r = await c.call_tool("kill_session", {"session_name": "late"})
+        assert r.is_error, r
+        assert sm("thaw", iid).returncode == 0
+        assert "late" in {x["session_name"] for x in (await call(c, "list_sessions"))["sessions"]}
+        # Approve racing stop.
+        await call(c, "create_session", {"session_name": "s0"})
+        got = {}
+
+        async def race_stop():
+            got["approve"] = await approving("tool kill_session", then="stop")
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(race_stop)
+                await c.call_tool("kill_session", {"session_name": "s0"})
+        except (MCPError, Exception):
+            pass  # the instance may end before it answers
+    recs = [x for x in audit_records(ws) if x["tool"] == "(approvals)"]
+    asked = [x["args"]["question"] for x in recs if x["error_type"] == "question_asked"]
+    answered = [x["args"]["question"] for x in recs if x["error_type"] == "question_answered"]
+    assert sorted(asked) == sorted(set(answered)), (asked, answered)
+    # The call run under a once and its question share the request id.
+    q = next(x["args"] for x in recs if x["error_type"] == "question_asked" and x["args"]["name"] == "tool run_command")
+    ran_once = [x for x in audit_records(ws) if x["tool"] == "run_command" and x["outcome"] == "ok"]
+    assert [x["request_id"] for x in ran_once] == [q["request_id"]], (q, ran_once)
+    log = ws[1] / "audit.jsonl"
+    v = sm("audit", "verify", str(log))
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
 async def test_a_pane_asking_in_a_loop_cannot_spend_the_audit_budget(ws, standins):
     """The smallest audit budget (64 KiB); from a pane, connections to new
     names off the list, each dropped at once, for 8 s: every question and

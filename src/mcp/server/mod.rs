@@ -203,7 +203,11 @@ impl ServerHandler for Server {
     ) -> Result<CallToolResponse, McpError> {
         let t0 = Instant::now();
         let name = req.name.to_string();
-        let args = req.arguments.map(Value::Object).unwrap_or(Value::Null);
+        let args = req
+            .arguments
+            .clone()
+            .map(Value::Object)
+            .unwrap_or(Value::Null);
         let rid = request_id_text(&cx.id);
         let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
         let mut once = false;
@@ -211,11 +215,13 @@ impl ServerHandler for Server {
         let mut why = None;
         if let Some(d) = catalog::find(&name).filter(|d| def.is_none() && self.askable(d)) {
             // Asked before anything else: a human's no is the answer.
-            match self.ask(d, &cx).await {
-                Ok(g) => {
+            match self.ask(d, &req, &args, &cx).await {
+                Ok(ask::Asked::Run(g)) => {
                     once = g == crate::mcp::approvals::Grant::Once;
                     def = Some(d);
                 }
+                // Protocol 2026-07-28: the client answers and calls again.
+                Ok(ask::Asked::Input(r)) => return Ok(r.into()),
                 Err(w) => why = Some(format!("{name}: not run: {w}")),
             }
         }
