@@ -36,7 +36,9 @@ fn table(id: &str, a: &Value) -> String {
     for q in &open {
         let name = p(&q["name"]);
         let what = match name.strip_prefix("tool ") {
-            Some(tool) if q["kind"] == "tool" => format!("may the agent use the tool {tool}"),
+            Some(tool) if q["kind"] == "tool" => {
+                format!("may the agent use the tool {tool} with {}", p(&q["detail"]))
+            }
             _ => format!("may the sandbox connect to {name}"),
         };
         out.push_str(&format!(

@@ -57,6 +57,8 @@ struct Open {
     window: Duration,
     asked: SystemTime,
     deadline: Instant,
+    /// What the human is shown besides the name (a tool's arguments).
+    detail: Option<String>,
     /// The connections (or the call) waiting on the answer.
     waiters: Vec<oneshot::Sender<(Answer, String)>>,
 }
@@ -114,6 +116,8 @@ struct Ask<'a> {
     /// A tool's question: the call's request id (its audit record has the
     /// same), so the record of a call run under a once names its question.
     call: Option<&'a str>,
+    /// A tool's question: its arguments as the human is shown them.
+    detail: Option<&'a str>,
 }
 
 /// The client's answer to a tool's question, if it gives one.
@@ -219,6 +223,7 @@ impl Approvals {
                 window: a.window,
                 asked: SystemTime::now(),
                 deadline,
+                detail: a.detail.map(str::to_string),
                 waiters: vec![tx],
             };
             s.open.insert(id, open);
@@ -246,6 +251,7 @@ impl Approvals {
             operator: true,
             window: ONCE_WINDOW,
             call: None,
+            detail: None,
         };
         match self.ask(&a, None).await {
             Ok(_) => Verdict::Allow,
@@ -260,6 +266,7 @@ impl Approvals {
         &self,
         tool: &str,
         call: &str,
+        detail: &str,
         client: Option<ClientAnswer>,
         operator: bool,
     ) -> Result<Grant, String> {
@@ -273,6 +280,7 @@ impl Approvals {
             operator,
             window: Duration::ZERO,
             call: Some(call),
+            detail: Some(detail),
         };
         self.ask(&a, client).await
     }
@@ -397,6 +405,11 @@ impl Approvals {
             s.closed = Some(why.to_string());
             std::mem::take(&mut s.open).into_iter().collect()
         };
+        self.deny_all(open, why);
+    }
+
+    /// Denies questions taken out of the open ones, on the record.
+    fn deny_all(&self, open: Vec<(u64, Open)>, why: &str) {
         for (id, o) in open {
             self.record(
                 "question_answered",
@@ -431,9 +444,34 @@ impl Approvals {
                 self.lock().revoked_tools.remove(*t);
                 continue;
             }
-            self.revoke(&format!("tool {t}"), by);
-            self.lock().revoked_tools.insert(t.to_string());
+            let name = format!("tool {t}");
+            self.revoke(&name, by);
+            // A revoke is a standing no: a question still open about the
+            // tool is denied now, so no later yes can undo the revoke.
+            let open: Vec<(u64, Open)> = {
+                let mut s = self.lock();
+                s.revoked_tools.insert(t.to_string());
+                let ids: Vec<u64> = s
+                    .open
+                    .iter()
+                    .filter(|(_, o)| o.name == name)
+                    .map(|(id, _)| *id)
+                    .collect();
+                ids.into_iter()
+                    .filter_map(|id| s.open.remove(&id).map(|o| (id, o)))
+                    .collect()
+            };
+            self.deny_all(open, &format!("revoked by {by}"));
         }
+    }
+
+    /// Protocol 2026-07-28: the retry `retry` brought the answer to the
+    /// question call `first` asked (the call runs under the retry's id).
+    pub(crate) fn redeemed(&self, tool: &str, first: &str, retry: &str) {
+        self.record(
+            "question_redeemed",
+            json!({"name": format!("tool {tool}"), "request_id": first, "retry_request_id": retry}),
+        );
     }
 
     /// Whether the operator revoked `tool` at runtime.
@@ -464,7 +502,7 @@ impl Approvals {
                 .map(|(id, o)| {
                     let waited = now.duration_since(o.asked).unwrap_or_default().as_secs();
                     let left = o.deadline.saturating_duration_since(Instant::now()).as_secs();
-                    json!({"question": id, "kind": o.kind, "name": o.name, "operator": o.operator, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
+                    json!({"question": id, "kind": o.kind, "name": o.name, "detail": o.detail, "operator": o.operator, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
                 })
                 .collect();
             let v = json!({

@@ -160,6 +160,9 @@ pub(crate) struct Call<'a> {
     pub s: &'a State,
     /// Progress reporting, when the client asked for it.
     pub progress: Option<(Peer<RoleServer>, ProgressToken)>,
+    /// Where the call's progress starts: past what a wait for a human's
+    /// answer reported on the same token (progress only ever increases).
+    pub progress_from: f64,
     /// Cancelled when the client cancels the call.
     pub ct: CancellationToken,
 }
@@ -188,10 +191,11 @@ impl Call<'_> {
     /// Sends a progress notification if the client gave a token.
     pub(crate) async fn progress(&self, done: f64, total: Option<f64>, message: &str) {
         if let Some((peer, token)) = &self.progress {
-            let mut p = ProgressNotificationParam::new(token.clone(), done)
+            let from = self.progress_from;
+            let mut p = ProgressNotificationParam::new(token.clone(), from + done)
                 .with_message(message.to_string());
             if let Some(t) = total {
-                p = p.with_total(t);
+                p = p.with_total(from + t);
             }
             let _ = peer.notify_progress(p).await;
         }

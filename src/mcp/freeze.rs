@@ -136,6 +136,9 @@ async fn freeze_for(s: &State, why: Option<String>) -> Result<Value, String> {
     s.hub().set_frozen(true);
     // A frozen instance asks nothing; what was waiting is denied.
     s.approvals.close("the instance is frozen");
+    // An answer a 2026-07-28 client has yet to collect is not carried past
+    // the freeze either: it asks again after the thaw.
+    s.rounds.clear();
     let b = s.broker.clone();
     let r = tokio::task::spawn_blocking(move || mech::freeze(&t, &|op, pid| signals(&b, op, pid)))
         .await

@@ -20,9 +20,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// Held questions at once (the approvals' own bound is lower; this one
-/// bounds entries whose question ended and whose client never came back).
-const MAX_HELD: usize = 64;
+/// Questions still waiting at once (the approvals' own bound is lower).
+const MAX_WAITING: usize = 64;
+/// Entries in all, those whose question ended (waiting for the client's
+/// retry to collect the outcome) included; the oldest ended go first.
+const MAX_HELD: usize = 256;
 
 /// The question's outcome, as `approvals` gives it.
 pub(crate) type Outcome = Result<Grant, String>;
@@ -32,11 +34,24 @@ struct Held {
     tool: &'static str,
     /// The arguments' digest: a once runs this call only.
     args: [u8; 32],
+    /// The request id of the round that asked.
+    asked_by: String,
     /// Hands the client's answer (or none) to the question.
     answer: oneshot::Sender<Option<Answer>>,
     /// The question's outcome.
-    outcome: tokio::task::JoinHandle<Outcome>,
+    outcome: Task,
     made: Instant,
+}
+
+/// The question's task, stopped when dropped: a retry the client cancels,
+/// an entry dropped, or a freeze ends the asking (the question is then
+/// withdrawn, on the record, by `approvals`).
+struct Task(tokio::task::JoinHandle<Outcome>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The held questions of an instance.
@@ -80,15 +95,14 @@ impl Rounds {
         &self,
         tool: &'static str,
         args: [u8; 32],
+        asked_by: &str,
         ask: impl FnOnce(Pin<Box<dyn Future<Output = Option<Answer>> + Send>>) -> F,
     ) -> Result<String, Outcome>
     where
         F: Future<Output = Outcome> + Send + 'static,
     {
-        if self.lock().len() >= MAX_HELD {
-            return Err(Err(format!(
-                "{MAX_HELD} questions already wait for a client's answer"
-            )));
+        if let Err(why) = self.room() {
+            return Err(Err(why));
         }
         let (tx, rx) = oneshot::channel();
         let mut q = Box::pin(ask(Box::pin(async move { rx.await.ok().flatten() })));
@@ -102,24 +116,55 @@ impl Rounds {
         let held = Held {
             tool,
             args,
+            asked_by: asked_by.to_string(),
             answer: tx,
-            outcome: tokio::spawn(q),
+            outcome: Task(tokio::spawn(q)),
             made: Instant::now(),
         };
         self.lock().insert(handle.clone(), held);
         Ok(handle)
     }
 
+    /// Whether one more question may be held: at most [`MAX_WAITING`]
+    /// still waiting, and room among all (the oldest ended dropped first).
+    fn room(&self) -> Result<(), String> {
+        let mut m = self.lock();
+        if m.values().filter(|h| !h.outcome.0.is_finished()).count() >= MAX_WAITING {
+            return Err(format!(
+                "{MAX_WAITING} questions already wait for a client's answer"
+            ));
+        }
+        while m.len() >= MAX_HELD {
+            let oldest = m
+                .iter()
+                .filter(|(_, h)| h.outcome.0.is_finished())
+                .min_by_key(|(_, h)| h.made)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => m.remove(&k),
+                None => return Err(format!("{MAX_HELD} questions are held")),
+            };
+        }
+        Ok(())
+    }
+
+    /// Drops every held question (a freeze: an answer given before it is
+    /// not carried past it; the client asks again after the thaw).
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
     /// The retry: hands over the client's answer and waits for the
     /// question's outcome. A handle not held, or held for another call,
     /// is no answer at all.
+    /// Also gives the request id of the round that asked.
     pub(crate) async fn answer(
         &self,
         handle: &str,
         tool: &str,
         args: [u8; 32],
         answer: Option<Answer>,
-    ) -> Outcome {
+    ) -> (Outcome, Option<String>) {
         let held = {
             let mut m = self.lock();
             match m.get(handle) {
@@ -127,12 +172,14 @@ impl Rounds {
                 _ => None,
             }
         };
-        let Some(h) = held else {
-            return Err("the question this call answers is not open here (answered, timed out, or asked for another call); call again without requestState to be asked".into());
+        let Some(mut h) = held else {
+            return (Err("the question this call answers is not open here (answered, timed out, or asked for another call); call again without requestState to be asked".into()), None);
         };
         let _ = h.answer.send(answer);
-        h.outcome
+        // Dropped with this future (a cancelled retry), `h` stops the task.
+        let outcome = (&mut h.outcome.0)
             .await
-            .unwrap_or_else(|_| Err("the question ended without an answer".into()))
+            .unwrap_or_else(|_| Err("the question ended without an answer".into()));
+        (outcome, Some(std::mem::take(&mut h.asked_by)))
     }
 }

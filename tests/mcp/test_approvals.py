@@ -255,7 +255,7 @@ async def test_on_2026_07_28_a_tool_asks_by_input_required_and_the_state_is_the_
                 await call(c, "create_session", {"session_name": n})
             answers[:] = ["once"]
             await call(c, "kill_session", {"session_name": "r1"})
-            assert len(asked) == 1 and "kill_session" in asked[0], asked
+            assert len(asked) == 1 and "kill_session" in asked[0] and '{"session_name":"r1"}' in asked[0], asked
             answers[:] = ["decline"]
             r = await c.call_tool("kill_session", {"session_name": "r2"})
             assert r.is_error and "a human declined (client)" in r.content[0].text, r
@@ -277,9 +277,29 @@ async def test_on_2026_07_28_a_tool_asks_by_input_required_and_the_state_is_the_
             assert again.is_error and "not open here" in again.content[0].text, again
             names = {s["session_name"] for s in (await call(c, "list_sessions"))["sessions"]}
             assert "r3" not in names and {"r2", "r4"} <= names, names
+            # The operator answers a question a 2026-07-28 call left open;
+            # the retry collects it and runs (control) ...
+            iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+            first = await c.session.call_tool("kill_session", {"session_name": "r4"}, allow_input_required=True)
+            q = await open_question(iid, "tool kill_session")
+            assert sm("approve", iid, str(q)).returncode == 0
+            r = await c.session.call_tool("kill_session", {"session_name": "r4"}, input_responses={}, request_state=first.request_state, allow_input_required=True)
+            assert not r.is_error, r
+            # ... but not past a freeze: an answer given before it is gone.
+            first = await c.session.call_tool("kill_session", {"session_name": "r2"}, allow_input_required=True)
+            q = await open_question(iid, "tool kill_session")
+            assert sm("approve", iid, str(q)).returncode == 0
+            assert sm("freeze", iid).returncode == 0 and sm("thaw", iid).returncode == 0
+            r = await c.session.call_tool("kill_session", {"session_name": "r2"}, input_responses=once, request_state=first.request_state, allow_input_required=True)
+            assert r.is_error and "not open here" in r.content[0].text, r
+            names = {s["session_name"] for s in (await call(c, "list_sessions"))["sessions"]}
+            assert "r4" not in names and "r2" in names, names
     recs = [x for x in audit_records(ws) if x["tool"] == "(approvals)"]
     bys = [x["args"].get("by", "") for x in recs if x["error_type"] == "question_answered"]
     assert bys.count("client") == 3, bys
+    # Each call that ran after a round trip names the round that asked.
+    redeemed = [x["args"] for x in recs if x["error_type"] == "question_redeemed"]
+    assert len(redeemed) == 3 and all(r["request_id"] != r["retry_request_id"] for r in redeemed), redeemed
 
 
 async def test_a_waiting_tool_call_hears_progress_and_the_operator_answers(ws):
@@ -318,6 +338,8 @@ async def test_a_waiting_tool_call_hears_progress_and_the_operator_answers(ws):
             async with launch(ws, "-p", prof, "--toolsets", "inspect,manage,execute") as c:
                 await run(c)
         assert len(heard) >= 2 and all("waiting for a human" in m for _, _, m in heard), (http, heard)
+        done = [d for d, _, _ in heard]
+        assert done == sorted(set(done)), done  # progress only ever increases
         assert heard[0][1] == 30 and heard[-1][0] >= 5, heard
 
 
@@ -336,7 +358,7 @@ async def test_the_dev_profile_asks_for_teardown_and_the_operator_answers(ws):
         async def answer(verb):
             q = await open_question(iid, "tool kill_session")
             listed = sm("approvals", iid)
-            assert f"question {q}: may the agent use the tool kill_session?" in listed.stdout, listed.stdout
+            assert f"question {q}: may the agent use the tool kill_session with {{" in listed.stdout, listed.stdout
             assert sm(verb, iid, str(q)).returncode == 0
 
         async with anyio.create_task_group() as tg:
@@ -346,6 +368,22 @@ async def test_the_dev_profile_asks_for_teardown_and_the_operator_answers(ws):
             tg.start_soon(answer, "deny")
             r = await c.call_tool("kill_session", {"session_name": "d2"})
         assert r.is_error and "a human declined (operator uid" in r.content[0].text, r
+        # The arguments the human is shown are the agent's, escaped.
+        await anyio.sleep(10.5)  # declined a moment ago: not asked again for 10 s
+
+        async def look_and_revoke():
+            q = await open_question(iid, "tool kill_session")
+            listed = sm("approvals", iid).stdout
+            assert '{"session_name":"d2\\\\u{202e}\\\\u001b[2J"}' in listed and "\u202e" not in listed and "\x1b" not in listed, listed
+            # A revoke while the question is open denies it: no later yes
+            # can undo the revoke.
+            assert sm("revoke", iid, "--tool", "kill_session").returncode == 0
+            assert sm("approve", iid, str(q)).returncode != 0
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(look_and_revoke)
+            r = await c.call_tool("kill_session", {"session_name": "d2\u202e\x1b[2J"})
+        assert r.is_error and "revoked by operator uid" in r.content[0].text, r
         names = {x["session_name"] for x in (await call(c, "list_sessions"))["sessions"]}
         assert "d1" not in names and "d2" in names, names
 

@@ -83,8 +83,12 @@ impl Server {
                 input => return Ok(input),
             }
         } else {
-            self.ask_now(def, cx).await?
+            self.ask_now(def, args, cx).await?
         };
+        // A revoke while the human answered is a standing no all the same.
+        if self.s.approvals.tool_revoked(def.name) {
+            return Err("the operator revoked the tool while a human was asked".into());
+        }
         if g == Grant::Instance {
             if let Ok(mut en) = self.s.enabled.write() {
                 en.insert(def.name);
@@ -100,17 +104,20 @@ impl Server {
     async fn ask_now(
         &self,
         def: &'static ToolDef,
+        args: &Value,
         cx: &RequestContext<RoleServer>,
     ) -> Result<Grant, String> {
         let via = &self.s.policy.mcp.ask_via;
+        let detail = detail(args);
         let client = (via.contains(&Via::Client)
             && !cx.peer.supported_elicitation_modes().is_empty())
-        .then(|| elicit(cx.peer.clone(), def));
+        .then(|| elicit(cx.peer.clone(), def, &detail));
         let call = super::request_id_text(&cx.id);
-        let asked =
-            self.s
-                .approvals
-                .ask_tool(def.name, &call, client, via.contains(&Via::Operator));
+        let operator = via.contains(&Via::Operator);
+        let asked = self
+            .s
+            .approvals
+            .ask_tool(def.name, &call, &detail, client, operator);
         // A call the client cancels stops asking (its question is withdrawn).
         tokio::select! {
             g = asked => g,
@@ -135,7 +142,7 @@ impl Server {
             .is_some_and(|c| c.elicitation.is_some());
         if !(via.contains(&Via::Client) && elicits) {
             // Only the operator can be asked: the call waits for them.
-            return self.ask_now(def, cx).await.map(Asked::Run);
+            return self.ask_now(def, args, cx).await.map(Asked::Run);
         }
         let digest = rounds::digest(def.name, args);
         if let Some(handle) = &req.request_state {
@@ -144,7 +151,14 @@ impl Server {
                 .as_ref()
                 .and_then(|r| r.get(KEY))
                 .map(|v| answer_of(v.get("action"), v.get("content")));
-            let waited = self.s.rounds.answer(handle, def.name, digest, answer);
+            let waited = async {
+                let (g, first) = self.s.rounds.answer(handle, def.name, digest, answer).await;
+                if let (Ok(_), Some(first)) = (&g, first) {
+                    let retry = super::request_id_text(&cx.id);
+                    self.s.approvals.redeemed(def.name, &first, &retry);
+                }
+                g
+            };
             return tokio::select! {
                 g = waited => g.map(Asked::Run),
                 () = cx.ct.cancelled() => Err("the call was cancelled while a human was asked".into()),
@@ -154,16 +168,19 @@ impl Server {
         let ap = self.s.approvals.clone();
         let operator = via.contains(&Via::Operator);
         let call = super::request_id_text(&cx.id);
+        let detail = detail(args);
+        let shown = detail.clone();
         let opened = self
             .s
             .rounds
-            .open(def.name, digest, move |client| async move {
-                ap.ask_tool(def.name, &call, Some(client), operator).await
+            .open(def.name, digest, &call.clone(), move |client| async move {
+                ap.ask_tool(def.name, &call, &detail, Some(client), operator)
+                    .await
             })
             .await;
         match opened {
             Ok(handle) => {
-                let mut ask = rounds_request(def);
+                let mut ask = rounds_request(def, &shown);
                 ask.request_state = Some(handle);
                 Ok(Asked::Input(ask))
             }
@@ -199,10 +216,35 @@ fn stateless(cx: &RequestContext<RoleServer>) -> bool {
         .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
 }
 
-/// The fixed-form question: sandmux's words and the catalog's names only.
-fn question(def: &ToolDef) -> ElicitRequestParams {
+/// Longest arguments shown with a question, in characters.
+const DETAIL_MAX: usize = 300;
+
+/// The call's arguments as the human is shown them: compact JSON, every
+/// character outside printable ASCII escaped (the agent chose them: no
+/// control, bidi or look-alike character reaches a human's screen), cut
+/// to [`DETAIL_MAX`] characters.
+fn detail(args: &Value) -> String {
+    let json = serde_json::to_string(args).unwrap_or_default();
+    let mut out = String::new();
+    for c in json.chars() {
+        match c {
+            ' '..='~' => out.push(c),
+            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        }
+        if out.len() > DETAIL_MAX {
+            out.truncate(DETAIL_MAX);
+            out.push_str(&format!("... ({} bytes in all)", json.len()));
+            break;
+        }
+    }
+    out
+}
+
+/// The fixed-form question: sandmux's words, the catalog's names, and the
+/// arguments as [`detail`] shows them.
+fn question(def: &ToolDef, detail: &str) -> ElicitRequestParams {
     let message = format!(
-        "sandmux: the agent asks to use the tool {} (toolset {}), which this instance's profile does not enable. Allow it once, for this instance, or deny?",
+        "sandmux: the agent asks to use the tool {} (toolset {}), which this instance's profile does not enable, with the arguments {detail}. Allow it once (this call only), for this instance, or deny?",
         def.name,
         toolset_name(def.toolset)
     );
@@ -225,11 +267,11 @@ fn question(def: &ToolDef) -> ElicitRequestParams {
 
 /// The `input_required` result asking the question (its state added by
 /// the caller).
-fn rounds_request(def: &ToolDef) -> InputRequiredResult {
+fn rounds_request(def: &ToolDef, detail: &str) -> InputRequiredResult {
     let mut asks = rmcp::model::InputRequests::new();
     asks.insert(
         KEY.to_string(),
-        InputRequest::Elicitation(ElicitRequest::new(question(def))),
+        InputRequest::Elicitation(ElicitRequest::new(question(def, detail))),
     );
     InputRequiredResult::from_input_requests(asks)
 }
@@ -250,8 +292,8 @@ fn answer_of(action: Option<&Value>, content: Option<&Value>) -> Answer {
 
 /// The client's answer, by elicitation: None when it gives none (an
 /// error, a protocol without server requests).
-fn elicit(peer: Peer<RoleServer>, def: &'static ToolDef) -> ClientAnswer {
-    let params = question(def);
+fn elicit(peer: Peer<RoleServer>, def: &'static ToolDef, detail: &str) -> ClientAnswer {
+    let params = question(def, detail);
     Box::pin(async move {
         let r = peer.create_elicitation(params).await.ok()?;
         // The same reading as a 2026-07-28 client's `inputResponses` entry.

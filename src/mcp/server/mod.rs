@@ -10,6 +10,7 @@ use super::catalog::{self, toolset_name, Class, ToolDef};
 use super::ctx::{Call, State};
 use super::error::ToolError;
 use crate::profile::Toolset;
+use crate::tmux::client::TmuxError;
 pub(crate) use answers::RESPONSE_CAP;
 use answers::{answer_size, described, error_result, success};
 pub(crate) use audited::dispatch_nested;
@@ -81,6 +82,9 @@ impl Server {
                 def.name
             )));
         }
+        if once && self.s.approvals.tool_revoked(def.name) {
+            return Err(ToolError::refused(self.why_absent(def.name)));
+        }
         // Frozen: refused before tmux is asked (a stopped server would not
         // answer); the status is the supervisor's, and ending stays possible.
         let frozen = self.s.freeze.is_frozen();
@@ -88,13 +92,22 @@ impl Server {
             if let Some(why) = self.s.freeze.get().and_then(|f| f.why) {
                 return Err(ToolError::refused(why));
             }
-            return Err(ToolError::Tmux(crate::tmux::client::TmuxError::Frozen));
+            return Err(ToolError::Tmux(TmuxError::Frozen));
         }
         // Ending the instance stays possible whatever happened to the server.
         if !def.props.ends_instance && !frozen {
             self.s.drift.before_call(&self.s.hub()).await?;
         }
         let r = (def.handler)(call, args).await;
+        // A freeze that lands between two of a call's commands is no
+        // refusal either: what it did before the freeze stays done.
+        let changes = !matches!(def.class, Class::MetadataRead | Class::ContentRead);
+        let r = match r {
+            Err(ToolError::Tmux(TmuxError::Frozen)) if changes => {
+                Err(ToolError::Tmux(TmuxError::FrozenInFlight))
+            }
+            r => r,
+        };
         // Typing into a pane changes no tmux configuration (panes cannot
         // reach the server, P2; copy-mode keys run the copy-mode bindings,
         // which the full scan compares, and what they run is logged, so the
@@ -213,12 +226,16 @@ impl ServerHandler for Server {
         let mut once = false;
         let mut def = catalog::find(&name).filter(|d| self.enabled(d.name));
         let mut why = None;
+        // Progress the tool reports starts past what the wait reported.
+        let mut progress_from = 0.0;
         if let Some(d) = catalog::find(&name).filter(|d| def.is_none() && self.askable(d)) {
             // Asked before anything else: a human's no is the answer.
+            let asked_at = Instant::now();
             match self.ask(d, &req, &args, &cx).await {
                 Ok(ask::Asked::Run(g)) => {
                     once = g == crate::mcp::approvals::Grant::Once;
                     def = Some(d);
+                    progress_from = (asked_at.elapsed().as_secs() + 1) as f64;
                 }
                 // Protocol 2026-07-28: the client answers and calls again.
                 Ok(ask::Asked::Input(r)) => return Ok(r.into()),
@@ -262,6 +279,7 @@ impl ServerHandler for Server {
         let call = Call {
             s: &self.s,
             progress,
+            progress_from,
             ct: cx.ct.clone(),
         };
         let r = self.run(def, &call, args.clone(), once).await;
@@ -378,6 +396,7 @@ impl ServerHandler for Server {
         let call = Call {
             s: &self.s,
             progress: None,
+            progress_from: 0.0,
             ct: cx.ct.clone(),
         };
         let r = match self.s.drift.tripped() {
