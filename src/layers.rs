@@ -18,6 +18,7 @@ pub(crate) const LAYERS: &[&[&str]] = &[
     &["supervisor"],
     &["check", "mcp", "door"],
     &["operator", "tables", "entrypoint"],
+    &["attach"],
     &["cli"],
 ];
 

@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub(crate) mod attach;
 pub(crate) mod audit;
 pub(crate) mod check;
 pub mod cli;

@@ -1,5 +1,5 @@
-//! The operator's commands: `sandmux ps | attach | revoke | grant | freeze |
-//! thaw | journal | stop`. They find this user's instances in the runtime directory and talk to
+//! The operator's commands: `sandmux ps | revoke | grant | freeze |
+//! thaw | journal | stop` (`attach` is `crate::attach`). They find this user's instances in the runtime directory and talk to
 //! each `serve` instance through its operator endpoint (`mcp::endpoint`).
 
 use crate::mcp::endpoint::{Op, Request};
@@ -381,50 +381,4 @@ fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
         term::field(&v["error_type"], "-"),
         term::field(&v["duration_ms"], "?")
     );
-}
-
-/// Attaches this terminal to an instance's tmux server (read-only unless
-/// `read_write`), to the first session that is not sandmux's own. A frozen
-/// instance is refused: its stopped server would answer nothing.
-pub(crate) fn attach(f: &Found, read_write: bool) -> Result<i32, String> {
-    if f.is_serve() {
-        let st = request(&f.dir, Request::new(Op::Status))?;
-        if !st["frozen"].is_null() {
-            return Err(format!(
-                "instance {} is frozen (sandmux thaw {})",
-                f.id, f.id
-            ));
-        }
-    }
-    let tmux = crate::tmux::find_tmux()?;
-    let sock = f.dir.join("sock").join("tmux.sock");
-    let list = std::process::Command::new(&tmux)
-        .args(["-N", "-S"])
-        .arg(&sock)
-        .args(["list-sessions", "-F", "#{session_id} #{session_name}"])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let first = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        // The name is compared whole: tools refuse names starting with the
-        // control session's, and a suffix match would let a session named
-        // "x _sandmux" steer which one the human sees.
-        .filter_map(|l| l.split_once(' '))
-        .find(|(_, name)| *name != crate::tmux::hub::CONTROL_SESSION)
-        .map(|(id, _)| id.to_string())
-        .ok_or("the instance has no session to attach to")?;
-    let mut c = std::process::Command::new(&tmux);
-    c.args(["-N", "-u", "-S"]).arg(&sock).args([
-        "attach-session",
-        "-t",
-        &first,
-        "-f",
-        "ignore-size",
-    ]);
-    if !read_write {
-        c.arg("-r");
-    }
-    c.env_remove("TMUX");
-    let st = c.status().map_err(|e| e.to_string())?;
-    Ok(st.code().unwrap_or(1))
 }

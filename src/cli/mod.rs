@@ -161,7 +161,7 @@ fn operator(cmd: Cmd) -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Attach { id, read_write, .. } => {
-            match crate::operator::find(&id).and_then(|f| crate::operator::attach(&f, read_write)) {
+            match crate::operator::find(&id).and_then(|f| crate::attach::attach(&f, read_write)) {
                 Ok(c) => ExitCode::from(c as u8),
                 Err(e) => fail(1, e),
             }
