@@ -145,6 +145,21 @@ def tool_ask(ws, name, via=None):
     return profile(ws, name, lambda t: t.replace("wait_max_seconds = 300", f'wait_max_seconds = 300\nask_seconds = 5\nask_toolsets = ["teardown"]{extra}'))
 
 
+def elicitor(answers, asked):
+    """An elicitation callback that records each question and gives the
+    next of `answers` ("once", "for this instance", or "decline")."""
+    import mcp.types as mt
+
+    async def on_elicit(ctx, params):
+        asked.append(params.message)
+        a = answers.pop(0)
+        if a == "decline":
+            return mt.ElicitResult(action="decline")
+        return mt.ElicitResult(action="accept", content={"answer": a})
+
+    return on_elicit
+
+
 async def test_a_tool_not_enabled_asks_the_client_or_the_operator(ws):
     """kill_session (teardown, not enabled) is listed as asking first. With
     an elicitation callback: once runs the call and the next asks again;
@@ -153,17 +168,10 @@ async def test_a_tool_not_enabled_asks_the_client_or_the_operator(ws):
     callback, the call is refused at once. Controls: an enabled tool never
     asks; a tool revoked at runtime is not askable."""
     from mcp import Client
-    import mcp.types as mt
     from conftest import server_params
 
     answers, asked = [], []
-
-    async def on_elicit(ctx, params):
-        asked.append(params.message)
-        a = answers.pop(0)
-        if a == "decline":
-            return mt.ElicitResult(action="decline")
-        return mt.ElicitResult(action="accept", content={"answer": a})
+    on_elicit = elicitor(answers, asked)
 
     prof = tool_ask(ws, "ask-tools")
     p = server_params(ws, "-p", prof, "--toolsets", "inspect,manage,execute")
@@ -239,13 +247,7 @@ async def test_on_2026_07_28_a_tool_asks_by_input_required_and_the_state_is_the_
     from conftest import http_client, http_server
 
     answers, asked = [], []
-
-    async def on_elicit(ctx, params):
-        asked.append(params.message)
-        a = answers.pop(0)
-        if a == "decline":
-            return mt.ElicitResult(action="decline")
-        return mt.ElicitResult(action="accept", content={"answer": a})
+    on_elicit = elicitor(answers, asked)
 
     once = {"sandmux_approval": {"action": "accept", "content": {"answer": "once"}}}
     prof = tool_ask(ws, "ask-rounds")

@@ -118,7 +118,16 @@ impl Server {
             .s
             .approvals
             .ask_tool(def.name, &call, &detail, client, operator);
-        // A call the client cancels stops asking (its question is withdrawn).
+        self.waiting(asked, cx).await
+    }
+
+    /// Waits for `asked`, telling the client so; a call the client cancels
+    /// stops asking (its question is withdrawn).
+    async fn waiting<T>(
+        &self,
+        asked: impl std::future::Future<Output = Result<T, String>>,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<T, String> {
         tokio::select! {
             g = asked => g,
             () = cx.ct.cancelled() => Err("the call was cancelled while a human was asked".into()),
@@ -159,11 +168,7 @@ impl Server {
                 }
                 g
             };
-            return tokio::select! {
-                g = waited => g.map(Asked::Run),
-                () = cx.ct.cancelled() => Err("the call was cancelled while a human was asked".into()),
-                () = self.tell_waiting(cx) => unreachable!("telling never ends"),
-            };
+            return self.waiting(waited, cx).await.map(Asked::Run);
         }
         let ap = self.s.approvals.clone();
         let operator = via.contains(&Via::Operator);
