@@ -1,6 +1,5 @@
 //! The `sandmux` command line (the binary's `main` calls [`main`]).
 
-use crate::mcp::endpoint::{Op, Request};
 use crate::profile::{self, Context, Loaded};
 use crate::sandbox::rundir::{Kind, Meta, Rundir};
 use crate::sandbox::{self, pane, Payload, Stdio3, EXIT_INTERNAL, EXIT_USAGE};
@@ -11,8 +10,10 @@ use std::process::ExitCode;
 
 mod approvals_cmd;
 mod args;
+mod operator_cmd;
 mod profile_cmd;
-use args::{AuditCmd, Cli, Cmd, GitCmd, Selection, Target};
+use args::{Cli, Cmd, Target};
+use operator_cmd::operator;
 use profile_cmd::profile_cmd;
 
 fn fail(code: i32, msg: impl std::fmt::Display) -> ExitCode {
@@ -153,120 +154,6 @@ fn dispatch(cmd: Cmd) -> ExitCode {
     }
 }
 
-/// The operator's commands (instances already running), and the documents.
-fn operator(cmd: Cmd) -> ExitCode {
-    match cmd {
-        Cmd::Ps { json, all } => {
-            print!("{}", crate::operator::ps(json, all));
-            ExitCode::SUCCESS
-        }
-        Cmd::Attach { id, read_write, .. } => {
-            match crate::operator::find(&id).and_then(|f| crate::attach::attach(&f, read_write)) {
-                Ok(c) => ExitCode::from(c as u8),
-                Err(e) => fail(1, e),
-            }
-        }
-        Cmd::Revoke { sel, .. } | Cmd::Grant { sel }
-            if sel.toolset.is_none()
-                && sel.tool.is_none()
-                && !sel.all
-                && sel.credential.is_none()
-                && sel.approval.is_none() =>
-        {
-            fail(
-                EXIT_USAGE,
-                "name --toolset, --tool, --all, --credential or --approval",
-            )
-        }
-        Cmd::Revoke { sel, freeze: true } if sel.credential.is_some() || sel.approval.is_some() => fail(
-            EXIT_USAGE,
-            "--freeze goes with tools, not --credential or --approval (run `sandmux freeze ID` after)",
-        ),
-        Cmd::Revoke { sel, freeze } => operator_change(Op::Revoke, sel, freeze),
-        Cmd::Grant { sel } => operator_change(Op::Grant, sel, false),
-        Cmd::Freeze { id } => operator_freeze(Op::Freeze, &id),
-        Cmd::Approvals { id, json } => approvals_cmd::list(&id, json),
-        Cmd::Approve {
-            id,
-            question,
-            for_instance,
-        } => approvals_cmd::answer(Op::Approve, &id, question, for_instance),
-        Cmd::Deny { id, question } => approvals_cmd::answer(Op::Deny, &id, question, false),
-        Cmd::Thaw { id } => operator_freeze(Op::Thaw, &id),
-        Cmd::Journal { id, follow, json } => match journal(&id, follow, json) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(1, e),
-        },
-        Cmd::Stop { id } => stop_instance(&id),
-        Cmd::ToolsDoc => {
-            print!("{}", crate::mcp::catalog::markdown_table());
-            ExitCode::SUCCESS
-        }
-        Cmd::TablesDoc { name } => {
-            match crate::tables::all().into_iter().find(|(n, _)| *n == name) {
-                Some((_, t)) => {
-                    print!("{t}");
-                    ExitCode::SUCCESS
-                }
-                None => fail(EXIT_USAGE, format!("no table {name:?}")),
-            }
-        }
-        Cmd::Diff { id, names_only } => ExitCode::from(crate::door::show(&id, names_only) as u8),
-        Cmd::Apply {
-            id,
-            paths,
-            include_control,
-            undo,
-        } => ExitCode::from(crate::door::apply(&id, &paths, include_control, undo) as u8),
-        Cmd::Discard { id } => ExitCode::from(crate::door::discard(&id) as u8),
-        Cmd::Git {
-            cmd: GitCmd::Fetch { id, prune },
-        } => match crate::guard::commit::fetch(&id, prune) {
-            Ok(lines) => {
-                for l in lines {
-                    println!("{l}");
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(1, e),
-        },
-        Cmd::Audit {
-            cmd: AuditCmd::Verify { path },
-        } => audit_verify(&path),
-        _ => fail(EXIT_INTERNAL, "not an operator command"),
-    }
-}
-
-/// `sandmux stop ID`: a clean stop through the endpoint (`serve`), else SIGTERM to the owner.
-fn stop_instance(id: &str) -> ExitCode {
-    match crate::operator::find(id) {
-        Ok(f) if f.is_serve() => match crate::operator::request(&f.dir, Request::new(Op::Stop)) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) => fail(1, e),
-        },
-        Ok(f) => {
-            let pid = std::fs::read_to_string(f.dir.join("owner"))
-                .ok()
-                .and_then(|t| {
-                    t.split_whitespace()
-                        .next()
-                        .and_then(|p| p.parse::<i32>().ok())
-                });
-            match pid {
-                Some(p) => {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(p),
-                        nix::sys::signal::Signal::SIGTERM,
-                    );
-                    ExitCode::SUCCESS
-                }
-                None => fail(1, "cannot tell the instance's pid"),
-            }
-        }
-        Err(e) => fail(1, e),
-    }
-}
-
 /// `sandmux serve`.
 fn serve(
     target: &Target,
@@ -304,38 +191,6 @@ fn serve(
         http,
     };
     crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
-}
-
-/// `sandmux journal ID`: a running instance's records (`--follow`: until
-/// it ends), or a finished one's, from the audit log named after it.
-fn journal(id: &str, follow: bool, json: bool) -> Result<(), String> {
-    let out = &mut std::io::stdout();
-    match crate::operator::find(id) {
-        Ok(f) => crate::operator::journal(&f, follow, json, out),
-        Err(_) if !follow => {
-            crate::audit::finished(id).and_then(|p| crate::operator::journal_of_log(&p, json, out))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// `sandmux audit verify PATH`.
-fn audit_verify(path: &std::path::Path) -> ExitCode {
-    match crate::audit::verify(path) {
-        Ok(v) if v.sealed => {
-            println!(
-                "{}: {} records, chain intact, sealed",
-                path.display(),
-                v.records
-            );
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            println!("{}: {} records, chain intact, NOT sealed: it does not end with the record a clean stop writes (the instance still runs, was killed, or records after the last one shown were removed)", path.display(), v.records);
-            ExitCode::from(3)
-        }
-        Err(e) => fail(1, format!("{}: {e}", path.display())),
-    }
 }
 
 fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
@@ -579,80 +434,6 @@ fn shell(mut policy: profile::Policy) -> ExitCode {
     match status {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => fail(EXIT_INTERNAL, format!("tmux client: {e}")),
-    }
-}
-
-fn operator_freeze(which: Op, id: &str) -> ExitCode {
-    let op = which.name();
-    let found = match crate::operator::find(id) {
-        Ok(f) if f.is_serve() => f,
-        Ok(_) => return fail(1, "only `sandmux serve` instances can be frozen"),
-        Err(e) => return fail(1, e),
-    };
-    match crate::operator::request(&found.dir, Request::new(which)) {
-        Ok(v) => {
-            println!("{}", crate::operator::freeze_line(op, &found.id, &v));
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(1, format!("{op} {}: {e}", found.id)),
-    }
-}
-
-fn operator_change(which: Op, sel: Selection, freeze: bool) -> ExitCode {
-    let op = which.name();
-    let mut req = crate::operator::change(which, sel.toolset, sel.tool, sel.all, freeze);
-    req.credential = sel.credential.clone();
-    req.approval = sel.approval.clone();
-    let found = crate::operator::find(&sel.id);
-    let id = found.as_ref().map(|f| f.id.clone()).unwrap_or_default();
-    match found.and_then(|f| crate::operator::request(&f.dir, req)) {
-        Ok(_) if sel.approval.is_some() => {
-            let name = crate::term::printable(sel.approval.as_deref().unwrap_or_default());
-            println!("{op}: {name} is no longer allowed (it asks again)");
-            ExitCode::SUCCESS
-        }
-        Ok(v) if sel.credential.is_some() => {
-            let name = crate::term::printable(sel.credential.as_deref().unwrap_or_default());
-            let what = if which == Op::Grant {
-                "granted again: requests carrying its placeholder are served"
-            } else {
-                "revoked: requests carrying its placeholder are refused"
-            };
-            println!("{op}: credential {name} {what}");
-            let _ = v;
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            let ts = v["toolsets"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
-            println!(
-                "{op}: {} tools enabled now (toolsets: {})",
-                v["tools_enabled"],
-                crate::term::printable(&ts)
-            );
-            if let Some(n) = v["not_granted"].as_array().filter(|a| !a.is_empty()) {
-                println!(
-                    "not granted (the instance did not start with them): {}",
-                    n.iter()
-                        .filter_map(|x| x.as_str())
-                        .map(crate::term::printable)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-            if freeze {
-                println!("{}", crate::operator::freeze_line("freeze", &id, &v));
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(1, e),
     }
 }
 
