@@ -43,7 +43,7 @@ impl Placed {
         }
     }
 
-    fn is(&self, s: &nix::sys::stat::FileStat) -> bool {
+    pub(super) fn is(&self, s: &nix::sys::stat::FileStat) -> bool {
         let mtime = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
         (s.st_dev, s.st_ino, s.st_size as u64, mtime)
             == (self.dev, self.ino, self.size, self.mtime_ns)
@@ -588,50 +588,11 @@ fn taken_name(name: &Path) -> PathBuf {
     PathBuf::from(format!("{}-{}", crate::nonce::hex(), name.display()))
 }
 
-/// Reverses the journal of the layer at `layer`, newest first, through
-/// the same no-follow descriptors as `apply`. A step whose result the human
-/// has changed since (a file no longer equal to the layer's, a directory no
-/// longer empty, a path taken again) is left, and stays in the journal.
-/// Returns how many steps were undone and what was left.
-pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), String> {
-    let path = layer.join("apply.jsonl");
-    if !path.exists() {
-        return Err(format!("no journal: {} is not there", path.display()));
-    }
-    let steps = journaled(layer)?;
-    let (mut done, mut left, mut kept) = (0, Vec::new(), Vec::new());
-    for s in steps.iter().rev() {
-        match undo_step(trees, layer, s) {
-            Ok(Undone::Done) => done += 1,
-            Ok(Undone::Stays) => kept.push(s.clone()),
-            Err(e) => {
-                left.push(format!("{}: {e}", s.rel().display()));
-                kept.push(s.clone());
-            }
-        }
-    }
-    // A `Kept` line whose kept file went back (its step undone) says
-    // nothing more.
-    kept.retain(|s| !matches!(s, Step::Kept { taken, .. } if !was_set_aside(layer, taken)));
-    kept.reverse();
-    let rest: String = kept
-        .iter()
-        .filter_map(|s| serde_json::to_string(s).ok())
-        .map(|l| l + "\n")
-        .collect();
-    if rest.is_empty() {
-        let _ = std::fs::remove_file(&path);
-    } else {
-        std::fs::write(&path, rest).map_err(|e| format!("rewriting the journal: {e}"))?;
-    }
-    Ok((done, left))
-}
-
 /// The steps the journal of the layer at `layer` records (none when it
 /// has none). A line that cannot be read is an error: dropped, a rewrite
 /// of the journal would lose the step it records. A torn last line (no
 /// newline: a crash while it was written) recorded a step never made.
-fn journaled(layer: &Path) -> Result<Vec<Step>, String> {
+pub(super) fn journaled(layer: &Path) -> Result<Vec<Step>, String> {
     let path = layer.join("apply.jsonl");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -652,154 +613,10 @@ fn journaled(layer: &Path) -> Result<Vec<Step>, String> {
 }
 
 /// The stat of `taken` (a name in the layer's `taken/`), through no link.
-fn taken_stat(layer: &Path, taken: &Path) -> Option<nix::sys::stat::FileStat> {
+pub(super) fn taken_stat(layer: &Path, taken: &Path) -> Option<nix::sys::stat::FileStat> {
     let n = taken.file_name()?;
     let tdir = crate::sandbox::beneath::open_root(&layer.join("taken")).ok()?;
     stat_at(&tdir, Path::new(n))
-}
-
-impl Step {
-    fn rel(&self) -> &Path {
-        match self {
-            Step::Mkdir { rel } | Step::Create { rel, .. } => rel,
-            Step::Replace { rel, .. } | Step::Remove { rel, .. } => rel,
-            Step::Kept { rel, .. } => rel,
-        }
-    }
-}
-
-/// What undoing one step did.
-enum Undone {
-    /// Reversed, or nothing to reverse: the step leaves the journal.
-    Done,
-    /// Nothing to reverse, and the step stays in the journal: a replace
-    /// killed before its rename (the host's file is the kept one; its
-    /// ctime is the link's, and a later `apply` finishes it by its `Kept`
-    /// line), and those lines themselves.
-    Stays,
-}
-
-fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<Undone, String> {
-    match s {
-        Step::Kept { .. } => return Ok(Undone::Stays),
-        Step::Replace { taken, .. } if still_there(t, layer, s.rel(), taken) => {
-            return Ok(Undone::Stays)
-        }
-        _ => {}
-    }
-    reverse(t, layer, s).map(|()| Undone::Done)
-}
-
-fn reverse(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
-    let rel = s.rel();
-    let parent = rel.parent().unwrap_or(Path::new(""));
-    let name = rel.file_name().ok_or("no name")?;
-    let dir = beneath(&t.lower, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
-        .map_err(|e| format!("its directory: {e}"))?;
-    // The file the apply placed is still there: the very file it moved out
-    // of the layer, unedited, or the same bytes as the layer's.
-    let placed = match s {
-        Step::Create { placed, .. } | Step::Replace { placed, .. } => *placed,
-        _ => None,
-    };
-    let ours = || match placed {
-        Some(p) => stat_at(&t.lower, rel).is_some_and(|s| p.is(&s)),
-        None => t.same_content(rel),
-    };
-    match s {
-        Step::Mkdir { .. } => unlinkat(&dir, name, UnlinkatFlags::RemoveDir)
-            .map_err(|e| format!("not removed ({e}): it holds something now")),
-        // A step journaled by an apply that crashed before making it.
-        Step::Create { .. } if stat_at(&t.lower, rel).is_none() => Ok(()),
-        // Journaled, then killed before the host's entry was set aside:
-        // it was never touched.
-        Step::Replace { taken, .. } | Step::Remove { taken, .. }
-            if !was_set_aside(layer, taken) =>
-        {
-            Ok(())
-        }
-        Step::Create { .. } if !ours() => Err("changed since apply: left".into()),
-        Step::Create { .. } => {
-            unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(|e| e.to_string())
-        }
-        Step::Replace { .. } if !ours() => Err("changed since apply: left".into()),
-        Step::Replace { taken, .. } => restore(layer, taken, &dir, name.as_ref(), true),
-        Step::Remove { .. } if stat_at(&t.lower, rel).is_some() => {
-            Err("something is there again: left".into())
-        }
-        Step::Remove { taken, .. } => restore(layer, taken, &dir, name.as_ref(), false),
-        Step::Kept { .. } => Ok(()),
-    }
-}
-
-/// Whether `taken` is in the layer's `taken/`.
-fn was_set_aside(layer: &Path, taken: &Path) -> bool {
-    taken_stat(layer, taken).is_some()
-}
-
-/// Whether the host's entry at `rel` is the very file kept as `taken` (a
-/// replace that crashed before its rename, or one already undone).
-fn still_there(t: &Trees, layer: &Path, rel: &Path, taken: &Path) -> bool {
-    let Some(now) = stat_at(&t.lower, rel) else {
-        return false;
-    };
-    taken_stat(layer, taken).is_some_and(|k| (k.st_dev, k.st_ino) == (now.st_dev, now.st_ino))
-}
-
-/// Puts `taken` back at `name` in `dir`: a rename (over what is there when
-/// `replace`), or across file systems a copy beside it with the kept mode,
-/// renamed into place.
-fn restore(
-    layer: &Path,
-    taken: &Path,
-    dir: &OwnedFd,
-    name: &Path,
-    replace: bool,
-) -> Result<(), String> {
-    let tdir =
-        crate::sandbox::beneath::open_root(&layer.join("taken")).map_err(|e| e.to_string())?;
-    let tname = taken.file_name().ok_or("no name")?;
-    let flags = if replace {
-        RenameFlags::empty()
-    } else {
-        RenameFlags::RENAME_NOREPLACE
-    };
-    match renameat2(&tdir, tname, dir, name, flags) {
-        Ok(()) => Ok(()),
-        Err(nix::Error::EXDEV) => {
-            let src = beneath(&tdir, Path::new(tname), OFlag::O_RDONLY | OFlag::O_NOFOLLOW)
-                .map(std::fs::File::from)
-                .map_err(|e| e.to_string())?;
-            let meta = src.metadata().map_err(|e| e.to_string())?;
-            if !meta.is_file() {
-                return Err(
-                    "a directory on another file system: left in the layer's taken/".into(),
-                );
-            }
-            let tmp = PathBuf::from(format!(".sandmux-undo-{}", crate::nonce::hex()));
-            let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
-            let fd = nix::fcntl::openat(
-                dir,
-                &tmp,
-                OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_WRONLY
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(mode & 0o777),
-            )
-            .map_err(|e| e.to_string())?;
-            let mut out = std::fs::File::from(fd);
-            std::io::copy(&mut &src, &mut out)
-                .and_then(|_| out.sync_all())
-                .map_err(|e| e.to_string())?;
-            renameat2(dir, &tmp, dir, name, flags).map_err(|e| {
-                let _ = unlinkat(dir, &tmp, UnlinkatFlags::NoRemoveDir);
-                e.to_string()
-            })
-        }
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// Gives the owner write permission on a layer directory the agent may

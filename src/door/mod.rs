@@ -11,6 +11,7 @@ pub(crate) mod hold;
 pub(crate) mod precious;
 pub(crate) mod record;
 pub(crate) mod refs;
+mod undo;
 pub(crate) mod xattr;
 
 use diff::Change;
@@ -311,7 +312,7 @@ fn through(
     let (id, dir, meta) = (t.id, t.dir.to_path_buf(), t.meta);
     if undo {
         let trees = diff::Trees::open(&dir, &meta.workspace)?;
-        let (n, left) = apply::undo(&trees, &dir)?;
+        let (n, left) = undo::undo(&trees, &dir)?;
         let mut lines = vec![format!("undone: {n} steps")];
         lines.extend(left.iter().map(|l| format!("not undone: {l}")));
         return Ok((lines, if left.is_empty() { 0 } else { 3 }));
