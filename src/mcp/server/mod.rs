@@ -211,14 +211,15 @@ impl ServerHandler for Server {
 
     async fn call_tool(
         &self,
-        req: CallToolRequestParams,
+        mut req: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let t0 = Instant::now();
         let name = req.name.to_string();
+        // Taken, not cloned: `req` keeps what a 2026-07-28 retry brings.
         let args = req
             .arguments
-            .clone()
+            .take()
             .map(Value::Object)
             .unwrap_or(Value::Null);
         let rid = request_id_text(&cx.id);
