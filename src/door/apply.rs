@@ -300,18 +300,7 @@ impl<'a> Door<'a> {
             }
         }
         let tmp = self.temp_name(&name);
-        let create = || {
-            nix::fcntl::openat(
-                &dir,
-                &tmp,
-                OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_WRONLY
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(mode),
-            )
-        };
+        let create = || create_new(&dir, &tmp, mode);
         // One a crashed apply of this layer left (never renamed into
         // place, so never the human's): taken out, and made again.
         let fd = match create() {
@@ -617,6 +606,18 @@ pub(super) fn taken_stat(layer: &Path, taken: &Path) -> Option<nix::sys::stat::F
     let n = taken.file_name()?;
     let tdir = crate::sandbox::beneath::open_root(&layer.join("taken")).ok()?;
     stat_at(&tdir, Path::new(n))
+}
+
+/// A new file `name` in `dir` for writing, never through a link, never
+/// one that exists: the temporary an entry is written to before it is
+/// renamed into place.
+pub(super) fn create_new(dir: &OwnedFd, name: &Path, mode: u32) -> nix::Result<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(mode),
+    )
 }
 
 /// Gives the owner write permission on a layer directory the agent may

@@ -4,11 +4,10 @@
 //! `taken/`. A step whose result the human changed since is left, and stays
 //! in the journal.
 
-use super::apply::{journaled, taken_stat, Step};
+use super::apply::{create_new, journaled, taken_stat, Step};
 use super::diff::{stat_at, Trees};
 use crate::sandbox::beneath::beneath;
 use nix::fcntl::{renameat2, OFlag, RenameFlags};
-use nix::sys::stat::Mode;
 use nix::unistd::{unlinkat, UnlinkatFlags};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -172,17 +171,7 @@ fn restore(
             }
             let tmp = PathBuf::from(format!(".sandmux-undo-{}", crate::nonce::hex()));
             let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
-            let fd = nix::fcntl::openat(
-                dir,
-                &tmp,
-                OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_WRONLY
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(mode & 0o777),
-            )
-            .map_err(|e| e.to_string())?;
+            let fd = create_new(dir, &tmp, mode & 0o777).map_err(|e| e.to_string())?;
             let mut out = std::fs::File::from(fd);
             std::io::copy(&mut &src, &mut out)
                 .and_then(|_| out.sync_all())
