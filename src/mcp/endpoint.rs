@@ -247,6 +247,15 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
                 Ok(n) => n,
                 Err(e) => return json!({"ok": false, "error": e}),
             };
+            // A revoked tool is a standing no: not asked about, its grant
+            // gone. Marked before it leaves the enabled set, so a human's
+            // "for this instance" landing meanwhile (checked under the same
+            // lock) cannot put it back.
+            let list: Vec<&str> = names.iter().copied().collect();
+            let by = format!("operator uid {uid}");
+            if r.op == Op::Revoke {
+                s.approvals.tools_revoked(&list, false, &by);
+            }
             let mut refused = Vec::new();
             {
                 let Ok(mut en) = s.enabled.write() else {
@@ -262,10 +271,9 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
                     }
                 }
             }
-            // A revoked tool is a standing no: not asked about, its grant gone.
-            let list: Vec<&str> = names.iter().copied().collect();
-            s.approvals
-                .tools_revoked(&list, r.op == Op::Grant, &format!("operator uid {uid}"));
+            if r.op == Op::Grant {
+                s.approvals.tools_revoked(&list, true, &by);
+            }
             // The client learns at once; the next call is checked against the new set.
             s.peers.tools_changed().await;
             if r.op == Op::Revoke && r.freeze {

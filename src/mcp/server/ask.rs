@@ -85,16 +85,26 @@ impl Server {
         } else {
             self.ask_now(def, args, cx).await?
         };
-        // A revoke while the human answered is a standing no all the same.
-        if self.s.approvals.tool_revoked(def.name) {
-            return Err("the operator revoked the tool while a human was asked".into());
-        }
+        let revoked = || Err("the operator revoked the tool while a human was asked".into());
         if g == Grant::Instance {
-            if let Ok(mut en) = self.s.enabled.write() {
-                en.insert(def.name);
+            // Checked and enabled under one lock: a revoke marks the tool
+            // before it takes the lock, so it cannot slip in between.
+            let enabled = match self.s.enabled.write() {
+                Ok(mut en) if !self.s.approvals.tool_revoked(def.name) => {
+                    en.insert(def.name);
+                    true
+                }
+                _ => false,
+            };
+            if !enabled {
+                return revoked();
             }
             // The client lists it again, without the mark.
             self.s.peers.tools_changed().await;
+        } else if self.s.approvals.tool_revoked(def.name) {
+            // A revoke while the human answered is a standing no all the
+            // same (and `run` checks a once again before it runs).
+            return revoked();
         }
         Ok(Asked::Run(g))
     }

@@ -99,13 +99,17 @@ impl Server {
             self.s.drift.before_call(&self.s.hub()).await?;
         }
         let r = (def.handler)(call, args).await;
-        // A freeze that lands between two of a call's commands is no
-        // refusal either: what it did before the freeze stays done.
+        // A freeze that lands while a call that changes things runs is no
+        // refusal (what it did before the freeze stays done, and a command
+        // tmux had may still take effect); one that only reads changed
+        // nothing, so for it the freeze is the refusal it says.
         let changes = !matches!(def.class, Class::MetadataRead | Class::ContentRead);
         let r = match r {
-            Err(ToolError::Tmux(TmuxError::Frozen)) if changes => {
-                Err(ToolError::Tmux(TmuxError::FrozenInFlight))
-            }
+            Err(ToolError::Tmux(e)) if e.frozen() => Err(ToolError::Tmux(if changes {
+                TmuxError::FrozenInFlight
+            } else {
+                TmuxError::Frozen
+            })),
             r => r,
         };
         // Typing into a pane changes no tmux configuration (panes cannot
