@@ -16,6 +16,7 @@ mod workspace_env;
 mod cli;
 mod degraded;
 mod degraded_calls;
+mod door_construction;
 mod door_scale;
 mod escape;
 mod fuzz_control;

@@ -203,10 +203,10 @@ fn apply_brings_the_work_in_and_nothing_else() {
         let mut c = sandmux(&[&["apply", id.as_str()], args].concat());
         c.env("XDG_STATE_HOME", &state);
         let o = c.output().unwrap();
-        (
-            o.status.code(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-        )
+        // The last line is the digest of what the apply weighed.
+        let out = String::from_utf8_lossy(&o.stdout);
+        let kept: Vec<&str> = out.lines().filter(|l| !l.starts_with("digest ")).collect();
+        (o.status.code(), kept.join("\n"))
     };
     // A layer whose instance still runs is refused (its agent may write it).
     let mut live = run_cow_cmd(&w, file.to_str().unwrap(), &state, "echo x > y && sleep 30")
@@ -246,7 +246,12 @@ fn apply_brings_the_work_in_and_nothing_else() {
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        ["applied README", "applied d", "applied d/e"]
+        [
+            "applied README",
+            "applied d",
+            "applied d/e",
+            &format!("kept 1 of your files, replaced or removed, in the layer until you discard it: `sandmux apply {id} --undo` puts them back"),
+        ]
     );
     assert!(
         w.join("gone.txt").exists(),

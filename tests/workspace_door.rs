@@ -449,13 +449,14 @@ echo done"#;
     assert!(t.contains("left in the layer"), "{t}");
 }
 
-/// `--on-end apply` replaces or removes only what git can give back
-/// without keeping a copy (tracked and clean, or in a directory git ignores
-/// whole); a file of the human's that git cannot give back (untracked,
-/// changed since the last commit, ignored by name like `.env`; also in a
-/// workspace below the repository's top) is kept in the layer — which the
-/// next start of another instance leaves alone — and `apply --undo` returns
-/// it. The moved files take now as their times.
+/// `--on-end apply` replaces or removes without keeping a copy only what
+/// git can give back byte for byte (a file whose exact bytes are an object
+/// of the repository); a file of the human's that git cannot give back
+/// (untracked, changed since the last commit, ignored by name like `.env`,
+/// build output in an ignored directory; also in a workspace below the
+/// repository's top) is kept in the layer — which the next start of
+/// another instance leaves alone — and `apply --undo` returns it. The moved
+/// files take now as their times.
 #[test]
 fn on_end_apply_keeps_what_git_cannot_give_back() {
     let ws = Ws::new();
@@ -470,6 +471,21 @@ fn on_end_apply_keeps_what_git_cannot_give_back() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     let build = "echo new > target/out && echo v2 > tracked.txt && touch -d 2001-01-01 tracked.txt && echo done";
     let o = run(&w).state(host.path()).script(build).output();
+    let t = o.stdout() + &o.stderr();
+    // The old build output is not in git: kept (`tracked.txt`'s v1 is).
+    assert!(t.contains("kept 1 of your files"), "{t}");
+    let id = layer_id(&t);
+    assert_eq!(
+        std::fs::read_to_string(w.join("target/out")).unwrap(),
+        "new\n"
+    );
+    door(host.path(), &["discard", &id]);
+    git_ok(&w, &["commit", "-qam", "v2"]);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let o = run(&w)
+        .state(host.path())
+        .script("echo v3 > tracked.txt")
+        .output();
     let t = o.stdout() + &o.stderr();
     assert!(t.contains("its layer is removed"), "{t}");
     let age = std::fs::metadata(w.join("tracked.txt"))

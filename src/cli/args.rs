@@ -206,9 +206,14 @@ pub(super) enum Cmd {
     Diff {
         /// Instance id (as `run` and `serve` print it).
         id: String,
+        /// Only these paths (relative to the workspace) and what is below them.
+        paths: Vec<std::path::PathBuf>,
         /// Only one line per changed path, no text.
         #[arg(long)]
         names_only: bool,
+        /// Show what git ignores path by path, not as one line per top directory.
+        #[arg(long)]
+        include_ignored: bool,
     },
     /// Copy-on-write mode: bring an instance's changes into the workspace (exit 0 applied, 1 nothing to do, 3 conflicts, 2 refused).
     Apply {
@@ -219,8 +224,14 @@ pub(super) enum Cmd {
         /// Apply held-back paths too, where PATHS names them.
         #[arg(long)]
         include_control: bool,
+        /// Bring what git ignores too (a venv, `target/`…).
+        #[arg(long)]
+        include_ignored: bool,
+        /// Bring exactly what `sandmux diff` showed with this digest, or nothing.
+        #[arg(long, value_name = "DIGEST")]
+        expect: Option<String>,
         /// Reverse the last applies (from the layer's journal).
-        #[arg(long, conflicts_with_all = ["paths", "include_control"])]
+        #[arg(long, conflicts_with_all = ["paths", "include_control", "include_ignored", "expect"])]
         undo: bool,
     },
     /// Copy-on-write mode: remove an instance's layer (its changes are gone).

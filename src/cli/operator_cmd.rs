@@ -67,13 +67,36 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
                 None => fail(EXIT_USAGE, format!("no table {name:?}")),
             }
         }
-        Cmd::Diff { id, names_only } => ExitCode::from(crate::door::show(&id, names_only) as u8),
+        Cmd::Diff {
+            id,
+            paths,
+            names_only,
+            include_ignored,
+        } => {
+            let look = crate::door::Look {
+                paths,
+                names_only,
+                include_ignored,
+            };
+            ExitCode::from(crate::door::show(&id, &look) as u8)
+        }
         Cmd::Apply {
             id,
             paths,
             include_control,
+            include_ignored,
+            expect,
             undo,
-        } => ExitCode::from(crate::door::apply(&id, &paths, include_control, undo) as u8),
+        } => {
+            let ask = crate::door::Ask {
+                paths,
+                include_control,
+                include_ignored,
+                expect,
+                undo,
+            };
+            ExitCode::from(crate::door::apply(&id, &ask) as u8)
+        }
         Cmd::Discard { id } => ExitCode::from(crate::door::discard(&id) as u8),
         Cmd::Git {
             cmd: GitCmd::Fetch { id, prune },

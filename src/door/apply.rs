@@ -103,9 +103,10 @@ pub(crate) struct Door<'a> {
     /// `--on-end apply`: files are moved (renamed) out of the layer where
     /// they can be, not copied (the layer is removed afterwards unless it
     /// keeps one of the human's files git cannot give back).
-    pub(crate) moving: Option<super::precious::Precious>,
-    /// Files replaced or removed that git could not give back.
-    pub(crate) precious: usize,
+    pub(crate) moving: bool,
+    /// What this apply set aside in the layer's `taken/` (the human's
+    /// entries it replaced or removed).
+    pub(crate) taken: Vec<PathBuf>,
     journal: std::fs::File,
     /// What earlier applies of this layer journaled (a killed one's
     /// steps are finished, not taken for the human's changes).
@@ -142,8 +143,8 @@ impl<'a> Door<'a> {
             trees,
             layer,
             since_ns: since_ns - 20_000_000,
-            moving: None,
-            precious: 0,
+            moving: false,
+            taken: Vec::new(),
             journal,
             earlier,
         })
@@ -271,17 +272,6 @@ impl<'a> Door<'a> {
         if !meta.is_file() {
             return Err("not a regular file in the layer".into());
         }
-        // The agent chooses the size (a sparse file costs it nothing): no
-        // file may take more than half of what is left on the disk.
-        if let Ok(v) = nix::sys::statvfs::fstatvfs(&self.trees.lower) {
-            let free = v.blocks_available().saturating_mul(v.fragment_size());
-            if meta.len() > free / 2 {
-                return Err(format!(
-                    "{} bytes would take more than half of the {free} bytes left on the workspace's disk",
-                    meta.len()
-                ));
-            }
-        }
         let mode = match &host {
             Some(h) => h.st_mode & 0o777,
             None if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0 => {
@@ -290,11 +280,11 @@ impl<'a> Door<'a> {
             None => 0o644,
         };
         let (dir, name) = self.parent(rel)?;
-        if kept.is_some() && self.moving.as_ref().is_some_and(|p| p.holds(rel)) {
-            self.precious += 1;
+        if let Some((taken, _)) = &kept {
+            self.taken.push(taken.clone());
         }
         // A step an earlier apply journaled is finished with a copy.
-        if self.moving.is_some() && kept.is_none() {
+        if self.moving && kept.is_none() {
             if let Some(moved) = self.move_in(rel, &src, (&dir, &name), mode, host.is_some()) {
                 return moved.map(|()| true);
             }
@@ -311,8 +301,8 @@ impl<'a> Door<'a> {
         }
         .map_err(|e| format!("a temporary file beside it: {e}"))?;
         let mut out = std::fs::File::from(fd);
-        let copied = std::io::copy(&mut src, &mut out)
-            .and_then(|_| out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)))
+        let copied = super::sparse::copy(&mut src, &mut out)
+            .and_then(|()| out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)))
             .and_then(|()| out.sync_all());
         if let Err(e) = copied {
             let _ = unlinkat(&dir, &tmp, UnlinkatFlags::NoRemoveDir);
@@ -442,11 +432,9 @@ impl<'a> Door<'a> {
         aside: Aside,
     ) -> Result<(), String> {
         let keep = matches!(aside, Aside::Replace(_));
-        if self.moving.as_ref().is_some_and(|p| p.holds(rel)) {
-            self.precious += 1;
-        }
         let tname = taken_name(name);
         let taken = self.layer.join("taken").join(&tname);
+        self.taken.push(taken.clone());
         let rel = rel.to_path_buf();
         self.record(&match keep {
             true => Step::Replace {

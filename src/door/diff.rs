@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 /// Files larger than this are compared and listed, not shown as text.
 const SHOW_BYTES: u64 = 1 << 20;
+/// The time one file's text diff may take.
+const DIFF_TIME: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One change, by path relative to the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -337,7 +339,19 @@ pub(crate) fn unified(t: &Trees, changes: &[&Change]) -> Result<String, String> 
             Change::Removed { .. } => "/dev/null".to_string(),
             _ => format!("b/{rel}"),
         };
-        let d = similar::TextDiff::from_lines(&a, &b);
+        // Bounded in time: past the deadline the rest is one hunk of
+        // removed and added lines (still exact, only less minimal), and
+        // the summary says so.
+        let started = std::time::Instant::now();
+        let d = similar::TextDiff::configure()
+            .timeout(DIFF_TIME)
+            .diff_lines(&a, &b);
+        if started.elapsed() >= DIFF_TIME {
+            out.push_str(&format!(
+                "# {rel}: too large to diff line by line within {} s: its changes from there on are one hunk\n",
+                DIFF_TIME.as_secs()
+            ));
+        }
         out.push_str(
             &d.unified_diff()
                 .context_radius(3)

@@ -1,20 +1,83 @@
 //! What the door holds back: control, not data, and names a reader could
-//! misread. Version-control directories, repository shapes and the
-//! profile's tool configuration are known by name; the files the existing
-//! repository's own configuration names inside the tree (a hooks path, a
-//! filter or fsmonitor script, an included file) are read from that
-//! configuration as host git reads it.
+//! misread. Version-control directories, repository shapes, the profile's
+//! tool configuration and other agents' instruction files
+//! (`instructions.rs`) are known by name, as the tools know them; what the
+//! host tools' configuration names inside the tree is read from that
+//! configuration, as the tools read it, by its words (`named.rs`); a home
+//! directory's dot paths and PATH are held whole (`home.rs`). The door
+//! decides on [`Why`], never on its words.
 
-use super::diff::Change;
+use super::diff::{Change, Trees};
 use std::path::{Path, PathBuf};
+
+/// Why a path is held back: control, not data, or not safely named. The
+/// door decides on this type; the words are rendered from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// A name a diff reader could misread (never applied).
+    UnsafeName,
+    /// A part of the layer that could not be read (never applied).
+    Unreadable(String),
+    /// A link or a special file (never applied).
+    NotAFile(&'static str),
+    /// The sandmux binary that runs the door, or a directory holding it.
+    SandmuxBinary,
+    /// Version-control data of any system.
+    Vcs,
+    /// A directory git could take for a repository.
+    BareShape,
+    /// The profile's tool configuration, by name.
+    ToolConfig,
+    /// Named by a host tool's configuration (`named.rs`).
+    Named(String),
+    /// Instructions for the human's coding agents (`instructions.rs`).
+    Instructions,
+    /// The home-directory rule (`home.rs`).
+    Home(super::home::HomeWhy),
+}
+
+impl Why {
+    /// Never applied, even when named with `--include-control`.
+    pub(crate) fn never(&self) -> bool {
+        matches!(
+            self,
+            Why::UnsafeName | Why::Unreadable(_) | Why::NotAFile(_) | Why::SandmuxBinary
+        )
+    }
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use super::home::HomeWhy;
+        match self {
+            Why::UnsafeName => {
+                f.write_str("a name with control characters, quotes or backslashes, or not UTF-8")
+            }
+            Why::Unreadable(why) => write!(f, "the layer could not be read here: {why}"),
+            Why::NotAFile(what) => write!(f, "a {what}"),
+            Why::SandmuxBinary => {
+                f.write_str("the sandmux binary that runs this, or a directory holding it")
+            }
+            Why::Vcs => f.write_str("version-control data"),
+            Why::BareShape => f.write_str("a directory git could take for a repository"),
+            Why::ToolConfig => f.write_str("tool configuration"),
+            Why::Named(by) => write!(f, "named by {by}"),
+            Why::Instructions => f.write_str("instructions for coding agents"),
+            Why::Home(HomeWhy::DotPath) => f.write_str("a dot path of a home directory"),
+            Why::Home(HomeWhy::OnPath) => f.write_str("in a directory on your PATH"),
+        }
+    }
+}
 
 /// What one diff or apply holds back besides the fixed rules.
 pub(crate) struct Hold {
     /// The profile's tool-configuration names (at any depth).
     pub names: Vec<PathBuf>,
-    /// Paths in the workspace that the repository's configuration names,
-    /// with the key that names each.
-    pub configured: Vec<(PathBuf, String)>,
+    /// Paths in the workspace that a host tool's configuration names, with
+    /// whose configuration names each.
+    pub configured: std::collections::HashMap<PathBuf, String>,
+    /// The home-directory and PATH rule.
+    home: super::home::Home,
     /// The sandmux binary that runs this, when it is in the workspace (a
     /// checkout of sandmux used as one): the next `sandmux` would run what
     /// the agent put there.
@@ -23,11 +86,15 @@ pub(crate) struct Hold {
     /// the workspace (cargo's `target/debug/deps/sandmux-HASH`, which the
     /// next build links back) is held back too.
     pub exe_id: Option<(u64, u64)>,
+    /// Directories already asked about git's bare shape.
+    bare_seen: std::cell::RefCell<std::collections::HashMap<PathBuf, bool>>,
 }
 
 impl Hold {
-    /// The rules for the workspace `ws` and the profile's `names`.
-    pub(crate) fn new(ws: &Path, names: Vec<PathBuf>) -> Hold {
+    /// The rules for the workspace `ws` (its layer `trees`) and the
+    /// profile's `names`, with what the configuration of the workspace's
+    /// repository names.
+    pub(crate) fn new(ws: &Path, names: Vec<PathBuf>, trees: &Trees) -> Hold {
         use std::os::unix::fs::MetadataExt;
         let running = std::env::current_exe().and_then(std::fs::canonicalize).ok();
         let exe = running
@@ -36,11 +103,16 @@ impl Hold {
         let exe_id = running
             .and_then(|e| std::fs::metadata(e).ok())
             .map(|m| (m.dev(), m.ino()));
+        let mut r = super::named::Reader::new(ws, Some(trees));
+        r.git(ws);
+        read_by_name(&mut r, ws, ws, &names);
         Hold {
+            configured: collect(r.found),
+            home: super::home::Home::of(ws),
             names,
-            configured: configured(ws),
             exe,
             exe_id,
+            bare_seen: Default::default(),
         }
     }
 
@@ -48,135 +120,81 @@ impl Hold {
     pub(crate) fn is_exe(&self, st: Option<nix::sys::stat::FileStat>) -> bool {
         st.is_some_and(|s| Some((s.st_dev, s.st_ino)) == self.exe_id)
     }
-}
 
-/// Configuration keys whose values name a program or a file that git runs
-/// or reads (by their last part, lowercase), and key prefixes whose every
-/// value does.
-const PATH_KEYS: [&str; 20] = [
-    "hookspath",
-    "fsmonitor",
-    "editor",
-    "pager",
-    "sshcommand",
-    "askpass",
-    "attributesfile",
-    "excludesfile",
-    "path",
-    "clean",
-    "smudge",
-    "process",
-    "textconv",
-    "command",
-    "driver",
-    "program",
-    "helper",
-    "cmd",
-    "template",
-    "packobjectshook",
-];
-const PATH_PREFIXES: [&str; 2] = ["alias.", "pager."];
-
-/// The paths inside `ws` that git's configuration for it names
-/// ([`configured_at`] the workspace's top).
-fn configured(ws: &Path) -> Vec<(PathBuf, String)> {
-    configured_at(ws, ws)
-}
-
-impl Hold {
-    /// Adds what the configuration of each repository nested in the
-    /// workspace names, for the repositories the changed paths `rels` lie
-    /// in (the nearest directory above each with a `.git` on the host).
-    pub(crate) fn add_nested<'a>(&mut self, ws: &Path, rels: impl Iterator<Item = &'a Path>) {
-        let mut seen: Vec<PathBuf> = Vec::new();
-        let mut roots: Vec<PathBuf> = Vec::new();
+    /// Adds what host tools' configuration names for the directories the
+    /// changed paths `rels` lie in: each repository (git, Mercurial, jj)
+    /// nested in the workspace above a changed path, and the files tools
+    /// read by name in every directory above one. Each directory is looked
+    /// at once: linear in the paths.
+    pub(crate) fn add_nested<'a>(
+        &mut self,
+        ws: &Path,
+        trees: &Trees,
+        rels: impl Iterator<Item = &'a Path>,
+    ) {
+        let mut seen: std::collections::HashSet<PathBuf> = Default::default();
+        let mut dirs: Vec<PathBuf> = Vec::new();
         for rel in rels {
             for a in rel.ancestors().skip(1) {
-                if a.as_os_str().is_empty() || seen.iter().any(|s| s == a) {
+                if a.as_os_str().is_empty() || !seen.insert(a.to_path_buf()) {
                     break;
                 }
-                seen.push(a.to_path_buf());
-                if ws.join(a).join(".git").symlink_metadata().is_ok() {
-                    roots.push(a.to_path_buf());
-                }
+                dirs.push(a.to_path_buf());
             }
         }
-        for r in roots {
-            let found = configured_at(ws, &ws.join(&r));
-            self.configured.extend(found);
+        let mut r = super::named::Reader::new(ws, Some(trees));
+        for d in dirs {
+            let host = ws.join(&d);
+            if host.join(".git").symlink_metadata().is_ok() {
+                r.git(&host);
+            }
+            if host.join(".hg").symlink_metadata().is_ok() {
+                r.hg(&host);
+            }
+            if host.join(".jj").symlink_metadata().is_ok() {
+                r.jj(&host);
+            }
+            read_by_name(&mut r, ws, &host, &self.names);
+        }
+        if ws.join(".hg").symlink_metadata().is_ok() {
+            r.hg(ws);
+        }
+        if ws.join(".jj").symlink_metadata().is_ok() {
+            r.jj(ws);
+        }
+        for (k, v) in collect(r.found) {
+            self.configured.entry(k).or_insert(v);
+        }
+    }
+
+    /// Whether git could take `rel` for a repository, asked once.
+    fn bare(&self, rel: &Path, bare: &dyn Fn(&Path) -> bool) -> bool {
+        if let Some(b) = self.bare_seen.borrow().get(rel) {
+            return *b;
+        }
+        let b = bare(rel);
+        self.bare_seen.borrow_mut().insert(rel.to_path_buf(), b);
+        b
+    }
+}
+
+/// The files tools read by name (the profile's names that exist on the
+/// host in `dir`), read for the words that name paths.
+fn read_by_name(r: &mut super::named::Reader<'_>, ws: &Path, dir: &Path, names: &[PathBuf]) {
+    for n in names {
+        let p = dir.join(n);
+        if p.symlink_metadata().is_ok() {
+            r.by_name(&p, ws);
         }
     }
 }
 
-/// The paths inside `ws` that git's configuration for the repository at
-/// `repo` names: the whole configuration git sees there (`git config
-/// --list --includes`, with the human's global one), each word of a value
-/// that names a program or a file, taken relative to `repo` and to its
-/// `.git`, kept when it lies in `ws` (existing or not: the agent could
-/// make it). Nothing runs: `git config` reads.
-fn configured_at(ws: &Path, repo: &Path) -> Vec<(PathBuf, String)> {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args([
-            "-c",
-            "safe.directory=*",
-            "config",
-            "--null",
-            "--list",
-            "--includes",
-        ])
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_CONFIG")
-        .env_remove("GIT_CONFIG_PARAMETERS")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output();
-    let Ok(out) = out else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    for entry in out.stdout.split(|b| *b == 0) {
-        let text = String::from_utf8_lossy(entry);
-        let Some((key, value)) = text.split_once('\n') else {
-            continue;
-        };
-        let key = key.to_ascii_lowercase();
-        let last = key.rsplit('.').next().unwrap_or("");
-        if !PATH_KEYS.contains(&last) && !PATH_PREFIXES.iter().any(|p| key.starts_with(p)) {
-            continue;
-        }
-        for word in value.split_whitespace() {
-            let word = word.trim_matches(|c| c == '"' || c == '\'' || c == '!' || c == ';');
-            for base in [repo.to_path_buf(), repo.join(".git")] {
-                // Whether or not it exists yet: the agent could make it.
-                if let Some(rel) = inside(ws, &base.join(word)) {
-                    if !rel.as_os_str().is_empty() {
-                        found.push((rel, key.clone()));
-                    }
-                }
-            }
-        }
+fn collect(found: Vec<super::named::Named>) -> std::collections::HashMap<PathBuf, String> {
+    let mut m = std::collections::HashMap::new();
+    for n in found {
+        m.entry(n.rel).or_insert(n.by);
     }
-    found.sort();
-    found.dedup();
-    found
-}
-
-/// `p` relative to `ws` when, with `.` and `..` taken lexically, it lies
-/// inside it.
-fn inside(ws: &Path, p: &Path) -> Option<PathBuf> {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            c => out.push(c),
-        }
-    }
-    out.strip_prefix(ws).ok().map(Path::to_path_buf)
+    m
 }
 
 /// The control directories of version-control systems and repository
@@ -246,39 +264,40 @@ pub(crate) fn vcs_root(rel: &Path) -> Option<PathBuf> {
     None
 }
 
-pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Option<String> {
+pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Option<Why> {
     let rel = c.rel();
     let names = &hold.names;
     if unsafe_name(rel) {
-        return Some("a name with control characters, quotes or backslashes, or not UTF-8".into());
+        return Some(Why::UnsafeName);
     }
     match c {
-        Change::Unreadable { why, .. } => {
-            return Some(format!("the layer could not be read here: {why}"))
-        }
+        Change::Unreadable { why, .. } => return Some(Why::Unreadable(why.clone())),
         Change::Added { what, .. } if *what != "file" && *what != "directory" => {
-            return Some(format!("a {what}"))
+            return Some(Why::NotAFile(what))
         }
         _ => {}
     }
     if hold.exe.as_ref().is_some_and(|e| e.starts_with(rel)) {
-        return Some("the sandmux binary that runs this, or a directory holding it".into());
+        return Some(Why::SandmuxBinary);
     }
     let parts: Vec<&std::ffi::OsStr> = rel.iter().collect();
     if parts.iter().any(|p| is_vcs_name(p)) {
-        return Some("version-control data".into());
+        return Some(Why::Vcs);
     }
-    if rel.ancestors().any(bare) {
-        return Some("a directory git could take for a repository".into());
+    if rel.ancestors().any(|a| hold.bare(a, bare)) {
+        return Some(Why::BareShape);
+    }
+    if super::instructions::is_instructions(rel) {
+        return Some(Why::Instructions);
     }
     for i in 0..parts.len() {
         let tail: PathBuf = parts[i..].iter().collect();
         if names.iter().any(|n| tail.starts_with(n)) {
-            return Some("tool configuration".into());
+            return Some(Why::ToolConfig);
         }
     }
-    if let Some((_, key)) = hold.configured.iter().find(|(p, _)| rel.starts_with(p)) {
-        return Some(format!("named by the repository's configuration ({key})"));
+    if let Some(by) = rel.ancestors().find_map(|a| hold.configured.get(a)) {
+        return Some(Why::Named(by.clone()));
     }
-    None
+    hold.home.why(rel).map(Why::Home)
 }

@@ -1,28 +1,69 @@
 //! The one way the agent's work in a copy-on-write workspace reaches the
-//! human: `sandmux diff ID` shows what the instance changed (a summary line
-//! per path, then a unified diff of the text, which `patch -p1` applies in
-//! the workspace), `sandmux apply ID` brings it in through one chokepoint
-//! (`apply.rs`), and `sandmux discard ID` removes the layer.
+//! human: `sandmux diff ID [PATHS…]` shows what the instance changed (a
+//! summary line per path, then a unified diff of the text, which `patch
+//! -p1` applies in the workspace, then the digest of what it showed),
+//! `sandmux apply ID` brings it in through one chokepoint (`apply.rs`) —
+//! exactly what was reviewed (`review.rs`), or nothing — and `sandmux
+//! discard ID` removes the layer. Decisions are made on types ([`Why`],
+//! [`Report`], [`DoorError`]); lines are rendered from them.
 
 pub(crate) mod apply;
 pub(crate) mod diff;
 pub(crate) mod history;
 pub(crate) mod hold;
+pub(crate) mod home;
+pub(crate) mod ignored;
+pub(crate) mod instructions;
+pub(crate) mod named;
+pub(crate) mod plan;
 pub(crate) mod precious;
 pub(crate) mod record;
 pub(crate) mod refs;
+pub(crate) mod review;
+pub(crate) mod sparse;
 mod undo;
 pub(crate) mod xattr;
 
 use diff::Change;
-use hold::{held, shown_name, unsafe_name, Hold};
+use hold::{shown_name, Why};
+use plan::Plan;
+mod ignored_summary;
+use review::Reviewed;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-/// `sandmux diff ID`: 0 when the layer holds no change, 1 when it does
-/// (as `diff(1)`), 2 when it cannot be read. `names_only`: the summary alone.
-pub(crate) fn show(id: &str, names_only: bool) -> i32 {
-    match render(id, names_only) {
+/// What keeps the door from doing what it was asked: nothing was applied.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DoorError {
+    #[error("{0}")]
+    Find(#[from] crate::supervisor::layer::LayerError),
+    #[error("the layer: {0}")]
+    Layer(String),
+    #[error("{0}: paths are relative to the workspace, without '..'")]
+    BadPath(String),
+    #[error("the last review: {0}")]
+    Review(String),
+    #[error("{0}")]
+    NotAsReviewed(String),
+    #[error("this apply writes {need} bytes (apparent sizes) and the workspace's file system has {free} free: nothing applied; free space, or apply fewer PATHS")]
+    NoSpace { need: u64, free: u64 },
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What `diff` was asked: the paths, the summary alone, what git ignores
+/// shown path by path.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Look {
+    pub(crate) paths: Vec<PathBuf>,
+    pub(crate) names_only: bool,
+    pub(crate) include_ignored: bool,
+}
+
+/// `sandmux diff ID [PATHS…]`: 0 when the layer holds no change, 1 when it
+/// does (as `diff(1)`), 2 when it cannot be read.
+pub(crate) fn show(id: &str, look: &Look) -> i32 {
+    match render(id, look) {
         Ok((text, changed)) => {
             let mut out = std::io::stdout().lock();
             // The layer's names and text are the agent's: a terminal gets
@@ -44,20 +85,32 @@ pub(crate) fn show(id: &str, names_only: bool) -> i32 {
     }
 }
 
-/// The summary and the diff of layer `id`, and whether it changed anything.
-fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
-    let (dir, meta) = crate::supervisor::layer::find(id).map_err(|e| e.to_string())?;
-    let trees = diff::Trees::open(&dir, &meta.workspace)?;
-    let changes = diff::changes(&trees)?;
-    let bare = |p: &std::path::Path| trees.bare_shape(p);
-    let mut hold = Hold::new(&meta.workspace, meta.held_names.clone());
-    hold.add_nested(&meta.workspace, changes.iter().map(|c| c.rel()));
+/// The summary, the diff and the digest of layer `id` under `paths`, and
+/// whether it changed anything; the review kept for `apply`.
+fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
+    let (dir, meta) = crate::supervisor::layer::find(id)?;
+    let running = crate::supervisor::layer::ended(&dir, id).is_err();
+    let plan = Plan::open(&dir, &meta, &look.paths)?;
     let mut text = String::new();
+    if running {
+        text.push_str(&format!("# instance {id} is still running: the agent can change what follows until it ends; `sandmux apply {id}` then brings only what this diff shows\n"));
+    }
     let mut shown = Vec::new();
-    for c in &changes {
+    let mut apart = Vec::new();
+    let mut ignored = ignored_summary::Summary::default();
+    for item in &plan.items {
+        let (c, why) = (&item.change, &item.why);
+        if item.ignored && !look.include_ignored {
+            ignored.add(&plan.trees, c);
+            continue;
+        }
         let name = shown_name(c.rel());
-        if let Some(why) = held(c, &hold, &bare) {
-            text.push_str(&format!("H {name} (held back: {why})\n"));
+        if let Some(why) = why {
+            let line = format!("H {name} (held back: {why})\n");
+            match why {
+                Why::Instructions => apart.push(line),
+                _ => text.push_str(&line),
+            }
             continue;
         }
         let line = match c {
@@ -73,33 +126,60 @@ fn render(id: &str, names_only: bool) -> Result<(String, bool), String> {
         text.push_str(&line);
         text.push('\n');
     }
-    if !names_only && !shown.is_empty() {
-        text.push('\n');
-        text.push_str(&diff::unified(&trees, &shown)?);
+    text.push_str(&ignored.lines());
+    if !apart.is_empty() {
+        text.push_str("# instructions for coding agents, held back (your next agent would obey them; read them before `--include-control`):\n");
+        apart.iter().for_each(|l| text.push_str(l));
     }
-    Ok((text, !changes.is_empty()))
+    if !look.names_only && !shown.is_empty() {
+        text.push('\n');
+        text.push_str(&diff::unified(&plan.trees, &shown).map_err(DoorError::Layer)?);
+    }
+    let manifest = plan.manifest();
+    let digest = manifest.digest();
+    let seen = Reviewed {
+        paths: look.paths.clone(),
+        digest: digest.clone(),
+        manifest,
+    };
+    if let Err(e) = seen.save(&dir) {
+        eprintln!(
+            "sandmux: {}: a plain `apply` will not check this review; `--expect` does",
+            crate::term::printable(&e.to_string())
+        );
+    }
+    if !plan.items.is_empty() {
+        let sel: String = look
+            .paths
+            .iter()
+            .map(|p| format!(" {}", shown_name(p)))
+            .collect();
+        text.push_str(&format!(
+            "# digest {digest}: `sandmux apply {id}{sel} --expect {digest}` brings exactly this, or nothing\n"
+        ));
+    }
+    Ok((text, !plan.items.is_empty()))
 }
 
 /// The held-back control directory `vcs` (`n` entries) and, for a git
 /// directory on a whole `apply`, the agent's commits fetched as refs
 /// (`refs.rs`), unless the repository lies at or below a path the door
-/// holds back (a link of the human's, tool configuration…). The lines and
-/// the conflicts.
+/// holds back (a link of the human's, tool configuration…).
 fn commits(
-    (trees, layer, ws, id): (&diff::Trees, &std::path::Path, &std::path::Path, &str),
-    vcs: &std::path::Path,
+    (trees, layer, ws, id): (&diff::Trees, &Path, &Path, &str),
+    vcs: &Path,
     n: usize,
     whole: bool,
     check: refs::Check<'_>,
-    made: &dyn Fn(&std::path::Path) -> bool,
-) -> (Vec<String>, usize) {
+    made: &dyn Fn(&Path) -> bool,
+) -> Repo {
     let name = shown_name(vcs);
     let plain = format!("held back {name}/ (version-control data, {n} entries)");
     let Some(root) = refs::repositories(std::iter::once(vcs))
         .pop()
         .filter(|_| whole)
     else {
-        return (vec![plain], 0);
+        return Repo::left(vec![plain]);
     };
     let at = root
         .ancestors()
@@ -110,27 +190,49 @@ fn commits(
         None => refs::fetch(&trees.lower, (layer, ws), &root, id, (check, made(&root))),
     };
     match fetched {
-        Ok(said) => {
-            let moved = said.iter().any(|l| l.starts_with("fetched "));
-            let refused = said.iter().filter(|l| l.starts_with("conflict ")).count();
-            let what = match (moved, refused) {
+        Ok(f) => {
+            let what = match (f.fetched, f.refused) {
                 (_, r) if r > 0 => "some branches not fetched",
-                (true, _) => "its branches fetched",
-                (false, _) => "no new commits",
+                (m, _) if m > 0 => "its branches fetched",
+                _ => "no new commits",
             };
             let mut lines = vec![format!(
                 "held back {name}/ (version-control data, {n} entries; {what})"
             )];
-            lines.extend(said);
-            (lines, refused)
+            lines.extend(f.lines);
+            Repo {
+                lines,
+                conflicts: f.refused,
+                handled: f.refused == 0,
+            }
         }
-        Err(e) => (
-            vec![
+        Err(e) => Repo {
+            lines: vec![
                 plain,
                 format!("conflict {name}: the agent's commits were not fetched ({e})"),
             ],
-            1,
-        ),
+            conflicts: 1,
+            handled: false,
+        },
+    }
+}
+
+/// What became of one held-back control directory.
+struct Repo {
+    lines: Vec<String>,
+    conflicts: usize,
+    /// Its commits came in (or there were none): nothing of it is left
+    /// for the human.
+    handled: bool,
+}
+
+impl Repo {
+    fn left(lines: Vec<String>) -> Repo {
+        Repo {
+            lines,
+            conflicts: 0,
+            handled: false,
+        }
     }
 }
 
@@ -177,18 +279,25 @@ pub(crate) fn record_end(id: &str, dir: &Path, line: &str, removed: bool) -> Opt
     }
 }
 
+/// What `apply` was asked: the paths, whether held-back control named
+/// among them comes too, `--expect`'s digest, `--undo`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ask {
+    pub(crate) paths: Vec<PathBuf>,
+    pub(crate) include_control: bool,
+    /// What git ignores comes too.
+    pub(crate) include_ignored: bool,
+    pub(crate) expect: Option<String>,
+    pub(crate) undo: bool,
+}
+
 /// `sandmux apply ID [PATHS…]`: 0 applied, 1 nothing to do, 3 applied
 /// what it could and left conflicts (nothing lost), 2 refused or failed.
-pub(crate) fn apply(
-    id: &str,
-    paths: &[std::path::PathBuf],
-    include_control: bool,
-    undo: bool,
-) -> i32 {
-    match apply_all(id, paths, include_control, undo) {
-        Ok((lines, code)) => {
+pub(crate) fn apply(id: &str, ask: &Ask) -> i32 {
+    match apply_all(id, ask, false) {
+        Ok(r) => {
             let mut out = std::io::stdout().lock();
-            for l in lines {
+            for l in r.lines {
                 let l = if out.is_terminal() {
                     crate::term::printable(&l)
                 } else {
@@ -196,7 +305,7 @@ pub(crate) fn apply(
                 };
                 let _ = writeln!(out, "{l}");
             }
-            code
+            r.code
         }
         Err(e) => {
             eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
@@ -205,14 +314,43 @@ pub(crate) fn apply(
     }
 }
 
+/// What one `apply` did, in types (the lines are rendered from it).
+#[derive(Debug, Default)]
+pub(crate) struct Report {
+    pub(crate) lines: Vec<String>,
+    pub(crate) code: i32,
+    pub(crate) applied: usize,
+    pub(crate) conflicts: usize,
+    /// Held-back paths left in the layer (a control directory whose
+    /// commits came in is not among them).
+    pub(crate) held_left: usize,
+    /// The human's entries set aside that git cannot give back.
+    pub(crate) unrecoverable: usize,
+    /// The human's entries set aside in all.
+    pub(crate) set_aside: usize,
+}
+
+impl Report {
+    /// Whether anything is left in the layer for the human.
+    pub(crate) fn left(&self) -> bool {
+        self.conflicts > 0 || self.held_left > 0 || self.unrecoverable > 0
+    }
+}
+
 /// `--on-end apply` of `run` and `shell`, once the instance has ended:
 /// everything `sandmux apply ID` would bring in, moved (renamed) out of the
 /// layer where it shares the workspace's file system. A layer left with
-/// nothing held back and no conflict is removed; otherwise it is kept and
-/// the last line says so. The lines are for stderr; the flag says whether
-/// anything is left for the human.
+/// nothing held back, no conflict and none of the human's bytes that git
+/// does not have is removed; otherwise it is kept and the last line says
+/// so. The lines are for stderr; the flag says whether anything is left.
 pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
-    let (mut lines, _) = match apply_all_moving(id, &[], false, false, true) {
+    // Nobody reviews here: every hold-back rule stays, and what git
+    // ignores comes too (a CI loop keeps its build output, as before).
+    let ask = Ask {
+        include_ignored: true,
+        ..Ask::default()
+    };
+    let r = match apply_all(id, &ask, true) {
         Ok(r) => r,
         Err(e) => {
             let lines = vec![
@@ -222,18 +360,13 @@ pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
             return (lines, true);
         }
     };
-    // Left for the human: what was held back or in conflict, but a git
-    // directory whose branches came in as refs (its files are applied).
-    let handled =
-        |l: &str| l.ends_with("; its branches fetched)") || l.ends_with("; no new commits)");
-    let left = lines.iter().any(|l| {
-        l.starts_with("conflict ")
-            || l.starts_with("kept ")
-            || l.starts_with("held back ") && !handled(l)
-    });
-    let n = lines.len();
-    lines.retain(|l| !l.starts_with("applied "));
-    let applied = n - lines.len();
+    let left = r.left();
+    let applied = r.applied;
+    let mut lines: Vec<String> = r
+        .lines
+        .into_iter()
+        .filter(|l| !l.starts_with("applied "))
+        .collect();
     if !left {
         let dir = crate::supervisor::layer::find(id).map(|(d, _)| d);
         let gone = crate::supervisor::layer::discard(id);
@@ -254,28 +387,13 @@ pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
     (lines, left)
 }
 
-fn apply_all(
-    id: &str,
-    paths: &[std::path::PathBuf],
-    include_control: bool,
-    undo: bool,
-) -> Result<(Vec<String>, i32), String> {
-    apply_all_moving(id, paths, include_control, undo, false)
-}
-
-fn apply_all_moving(
-    id: &str,
-    paths: &[std::path::PathBuf],
-    include_control: bool,
-    undo: bool,
-    moving: bool,
-) -> Result<(Vec<String>, i32), String> {
-    let (dir, meta) = crate::supervisor::layer::find(id).map_err(|e| e.to_string())?;
-    let _ended = crate::supervisor::layer::ended(&dir, id).map_err(|e| e.to_string())?;
-    let rec = record::Record::open(id, &dir)?;
+fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
+    let (dir, meta) = crate::supervisor::layer::find(id)?;
+    let _ended = crate::supervisor::layer::ended(&dir, id)?;
+    let rec = record::Record::open(id, &dir).map_err(DoorError::Failed)?;
     // What the layer holds changes: measured again when next listed.
     let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));
-    let action = match (undo, moving) {
+    let action = match (ask.undo, moving) {
         (true, _) => "undo",
         (false, true) => "on-end apply",
         (false, false) => "apply",
@@ -285,10 +403,10 @@ fn apply_all_moving(
         dir: &dir,
         meta: &meta,
     };
-    let done = through(ctx, paths, include_control, undo, moving);
+    let done = through(ctx, ask, moving);
     match &done {
-        Ok((lines, code)) => rec.done(action, paths, lines, *code),
-        Err(e) => rec.done(action, paths, &[format!("failed: {e}")], 2),
+        Ok(r) => rec.done(action, &ask.paths, &r.lines, r.code),
+        Err(e) => rec.done(action, &ask.paths, &[format!("failed: {e}")], 2),
     }
     done
 }
@@ -297,120 +415,186 @@ fn apply_all_moving(
 #[derive(Clone, Copy)]
 struct Through<'a> {
     id: &'a str,
-    dir: &'a std::path::Path,
+    dir: &'a Path,
     meta: &'a crate::supervisor::layer::Meta,
 }
 
 /// `apply` (or `--undo`) once the layer is locked and the log open.
-fn through(
-    t: Through<'_>,
-    paths: &[std::path::PathBuf],
-    include_control: bool,
-    undo: bool,
-    moving: bool,
-) -> Result<(Vec<String>, i32), String> {
+fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
     let (id, dir, meta) = (t.id, t.dir.to_path_buf(), t.meta);
-    if undo {
-        let trees = diff::Trees::open(&dir, &meta.workspace)?;
-        let (n, left) = undo::undo(&trees, &dir)?;
+    if ask.undo {
+        let trees = diff::Trees::open(&dir, &meta.workspace).map_err(DoorError::Layer)?;
+        let (n, left) = undo::undo(&trees, &dir).map_err(DoorError::Failed)?;
         let mut lines = vec![format!("undone: {n} steps")];
         lines.extend(left.iter().map(|l| format!("not undone: {l}")));
-        return Ok((lines, if left.is_empty() { 0 } else { 3 }));
+        let code = if left.is_empty() { 0 } else { 3 };
+        return Ok(Report {
+            lines,
+            code,
+            ..Report::default()
+        });
     }
-    if let Some(p) = paths
+    let plan = Plan::open(&dir, meta, &ask.paths)?;
+    let named = |rel: &Path| ask.paths.iter().any(|p| rel.starts_with(p));
+    let brings = |i: &plan::Item| {
+        let control = match &i.why {
+            None => true,
+            Some(w) => !w.never() && ask.include_control && named(i.change.rel()),
+        };
+        control && (!i.ignored || ask.include_ignored)
+    };
+    let brought: Vec<&Change> = plan
+        .items
         .iter()
-        .find(|p| p.is_absolute() || p.components().any(|c| c.as_os_str() == ".."))
-    {
-        return Err(format!(
-            "{}: paths are relative to the workspace, without '..'",
-            p.display()
-        ));
+        .filter(|i| brings(i))
+        .map(|i| &i.change)
+        .collect();
+    let need = plan.bytes(&brought);
+    let free = nix::sys::statvfs::fstatvfs(&plan.trees.lower)
+        .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+        .map_err(|e| DoorError::Failed(format!("the workspace's free space: {e}")))?;
+    if need > free {
+        return Err(DoorError::NoSpace { need, free });
     }
-    let trees = diff::Trees::open(&dir, &meta.workspace)?;
-    let changes = diff::changes(&trees)?;
-    let bare = |p: &std::path::Path| trees.bare_shape(p);
-    let mut hold = Hold::new(&meta.workspace, meta.held_names.clone());
-    hold.add_nested(&meta.workspace, changes.iter().map(|c| c.rel()));
-    let mut door = apply::Door::open(&trees, &dir, meta.created_ns)?;
-    if moving {
-        door.moving = Some(precious::Precious::of(&meta.workspace));
-    }
-    let (mut lines, mut applied, mut conflicts) = (Vec::new(), 0, 0);
+    let digest = as_reviewed(&plan, &dir, ask, &brought)?;
+    let mut door =
+        apply::Door::open(&plan.trees, &dir, meta.created_ns).map_err(DoorError::Failed)?;
+    door.moving = moving;
+    let mut r = Report::default();
     let mut vcs: Vec<(PathBuf, usize)> = Vec::new();
-    for c in &changes {
+    let mut ignored = ignored_summary::Summary::default();
+    for item in &plan.items {
+        let (c, why) = (&item.change, &item.why);
         let rel = c.rel();
-        let named = paths.iter().any(|p| rel.starts_with(p));
-        if !paths.is_empty() && !named {
-            continue;
-        }
         let name = shown_name(rel);
-        let never = matches!(c, Change::Unreadable { .. })
-            || matches!(c, Change::Added { what, .. } if *what != "file" && *what != "directory")
-            || unsafe_name(rel);
-        if hold.is_exe(diff::stat_at(&trees.lower, rel)) {
-            lines.push(format!(
-                "held back {name} (a link of the sandmux binary that runs this)"
-            ));
+        if item.ignored && !ask.include_ignored {
+            ignored.add(&plan.trees, c);
             continue;
         }
-        if let Some(why) = held(c, &hold, &bare) {
-            if never || !(include_control && named) {
-                match hold::vcs_root(rel) {
-                    // One line per control directory, not per object.
-                    Some(root) if why == "version-control data" => {
-                        match vcs.iter_mut().find(|(r, _)| *r == root) {
-                            Some((_, n)) => *n += 1,
-                            None => vcs.push((root, 1)),
-                        }
-                    }
-                    _ => lines.push(format!("held back {name} ({why})")),
+        if let Some(why) = why.as_ref().filter(|_| !brings(item)) {
+            match hold::vcs_root(rel) {
+                // One line per control directory, not per object.
+                Some(root) if *why == Why::Vcs => match vcs.iter_mut().find(|(r, _)| *r == root) {
+                    Some((_, n)) => *n += 1,
+                    None => vcs.push((root, 1)),
+                },
+                _ => {
+                    r.held_left += 1;
+                    r.lines.push(format!("held back {name} ({why})"));
                 }
-                continue;
             }
+            continue;
         }
         match door.apply(c) {
             Ok(true) => {
-                applied += 1;
-                lines.push(format!("applied {name}"));
+                r.applied += 1;
+                r.lines.push(format!("applied {name}"));
             }
             Ok(false) => {}
             Err(why) => {
-                conflicts += 1;
-                lines.push(format!("conflict {name} ({why})"));
+                r.conflicts += 1;
+                r.lines.push(format!("conflict {name} ({why})"));
             }
         }
     }
-    let check = |rel: &std::path::Path, what: &'static str| {
+    let bare = |p: &Path| plan.trees.bare_shape(p);
+    let check = |rel: &Path, what: &'static str| {
         let c = Change::Added {
             rel: rel.to_path_buf(),
             what,
         };
-        held(&c, &hold, &bare)
+        hold::held(&c, &plan.hold, &bare).map(|w| w.to_string())
     };
-    let whole = paths.is_empty();
     // Directories the agent made: a repository there may be made by host
     // git even inside the human's (as `cargo new` does).
-    let made = |r: &std::path::Path| {
-        changes
+    let made = |root: &Path| {
+        plan.items
             .iter()
-            .any(|c| matches!(c, Change::Added { rel, what: "directory" } if rel == r))
+            .any(|i| matches!(&i.change, Change::Added { rel, what: "directory" } if rel == root))
     };
     for (root, n) in &vcs {
-        let ctx = (&trees, dir.as_path(), meta.workspace.as_path(), id);
-        let (said, bad) = commits(ctx, root, *n, whole, &check, &made);
-        lines.extend(said);
-        conflicts += bad;
+        let ctx = (&plan.trees, dir.as_path(), meta.workspace.as_path(), id);
+        let repo = commits(ctx, root, *n, ask.paths.is_empty(), &check, &made);
+        r.lines.extend(repo.lines);
+        r.conflicts += repo.conflicts;
+        r.held_left += usize::from(!repo.handled);
     }
-    if door.precious > 0 {
-        lines.push(format!(
-            "kept {} of your files, replaced or removed, in the layer (git could not give them back): `sandmux apply {id} --undo` puts them back",
-            door.precious
+    r.lines.extend(
+        ignored
+            .lines()
+            .lines()
+            .map(|l| format!("left {}", l.trim_start_matches("I "))),
+    );
+    r.set_aside = door.taken.len();
+    if moving {
+        r.unrecoverable = precious::unrecoverable(&meta.workspace, &door.taken);
+        if r.unrecoverable > 0 {
+            r.lines.push(format!(
+                "kept {} of your files, replaced or removed, in the layer (git does not have their bytes): `sandmux apply {id} --undo` puts them back",
+                r.unrecoverable
+            ));
+        }
+    } else if r.set_aside > 0 {
+        r.lines.push(format!(
+            "kept {} of your files, replaced or removed, in the layer until you discard it: `sandmux apply {id} --undo` puts them back",
+            r.set_aside
         ));
     }
-    let code = match (applied, conflicts) {
+    r.lines
+        .push(format!("digest {digest} (what this apply weighed)"));
+    r.code = match (r.applied, r.conflicts) {
         (_, c) if c > 0 => 3,
         (0, _) => 1,
         _ => 0,
     };
-    Ok((lines, code))
+    Ok(r)
+}
+
+/// Applied = reviewed: with `--expect`, the plan's digest must be that one;
+/// without it, after a `diff` of this layer, every change to be brought
+/// must be as that `diff` showed it. The plan's digest.
+fn as_reviewed(
+    plan: &Plan,
+    dir: &Path,
+    ask: &Ask,
+    brought: &[&Change],
+) -> Result<String, DoorError> {
+    let now = plan.manifest();
+    let digest = now.digest();
+    let seen = Reviewed::load(dir)?;
+    let names = |ps: Vec<PathBuf>| {
+        let n = ps.len();
+        let mut s: Vec<String> = ps.iter().take(10).map(|p| shown_name(p)).collect();
+        if n > 10 {
+            s.push(format!("and {} more", n - 10));
+        }
+        s.join(", ")
+    };
+    if let Some(want) = &ask.expect {
+        if *want == digest {
+            return Ok(digest);
+        }
+        let what = match seen.filter(|s| s.digest == *want) {
+            Some(s) => format!(
+                "changed since that diff: {}",
+                names(now.differing(&s.manifest, None))
+            ),
+            None => "no `sandmux diff` of this layer showed it".to_string(),
+        };
+        return Err(DoorError::NotAsReviewed(format!(
+            "the layer's changes are digest {digest}, not {want} ({what}): nothing applied; run `sandmux diff` again"
+        )));
+    }
+    let Some(seen) = seen else {
+        return Ok(digest);
+    };
+    let only: Vec<PathBuf> = brought.iter().map(|c| c.rel().to_path_buf()).collect();
+    let differ = now.differing(&seen.manifest, Some(&only));
+    if differ.is_empty() {
+        return Ok(digest);
+    }
+    Err(DoorError::NotAsReviewed(format!(
+        "not as your last `sandmux diff` showed it: {}: nothing applied; run `sandmux diff` again, or `--expect {digest}` to take the layer as it is now",
+        names(differ)
+    )))
 }

@@ -1,109 +1,106 @@
-//! Which of the human's files an `--on-end apply` may replace or remove
-//! without keeping a copy: those git can give back — tracked and clean —
-//! and what lies in a directory git ignores whole under a name tools build
-//! into (`target/`, `node_modules/`: [`BUILT`]), in the workspace's repository, read
-//! before anything is applied (the tree is then the human's alone). Any
-//! other file replaced or removed — untracked, changed, or ignored by name
-//! (`.env`) — is the human's only copy: the layer is kept with it in
-//! `taken/`, for `apply --undo`. Without a repository, every file is
-//! precious.
+//! Whether the human's files that an `--on-end apply` replaced or removed
+//! can be had again without the layer: judged by content, never by what
+//! `git status` says (skip-worktree, assume-unchanged, an ignore rule the
+//! agent wrote all hide a local edit from it). A file is recoverable only
+//! when its exact bytes are an object in the workspace's git repository
+//! (`git hash-object --no-filters`, then `git cat-file --batch-check`: git
+//! reads, runs nothing of the tree's); anything else — a file git does not
+//! have byte for byte, a link, a special file, any file when there is no
+//! repository or git fails — is the human's only copy, and the layer that
+//! keeps it in `taken/` stays until the human discards it.
 
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
-/// The workspace's files git cannot give back.
-pub(crate) enum Precious {
-    /// Not a repository (or git could not say): every file.
-    All,
-    /// Changed, untracked or ignored by name; `generated`: directories
-    /// git ignores whole (relative to the workspace).
-    Only {
-        dirty: Vec<PathBuf>,
-        generated: Vec<PathBuf>,
-    },
+/// How many of the entries the door set aside in `taken` (paths in the
+/// layer's `taken/`; a removed directory counts by what it holds) git
+/// cannot give back from the repository of the workspace `ws`.
+pub(crate) fn unrecoverable(ws: &Path, taken: &[PathBuf]) -> usize {
+    let (mut files, mut other) = (Vec::new(), 0usize);
+    for t in taken {
+        walk(t, &mut files, &mut other);
+    }
+    if files.is_empty() {
+        return other;
+    }
+    // A name git's line-based input cannot carry is not asked about.
+    let (asked, odd): (Vec<PathBuf>, Vec<PathBuf>) = files
+        .into_iter()
+        .partition(|f| !f.as_os_str().as_bytes().contains(&b'\n'));
+    other + odd.len() + missing(ws, &asked).unwrap_or(asked.len())
 }
 
-impl Precious {
-    /// Reads the workspace `ws` with the host's git (its own configuration;
-    /// nothing of the layer's).
-    pub(crate) fn of(ws: &Path) -> Precious {
-        // Paths come relative to the repository's top; the workspace may
-        // be a directory below it.
-        let Ok(prefix) = super::refs::git_out(ws, &["rev-parse", "--show-prefix"]) else {
-            return Precious::All;
-        };
-        let prefix = prefix.trim_end_matches('\n').to_string();
-        let args = [
-            "status",
-            "--porcelain=v1",
-            "-z",
-            "--untracked-files=all",
-            "--ignored=matching",
-            "--no-renames",
-            "--",
-            ".",
-        ];
-        let Ok(out) = super::refs::git_out(ws, &args) else {
-            return Precious::All;
-        };
-        let (mut dirty, mut generated) = (Vec::new(), Vec::new());
-        for entry in out.split('\0').filter(|e| e.len() > 3) {
-            let (xy, path) = entry.split_at(3);
-            let Some(rel) = path.strip_prefix(prefix.as_str()) else {
-                continue;
-            };
-            match xy {
-                "!! " if rel.ends_with('/') && built(rel) => generated.push(PathBuf::from(rel)),
-                _ => dirty.push(PathBuf::from(rel)),
-            }
+/// Regular files at or below `p` (links never followed); the count of
+/// anything else.
+fn walk(p: &Path, files: &mut Vec<PathBuf>, other: &mut usize) {
+    let Ok(m) = p.symlink_metadata() else {
+        return;
+    };
+    if m.is_file() {
+        files.push(p.to_path_buf());
+    } else if m.is_dir() {
+        match crate::sandbox::beneath::entries(p) {
+            Ok(es) => es
+                .into_iter()
+                .for_each(|(n, _)| walk(&p.join(n), files, other)),
+            Err(_) => *other += 1,
         }
-        Precious::Only { dirty, generated }
-    }
-
-    /// Whether `rel` (or anything below it) may be the human's only copy.
-    pub(crate) fn holds(&self, rel: &Path) -> bool {
-        match self {
-            Precious::All => true,
-            Precious::Only { dirty, generated } => {
-                if generated.iter().any(|g| rel.starts_with(g)) {
-                    return false;
-                }
-                dirty
-                    .iter()
-                    .any(|d| d.starts_with(rel) || rel.starts_with(d))
-            }
-        }
+    } else {
+        *other += 1;
     }
 }
 
-/// Directory names tools build into. An ignored directory counts as build
-/// output only under one of these names: ignore rules are files in the
-/// tree, which an earlier instance's agent may have written (a
-/// `notes/.gitignore` of `*` must not make the human's notes disposable).
-const BUILT: [&str; 18] = [
-    "target",
-    "node_modules",
-    "build",
-    "dist",
-    "out",
-    "__pycache__",
-    ".pytest_cache",
-    ".mypy_cache",
-    ".ruff_cache",
-    ".tox",
-    ".nox",
-    ".venv",
-    "venv",
-    ".gradle",
-    ".next",
-    ".cache",
-    "coverage",
-    ".nyc_output",
-];
+/// How many of `files` have bytes that are no object of the repository at
+/// `ws`; None when git cannot say.
+fn missing(ws: &Path, files: &[PathBuf]) -> Option<usize> {
+    let mut list = Vec::new();
+    for f in files {
+        list.extend_from_slice(f.as_os_str().as_bytes());
+        list.push(b'\n');
+    }
+    let ids = git(ws, &["hash-object", "--no-filters", "--stdin-paths"], &list)?;
+    let ids: Vec<&str> = ids.lines().collect();
+    if ids.len() != files.len() {
+        return None;
+    }
+    let asked = ids.join("\n") + "\n";
+    let found = git(
+        ws,
+        &["cat-file", "--batch-check=%(objectname) %(objecttype)"],
+        asked.as_bytes(),
+    )?;
+    let present = found.lines().filter(|l| l.ends_with(" blob")).count();
+    (found.lines().count() == files.len()).then(|| files.len() - present)
+}
 
-/// Whether the ignored directory `rel` (ending in `/`) is build output.
-fn built(rel: &str) -> bool {
-    rel.trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .is_some_and(|n| BUILT.contains(&n))
+/// The host's git in `ws` (its own configuration, nothing of the layer's),
+/// `input` on its stdin; its stdout when it succeeded.
+fn git(ws: &Path, args: &[&str], input: &[u8]) -> Option<String> {
+    let mut child = Command::new("git")
+        .arg("-C")
+        .arg(ws)
+        .args(["-c", "safe.directory=*"])
+        .args(args)
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_CONFIG_PARAMETERS")
+        .env_remove("GIT_CONFIG_COUNT")
+        .env_remove("GIT_OBJECT_DIRECTORY")
+        .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut stdin = child.stdin.take()?;
+    let input = input.to_vec();
+    // Written beside the read: a long list must not fill both pipes.
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().ok()?;
+    let _ = writer.join();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -49,6 +49,17 @@ pub(crate) fn repositories<'a>(rels: impl Iterator<Item = &'a Path>) -> Vec<Path
 /// back (the door's own rules, `hold::held`).
 pub(crate) type Check<'a> = &'a dyn Fn(&Path, &'static str) -> Option<String>;
 
+/// What [`fetch`] did: the lines that say it, and the counts the door
+/// decides on (never the lines).
+#[derive(Debug, Default)]
+pub(crate) struct Fetched {
+    pub(crate) lines: Vec<String>,
+    /// Branches fetched.
+    pub(crate) fetched: usize,
+    /// Branches not fetched (they carry what the door holds back).
+    pub(crate) refused: usize,
+}
+
 /// Fetches the agent's branches of the repository at `root` (relative to
 /// the workspace, whose root is `lower`); the lines say what came in and
 /// what to do next. A branch whose new commits carry anything `check`
@@ -61,7 +72,7 @@ pub(crate) fn fetch(
     root: &Path,
     id: &str,
     (check, made): (Check<'_>, bool),
-) -> Result<Vec<String>, String> {
+) -> Result<Fetched, String> {
     let upper_git = layer.join("upper").join(root).join(".git");
     // Every directory on the way is the layer's own, never a link.
     let mut at = layer.join("upper");
@@ -105,7 +116,7 @@ pub(crate) fn fetch(
     // Only what the agent moved: the host's own refs stay out.
     refs.retain(|r| !host.contains(r));
     if refs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Fetched::default());
     }
     let tmp = layer.join(format!("fetch-{}", crate::nonce::hex()));
     let done = stage(&tmp, &upper_git, (!fresh).then_some(&host_git), &mut refs)
@@ -154,8 +165,13 @@ pub(crate) fn fetch(
         .iter()
         .map(|r| format!("conflict {shown}: a branch of the agent's was not fetched ({r})"))
         .collect();
+    let counts = (refs.len(), refused.len());
     if refs.is_empty() {
-        return Ok(lines);
+        return Ok(Fetched {
+            lines,
+            fetched: 0,
+            refused: counts.1,
+        });
     }
     let names: Vec<String> = refs.iter().map(|(n, _)| format!("{to}/{n}")).collect();
     lines.push(format!(
@@ -174,7 +190,11 @@ pub(crate) fn fetch(
     } else {
         lines.push(format!("{shown}: the files are applied as files; to make the agent's commits your branch's history too: `git reset refs/sandmux/{id}/BRANCH` (moves HEAD and the index, never the files; check `git log HEAD..refs/sandmux/{id}/BRANCH` first)"));
     }
-    Ok(lines)
+    Ok(Fetched {
+        lines,
+        fetched: counts.0,
+        refused: counts.1,
+    })
 }
 
 /// The bare repository the host's git fetches from: made by the host's

@@ -81,7 +81,8 @@ fn ended_usage(dir: &Path) -> (u64, u64, bool) {
     u
 }
 
-/// Bytes on disk and entries below `dir`, links not followed.
+/// Bytes below `dir` (on disk, or a file's apparent size where that is
+/// larger: holes count) and entries, links not followed.
 pub(crate) fn usage(dir: &Path) -> (u64, u64, bool) {
     usage_upto(dir, MEASURE_MAX)
 }
@@ -114,7 +115,9 @@ pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
             let Ok(m) = p.symlink_metadata() else {
                 continue;
             };
-            bytes += m.blocks() * 512;
+            // A sparse file costs the layer nothing but a copy of it would
+            // cost the host its apparent size: the larger counts.
+            bytes += (m.blocks() * 512).max(if m.is_file() { m.len() } else { 0 });
             if m.is_dir() {
                 stack.push(p);
             }

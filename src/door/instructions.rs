@@ -1,0 +1,125 @@
+//! Files that AI coding tools read as standing instructions when they next
+//! start in a directory: an agent's words, obeyed by the human's next,
+//! unconfined agent. Held back and shown apart in review, like control.
+//!
+//! Tools find them by name, so this is a list — kept as a class by two
+//! rules beside it: a name compares without regard to ASCII case, at any
+//! depth; and anything in a `rules`, `instructions`, `prompts`, `steering`,
+//! `agents`, `commands`, `memories` or `chatmodes` folder of a dot
+//! directory (`.cursor/rules/`, `.kiro/steering/`, `.github/prompts/`, and
+//! the next tool's) counts, whatever the tool.
+
+use std::path::Path;
+
+/// Names (files or folders) that coding agents read as instructions,
+/// settings or hooks.
+const NAMES: [&str; 46] = [
+    "AGENTS.md",
+    "AGENTS.override.md",
+    "AGENT.md",
+    "CLAUDE.md",
+    "CLAUDE.local.md",
+    ".claude",
+    "GEMINI.md",
+    ".gemini",
+    ".cursorrules",
+    ".cursor",
+    ".windsurfrules",
+    ".windsurf",
+    ".clinerules",
+    ".cline",
+    ".roo",
+    ".roorules",
+    ".kiro",
+    ".amazonq",
+    ".codex",
+    ".continue",
+    ".continuerules",
+    ".aider.conf.yml",
+    "CONVENTIONS.md",
+    ".goosehints",
+    ".junie",
+    ".augment",
+    ".augment-guidelines",
+    ".rules",
+    ".trae",
+    ".qwen",
+    "QWEN.md",
+    "CRUSH.md",
+    ".crush",
+    "WARP.md",
+    ".kilocode",
+    ".openhands",
+    ".opencode",
+    "opencode.json",
+    "opencode.jsonc",
+    ".mcp.json",
+    ".copilot",
+    "copilot-instructions.md",
+    ".aiassistant",
+    ".tabnine",
+    ".zed/rules",
+    ".idx/airules.md",
+];
+
+/// Folders of a dot directory whose files are instructions for a tool.
+const FOLDERS: [&str; 8] = [
+    "rules",
+    "instructions",
+    "prompts",
+    "steering",
+    "agents",
+    "commands",
+    "memories",
+    "chatmodes",
+];
+
+/// Whether `rel` is, or lies in, a file coding agents read as instructions.
+pub(crate) fn is_instructions(rel: &Path) -> bool {
+    let parts: Vec<&str> = rel.iter().filter_map(|p| p.to_str()).collect();
+    for i in 0..parts.len() {
+        for n in NAMES {
+            let want: Vec<&str> = n.split('/').collect();
+            let here = parts.get(i..i + want.len());
+            if here.is_some_and(|h| h.iter().zip(&want).all(|(a, b)| a.eq_ignore_ascii_case(b))) {
+                return true;
+            }
+        }
+        let dot_folder = parts[i].starts_with('.')
+            && parts
+                .get(i + 1)
+                .is_some_and(|f| FOLDERS.iter().any(|x| x.eq_ignore_ascii_case(f)));
+        if dot_folder {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instruction_files_are_known_at_any_depth_and_case() {
+        for p in [
+            "AGENTS.md",
+            "sub/dir/claude.md",
+            ".github/copilot-instructions.md",
+            ".github/prompts/x.prompt.md",
+            ".newtool/rules/style.md",
+            ".cursor/rules/a.mdc",
+            "pkg/.clinerules",
+        ] {
+            assert!(is_instructions(Path::new(p)), "{p}");
+        }
+        for p in [
+            "README.md",
+            "src/agents.rs",
+            "docs/rules/x.md",
+            ".github/workflows/ci.yml",
+        ] {
+            assert!(!is_instructions(Path::new(p)), "{p}");
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! A file's data without its holes: the agent chooses the sizes, and a
+//! sparse file that costs it nothing in the layer must cost the host's disk
+//! no more than its data when copied, and the human's `diff` no more than
+//! its data when hashed. The data segments are found with `SEEK_DATA` and
+//! `SEEK_HOLE` (a file system without them reports the whole file as data);
+//! a copy sets the length last, so a trailing hole stays a hole.
+
+use nix::unistd::{lseek, Whence};
+use std::io::{Seek, SeekFrom};
+
+/// Calls `each(start, end)` for every data segment of `f` (`len` bytes
+/// long), in order.
+pub(crate) fn segments(
+    f: &std::fs::File,
+    len: u64,
+    mut each: impl FnMut(u64, u64) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let len = len as i64;
+    let mut at = 0i64;
+    while at < len {
+        let data = match lseek(f, at, Whence::SeekData) {
+            Ok(d) => d,
+            Err(nix::Error::ENXIO) => break, // only a hole is left
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(f, data, Whence::SeekHole).unwrap_or(len).min(len);
+        if hole <= data {
+            break;
+        }
+        each(data as u64, hole as u64)?;
+        at = hole;
+    }
+    Ok(())
+}
+
+/// Copies `src` into the empty `dst`, holes kept.
+pub(crate) fn copy(src: &mut std::fs::File, dst: &mut std::fs::File) -> std::io::Result<()> {
+    let len = src.metadata()?.len();
+    let reader = src.try_clone()?;
+    segments(&reader, len, |start, end| {
+        src.seek(SeekFrom::Start(start))?;
+        dst.seek(SeekFrom::Start(start))?;
+        let want = end - start;
+        let n = std::io::copy(&mut std::io::Read::take(&mut *src, want), dst)?;
+        if n != want {
+            return Err(std::io::Error::other(
+                "the layer's file shrank while it was copied",
+            ));
+        }
+        Ok(())
+    })?;
+    dst.set_len(len)
+}
+
+/// The SHA-256 of a file's length and of each data segment with its offset
+/// (a hole costs nothing to hash); hex.
+pub(crate) fn digest(f: &mut std::fs::File) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let len = f.metadata()?.len();
+    let mut h = Sha256::new();
+    h.update(len.to_le_bytes());
+    let reader = f.try_clone()?;
+    segments(&reader, len, |start, end| {
+        h.update(start.to_le_bytes());
+        f.seek(SeekFrom::Start(start))?;
+        std::io::copy(&mut std::io::Read::take(&mut *f, end - start), &mut h)?;
+        Ok(())
+    })?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn holes_stay_holes_and_bytes_stay_bytes() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        let mut f = std::fs::File::create(&a).unwrap();
+        f.write_all(b"head").unwrap();
+        f.seek(SeekFrom::Start(64 << 20)).unwrap();
+        f.write_all(b"tail").unwrap();
+        f.set_len(128 << 20).unwrap();
+        drop(f);
+        let mut src = std::fs::File::open(&a).unwrap();
+        let mut dst = std::fs::File::create(&b).unwrap();
+        copy(&mut src, &mut dst).unwrap();
+        drop(dst);
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        let m = std::fs::metadata(&b).unwrap();
+        assert_eq!(m.len(), 128 << 20);
+        assert!(
+            m.blocks() * 512 < 4 << 20,
+            "{} bytes on disk",
+            m.blocks() * 512
+        );
+        let t = std::time::Instant::now();
+        let one = digest(&mut std::fs::File::open(&a).unwrap()).unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        assert_eq!(one, digest(&mut std::fs::File::open(&b).unwrap()).unwrap());
+        std::fs::write(&b, b"other").unwrap();
+        assert_ne!(one, digest(&mut std::fs::File::open(&b).unwrap()).unwrap());
+    }
+}
