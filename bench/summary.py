@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""One summary table of the five benchmarks' headline figures.
+"""One summary table of the six benchmarks' headline figures.
 
 Reads the JSON files the benchmarks write beside their markdown reports
 (sandbox-start.json, mcp-latency.json, workload-overhead.json, scale.json,
-curves.json in
+curves.json, door.json in
 the output directory) and writes summary.md (and summary.json, the same rows)
 there; the markdown also goes to stdout. bench/run calls this after running the
 benchmarks; it can also be run on its own to redo the table from the last JSONs:
@@ -12,7 +12,7 @@ benchmarks; it can also be run on its own to redo the table from the last JSONs:
 
 Columns: measurement | sandmux | compared against (what) | other median |
 ratio | goal | met?. ratio = sandmux / other (below 1: sandmux is faster or
-smaller). Goals are sandmux's own (from bench/mcp_latency.py and
+smaller). Goals are sandmux's own (from bench/mcp_latency.py, bench/door.py and
 docs/benchmarks.md); "met?" is informational, nothing is asserted on times.
 
 Exit status: 0 if every benchmark not named in --failed had a readable JSON;
@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-BENCHES = ["sandbox-start", "mcp-latency", "workload-overhead", "scale", "curves"]
+BENCHES = ["sandbox-start", "mcp-latency", "workload-overhead", "scale", "curves", "door"]
 
 # Goal not stated in a benchmark's own output: confined workload overhead
 # ≤ 3% (docs/benchmarks.md), i.e. sandmux / plain ≤ 1.03.
@@ -147,8 +147,16 @@ def curves(t: Table, d: dict) -> None:
               goal_on_ratio=goal is not None)
 
 
+def door(t: Table, d: dict) -> None:
+    # Rows as bench/door.py writes them; goal: {"op", "value", "on": "ratio" | "sandmux"} or null.
+    for r in d["summary"]:
+        g = r.get("goal")
+        t.add("door", r["measurement"], r["sandmux"], r["unit"], r.get("other_what") or "—", r.get("other"),
+              {"op": g["op"], "value": g["value"]} if g else None, goal_on_ratio=bool(g) and g.get("on") == "ratio")
+
+
 READERS = {"sandbox-start": sandbox_start, "mcp-latency": mcp_latency,
-           "workload-overhead": workload_overhead, "scale": scale, "curves": curves}
+           "workload-overhead": workload_overhead, "scale": scale, "curves": curves, "door": door}
 
 
 def main() -> int:

@@ -17,6 +17,7 @@ mod cli;
 mod degraded;
 mod degraded_calls;
 mod door_construction;
+mod door_props;
 mod door_scale;
 mod escape;
 mod fuzz_control;

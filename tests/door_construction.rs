@@ -67,6 +67,9 @@ fn what_git_would_read_stays_out_as_git_resolves_it() {
             "{held} not held\n{names}"
         );
     }
+    // Naming a held path never brings it.
+    door_in(&state, &w, &["apply", &id, "scripts", "tools"]);
+    assert!(!w.join("scripts/differ").exists() && !w.join("tools/fsm").exists());
     door_in(&state, &w, &["apply", &id]).code(0);
     assert_eq!(
         std::fs::read_to_string(w.join("README")).unwrap(),
@@ -161,11 +164,12 @@ fn running_layer(state: &Path) -> String {
     panic!("no layer in {}", dir.display());
 }
 
-/// Class 4: `diff` of a running instance says so first; the agent
-/// changes a file after the human read it; a plain `apply` afterwards and
-/// `apply --expect` of the digest the human saw both refuse, naming the
-/// file, and write nothing; a fresh `diff` and its digest bring the new
-/// bytes. Control: with no review, a plain apply brings whatever is there.
+/// Class 4: `diff` of a running instance says so first and gives no
+/// digest; the agent changes a file after the human read it; a plain
+/// `apply` afterwards refuses (that review was of a running instance) and
+/// writes nothing; an `--expect` no diff showed refuses; a `diff` after the
+/// end gives the digest that brings the bytes it showed. Control: with no
+/// review, a plain apply brings whatever is there.
 #[test]
 fn applied_is_what_was_reviewed_or_nothing() {
     let host = host_dir();
@@ -193,30 +197,30 @@ fn applied_is_what_was_reviewed_or_nothing() {
         out.starts_with(&format!("# instance {id} is still running")),
         "{d}"
     );
-    assert!(out.contains("+reviewed"), "{d}");
-    let seen = out
-        .split("# digest ")
-        .nth(1)
-        .and_then(|s| s.split(':').next())
-        .unwrap_or_else(|| panic!("no digest\n{d}"))
-        .to_string();
+    assert!(
+        out.contains("+reviewed") && out.contains("# no digest while"),
+        "{d}"
+    );
     assert!(child.wait().unwrap().success());
     let a = door_in(&state, &w, &["apply", &id]);
-    a.code(2)
-        .says("not as your last `sandmux diff` showed it: out.txt");
-    let e = door_in(&state, &w, &["apply", &id, "--expect", &seen]);
-    e.code(2).says("out.txt");
+    a.code(2).says("while it ran");
+    let e = door_in(
+        &state,
+        &w,
+        &["apply", &id, "--expect", "0123456789abcdef01234567"],
+    );
+    e.code(2).says("no `sandmux diff` of this layer showed it");
     assert!(!w.join("out.txt").exists(), "something was applied");
-    let d = door_in(&state, &w, &["diff", &id, "out.txt"]);
+    let d = door_in(&state, &w, &["diff", &id]);
+    assert!(d.stdout().contains("+swapped"), "{d}");
     let now = d
         .stdout()
         .split("# digest ")
         .nth(1)
         .and_then(|s| s.split(':').next())
-        .unwrap()
+        .unwrap_or_else(|| panic!("no digest\n{d}"))
         .to_string();
-    assert_ne!(now, seen);
-    door_in(&state, &w, &["apply", &id, "out.txt", "--expect", &now]).code(0);
+    door_in(&state, &w, &["apply", &id, "--expect", &now]).code(0);
     assert_eq!(
         std::fs::read_to_string(w.join("out.txt")).unwrap(),
         "swapped\n"

@@ -5,7 +5,8 @@
 //! is replaced atomically (a temporary beside it, renamed over it); what it
 //! replaces is kept in the layer's `taken/` (a hard link, or a copy across
 //! file systems) and what it removes is moved there, and each step is
-//! written to the layer's `apply.jsonl` before it is made, so a
+//! written to the layer's `apply.jsonl` before it is made (all made
+//! durable at the end, [`Door::finish`]), so a
 //! crash leaves a state a second `apply` finishes (a path already equal to
 //! the layer is skipped) and `apply --undo` reverses. A host entry changed
 //! since the instance started (its ctime is later) is a conflict: reported,
@@ -150,14 +151,29 @@ impl<'a> Door<'a> {
         })
     }
 
+    /// Makes the apply durable: the journal, then every file system it
+    /// wrote (one `syncfs` each for the workspace's and the layer's,
+    /// instead of an fsync per file and per step: a power loss in the
+    /// middle can leave steps the journal does not know, never a file of
+    /// the human's anywhere but in place or in `taken/`).
+    pub(crate) fn finish(&mut self) -> Result<(), String> {
+        self.journal
+            .sync_data()
+            .map_err(|e| format!("syncing the journal: {e}"))?;
+        for fd in [&self.trees.lower, &self.trees.upper] {
+            nix::unistd::syncfs(fd).map_err(|e| format!("syncing the file system: {e}"))?;
+        }
+        Ok(())
+    }
+
     fn record(&mut self, step: &Step) -> Result<(), String> {
         let mut line = serde_json::to_vec(step).map_err(|e| e.to_string())?;
         line.push(b'\n');
         let before = self.journal.metadata().map(|m| m.len());
-        let wrote = self
-            .journal
-            .write_all(&line)
-            .and_then(|()| self.journal.sync_data());
+        // Written before the step is made (another process sees it at
+        // once: a killed apply is finished or undone from it); made
+        // durable with everything else at the end ([`Door::finish`]).
+        let wrote = self.journal.write_all(&line);
         if let Err(e) = wrote {
             // No part of a line stays to join the next one.
             if let Ok(len) = before {
@@ -302,8 +318,7 @@ impl<'a> Door<'a> {
         .map_err(|e| format!("a temporary file beside it: {e}"))?;
         let mut out = std::fs::File::from(fd);
         let copied = super::sparse::copy(&mut src, &mut out)
-            .and_then(|()| out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)))
-            .and_then(|()| out.sync_all());
+            .and_then(|()| out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)));
         if let Err(e) = copied {
             let _ = unlinkat(&dir, &tmp, UnlinkatFlags::NoRemoveDir);
             return Err(format!("copying: {e}"));

@@ -343,7 +343,10 @@ pub(crate) fn unified(t: &Trees, changes: &[&Change]) -> Result<String, String> 
         // removed and added lines (still exact, only less minimal), and
         // the summary says so.
         let started = std::time::Instant::now();
+        // Patience anchors on lines that occur once: a lockfile rewritten
+        // whole costs it little, where Myers is quadratic in the changes.
         let d = similar::TextDiff::configure()
+            .algorithm(similar::Algorithm::Patience)
             .timeout(DIFF_TIME)
             .diff_lines(&a, &b);
         if started.elapsed() >= DIFF_TIME {

@@ -22,6 +22,8 @@ pub(crate) enum Why {
     NotAFile(&'static str),
     /// The sandmux binary that runs the door, or a directory holding it.
     SandmuxBinary,
+    /// A hard link of that binary (by device and inode).
+    SandmuxLink,
     /// Version-control data of any system.
     Vcs,
     /// A directory git could take for a repository.
@@ -41,7 +43,11 @@ impl Why {
     pub(crate) fn never(&self) -> bool {
         matches!(
             self,
-            Why::UnsafeName | Why::Unreadable(_) | Why::NotAFile(_) | Why::SandmuxBinary
+            Why::UnsafeName
+                | Why::Unreadable(_)
+                | Why::NotAFile(_)
+                | Why::SandmuxBinary
+                | Why::SandmuxLink
         )
     }
 }
@@ -58,6 +64,7 @@ impl std::fmt::Display for Why {
             Why::SandmuxBinary => {
                 f.write_str("the sandmux binary that runs this, or a directory holding it")
             }
+            Why::SandmuxLink => f.write_str("a link of the sandmux binary that runs this"),
             Why::Vcs => f.write_str("version-control data"),
             Why::BareShape => f.write_str("a directory git could take for a repository"),
             Why::ToolConfig => f.write_str("tool configuration"),
@@ -76,6 +83,9 @@ pub(crate) struct Hold {
     /// Paths in the workspace that a host tool's configuration names, with
     /// whose configuration names each.
     pub configured: std::collections::HashMap<PathBuf, String>,
+    /// Those of [`Hold::configured`] that exist on the host (what removing
+    /// a directory would take away).
+    pub configured_on_host: Vec<PathBuf>,
     /// The home-directory and PATH rule.
     home: super::home::Home,
     /// The sandmux binary that runs this, when it is in the workspace (a
@@ -86,6 +96,8 @@ pub(crate) struct Hold {
     /// the workspace (cargo's `target/debug/deps/sandmux-HASH`, which the
     /// next build links back) is held back too.
     pub exe_id: Option<(u64, u64)>,
+    /// The walk for nested repositories and tool files saw the whole tree.
+    pub scan_complete: bool,
     /// Directories already asked about git's bare shape.
     bare_seen: std::cell::RefCell<std::collections::HashMap<PathBuf, bool>>,
 }
@@ -112,6 +124,8 @@ impl Hold {
             names,
             exe,
             exe_id,
+            configured_on_host: Vec::new(),
+            scan_complete: true,
             bare_seen: Default::default(),
         }
     }
@@ -121,19 +135,22 @@ impl Hold {
         st.is_some_and(|s| Some((s.st_dev, s.st_ino)) == self.exe_id)
     }
 
-    /// Adds what host tools' configuration names for the directories the
-    /// changed paths `rels` lie in: each repository (git, Mercurial, jj)
-    /// nested in the workspace above a changed path, and the files tools
-    /// read by name in every directory above one. Each directory is looked
-    /// at once: linear in the paths.
+    /// Adds what host tools' configuration names anywhere in the
+    /// workspace: every repository (git, Mercurial, jj) nested in it and
+    /// every file a tool reads by name (the profile's names, other agents'
+    /// instruction files), found by one walk of the host's tree (no link
+    /// followed, at most [`SCAN_MAX`] entries), and in the directories
+    /// above each changed path `rels` (the walk's backstop). Linear in the
+    /// tree and the paths.
     pub(crate) fn add_nested<'a>(
         &mut self,
         ws: &Path,
         trees: &Trees,
         rels: impl Iterator<Item = &'a Path>,
     ) {
-        let mut seen: std::collections::HashSet<PathBuf> = Default::default();
-        let mut dirs: Vec<PathBuf> = Vec::new();
+        let (mut dirs, files, complete) = scan(ws, &self.names);
+        self.scan_complete = complete;
+        let mut seen: std::collections::HashSet<PathBuf> = dirs.iter().cloned().collect();
         for rel in rels {
             for a in rel.ancestors().skip(1) {
                 if a.as_os_str().is_empty() || !seen.insert(a.to_path_buf()) {
@@ -156,6 +173,9 @@ impl Hold {
             }
             read_by_name(&mut r, ws, &host, &self.names);
         }
+        for f in files {
+            r.by_name(&ws.join(f), ws);
+        }
         if ws.join(".hg").symlink_metadata().is_ok() {
             r.hg(ws);
         }
@@ -165,6 +185,18 @@ impl Hold {
         for (k, v) in collect(r.found) {
             self.configured.entry(k).or_insert(v);
         }
+        self.configured_on_host = self
+            .configured
+            .keys()
+            .filter(|p| ws.join(p).symlink_metadata().is_ok())
+            .cloned()
+            .collect();
+    }
+
+    /// Whether every executable file is held (PATH has the current
+    /// directory).
+    pub(crate) fn every_executable(&self) -> bool {
+        self.home.every_executable()
     }
 
     /// Whether git could take `rel` for a repository, asked once.
@@ -176,6 +208,49 @@ impl Hold {
         self.bare_seen.borrow_mut().insert(rel.to_path_buf(), b);
         b
     }
+}
+
+/// Entries the walk for nested repositories and tool files looks at.
+const SCAN_MAX: usize = 1_000_000;
+
+/// One walk of the host's workspace: the directories holding a
+/// repository's control directory, and the files tools read by name
+/// (relative); `false` when it stopped at [`SCAN_MAX`].
+fn scan(ws: &Path, names: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>, bool) {
+    let firsts: std::collections::HashSet<&std::ffi::OsStr> =
+        names.iter().filter_map(|n| n.iter().next()).collect();
+    let (mut repos, mut files) = (Vec::new(), Vec::new());
+    let mut stack = vec![PathBuf::new()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(listed) = crate::sandbox::beneath::entries(&ws.join(&d)) else {
+            continue;
+        };
+        for (name, kind) in listed {
+            seen += 1;
+            if seen > SCAN_MAX {
+                return (repos, files, false);
+            }
+            let rel = d.join(&name);
+            if is_vcs_name(&name) {
+                if !repos.contains(&d) {
+                    repos.push(d.clone());
+                }
+                continue; // its insides are the VCS's, held whole
+            }
+            let named = firsts.contains(name.as_os_str())
+                && names.iter().any(|n| {
+                    ws.join(&d).join(n).symlink_metadata().is_ok() && n.starts_with(&name)
+                });
+            if named || super::instructions::is_instructions(&rel) {
+                files.push(rel.clone());
+            }
+            if kind == Some(nix::dir::Type::Directory) {
+                stack.push(rel);
+            }
+        }
+    }
+    (repos, files, true)
 }
 
 /// The files tools read by name (the profile's names that exist on the
@@ -217,6 +292,10 @@ const VCS_DIRS: [&str; 14] = [
     "RCS",
     "SCCS",
 ];
+
+/// Files git reads from the tree as configuration: which filter, diff and
+/// merge drivers run on which paths, and what a submodule is.
+const GIT_TREE_FILES: [&str; 2] = [".gitattributes", ".gitmodules"];
 
 /// Whether a path component is a version-control directory's name.
 pub(crate) fn is_vcs_name(n: &std::ffi::OsStr) -> bool {
@@ -298,6 +377,23 @@ pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Opt
     }
     if let Some(by) = rel.ancestors().find_map(|a| hold.configured.get(a)) {
         return Some(Why::Named(by.clone()));
+    }
+    // Removing what a tool is configured to run (a hook, a scanner) is
+    // control too.
+    if matches!(c, Change::Removed { .. }) {
+        let below = hold
+            .configured_on_host
+            .iter()
+            .find(|p| p.starts_with(rel) && !p.iter().any(is_vcs_name));
+        if let Some(by) = below.and_then(|p| hold.configured.get(p)) {
+            return Some(Why::Named(by.clone()));
+        }
+    }
+    if parts
+        .last()
+        .is_some_and(|n| GIT_TREE_FILES.iter().any(|g| n.eq_ignore_ascii_case(g)))
+    {
+        return Some(Why::ToolConfig);
     }
     hold.home.why(rel).map(Why::Home)
 }

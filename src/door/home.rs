@@ -50,6 +50,10 @@ pub(crate) struct Home {
     homes: Vec<PathBuf>,
     /// Directories on the human's PATH inside the workspace.
     on_path: Vec<PathBuf>,
+    /// Relative PATH entries: held wherever they occur in the tree.
+    relative: Vec<PathBuf>,
+    /// PATH holds the current directory: every executable file is held.
+    cwd: bool,
 }
 
 /// Why the home rule holds a path back.
@@ -80,12 +84,23 @@ impl Home {
         {
             homes.push(PathBuf::new());
         }
-        let mut on_path = Vec::new();
+        let (mut on_path, mut relative, mut cwd) = (Vec::new(), Vec::new(), false);
         let path = std::env::var_os("PATH").unwrap_or_default();
-        for dir in std::env::split_paths(&path).filter(|d| d.is_absolute()) {
-            let real = std::fs::canonicalize(&dir).unwrap_or(dir);
-            if let Ok(rel) = real.strip_prefix(ws) {
-                on_path.push(rel.to_path_buf());
+        for dir in std::env::split_paths(&path) {
+            if dir.is_absolute() {
+                let real = std::fs::canonicalize(&dir).unwrap_or(dir);
+                if let Ok(rel) = real.strip_prefix(ws) {
+                    on_path.push(rel.to_path_buf());
+                }
+                continue;
+            }
+            // Relative to wherever the human's shell is: anywhere in the
+            // tree (`node_modules/.bin`); empty or `.`: every directory.
+            let dir = super::named::normal(&dir);
+            if dir.as_os_str().is_empty() {
+                cwd = true;
+            } else {
+                relative.push(dir);
             }
         }
         for h in homes.clone() {
@@ -93,7 +108,18 @@ impl Home {
         }
         homes.sort();
         homes.dedup();
-        Home { homes, on_path }
+        Home {
+            homes,
+            on_path,
+            relative,
+            cwd,
+        }
+    }
+
+    /// PATH holds the current directory (an empty or `.` entry): any
+    /// executable file the human's shell stands beside is a command.
+    pub(crate) fn every_executable(&self) -> bool {
+        self.cwd
     }
 
     /// Whether the home rule holds `rel` back.
@@ -107,7 +133,12 @@ impl Home {
         if dotted {
             return Some(HomeWhy::DotPath);
         }
-        let pathed = self.on_path.iter().any(|d| rel.starts_with(d));
+        let parts: Vec<_> = rel.iter().collect();
+        let relative = self.relative.iter().any(|d| {
+            let want: Vec<_> = d.iter().collect();
+            parts.windows(want.len()).any(|w| w == want.as_slice())
+        });
+        let pathed = self.on_path.iter().any(|d| rel.starts_with(d)) || relative;
         pathed.then_some(HomeWhy::OnPath)
     }
 }
@@ -121,8 +152,11 @@ mod tests {
         let h = Home {
             homes: vec![PathBuf::new(), PathBuf::from("users/me")],
             on_path: vec![PathBuf::from("tools/bin")],
+            relative: vec![PathBuf::from("node_modules/.bin")],
+            cwd: false,
         };
         for held in [
+            "web/node_modules/.bin/tsc",
             ".bash_logout",
             ".config/environment.d/x.conf",
             "users/me/.pam_environment",

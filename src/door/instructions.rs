@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// Names (files or folders) that coding agents read as instructions,
 /// settings or hooks.
-const NAMES: [&str; 46] = [
+const NAMES: [&str; 53] = [
     "AGENTS.md",
     "AGENTS.override.md",
     "AGENT.md",
@@ -60,6 +60,13 @@ const NAMES: [&str; 46] = [
     ".tabnine",
     ".zed/rules",
     ".idx/airules.md",
+    ".roomodes",
+    "crush.json",
+    ".crush.json",
+    ".factory",
+    ".agent",
+    ".agents",
+    ".amp",
 ];
 
 /// Folders of a dot directory whose files are instructions for a tool.
@@ -78,18 +85,22 @@ const FOLDERS: [&str; 8] = [
 pub(crate) fn is_instructions(rel: &Path) -> bool {
     let parts: Vec<&str> = rel.iter().filter_map(|p| p.to_str()).collect();
     for i in 0..parts.len() {
-        for n in NAMES {
-            let want: Vec<&str> = n.split('/').collect();
-            let here = parts.get(i..i + want.len());
-            if here.is_some_and(|h| h.iter().zip(&want).all(|(a, b)| a.eq_ignore_ascii_case(b))) {
-                return true;
+        let named = NAMES.iter().any(|n| {
+            let mut want = n.split('/');
+            let mut k = i;
+            loop {
+                match (want.next(), parts.get(k)) {
+                    (None, _) => return true,
+                    (Some(w), Some(p)) if w.eq_ignore_ascii_case(p) => k += 1,
+                    _ => return false,
+                }
             }
-        }
+        });
         let dot_folder = parts[i].starts_with('.')
             && parts
                 .get(i + 1)
                 .is_some_and(|f| FOLDERS.iter().any(|x| x.eq_ignore_ascii_case(f)));
-        if dot_folder {
+        if named || dot_folder {
             return true;
         }
     }

@@ -93,7 +93,7 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
     let plan = Plan::open(&dir, &meta, &look.paths)?;
     let mut text = String::new();
     if running {
-        text.push_str(&format!("# instance {id} is still running: the agent can change what follows until it ends; `sandmux apply {id}` then brings only what this diff shows\n"));
+        text.push_str(&format!("# instance {id} is still running: the agent can change what follows until it ends; `sandmux apply {id}` refuses until you `sandmux diff {id}` again after its end\n"));
     }
     let mut shown = Vec::new();
     let mut apart = Vec::new();
@@ -139,6 +139,7 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
     let digest = manifest.digest();
     let seen = Reviewed {
         paths: look.paths.clone(),
+        running,
         digest: digest.clone(),
         manifest,
     };
@@ -148,7 +149,9 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
             crate::term::printable(&e.to_string())
         );
     }
-    if !plan.items.is_empty() {
+    if running {
+        text.push_str(&format!("# no digest while instance {id} runs: `sandmux diff {id}` again once it has ended gives the one `apply` checks\n"));
+    } else if !plan.items.is_empty() {
         let sel: String = look
             .paths
             .iter()
@@ -525,6 +528,7 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
             .lines()
             .map(|l| format!("left {}", l.trim_start_matches("I "))),
     );
+    door.finish().map_err(DoorError::Failed)?;
     r.set_aside = door.taken.len();
     if moving {
         r.unrecoverable = precious::unrecoverable(&meta.workspace, &door.taken);
@@ -574,7 +578,7 @@ fn as_reviewed(
         if *want == digest {
             return Ok(digest);
         }
-        let what = match seen.filter(|s| s.digest == *want) {
+        let what = match seen.filter(|s| s.digest == *want && !s.running) {
             Some(s) => format!(
                 "changed since that diff: {}",
                 names(now.differing(&s.manifest, None))
@@ -588,6 +592,11 @@ fn as_reviewed(
     let Some(seen) = seen else {
         return Ok(digest);
     };
+    if seen.running {
+        return Err(DoorError::NotAsReviewed(
+            "your last `sandmux diff` was of the instance while it ran, when the agent could change what it showed: nothing applied; run `sandmux diff` again now that it has ended".into(),
+        ));
+    }
     let only: Vec<PathBuf> = brought.iter().map(|c| c.rel().to_path_buf()).collect();
     let differ = now.differing(&seen.manifest, Some(&only));
     if differ.is_empty() {

@@ -28,6 +28,18 @@ use std::path::{Component, Path, PathBuf};
 const FILE_MAX: u64 = 256 << 10;
 /// Include depth, as git's own limit (10).
 const DEPTH_MAX: usize = 10;
+/// Files direnv's standard library loads beside an `.envrc`.
+const ENVRC_IMPLIED: [&str; 9] = [
+    "flake.nix",
+    "flake.lock",
+    "shell.nix",
+    "default.nix",
+    ".env",
+    "devenv.nix",
+    "devenv.yaml",
+    "devbox.json",
+    ".envrc.local",
+];
 /// Files read from one protected directory (`.vscode/`…).
 const DIR_FILES_MAX: usize = 64;
 
@@ -46,6 +58,9 @@ pub(crate) struct Reader<'a> {
     ws: &'a Path,
     trees: Option<&'a Trees>,
     home: Option<PathBuf>,
+    /// The top of the repository the workspace lies in, when that is
+    /// above it (a path relative to the top names a file of the tree too).
+    top: Option<PathBuf>,
     seen: HashSet<PathBuf>,
     pub(crate) found: Vec<Named>,
 }
@@ -57,6 +72,7 @@ impl<'a> Reader<'a> {
         Reader {
             ws,
             trees,
+            top: toplevel(ws),
             home: super::home::human_home(),
             seen: HashSet::new(),
             found: Vec::new(),
@@ -122,6 +138,20 @@ impl<'a> Reader<'a> {
             for text in self.versions(&f) {
                 let words = words_of(&text);
                 self.name_all(&words, &f, repo, &by);
+            }
+        }
+        // direnv loads these beside an `.envrc` without naming them
+        // (`use flake`, `use nix`, `dotenv`, `use devenv`…).
+        if path.file_name().is_some_and(|n| n == ".envrc") {
+            let dir = path.parent().unwrap_or(self.ws);
+            let by = format!("{by} (what direnv loads beside it)");
+            for implied in ENVRC_IMPLIED {
+                for rel in self.inside(&dir.join(implied)) {
+                    self.found.push(Named {
+                        rel,
+                        by: by.clone(),
+                    });
+                }
             }
         }
     }
@@ -199,7 +229,8 @@ impl<'a> Reader<'a> {
     /// control directory.
     fn name_all(&mut self, words: &[String], file: &Path, repo: &Path, by: &str) {
         let dir = file.parent().unwrap_or(Path::new("/"));
-        for w in words {
+        let top = self.top.clone();
+        for w in words.iter().flat_map(|w| forms(w)) {
             let w = w.trim_start_matches("./");
             // `.`, `..`, `/`: a word of dots names no file of its own (a
             // tracking branch's remote is `.`).
@@ -211,13 +242,20 @@ impl<'a> Reader<'a> {
                 (Some(rest), Some(h)) => bases.push(h.join(rest)),
                 _ if w.starts_with('/') => bases.push(PathBuf::from(w)),
                 _ => {
-                    for b in [dir, repo, &repo.join(".git"), self.ws] {
+                    let roots = [
+                        Some(dir),
+                        Some(repo),
+                        Some(&repo.join(".git")),
+                        Some(self.ws),
+                        top.as_deref(),
+                    ];
+                    for b in roots.into_iter().flatten() {
                         bases.push(b.join(w));
                     }
                 }
             }
             for p in bases {
-                if let Some(rel) = self.inside(&p) {
+                for rel in self.inside(&p) {
                     self.found.push(Named {
                         rel,
                         by: by.to_string(),
@@ -227,17 +265,20 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// `p` relative to the workspace when it lies inside it, lexically or
-    /// through the host's links of its longest existing ancestor.
-    fn inside(&self, p: &Path) -> Option<PathBuf> {
+    /// `p` relative to the workspace, lexically and through the host's
+    /// links of its longest existing ancestor (a hooks path that is a link
+    /// names what it points to too): each form that lies inside it.
+    fn inside(&self, p: &Path) -> Vec<PathBuf> {
         let p = normal(p);
-        let rel = match p.strip_prefix(self.ws) {
-            Ok(r) => Some(r.to_path_buf()),
-            Err(_) => {
-                resolved(&p).and_then(|r| r.strip_prefix(self.ws).ok().map(Path::to_path_buf))
+        let mut out = Vec::new();
+        for form in [Some(p.clone()), resolved(&p)].into_iter().flatten() {
+            if let Ok(rel) = form.strip_prefix(self.ws) {
+                if !rel.as_os_str().is_empty() && !out.iter().any(|o: &PathBuf| o == rel) {
+                    out.push(rel.to_path_buf());
+                }
             }
-        }?;
-        (!rel.as_os_str().is_empty()).then_some(rel)
+        }
+        out
     }
 }
 
@@ -283,6 +324,46 @@ fn git_files(repo: &Path) -> Vec<PathBuf> {
         }
     }
     files
+}
+
+/// The top of the repository `ws` lies in, when it is above `ws`.
+fn toplevel(ws: &Path) -> Option<PathBuf> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(ws)
+        .args(["-c", "safe.directory=*", "rev-parse", "--show-toplevel"])
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let top = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim_end_matches('\n'));
+    (top != ws && ws.starts_with(&top)).then_some(top)
+}
+
+/// The forms a word may name a path in: itself; without a leading `/` (a
+/// `$(git rev-parse --show-toplevel)/x` or `$HOME/x` leaves `/x`); without
+/// an option's letters (`-Itools/lib`, `--path=x` is split at `=`
+/// already); without `~user/`.
+fn forms(w: &str) -> Vec<&str> {
+    let mut out = vec![w];
+    if let Some(rest) = w.strip_prefix('/') {
+        out.push(rest);
+    }
+    if w.starts_with('-') {
+        let bare = w.trim_start_matches('-');
+        out.push(bare);
+        if bare.len() > 1 && bare.is_char_boundary(1) {
+            out.push(&bare[1..]);
+        }
+    }
+    if w.starts_with('~') && !w.starts_with("~/") {
+        if let Some((_, rest)) = w.split_once('/') {
+            out.push(rest);
+        }
+    }
+    out
 }
 
 /// The entries of one git configuration file's text, as git itself parses

@@ -5,6 +5,7 @@
 
 use super::diff::{self, Change, Trees};
 use super::hold::{held, Hold, Why};
+use super::home::HomeWhy;
 use super::ignored::Ignored;
 use super::review::Manifest;
 use super::DoorError;
@@ -42,8 +43,9 @@ impl Plan {
             return Err(DoorError::BadPath(p.display().to_string()));
         }
         let trees = Trees::open(dir, &meta.workspace).map_err(DoorError::Layer)?;
-        let mut changes = diff::changes(&trees).map_err(DoorError::Layer)?;
-        changes.retain(|c| paths.is_empty() || paths.iter().any(|p| c.rel().starts_with(p)));
+        let changes = diff::changes(&trees).map_err(DoorError::Layer)?;
+        // Verdicts come from every change, then PATHS choose among them:
+        // naming a path never changes what is held or ignored.
         let mut hold = Hold::new(&meta.workspace, meta.held_names.clone(), &trees);
         hold.add_nested(&meta.workspace, &trees, changes.iter().map(|c| c.rel()));
         let ignored = Ignored::new(&meta.workspace, &trees, changes.iter().map(|c| c.rel()));
@@ -53,9 +55,17 @@ impl Plan {
             .map(|c| {
                 let exe = hold.is_exe(diff::stat_at(&trees.lower, c.rel()));
                 let why = if exe {
-                    Some(Why::SandmuxBinary)
+                    Some(Why::SandmuxLink)
                 } else {
-                    held(&c, &hold, &bare)
+                    held(&c, &hold, &bare).or_else(|| {
+                        let file = matches!(
+                            c,
+                            Change::Added { what: "file", .. } | Change::Modified { .. }
+                        );
+                        let x = diff::stat_at(&trees.upper, c.rel())
+                            .is_some_and(|s| s.st_mode & 0o111 != 0);
+                        (file && x && hold.every_executable()).then_some(Why::Home(HomeWhy::OnPath))
+                    })
                 };
                 let dir = matches!(
                     c,
@@ -70,6 +80,9 @@ impl Plan {
                     why,
                     ignored,
                 }
+            })
+            .filter(|i: &Item| {
+                paths.is_empty() || paths.iter().any(|p| i.change.rel().starts_with(p))
             })
             .collect();
         Ok(Plan { trees, hold, items })

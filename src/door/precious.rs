@@ -2,12 +2,14 @@
 //! can be had again without the layer: judged by content, never by what
 //! `git status` says (skip-worktree, assume-unchanged, an ignore rule the
 //! agent wrote all hide a local edit from it). A file is recoverable only
-//! when its exact bytes are an object in the workspace's git repository
-//! (`git hash-object --no-filters`, then `git cat-file --batch-check`: git
-//! reads, runs nothing of the tree's); anything else — a file git does not
-//! have byte for byte, a link, a special file, any file when there is no
-//! repository or git fails — is the human's only copy, and the layer that
-//! keeps it in `taken/` stays until the human discards it.
+//! when its exact bytes are a blob of the human's `HEAD` or index (`git
+//! hash-object --no-filters`, `git ls-files -s`, `git ls-tree -r HEAD`: git
+//! reads, runs nothing of the tree's; an object merely present — one an
+//! earlier agent's commits brought under `refs/sandmux/`, an unreachable
+//! one — does not count); anything else — a link, a special file, any file
+//! when there is no repository or git fails — is the human's only copy,
+//! and the layer that keeps it in `taken/` stays until the human discards
+//! it.
 
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -52,8 +54,10 @@ fn walk(p: &Path, files: &mut Vec<PathBuf>, other: &mut usize) {
     }
 }
 
-/// How many of `files` have bytes that are no object of the repository at
-/// `ws`; None when git cannot say.
+/// How many of `files` have bytes that are no blob of the repository at
+/// `ws`'s `HEAD` or index (the human's own: an object an earlier agent's
+/// commits brought in under `refs/sandmux/`, or an unreachable one `git gc`
+/// may prune, does not count); None when git cannot say.
 fn missing(ws: &Path, files: &[PathBuf]) -> Option<usize> {
     let mut list = Vec::new();
     for f in files {
@@ -65,14 +69,22 @@ fn missing(ws: &Path, files: &[PathBuf]) -> Option<usize> {
     if ids.len() != files.len() {
         return None;
     }
-    let asked = ids.join("\n") + "\n";
-    let found = git(
-        ws,
-        &["cat-file", "--batch-check=%(objectname) %(objecttype)"],
-        asked.as_bytes(),
-    )?;
-    let present = found.lines().filter(|l| l.ends_with(" blob")).count();
-    (found.lines().count() == files.len()).then(|| files.len() - present)
+    let mut have = std::collections::HashSet::new();
+    let index = git(ws, &["ls-files", "-s", "-z", "--", ":/"], b"")?;
+    // "MODE ID STAGE\tPATH"
+    have.extend(
+        index
+            .split('\0')
+            .filter_map(|e| e.split(' ').nth(1).map(str::to_string)),
+    );
+    if let Some(tree) = git(ws, &["ls-tree", "-r", "-z", "--full-tree", "HEAD"], b"") {
+        // "MODE TYPE ID\tPATH"
+        have.extend(
+            tree.split('\0')
+                .filter_map(|e| e.split(['\t', ' ']).nth(2).map(str::to_string)),
+        );
+    }
+    Some(ids.iter().filter(|id| !have.contains(**id)).count())
 }
 
 /// The host's git in `ws` (its own configuration, nothing of the layer's),

@@ -71,15 +71,14 @@ impl Manifest {
     }
 
     /// The paths whose line differs between `self` (now) and `seen` (the
-    /// review), limited to the paths `now_only` says matter (None: all).
+    /// review) — bytes, mode, and whether it was held back or ignored —
+    /// limited to the paths `only` names (None: all).
     pub(crate) fn differing(&self, seen: &Manifest, only: Option<&[PathBuf]>) -> Vec<PathBuf> {
         let matters = |p: &Path| only.is_none_or(|o| o.iter().any(|x| x == p));
         let mut out: Vec<PathBuf> = self
             .entries
             .iter()
-            .filter(|(p, l)| {
-                matters(p) && seen.entries.get(*p).map(|s| unheld(s)) != Some(unheld(l))
-            })
+            .filter(|(p, l)| matters(p) && seen.entries.get(*p) != Some(*l))
             .map(|(p, _)| p.clone())
             .collect();
         if only.is_none() {
@@ -94,12 +93,6 @@ impl Manifest {
         out.dedup();
         out
     }
-}
-
-/// A line without its held mark: the bytes are what a review compares.
-fn unheld(l: &str) -> &str {
-    let l = l.strip_prefix("held ").unwrap_or(l);
-    l.strip_prefix("ignored ").unwrap_or(l)
 }
 
 /// The digest of the layer's file at `rel` (`sparse::digest`: holes cost
@@ -128,6 +121,10 @@ fn content(upper: &std::os::fd::OwnedFd, rel: &Path) -> String {
 pub(crate) struct Reviewed {
     /// The paths `diff` was limited to (empty: all).
     pub(crate) paths: Vec<PathBuf>,
+    /// The instance still ran: the agent could change what was shown
+    /// while it was read, so no apply trusts this review.
+    #[serde(default)]
+    pub(crate) running: bool,
     pub(crate) digest: String,
     pub(crate) manifest: Manifest,
 }
