@@ -195,24 +195,47 @@ impl<'a> Door<'a> {
     /// file at `rel` (stat `h`) in `taken/` and was killed short of its
     /// rename: the file is that very inode, its ctime the one the link
     /// gave it (nothing changed it since, not even a `touch -r`), so its
-    /// ctime is the apply's, not the human's. The kept name and what the
-    /// step said it placed.
+    /// ctime is the apply's, not the human's; or one killed before it
+    /// journaled that ctime, whose journaled `taken/` name is the very
+    /// inode. The kept name and what the step said it placed.
     fn kept_before(
         &self,
         rel: &Path,
         h: &nix::sys::stat::FileStat,
     ) -> Option<(PathBuf, Option<Placed>)> {
         let ctime = h.st_ctime * 1_000_000_000 + h.st_ctime_nsec;
-        let taken = self.earlier.iter().find_map(|s| match s {
+        let same_inode = |taken: &Path| {
+            taken_stat(self.layer, taken)
+                .is_some_and(|k| (k.st_dev, k.st_ino) == (h.st_dev, h.st_ino))
+        };
+        let kept = self.earlier.iter().find_map(|s| match s {
             Step::Kept {
                 rel: r,
                 taken,
                 ctime_ns,
-            } if r == rel && *ctime_ns == ctime => taken_stat(self.layer, taken)
-                .filter(|k| (k.st_dev, k.st_ino) == (h.st_dev, h.st_ino))
-                .map(|_| taken.clone()),
+            } if r == rel && *ctime_ns == ctime && same_inode(taken) => Some(taken.clone()),
             _ => None,
-        })?;
+        });
+        // Killed between the link and its `kept` line: the journaled
+        // `taken/` name is that very inode, so whatever the file holds now
+        // is kept there too (an undo gives it back); nothing is lost by
+        // finishing.
+        let unkept = || {
+            self.earlier.iter().find_map(|s| match s {
+                Step::Replace { rel: r, taken, .. }
+                    if r == rel
+                        && same_inode(taken)
+                        && !self
+                            .earlier
+                            .iter()
+                            .any(|k| matches!(k, Step::Kept { taken: t, .. } if t == taken)) =>
+                {
+                    Some(taken.clone())
+                }
+                _ => None,
+            })
+        };
+        let taken = kept.or_else(unkept)?;
         let placed = self.earlier.iter().find_map(|s| match s {
             Step::Replace {
                 taken: t, placed, ..

@@ -52,6 +52,9 @@ pub(crate) struct Trees {
     pub(crate) upper: OwnedFd,
     /// The workspace on the host.
     pub(crate) lower: OwnedFd,
+    /// What the walk saw of each changed entry of the layer (one `stat` a
+    /// path, not one a question).
+    seen: std::cell::RefCell<std::collections::HashMap<PathBuf, FileStat>>,
 }
 
 impl Trees {
@@ -61,7 +64,16 @@ impl Trees {
         Ok(Trees {
             upper: open(&dir.join("upper"))?,
             lower: open(workspace)?,
+            seen: Default::default(),
         })
+    }
+
+    /// The layer's entry at `rel` as the walk saw it, else as it is now.
+    pub(crate) fn upper_stat(&self, rel: &Path) -> Option<FileStat> {
+        if let Some(s) = self.seen.borrow().get(rel) {
+            return Some(*s);
+        }
+        stat_at(&self.upper, rel)
     }
 
     /// Whether `rel` exists in either tree (the layer's whiteouts aside:
@@ -128,17 +140,35 @@ impl Trees {
                 names.push((rel.join(std::ffi::OsStr::from_bytes(n)), e.file_type()));
             }
         }
+        // Each entry is asked about beside its directory's descriptors (the
+        // workspace's opened once a directory too), not by a path walked
+        // again from the roots.
+        let low_dir = lower_there
+            .then(|| beneath(&self.lower, rel, OFlag::O_PATH | OFlag::O_DIRECTORY).ok())
+            .flatten();
         for (child, _) in names {
-            self.entry(&child, lower_there, out)?;
+            let Some(name) = child.file_name() else {
+                continue;
+            };
+            let up = fstatat(&d, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
+            let low = low_dir
+                .as_ref()
+                .and_then(|l| fstatat(l, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok());
+            self.entry(&child, (up, low), out)?;
         }
         Ok(())
     }
 
-    fn entry(&self, rel: &Path, lower_there: bool, out: &mut Vec<Change>) -> Result<(), String> {
-        let Some(up) = stat_at(&self.upper, rel) else {
+    fn entry(
+        &self,
+        rel: &Path,
+        (up, low): (Option<FileStat>, Option<FileStat>),
+        out: &mut Vec<Change>,
+    ) -> Result<(), String> {
+        let Some(up) = up else {
             return Ok(()); // gone while we looked
         };
-        let low = lower_there.then(|| stat_at(&self.lower, rel)).flatten();
+        self.seen.borrow_mut().insert(rel.to_path_buf(), up);
         let rel_buf = rel.to_path_buf();
         match kind(up.st_mode) {
             libc::S_IFCHR if up.st_rdev == 0 => {

@@ -150,6 +150,7 @@ impl Hold {
     ) {
         let (mut dirs, files, complete) = scan(ws, &self.names);
         self.scan_complete = complete;
+        let scanned = dirs.len();
         let mut seen: std::collections::HashSet<PathBuf> = dirs.iter().cloned().collect();
         for rel in rels {
             for a in rel.ancestors().skip(1) {
@@ -160,8 +161,13 @@ impl Hold {
             }
         }
         let mut r = super::named::Reader::new(ws, Some(trees));
-        for d in dirs {
+        for (i, d) in dirs.into_iter().enumerate() {
             let host = ws.join(&d);
+            // The walk read what it found; the directories above the
+            // changes are looked at by name only where it stopped short.
+            if i >= scanned && complete {
+                continue;
+            }
             if host.join(".git").symlink_metadata().is_ok() {
                 r.git(&host);
             }
@@ -363,7 +369,16 @@ pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Opt
     if parts.iter().any(|p| is_vcs_name(p)) {
         return Some(Why::Vcs);
     }
-    if rel.ancestors().any(|a| hold.bare(a, bare)) {
+    // A file is no repository: only the directories above it are asked.
+    let file = matches!(
+        c,
+        Change::Added { what: "file", .. } | Change::Modified { .. }
+    );
+    if rel
+        .ancestors()
+        .skip(usize::from(file))
+        .any(|a| hold.bare(a, bare))
+    {
         return Some(Why::BareShape);
     }
     if super::instructions::is_instructions(rel) {

@@ -17,7 +17,7 @@ impl Summary {
         let top: PathBuf = c.rel().iter().take(1).collect();
         let bytes = match c {
             Change::Added { what: "file", .. } | Change::Modified { .. } => {
-                super::diff::stat_at(&t.upper, c.rel()).map_or(0, |s| s.st_size as u64)
+                t.upper_stat(c.rel()).map_or(0, |s| s.st_size as u64)
             }
             _ => 0,
         };

@@ -53,7 +53,9 @@ impl Plan {
         let items = changes
             .into_iter()
             .map(|c| {
-                let exe = hold.is_exe(diff::stat_at(&trees.lower, c.rel()));
+                // Only a host file can be a link of the running binary.
+                let host_file = !matches!(c, Change::Added { .. });
+                let exe = host_file && hold.is_exe(diff::stat_at(&trees.lower, c.rel()));
                 let why = if exe {
                     Some(Why::SandmuxLink)
                 } else {
@@ -62,9 +64,13 @@ impl Plan {
                             c,
                             Change::Added { what: "file", .. } | Change::Modified { .. }
                         );
-                        let x = diff::stat_at(&trees.upper, c.rel())
-                            .is_some_and(|s| s.st_mode & 0o111 != 0);
-                        (file && x && hold.every_executable()).then_some(Why::Home(HomeWhy::OnPath))
+                        let x = || {
+                            trees
+                                .upper_stat(c.rel())
+                                .is_some_and(|s| s.st_mode & 0o111 != 0)
+                        };
+                        (hold.every_executable() && file && x())
+                            .then_some(Why::Home(HomeWhy::OnPath))
                     })
                 };
                 let dir = matches!(
@@ -107,7 +113,7 @@ impl Plan {
                     Change::Added { what: "file", .. } | Change::Modified { .. }
                 )
             })
-            .filter_map(|c| diff::stat_at(&self.trees.upper, c.rel()))
+            .filter_map(|c| self.trees.upper_stat(c.rel()))
             .map(|s| s.st_size as u64)
             .sum()
     }

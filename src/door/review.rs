@@ -33,7 +33,7 @@ impl Manifest {
         let rel = c.rel();
         let line = match c {
             Change::Added { what: "file", .. } | Change::Modified { .. } => {
-                let st = super::diff::stat_at(&t.upper, rel);
+                let st = t.upper_stat(rel);
                 let mode = st.map_or(0, |s| s.st_mode & 0o7777);
                 format!("file {mode:o} {}", content(&t.upper, rel))
             }
@@ -107,13 +107,8 @@ fn content(upper: &std::os::fd::OwnedFd, rel: &Path) -> String {
     let Ok(fd) = fd else {
         return "unreadable".into();
     };
-    let mut f = std::fs::File::from(fd);
-    match f.metadata() {
-        Ok(m) if m.is_file() => {
-            super::sparse::digest(&mut f).unwrap_or_else(|_| "unreadable".into())
-        }
-        _ => "not a file".into(),
-    }
+    let f = std::fs::File::from(fd);
+    super::sparse::digest(&f).unwrap_or_else(|_| "unreadable".into())
 }
 
 /// The last review of a layer, as `diff` kept it.
