@@ -246,8 +246,11 @@ class Bench:
             self.gen(kind, "orig", n, ws)
             self.run(["git", "init", "-q"], cwd=ws, env=self.genv, what="git init")
             self.run(["git", "add", "-A"], cwd=ws, env=self.genv, what="git add")
-            self.run(["git", "commit", "-q", "-m", "the workspace before the agent"], cwd=ws, env=self.genv,
-                     what="git commit")
+            # No automatic gc: at 30,000 loose objects `git commit` starts one
+            # in the background, which repacks while the tree is copied.
+            self.run(["git", "-c", "gc.auto=0", "commit", "-q", "-m", "the workspace before the agent"],
+                     cwd=ws, env=self.genv, what="git commit")
+            self.run(["git", "config", "gc.auto", "0"], cwd=ws, env=self.genv, what="git config gc.auto")
             # The baselines' trees: the workspace's files without .git (OLD),
             # and the same with the agent's writes (NEW).
             self.run(["cp", "-a", ws, old], what="cp -a ws old")

@@ -57,6 +57,11 @@ fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::
         Some(why) if !quiet => tracing::warn!("the workspace is {why}"),
         _ => {}
     }
+    if let Some(what) = policy.workspace_mode.not_guarded() {
+        if !quiet {
+            tracing::warn!("{what}");
+        }
+    }
     Ok(policy)
 }
 

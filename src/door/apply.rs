@@ -109,9 +109,12 @@ pub(crate) struct Door<'a> {
     /// entries it replaced or removed).
     pub(crate) taken: Vec<PathBuf>,
     journal: std::fs::File,
-    /// What earlier applies of this layer journaled (a killed one's
-    /// steps are finished, not taken for the human's changes).
-    earlier: Vec<Step>,
+    /// What earlier applies of this layer journaled about each path (a
+    /// killed one's steps are finished, not taken for the human's
+    /// changes): its `replace` and `kept` steps, by path.
+    earlier: std::collections::HashMap<PathBuf, Vec<Step>>,
+    /// The `taken/` names a `kept` step of an earlier apply names.
+    kept_names: std::collections::HashSet<PathBuf>,
 }
 
 impl<'a> Door<'a> {
@@ -137,7 +140,18 @@ impl<'a> Door<'a> {
         }
         std::fs::create_dir_all(layer.join("taken"))
             .map_err(|e| format!("{}: {e}", layer.join("taken").display()))?;
-        let earlier = journaled(layer)?;
+        let mut earlier: std::collections::HashMap<PathBuf, Vec<Step>> = Default::default();
+        let mut kept_names = std::collections::HashSet::new();
+        for step in journaled(layer)? {
+            match &step {
+                Step::Kept { rel, taken, .. } => {
+                    kept_names.insert(taken.clone());
+                    earlier.entry(rel.clone()).or_default().push(step);
+                }
+                Step::Replace { rel, .. } => earlier.entry(rel.clone()).or_default().push(step),
+                _ => {}
+            }
+        }
         // 20 ms before the layer was made: a coarse ctime just after it
         // still counts as a change.
         Ok(Door {
@@ -148,6 +162,7 @@ impl<'a> Door<'a> {
             taken: Vec::new(),
             journal,
             earlier,
+            kept_names,
         })
     }
 
@@ -208,12 +223,11 @@ impl<'a> Door<'a> {
             taken_stat(self.layer, taken)
                 .is_some_and(|k| (k.st_dev, k.st_ino) == (h.st_dev, h.st_ino))
         };
-        let kept = self.earlier.iter().find_map(|s| match s {
+        let steps = self.earlier.get(rel)?;
+        let kept = steps.iter().find_map(|s| match s {
             Step::Kept {
-                rel: r,
-                taken,
-                ctime_ns,
-            } if r == rel && *ctime_ns == ctime && same_inode(taken) => Some(taken.clone()),
+                taken, ctime_ns, ..
+            } if *ctime_ns == ctime && same_inode(taken) => Some(taken.clone()),
             _ => None,
         });
         // Killed between the link and its `kept` line: the journaled
@@ -221,14 +235,9 @@ impl<'a> Door<'a> {
         // is kept there too (an undo gives it back); nothing is lost by
         // finishing.
         let unkept = || {
-            self.earlier.iter().find_map(|s| match s {
-                Step::Replace { rel: r, taken, .. }
-                    if r == rel
-                        && same_inode(taken)
-                        && !self
-                            .earlier
-                            .iter()
-                            .any(|k| matches!(k, Step::Kept { taken: t, .. } if t == taken)) =>
+            steps.iter().find_map(|s| match s {
+                Step::Replace { taken, .. }
+                    if !self.kept_names.contains(taken) && same_inode(taken) =>
                 {
                     Some(taken.clone())
                 }
@@ -236,7 +245,7 @@ impl<'a> Door<'a> {
             })
         };
         let taken = kept.or_else(unkept)?;
-        let placed = self.earlier.iter().find_map(|s| match s {
+        let placed = steps.iter().find_map(|s| match s {
             Step::Replace {
                 taken: t, placed, ..
             } if *t == taken => Some(*placed),

@@ -74,7 +74,9 @@ impl Manifest {
     /// review) — bytes, mode, and whether it was held back or ignored —
     /// limited to the paths `only` names (None: all).
     pub(crate) fn differing(&self, seen: &Manifest, only: Option<&[PathBuf]>) -> Vec<PathBuf> {
-        let matters = |p: &Path| only.is_none_or(|o| o.iter().any(|x| x == p));
+        let only: Option<std::collections::HashSet<&Path>> =
+            only.map(|o| o.iter().map(PathBuf::as_path).collect());
+        let matters = |p: &Path| only.as_ref().is_none_or(|o| o.contains(p));
         let mut out: Vec<PathBuf> = self
             .entries
             .iter()

@@ -67,6 +67,19 @@ pub(crate) enum WorkspaceMode {
     CopyOnWrite,
 }
 
+impl WorkspaceMode {
+    /// What this mode does not guard, said at every start in it and in
+    /// `sandbox_status` (None: copy-on-write, whose door guards it all).
+    pub(crate) fn not_guarded(self) -> Option<&'static str> {
+        match self {
+            WorkspaceMode::CopyOnWrite => None,
+            WorkspaceMode::Live => Some(
+                "live workspace: the agent writes your tree as it works; not guarded there: files host tools obey by a name not on the profile's protected list, a planted name for up to 2 s before it is reverted, ordinary files your tools run (scripts, Makefiles, package.json scripts), instructions your own coding agents read, and set-ID files you already had; copy-on-write (every built-in's default) reviews all of it at one door",
+            ),
+        }
+    }
+}
+
 /// What happens to a copy-on-write layer when its instance ends
 /// (`--on-end` of `run`, `shell` and `serve`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

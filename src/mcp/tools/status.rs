@@ -224,6 +224,7 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
                     .as_ref()
                     .map(|why| format!("copy-on-write workspace: {why}")),
             )
+            .chain(c.s.policy.workspace_mode.not_guarded().map(str::to_string))
             .collect(),
         layers,
         tools_enabled: c.s.enabled.read().map(|e| e.len()).unwrap_or(0),
