@@ -14,12 +14,14 @@ pub(crate) mod hold;
 pub(crate) mod home;
 pub(crate) mod ignored;
 pub(crate) mod instructions;
+mod journal;
 pub(crate) mod named;
 pub(crate) mod plan;
 pub(crate) mod precious;
 pub(crate) mod record;
 pub(crate) mod refs;
 pub(crate) mod review;
+mod show;
 pub(crate) mod sparse;
 mod undo;
 pub(crate) mod xattr;
@@ -29,6 +31,7 @@ use hold::{shown_name, Why};
 use plan::Plan;
 mod ignored_summary;
 use review::Reviewed;
+pub(crate) use show::{show, Look};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
@@ -49,119 +52,6 @@ pub(crate) enum DoorError {
     NoSpace { need: u64, free: u64 },
     #[error("{0}")]
     Failed(String),
-}
-
-/// What `diff` was asked: the paths, the summary alone, what git ignores
-/// shown path by path.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Look {
-    pub(crate) paths: Vec<PathBuf>,
-    pub(crate) names_only: bool,
-    pub(crate) include_ignored: bool,
-}
-
-/// `sandmux diff ID [PATHS…]`: 0 when the layer holds no change, 1 when it
-/// does (as `diff(1)`), 2 when it cannot be read.
-pub(crate) fn show(id: &str, look: &Look) -> i32 {
-    match render(id, look) {
-        Ok((text, changed)) => {
-            let mut out = std::io::stdout().lock();
-            // The layer's names and text are the agent's: a terminal gets
-            // them escaped, a pipe (to `patch`) gets the bytes.
-            let text = if out.is_terminal() {
-                text.lines()
-                    .map(|l| crate::term::printable(l) + "\n")
-                    .collect()
-            } else {
-                text
-            };
-            let _ = out.write_all(text.as_bytes());
-            i32::from(changed)
-        }
-        Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
-            2
-        }
-    }
-}
-
-/// The summary, the diff and the digest of layer `id` under `paths`, and
-/// whether it changed anything; the review kept for `apply`.
-fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
-    let (dir, meta) = crate::supervisor::layer::find(id)?;
-    let running = crate::supervisor::layer::ended(&dir, id).is_err();
-    let plan = Plan::open(&dir, &meta, &look.paths)?;
-    let mut text = String::new();
-    if running {
-        text.push_str(&format!("# instance {id} is still running: the agent can change what follows until it ends; `sandmux apply {id}` refuses until you `sandmux diff {id}` again after its end\n"));
-    }
-    let mut shown = Vec::new();
-    let mut apart = Vec::new();
-    let mut ignored = ignored_summary::Summary::default();
-    for item in &plan.items {
-        let (c, why) = (&item.change, &item.why);
-        if item.ignored && !look.include_ignored {
-            ignored.add(&plan.trees, c);
-            continue;
-        }
-        let name = shown_name(c.rel());
-        if let Some(why) = why {
-            let line = format!("H {name} (held back: {why})\n");
-            match why {
-                Why::Instructions => apart.push(line),
-                _ => text.push_str(&line),
-            }
-            continue;
-        }
-        let line = match c {
-            Change::Added { what, .. } => format!("A {name} ({what})"),
-            Change::Modified { mode: None, .. } => format!("M {name}"),
-            Change::Modified {
-                mode: Some((a, b)), ..
-            } => format!("M {name} (mode {a:o} -> {b:o})"),
-            Change::Removed { .. } => format!("D {name}"),
-            Change::Unreadable { .. } => continue, // held above
-        };
-        shown.push(c);
-        text.push_str(&line);
-        text.push('\n');
-    }
-    text.push_str(&ignored.lines());
-    if !apart.is_empty() {
-        text.push_str("# instructions for coding agents, held back (your next agent would obey them; read them before `--include-control`):\n");
-        apart.iter().for_each(|l| text.push_str(l));
-    }
-    if !look.names_only && !shown.is_empty() {
-        text.push('\n');
-        text.push_str(&diff::unified(&plan.trees, &shown).map_err(DoorError::Layer)?);
-    }
-    let manifest = plan.manifest();
-    let digest = manifest.digest();
-    let seen = Reviewed {
-        paths: look.paths.clone(),
-        running,
-        digest: digest.clone(),
-        manifest,
-    };
-    if let Err(e) = seen.save(&dir) {
-        eprintln!(
-            "sandmux: {}: a plain `apply` will not check this review; `--expect` does",
-            crate::term::printable(&e.to_string())
-        );
-    }
-    if running {
-        text.push_str(&format!("# no digest while instance {id} runs: `sandmux diff {id}` again once it has ended gives the one `apply` checks\n"));
-    } else if !plan.items.is_empty() {
-        let sel: String = look
-            .paths
-            .iter()
-            .map(|p| format!(" {}", shown_name(p)))
-            .collect();
-        text.push_str(&format!(
-            "# digest {digest}: `sandmux apply {id}{sel} --expect {digest}` brings exactly this, or nothing\n"
-        ));
-    }
-    Ok((text, !plan.items.is_empty()))
 }
 
 /// The held-back control directory `vcs` (`n` entries) and, for a git

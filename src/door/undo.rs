@@ -4,8 +4,9 @@
 //! `taken/`. A step whose result the human changed since is left, and stays
 //! in the journal.
 
-use super::apply::{create_new, journaled, taken_stat, Step};
+use super::apply::Step;
 use super::diff::{stat_at, Trees};
+use super::journal::{create_new, journaled, taken_stat};
 use crate::sandbox::beneath::beneath;
 use nix::fcntl::{renameat2, OFlag, RenameFlags};
 use nix::unistd::{unlinkat, UnlinkatFlags};
