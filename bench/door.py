@@ -602,8 +602,8 @@ equal marginals mean linear. k: the exponent of t ∝ N^k (a fixed cost pulls it
 - Timed: whole processes from fork+exec to exit; stdout of `--names-only`, `--stat` and `apply` to a file,
   of the full diffs to /dev/null. OLD = a copy of the workspace's files without .git, NEW = OLD with the
   agent's writes made on the host by the same script; git runs with no system or global configuration.
-- `apply` copies the layer's files into the workspace, each written beside its place, fsynced and renamed
-  over it, with a journal (src/door/apply.rs); `cp -a` makes a fresh copy of the layer's upper directory on
+- `apply` copies the layer's files into the workspace, each written beside its place and renamed
+  over it, with a journal, all made durable by one `syncfs` at the end (src/door/apply.rs); `cp -a` makes a fresh copy of the layer's upper directory on
   the same file system and fsyncs nothing. `--undo` is shown against the same `cp -a` samples, with no goal.
 - Every round applies a fresh layer (made the same way, untimed): after `--undo`, the same layer applied
   again finds every rewritten file changed on the host (see the notes). The diff pairs use that round's
