@@ -55,6 +55,8 @@ pub(crate) struct Trees {
     /// What the walk saw of each changed entry of the layer (one `stat` a
     /// path, not one a question).
     seen: std::cell::RefCell<std::collections::HashMap<PathBuf, FileStat>>,
+    /// The same for the workspace's entry at each changed path.
+    seen_lower: std::cell::RefCell<std::collections::HashMap<PathBuf, FileStat>>,
 }
 
 impl Trees {
@@ -65,7 +67,16 @@ impl Trees {
             upper: open(&dir.join("upper"))?,
             lower: open(workspace)?,
             seen: Default::default(),
+            seen_lower: Default::default(),
         })
+    }
+
+    /// The workspace's entry at `rel` as the walk saw it, else as it is now.
+    pub(crate) fn lower_stat(&self, rel: &Path) -> Option<FileStat> {
+        if let Some(s) = self.seen_lower.borrow().get(rel) {
+            return Some(*s);
+        }
+        stat_at(&self.lower, rel)
     }
 
     /// The layer's entry at `rel` as the walk saw it, else as it is now.
@@ -169,6 +180,9 @@ impl Trees {
             return Ok(()); // gone while we looked
         };
         self.seen.borrow_mut().insert(rel.to_path_buf(), up);
+        if let Some(l) = low {
+            self.seen_lower.borrow_mut().insert(rel.to_path_buf(), l);
+        }
         let rel_buf = rel.to_path_buf();
         match kind(up.st_mode) {
             libc::S_IFCHR if up.st_rdev == 0 => {

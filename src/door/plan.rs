@@ -55,7 +55,7 @@ impl Plan {
             .map(|c| {
                 // Only a host file can be a link of the running binary.
                 let host_file = !matches!(c, Change::Added { .. });
-                let exe = host_file && hold.is_exe(diff::stat_at(&trees.lower, c.rel()));
+                let exe = host_file && hold.is_exe(trees.lower_stat(c.rel()));
                 let why = if exe {
                     Some(Why::SandmuxLink)
                 } else {
