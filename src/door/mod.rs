@@ -211,6 +211,9 @@ pub(crate) fn apply(id: &str, ask: &Ask) -> i32 {
 #[derive(Debug, Default)]
 pub(crate) struct Report {
     pub(crate) lines: Vec<String>,
+    /// Which of `lines` say a path was applied (`--on-end apply` leaves
+    /// them out of stderr: a CI log names only what needs the human).
+    pub(crate) applied_lines: std::collections::BTreeSet<usize>,
     pub(crate) code: i32,
     pub(crate) applied: usize,
     pub(crate) conflicts: usize,
@@ -258,7 +261,9 @@ pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
     let mut lines: Vec<String> = r
         .lines
         .into_iter()
-        .filter(|l| !l.starts_with("applied "))
+        .enumerate()
+        .filter(|(i, _)| !r.applied_lines.contains(i))
+        .map(|(_, l)| l)
         .collect();
     if !left {
         let dir = crate::supervisor::layer::find(id).map(|(d, _)| d);
@@ -381,6 +386,7 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
         match door.apply(c) {
             Ok(true) => {
                 r.applied += 1;
+                r.applied_lines.insert(r.lines.len());
                 r.lines.push(format!("applied {name}"));
             }
             Ok(false) => {}
