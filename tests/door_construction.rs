@@ -43,12 +43,17 @@ fn what_git_would_read_stays_out_as_git_resolves_it() {
         repo(w);
         git_ok(w, &["config", "include.path", "../conf/a.inc"]);
         git_ok(w, &["config", "diff.external", "scripts/differ"]);
+        // A path with a space, and one behind a variable.
+        git_ok(w, &["config", "core.hooksPath", "git hooks"]);
+        git_ok(w, &["config", "alias.lint", "!$PWD/scripts/lint.sh"]);
         put(&w.join("conf/a.inc"), "[include]\n\tpath = deep/b.inc\n");
         put(&w.join("conf/deep/.keep"), "");
     };
     let attack = format!(
         "mkdir -p conf/deep scripts tools && printf '[core]\\n\\tfsmonitor = tools/fsm\\n' > conf/deep/b.inc \
          && printf '#!/bin/sh\\ntouch {m}\\n' > tools/fsm && printf '#!/bin/sh\\ntouch {m}\\n' > scripts/differ \
+         && mkdir -p 'git hooks' && printf '#!/bin/sh\\ntouch {m}\\n' > 'git hooks/pre-commit' \
+         && printf '#!/bin/sh\\ntouch {m}\\n' > scripts/lint.sh && chmod +x 'git hooks/pre-commit' scripts/lint.sh \
          && chmod +x tools/fsm scripts/differ && echo more >> README && echo done",
         m = marker.display()
     );
@@ -58,7 +63,13 @@ fn what_git_would_read_stays_out_as_git_resolves_it() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     let id = keep(&w, &state, &attack);
     let names = door_in(&state, &w, &["diff", &id, "--names-only"]);
-    for held in ["conf/deep/b.inc", "tools/fsm", "scripts/differ"] {
+    for held in [
+        "conf/deep/b.inc",
+        "tools/fsm",
+        "scripts/differ",
+        "git hooks/pre-commit",
+        "scripts/lint.sh",
+    ] {
         assert!(
             names
                 .stdout()
@@ -80,6 +91,8 @@ fn what_git_would_read_stays_out_as_git_resolves_it() {
     }
     let _ = host_git(&w, &["status"]);
     let _ = host_git(&w, &["diff"]);
+    let _ = host_git(&w, &["commit", "-q", "--allow-empty", "-m", "human"]);
+    let _ = host_git(&w, &["lint"]);
     assert!(!marker.exists(), "the human's git ran the agent's code");
     // Control: the same bytes written on the host are obeyed.
     let ws = Ws::new();
@@ -89,12 +102,19 @@ fn what_git_would_read_stays_out_as_git_resolves_it() {
         .args(["-c", &attack])
         .current_dir(&c));
     assert!(o.status.success(), "{o}");
-    let _ = host_git(&c, &["status"]);
-    let _ = host_git(&c, &["diff"]);
-    assert!(
-        marker.exists(),
-        "control: git did not obey the planted files"
-    );
+    for (args, what) in [
+        (&["status"][..], "fsmonitor"),
+        (&["diff"][..], "diff.external"),
+        (
+            &["commit", "-q", "--allow-empty", "-m", "h"][..],
+            "the hooks path with a space",
+        ),
+        (&["lint"][..], "the alias behind $PWD"),
+    ] {
+        let _ = std::fs::remove_file(&marker);
+        let _ = host_git(&c, args);
+        assert!(marker.exists(), "control: git did not obey {what}");
+    }
 }
 
 /// Class 2 and 6: a workspace that is a home directory (a `.bashrc` on the
@@ -277,6 +297,24 @@ fn on_end_apply_keeps_every_byte_git_does_not_have() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     let o = run(&w).state(&state).script("echo agent > README").output();
     o.says("its layer is removed");
+    // The agent commits the human's only copy in a repository of its own,
+    // then overwrites it: the repository host git makes for those commits
+    // does not count.
+    let ws = Ws::new();
+    let n = ws.path();
+    put(&n.join("notes.txt"), "mine, never committed\n");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let o = run(&n)
+        .state(&state)
+        .script("export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@x GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@x; git init -q && git add notes.txt && git commit -qm mine && echo agent > notes.txt")
+        .output();
+    o.says("kept 1 of your files");
+    let id = layer_id(&o.stderr());
+    door_in(&state, &n, &["apply", &id, "--undo"]).code(0);
+    assert_eq!(
+        std::fs::read_to_string(n.join("notes.txt")).unwrap(),
+        "mine, never committed\n"
+    );
 }
 
 /// Class 5: sparse files that cost the layer nothing add up to more than

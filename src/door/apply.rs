@@ -595,7 +595,15 @@ impl<'a> Door<'a> {
                     .create_new(true)
                     .open(&taken)
                     .map_err(|e| format!("{}: {e}", taken.display()))?;
+                // Its mode kept, and on disk before the original goes: the
+                // end's syncfs is of the workspace's file system, not this one.
+                let mode = src
+                    .metadata()
+                    .map(|m| m.permissions())
+                    .map_err(|e| e.to_string())?;
                 std::io::copy(&mut &src, &mut dst)
+                    .and_then(|_| dst.set_permissions(mode))
+                    .and_then(|()| dst.sync_all())
                     .map_err(|e| format!("{}: {e}", taken.display()))?;
                 if !keep {
                     unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)

@@ -36,6 +36,9 @@ pub(crate) enum Why {
     Instructions,
     /// The home-directory rule (`home.rs`).
     Home(super::home::HomeWhy),
+    /// The walk for tool configuration stopped at its bound: what the
+    /// tree's configuration names could not all be read.
+    TooLargeToRead,
 }
 
 impl Why {
@@ -72,6 +75,10 @@ impl std::fmt::Display for Why {
             Why::Instructions => f.write_str("instructions for coding agents"),
             Why::Home(HomeWhy::DotPath) => f.write_str("a dot path of a home directory"),
             Why::Home(HomeWhy::OnPath) => f.write_str("in a directory on your PATH"),
+            Why::TooLargeToRead => write!(
+                f,
+                "the workspace has more than {SCAN_MAX} entries, so not every tool's configuration in it could be read; nothing comes in unless named with --include-control"
+            ),
         }
     }
 }
@@ -410,5 +417,10 @@ pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Opt
     {
         return Some(Why::ToolConfig);
     }
-    hold.home.why(rel).map(Why::Home)
+    if let Some(h) = hold.home.why(rel) {
+        return Some(Why::Home(h));
+    }
+    // Fail closed: where the walk could not read the whole tree, what its
+    // configuration names is unknown.
+    (!hold.scan_complete).then_some(Why::TooLargeToRead)
 }

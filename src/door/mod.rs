@@ -396,6 +396,13 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
             }
         }
     }
+    // Before any of the agent's commits are fetched: a repository host git
+    // makes for them (`git init`, `git reset`) must not count as having
+    // the human's bytes.
+    let unrecoverable = match moving {
+        true => precious::unrecoverable(&meta.workspace, &door.taken),
+        false => 0,
+    };
     let bare = |p: &Path| plan.trees.bare_shape(p);
     let check = |rel: &Path, what: &'static str| {
         let c = Change::Added {
@@ -427,7 +434,7 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
     door.finish().map_err(DoorError::Failed)?;
     r.set_aside = door.taken.len();
     if moving {
-        r.unrecoverable = precious::unrecoverable(&meta.workspace, &door.taken);
+        r.unrecoverable = unrecoverable;
         if r.unrecoverable > 0 {
             r.lines.push(format!(
                 "kept {} of your files, replaced or removed, in the layer (git does not have their bytes): `sandmux apply {id} --undo` puts them back",

@@ -162,7 +162,9 @@ impl<'a> Reader<'a> {
         }
         for text in self.versions(file) {
             for (key, value) in git_entries(&text) {
-                let words = words_of(&value);
+                let mut words = words_of(&value);
+                // The whole value too: a path with a space in it.
+                words.push(value.trim().to_string());
                 let by = format!("the repository's configuration ({key})");
                 self.name_all(&words, file, repo, &by);
                 let include = key == "include.path"
@@ -363,6 +365,17 @@ fn forms(w: &str) -> Vec<&str> {
             out.push(rest);
         }
     }
+    // `$PWD/x`, `$HOME/x`, `${GIT_DIR}/x` leave `PWD/x`…: a variable's
+    // name (capitals, digits, `_`) as the first part stands for a place.
+    if let Some((var, rest)) = w.split_once('/') {
+        let is_var = !var.is_empty()
+            && var
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        if is_var {
+            out.push(rest);
+        }
+    }
     out
 }
 
@@ -413,6 +426,21 @@ pub(crate) fn words_of(text: &str) -> Vec<String> {
         '!', '@', '#', '*', '?', '\\',
     ];
     let mut out = Vec::new();
+    // A quoted string is one word, spaces and all (`"git hooks"`, a JSON
+    // string with `\/`), and so is a whole line's value.
+    for quote in ['"', '\''] {
+        for (i, inner) in text.split(quote).enumerate() {
+            if i % 2 == 1 && !inner.is_empty() && inner.len() < 4096 && !inner.contains('\n') {
+                out.push(inner.replace("\\/", "/").replace("\\\\", "\\"));
+            }
+        }
+    }
+    for line in text.lines() {
+        let value = line.split_once('=').map_or(line, |(_, v)| v).trim();
+        if value.contains(' ') && value.len() < 4096 {
+            out.push(value.trim_matches(|c| c == '"' || c == '\'').to_string());
+        }
+    }
     for coarse in text.split_whitespace() {
         let c = coarse.trim_matches(|c: char| FINE.contains(&c));
         if !c.is_empty() && c.len() < 4096 {
@@ -467,6 +495,12 @@ mod tests {
         for want in ["tools/x.sh", "cfg/y", "bin", "sbin", "sh", "PATH=bin:sbin"] {
             assert!(w.iter().any(|x| x == want), "{want} not in {w:?}");
         }
+        let w = words_of("{\"command\": \"my tools\\/run it.sh\"}\nhooksPath = git hooks");
+        for want in ["my tools/run it.sh", "git hooks"] {
+            assert!(w.iter().any(|x| x == want), "{want} not in {w:?}");
+        }
+        let f = forms("PWD/scripts/lint.sh");
+        assert!(f.contains(&"scripts/lint.sh"), "{f:?}");
     }
 
     #[test]
