@@ -77,7 +77,7 @@ impl std::fmt::Display for Why {
             Why::Home(HomeWhy::OnPath) => f.write_str("in a directory on your PATH"),
             Why::TooLargeToRead => write!(
                 f,
-                "the workspace has more than {SCAN_MAX} entries, so not every tool's configuration in it could be read; nothing comes in unless named with --include-control"
+                "the workspace has more than {SCAN_MAX} entries or {FILES_MAX} files tools read by name, so not every tool's configuration in it could be read; nothing comes in unless named with --include-control"
             ),
         }
     }
@@ -225,6 +225,8 @@ impl Hold {
 
 /// Entries the walk for nested repositories and tool files looks at.
 const SCAN_MAX: usize = 1_000_000;
+/// Files read by name that one walk may find.
+const FILES_MAX: usize = 10_000;
 
 /// One walk of the host's workspace: the directories holding a
 /// repository's control directory, and the files tools read by name
@@ -256,6 +258,11 @@ fn scan(ws: &Path, names: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>, bool) {
                     ws.join(&d).join(n).symlink_metadata().is_ok() && n.starts_with(&name)
                 });
             if named || super::instructions::is_instructions(&rel) {
+                // Each is read (at most 256 KiB): their number is bounded
+                // too, and past it the walk fails closed like its own bound.
+                if files.len() >= FILES_MAX {
+                    return (repos, files, false);
+                }
                 files.push(rel.clone());
             }
             if kind == Some(nix::dir::Type::Directory) {
