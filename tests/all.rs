@@ -26,6 +26,7 @@ mod replay_filter;
 mod run;
 mod tmux;
 mod workspace;
+mod workspace_copy;
 mod workspace_cow;
 mod workspace_door;
 mod workspace_git;

@@ -115,15 +115,18 @@ echo attacks-done"#,
 }
 
 /// The built-ins' copy-on-write workspace where no mount namespace can be
-/// had: the `container` profile, which lets the mount layer go, runs with
-/// the workspace live (guarded) and says so; `default`, which needs the
-/// mount layer, refuses to start and names the missing layer. Control: the same
-/// `container` run where namespaces work is copy-on-write (the host's tree
-/// does not change).
+/// had: the `container` profile, which lets the mount layer go, works on a
+/// private copy (never live unless asked) and says so; the host's tree
+/// does not change, by the workspace's path either (Landlock), and the
+/// door brings the work in. `default`, which needs the mount layer,
+/// refuses to start and names the missing layer. Controls: asked for
+/// live, the same write by the host's path lands; where namespaces work,
+/// the same container run is copy-on-write.
 #[test]
-fn copy_on_write_falls_back_to_live_only_where_the_profile_lets_the_mount_layer_go() {
-    let script = "echo work > notes.txt && echo done";
+fn copy_on_write_falls_back_to_a_copy_only_where_the_profile_lets_the_mount_layer_go() {
     let ws = Ws::new();
+    let script = "echo work > notes.txt && (echo x > {ws}/by-path || true) && echo done";
+    let script = &script.replace("{ws}", &ws.path().display().to_string());
     let host = host_dir();
     if nix::unistd::geteuid().is_root() {
         let o = Command::new("chown")
@@ -136,16 +139,53 @@ fn copy_on_write_falls_back_to_live_only_where_the_profile_lets_the_mount_layer_
     let o = without_namespaces(run_cow_cmd(&ws.path(), "container", host.path(), script));
     let t = text(&o);
     assert!(t.contains("done"), "{t}");
+    assert!(t.contains("a private copy, not copy-on-write"), "{t}");
+    assert!(!t.contains("live workspace"), "{t}");
     assert!(
-        t.contains("the workspace is live, not copy-on-write"),
-        "{t}"
+        !ws.join("notes.txt").exists(),
+        "the host's tree changed\n{t}"
     );
+    assert!(
+        !ws.join("by-path").exists(),
+        "the agent wrote the host's tree by its path\n{t}"
+    );
+    let id = t
+        .split("sandmux diff ")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .expect("the kept layer's id")
+        .to_string();
+    let door = |args: &[&str]| {
+        sandmux(args)
+            .env("XDG_STATE_HOME", host.path())
+            .output()
+            .unwrap()
+    };
+    let d = door(&["diff", &id, "--names-only"]);
+    assert!(text(&d).contains("A notes.txt"), "{}", text(&d));
+    let a = door(&["apply", &id]);
+    assert!(a.status.success(), "{}", text(&a));
     assert_eq!(
         std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
         "work\n"
     );
+    assert!(door(&["discard", &id]).status.success());
+    // Control: asked for live, the write by the host's path lands.
+    let o = without_namespaces(
+        run(ws.path())
+            .live()
+            .profile("container")
+            .state(host.path())
+            .script(&format!("echo x > {}/by-path", ws.path().display()))
+            .command(),
+    );
+    assert!(
+        ws.join("by-path").exists(),
+        "positive control\n{}",
+        text(&o)
+    );
     let ws = Ws::new();
-    let o = without_namespaces(run_cow_cmd(&ws.path(), "default", host.path(), script));
+    let o = without_namespaces(run_cow_cmd(&ws.path(), "default", host.path(), "echo done"));
     let t = text(&o);
     assert!(!t.contains("done") && !o.status.success(), "{t}");
     // The first required layer missing here is the user namespace, which
@@ -155,12 +195,17 @@ fn copy_on_write_falls_back_to_live_only_where_the_profile_lets_the_mount_layer_
     // Control: with namespaces, the same container run keeps the host's
     // tree as it was (the layer is kept: --on-end keep).
     let ws = Ws::new();
-    let o = run_cow_cmd(&ws.path(), "container", host.path(), script)
-        .output()
-        .unwrap();
+    let o = run_cow_cmd(
+        &ws.path(),
+        "container",
+        host.path(),
+        "echo work > notes.txt && echo done",
+    )
+    .output()
+    .unwrap();
     let t = text(&o);
     assert!(
-        t.contains("done") && !t.contains("live, not copy-on-write"),
+        t.contains("done") && !t.contains("not copy-on-write"),
         "{t}"
     );
     assert!(!ws.join("notes.txt").exists(), "{t}");

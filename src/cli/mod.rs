@@ -230,9 +230,15 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
         Err(e) => return fail(e.exit_code(), e),
     };
     crate::log::step("run: the guard's watch");
+    let host_ws = policy.workspace.clone();
     let live = match supervisor::layer::create(&mut policy, &rundir.id) {
         Ok(l) => l,
-        Err(e) => return fail(EXIT_INTERNAL, format!("the copy-on-write layer: {e}")),
+        Err(e) => return fail(EXIT_INTERNAL, format!("the workspace's layer: {e}")),
+    };
+    // A copy workspace's command starts at the same place in the copy.
+    let cwd = match cwd.strip_prefix(&host_ws) {
+        Ok(rel) => policy.workspace.join(rel),
+        Err(_) => cwd,
     };
     crate::log::step("run: the copy-on-write layer");
     let plan = match supervisor::plan(

@@ -89,7 +89,7 @@ pub(crate) fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
                 Ok(p) => p,
                 Err(e) => return fail(EXIT_USAGE, e),
             };
-            if policy.workspace_mode == profile::WorkspaceMode::CopyOnWrite {
+            if policy.workspace_mode.has_door() {
                 // Made when an instance starts: shown with its placeholders.
                 policy.layer = Some("{state}/layers/{id}".into());
             }

@@ -321,6 +321,7 @@ impl<'a> Door<'a> {
         if !meta.is_file() {
             return Err("not a regular file in the layer".into());
         }
+        self.trees.check_end(rel, &src)?;
         let mode = match &host {
             Some(h) => h.st_mode & 0o777,
             None if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0 => {
@@ -333,7 +334,9 @@ impl<'a> Door<'a> {
             self.taken.push(taken.clone());
         }
         // A step an earlier apply journaled is finished with a copy.
-        if self.moving && kept.is_none() {
+        // A copy's file is never moved out: the copy would then lack it,
+        // which reads as the agent's removal.
+        if self.moving && !self.trees.is_copy() && kept.is_none() {
             if let Some(moved) = self.move_in(rel, &src, (&dir, &name), mode, host.is_some()) {
                 return moved.map(|()| true);
             }
@@ -351,10 +354,12 @@ impl<'a> Door<'a> {
         .map_err(|e| format!("a temporary file beside it: {e}"))?;
         let mut out = std::fs::File::from(fd);
         let copied = super::sparse::copy(&mut src, &mut out)
-            .and_then(|()| out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)));
+            .and_then(|()| out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)))
+            .map_err(|e| format!("copying: {e}"))
+            .and_then(|()| self.trees.check_end(rel, &src));
         if let Err(e) = copied {
             let _ = unlinkat(&dir, &tmp, UnlinkatFlags::NoRemoveDir);
-            return Err(format!("copying: {e}"));
+            return Err(e);
         }
         let placed = if host.is_some() {
             match kept {

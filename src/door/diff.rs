@@ -3,6 +3,10 @@
 //! link. Overlayfs keeps a removed entry as a whiteout (a `c 0 0` node) and
 //! a directory that replaced the workspace's as an opaque one
 //! (`user.overlay.opaque`); everything else in `upper/` is new or changed.
+//! A copy workspace's `copy/` is read the same way, its snapshot
+//! (`supervisor::copy`) telling what is the agent's: an entry touched
+//! since the copy was made is read as `upper/`'s, one the snapshot has
+//! and the copy lacks as a whiteout.
 
 use crate::sandbox::beneath::{beneath, open_root};
 use nix::dir::{Dir, Type};
@@ -57,18 +61,57 @@ pub(crate) struct Trees {
     seen: std::cell::RefCell<std::collections::HashMap<PathBuf, FileStat>>,
     /// The same for the workspace's entry at each changed path.
     seen_lower: std::cell::RefCell<std::collections::HashMap<PathBuf, FileStat>>,
+    /// A copy workspace's snapshot (None: an overlay's layer).
+    snapshot: Option<crate::supervisor::copy::Snapshot>,
 }
 
 impl Trees {
-    /// Opens the layer at `dir` and the workspace it overlays.
+    /// Opens the layer at `dir` and the workspace it overlays (a copy
+    /// workspace's layer: its copy, and its snapshot).
     pub(crate) fn open(dir: &Path, workspace: &Path) -> Result<Trees, String> {
         let open = |p: &Path| open_root(p).map_err(|e| format!("opening {}: {e}", p.display()));
+        let top = crate::supervisor::layer::writes(dir);
+        let snapshot = crate::supervisor::layer::is_copy(dir)
+            .then(|| crate::supervisor::copy::Snapshot::load(dir, &top))
+            .transpose()
+            .map_err(|e| format!("the copy's snapshot in {}: {e}", dir.display()))?;
+        let upper = open(&top)?;
+        if let Some(s) = &snapshot {
+            let st = nix::sys::stat::fstat(&upper).map_err(|e| e.to_string())?;
+            s.check_end(Path::new(""), &st)?;
+        }
         Ok(Trees {
-            upper: open(&dir.join("upper"))?,
+            upper,
             lower: open(workspace)?,
             seen: Default::default(),
             seen_lower: Default::default(),
+            snapshot,
         })
+    }
+
+    /// A copy's file as opened for an apply, refused when it changed after
+    /// the instance ended (before or while it is copied).
+    pub(crate) fn check_end(&self, rel: &Path, f: &std::fs::File) -> Result<(), String> {
+        match &self.snapshot {
+            Some(s) => s.check_end(rel, &nix::sys::stat::fstat(f).map_err(|e| e.to_string())?),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this is a copy workspace's layer (whose entries are not all
+    /// the agent's, and whose files must never be moved out).
+    pub(crate) fn is_copy(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
+    /// Whether the layer's entry at `rel` is a copy workspace's, copied and
+    /// untouched since: not the agent's (an overlay's: never).
+    pub(crate) fn untouched(&self, rel: &Path) -> bool {
+        let (Some(s), Some(name)) = (&self.snapshot, rel.file_name()) else {
+            return false;
+        };
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        stat_at(&self.upper, rel).is_some_and(|st| s.untouched(parent, name, &st))
     }
 
     /// The workspace's entry at `rel` as the walk saw it, else as it is now.
@@ -157,15 +200,52 @@ impl Trees {
         let low_dir = lower_there
             .then(|| beneath(&self.lower, rel, OFlag::O_PATH | OFlag::O_DIRECTORY).ok())
             .flatten();
+        let low_at = |name: &std::ffi::OsStr| {
+            low_dir
+                .as_ref()
+                .and_then(|l| fstatat(l, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok())
+        };
+        let mut now = std::collections::HashSet::new();
         for (child, _) in names {
             let Some(name) = child.file_name() else {
                 continue;
             };
-            let up = fstatat(&d, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
-            let low = low_dir
-                .as_ref()
-                .and_then(|l| fstatat(l, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok());
-            self.entry(&child, (up, low), out)?;
+            let up = fstatat(&d, name, AtFlags::AT_SYMLINK_NOFOLLOW);
+            if let Some(s) = &self.snapshot {
+                // Listed is there: one that cannot be asked about (the
+                // agent took the directory's search right) is unreadable,
+                // never read as removed.
+                now.insert(name.to_os_string());
+                let u = match up {
+                    Ok(u) => u,
+                    Err(e) => {
+                        out.push(Change::Unreadable {
+                            rel: child.clone(),
+                            why: e.to_string(),
+                        });
+                        continue;
+                    }
+                };
+                s.check_end(&child, &u)?;
+                if s.untouched(rel, name, &u) {
+                    // The copy's own: only what is below it can be the agent's.
+                    if kind(u.st_mode) == libc::S_IFDIR {
+                        let low = low_at(name).is_some_and(|l| kind(l.st_mode) == libc::S_IFDIR);
+                        self.walk(&child, low, out)?;
+                    }
+                    continue;
+                }
+            }
+            self.entry(&child, (up.ok(), low_at(name)), out)?;
+        }
+        if let Some(s) = &self.snapshot {
+            // What the copy had here and the agent removed.
+            for gone in s.gone(rel, &now) {
+                if let Some(l) = gone.file_name().and_then(low_at) {
+                    self.seen_lower.borrow_mut().insert(gone.clone(), l);
+                    out.push(Change::Removed { rel: gone });
+                }
+            }
         }
         Ok(())
     }
@@ -185,7 +265,7 @@ impl Trees {
         }
         let rel_buf = rel.to_path_buf();
         match kind(up.st_mode) {
-            libc::S_IFCHR if up.st_rdev == 0 => {
+            libc::S_IFCHR if up.st_rdev == 0 && self.snapshot.is_none() => {
                 if low.is_some() {
                     out.push(Change::Removed { rel: rel_buf });
                 }
@@ -245,8 +325,12 @@ impl Trees {
         Ok(())
     }
 
-    /// Whether the layer's directory at `rel` hides the workspace's.
+    /// Whether the layer's directory at `rel` hides the workspace's (a
+    /// copy's never does: what it lacks, the snapshot says).
     fn opaque(&self, rel: &Path) -> bool {
+        if self.snapshot.is_some() {
+            return false;
+        }
         let Ok(fd) = beneath(&self.upper, rel, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
             return false;
         };
@@ -309,6 +393,14 @@ impl Trees {
     /// The layer's file at `rel` (at most `cap` bytes; None past it).
     pub(crate) fn upper_bytes(&self, rel: &Path, cap: u64) -> Option<Vec<u8>> {
         read(&self.upper, rel, cap)
+    }
+
+    /// The agent's file at `rel`: the layer's, unless it is a copy's
+    /// untouched since it was made (then the workspace's is the one).
+    pub(crate) fn agents_bytes(&self, rel: &Path, cap: u64) -> Option<Vec<u8>> {
+        (!self.untouched(rel))
+            .then(|| self.upper_bytes(rel, cap))
+            .flatten()
     }
 }
 

@@ -91,7 +91,8 @@ impl Ignored {
 /// one, else the host's (both read without following a link).
 fn dir_rules(ws: &Path, trees: &Trees, rel: &Path) -> Option<Gitignore> {
     let file = rel.join(".gitignore");
-    let text = super::diff::read(&trees.upper, &file, FILE_MAX)
+    let text = trees
+        .agents_bytes(&file, FILE_MAX)
         .or_else(|| super::diff::read(&trees.lower, &file, FILE_MAX))?;
     let root = ws.join(rel);
     let mut b = GitignoreBuilder::new(&root);

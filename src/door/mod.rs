@@ -80,7 +80,7 @@ fn commits(
         .find_map(|a| check(a, "directory").map(|why| (a.to_path_buf(), why)));
     let fetched = match at {
         Some((a, why)) => Err(format!("{} is held back: {why}", shown_name(&a))),
-        None => refs::fetch(&trees.lower, (layer, ws), &root, id, (check, made(&root))),
+        None => refs::fetch(trees, (layer, ws), &root, id, (check, made(&root))),
     };
     match fetched {
         Ok(f) => {
@@ -288,6 +288,7 @@ pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
 fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
     let (dir, meta) = crate::supervisor::layer::find(id)?;
     let _ended = crate::supervisor::layer::ended(&dir, id)?;
+    crate::supervisor::layer::mark_ended(&dir);
     let rec = record::Record::open(id, &dir).map_err(DoorError::Failed)?;
     // What the layer holds changes: measured again when next listed.
     let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));

@@ -17,7 +17,6 @@
 use crate::sandbox::beneath::{beneath, entries};
 use nix::fcntl::OFlag;
 use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
@@ -67,15 +66,17 @@ pub(crate) struct Fetched {
 /// directory `root` (a repository may then be made there inside the
 /// human's; in a directory the human had, it may not).
 pub(crate) fn fetch(
-    lower: &OwnedFd,
+    trees: &super::diff::Trees,
     (layer, ws): (&Path, &Path),
     root: &Path,
     id: &str,
     (check, made): (Check<'_>, bool),
 ) -> Result<Fetched, String> {
-    let upper_git = layer.join("upper").join(root).join(".git");
+    let lower = &trees.lower;
+    let top = crate::supervisor::layer::writes(layer);
+    let upper_git = top.join(root).join(".git");
     // Every directory on the way is the layer's own, never a link.
-    let mut at = layer.join("upper");
+    let mut at = top.clone();
     for c in root.join(".git").components() {
         at.push(c);
         if !real_dir(&at) {
@@ -119,41 +120,48 @@ pub(crate) fn fetch(
         return Ok(Fetched::default());
     }
     let tmp = layer.join(format!("fetch-{}", crate::nonce::hex()));
-    let done = stage(&tmp, &upper_git, (!fresh).then_some(&host_git), &mut refs)
-        .and_then(|()| {
-            let tips: Vec<&str> = host.iter().map(|(_, v)| v.as_str()).collect();
-            super::history::refuse_held(&tmp, &mut refs, &tips, root, check)
-        })
-        .and_then(|refused| {
-            if refs.is_empty() {
-                return Ok((String::new(), refused));
-            }
-            let to = if fresh {
-                "refs/heads".to_string()
-            } else {
-                format!("refs/sandmux/{id}")
-            };
-            if fresh {
-                git(&host_dir, &["init", "-q"])?;
-            }
-            let spec = format!("+refs/heads/*:{to}/*");
-            let src = tmp.to_string_lossy().into_owned();
-            git(
-                &host_dir,
-                &[
-                    "-c",
-                    "fetch.fsckObjects=true",
-                    "fetch",
-                    "-q",
-                    "--no-tags",
-                    "--update-head-ok",
-                    "--no-write-fetch-head",
-                    &src,
-                    &spec,
-                ],
-            )?;
-            Ok((to, refused))
-        });
+    // A copy's objects it was made with are the host's already.
+    let copied = |p: &Path| p.strip_prefix(&top).is_ok_and(|rel| trees.untouched(rel));
+    let done = stage(
+        &tmp,
+        (&upper_git, &copied),
+        (!fresh).then_some(&host_git),
+        &mut refs,
+    )
+    .and_then(|()| {
+        let tips: Vec<&str> = host.iter().map(|(_, v)| v.as_str()).collect();
+        super::history::refuse_held(&tmp, &mut refs, &tips, root, check)
+    })
+    .and_then(|refused| {
+        if refs.is_empty() {
+            return Ok((String::new(), refused));
+        }
+        let to = if fresh {
+            "refs/heads".to_string()
+        } else {
+            format!("refs/sandmux/{id}")
+        };
+        if fresh {
+            git(&host_dir, &["init", "-q"])?;
+        }
+        let spec = format!("+refs/heads/*:{to}/*");
+        let src = tmp.to_string_lossy().into_owned();
+        git(
+            &host_dir,
+            &[
+                "-c",
+                "fetch.fsckObjects=true",
+                "fetch",
+                "-q",
+                "--no-tags",
+                "--update-head-ok",
+                "--no-write-fetch-head",
+                &src,
+                &spec,
+            ],
+        )?;
+        Ok((to, refused))
+    });
     let _ = std::fs::remove_dir_all(&tmp);
     let (to, refused) = done?;
     let shown = if root.as_os_str().is_empty() {
@@ -203,7 +211,7 @@ pub(crate) fn fetch(
 /// object dropped).
 fn stage(
     tmp: &Path,
-    upper_git: &Path,
+    (upper_git, copied): (&Path, &dyn Fn(&Path) -> bool),
     host_git: Option<&PathBuf>,
     refs: &mut Vec<(String, String)>,
 ) -> Result<(), String> {
@@ -211,7 +219,7 @@ fn stage(
     git(tmp, &["init", "-q", "--bare", "--template="])?;
     let objects = upper_git.join("objects");
     match std::fs::symlink_metadata(&objects) {
-        Ok(m) if m.is_dir() => copy_objects(&objects, &tmp.join("objects"))?,
+        Ok(m) if m.is_dir() => copy_objects(&objects, &tmp.join("objects"), copied)?,
         Ok(_) => {
             return Err(format!(
                 "{}: not a directory of the layer",
@@ -357,7 +365,7 @@ fn agent_head(upper_git: &Path) -> Option<String> {
 /// Copies the layer's object files into `to`: loose objects and packs by
 /// their names only, regular files with one link, at most
 /// [`MAX_OBJECT_BYTES`] in all.
-fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
+fn copy_objects(from: &Path, to: &Path, copied: &dyn Fn(&Path) -> bool) -> Result<(), String> {
     let mut total = 0u64;
     let hex = |s: &OsStr, n: &[usize]| {
         s.to_str().is_some_and(|t| {
@@ -387,7 +395,7 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
             let Ok(m) = fpath.symlink_metadata() else {
                 continue;
             };
-            if !ok || !m.is_file() || m.nlink() != 1 {
+            if !ok || !m.is_file() || m.nlink() != 1 || copied(&fpath) {
                 continue;
             }
             total += m.len();

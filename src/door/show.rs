@@ -50,6 +50,9 @@ pub(crate) fn show(id: &str, look: &Look) -> i32 {
 fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
     let (dir, meta) = crate::supervisor::layer::find(id)?;
     let running = crate::supervisor::layer::ended(&dir, id).is_err();
+    if !running {
+        crate::supervisor::layer::mark_ended(&dir);
+    }
     let plan = Plan::open(&dir, &meta, &look.paths)?;
     let mut text = String::new();
     if running {

@@ -21,12 +21,12 @@ impl Loaded {
         let names = self.protected_names()?;
         let (mut fs, links) = self.fs_entries(ctx)?;
         let (mode, workspace_fallback) = self.workspace_mode(ctx);
-        let cow = mode == WorkspaceMode::CopyOnWrite;
-        if cow {
+        let cow = mode.has_door();
+        if mode == WorkspaceMode::CopyOnWrite {
             check_layer_path(&ctx.workspace).map_err(|r| self.invalid("workspace.mode", r))?;
         }
-        // A copy-on-write workspace is not the host's tree inside: nothing
-        // to guard there.
+        // A copy-on-write or copy workspace is not the host's tree inside:
+        // nothing to guard there.
         let roots: Vec<PathBuf> = fs
             .iter()
             .filter(|e| e.kind == MountKind::ReadWrite)
@@ -98,17 +98,18 @@ impl Loaded {
     }
 
     /// The workspace's mode: `--workspace-mode`, else the profile's; a
-    /// copy-on-write workspace the caller found impossible here is live
-    /// when the profile lets the mount layer go (and says why), else it
-    /// stays, and the sandbox refuses to start naming the mount layer.
+    /// copy-on-write workspace the caller found impossible here is a copy
+    /// (the same door, no mount needed) when the profile lets the mount
+    /// layer go (and says why), else it stays, and the sandbox refuses to
+    /// start naming the mount layer. Never live unless asked.
     fn workspace_mode(&self, ctx: &Context) -> (WorkspaceMode, Option<String>) {
         let mode = ctx.mode.unwrap_or(self.profile.workspace.mode);
         let lenient = self.profile.enforcement.best_effort.contains(&Layer::Mount);
         match &ctx.no_overlay {
             Some(why) if mode == WorkspaceMode::CopyOnWrite && lenient => (
-                WorkspaceMode::Live,
+                WorkspaceMode::Copy,
                 Some(format!(
-                    "live, not copy-on-write: {why} (the profile lets the mount layer go; the workspace guard watches the live tree)"
+                    "a private copy, not copy-on-write: {why} (the profile lets the mount layer go; the agent works on a copy made at start, confined by Landlock, and `sandmux diff`/`apply` bring its changes in as from a layer; `--workspace-mode live` to work on your tree instead)"
                 )),
             ),
             _ => (mode, None),
@@ -116,7 +117,7 @@ impl Loaded {
     }
 
     /// Whether a copy-on-write workspace that cannot be had here would be
-    /// live instead: only then is it worth looking ([`Context::no_overlay`]).
+    /// a copy instead: only then is it worth looking ([`Context::no_overlay`]).
     pub(crate) fn may_fall_back(&self, ctx: &Context) -> bool {
         ctx.mode.unwrap_or(self.profile.workspace.mode) == WorkspaceMode::CopyOnWrite
             && self.profile.enforcement.best_effort.contains(&Layer::Mount)

@@ -61,18 +61,30 @@ pub(crate) enum WorkspaceMode {
     Live,
     /// In an overlay layer of this instance, outside the host's tree, which
     /// does not change while the instance runs (needs the mount layer; a
-    /// profile that lists `mount` as best-effort falls back to live where
-    /// there is none, and says so).
+    /// profile that lists `mount` as best-effort falls back to a copy
+    /// where there is none, and says so).
     #[default]
     CopyOnWrite,
+    /// In a private copy of the workspace made at start (reflinks where
+    /// the file system has them), which the agent works on at the copy's
+    /// own path, confined by Landlock alone; the same door
+    /// (`sandmux diff`, `apply`) brings its changes in. Needs no mount
+    /// namespace.
+    Copy,
 }
 
 impl WorkspaceMode {
+    /// Whether the agent's writes land outside the host's tree and reach
+    /// it only through the door (copy-on-write and copy).
+    pub(crate) fn has_door(self) -> bool {
+        self != WorkspaceMode::Live
+    }
+
     /// What this mode does not guard, said at every start in it and in
     /// `sandbox_status` (None: copy-on-write, whose door guards it all).
     pub(crate) fn not_guarded(self) -> Option<&'static str> {
         match self {
-            WorkspaceMode::CopyOnWrite => None,
+            WorkspaceMode::CopyOnWrite | WorkspaceMode::Copy => None,
             WorkspaceMode::Live => Some(
                 "live workspace: the agent writes your tree as it works; not guarded there: files host tools obey by a name not on the profile's protected list, a planted name for up to 2 s before it is reverted, ordinary files your tools run (scripts, Makefiles, package.json scripts), instructions your own coding agents read, and set-ID files you already had; copy-on-write (every built-in's default) reviews all of it at one door",
             ),

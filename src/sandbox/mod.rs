@@ -6,7 +6,7 @@
 pub(crate) mod beneath;
 pub(crate) mod caps;
 pub(crate) mod cgroup;
-mod container;
+pub(crate) mod container;
 pub(crate) mod env;
 mod fds;
 pub(crate) mod freeze;

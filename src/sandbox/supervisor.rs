@@ -232,9 +232,14 @@ impl Needs {
         n.rules.push(("/dev/null".into(), Right::File));
         // The copy-on-write layer: removed at the end when it holds no
         // change, or with `--on-end discard`.
+        // A copy workspace's copy, wherever it is: its directory too.
+        let copy = (policy.workspace_mode == crate::profile::WorkspaceMode::Copy)
+            .then(|| policy.workspace.parent())
+            .flatten();
         for dir in std::iter::once(f.rundir)
             .chain(f.host_view)
             .chain(policy.layer.as_deref())
+            .chain(copy)
         {
             n.rules.push((dir.to_path_buf(), Right::Tree));
             if let Some(base) = dir.parent() {

@@ -31,7 +31,7 @@ pub(crate) fn watch(
 ) -> Watching {
     let stop = Arc::new(AtomicBool::new(false));
     let seen = stop.clone();
-    let upper = layer.join("upper");
+    let upper = super::layer::writes(&layer);
     std::thread::spawn(move || {
         let mut every = Duration::from_secs(1);
         loop {

@@ -100,7 +100,7 @@ impl Instance {
                 .map_err(StartError::internal)?;
             let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
             let layer = super::layer::create(&mut policy, &rundir.id)
-                .map_err(|e| StartError::internal(format!("the copy-on-write layer: {e}")))?;
+                .map_err(|e| StartError::internal(format!("the workspace's layer: {e}")))?;
             Ok::<_, StartError>((rundir, guard, layer))
         })();
         let (rundir, guard, layer) = match host {

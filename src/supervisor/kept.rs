@@ -45,7 +45,7 @@ pub(crate) fn list() -> Vec<Kept> {
             let (dir, meta) = layer::find_in(&state, &id).ok()?;
             let running = layer::ended(&dir, &id).is_err();
             let (bytes, files, more) = match running {
-                true => usage(&dir.join("upper")),
+                true => usage(&super::layer::writes(&dir)),
                 false => ended_usage(&dir),
             };
             Some(Kept {
@@ -74,7 +74,7 @@ fn ended_usage(dir: &Path) -> (u64, u64, bool) {
     if let Some(u) = cached {
         return u;
     }
-    let u = usage(&dir.join("upper"));
+    let u = usage(&super::layer::writes(dir));
     if let Ok(t) = serde_json::to_string(&u) {
         let _ = std::fs::write(dir.join(USAGE), t);
     }

@@ -78,6 +78,9 @@ pub(crate) enum LayerError {
     /// The overlay probe failed (`possible`): why.
     #[error("{0}")]
     Probe(String),
+    /// A copy workspace's copy could not be made.
+    #[error("the copy workspace: {0}")]
+    Copy(#[from] super::copy::CopyError),
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LayerError + 'a {
@@ -107,6 +110,10 @@ pub(crate) struct Meta {
     /// `diff` holds them back at any depth.
     #[serde(default)]
     pub held_names: Vec<PathBuf>,
+    /// A copy workspace's copy: absolute, or relative to the layer's
+    /// directory (None: an overlay's layer, `upper/`).
+    #[serde(default)]
+    pub copy: Option<PathBuf>,
 }
 
 /// Where the layers are: `<state>/layers`, made 0700 if missing; never in
@@ -148,6 +155,27 @@ pub(crate) fn possible(workspace: &Path) -> Result<(), LayerError> {
 /// `work/work` with mode 0 and the agent may have taken its own rights on
 /// its directories (nothing is followed).
 fn remove(dir: &Path) -> std::io::Result<()> {
+    let copy = copy_of(dir).filter(|c| !c.starts_with(dir));
+    let outside = copy
+        .as_deref()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf);
+    let outside = outside.or_else(|| {
+        // A staging layer's copy, made before its `meta.json`: only one
+        // that is root's, as made.
+        let id = dir.file_name()?.to_str()?.strip_prefix(STAGING)?;
+        let p = Path::new(COPIES).join(id);
+        let m = std::fs::symlink_metadata(&p).ok()?;
+        (!id.is_empty() && m.is_dir() && m.uid() == 0).then_some(p)
+    });
+    if let Some(o) = outside.filter(|_| nix::unistd::geteuid().is_root()) {
+        remove_tree(&o)?;
+    }
+    remove_tree(dir)
+}
+
+/// Removes the tree at `dir`, its owner's rights given back first.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
     use crate::sandbox::beneath::{entries, open_root, unlock_dir};
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -192,7 +220,7 @@ fn lock(dir: &Path, wait: bool) -> Result<nix::fcntl::Flock<std::fs::File>, Laye
 /// Makes this instance's layer when the profile asks for one, names it in
 /// the policy the sandbox is built from, and returns its held lock.
 pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, LayerError> {
-    if policy.workspace_mode != WorkspaceMode::CopyOnWrite {
+    if !policy.workspace_mode.has_door() {
         return Ok(None);
     }
     let user = crate::profile::user::load().map_err(LayerError::User)?;
@@ -225,6 +253,9 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Laye
     });
     match made {
         Ok(live) => {
+            if policy.workspace_mode == WorkspaceMode::Copy {
+                work_in_copy(policy, &copy_of(&dir).unwrap_or_else(|| dir.join(COPY)));
+            }
             policy.layer = Some(dir);
             Ok(Some(live))
         }
@@ -233,6 +264,96 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Laye
             Err(e)
         }
     }
+}
+
+/// A copy workspace's copy in its layer (`copy.rs`).
+const COPY: &str = "copy";
+
+/// For a copy workspace's layer at `dir` whose instance has ended: sets
+/// the copy's `ended` mark (see `copy.rs`) unless it is set.
+pub(crate) fn mark_ended(dir: &Path) {
+    if let Some(copy) = copy_of(dir) {
+        if let Err(e) = super::copy::mark_ended(&copy) {
+            tracing::warn!("the copy's end mark in {}: {e}", dir.display());
+        }
+    }
+}
+
+/// Where root's copies are: root's state directory is not one the agent's
+/// uid (the workspace's owner, without a user namespace) can reach.
+const COPIES: &str = "/var/tmp/sandmux-copies";
+
+/// The copy of the copy workspace whose layer is at `dir` (None: an
+/// overlay's layer).
+fn copy_of(dir: &Path) -> Option<PathBuf> {
+    let text = std::fs::read(dir.join("meta.json")).ok()?;
+    let copy = serde_json::from_slice::<Meta>(&text).ok()?.copy?;
+    Some(dir.join(copy))
+}
+
+/// Whether the layer at `dir` is a copy workspace's.
+pub(crate) fn is_copy(dir: &Path) -> bool {
+    copy_of(dir).is_some()
+}
+
+/// Where the agent's writes are in the layer at `dir`: `upper/`, or a copy
+/// workspace's copy.
+pub(crate) fn writes(dir: &Path) -> PathBuf {
+    copy_of(dir).unwrap_or_else(|| dir.join("upper"))
+}
+
+/// Where the copy of layer `id` (staged at `dir`) is made: in the layer;
+/// as root, in a directory of its own under [`COPIES`] (0711, root's),
+/// the id's root's too, 0710 with the group `gid` of the uid the agent
+/// runs as: it can pass, another user cannot.
+fn copy_place(dir: &Path, id: &str, gid: u32) -> Result<PathBuf, LayerError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(dir.join(COPY));
+    }
+    let base = Path::new(COPIES);
+    match std::fs::DirBuilder::new().mode(0o711).create(base) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(io("creating", base)(e))
+        }
+        _ => {}
+    }
+    let m = std::fs::symlink_metadata(base).map_err(io("reading", base))?;
+    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        let e = std::io::Error::other("not a directory of root's that only root can write");
+        return Err(io("using", base)(e));
+    }
+    let own = base.join(id);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&own)
+        .map_err(io("creating", &own))?;
+    crate::sandbox::beneath::open_root(&own)
+        .and_then(|d| {
+            nix::unistd::fchown(&d, Some(0.into()), Some(gid.into()))?;
+            nix::sys::stat::fchmod(&d, nix::sys::stat::Mode::from_bits_truncate(0o710))
+        })
+        .map_err(|e| io("setting the owner of", &own)(e.into()))?;
+    Ok(own.join(COPY))
+}
+
+/// The sandbox of a copy workspace works on the copy: the workspace's
+/// path becomes the copy's in its entries, its environment and its start
+/// directory (the layer's `meta.json` keeps the host's).
+fn work_in_copy(policy: &mut Policy, copy: &Path) {
+    let host = policy.workspace.clone();
+    let moved = |p: &Path| p.strip_prefix(&host).ok().map(|rel| copy.join(rel));
+    for e in policy.fs.iter_mut() {
+        if let Some(p) = moved(&e.path) {
+            e.path = p;
+        }
+    }
+    for v in policy.environment.set.values_mut() {
+        // A path at or below the workspace, by whole components.
+        if let Some(p) = moved(Path::new(v.as_str())) {
+            *v = p.to_string_lossy().into_owned();
+        }
+    }
+    policy.workspace = copy.to_path_buf();
 }
 
 /// The prefix of a layer being made ([`create`]); `list` skips it.
@@ -272,20 +393,58 @@ fn sweep_staging(layers: &Path) {
 /// `upper` with the workspace's mode, `work` and `meta.json`.
 fn fill(policy: &Policy, id: &str, dir: &Path) -> Result<Live, LayerError> {
     let live = Live(lock(dir, true)?);
+    // Before a copy is made: a host entry changed while it is made is
+    // changed since, for `apply`.
+    let created_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0);
     let mk = |p: &Path| {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(p)
             .map_err(io("creating", p))
     };
-    mk(&dir.join("upper"))?;
-    mk(&dir.join("work"))?;
-    // The overlay's top shows the upper directory's mode: the workspace's.
+    let copy = policy.workspace_mode == WorkspaceMode::Copy;
     let ws = std::fs::metadata(&policy.workspace).map_err(io("reading", &policy.workspace))?;
+    // The group of the uid the agent runs as without a user namespace:
+    // the workspace's owner's, else the profile's sandbox uid (`uid.rs`).
+    let gid = if ws.uid() != 0 {
+        ws.gid()
+    } else {
+        policy.sandbox.uid
+    };
+    let upper = match copy {
+        true => copy_place(dir, id, gid)?,
+        false => dir.join("upper"),
+    };
+    mk(&upper)?;
+    if !copy {
+        mk(&dir.join("work"))?;
+    }
+    // The overlay's top shows the upper directory's mode: the workspace's.
     let mode = nix::sys::stat::Mode::from_bits_truncate(ws.mode() & 0o777);
-    let upper = dir.join("upper");
+    if copy {
+        let made = super::copy::make(&policy.workspace, dir, &upper, policy.layer_bound)?;
+        tracing::debug!(
+            "the copy workspace: {} entries, {} bytes copied{}",
+            made.entries - made.left_out,
+            made.bytes,
+            match made.left_out {
+                0 => String::new(),
+                n => format!(" ({n} special or unreadable entries left out)"),
+            }
+        );
+    }
     crate::sandbox::beneath::open_root(&upper)
-        .and_then(|up| nix::sys::stat::fchmod(&up, mode))
+        .and_then(|up| {
+            if copy && nix::unistd::geteuid().is_root() {
+                // The copy is the workspace's owner's, as the workspace is.
+                let (u, g) = (ws.uid().into(), ws.gid().into());
+                nix::unistd::fchown(&up, Some(u), Some(g))?;
+            }
+            nix::sys::stat::fchmod(&up, mode)
+        })
         .map_err(std::io::Error::from)
         .map_err(io("setting the mode of", &upper))?;
     let meta = Meta {
@@ -293,11 +452,10 @@ fn fill(policy: &Policy, id: &str, dir: &Path) -> Result<Live, LayerError> {
         workspace: policy.workspace.clone(),
         profile: policy.name.clone(),
         created: crate::log::now_rfc3339(),
-        created_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as i128)
-            .unwrap_or(0),
+        created_ns,
         held_names: policy.guard.names.clone(),
+        // In the layer: by its name there (the layer is renamed whole).
+        copy: copy.then(|| upper.strip_prefix(dir).unwrap_or(&upper).to_path_buf()),
     };
     let path = dir.join("meta.json");
     let text = serde_json::to_vec_pretty(&meta).map_err(|source| LayerError::BadMeta {
@@ -321,7 +479,12 @@ pub(crate) fn ended(dir: &Path, id: &str) -> Result<nix::fcntl::Flock<std::fs::F
 pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<String> {
     drop(live);
     let dir = policy.layer.as_ref()?;
-    let empty = crate::sandbox::beneath::entries(&dir.join("upper")).is_ok_and(|e| e.is_empty());
+    mark_ended(dir);
+    let empty = if is_copy(dir) {
+        super::copy::untouched_all(dir)
+    } else {
+        crate::sandbox::beneath::entries(&dir.join("upper")).is_ok_and(|e| e.is_empty())
+    };
     if empty {
         let _ = discard(id);
         return None;
@@ -338,8 +501,19 @@ pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<St
 
 /// The line that says where a kept layer is, and what to do with it.
 pub(crate) fn kept(id: &str) -> String {
+    // In a container the layer is in the container's own file system
+    // unless the state directory (and root's copies) are volumes.
+    let here = match crate::sandbox::container::detected() {
+        Some(mark) => format!(
+            "; in a container ({mark}), it goes with the container unless {} and {COPIES} are volumes of their own: run `diff` and `apply` with the same volumes",
+            crate::guard::quarantine::existing_state_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_else(|_| "the state directory".into())
+        ),
+        None => String::new(),
+    };
     format!(
-        "the agent's changes to the workspace are in layer {id}, not in the workspace: `sandmux diff {id}` shows them, `sandmux apply {id}` brings them in (control held back), `sandmux discard {id}` removes them"
+        "the agent's changes to the workspace are in layer {id}, not in the workspace: `sandmux diff {id}` shows them, `sandmux apply {id}` brings them in (control held back), `sandmux discard {id}` removes them{here}"
     )
 }
 

@@ -275,11 +275,11 @@ def test_without_userns_run_names_the_dropped_layers_unless_quiet(docker):
     _, err = p.communicate("", timeout=60)
     assert p.returncode == 0, err
     said = [l for l in err.splitlines() if l.startswith("sandmux:")]
-    # The dropped layers, the copy-on-write workspace that fell back to
-    # live, and what live mode does not guard (said at every live start).
-    assert len(said) == 3, err
-    assert any("userns" in l for l in said) and any("live, not copy-on-write" in l for l in said), err
-    assert any("not guarded there" in l for l in said), err
+    # The dropped layers, and the copy-on-write workspace that became a
+    # private copy (never live unless asked; an empty copy goes at the end).
+    assert len(said) == 2, err
+    assert any("userns" in l for l in said) and any("a private copy, not copy-on-write" in l for l in said), err
+    assert not any("not guarded there" in l for l in said), err
     q = subprocess.run(docker.argv("run", "--rm", "--network", "none", IMAGE, "run", "--quiet", "-p", "container",
                                    "--", "/usr/bin/true"), env=docker.env, capture_output=True, text=True)
     assert q.returncode == 0 and q.stderr == "", q.stderr

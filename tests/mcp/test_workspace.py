@@ -115,7 +115,8 @@ def tree(root):
                   for p in root.rglob("*"))
 
 
-async def test_p8_copy_on_write_through_mcp(ws):
+@pytest.mark.parametrize("mode", ["copy-on-write", "copy"])
+async def test_p8_copy_on_write_through_mcp(ws, mode):
     """The same attack from panes (run_command and a split pane) in the
     default profile's copy-on-write workspace: it all works inside, the host's tree does not
     change while the instance runs nor after it, host git runs nothing,
@@ -128,15 +129,16 @@ async def test_p8_copy_on_write_through_mcp(ws):
     marker = host / "MARKER"
     before = tree(work)
     env = {"XDG_STATE_HOME": str(host / "state")}
-    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+    async with connect(ws, "--workspace-mode", mode, env=env) as c:
         r, status = await attack(c, marker)
         assert "Read-only file system" not in r["output"], r  # the agent's own work is unrestricted
         r2 = await call(c, "run_command", {"command": "echo work > notes.txt && git config core.fsmonitor && echo ok", "timeout": 20})
         assert "touch" in r2["output"] and "ok" in r2["output"], r2
         lim = status["limits"]["impossible"]
-        line = next(x for x in lim if "copy-on-write" in x)
+        said = "copy-on-write" if mode == "copy-on-write" else "a private copy"
+        line = next(x for x in lim if said in x)
         layer_id = re.search(r"sandmux diff (\w+)", line).group(1)
-        assert status["workspace_mode"] == "copy-on-write", status
+        assert status["workspace_mode"] == mode, status
         assert f"refs/sandmux/{layer_id}" in line, line
         assert tree(work) == before, "the host tree changed while the instance ran"
     assert tree(work) == before, "the host tree changed"

@@ -141,8 +141,14 @@ fn limits(p: &crate::profile::Policy) -> Limits {
     let live = p.workspace_mode == crate::profile::WorkspaceMode::Live;
     if let Some(id) = p.layer.as_ref().and_then(|l| l.file_name()) {
         let id = id.to_string_lossy();
+        let (how, land) = match p.workspace_mode {
+            crate::profile::WorkspaceMode::Copy => {
+                ("a private copy", "in a copy of it made at start, here")
+            }
+            _ => ("copy-on-write", "in a layer"),
+        };
         impossible.push(format!(
-            "changing the host's copy of the workspace while you work (copy-on-write): your writes land in a layer; after this instance the human reviews it with `sandmux diff {id}` and brings it in with `sandmux apply {id}`: files, your commits as refs/sandmux/{id}/*, new repositories as repositories; version-control data and tool configuration held back. git init, hooks and config work here"
+            "changing the host's copy of the workspace while you work ({how}): your writes land {land}; after this instance the human reviews it with `sandmux diff {id}` and brings it in with `sandmux apply {id}`: files, your commits as refs/sandmux/{id}/*, new repositories as repositories; version-control data and tool configuration held back. git init, hooks and config work here"
         ));
     }
     if let Some(c) = p.guard.commit.as_ref().filter(|_| live) {
@@ -208,6 +214,7 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
         workspace_mode: match c.s.policy.workspace_mode {
             crate::profile::WorkspaceMode::Live => "live".into(),
             crate::profile::WorkspaceMode::CopyOnWrite => "copy-on-write".into(),
+            crate::profile::WorkspaceMode::Copy => "copy".into(),
         },
         network: c.s.policy.network.mode.name().into(),
         network_refusals: c.s.refusals.since(0).0,
@@ -222,7 +229,7 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
                 c.s.policy
                     .workspace_fallback
                     .as_ref()
-                    .map(|why| format!("copy-on-write workspace: {why}")),
+                    .map(|why| format!("workspace: {why}")),
             )
             .chain(c.s.policy.workspace_mode.not_guarded().map(str::to_string))
             .collect(),

@@ -39,7 +39,7 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
     ));
     run_dir(&mut m, policy, mode);
     profile_entries(&mut m, policy);
-    if let Some(layer) = &policy.layer {
+    if let Some(layer) = overlay(policy) {
         // Over the workspace's bind: the agent's writes land in the layer.
         m.push(step(
             policy.workspace.clone(),
@@ -95,7 +95,7 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
         limits: policy.limits.clone(),
         environment: policy.environment.clone(),
         protected: policy.protected.clone(),
-        needs_mount: if policy.layer.is_some() {
+        needs_mount: if overlay(policy).is_some() {
             Some(MountNeed::Layer)
         } else if policy.guard.git == crate::profile::GitMode::Commit
             && policy.guard.commit.is_some()
@@ -113,6 +113,13 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
     }
 }
 
+/// A copy-on-write workspace's layer, which is mounted over the
+/// workspace (a copy workspace's is not: the copy is the workspace).
+fn overlay(policy: &Policy) -> Option<&PathBuf> {
+    let cow = policy.workspace_mode == crate::profile::WorkspaceMode::CopyOnWrite;
+    policy.layer.as_ref().filter(|_| cow)
+}
+
 /// The workspace guard's step: its report line.
 fn git_step(policy: &Policy) -> GitStep {
     if policy.guard.git == crate::profile::GitMode::Unguarded {
@@ -120,7 +127,7 @@ fn git_step(policy: &Policy) -> GitStep {
     }
     let mut said = policy.guard.describe(true);
     if policy.layer.is_some() {
-        said.insert(0, "copy-on-write workspace: the agent's git is its own; version-control data reaches the host only through `sandmux apply`, which holds it back".into());
+        said.insert(0, "copy-on-write or copy workspace: the agent's git is its own; version-control data reaches the host only through `sandmux apply`, which holds it back".into());
     }
     GitStep::Guarded {
         said: said.join(" | "),
