@@ -87,6 +87,9 @@ impl std::fmt::Display for Why {
 pub(crate) struct Hold {
     /// The profile's tool-configuration names (at any depth).
     pub names: Vec<PathBuf>,
+    /// The same, by their first component (one lookup a path component,
+    /// not one comparison a name).
+    by_first: std::collections::HashMap<std::ffi::OsString, Vec<PathBuf>>,
     /// Paths in the workspace that a host tool's configuration names, with
     /// whose configuration names each.
     pub configured: std::collections::HashMap<PathBuf, String>,
@@ -125,10 +128,20 @@ impl Hold {
         let mut r = super::named::Reader::new(ws, Some(trees));
         r.git(ws);
         read_by_name(&mut r, ws, ws, &names);
+        let mut by_first: std::collections::HashMap<_, Vec<PathBuf>> = Default::default();
+        for n in &names {
+            if let Some(first) = n.iter().next() {
+                by_first
+                    .entry(first.to_os_string())
+                    .or_default()
+                    .push(n.clone());
+            }
+        }
         Hold {
             configured: collect(r.found),
             home: super::home::Home::of(ws),
             names,
+            by_first,
             exe,
             exe_id,
             configured_on_host: Vec::new(),
@@ -365,7 +378,6 @@ pub(crate) fn vcs_root(rel: &Path) -> Option<PathBuf> {
 
 pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Option<Why> {
     let rel = c.rel();
-    let names = &hold.names;
     if unsafe_name(rel) {
         return Some(Why::UnsafeName);
     }
@@ -399,8 +411,12 @@ pub(crate) fn held(c: &Change, hold: &Hold, bare: &dyn Fn(&Path) -> bool) -> Opt
         return Some(Why::Instructions);
     }
     for i in 0..parts.len() {
+        // Only the names that start with this component can match here.
+        let Some(candidates) = hold.by_first.get(parts[i]) else {
+            continue;
+        };
         let tail: PathBuf = parts[i..].iter().collect();
-        if names.iter().any(|n| tail.starts_with(n)) {
+        if candidates.iter().any(|n| tail.starts_with(n)) {
             return Some(Why::ToolConfig);
         }
     }

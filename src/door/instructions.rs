@@ -81,25 +81,44 @@ const FOLDERS: [&str; 8] = [
     "chatmodes",
 ];
 
+/// [`NAMES`] by their first component, and [`FOLDERS`], lower-cased: one
+/// lookup a path component.
+struct Index {
+    by_first: std::collections::HashMap<String, Vec<Vec<String>>>,
+    folders: std::collections::HashSet<String>,
+}
+
+fn index() -> &'static Index {
+    static INDEX: std::sync::OnceLock<Index> = std::sync::OnceLock::new();
+    INDEX.get_or_init(|| {
+        let mut by_first: std::collections::HashMap<String, Vec<Vec<String>>> = Default::default();
+        for n in NAMES {
+            let parts: Vec<String> = n.split('/').map(str::to_ascii_lowercase).collect();
+            by_first.entry(parts[0].clone()).or_default().push(parts);
+        }
+        let folders = FOLDERS.iter().map(|f| f.to_ascii_lowercase()).collect();
+        Index { by_first, folders }
+    })
+}
+
 /// Whether `rel` is, or lies in, a file coding agents read as instructions.
 pub(crate) fn is_instructions(rel: &Path) -> bool {
-    let parts: Vec<&str> = rel.iter().filter_map(|p| p.to_str()).collect();
+    let ix = index();
+    let parts: Vec<String> = rel
+        .iter()
+        .filter_map(|p| p.to_str())
+        .map(str::to_ascii_lowercase)
+        .collect();
     for i in 0..parts.len() {
-        let named = NAMES.iter().any(|n| {
-            let mut want = n.split('/');
-            let mut k = i;
-            loop {
-                match (want.next(), parts.get(k)) {
-                    (None, _) => return true,
-                    (Some(w), Some(p)) if w.eq_ignore_ascii_case(p) => k += 1,
-                    _ => return false,
-                }
-            }
+        let named = ix.by_first.get(&parts[i]).is_some_and(|names| {
+            names.iter().any(|want| {
+                parts
+                    .get(i..i + want.len())
+                    .is_some_and(|got| got == want.as_slice())
+            })
         });
-        let dot_folder = parts[i].starts_with('.')
-            && parts
-                .get(i + 1)
-                .is_some_and(|f| FOLDERS.iter().any(|x| x.eq_ignore_ascii_case(f)));
+        let dot_folder =
+            parts[i].starts_with('.') && parts.get(i + 1).is_some_and(|f| ix.folders.contains(f));
         if named || dot_folder {
             return true;
         }
