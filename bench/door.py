@@ -23,6 +23,8 @@ round by round:
   `sandmux diff ID` (>/dev/null)   vs `git diff --no-index OLD NEW` (>/dev/null)
   `sandmux apply ID`               vs `cp -a LAYER/upper DST` (DST fresh)
   `sandmux apply ID --undo`        vs the same `cp -a` (no goal; informative)
+  `sandmux apply ID` (same samples) vs `cp -a LAYER/upper DST && sync -f DST`
+                                   (apply ends durable; no goal; informative)
 
 OLD is a copy of the workspace's files without .git, NEW the same with the
 agent's writes (made on the host by the same script). A second `apply`
@@ -106,8 +108,11 @@ MEAS = {
     "diff": ("`sandmux diff ID` >/dev/null", "`git diff --no-index OLD NEW` >/dev/null"),
     "apply": ("`sandmux apply ID`", "`cp -a LAYER/upper DST`"),
     "undo": ("`sandmux apply ID --undo`", "`cp -a LAYER/upper DST` (same samples)"),
+    # apply ends durable (one syncfs); this copy too: informative, no goal.
+    "durable": ("`sandmux apply ID` (same samples)", "`cp -a LAYER/upper DST && sync -f DST`"),
 }
-SHORT = {"names": "diff --names-only", "diff": "diff", "apply": "apply", "undo": "apply --undo"}
+SHORT = {"names": "diff --names-only", "diff": "diff", "apply": "apply", "undo": "apply --undo",
+         "durable": "cp -a && sync -f"}
 APPLY_GOAL = 2.0        # apply <= 2x cp -a
 NAMES_GOAL_S = 1.0      # diff --names-only of 30,000 paths <= 1 s
 NAMES_GOAL_N = 30_000
@@ -375,6 +380,8 @@ class Bench:
                 info["conflicts"] = sum(1 for ln in out if ln.startswith("conflict "))
                 info["held"] = sum(1 for ln in out if ln.startswith("held back "))
             rl["apply"] = info
+            if ap is not None and not ap["timeout"]:
+                samples["durable"]["sandmux"].append(ap["s"])
             if ap is not None and ap["rc"] in (0, 3) or ap is not None and ap["timeout"]:
                 un = measure("undo", "sandmux", self.sm("apply", lid, "--undo"), self.env)
                 if un is not None:
@@ -396,6 +403,14 @@ class Bench:
             t0 = time.perf_counter()
             self.rmtree(dst)
             rl["cp"]["rm_s"] = time.perf_counter() - t0
+            os.sync()
+            y = self.timed(["sh", "-c", 'cp -a "$1" "$2" && sync -f "$2"', "sh", self.upper(lid), dst],
+                           self.genv, keep_out=False)
+            if y["rc"] != 0:
+                raise SetupError(f"cp -a && sync -f of the layer failed (exit {y['rc']}): {y['err']}")
+            samples["durable"]["baseline"].append(y["s"])
+            rl["cp"]["durable_s"] = y["s"]
+            self.rmtree(dst)
 
         for side in ((sandmux_side, baseline_side) if sandmux_first else (baseline_side, sandmux_side)):
             side()
