@@ -297,7 +297,15 @@ async def test_keys_and_text_are_kept_apart(ws):
     async with connect(ws) as c:
         s = await call(c, "create_session")
         p = s["pane_id"]
+        # The shell is at its prompt, and `sleep` runs, before the ^C: under
+        # load, keys typed ahead of a shell still starting are read after
+        # the ^C was spent (the premise below would not hold).
+        await call(c, "run_command", {"pane_id": p, "command": "true"})
         await call(c, "send_keys", {"pane_id": p, "text": "sleep 30"})
+        t0 = time.monotonic()
+        while (await call(c, "get_pane_info", {"pane_id": p}))["current_command"] != "sleep":
+            assert time.monotonic() - t0 < 10, "sleep never started"
+            await anyio.sleep(0.05)
         await call(c, "send_keys", {"pane_id": p, "keys": ["C-c"]})
         # The ^C reached `sleep`; the shell is back at its prompt a moment later.
         t0 = time.monotonic()
