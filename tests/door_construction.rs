@@ -25,10 +25,6 @@ fn keep(w: &Path, state: &Path, script: &str) -> String {
     layer_id(&o.stderr())
 }
 
-fn door_in(state: &Path, w: &Path, args: &[&str]) -> Ran {
-    ran(sandmux(args).env("XDG_STATE_HOME", state).current_dir(w))
-}
-
 /// Class 1: git reads an include of an include relative to the including
 /// file, and a key the old list did not know (`diff.external`) runs a
 /// program; what those name comes in held back, and the human's `git diff`

@@ -24,10 +24,6 @@ fn copy_run(w: &Path, state: &Path, script: &str) -> String {
     layer_id(&o.stderr())
 }
 
-fn door_in(state: &Path, w: &Path, args: &[&str]) -> Ran {
-    ran(sandmux(args).env("XDG_STATE_HOME", state).current_dir(w))
-}
-
 /// Every path and its bytes (or link target) below `dir`, `.git` left out.
 fn tree(dir: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();

@@ -110,6 +110,12 @@ pub(crate) fn door(state: &Path, args: &[&str]) -> Output {
     sandmux(args).env("XDG_STATE_HOME", state).output().unwrap()
 }
 
+/// `sandmux ARGS` in the workspace `w` with `state` as `XDG_STATE_HOME`,
+/// its whole story kept for a failing assertion.
+pub(crate) fn door_in(state: &Path, w: &Path, args: &[&str]) -> Ran {
+    ran(sandmux(args).env("XDG_STATE_HOME", state).current_dir(w))
+}
+
 /// The instance's audit log, verified, and its records.
 pub(crate) fn door_records(state: &Path, id: &str) -> Vec<serde_json::Value> {
     let dir = state.join("sandmux/audit");
