@@ -156,6 +156,9 @@ async def test_p8_copy_on_write_through_mcp(ws, mode):
         host_git(d, "status")
     host_git(work, "commit", "-q", "--allow-empty", "-m", "host")
     assert not marker.exists(), "apply carried control"
+    # A copy made as root lives outside the test's state directory.
+    d = subprocess.run([BIN, "discard", layer_id], capture_output=True, text=True, env={**os.environ, **env})
+    assert d.returncode == 0, d.stdout + d.stderr
 
 
 async def test_a_layer_over_its_bound_freezes_the_instance(ws):
