@@ -530,3 +530,53 @@ fn help_names_every_built_in_and_run_q_is_quiet() {
         .output();
     assert!(o.stderr().contains("held back"), "{}", o.stderr());
 }
+
+/// An optional user config that cannot be read (a `HOME` that is not this
+/// user's: a directory where the file should be; as non-root also a file
+/// of mode 000) is said once with its fix, and `run` goes on with every
+/// default. Control: the same path holding a readable but wrong file stops
+/// the start naming file and key (it is read where it can be).
+#[test]
+fn an_unreadable_user_config_is_a_warning_with_its_fix() {
+    let host = host_dir();
+    let ws = Ws::new();
+    let cfg = host.path().join("cfg");
+    let file = cfg.join("sandmux/config.toml");
+    std::fs::create_dir_all(&file).unwrap();
+    let go = || {
+        run(ws.path())
+            .state(host.path().join("state"))
+            .script("echo ran-ok")
+            .command()
+            .env("XDG_CONFIG_HOME", &cfg)
+            .output()
+            .unwrap()
+    };
+    let mut cases = vec!["a directory"];
+    if !nix::unistd::geteuid().is_root() {
+        cases.push("mode 000");
+    }
+    for case in cases {
+        if case == "mode 000" {
+            std::fs::remove_dir(&file).unwrap();
+            std::fs::write(&file, "[workspace]\nkeep_days = 3\n").unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0)).unwrap();
+        }
+        let o = go();
+        let t = text(&o);
+        assert!(o.status.success() && t.contains("ran-ok"), "{case}: {t}");
+        assert!(
+            t.contains("not read") && t.contains("XDG_CONFIG_HOME"),
+            "{case}: {t}"
+        );
+    }
+    // Control: readable and wrong is an error naming the key.
+    let _ = std::fs::remove_dir(&file);
+    let _ = std::fs::remove_file(&file);
+    std::fs::write(&file, "[workspace]\nkeep_days = 99999\n").unwrap();
+    let o = go();
+    let t = text(&o);
+    assert!(!o.status.success() && !t.contains("ran-ok"), "{t}");
+    assert!(t.contains("keep_days"), "{t}");
+}

@@ -71,14 +71,25 @@ pub(crate) fn path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/nonexistent/config.toml"))
 }
 
-/// Reads the file; none means every default. An error names the file, the
-/// line and key, and what is wrong.
+/// Reads the file; none, or one that cannot be read (a `HOME` that is not
+/// this user's), means every default (the latter said once, with the fix).
+/// An error names the file, the line and key, and what is wrong.
 pub(crate) fn load() -> Result<UserConfig, String> {
     let p = path();
     let text = match std::fs::read_to_string(&p) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(UserConfig::default()),
-        Err(e) => return Err(format!("{}: {e}", p.display())),
+        Err(e) => {
+            // Optional, so never a reason to stop: said once, with the fix.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "{}: {e}: not read, every setting of it at its default (make it readable, or set XDG_CONFIG_HOME to a directory of yours)",
+                    p.display()
+                )
+            });
+            return Ok(UserConfig::default());
+        }
     };
     let c: UserConfig = toml::from_str(&text)
         .map_err(|e| format!("{}: {}", p.display(), super::describe_toml_error(&text, &e)))?;

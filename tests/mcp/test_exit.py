@@ -236,3 +236,15 @@ async def test_a_configuration_error_is_the_answer_to_initialize(ws, bad):
         assert found, e
         msg = str(found[0])
     assert "sandmux could not start" in msg and said[:60] in msg, (msg, said)
+
+
+def test_stdin_closed_before_initialize_is_a_clean_stop(ws):
+    """A client that goes away before `initialize` (stdin closed at once):
+    status 0, as README's exit table says, and stderr says what happened."""
+    work, host = ws
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    env["XDG_STATE_HOME"] = str(host / "state")
+    r = subprocess.run([BIN, "serve", "-w", str(work), "--audit-log", str(host / "a.jsonl")],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "connection closed: initialize request" in r.stderr, r.stderr
