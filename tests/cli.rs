@@ -561,7 +561,7 @@ fn an_unreadable_user_config_is_a_warning_with_its_fix() {
             std::fs::remove_dir(&file).unwrap();
             std::fs::write(&file, "[workspace]\nkeep_days = 3\n").unwrap();
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0)).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).unwrap();
         }
         let o = go();
         let t = text(&o);
