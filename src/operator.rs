@@ -151,6 +151,7 @@ fn layer_row(k: &crate::supervisor::kept::Kept) -> Value {
         "workspace": k.meta.workspace,
         "created": k.meta.created,
         "running": k.running,
+        "applied": k.applied,
         "bytes": k.bytes,
         "files": k.files,
         "at_least": k.more,
@@ -171,10 +172,10 @@ fn layers_table(layers: &[Value]) -> String {
             "{}  {}  {}  {at_least}{} files  {at_least}{} bytes  {}  {}\n",
             term::field(&l["id"], ""),
             term::field(&l["created"], ""),
-            if l["running"] == true {
-                "running"
-            } else {
-                "ended"
+            match (l["running"] == true, l["applied"] == true) {
+                (true, _) => "running",
+                (false, true) => "applied",
+                (false, false) => "ended",
             },
             l["files"],
             l["bytes"],

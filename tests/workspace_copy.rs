@@ -180,8 +180,36 @@ fn the_copy_goes_through_the_same_door() {
         names.stdout().lines().any(|l| l.starts_with("H .git")),
         "{names}"
     );
+    let state_of = || {
+        let ps = door_in(&state, &w, &["ps", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&ps.stdout()).unwrap();
+        let row = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id.as_str())
+            .cloned();
+        let text = door_in(&state, &w, &["ps", "--all"]).stdout();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&id))
+            .unwrap_or("")
+            .to_string();
+        (row.unwrap_or_default(), line)
+    };
+    let (row, line) = state_of();
+    assert!(
+        row["applied"] == false && line.contains(" ended "),
+        "{row} {line}"
+    );
     let applied = door_in(&state, &w, &["apply", &id]);
     assert!(applied.stdout().contains("applied README"), "{applied}");
+    // Kept (what it held back is left), and `ps --all` says it was applied.
+    let (row, line) = state_of();
+    assert!(
+        row["applied"] == true && line.contains(" applied "),
+        "{row} {line}"
+    );
     let _ = git(&w, &["status"]);
     let _ = git(&w, &["commit", "-qam", "human"]);
     assert!(!marker.exists(), "agent code ran on the host\n{applied}");

@@ -22,6 +22,8 @@ pub(crate) struct Kept {
     pub meta: Meta,
     /// Its instance still runs (its lock is held).
     pub running: bool,
+    /// An `apply` (or `--undo`) has run on it: its journal has a step.
+    pub applied: bool,
     /// Bytes on disk of the agent's writes (`upper/`).
     pub bytes: u64,
     /// Entries in `upper/`.
@@ -48,10 +50,15 @@ pub(crate) fn list() -> Vec<Kept> {
                 true => usage(&super::layer::writes(&dir)),
                 false => ended_usage(&dir),
             };
+            let applied = dir
+                .join("apply.jsonl")
+                .symlink_metadata()
+                .is_ok_and(|m| m.is_file() && m.len() > 0);
             Some(Kept {
                 id,
                 meta,
                 running,
+                applied,
                 bytes,
                 files,
                 more,
