@@ -422,7 +422,13 @@ impl Snapshot {
         match self.ended_ns {
             Some(end) if ctime(st) > end => Err(format!(
                 "{} changed after the instance ended (a process that outlived it, or the system's clean-up of old files): nothing is read from this copy; `sandmux discard` it",
-                if rel.as_os_str().is_empty() { Path::new(".") } else { rel }.display()
+                // The agent's name: never raw on a terminal.
+                crate::term::printable(&if rel.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    rel
+                }
+                .to_string_lossy())
             )),
             _ => Ok(()),
         }
