@@ -24,6 +24,15 @@ fn copy_run(w: &Path, state: &Path, script: &str) -> String {
     layer_id(&o.stderr())
 }
 
+/// Where the copy of layer `id` is, as its `meta.json` says (in the layer,
+/// or as root under `/var/tmp/sandmux-copies`).
+fn copy_dir(state: &Path, id: &str) -> std::path::PathBuf {
+    let layer = state.join(format!("sandmux/layers/{id}"));
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layer.join("meta.json")).unwrap()).unwrap();
+    layer.join(meta["copy"].as_str().expect("a copy layer names its copy"))
+}
+
 /// Every path and its bytes (or link target) below `dir`, `.git` left out.
 fn tree(dir: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -283,12 +292,7 @@ fn another_user_cannot_read_the_copy() {
     let w = ws.path();
     put(&w.join("secret.txt"), "s3cret\n");
     let id = copy_run(&w, &state, "echo more >> secret.txt");
-    let meta: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(state.join(format!("sandmux/layers/{id}/meta.json"))).unwrap(),
-    )
-    .unwrap();
-    let rel = meta["copy"].as_str().expect("a copy layer names its copy");
-    let copy = state.join(format!("sandmux/layers/{id}")).join(rel);
+    let copy = copy_dir(&state, &id);
     assert!(copy.join("secret.txt").is_file(), "{}", copy.display());
     if !nix::unistd::geteuid().is_root() {
         // The same uid as the agent: the layer's 0700 directory is the gate.
@@ -392,13 +396,7 @@ fn a_copy_changed_after_its_end_is_refused() {
     let id = copy_run(&w, &state, "echo agent > new.txt");
     let before = door_in(&state, &w, &["diff", &id, "--names-only"]);
     assert!(before.stdout().contains("A new.txt"), "control: {before}");
-    let meta: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(state.join(format!("sandmux/layers/{id}/meta.json"))).unwrap(),
-    )
-    .unwrap();
-    let copy = state
-        .join(format!("sandmux/layers/{id}"))
-        .join(meta["copy"].as_str().unwrap());
+    let copy = copy_dir(&state, &id);
     std::thread::sleep(std::time::Duration::from_millis(50));
     std::fs::write(copy.join("a.txt"), "late\n").unwrap();
     std::fs::remove_file(copy.join("b.txt")).unwrap();
