@@ -141,7 +141,14 @@ pub(crate) fn env_value(arg: &str, v: &str, max: usize) -> Result<(), ToolError>
 /// APC, PM, SOS and two-byte ESC sequences) are removed, `\r\n` becomes `\n`,
 /// a lone `\r` and other control characters except `\n` and `\t` are dropped,
 /// and invalid UTF-8 becomes U+FFFD. Nothing raw reaches the client (E3).
+/// sandmux's own wrapper around a `run_command` line shows as the command.
 pub(crate) fn clean(bytes: &[u8]) -> String {
+    commands_as_typed(&clean_lines(bytes))
+}
+
+/// [`clean`] of a piece of a screen, for a caller that joins the pieces
+/// and passes the whole to [`commands_as_typed`] (a wrapper may span them).
+pub(crate) fn clean_lines(bytes: &[u8]) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -208,8 +215,7 @@ pub(crate) fn clean(bytes: &[u8]) -> String {
 
 /// One line as a terminal leaves it: a carriage return goes back to the
 /// line's start and what follows overwrites (a progress line is its last
-/// state), trailing padding of an ended line is gone, and sandmux's own wrapper around a
-/// `run_command` line (`__sandmux_run NONCE 'quoted'`) shows as the command.
+/// state), and trailing padding of an ended line is gone.
 fn as_seen(line: &str, ended: bool) -> String {
     let mut s = if line.contains('\r') {
         let mut cells: Vec<char> = Vec::new();
@@ -232,26 +238,57 @@ fn as_seen(line: &str, ended: bool) -> String {
     if ended {
         s.truncate(s.trim_end_matches(' ').len());
     }
-    unwrapped(&s).unwrap_or(s)
+    s
 }
 
-/// `PREFIX__sandmux_run NONCE 'CMD'` (the line `run_command` types, as the
-/// shell echoes it) → `PREFIXCMD`; `None` for any other line.
-fn unwrapped(line: &str) -> Option<String> {
+/// Every `__sandmux_run NONCE 'CMD'` in `text` (the line `run_command`
+/// types, as the shell echoes it) → `CMD`. The quoted command may run over
+/// lines (a multi-line command, its continuation lines behind the shell's
+/// `> `), and one line may hold it twice (typed ahead of the prompt: the
+/// terminal's echo, then the line editor's). Anything not in the form
+/// sandmux types is left as it is.
+pub(crate) fn commands_as_typed(text: &str) -> String {
     const FN: &str = "__sandmux_run ";
-    let at = line.find(FN)?;
-    let rest = &line[at + FN.len()..];
-    let (nonce, quoted) = (rest.get(..12)?, rest.get(12..)?);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(FN) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + FN.len()..];
+        match typed_command(after) {
+            Some((cmd, used)) => {
+                out.push_str(&cmd);
+                rest = &after[used..];
+            }
+            None => {
+                out.push_str(FN);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `NONCE 'CMD'…` → (CMD with `'\''` as `'`, bytes up to the closing quote).
+fn typed_command(s: &str) -> Option<(String, usize)> {
+    let nonce = s.get(..12)?;
     if !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let inner = quoted.strip_prefix(" '")?.strip_suffix('\'')?;
-    let cmd = inner.replace("'\\''", "'");
-    // Anything else quoted is not the form sandmux types.
-    if inner.replace("'\\''", "").contains('\'') {
-        return None;
+    let body = s.get(12..)?.strip_prefix(" '")?;
+    let start = s.len() - body.len();
+    let mut cmd = String::new();
+    let mut i = 0;
+    loop {
+        let quote = i + body[i..].find('\'')?;
+        cmd.push_str(&body[i..quote]);
+        if body[quote..].starts_with("'\\''") {
+            cmd.push('\'');
+            i = quote + 4;
+        } else {
+            return Some((cmd, start + quote + 1));
+        }
     }
-    Some(format!("{}{cmd}", &line[..at]))
 }
 
 /// Text kept within a line and byte budget, tail first.
@@ -323,9 +360,16 @@ mod tests {
             crate::mcp::tools::commands::wrap("echo 'hi'", "0123456789ab", false)
         );
         assert_eq!(clean(typed.as_bytes()), "$  echo 'hi'");
+        // Typed ahead of the prompt: the terminal's echo, then the line editor's.
+        let twice = format!("{typed}user@box:~$ {}\r\nout\n", &typed[2..]);
+        assert_eq!(clean(twice.as_bytes()), "$  echo 'hi'user@box:~$  echo 'hi'\nout\n");
+        // A multi-line command, its second line behind the shell's `> `.
+        let multi = crate::mcp::tools::commands::wrap("echo a\necho 'b'", "0123456789ab", false);
+        let shown = format!("$ {}\r\na\r\nb\r\n", multi.replace('\n', "\r\n> "));
+        assert_eq!(clean(shown.as_bytes()), "$ echo a\n> echo 'b'\na\nb\n");
         // Not the form sandmux types: left as it is.
         for l in [
-            "__sandmux_run 0123456789ab 'a'b'",
+            "__sandmux_run 0123456789ab \"a\"",
             "__sandmux_run nothex000000 'a'",
             "__sandmux_run 0123456789ab 'open",
         ] {

@@ -485,3 +485,8 @@ async def test_output_reads_like_a_terminal(ws):
         cap = await call(c, "capture_pane", {})
         assert "__sandmux_run" not in cap["text"], cap["text"]
         assert "for i in 1 2 3; do printf" in cap["text"], cap["text"]
+        # Issue 46: a multi-line command showed the wrapper and its quoting.
+        r = await call(c, "run_command", {"command": "echo 'one'\necho two"})
+        assert r["output"] == "one\ntwo", repr(r["output"])
+        cap = await call(c, "capture_pane", {})
+        assert "__sandmux_run" not in cap["text"] and "echo 'one'" in cap["text"], cap["text"]

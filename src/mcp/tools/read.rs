@@ -49,7 +49,7 @@ pub(crate) async fn capture_text(
     let lines = c.s.hub().run_checked(&cmd).await?;
     let mut out = String::new();
     for l in lines {
-        out.push_str(&text::clean(&l));
+        out.push_str(&text::clean_lines(&l));
         out.push('\n');
     }
     // Trailing empty screen rows are not content.
@@ -59,7 +59,7 @@ pub(crate) async fn capture_text(
     if out == "\n" {
         out.clear();
     }
-    Ok(out)
+    Ok(text::commands_as_typed(&out))
 }
 
 /// A capture_since cursor for a pane at a stream offset.
