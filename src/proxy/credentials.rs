@@ -279,8 +279,8 @@ impl Vault {
     }
 
     /// Puts the real value into one header bound for `host`, in exactly
-    /// these shapes: the whole value (`X-Api-Key: <placeholder>`), after an
-    /// authorization scheme (`Bearer <placeholder>`), or as the password of
+    /// these shapes: the whole value (`X-Api-Key: <placeholder>`), after
+    /// `Bearer ` or `token ` (sent in that spelling), or as the password of
     /// `Basic` (`user:<placeholder>`, base64), and only in a header the
     /// credential names (`headers`, `Authorization` by default). A
     /// placeholder anywhere else in a header is refused: a header of the
@@ -308,7 +308,7 @@ impl Vault {
         }
         if !h.headers.iter().any(|x| x.eq_ignore_ascii_case(name)) || shape.is_none() {
             let mut r = self.exfiltration(h, host, &place);
-            r.why = format!("sandmux proxy: exfiltration refused: the placeholder of credential {} is put in only as the whole value of {}, after an authorization scheme, or as Basic's password; {place} it is refused", h.name, h.headers.join(", "));
+            r.why = format!("sandmux proxy: exfiltration refused: the placeholder of credential {} is put in only as the whole value of {}, after `Bearer ` or `token `, or as Basic's password; {place} it is refused", h.name, h.headers.join(", "));
             return Err(r);
         }
         self.refresh();
@@ -333,7 +333,7 @@ impl Vault {
         h.used.fetch_add(1, Ordering::Relaxed);
         Ok(Some(match shape {
             Some(Shape::Whole) => v.bytes.to_vec(),
-            Some(Shape::Scheme(n)) => [&value[..n], &v.bytes[..]].concat(),
+            Some(Shape::Scheme(s)) => [s.as_bytes(), b" ", &v.bytes[..]].concat(),
             Some(Shape::Basic(n)) => {
                 let user = decoded.as_deref().map(|d| &d[..n]).unwrap_or_default();
                 let plain = [user, &v.bytes[..]].concat();
@@ -515,13 +515,18 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
 }
 
+/// The authorization schemes a placeholder may follow (without case; sent
+/// as spelled here): the agent does not choose what stands before the
+/// value (`crate::proxy::echo`). `Basic` is read apart.
+const SCHEMES: [&str; 2] = ["Bearer", "token"];
+
 /// Where a placeholder may stand in a header value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
     /// The whole value.
     Whole,
-    /// After a scheme and one space (the scheme's bytes, space included).
-    Scheme(usize),
+    /// After one of [`SCHEMES`] and one space, written as sandmux spells it.
+    Scheme(&'static str),
     /// Basic's password (the user's bytes and the colon).
     Basic(usize),
 }
@@ -534,12 +539,10 @@ impl Shape {
         }
         let n = v.len().checked_sub(ph.len())?;
         let (scheme, rest) = v.split_at(n);
-        let token = scheme.len() >= 2
-            && scheme.ends_with(b" ")
-            && scheme[..scheme.len() - 1]
-                .iter()
-                .all(|b| b.is_ascii_alphanumeric() || b"-._~+".contains(b));
-        (rest == ph && token && !scheme.eq_ignore_ascii_case(b"basic ")).then_some(Shape::Scheme(n))
+        let known = SCHEMES
+            .iter()
+            .find(|s| scheme.eq_ignore_ascii_case(format!("{s} ").as_bytes()))?;
+        (rest == ph).then_some(Shape::Scheme(known))
     }
 
     fn basic(d: &[u8], ph: &str) -> Option<Shape> {

@@ -10,6 +10,7 @@
 //! tunnel; it is the connection's event.
 
 use super::credentials::{Refused, Vault};
+use super::echo::{Cut, Masks};
 use super::scan::{BoxError, Filtered, Slot};
 use super::serve::{dial, Refusal};
 use super::watched::{Traffic, Watched};
@@ -197,23 +198,29 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
         header::HOST,
         HeaderValue::from_str(&host).map_err(|_| refused(400, "the host".into()))?,
     );
+    // Credential headers go first, right after Host: the agent's headers
+    // cannot move where they stand (see `echo`).
     let mut sent = Vec::new();
+    let mut rest = Vec::new();
     for (k, v) in parts.headers.iter().filter(|(k, _)| !hop(k)) {
-        let v = match t.vault.header(k.as_str(), v.as_bytes(), &t.host)? {
+        match t.vault.header(k.as_str(), v.as_bytes(), &t.host)? {
             Some(n) => {
-                sent.push((n.clone(), v.as_bytes().to_vec()));
-                HeaderValue::from_bytes(&n)
-                    .map_err(|_| refused(400, "a header cannot carry the credential".into()))?
+                sent.push(Cut::of(k.as_str(), &n, v.as_bytes()));
+                let n = HeaderValue::from_bytes(&n)
+                    .map_err(|_| refused(400, "a header cannot carry the credential".into()))?;
+                h.append(k.clone(), n);
             }
-            None => v.clone(),
-        };
-        h.append(k.clone(), v);
+            None => rest.push((k.clone(), v.clone())),
+        }
     }
     if sent.len() > MAX_PUT {
         return Err(refused(
             400,
             format!("more than {MAX_PUT} headers carry a credential"),
         ));
+    }
+    for (k, v) in rest {
+        h.append(k, v);
     }
     h.insert(
         header::ACCEPT_ENCODING,
@@ -243,7 +250,7 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
             ))
         }
     };
-    answer(t, resp, head, &sent)
+    answer(t, resp, head, sent)
 }
 
 impl Tunnel {
@@ -313,7 +320,7 @@ fn answer(
     t: &Tunnel,
     resp: Response<Incoming>,
     head: bool,
-    sent: &[(Vec<u8>, Vec<u8>)],
+    sent: Vec<Cut>,
 ) -> Result<Response<Out>, Refused> {
     let (mut parts, body) = resp.into_parts();
     let encoded = parts
@@ -334,19 +341,21 @@ fn answer(
     // The upstream's own reason phrase (hyper keeps a non-standard one) is
     // not passed on: the standard one for the code is.
     parts.extensions = Default::default();
-    let masks = t.vault.masks(sent);
+    let masks = Masks {
+        whole: t.vault.masks(&[]),
+        cuts: sent,
+    };
     let mut headers = hyper::HeaderMap::new();
     for (k, v) in parts.headers.iter() {
         if hop(k) || (k == header::CONTENT_LENGTH && !head) {
             continue;
         }
-        // A header whose name holds a value is dropped.
-        let mut n = k.as_str().as_bytes().to_vec();
-        if super::scan::mask(&mut n, &masks, true) != k.as_str().as_bytes() {
+        // A header whose name holds a value (in any case) is dropped.
+        if super::echo::in_name(k.as_str().as_bytes(), &masks) {
             continue;
         }
         let mut b = v.as_bytes().to_vec();
-        let b = super::scan::mask(&mut b, &masks, true);
+        let b = super::scan::masked(&mut b, &masks, true);
         if let Ok(v) = HeaderValue::from_bytes(&b) {
             headers.append(k.clone(), v);
         }

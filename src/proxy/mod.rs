@@ -14,6 +14,7 @@
 pub(crate) mod ask;
 pub(crate) mod ca;
 pub(crate) mod credentials;
+pub(crate) mod echo;
 pub mod head;
 pub mod hello;
 mod intercept;

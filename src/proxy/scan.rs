@@ -5,6 +5,7 @@
 //! ([`Filtered`]).
 
 use super::credentials::{Refused, Vault, PLACEHOLDER_LEN};
+use super::echo::Masks;
 use bytes::Bytes;
 use hyper::body::{Body, Frame};
 use std::pin::Pin;
@@ -33,7 +34,7 @@ enum Filter {
         host: String,
         slot: Slot,
     },
-    Mask(Vec<(Arc<Vec<u8>>, Vec<u8>)>),
+    Mask(Masks),
 }
 
 impl<B> Filtered<B> {
@@ -45,7 +46,7 @@ impl<B> Filtered<B> {
     }
 
     /// An answer's body: every value of `masks` replaced by its placeholder.
-    pub(crate) fn mask(inner: B, masks: Vec<(Arc<Vec<u8>>, Vec<u8>)>) -> Filtered<B> {
+    pub(crate) fn mask(inner: B, masks: Masks) -> Filtered<B> {
         Filtered::new(inner, Filter::Mask(masks))
     }
 
@@ -75,31 +76,47 @@ impl Filter {
                 };
                 Ok(held.drain(..held.len() - keep).collect())
             }
-            Filter::Mask(masks) => Ok(mask(held, masks, end)),
+            Filter::Mask(masks) => Ok(masked(held, masks, end)),
         }
     }
 }
 
 /// `b` with every value of `masks` replaced by its placeholder; the last
 /// bytes that could begin a value are left in `b` unless `all`.
+#[cfg(test)]
 pub(crate) fn mask(b: &mut Vec<u8>, masks: &[(Arc<Vec<u8>>, Vec<u8>)], all: bool) -> Vec<u8> {
+    let m = Masks {
+        whole: masks.to_vec(),
+        cuts: vec![],
+    };
+    masked(b, &m, all)
+}
+
+/// `b` with every match of `masks` replaced (whole values and cut echoes,
+/// [`Masks`]); the last bytes that could begin one, or a cut echo that
+/// could go on, are left in `b` unless `all`.
+pub(crate) fn masked(b: &mut Vec<u8>, masks: &Masks, all: bool) -> Vec<u8> {
+    let lower = if masks.cuts.is_empty() {
+        vec![]
+    } else {
+        b.to_ascii_lowercase()
+    };
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
-    loop {
-        let next = masks
-            .iter()
-            .filter_map(|(v, p)| memchr::memmem::find(&b[i..], v).map(|at| (i + at, v.len(), p)))
-            .min_by_key(|(at, _, _)| *at);
-        let Some((at, len, p)) = next else { break };
-        out.extend_from_slice(&b[i..at]);
-        out.extend_from_slice(p);
-        i = at + len;
+    let mut open = None;
+    while let Some(f) = masks.next(b, &lower, i) {
+        if f.open && !all {
+            open = Some(f.at);
+            break;
+        }
+        out.extend_from_slice(&b[i..f.at]);
+        out.extend_from_slice(&f.with);
+        i = f.at + f.len;
     }
-    let longest = masks.iter().map(|(v, _)| v.len()).max().unwrap_or(1);
-    let keep = if all {
-        0
-    } else {
-        (longest - 1).min(b.len() - i)
+    let keep = match open {
+        _ if all => 0,
+        Some(at) => b.len() - at,
+        None => (masks.longest() - 1).min(b.len() - i),
     };
     out.extend_from_slice(&b[i..b.len() - keep]);
     b.drain(..b.len() - keep);
