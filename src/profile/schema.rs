@@ -159,6 +159,11 @@ pub(crate) struct Network {
     /// asked (`sandmux approvals`), instead of refused at once.
     #[serde(default)]
     pub ask: bool,
+    /// Proxy mode with `ask`: the ports a question may be about (443 and
+    /// 80 unless listed); a name off the list on another port is refused
+    /// without a question. The supervisor may dial exactly these besides
+    /// the allow list's.
+    pub ask_ports: Vec<u16>,
 }
 
 /// One `[network] allow` entry: a name, or a name with the address ranges
@@ -220,6 +225,7 @@ impl Default for Network {
             proxy_header_bytes: 16 * 1024,
             upstream_ca: vec![],
             ask: false,
+            ask_ports: vec![443, 80],
         }
     }
 }

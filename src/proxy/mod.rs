@@ -168,10 +168,14 @@ pub(crate) fn dials(policy: &crate::profile::Policy) -> crate::sandbox::supervis
 
 /// Whether the proxy may have to ask the host's resolver (which asks its
 /// name servers over UDP): an allow entry that is a `*.` suffix or a name
-/// not pinned in `[network] hosts`.
+/// not pinned in `[network] hosts`, or `ask` (an approved name is resolved).
 fn resolves(policy: &crate::profile::Policy) -> bool {
     if policy.network.mode != crate::profile::NetMode::Proxy {
         return false;
+    }
+    // An approved name is off the list: the host's resolver finds it.
+    if policy.network.ask {
+        return true;
     }
     Config::of(&policy.network)
         .map(|c| {
@@ -182,7 +186,8 @@ fn resolves(policy: &crate::profile::Policy) -> bool {
         .unwrap_or(true)
 }
 
-/// The ports the proxy may dial for `policy` (empty outside proxy mode).
+/// The ports the proxy may dial for `policy` (empty outside proxy mode):
+/// the allow list's and, with `ask`, those a question may be about.
 fn ports(policy: &crate::profile::Policy) -> Vec<u16> {
     if policy.network.mode != crate::profile::NetMode::Proxy {
         return vec![];
@@ -196,6 +201,8 @@ fn ports(policy: &crate::profile::Policy) -> Vec<u16> {
                     Some(p) => vec![p],
                     None => vec![name::CONNECT_PORT, name::HTTP_PORT],
                 })
+                // What a question may grant (`[network] ask`).
+                .chain(c.ask_ports.iter().copied())
                 .collect()
         })
         .unwrap_or_default();

@@ -159,7 +159,7 @@ async fn decide_and_pass(
     let ranges = match name::allowed(&cfg.allow, &req.host, req.port, default) {
         Some(r) => r,
         None => {
-            ask(hooks, &req, s, ev).await?;
+            ask(hooks, &cfg.ask_ports, &req, s, ev).await?;
             // The wait for an answer does not count against the client.
             by = tokio::time::Instant::now() + cfg.idle;
             vec![]
@@ -188,7 +188,13 @@ async fn decide_and_pass(
 
 /// A name off the list: refused, or (`[network] ask`) held while a human
 /// is asked.
-async fn ask(hooks: &Hooks, req: &Request, s: &TcpStream, ev: &mut Event) -> Result<(), Refusal> {
+async fn ask(
+    hooks: &Hooks,
+    ports: &[u16],
+    req: &Request,
+    s: &TcpStream,
+    ev: &mut Event,
+) -> Result<(), Refusal> {
     ev.decides = Some(DECIDES_NAME);
     ev.ours = true;
     let off = format!(
@@ -201,6 +207,14 @@ async fn ask(hooks: &Hooks, req: &Request, s: &TcpStream, ev: &mut Event) -> Res
             format!("{off}; the profile decides (sandmux profile show)"),
         ));
     };
+    // The supervisor may dial only these (its own confinement): a question
+    // about another port could never be answered with a connection.
+    if !ports.contains(&req.port) {
+        return Err((
+            403,
+            format!("{off}, and port {} is not one a question may be about ({ports:?}: [network] ask_ports)", req.port),
+        ));
+    }
     let scheme = if req.forward.is_some() {
         "http"
     } else {

@@ -53,6 +53,19 @@ pub(crate) struct Config {
     pub idle: Duration,
     /// Largest request head.
     pub header_bytes: usize,
+    /// `ask`: the ports a question may be about (empty without `ask`).
+    pub ask_ports: Vec<u16>,
+}
+
+/// `ask_ports`, checked: 1 to 32 ports, none 0.
+fn ports(p: &[u16]) -> Result<Vec<u16>, (&'static str, String)> {
+    if p.is_empty() || p.len() > 32 || p.contains(&0) {
+        return Err((
+            "network.ask_ports",
+            format!("{p:?}: list 1 to 32 ports (1-65535) a question may be about"),
+        ));
+    }
+    Ok(p.to_vec())
 }
 
 impl Config {
@@ -88,6 +101,7 @@ impl Config {
             max_connections: n.proxy_connections as usize,
             idle: Duration::from_secs(n.proxy_idle_seconds),
             header_bytes: n.proxy_header_bytes as usize,
+            ask_ports: if n.ask { ports(&n.ask_ports)? } else { vec![] },
         })
     }
 
