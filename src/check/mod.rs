@@ -1,6 +1,13 @@
 //! `sandmux check`: what this machine can enforce for a profile, and what a
 //! live probe observed from inside a real sandboxed tmux pane.
 
+pub(crate) mod mirror;
+pub(crate) mod mirror_profile;
+mod network;
+
+pub(crate) use network::EXIT_WARNED;
+use network::{network_of, print_network, NetworkView};
+
 use crate::profile::Policy;
 use crate::sandbox::observe::{self as inside, Observation};
 use crate::sandbox::probe;
@@ -30,8 +37,11 @@ pub(crate) struct Report {
     pub layers: Vec<LayerStatus>,
     /// What the live probe observed from inside a pane.
     pub observations: Vec<Observation>,
-    /// Whether every observation matched the profile.
+    /// Whether every observation matched the profile (warnings aside).
     pub all_passed: bool,
+    /// What does not fail the check but is said: allowed names this
+    /// network cannot reach (exit status [`EXIT_WARNED`]).
+    pub warnings: Vec<String>,
     /// The network mode, and in `proxy` mode the allow list.
     pub network: NetworkView,
     /// Toolchains lent read-only, and where they came from.
@@ -40,63 +50,13 @@ pub(crate) struct Report {
     pub links: Vec<String>,
 }
 
-/// The profile's network, as `check` reports it.
-#[derive(Debug, Serialize)]
-pub(crate) struct NetworkView {
-    /// none | loopback | host | proxy.
-    pub mode: String,
-    /// `proxy` mode: the names that may be reached, canonical.
-    pub allow: Vec<String>,
-    /// `proxy` mode: each name dialled as the proxy would (`proxy::reach`).
-    pub reach: Vec<crate::proxy::reach::Reach>,
-}
-
-impl NetworkView {
-    /// Whether every allowed name could be reached.
-    fn reached(&self) -> bool {
-        self.reach.iter().all(|r| r.ok)
-    }
-}
-
-fn network_of(policy: &Policy) -> NetworkView {
-    let cfg = (policy.network.mode == crate::profile::NetMode::Proxy)
-        .then(|| crate::proxy::Config::of(&policy.network).ok())
-        .flatten();
-    NetworkView {
-        mode: policy.network.mode.name().into(),
-        allow: cfg.as_ref().map(|c| c.list()).unwrap_or_default(),
-        reach: cfg
-            .as_ref()
-            .map(|c| {
-                let mut r = crate::proxy::reach::reach_all(c);
-                r.extend(credentials(policy, c));
-                r
-            })
-            .unwrap_or_default(),
-    }
-}
-
-/// `[[credentials]]`: their values can be had (as `serve` would read them
-/// here) and each host's interception path works.
-fn credentials(policy: &Policy, cfg: &crate::proxy::Config) -> Vec<crate::proxy::reach::Reach> {
-    use crate::proxy::credentials::Vault;
-    match Vault::open(&policy.credentials, &policy.network.upstream_ca) {
-        Ok(None) => vec![],
-        Ok(Some(v)) => crate::proxy::reach::intercepted(cfg, &v),
-        Err(e) => vec![crate::proxy::reach::Reach {
-            name: "(credentials)".into(),
-            ok: false,
-            detail: e.to_string(),
-        }],
-    }
-}
-
 /// Runs the whole check.
 pub(crate) fn run(policy: Policy) -> Report {
     let kernel = probe::kernel();
     let profile = policy.name.clone();
     let source = policy.source.to_string();
     let network = network_of(&policy);
+    let warnings = network.warnings();
     let toolchains = policy.toolchains.clone();
     let links = crate::profile::links_said(&policy);
     match Instance::start(
@@ -115,6 +75,7 @@ pub(crate) fn run(policy: Policy) -> Report {
             error: Some(e.message),
             observations: vec![],
             all_passed: false,
+            warnings,
             network,
             toolchains,
             links,
@@ -156,6 +117,7 @@ pub(crate) fn run(policy: Policy) -> Report {
                 layers,
                 observations,
                 all_passed,
+                warnings,
                 network,
                 toolchains,
                 links,
@@ -331,17 +293,31 @@ pub(crate) fn print_human(r: &Report, out: &mut impl Write) -> std::io::Result<(
             )?;
         }
     }
-    writeln!(
-        out,
-        "\nresult: {}",
-        if !r.enforceable {
-            "NOT ENFORCEABLE on this machine"
-        } else if r.all_passed {
-            "enforceable; every probe matched the profile"
-        } else {
-            "started, but a probe did not match the profile"
+    if !r.warnings.is_empty() {
+        writeln!(
+            out,
+            "\nwarnings: allowed names this network cannot reach (not a sandbox failure):"
+        )?;
+        for w in &r.warnings {
+            writeln!(out, "  warning {w}")?;
         }
-    )
+    }
+    let result = if !r.enforceable {
+        "NOT ENFORCEABLE on this machine".to_string()
+    } else if r.all_passed && r.warnings.is_empty() {
+        "enforceable; every probe matched the profile".to_string()
+    } else if r.all_passed {
+        format!(
+            "enforceable; every probe matched the profile; {} allowed name(s) not reachable from this network (warnings, exit status {EXIT_WARNED})",
+            r.warnings.len()
+        )
+    } else if r.network.refused() {
+        "started, but allowed names resolve only to addresses the proxy refuses: the fix is above"
+            .into()
+    } else {
+        "started, but a probe did not match the profile".into()
+    };
+    writeln!(out, "\nresult: {result}")
 }
 
 /// What the kernel offers, in the human report.
@@ -389,29 +365,6 @@ fn print_kernel(k: &probe::Kernel, out: &mut impl Write) -> std::io::Result<()> 
             Err(e) => format!("none ({e})"),
         }
     )?;
-    Ok(())
-}
-
-/// The network mode (proxy mode: what it allows), in the human report.
-fn print_network(n: &NetworkView, out: &mut impl Write) -> std::io::Result<()> {
-    if n.mode == "proxy" {
-        writeln!(
-            out,
-            "\nnetwork: proxy at {} (names only): {}",
-            crate::proxy::url(),
-            if n.allow.is_empty() {
-                "nothing allowed".to_string()
-            } else {
-                n.allow.join(", ")
-            }
-        )?;
-        for r in &n.reach {
-            let verdict = if r.ok { "ok" } else { "FAILED" };
-            writeln!(out, "  {verdict:<7} {}: {}", r.name, r.detail)?;
-        }
-    } else {
-        writeln!(out, "\nnetwork: {}", n.mode)?;
-    }
     Ok(())
 }
 

@@ -483,8 +483,10 @@ fn check(policy: profile::Policy, json: bool) -> ExitCode {
     }
     if !r.enforceable {
         ExitCode::from(sandbox::EXIT_LAYER as u8)
-    } else if r.all_passed {
+    } else if r.all_passed && r.warnings.is_empty() {
         ExitCode::SUCCESS
+    } else if r.all_passed {
+        ExitCode::from(crate::check::EXIT_WARNED)
     } else {
         ExitCode::from(1)
     }

@@ -18,7 +18,6 @@ mod validate;
 mod workspace;
 
 pub use layer::Layer;
-#[cfg(test)]
 pub(crate) use schema::RangedName;
 #[cfg(test)]
 pub(crate) use schema::MIN_RECORDING_BYTES;

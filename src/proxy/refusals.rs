@@ -1,7 +1,9 @@
 //! The proxy's last refusals, where the agent looks: a refused client (pip,
 //! curl, npm) seldom shows the proxy's reason, so `sandbox_status` lists the
 //! last ones and `run_command` adds those that happened while it ran.
-//! Bounded: [`KEPT`] refusals, each line at most [`LINE_CHARS`].
+//! Bounded: [`KEPT`] refusals, each line at most [`LINE_CHARS`]. The same
+//! refusal again (a client's retries) is counted, not kept again: a line is
+//! said once, with "refused N×", and never pushes the others out.
 
 use super::Event;
 use std::collections::VecDeque;
@@ -12,9 +14,22 @@ pub(crate) const KEPT: usize = 8;
 /// The longest line (a name is the agent's bytes, a reason quotes it).
 pub(crate) const LINE_CHARS: usize = 300;
 
-/// The last refusals, numbered in order.
+/// Runs of one line kept at most (a line refused in turn with others
+/// makes a run each time; older runs are counted as no longer kept).
+const RUNS: usize = 256;
+
+/// The last refusals, numbered in order: each kept line (the one refused
+/// last at the back) with the numbers of the refusals it stands for.
 #[derive(Debug, Default)]
-pub(crate) struct Refusals(Mutex<(u64, VecDeque<(u64, String)>)>);
+pub(crate) struct Refusals(Mutex<(u64, VecDeque<Kept>)>);
+
+/// One line and the refusals it stands for, as runs `(first, last)` of
+/// consecutive numbers.
+#[derive(Debug)]
+struct Kept {
+    line: String,
+    runs: VecDeque<(u64, u64)>,
+}
 
 impl Refusals {
     /// Keeps `ev` if it was refused.
@@ -37,7 +52,24 @@ impl Refusals {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
         let n = g.0;
-        g.1.push_back((n, line));
+        let mut k = match g.1.iter().position(|k| k.line == line) {
+            Some(i) => g.1.remove(i).unwrap_or_else(|| Kept {
+                line,
+                runs: VecDeque::new(),
+            }),
+            None => Kept {
+                line,
+                runs: VecDeque::new(),
+            },
+        };
+        match k.runs.back_mut() {
+            Some(run) if run.1 + 1 == n => run.1 = n,
+            _ => k.runs.push_back((n, n)),
+        }
+        if k.runs.len() > RUNS {
+            k.runs.pop_front();
+        }
+        g.1.push_back(k);
         while g.1.len() > KEPT {
             g.1.pop_front();
         }
@@ -48,16 +80,30 @@ impl Refusals {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).0
     }
 
-    /// The kept refusals after `mark`, oldest first, and how many more
+    /// The kept refusals after `mark`, oldest first, each line once
+    /// (" — refused N×" after one that stood for N > 1); and how many more
     /// there were that are no longer kept.
     pub(crate) fn since(&self, mark: u64) -> (Vec<String>, u64) {
         let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let kept: Vec<String> =
-            g.1.iter()
-                .filter(|(n, _)| *n > mark)
-                .map(|(_, l)| l.clone())
-                .collect();
-        let gone = (g.0 - mark).saturating_sub(kept.len() as u64);
+        let mut lines: Vec<(u64, &str, u64)> = Vec::new();
+        for k in &g.1 {
+            let after = k.runs.iter().filter(|r| r.1 > mark);
+            let runs: Vec<(u64, u64)> = after.map(|r| (r.0.max(mark + 1), r.1)).collect();
+            if let Some(first) = runs.first() {
+                let times = runs.iter().map(|r| r.1 - r.0 + 1).sum();
+                lines.push((first.0, &k.line, times));
+            }
+        }
+        lines.sort_by_key(|l| l.0);
+        let counted: u64 = lines.iter().map(|l| l.2).sum();
+        let gone = (g.0 - mark).saturating_sub(counted);
+        let kept = lines
+            .into_iter()
+            .map(|(_, l, n)| match n {
+                1 => l.to_string(),
+                n => format!("{l} — refused {n}×"),
+            })
+            .collect();
         (kept, gone)
     }
 }
@@ -101,6 +147,37 @@ mod tests {
         assert!(kept[KEPT - 1].starts_with(&format!("n{}.test:443: not listed", KEPT + 2)));
         assert!(kept[0].ends_with("(the profile's network.allow decides)"));
         assert_eq!(r.since(r.mark()), (vec![], 0));
+    }
+
+    #[test]
+    fn repeats_are_counted_once_and_keep_the_others() {
+        let r = Refusals::default();
+        r.add(&refused("first.test", "not listed"));
+        let m = r.mark();
+        for i in 0..20 {
+            r.add(&refused("pypi.test", "refused: 127.0.0.1 is loopback"));
+            if i % 2 == 0 {
+                r.add(&refused("files.test", "not listed"));
+            }
+        }
+        let (kept, gone) = r.since(m);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(
+            kept[0].starts_with("pypi.test:443: refused") && kept[0].ends_with(" — refused 20×")
+        );
+        assert!(kept[1].starts_with("files.test:443") && kept[1].ends_with(" — refused 10×"));
+        assert_eq!(gone, 0, "the interleaved runs outlast KEPT but are counted");
+        // Counted from the mark: a run that began before it counts only after.
+        let m2 = r.mark();
+        r.add(&refused("files.test", "not listed"));
+        r.add(&refused("files.test", "not listed"));
+        assert_eq!(r.since(m2).0.len(), 1);
+        assert!(r.since(m2).0[0].ends_with(" — refused 2×"));
+        assert!(r
+            .since(0)
+            .0
+            .iter()
+            .any(|l| l.starts_with("first.test") && !l.contains('×')));
     }
 
     #[test]
