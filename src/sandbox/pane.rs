@@ -66,7 +66,12 @@ fn config_path() -> std::path::PathBuf {
 /// persist and no quote in it can swallow what follows) between two markers
 /// that are OSC sequences: they reach sandmux's `%output` stream, and tmux
 /// draws nothing for them, so neither the screen nor a capture shows them.
-pub(crate) const RUN_FUNCTION: &str = r#"() { printf '\033]6973;B%s;%s\007' "$1" "$$"; __sandmux_n=$1; __sandmux_c=$2; shift 2; eval "$__sandmux_c"; set -- "$?"; printf '\033]6973;E%s;%s\007' "$__sandmux_n" "$1"; unset __sandmux_n __sandmux_c; return "$1"; }"#;
+/// While the command runs, an `EXIT` trap prints a third (`X`, with the
+/// status) should the command end the shell (`exit 3`, `set -e` and a
+/// failure), then waits 0.2 s so tmux reads it before it closes the pane
+/// (what a pane prints as it ends can otherwise be lost); the shell's own
+/// `EXIT` trap is put back after, unless the command set one of its own.
+pub(crate) const RUN_FUNCTION: &str = r#"() { printf '\033]6973;B%s;%s\007' "$1" "$$"; __sandmux_n=$1; __sandmux_c=$2; shift 2; __sandmux_t=$(trap -p EXIT); __sandmux_q='printf "\033]6973;X%s;%s\007" "$__sandmux_n" "$?"; command sleep 0.2 2>/dev/null'; trap "$__sandmux_q" EXIT; eval "$__sandmux_c"; set -- "$?"; if [ "$(trap -p EXIT)" = "trap -- '$__sandmux_q' EXIT" ]; then if [ -n "$__sandmux_t" ]; then eval "$__sandmux_t"; else trap - EXIT; fi; fi; printf '\033]6973;E%s;%s\007' "$__sandmux_n" "$1"; unset __sandmux_n __sandmux_c __sandmux_t __sandmux_q; return "$1"; }"#;
 /// The environment variable bash imports [`RUN_FUNCTION`] from, as `__sandmux_run`.
 pub(crate) const RUN_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_run%%";
 /// Run from `PROMPT_COMMAND`: a marker with the shell's pid and `$?` before

@@ -49,7 +49,7 @@ async def test_a_long_command_that_ends_its_shell_reports_pane_exited(ws):
         sp = await call(c, "split_window", {})
         r = await call(c, "run_command", {"pane_id": sp["pane_id"], "command": "sleep 1; echo going; exit 4", "timeout": 0.3})
         got = await call(c, "wait_for_command", {"command_id": r["command_id"], "timeout": 20})
-        assert got["status"] == "pane_exited", got
+        assert got["status"] == "pane_exited" and got["exit_status"] == 4, got
         # What the shell printed last can be lost: tmux sends its control
         # clients nothing more for a pane it has destroyed (docs/mcp.md).
         assert got["output"] == "" or got["output"].startswith("going"), got

@@ -206,10 +206,11 @@ async def test_run_command_reports_a_shell_that_exited(ws):
     """Regression (issue 10): `exit` or `set -e` ending the pane's shell used
     to be reported as a timeout about a pane that no longer existed."""
     async with connect(ws) as c:
-        for cmd, want in [("echo bye; exit 3", "bye"), ("set -e; echo before; false; echo never", "before")]:
+        for cmd, want, status in [("echo bye; exit 3", "bye", 3), ("set -e; echo before; false; echo never", "before", 1)]:
             sp = await call(c, "split_window", {})
             r = await call(c, "run_command", {"pane_id": sp["pane_id"], "command": cmd, "timeout": 30})
-            assert r["status"] == "pane_exited", r
+            # Issue 46: the status the shell ended with (it came back null).
+            assert r["status"] == "pane_exited" and r["exit_status"] == status, r
             # What the shell wrote just before it exited may never reach a
             # control client (docs/mcp.md): what does arrive is right.
             assert "never" not in r["output"] and (want in r["output"] or not r["output"]), r

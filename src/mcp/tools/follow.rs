@@ -28,7 +28,8 @@ pub(crate) struct RunResult {
     /// completed | timeout | interrupted | pane_exited (the command ended the
     /// pane's shell: `exit`, `set -e` and a failure).
     pub status: String,
-    /// Exit status (when completed; for pane_exited, tmux's when it kept the pane).
+    /// Exit status (when completed; for pane_exited, the status the shell
+    /// ended with when it said, or tmux's when it kept the pane).
     pub exit_status: Option<i32>,
     /// What the command printed (plain text): its head and tail within
     /// `max_lines`/`max_bytes`, a marker line between if anything is not shown.
@@ -64,7 +65,8 @@ pub(crate) struct RunResult {
 pub(crate) enum End {
     /// Its end marker arrived, with this exit status.
     Completed(i32),
-    /// The pane's shell ended (with tmux's status when it kept the pane).
+    /// The pane's shell ended: with the status the command ended it with
+    /// (its `EXIT` trap's marker), or tmux's when it kept the pane.
     PaneExited(Option<i32>),
     /// The shell prompted again without the end marker (C-c aborted the
     /// command), with the status it had then.
@@ -78,6 +80,8 @@ pub(crate) struct Follow {
     num: u32,
     begin: Vec<u8>,
     end: Vec<u8>,
+    /// The marker the command's `EXIT` trap prints when it ends the shell.
+    exit: Vec<u8>,
     /// `OSC P<pid>;` of the shell that printed the begin marker.
     prompt: Option<Vec<u8>>,
     pos: u64,
@@ -104,6 +108,7 @@ impl Follow {
             num: pane.num,
             begin: format!("{OSC}B{nonce};").into_bytes(),
             end: format!("{OSC}E{nonce};").into_bytes(),
+            exit: format!("{OSC}X{nonce};").into_bytes(),
             prompt: None,
             pos,
             before: Vec::new(),
@@ -179,6 +184,11 @@ impl Follow {
         if let Some((at, _, code)) = marker(&self.body[from..], &self.end) {
             self.body.truncate(from + at);
             self.ended = Some(End::Completed(code as i32));
+            return true;
+        }
+        if let Some((at, _, code)) = marker(&self.body[from..], &self.exit) {
+            self.body.truncate(from + at);
+            self.ended = Some(End::PaneExited(Some(code as i32)));
             return true;
         }
         let p = self.prompt.as_deref().unwrap_or(b"\x1b]6973;P-");
