@@ -1,7 +1,9 @@
 //! `sandmux approvals | approve | deny`: the operator's side of the
 //! questions a `serve` instance holds (`[network] ask`, `[mcp]
-//! ask_toolsets`). Names are the proxy's canonical host names or the
-//! catalog's tool names, printed escaped all the same.
+//! ask_toolsets`). A question's row names only what sandmux checked (the
+//! proxy's canonical host names, the catalog's tool names); a tool call's
+//! arguments, the agent's words, only on lines labelled as the agent's
+//! (`crate::mcp::approvals::shown`).
 
 use super::{fail, ExitCode};
 use crate::mcp::approvals::shown::{checked_name, detail, labelled, Name};
