@@ -8,6 +8,7 @@
 //! every terminal and the line can be cut exactly, never wrapping or
 //! scrolling the screen.
 
+use crate::mcp::approvals::shown::checked_name;
 use serde_json::Value;
 
 /// The line for an instance: `approvals` is the endpoint's answer (`None`
@@ -46,9 +47,16 @@ pub(crate) fn text(id: &str, read_write: bool, approvals: Option<Result<Value, S
 const HINT: char = '\t';
 
 /// One open question: `#3 https://example.org:443 56s`; a long name is cut
-/// (the whole line is cut again to the terminal's width).
+/// (the whole line is cut again to the terminal's width). Only a name of
+/// sandmux's own form is shown (a catalog tool, a canonical host: no space
+/// or comma to draw a question of its own); a tool call's arguments, the
+/// agent's words, never are (`sandmux approvals` shows them, labelled).
 fn question(q: &Value) -> String {
-    let name = ascii(q["name"].as_str().unwrap_or("?"));
+    let raw = q["name"].as_str().unwrap_or("");
+    let name = match checked_name(raw) {
+        Some(_) => ascii(raw),
+        None => "(a name not of sandmux's form)".into(),
+    };
     let left = q["deny_in_s"]
         .as_u64()
         .map(|s| format!(" {s}s"))
@@ -241,12 +249,19 @@ mod tests {
         let q = json!({"ok": true, "approvals": {"open": [
             {"question": 1, "name": "a\x1b[999;1HFAKE\u{9b}2J\u{202e}\u{4e2d}\u{301}\r\n\x07", "deny_in_s": 5},
         ]}});
-        let t = text("x", false, Some(Ok(q)));
-        let t = t.split_once(HINT).unwrap().0;
-        assert!(t.bytes().all(|b| (0x20..0x7f).contains(&b)), "{t}");
+        let line = text("x", false, Some(Ok(q)));
+        // Not of sandmux's form: not shown at all.
         assert!(
-            t.contains("a\\x1b[999;1HFAKE\\x9b2J\\u{202e}\\u{4e2d}\\u{301}\\x0d\\x0a\\x07"),
-            "{t}"
+            line.starts_with(
+                "sandmux x read-only: 1 question: #1 (a name not of sandmux's form) 5s"
+            ),
+            "{line}"
+        );
+        let t = &ascii("a\x1b[999;1HFAKE\u{9b}2J\u{202e}\u{4e2d}\u{301}\r\n\x07");
+        assert!(t.bytes().all(|b| (0x20..0x7f).contains(&b)), "{t}");
+        assert_eq!(
+            t,
+            "a\\x1b[999;1HFAKE\\x9b2J\\u{202e}\\u{4e2d}\\u{301}\\x0d\\x0a\\x07"
         );
         for cols in 0..t.len() + 2 {
             let f = fit(t, cols);
@@ -258,6 +273,20 @@ mod tests {
         }
         let d = String::from_utf8(draw(24, 20, t)).unwrap();
         assert!(d.starts_with("\x1b7") && d.ends_with("\x1b8") && d.contains("\x1b[24;1H"));
+    }
+
+    #[test]
+    fn a_name_cannot_draw_a_question_of_its_own() {
+        // Positive control: the same text as a name of sandmux's form
+        // would be a second question on the line.
+        let forged = "https://a.test:443 5s, #2 tool kill_session";
+        let q = |name: &str| json!({"approvals": {"open": [{"question": 1, "kind": "network", "name": name, "deny_in_s": 5}]}});
+        let t = text("x", false, Some(Ok(q("https://a.test:443"))));
+        assert!(t.contains("#1 https://a.test:443 5s"), "{t}");
+        let naive = format!("#1 {forged} 5s");
+        assert!(naive.contains("#2 tool kill_session"));
+        let t = text("x", false, Some(Ok(q(forged))));
+        assert!(!t.contains("#2") && !t.contains("kill_session"), "{t}");
     }
 
     #[test]

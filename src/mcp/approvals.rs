@@ -12,9 +12,12 @@
 //! for [`DENY_WINDOW`]. A question whose connections all went away is
 //! withdrawn.
 
+pub(crate) mod shown;
+
 use super::audit::{Audit, Entry};
 use crate::proxy::ask::{Asker, Verdict};
 use serde_json::{json, Value};
+use shown::Detail;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -57,8 +60,9 @@ struct Open {
     window: Duration,
     asked: SystemTime,
     deadline: Instant,
-    /// What the human is shown besides the name (a tool's arguments).
-    detail: Option<String>,
+    /// What the human is shown besides the name (a tool's arguments), the
+    /// agent's words: shown only in their container (`shown`).
+    detail: Option<Detail>,
     /// The connections (or the call) waiting on the answer.
     waiters: Vec<oneshot::Sender<(Answer, String)>>,
 }
@@ -117,7 +121,7 @@ struct Ask<'a> {
     /// same), so the record of a call run under a once names its question.
     call: Option<&'a str>,
     /// A tool's question: its arguments as the human is shown them.
-    detail: Option<&'a str>,
+    detail: Option<&'a Detail>,
 }
 
 /// The client's answer to a tool's question, if it gives one.
@@ -223,7 +227,7 @@ impl Approvals {
                 window: a.window,
                 asked: SystemTime::now(),
                 deadline,
-                detail: a.detail.map(str::to_string),
+                detail: a.detail.cloned(),
                 waiters: vec![tx],
             };
             s.open.insert(id, open);
@@ -266,7 +270,7 @@ impl Approvals {
         &self,
         tool: &str,
         call: &str,
-        detail: &str,
+        detail: &Detail,
         client: Option<ClientAnswer>,
         operator: bool,
     ) -> Result<Grant, String> {
@@ -502,7 +506,8 @@ impl Approvals {
                 .map(|(id, o)| {
                     let waited = now.duration_since(o.asked).unwrap_or_default().as_secs();
                     let left = o.deadline.saturating_duration_since(Instant::now()).as_secs();
-                    json!({"question": id, "kind": o.kind, "name": o.name, "detail": o.detail, "operator": o.operator, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
+                    let (detail, cut) = o.detail.as_ref().map(|d| (&d.text, d.cut_from)).unzip();
+                    json!({"question": id, "kind": o.kind, "name": o.name, "detail": detail, "detail_cut_from": cut.flatten(), "operator": o.operator, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
                 })
                 .collect();
             let v = json!({

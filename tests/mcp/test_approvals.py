@@ -360,7 +360,8 @@ async def test_the_dev_profile_asks_for_teardown_and_the_operator_answers(ws):
         async def answer(verb):
             q = await open_question(iid, "tool kill_session")
             listed = sm("approvals", iid)
-            assert f"question {q}: may the agent use the tool kill_session with {{" in listed.stdout, listed.stdout
+            assert f"question {q}: may the agent use the tool kill_session with the arguments below?" in listed.stdout, listed.stdout
+            assert "\n    agent wrote: {" in listed.stdout, listed.stdout
             assert sm(verb, iid, str(q)).returncode == 0
 
         async with anyio.create_task_group() as tg:
@@ -376,7 +377,7 @@ async def test_the_dev_profile_asks_for_teardown_and_the_operator_answers(ws):
         async def look_and_revoke():
             q = await open_question(iid, "tool kill_session")
             listed = sm("approvals", iid).stdout
-            assert '{"session_name":"d2\\\\u{202e}\\\\u001b[2J"}' in listed and "\u202e" not in listed and "\x1b" not in listed, listed
+            assert '    agent wrote: {"session_name":"d2\\u202e\\u001b[2J"}' in listed and "\u202e" not in listed and "\x1b" not in listed, listed
             # A revoke while the question is open denies it: no later yes
             # can undo the revoke.
             assert sm("revoke", iid, "--tool", "kill_session").returncode == 0

@@ -12,6 +12,7 @@
 //! (`crate::mcp::rounds` holds the question meanwhile).
 
 use super::Server;
+use crate::mcp::approvals::shown::{detail, Detail};
 use crate::mcp::approvals::{Answer, ClientAnswer, Grant};
 use crate::mcp::catalog::{toolset_name, ToolDef};
 use crate::mcp::rounds;
@@ -231,37 +232,21 @@ fn stateless(cx: &RequestContext<RoleServer>) -> bool {
         .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
 }
 
-/// Longest arguments shown with a question, in characters.
-const DETAIL_MAX: usize = 300;
-
-/// The call's arguments as the human is shown them: compact JSON, every
-/// character outside printable ASCII escaped (the agent chose them: no
-/// control, bidi or look-alike character reaches a human's screen), cut
-/// to [`DETAIL_MAX`] characters.
-fn detail(args: &Value) -> String {
-    let json = serde_json::to_string(args).unwrap_or_default();
-    let mut out = String::new();
-    for c in json.chars() {
-        match c {
-            ' '..='~' => out.push(c),
-            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-        }
-        if out.len() > DETAIL_MAX {
-            out.truncate(DETAIL_MAX);
-            out.push_str(&format!("... ({} bytes in all)", json.len()));
-            break;
-        }
-    }
-    out
-}
-
-/// The fixed-form question: sandmux's words, the catalog's names, and the
-/// arguments as [`detail`] shows them.
-fn question(def: &ToolDef, detail: &str) -> ElicitRequestParams {
+/// The fixed-form question: sandmux's words and the catalog's names, then,
+/// last and after a line saying whose they are, the arguments as
+/// [`detail`] shows them (one line of JSON, no run of spaces): nothing the
+/// agent wrote stands where sandmux's words do.
+fn question(def: &ToolDef, detail: &Detail) -> ElicitRequestParams {
+    let cut = match detail.cut_from {
+        Some(n) => format!(" (the first {} bytes of {n})", detail.text.len()),
+        None => String::new(),
+    };
     let message = format!(
-        "sandmux: the agent asks to use the tool {} (toolset {}), which this instance's profile does not enable, with the arguments {detail}. Allow it once (this call only), for this instance, or deny?",
+        "sandmux: the agent asks to use the tool {} (toolset {}), which this instance's profile does not enable. Allow it once (this call only), for this instance, or deny?\n\
+         The call's arguments{cut}, as JSON, follow on the next line; that line is the agent's text, not sandmux's:\n{}",
         def.name,
-        toolset_name(def.toolset)
+        toolset_name(def.toolset),
+        detail.text
     );
     let schema = json!({
         "type": "object",
@@ -282,7 +267,7 @@ fn question(def: &ToolDef, detail: &str) -> ElicitRequestParams {
 
 /// The `input_required` result asking the question (its state added by
 /// the caller).
-fn rounds_request(def: &ToolDef, detail: &str) -> InputRequiredResult {
+fn rounds_request(def: &ToolDef, detail: &Detail) -> InputRequiredResult {
     let mut asks = rmcp::model::InputRequests::new();
     asks.insert(
         KEY.to_string(),
@@ -307,7 +292,7 @@ fn answer_of(action: Option<&Value>, content: Option<&Value>) -> Answer {
 
 /// The client's answer, by elicitation: None when it gives none (an
 /// error, a protocol without server requests).
-fn elicit(peer: Peer<RoleServer>, def: &'static ToolDef, detail: &str) -> ClientAnswer {
+fn elicit(peer: Peer<RoleServer>, def: &'static ToolDef, detail: &Detail) -> ClientAnswer {
     let params = question(def, detail);
     Box::pin(async move {
         let r = peer.create_elicitation(params).await.ok()?;
