@@ -26,7 +26,7 @@ ALL = ["--toolsets", "inspect,manage,execute,teardown"]
 
 def ask_net(port):
     pins = ", ".join(f'"{n}" = "127.0.0.1"' for n in NAMES + ["ask.test", "other.test", "gone.test"])
-    net = f'mode = "proxy"\nallow = ["files.test:{port}"]\nallow_private = ["127.0.0.0/8"]\nhosts = {{ {pins} }}\nask = true\nask_ports = [{port}]'
+    net = f'mode = "proxy"\nallow = ["files.test:{port}"]\nallow_private = ["127.0.0.0/8"]\nhosts = {{ {pins} }}\nask = true\nask_ports = [{port}, 443, 80]'
     return lambda t: t.replace('mode = "none"', net).replace("wait_max_seconds = 300", "wait_max_seconds = 300\nask_seconds = 5")
 
 
