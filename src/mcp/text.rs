@@ -362,7 +362,10 @@ mod tests {
         assert_eq!(clean(typed.as_bytes()), "$  echo 'hi'");
         // Typed ahead of the prompt: the terminal's echo, then the line editor's.
         let twice = format!("{typed}user@box:~$ {}\r\nout\n", &typed[2..]);
-        assert_eq!(clean(twice.as_bytes()), "$  echo 'hi'user@box:~$  echo 'hi'\nout\n");
+        assert_eq!(
+            clean(twice.as_bytes()),
+            "$  echo 'hi'user@box:~$  echo 'hi'\nout\n"
+        );
         // A multi-line command, its second line behind the shell's `> `.
         let multi = crate::mcp::tools::commands::wrap("echo a\necho 'b'", "0123456789ab", false);
         let shown = format!("$ {}\r\na\r\nb\r\n", multi.replace('\n', "\r\n> "));

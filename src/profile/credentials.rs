@@ -166,6 +166,12 @@ fn one(
                 format!("credential {n:?}: {} is not an absolute path", f.display()),
             ))
         }
+        (None, Some(f)) if f.parent() == Some(std::path::Path::new("/")) => {
+            return Err((
+                "credentials.from_file",
+                format!("credential {n:?}: keep {} in a directory of its own (e.g. /run/secrets/{n}/token), not in /: the confined supervisor keeps read access to that directory to read a rotated file again", f.display()),
+            ))
+        }
         _ => {}
     }
     for h in &c.headers {
@@ -260,6 +266,9 @@ mod tests {
         assert_eq!(key(c, &net()), "credentials.name");
         let mut c = cred();
         (c.from_env, c.from_file) = (None, Some("rel/x".into()));
+        assert_eq!(key(c, &net()), "credentials.from_file");
+        let mut c = cred();
+        (c.from_env, c.from_file) = (None, Some("/token".into()));
         assert_eq!(key(c, &net()), "credentials.from_file");
         assert_eq!(
             check(&[cred(), cred()], &net(), &set).unwrap_err().0,

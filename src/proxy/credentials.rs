@@ -429,9 +429,24 @@ pub(crate) fn apply(policy: &mut Policy) -> Result<Option<Arc<Vault>>, CredError
     Ok(Some(Arc::new(v)))
 }
 
-/// Refuses a `from_file` the sandbox could read: the deepest entry of the
-/// view above it (or its link's target) binds the host's tree.
+/// Refuses a `from_file` the sandbox could read (the deepest entry of the
+/// view above it, or its link's target, binds the host's tree) or replace
+/// (a directory it is read again from is bound read-write), and one
+/// without a directory of its own ([`secretfile::dirs`]).
 fn visible(policy: &Policy, path: &std::path::Path) -> Result<(), String> {
+    let dirs = secretfile::dirs(path).ok_or_else(|| format!("from_file {}: keep it (and its link's target) in a directory of its own, not in /: the confined supervisor keeps read access to that directory to read a rotated file again", path.display()))?;
+    for d in &dirs {
+        let deepest = policy
+            .fs
+            .iter()
+            .filter(|e| d.starts_with(&e.path))
+            .max_by_key(|e| e.path.components().count());
+        if deepest.is_some_and(|e| e.kind == MountKind::ReadWrite)
+            || d.starts_with(&policy.workspace)
+        {
+            return Err(format!("from_file {}: the sandbox can write {} (profile '{}'), so it could replace the file; keep the secret outside every tree the profile shows", path.display(), d.display(), policy.name));
+        }
+    }
     let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     for p in [path, real.as_path()] {
         let deepest = policy

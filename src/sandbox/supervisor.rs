@@ -7,7 +7,9 @@
 //! - **Landlock**: the filesystem rules of [`Needs`]; every TCP bind and
 //!   connect denied (ABI 4) — in network mode `proxy`, connect is allowed
 //!   to the ports the allow list can reach ([`Needs::connect_tcp`]), and
-//!   the resolver's files are readable; abstract Unix sockets scoped (ABI 6). Signals are
+//!   the resolver's files are readable, and so are the directories of the
+//!   credentials' `from_file`s ([`credential_reads`]: read again after a
+//!   rotation); abstract Unix sockets scoped (ABI 6). Signals are
 //!   not scoped: the supervisor signals its sandbox, which is outside its
 //!   domain. Landlock binds the calling thread and the threads and processes
 //!   it starts later, never the threads that exist already: `serve` confines
@@ -226,6 +228,7 @@ impl Needs {
             n.rules
                 .extend(RESOLVER.iter().map(|p| (PathBuf::from(p), Right::Read)));
         }
+        n.rules.extend(credential_reads(policy));
         n.rules.extend(read_exec(policy, f.tmux));
         n.rules
             .extend(ETC_FILES.iter().map(|p| (PathBuf::from(p), Right::Read)));
@@ -269,16 +272,41 @@ impl Needs {
     }
 }
 
+/// What the proxy reads lazily, long after confinement, of its
+/// credentials: each `from_file`'s directories
+/// ([`crate::secretfile::dirs`]), read again when the file is renamed over
+/// or rewritten. One list for both confinements that run the proxy
+/// (`serve`'s supervisor, the proxy's thread under `run` and `shell`), made
+/// from the same profile entries the proxy reads, so a credential source
+/// cannot be read at start and then be out of reach: a `from_command` runs
+/// in the broker (or, under `run` and `shell`, outside the confined
+/// thread), never here.
+pub(crate) fn credential_reads(policy: &Policy) -> Vec<(PathBuf, Right)> {
+    use crate::profile::credentials::From;
+    policy
+        .credentials
+        .iter()
+        .filter_map(|c| match c.from() {
+            From::File(f) => crate::secretfile::dirs(f),
+            _ => None,
+        })
+        .flatten()
+        .map(|d| (d, Right::Read))
+        .collect()
+}
+
 /// What the proxy's own thread under `run` and `shell` keeps (their
 /// supervisor is otherwise not confined): the resolver's and the loader's
-/// files, the libraries NSS loads, TCP connect to the allow list's ports,
-/// UDP only when the proxy may resolve ([`Dials`]).
-pub(crate) fn proxy_thread_needs(dials: Dials) -> Needs {
+/// files, the libraries NSS loads, the credentials' files
+/// ([`credential_reads`]), TCP connect to the allow list's ports, UDP only
+/// when the proxy may resolve ([`Dials`]).
+pub(crate) fn proxy_thread_needs(policy: &Policy, dials: Dials) -> Needs {
     let mut rules: Vec<(PathBuf, Right)> = RESOLVER
         .iter()
         .chain(ETC_FILES.iter())
         .map(|p| (PathBuf::from(p), Right::Read))
         .collect();
+    rules.extend(credential_reads(policy));
     for lib in ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib"] {
         rules.push((lib.into(), Right::Exec));
     }
@@ -525,4 +553,123 @@ pub(crate) fn probe(
         .unwrap_or_else(|_| (vec![], vec!["the probe thread panicked".into()]))
     });
     status(policy, done, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::credentials::Credential;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn write(p: &Path, v: &str) {
+        if p.exists() {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        std::fs::write(p, v).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o400)).unwrap();
+    }
+
+    /// What a thread confined with `needs` gets for the credential's
+    /// placeholder after each rotation `main` makes (unconfined), in order.
+    fn confined_reads(
+        policy: &Policy,
+        needs: &Needs,
+        steps: &[&dyn Fn()],
+    ) -> Vec<Result<String, (u16, String)>> {
+        let vault = crate::proxy::credentials::Vault::open(&policy.credentials, &[])
+            .unwrap()
+            .unwrap();
+        let ph = vault.inside_env()[0].1.clone();
+        let prepared = prepare(policy, needs).unwrap();
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let (tell, told) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                super::super::caps::set_no_new_privs().unwrap();
+                prepared.restrict().unwrap();
+                while asked.recv().is_ok() {
+                    let r = vault.header("authorization", ph.as_bytes(), "api.test");
+                    let r = r.map(|v| String::from_utf8(v.unwrap()).unwrap());
+                    tell.send(r.map_err(|e| (e.code, e.why))).unwrap();
+                }
+            });
+            let out = steps
+                .iter()
+                .map(|step| {
+                    step();
+                    ask.send(()).unwrap();
+                    told.recv().unwrap()
+                })
+                .collect();
+            drop(ask);
+            out
+        })
+    }
+
+    /// A `from_file` rotated by a rename and by a rewrite in place is read
+    /// again by a thread under the rules `serve` (its supervisor) and `run`
+    /// (the proxy's thread) derive from the profile; the control swaps the
+    /// file for a link into a directory no rule covers: the old failure
+    /// (503, permission denied), though the host can read it.
+    #[test]
+    fn a_confined_proxy_reads_a_rotated_credential_file_again() {
+        if effective_abi(None).1 < 1 {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let (dir, other) = (d.path().join("secrets"), d.path().join("elsewhere"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::create_dir(&other).unwrap();
+        let f = dir.join("tok");
+        let mut policy = crate::sandbox::view::sample();
+        policy.credentials = vec![Credential {
+            name: "TOK".into(),
+            send_to: vec!["api.test".into()],
+            from_env: None,
+            from_file: Some(f.clone()),
+            headers: vec![],
+        }];
+        let rundir = tempfile::tempdir().unwrap();
+        let files = Files {
+            rundir: rundir.path(),
+            host_view: None,
+            tmux: Path::new("/usr/bin/tmux"),
+            audit: Path::new("/dev/null"),
+            record: None,
+            cgroup: &[],
+            guard: None,
+            proxy: Dials::default(),
+        };
+        let serve = Needs::supervisor(&policy, &files);
+        let run = proxy_thread_needs(&policy, Dials::default());
+        for needs in [serve, run] {
+            let _ = std::fs::remove_file(&f);
+            write(&f, "first-secret-value");
+            let renamed = || {
+                write(&dir.join("new"), "second-secret-value");
+                std::fs::rename(dir.join("new"), &f).unwrap();
+            };
+            let rewritten = || write(&f, "third-secret-value");
+            let elsewhere = || {
+                write(&other.join("tok"), "fourth-secret-value");
+                std::fs::remove_file(&f).unwrap();
+                std::os::unix::fs::symlink(other.join("tok"), &f).unwrap();
+            };
+            let got = confined_reads(&policy, &needs, &[&|| (), &renamed, &rewritten, &elsewhere]);
+            assert_eq!(
+                got[..3],
+                [
+                    Ok("first-secret-value".into()),
+                    Ok("second-secret-value".into()),
+                    Ok("third-secret-value".into())
+                ]
+            );
+            let Err((503, why)) = &got[3] else {
+                panic!("{got:?}")
+            };
+            assert!(why.contains("Permission denied"), "{why}");
+            let host = crate::secretfile::read(&f, "", (8, 64)).unwrap().0;
+            assert_eq!(host, b"fourth-secret-value");
+        }
+    }
 }
