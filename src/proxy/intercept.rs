@@ -243,6 +243,10 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
             ))
         }
     };
+    if resp.status() == hyper::StatusCode::UNAUTHORIZED && !sent.is_empty() {
+        // A short-lived (`from_command`) value the host refused: refreshed.
+        t.vault.rejected(&sent);
+    }
     answer(t, resp, head, &sent)
 }
 
