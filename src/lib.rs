@@ -26,6 +26,7 @@ pub(crate) mod operator;
 pub(crate) mod profile;
 pub(crate) mod proxy;
 pub(crate) mod sandbox;
+pub(crate) mod secretcmd;
 pub(crate) mod secretfile;
 pub(crate) mod supervisor;
 pub(crate) mod tables;

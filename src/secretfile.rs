@@ -7,7 +7,7 @@
 //! opened file's [`Stamp`], so a caller can tell when it changed.
 
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What identifies one version of a file: the file a path leads to (links
 /// followed, as a rotated Kubernetes Secret swaps a link) and its size and
@@ -29,6 +29,29 @@ fn stamp_of(m: &std::fs::Metadata) -> Stamp {
         m.ctime(),
         m.ctime_nsec(),
     )
+}
+
+/// The directories a confined process must keep readable to read `file`
+/// again after a rotation: its own (a rename or a swapped link replaces
+/// the file there) and, when it is a link, its target's (a Kubernetes
+/// Secret's `..data/` swap lands below the file's own). Never `/`: a rule
+/// there would open the whole file system; `None` when the file or its
+/// link's target is directly in `/` (the caller refuses it).
+pub(crate) fn dirs(file: &Path) -> Option<Vec<PathBuf>> {
+    let own = file
+        .parent()
+        .filter(|d| *d != Path::new("/") && !d.as_os_str().is_empty())?;
+    let mut v = vec![own.to_path_buf()];
+    let target = std::fs::canonicalize(file).ok();
+    if let Some(d) = target.as_deref().and_then(Path::parent) {
+        if d == Path::new("/") {
+            return None;
+        }
+        if !v.iter().any(|x| d.starts_with(x)) {
+            v.push(d.to_path_buf());
+        }
+    }
+    Some(v)
 }
 
 /// Reads the one line of `path` (`what` starts every error, e.g.

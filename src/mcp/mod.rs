@@ -332,7 +332,7 @@ fn prepare(policy: &Policy, opts: &Options) -> Result<Prepared, String> {
 pub(crate) fn serve(mut policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     // The credentials first: read (and taken out of this process's
     // environment) before any other process, the broker included, exists.
-    let vault = match crate::proxy::credentials::apply(&mut policy) {
+    let vault = match crate::proxy::credentials::apply_later(&mut policy) {
         Ok(v) => v,
         Err(e) => {
             tracing::error!("{e}");
@@ -367,6 +367,20 @@ pub(crate) fn serve(mut policy: Policy, opts: Options, stop: &exit::Stop) -> i32
     };
     // Started after confinement, so it is confined too.
     stop.take_signals();
+    if let Some(v) = &pre.vault {
+        // The `from_command` refresher: its commands run in the broker.
+        let (b, audit) = (st.broker.clone(), pre.audit.clone());
+        v.start(
+            Arc::new(move |i| b.credential(i)),
+            Arc::new(move |kind, args| {
+                audit.event(crate::audit::Entry::event(
+                    "(credentials)",
+                    Some(kind),
+                    &args,
+                ));
+            }),
+        );
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

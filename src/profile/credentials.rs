@@ -11,9 +11,11 @@ use std::path::PathBuf;
 
 /// Most credentials one profile may name.
 pub(crate) const MAX_CREDENTIALS: usize = 32;
+/// A `from_command`'s default time limit, and the longest allowed.
+pub(crate) const COMMAND_SECONDS: (u64, u64) = (10, 120);
 
 /// One `[[credentials]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Credential {
     /// The variable the sandbox sees, holding the placeholder.
@@ -28,6 +30,20 @@ pub(crate) struct Credential {
     /// changes).
     #[serde(default)]
     pub from_file: Option<PathBuf>,
+    /// A host-side command whose output is the value (and its lifetime):
+    /// argv, no shell, run again before the value ends and after a 401.
+    #[serde(default)]
+    pub from_command: Option<Vec<String>>,
+    /// The command's environment over `PATH` and `HOME` (nothing else of
+    /// sandmux's, nothing of the sandbox's).
+    #[serde(default)]
+    pub command_env: std::collections::BTreeMap<String, String>,
+    /// The command's time limit (default [`COMMAND_SECONDS`]).
+    #[serde(default)]
+    pub command_timeout_seconds: Option<u64>,
+    /// How long a plain (not JSON) output lives; JSON's `expires_in` wins.
+    #[serde(default)]
+    pub lifetime_seconds: Option<u64>,
     /// The request headers the value is put into (default `Authorization`;
     /// e.g. `PRIVATE-TOKEN` for GitLab, `X-Api-Key`).
     #[serde(default)]
@@ -41,16 +57,24 @@ pub(crate) enum From<'a> {
     Env(&'a str),
     /// A file on the host.
     File(&'a std::path::Path),
+    /// A command run on the host (argv).
+    Command(&'a [String]),
 }
 
 impl Credential {
     /// Where the value comes from (validated: exactly one).
     pub(crate) fn from(&self) -> From<'_> {
-        match (&self.from_env, &self.from_file) {
-            (Some(v), _) => From::Env(v),
-            (None, Some(f)) => From::File(f),
-            (None, None) => From::Env(&self.name),
+        match (&self.from_env, &self.from_file, &self.from_command) {
+            (Some(v), _, _) => From::Env(v),
+            (None, Some(f), _) => From::File(f),
+            (None, None, Some(c)) => From::Command(c),
+            (None, None, None) => From::Env(&self.name),
         }
+    }
+
+    /// The command's time limit.
+    pub(crate) fn command_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.command_timeout_seconds.unwrap_or(COMMAND_SECONDS.0))
     }
 
     /// The headers the value is put into, lowercase (`authorization`
@@ -147,13 +171,19 @@ fn one(
             ),
         ));
     }
+    let given = [
+        c.from_env.is_some(),
+        c.from_file.is_some(),
+        c.from_command.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() != 1 {
+        return Err((
+            "credentials.from_env",
+            format!("credential {n:?}: give exactly one of from_env, from_file and from_command"),
+        ));
+    }
+    command(c)?;
     match (&c.from_env, &c.from_file) {
-        (Some(_), Some(_)) | (None, None) => {
-            return Err((
-                "credentials.from_env",
-                format!("credential {n:?}: give exactly one of from_env and from_file"),
-            ))
-        }
         (Some(v), None) if !var_name(v) => {
             return Err((
                 "credentials.from_env",
@@ -164,6 +194,12 @@ fn one(
             return Err((
                 "credentials.from_file",
                 format!("credential {n:?}: {} is not an absolute path", f.display()),
+            ))
+        }
+        (None, Some(f)) if f.parent() == Some(std::path::Path::new("/")) => {
+            return Err((
+                "credentials.from_file",
+                format!("credential {n:?}: keep {} in a directory of its own (e.g. /run/secrets/{n}/token), not in /: the confined supervisor keeps read access to that directory to read a rotated file again", f.display()),
             ))
         }
         _ => {}
@@ -218,6 +254,52 @@ fn one(
     Ok(())
 }
 
+/// A `from_command` entry's own keys (and none of them without it).
+fn command(c: &Credential) -> Result<(), (&'static str, String)> {
+    let n = &c.name;
+    let err = |k, why: String| Err((k, format!("credential {n:?}: {why}")));
+    let Some(argv) = &c.from_command else {
+        let extra = !c.command_env.is_empty()
+            || c.command_timeout_seconds.is_some()
+            || c.lifetime_seconds.is_some();
+        return match extra {
+            true => err("credentials.from_command", "command_env, command_timeout_seconds and lifetime_seconds go with from_command only".into()),
+            false => Ok(()),
+        };
+    };
+    match argv.first() {
+        None => return err("credentials.from_command", "from_command is empty: give the program and its arguments, e.g. [\"/usr/bin/gh\", \"auth\", \"token\"]".into()),
+        Some(p) if !std::path::Path::new(p).is_absolute() => return err("credentials.from_command", format!("{p:?}: give the program's absolute path (from_command runs no shell and searches no PATH)")),
+        _ => {}
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return err(
+            "credentials.from_command",
+            "an argument holds a NUL byte".into(),
+        );
+    }
+    if let Some(k) = c.command_env.keys().find(|k| !var_name(k)) {
+        return err(
+            "credentials.command_env",
+            format!("{k:?} is not a variable name"),
+        );
+    }
+    let (_, max) = COMMAND_SECONDS;
+    if c.command_timeout_seconds.is_some_and(|t| t == 0 || t > max) {
+        return err(
+            "credentials.command_timeout_seconds",
+            format!("give 1-{max} seconds"),
+        );
+    }
+    if c.lifetime_seconds == Some(0) {
+        return err(
+            "credentials.lifetime_seconds",
+            "give at least 1 second".into(),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,8 +317,7 @@ mod tests {
             name: "GITHUB_TOKEN".into(),
             send_to: vec!["api.test".into()],
             from_env: Some("GH".into()),
-            from_file: None,
-            headers: vec![],
+            ..Default::default()
         }
     }
 
@@ -261,6 +342,27 @@ mod tests {
         let mut c = cred();
         (c.from_env, c.from_file) = (None, Some("rel/x".into()));
         assert_eq!(key(c, &net()), "credentials.from_file");
+        let mut c = cred();
+        (c.from_env, c.from_file) = (None, Some("/token".into()));
+        assert_eq!(key(c, &net()), "credentials.from_file");
+        let mut c = cred();
+        (c.from_env, c.from_command) = (None, Some(vec!["gh".into()]));
+        assert_eq!(key(c, &net()), "credentials.from_command");
+        let mut c = cred();
+        c.from_command = Some(vec!["/usr/bin/gh".into()]);
+        assert_eq!(key(c, &net()), "credentials.from_env");
+        let mut c = cred();
+        c.lifetime_seconds = Some(60);
+        assert_eq!(key(c, &net()), "credentials.from_command");
+        let mut c = cred();
+        (c.from_env, c.from_command) = (None, Some(vec!["/usr/bin/gh".into()]));
+        c.command_timeout_seconds = Some(1000);
+        assert_eq!(
+            key(c.clone(), &net()),
+            "credentials.command_timeout_seconds"
+        );
+        c.command_timeout_seconds = Some(5);
+        assert_eq!(check(&[c], &net(), &set), Ok(()));
         assert_eq!(
             check(&[cred(), cred()], &net(), &set).unwrap_err().0,
             "credentials.name"

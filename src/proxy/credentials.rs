@@ -10,11 +10,18 @@
 //! logged or audited: names, hosts and counts only.
 
 use crate::profile::credentials::{Credential, From};
-use crate::profile::{MountKind, Policy};
+use crate::profile::Policy;
 use crate::secretfile::{self, Stamp};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+#[path = "credentials_where.rs"]
+mod place;
+#[path = "credentials_refresh.rs"]
+mod refresh;
+use place::{runnable, visible};
 
 /// What every placeholder starts with.
 pub(crate) const PREFIX: &str = "sandmux-cred-";
@@ -62,6 +69,8 @@ struct Held {
     past: std::sync::Mutex<Vec<Arc<Vec<u8>>>>,
     placeholder: String,
     file: Option<PathBuf>,
+    /// `from_command`: its entry (the index is the profile's).
+    command: Option<(usize, Credential)>,
     value: RwLock<Value>,
     revoked: AtomicBool,
     used: AtomicU64,
@@ -72,14 +81,42 @@ struct Held {
 struct Value {
     bytes: Arc<Vec<u8>>,
     stamp: Option<Stamp>,
-    /// The file changed and cannot be used: nothing is sent until it can.
+    /// The file changed and cannot be used, or the command failed: nothing
+    /// is sent until it can.
     unusable: Option<String>,
+    /// `from_command`: when the value ends, when it is refreshed, when a
+    /// failed refresh is tried again, and whether a 401 already asked for
+    /// this value's refresh (one per value).
+    expires: Option<Instant>,
+    refresh_at: Option<Instant>,
+    retry_at: Option<Instant>,
+    rejected: bool,
+    /// Failed refreshes in a row.
+    failures: u32,
+}
+
+impl Value {
+    fn new(bytes: Vec<u8>, stamp: Option<Stamp>, life: Option<std::time::Duration>) -> Value {
+        let now = Instant::now();
+        Value {
+            bytes: Arc::new(bytes),
+            stamp,
+            unusable: None,
+            expires: life.map(|l| now + l),
+            refresh_at: life.map(|l| now + l.mul_f64(refresh::AT)),
+            retry_at: None,
+            rejected: false,
+            failures: 0,
+        }
+    }
 }
 
 /// The instance's credentials and the TLS settings of the connections the
 /// proxy intercepts for them.
 pub(crate) struct Vault {
     held: Vec<Held>,
+    /// Wakes the `from_command` refresher.
+    wake: refresh::Wake,
     /// The CA and both TLS sides.
     pub(crate) tls: super::ca::Tls,
 }
@@ -142,8 +179,8 @@ impl Vault {
             return Ok(None);
         }
         let mut held = Vec::new();
-        for c in creds {
-            held.push(read_one(c)?);
+        for (i, c) in creds.iter().enumerate() {
+            held.push(read_one(i, c)?);
         }
         let values: Vec<Arc<Vec<u8>>> = held.iter().map(|h| h.current()).collect();
         for (k, v) in std::env::vars_os() {
@@ -156,7 +193,11 @@ impl Vault {
         hosts.sort();
         hosts.dedup();
         let tls = super::ca::Tls::new(&hosts, upstream_ca)?;
-        Ok(Some(Vault { held, tls }))
+        Ok(Some(Vault {
+            held,
+            tls,
+            wake: Default::default(),
+        }))
     }
 
     /// The variables every process inside gets: each credential's
@@ -235,11 +276,7 @@ impl Vault {
                         let extra = past.len().saturating_sub(PAST);
                         past.drain(..extra);
                     }
-                    *v = Value {
-                        bytes: Arc::new(b),
-                        stamp: Some(s),
-                        unusable: None,
-                    };
+                    *v = Value::new(b, Some(s), None);
                 }
                 Err(why) => {
                     if v.unusable.as_deref() != Some(why.as_str()) {
@@ -320,6 +357,9 @@ impl Vault {
             });
         }
         let v = h.value.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = self.expired(h, &v) {
+            return Err(r);
+        }
         if let Some(why) = &v.unusable {
             return Err(Refused {
                 code: 503,
@@ -391,6 +431,12 @@ impl Vault {
                     "revoked": h.revoked.load(Ordering::Relaxed),
                     "times_used": h.used.load(Ordering::Relaxed),
                     "exfiltration_refused": h.refused.load(Ordering::Relaxed),
+                    "source": match (&h.file, &h.command) {
+                        (Some(_), _) => "from_file",
+                        (_, Some(_)) => "from_command",
+                        _ => "from_env",
+                    },
+                    "usable": self.usable(h),
                 })
             })
             .collect();
@@ -412,14 +458,30 @@ impl Held {
 /// the placeholders and git's helper in its environment, the instance's CA
 /// in `ca_pem` (the plan puts it where clients look). None without
 /// credentials.
+///
+/// `run` and `shell` (whose supervisor is not confined): a `from_command`
+/// is refreshed here, on a thread started now ([`Vault::start`]).
 pub(crate) fn apply(policy: &mut Policy) -> Result<Option<Arc<Vault>>, CredError> {
+    let v = apply_later(policy)?;
+    if let Some(v) = &v {
+        v.start(refresh::here(&policy.credentials), refresh::logged());
+    }
+    Ok(v)
+}
+
+/// [`apply`] for `serve`, which confines itself: it starts the refresher
+/// once confined, with the broker as the runner ([`Vault::start`]).
+pub(crate) fn apply_later(policy: &mut Policy) -> Result<Option<Arc<Vault>>, CredError> {
     for c in &policy.credentials {
-        if let From::File(path) = c.from() {
-            visible(policy, path).map_err(|why| CredError::Unusable {
-                name: c.name.clone(),
-                why,
-            })?;
-        }
+        let seen = match c.from() {
+            From::File(path) => visible(policy, path),
+            From::Command(argv) => runnable(policy, argv),
+            From::Env(_) => Ok(()),
+        };
+        seen.map_err(|why| CredError::Unusable {
+            name: c.name.clone(),
+            why,
+        })?;
     }
     let Some(v) = Vault::open(&policy.credentials, &policy.network.upstream_ca)? else {
         return Ok(None);
@@ -429,28 +491,13 @@ pub(crate) fn apply(policy: &mut Policy) -> Result<Option<Arc<Vault>>, CredError
     Ok(Some(Arc::new(v)))
 }
 
-/// Refuses a `from_file` the sandbox could read: the deepest entry of the
-/// view above it (or its link's target) binds the host's tree.
-fn visible(policy: &Policy, path: &std::path::Path) -> Result<(), String> {
-    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    for p in [path, real.as_path()] {
-        let deepest = policy
-            .fs
-            .iter()
-            .filter(|e| p.starts_with(&e.path))
-            .max_by_key(|e| e.path.components().count());
-        let shown = deepest
-            .is_some_and(|e| matches!(e.kind, MountKind::ReadOnly | MountKind::ReadWrite))
-            || p.starts_with(&policy.workspace);
-        if shown {
-            return Err(format!("from_file {} is visible inside the sandbox (profile '{}' binds it); keep the secret outside every tree the profile shows", p.display(), policy.name));
-        }
-    }
-    Ok(())
-}
-
-fn read_one(c: &Credential) -> Result<Held, CredError> {
+fn read_one(index: usize, c: &Credential) -> Result<Held, CredError> {
     let name = c.name.clone();
+    let unusable = |why| CredError::Unusable {
+        name: name.clone(),
+        why,
+    };
+    let (mut life, mut command) = (None, None);
     let (bytes, stamp, file) = match c.from() {
         From::Env(var) => {
             let v = std::env::var_os(var).ok_or_else(|| CredError::Missing {
@@ -460,26 +507,26 @@ fn read_one(c: &Credential) -> Result<Held, CredError> {
             (v.into_encoded_bytes(), None, None)
         }
         From::File(path) => {
-            let (b, s) = read_file(path).map_err(|why| CredError::Unusable {
-                name: name.clone(),
-                why,
-            })?;
+            let (b, s) = read_file(path).map_err(unusable)?;
             (b, Some(s), Some(path.to_path_buf()))
+        }
+        From::Command(_) => {
+            let (b, l) = refresh::fetch(c, &refresh::here(std::slice::from_ref(c)), 0)
+                .map_err(|e| unusable(format!("from_command: {e}")))?;
+            (life, command) = (l, Some((index, c.clone())));
+            (b, None, None)
         }
     };
     check_value(&name, &bytes)?;
     Ok(Held {
+        command,
         placeholder: format!("{PREFIX}{}", crate::nonce::hex()),
         hosts: c.hosts(),
         headers: c.headers(),
         past: Default::default(),
         name,
         file,
-        value: RwLock::new(Value {
-            bytes: Arc::new(bytes),
-            stamp,
-            unusable: None,
-        }),
+        value: RwLock::new(Value::new(bytes, stamp, life)),
         revoked: AtomicBool::new(false),
         used: AtomicU64::new(0),
         refused: AtomicU64::new(0),

@@ -15,9 +15,8 @@ fn vault(dir: &std::path::Path) -> (Vault, String) {
     let c = Credential {
         name: "TOK".into(),
         send_to: vec!["api.test".into()],
-        from_env: None,
         from_file: Some(f),
-        headers: vec![],
+        ..Default::default()
     };
     let v = Vault::open(&[c], &[]).unwrap().unwrap();
     let ph = v.held[0].placeholder.clone();

@@ -200,12 +200,13 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
     );
     // Credential headers go first, right after Host: the agent's headers
     // cannot move where they stand (see `echo`).
-    let mut sent = Vec::new();
+    let (mut sent, mut pairs) = (Vec::new(), Vec::new());
     let mut rest = Vec::new();
     for (k, v) in parts.headers.iter().filter(|(k, _)| !hop(k)) {
         match t.vault.header(k.as_str(), v.as_bytes(), &t.host)? {
             Some(n) => {
                 sent.push(Cut::of(k.as_str(), &n, v.as_bytes()));
+                pairs.push((n.clone(), v.as_bytes().to_vec()));
                 let n = HeaderValue::from_bytes(&n)
                     .map_err(|_| refused(400, "a header cannot carry the credential".into()))?;
                 h.append(k.clone(), n);
@@ -250,6 +251,10 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
             ))
         }
     };
+    if resp.status() == hyper::StatusCode::UNAUTHORIZED && !pairs.is_empty() {
+        // A short-lived (`from_command`) value the host refused: refreshed.
+        t.vault.rejected(&pairs);
+    }
     answer(t, resp, head, sent)
 }
 

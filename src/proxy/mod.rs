@@ -111,7 +111,7 @@ pub(crate) fn spawn_counted(
         .enable_all()
         .build()
         .map_err(ProxyError::Runtime)?;
-    let needs = supervisor::proxy_thread_needs(dials(policy));
+    let needs = supervisor::proxy_thread_needs(policy, dials(policy));
     let inet = needs.inet();
     let prepared =
         supervisor::prepare(policy, &needs).map_err(|e| ProxyError::Prepare(e.to_string()))?;

@@ -7,7 +7,9 @@
 //! - **Landlock**: the filesystem rules of [`Needs`]; every TCP bind and
 //!   connect denied (ABI 4) — in network mode `proxy`, connect is allowed
 //!   to the ports the allow list can reach ([`Needs::connect_tcp`]), and
-//!   the resolver's files are readable; abstract Unix sockets scoped (ABI 6). Signals are
+//!   the resolver's files are readable, and so are the directories of the
+//!   credentials' `from_file`s ([`credential_reads`]: read again after a
+//!   rotation); abstract Unix sockets scoped (ABI 6). Signals are
 //!   not scoped: the supervisor signals its sandbox, which is outside its
 //!   domain. Landlock binds the calling thread and the threads and processes
 //!   it starts later, never the threads that exist already: `serve` confines
@@ -226,6 +228,7 @@ impl Needs {
             n.rules
                 .extend(RESOLVER.iter().map(|p| (PathBuf::from(p), Right::Read)));
         }
+        n.rules.extend(credential_reads(policy));
         n.rules.extend(read_exec(policy, f.tmux));
         n.rules
             .extend(ETC_FILES.iter().map(|p| (PathBuf::from(p), Right::Read)));
@@ -269,16 +272,41 @@ impl Needs {
     }
 }
 
+/// What the proxy reads lazily, long after confinement, of its
+/// credentials: each `from_file`'s directories
+/// ([`crate::secretfile::dirs`]), read again when the file is renamed over
+/// or rewritten. One list for both confinements that run the proxy
+/// (`serve`'s supervisor, the proxy's thread under `run` and `shell`), made
+/// from the same profile entries the proxy reads, so a credential source
+/// cannot be read at start and then be out of reach: a `from_command` runs
+/// in the broker (or, under `run` and `shell`, outside the confined
+/// thread), never here.
+pub(crate) fn credential_reads(policy: &Policy) -> Vec<(PathBuf, Right)> {
+    use crate::profile::credentials::From;
+    policy
+        .credentials
+        .iter()
+        .filter_map(|c| match c.from() {
+            From::File(f) => crate::secretfile::dirs(f),
+            _ => None,
+        })
+        .flatten()
+        .map(|d| (d, Right::Read))
+        .collect()
+}
+
 /// What the proxy's own thread under `run` and `shell` keeps (their
 /// supervisor is otherwise not confined): the resolver's and the loader's
-/// files, the libraries NSS loads, TCP connect to the allow list's ports,
-/// UDP only when the proxy may resolve ([`Dials`]).
-pub(crate) fn proxy_thread_needs(dials: Dials) -> Needs {
+/// files, the libraries NSS loads, the credentials' files
+/// ([`credential_reads`]), TCP connect to the allow list's ports, UDP only
+/// when the proxy may resolve ([`Dials`]).
+pub(crate) fn proxy_thread_needs(policy: &Policy, dials: Dials) -> Needs {
     let mut rules: Vec<(PathBuf, Right)> = RESOLVER
         .iter()
         .chain(ETC_FILES.iter())
         .map(|p| (PathBuf::from(p), Right::Read))
         .collect();
+    rules.extend(credential_reads(policy));
     for lib in ["/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib"] {
         rules.push((lib.into(), Right::Exec));
     }
@@ -526,3 +554,7 @@ pub(crate) fn probe(
     });
     status(policy, done, failed)
 }
+
+#[cfg(test)]
+#[path = "supervisor_tests.rs"]
+mod tests;

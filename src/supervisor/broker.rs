@@ -8,13 +8,16 @@
 //! (`on_server_exit = "restart"`: its cgroup, its `sandmux __init`), answers
 //! whether that sandbox still runs and ends it; and it runs the signals
 //! freezer (`sandmux freeze` without a cgroup) on a sandbox `__init` of this
-//! instance, and on no other process. It reads the resolved profile, then one
+//! instance, and on no other process; and it runs the `from_command` of
+//! one of the profile's credentials, named by its index (the confined
+//! supervisor can no longer run host commands; the output, the value, goes
+//! back over the socket and nowhere else). It reads the resolved profile, then one
 //! JSON line per request, from a socket pair on its descriptor 3, holds the
 //! `__init` processes it started (so their pids cannot be reused while the
 //! supervisor signals them), and ends with the supervisor: at the end of the
 //! socket, or by `PR_SET_PDEATHSIG`. It never sees agent input: the
 //! supervisor sends only the runtime directory, the instance id, the tmux
-//! binary and pids.
+//! binary, pids and credential indexes.
 
 use super::generation::{end_init, start_generation, Generation};
 use crate::profile::{Layer, Policy};
@@ -54,6 +57,9 @@ enum Request {
     Signals(crate::sandbox::freeze::Op, u32),
     /// The instance ends: its sandboxes, then its cgroup directory.
     End,
+    /// Run the `from_command` of the profile's credential N (its index,
+    /// fixed at start: no request names a command).
+    Credential(usize),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -67,6 +73,8 @@ enum Reply {
     Stopped,
     Signalled(Result<usize, String>),
     Ended,
+    /// The command's output, or why there is none.
+    Credential(Result<Vec<u8>, String>),
 }
 
 /// Why the supervisor could not work with its broker.
@@ -218,6 +226,16 @@ impl Broker {
         let _ = self.ask(&Request::End);
     }
 
+    /// Runs the `from_command` of the profile's credential `index` here,
+    /// unconfined (bounded by its time limit; other requests wait for it).
+    pub(crate) fn credential(&self, index: usize) -> Result<Vec<u8>, String> {
+        match self.ask(&Request::Credential(index)) {
+            Ok(Reply::Credential(r)) => r,
+            Ok(_) => Err("the broker answered out of turn".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// Ends the sandbox with this `__init` (SIGTERM, then SIGKILL) and reaps it.
     pub(crate) fn stop(&self, init_pid: u32) {
         let _ = self.ask(&Request::Stop(init_pid));
@@ -365,6 +383,15 @@ fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mu
                 cg.remove_instance();
             }
             Reply::Ended
+        }
+        Request::Credential(i) => {
+            use crate::profile::credentials::From;
+            Reply::Credential(match c.policy.credentials.get(i).map(|x| (x, x.from())) {
+                Some((x, From::Command(argv))) => {
+                    crate::secretcmd::run(argv, &x.command_env, x.command_timeout())
+                }
+                _ => Err(format!("the profile's credential {i} has no from_command")),
+            })
         }
         Request::Stop(pid) => {
             if let Some(mut c) = held.remove(&pid) {

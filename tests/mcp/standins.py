@@ -240,3 +240,55 @@ class Canary:
 
     def close(self):
         self.sock.close()
+
+
+class TokenEndpoint:
+    """A stand-in OAuth token endpoint (plain HTTP on the host's loopback):
+    a POST with `grant_type=refresh_token` and the right `refresh_token`
+    gets a fresh access token as a token response (`access_token`,
+    `expires_in`). `valid` holds the tokens the credential host accepts
+    (`revoke()` empties it); `fail` answers 400 invalid_grant; `issued`
+    lists every token handed out."""
+
+    def __init__(self, refresh_token, expires_in=3600):
+        import secrets as _s
+        self.refresh_token = refresh_token
+        self.expires_in = expires_in
+        self.fail = False
+        self.issued = []
+        self.valid = set()
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                form = dict(p.split("=", 1) for p in self.rfile.read(n).decode().split("&") if "=" in p)
+                ok = form.get("grant_type") == "refresh_token" and form.get("refresh_token") == outer.refresh_token
+                if outer.fail or not ok:
+                    code, doc = 400, {"error": "invalid_grant"}
+                else:
+                    tok = f"at{len(outer.issued) + 1}_" + _s.token_hex(16)
+                    outer.issued.append(tok)
+                    outer.valid.add(tok)
+                    code, doc = 200, {"access_token": tok, "token_type": "Bearer", "expires_in": outer.expires_in}
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/token"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def revoke(self):
+        self.valid.clear()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
