@@ -65,6 +65,8 @@ pub(crate) struct Masks {
 pub(crate) struct Found {
     pub at: usize,
     pub len: usize,
+    /// Where what is masked begins (a cut's context is left as it is).
+    pub value_at: usize,
     pub with: Vec<u8>,
     /// It reaches the end of the text and could go on in what comes next.
     pub open: bool,
@@ -87,13 +89,25 @@ impl Masks {
             Some(Found {
                 at,
                 len: v.len(),
+                value_at: at,
                 with: p.clone(),
                 open: false,
             })
         });
-        let cuts = self.cuts.iter().filter_map(|c| c.next(b, lower, from));
-        // The earliest; at one place the longest.
-        whole.chain(cuts).min_by_key(|f| (f.at, usize::MAX - f.len))
+        let earliest = |f: &Found| (f.at, usize::MAX - f.len);
+        let w = whole.min_by_key(earliest);
+        let c = self
+            .cuts
+            .iter()
+            .filter_map(|c| c.next(b, lower, from))
+            .min_by_key(earliest);
+        match (w, c) {
+            // A whole value where a cut's value begins is the whole value (an
+            // old value that shares its first bytes with the one sent).
+            (Some(w), Some(c)) if w.at <= c.value_at => Some(w),
+            (_, Some(c)) => Some(c),
+            (w, None) => w,
+        }
     }
 }
 
@@ -121,6 +135,7 @@ impl Cut {
             return Some(Found {
                 at,
                 len: start + n - at,
+                value_at: start,
                 with,
                 open,
             });
@@ -215,6 +230,23 @@ mod tests {
                 "split {split}"
             );
         }
+    }
+
+    #[test]
+    fn an_old_value_sharing_the_first_bytes_is_masked_whole() {
+        let m = Masks {
+            whole: vec![
+                (Arc::new(b"v1_0123456789".to_vec()), b"PH".to_vec()),
+                (Arc::new(b"v3_abcdefghij".to_vec()), b"PH".to_vec()),
+            ],
+            cuts: vec![Cut::of(
+                "authorization",
+                b"Bearer v3_abcdefghij",
+                b"Bearer sandmux-cred-0",
+            )],
+        };
+        let echo = b"Bearer v1_0123456789 Bearer v3_abcdefghij Bearer v3_ab";
+        assert_eq!(all(echo, &m), b"Bearer PH Bearer PH Bearer sandm");
     }
 
     #[test]
