@@ -21,6 +21,7 @@ use std::time::Instant;
 mod place;
 #[path = "credentials_refresh.rs"]
 mod refresh;
+use super::shape::{basic, Shape};
 use place::{runnable, visible};
 
 /// What every placeholder starts with.
@@ -560,55 +561,6 @@ fn encodings(v: &[u8]) -> Vec<Vec<u8>> {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
-}
-
-/// The authorization schemes a placeholder may follow (without case; sent
-/// as spelled here): the agent does not choose what stands before the
-/// value (`crate::proxy::echo`). `Basic` is read apart.
-const SCHEMES: [&str; 2] = ["Bearer", "token"];
-
-/// Where a placeholder may stand in a header value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
-    /// The whole value.
-    Whole,
-    /// After one of [`SCHEMES`] and one space, written as sandmux spells it.
-    Scheme(&'static str),
-    /// Basic's password (the user's bytes and the colon).
-    Basic(usize),
-}
-
-impl Shape {
-    fn of(v: &[u8], ph: &str) -> Option<Shape> {
-        let ph = ph.as_bytes();
-        if v == ph {
-            return Some(Shape::Whole);
-        }
-        let n = v.len().checked_sub(ph.len())?;
-        let (scheme, rest) = v.split_at(n);
-        let known = SCHEMES
-            .iter()
-            .find(|s| scheme.eq_ignore_ascii_case(format!("{s} ").as_bytes()))?;
-        (rest == ph).then_some(Shape::Scheme(known))
-    }
-
-    fn basic(d: &[u8], ph: &str) -> Option<Shape> {
-        let n = d.len().checked_sub(ph.len())?;
-        let (user, rest) = d.split_at(n);
-        let ok = rest == ph.as_bytes()
-            && user.ends_with(b":")
-            && !user[..user.len() - 1].contains(&b':')
-            && memchr::memmem::find(user, PREFIX.as_bytes()).is_none();
-        ok.then_some(Shape::Basic(n))
-    }
-}
-
-/// The base64 of `Basic <base64>`.
-fn basic(v: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = v.split_at(v.iter().position(|b| *b == b' ')?);
-    scheme
-        .eq_ignore_ascii_case(b"basic")
-        .then(|| rest.trim_ascii())
 }
 
 #[cfg(test)]

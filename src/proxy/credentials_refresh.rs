@@ -101,7 +101,7 @@ impl Vault {
     pub(crate) fn rejected(&self, sent: &[(Vec<u8>, Vec<u8>)]) {
         use base64::Engine;
         let e = base64::engine::general_purpose::STANDARD;
-        let decoded = |b: &[u8]| super::basic(b).and_then(|x| e.decode(x).ok());
+        let decoded = |b: &[u8]| crate::proxy::shape::basic(b).and_then(|x| e.decode(x).ok());
         for (new, old) in sent {
             let h = self
                 .found_in(old)

@@ -22,6 +22,7 @@ pub(crate) mod reach;
 pub(crate) mod refusals;
 pub(crate) mod scan;
 mod serve;
+mod shape;
 pub(crate) mod tally;
 mod watched;
 
