@@ -357,6 +357,27 @@ fn say_audit_state(f: &Found) {
 
 /// One audit line for a terminal: agent-chosen strings never act on it
 /// (`term`), and `--json` output stays one valid JSON value per line.
+/// A record's tool as the journal prints it: a catalog tool or one of
+/// sandmux's own `(…)` records as it is; any other name (an unknown tool
+/// a client called: its bytes) quoted and escaped, spaces included, so it
+/// can draw no column or row of the journal's own.
+fn tool_shown(v: &Value) -> String {
+    let t = v.as_str().unwrap_or_default();
+    let ours = t.len() <= 40
+        && t.starts_with('(')
+        && t.ends_with(')')
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"()-_".contains(&b));
+    if ours || crate::mcp::catalog::find(t).is_some() {
+        return t.to_string();
+    }
+    let cut: String = t.chars().take(40).collect();
+    let shown = term::printable(&cut)
+        .replace('"', "\\\"")
+        .replace(' ', "\\u0020");
+    format!("?\"{shown}\"")
+}
+
 fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
     let Ok(v) = serde_json::from_str::<Value>(line) else {
         if json_out {
@@ -377,7 +398,7 @@ fn print_record(line: &str, json_out: bool, out: &mut impl Write) {
         "{:>5} {} {:<24} {:<9} {:<16} {:>5} ms",
         term::field(&v["seq"], "?"),
         term::field(&v["ts"], ""),
-        term::field(&v["tool"], ""),
+        tool_shown(&v["tool"]),
         term::field(&v["outcome"], ""),
         term::field(&v["error_type"], "-"),
         term::field(&v["duration_ms"], "?")

@@ -13,6 +13,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
+/// The command's `PATH` (the profile's `command_env` may set another).
+pub(crate) const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The shortest and longest lifetime a value is taken to have (a shorter
+/// one would have the command run again and again; a longer one is a
+/// year, and no instant overflows).
+pub(crate) const LIFETIME: (u64, u64) = (10, 366 * 24 * 3600);
+
 /// Most bytes of a command's output read.
 pub(crate) const MAX_OUT: usize = 64 << 10;
 
@@ -26,10 +33,11 @@ pub(crate) fn run(
     let (prog, args) = argv.split_first().ok_or("from_command is empty")?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(args).env_clear().current_dir("/").process_group(0);
-    for k in ["PATH", "HOME"] {
-        if let Some(v) = std::env::var_os(k) {
-            cmd.env(k, v);
-        }
+    // A fixed PATH, not sandmux's own (which may name a venv or
+    // `node_modules/.bin` in the workspace: the agent's programs).
+    cmd.env("PATH", PATH);
+    if let Some(v) = std::env::var_os("HOME") {
+        cmd.env("HOME", v);
     }
     cmd.envs(env)
         .stdin(std::process::Stdio::null())
@@ -40,16 +48,22 @@ pub(crate) fn run(
     let deadline = Instant::now() + limit;
     let mut out = child.stdout.take().ok_or("no stdout")?;
     let read = read_until(&mut out, deadline);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            _ => break None,
+    // Waited for without reaping it: its pid (the group's id) stays its own
+    // until the group is killed, so the kill cannot reach a new process.
+    let exited = loop {
+        use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        match waitid(Id::Pid(pgid), flags) {
+            Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => break false,
+            Ok(_) => break true,
         }
     };
     // The whole group, always: what it left running ends with it.
     let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-    let _ = child.wait();
+    let status = child.wait().ok().filter(|_| exited);
     let Some(status) = status else {
         return Err(format!(
             "{prog} did not finish within {} s (its process group was killed)",
@@ -120,13 +134,15 @@ pub(crate) fn parse(
                     .ok_or("\"expires_in\" is not a number of seconds (at least 1)")?,
             ),
         };
-        return Ok((value.as_bytes().to_vec(), life.map(Duration::from_secs)));
+        return Ok((value.as_bytes().to_vec(), life.map(bounded)));
     }
     let first = t.split(|b| *b == b'\n').next().unwrap_or_default();
-    Ok((
-        first.trim_ascii().to_vec(),
-        lifetime.map(Duration::from_secs),
-    ))
+    Ok((first.trim_ascii().to_vec(), lifetime.map(bounded)))
+}
+
+/// `secs` within [`LIFETIME`].
+fn bounded(secs: u64) -> Duration {
+    Duration::from_secs(secs.clamp(LIFETIME.0, LIFETIME.1))
 }
 
 #[cfg(test)]

@@ -34,17 +34,15 @@ fn stamp_of(m: &std::fs::Metadata) -> Stamp {
 /// The directories a confined process must keep readable to read `file`
 /// again after a rotation: its own (a rename or a swapped link replaces
 /// the file there) and, when it is a link, its target's (a Kubernetes
-/// Secret's `..data/` swap lands below the file's own). Never `/`: a rule
-/// there would open the whole file system; `None` when the file or its
-/// link's target is directly in `/` (the caller refuses it).
+/// Secret's `..data/` swap lands below the file's own). Never a wide one
+/// ([`narrow`]): a rule there would open what else it holds; `None` when
+/// the file or its link's target is in one (the caller refuses it).
 pub(crate) fn dirs(file: &Path) -> Option<Vec<PathBuf>> {
-    let own = file
-        .parent()
-        .filter(|d| *d != Path::new("/") && !d.as_os_str().is_empty())?;
+    let own = file.parent().filter(|d| narrow(d))?;
     let mut v = vec![own.to_path_buf()];
     let target = std::fs::canonicalize(file).ok();
     if let Some(d) = target.as_deref().and_then(Path::parent) {
-        if d == Path::new("/") {
+        if !narrow(d) {
             return None;
         }
         if !v.iter().any(|x| d.starts_with(x)) {
@@ -52,6 +50,15 @@ pub(crate) fn dirs(file: &Path) -> Option<Vec<PathBuf>> {
         }
     }
     Some(v)
+}
+
+/// Whether a rule for all of `d` opens little besides a secret: at least
+/// two levels below `/` (not `/etc`, `/tmp`, `/root`), and not the home
+/// directory or one above it.
+fn narrow(d: &Path) -> bool {
+    let deep = d.is_absolute() && d.components().count() >= 3;
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    deep && !home.is_some_and(|h| h.starts_with(d))
 }
 
 /// Reads the one line of `path` (`what` starts every error, e.g.

@@ -452,6 +452,14 @@ fn shell_on_end_discard_is_on_the_record() {
     );
     assert!(sh.status.success(), "{:?}\n{}", sh.status, sh.screen);
     assert!(!ws.join("made-inside.txt").exists(), "{}", sh.screen);
+    // Issue 46: the human's own session is not "the agent's changes".
+    assert!(
+        sh.screen
+            .contains("the changes made in the sandbox were discarded")
+            && !sh.screen.contains("agent"),
+        "{}",
+        sh.screen
+    );
     let id = sh
         .screen
         .split("discarded with layer ")

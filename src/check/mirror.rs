@@ -138,6 +138,11 @@ fn judge(cfg: &Config, host: &str, port: u16, ips: Result<Vec<IpAddr>, String>) 
 /// a mirror may have (private, shared, documentation, benchmarking, the
 /// IETF's block, unique-local IPv6).
 pub(crate) fn never_proposed(ip: IpAddr) -> Option<&'static str> {
+    // Cloud metadata services outside link-local (Alibaba's, AWS's IPv6).
+    const METADATA: [&str; 2] = ["100.100.100.200", "fd00:ec2::254"];
+    if METADATA.iter().any(|m| m.parse() == Ok(ip)) {
+        return Some("a cloud metadata service's address");
+    }
     match ip {
         IpAddr::V4(a) if a.is_loopback() => Some("loopback: the host's own services"),
         IpAddr::V4(a) if a.octets()[0] == 0 => Some("unspecified"),
@@ -237,6 +242,9 @@ mod tests {
 
     #[test]
     fn addresses_no_mirror_has_are_never_proposed() {
+        for m in ["100.100.100.200", "fd00:ec2::254"] {
+            assert!(never_proposed(m.parse().unwrap()).is_some(), "{m}");
+        }
         for ip in [
             "127.0.0.2",
             "169.254.169.254",

@@ -434,7 +434,7 @@ fn shell(mut policy: profile::Policy) -> ExitCode {
     // The layer's line is the warning that names it.
     if let Some(w) = said
         .iter()
-        .find(|t| t.how == "warning" && t.why.contains(&id))
+        .find(|t| t.how == crate::supervisor::instance::LAYER_NOTICE)
     {
         record_discard(&policy, &id, &w.why);
     }

@@ -5,7 +5,8 @@
 //! no tool call, so it gets a record of its own: `tool` `(workspace-revert)`,
 //! `outcome` `event`, and `args` with the path, the reason and where the entry
 //! is kept. Reverts are read four times a second and once more after the end
-//! sweep.
+//! sweep. The line that says where the agent's work went at the end (a
+//! kept or discarded layer) is a record of its own, `(workspace-layer)`.
 
 use super::audit::{Audit, Entry};
 use crate::guard::quarantine::Taken;
@@ -16,6 +17,9 @@ use std::time::Duration;
 
 /// Tool name of the records this writes.
 pub(crate) const TOOL: &str = "(workspace-revert)";
+/// Tool name of the record that says where the agent's work went when the
+/// instance ended (a kept layer, a discarded one): no revert.
+pub(crate) const LAYER_TOOL: &str = "(workspace-layer)";
 
 /// Reverts already recorded, out of the guard's list.
 pub(crate) struct Reverts {
@@ -49,18 +53,25 @@ impl Reverts {
             // Paths are the agent's bytes: escaped text, never raw (and
             // never a serialization that fails on invalid UTF-8).
             let esc = |p: &std::path::Path| printable(&p.to_string_lossy());
-            let args = if t.how == "warning" {
-                json!({"warning": printable(&t.why)})
+            let (tool, kind, args) = if t.how == crate::supervisor::instance::LAYER_NOTICE {
+                let args = json!({"layer": printable(&t.why)});
+                (LAYER_TOOL, "workspace_layer", args)
+            } else if t.how == "warning" {
+                (
+                    TOOL,
+                    "workspace_revert",
+                    json!({"warning": printable(&t.why)}),
+                )
             } else {
-                json!({
+                let args = json!({
                     "path": esc(&t.path),
                     "why": printable(&t.why),
                     "how": t.how,
                     "kept": t.kept.as_deref().map(esc),
-                })
+                });
+                (TOOL, "workspace_revert", args)
             };
-            self.audit
-                .event(Entry::event(TOOL, Some("workspace_revert"), &args));
+            self.audit.event(Entry::event(tool, Some(kind), &args));
         }
         *seen = (*seen).max(all.len());
     }

@@ -72,6 +72,8 @@ struct Held {
     file: Option<PathBuf>,
     /// `from_command`: its entry (the index is the profile's).
     command: Option<(usize, Credential)>,
+    /// When 401s asked for a refresh lately (bounded: `refresh::FORCED`).
+    forced: std::sync::Mutex<std::collections::VecDeque<Instant>>,
     value: RwLock<Value>,
     revoked: AtomicBool,
     used: AtomicU64,
@@ -118,6 +120,9 @@ pub(crate) struct Vault {
     held: Vec<Held>,
     /// Wakes the `from_command` refresher.
     wake: refresh::Wake,
+    /// The credential headers sent lately: every answer masks their cuts
+    /// (`super::echo`).
+    pub(crate) sent: super::echo::Remembered,
     /// The CA and both TLS sides.
     pub(crate) tls: super::ca::Tls,
 }
@@ -198,6 +203,7 @@ impl Vault {
             held,
             tls,
             wake: Default::default(),
+            sent: Default::default(),
         }))
     }
 
@@ -521,6 +527,7 @@ fn read_one(index: usize, c: &Credential) -> Result<Held, CredError> {
     check_value(&name, &bytes)?;
     Ok(Held {
         command,
+        forced: Default::default(),
         placeholder: format!("{PREFIX}{}", crate::nonce::hex()),
         hosts: c.hosts(),
         headers: c.headers(),

@@ -22,6 +22,11 @@ pub(crate) type Runner = Arc<dyn Fn(usize) -> Result<Vec<u8>, String> + Send + S
 /// Where refresh events go: the kind and its arguments (names only).
 pub(crate) type Events = Arc<dyn Fn(&str, serde_json::Value) + Send + Sync>;
 
+/// Refreshes 401s may ask for: this many within this window (an agent
+/// that causes 401s on purpose makes the token endpoint be asked at most
+/// this often).
+pub(super) const FORCED: (usize, Duration) = (3, Duration::from_secs(90));
+
 /// The share of a value's lifetime after which it is refreshed.
 pub(super) const AT: f64 = 0.8;
 /// A failed refresh is tried again after this many seconds, doubled at
@@ -116,7 +121,9 @@ impl Vault {
             let mut v = h.value.write().unwrap_or_else(|p| p.into_inner());
             let carried =
                 contains(new, &v.bytes) || decoded(new).is_some_and(|d| contains(&d, &v.bytes));
-            if carried && !v.rejected {
+            // Once per value, and a few at most per window: each refresh
+            // makes a new value, and 401s are the agent's to cause.
+            if carried && !v.rejected && h.may_force() {
                 v.rejected = true;
                 drop(v);
                 let mut f = self.wake.forced.lock().unwrap_or_else(|p| p.into_inner());
@@ -218,5 +225,20 @@ impl Vault {
                 events("credential_refresh_failed", args);
             }
         }
+    }
+}
+
+impl Held {
+    /// Whether a 401 may ask for one more refresh now ([`FORCED`]); counts it.
+    fn may_force(&self) -> bool {
+        let mut f = self.forced.lock().unwrap_or_else(|p| p.into_inner());
+        while f.front().is_some_and(|t| t.elapsed() > FORCED.1) {
+            f.pop_front();
+        }
+        let ok = f.len() < FORCED.0;
+        if ok {
+            f.push_back(Instant::now());
+        }
+        ok
     }
 }

@@ -33,7 +33,7 @@ pub(super) fn runnable(policy: &Policy, argv: &[String]) -> Result<(), String> {
 /// (a directory it is read again from is bound read-write), and one
 /// without a directory of its own ([`secretfile::dirs`]).
 pub(super) fn visible(policy: &Policy, path: &std::path::Path) -> Result<(), String> {
-    let dirs = secretfile::dirs(path).ok_or_else(|| format!("from_file {}: keep it (and its link's target) in a directory of its own, not in /: the confined supervisor keeps read access to that directory to read a rotated file again", path.display()))?;
+    let dirs = secretfile::dirs(path).ok_or_else(|| format!("from_file {}: keep it (and its link's target) in a directory of its own, at least two levels below / and not your home directory (e.g. /run/secrets/NAME/ or ~/.config/sandmux/secrets/NAME/): the confined supervisor keeps read access to all of that directory to read a rotated file again", path.display()))?;
     for d in &dirs {
         let deepest = policy
             .fs

@@ -348,7 +348,7 @@ fn answer(
     parts.extensions = Default::default();
     let masks = Masks {
         whole: t.vault.masks(&[]),
-        cuts: sent,
+        cuts: t.vault.sent.with(sent),
     };
     let mut headers = hyper::HeaderMap::new();
     for (k, v) in parts.headers.iter() {

@@ -104,7 +104,8 @@ pub(crate) fn masked(b: &mut Vec<u8>, masks: &Masks, all: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     let mut open = None;
-    while let Some(f) = masks.next(b, &lower, i) {
+    let mut scan = super::echo::Scan::new(masks);
+    while let Some(f) = scan.next(b, &lower, i) {
         if f.open && !all {
             open = Some(f.at);
             break;

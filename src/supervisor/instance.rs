@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+/// The `how` of the line that says where the agent's work went (a kept
+/// layer, discarded, …): recorded as `workspace_layer`, never as a revert.
+pub(crate) const LAYER_NOTICE: &str = "layer";
+
 /// What a tmux command to the instance's server, or the proof that the
 /// server is the one this run started, fails with.
 #[derive(Debug, thiserror::Error)]
@@ -321,11 +325,12 @@ impl Instance {
             .unwrap_or_default();
         if let Some(line) = super::layer::finish(&self.policy, &self.rundir.id, self.layer.take()) {
             tracing::warn!("{line}");
-            // With the reverts: to the audit log in `serve`.
+            // With the reverts: to the audit log in `serve`, as the
+            // layer's own record (`workspace_layer`), not a revert.
             taken.push(crate::guard::quarantine::Taken {
                 path: PathBuf::new(),
                 kept: None,
-                how: "warning".into(),
+                how: LAYER_NOTICE.into(),
                 why: line,
                 took_ms: 0.0,
             });

@@ -493,7 +493,9 @@ pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<St
         OnEnd::Apply => None,
         OnEnd::Keep => Some(kept(id)),
         OnEnd::Discard => Some(match discard(id) {
-            Ok(_) => format!("the agent's changes to the workspace were discarded with layer {id} (--on-end discard)"),
+            Ok(_) => format!(
+                "the changes made in the sandbox were discarded with layer {id} (--on-end discard)"
+            ),
             Err(e) => format!("layer {id} could not be discarded ({e}): {}", kept(id)),
         }),
     }
@@ -513,7 +515,7 @@ pub(crate) fn kept(id: &str) -> String {
         None => String::new(),
     };
     format!(
-        "the agent's changes to the workspace are in layer {id}, not in the workspace: `sandmux diff {id}` shows them, `sandmux apply {id}` brings them in (control held back), `sandmux discard {id}` removes them{here}"
+        "the changes made in the sandbox are in layer {id}, not in the workspace: `sandmux diff {id}` shows them, `sandmux apply {id}` brings them in (control held back), `sandmux discard {id}` removes them{here}"
     )
 }
 

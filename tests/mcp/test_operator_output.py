@@ -18,6 +18,8 @@ from conftest import BIN, runtime_dir_of
 # A clipboard write, a cleared screen, a cursor move up, a carriage return
 # (overwrites the row), an 8-bit CSI, a right-to-left override, DEL, a bell.
 HOSTILE = "\x1b]52;c;cHduZWQ=\x07\x1b[2J\x1b[1A\rforged\u009b31m\u202egpj.exe\x7f"
+# A tool name that, printed as it is, wraps into a row of the journal's own.
+FAKE_ROW = "list_panes" + " " * 70 + "    9 2026-12-07T10:00:00Z (workspace-layer) event"
 FORBIDDEN = [b"\x1b", b"\x07", b"\xc2\x9b", "\u202e".encode(), b"\x7f"]
 
 
@@ -100,6 +102,11 @@ def test_hostile_strings_never_reach_the_operators_terminal():
             _rpc(p, {"jsonrpc": "2.0", "id": HOSTILE, "method": "tools/call",
                      "params": {"name": HOSTILE, "arguments": {}}})
             assert "error" in _reply(p, HOSTILE)
+            # A name that draws a row of the journal's own with spaces
+            # (issue 41's class 3, on the journal).
+            _rpc(p, {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                     "params": {"name": FAKE_ROW, "arguments": {}}})
+            assert "error" in _reply(p, 4)
             _rpc(p, {"jsonrpc": "2.0", "id": 3, "method": "resources/read",
                      "params": {"uri": "sandmux://" + HOSTILE}})
             _reply(p, 3)
@@ -113,6 +120,9 @@ def test_hostile_strings_never_reach_the_operators_terminal():
             assert rc == 0, out
             _assert_inert(out)
             assert b"\\x1b]52;c;" in out, out  # shown, escaped
+            # The agent's name is quoted, its spaces escaped: no second row.
+            assert FAKE_ROW.encode() not in out and b"    9 2026" not in out, out
+            assert b'?"list_panes\\u0020\\u0020' in out, out
 
             rc, out = _in_pty("journal", iid, "--json")
             assert rc == 0, out

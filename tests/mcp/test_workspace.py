@@ -147,6 +147,8 @@ async def test_p8_copy_on_write_through_mcp(ws, mode):
     assert not marker.exists(), "agent code ran on the host"
     kept = [x for x in audit_records(ws) if "sandmux apply" in json.dumps(x)]
     assert kept, "the layer is named in the audit log"
+    # Issue 46: its own record, not a revert.
+    assert [(x["tool"], x.get("error_type")) for x in kept] == [("(workspace-layer)", "workspace_layer")], kept
     a = subprocess.run([BIN, "apply", layer_id], capture_output=True, text=True, env={**os.environ, **env})
     assert a.returncode == 0, a.stdout + a.stderr
     assert "applied notes.txt" in a.stdout and "held back .git/ (version-control data" in a.stdout, a.stdout

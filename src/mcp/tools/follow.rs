@@ -82,6 +82,8 @@ pub(crate) struct Follow {
     end: Vec<u8>,
     /// The marker the command's `EXIT` trap prints when it ends the shell.
     exit: Vec<u8>,
+    /// The status it printed there.
+    exit_status: Option<i32>,
     /// `OSC P<pid>;` of the shell that printed the begin marker.
     prompt: Option<Vec<u8>>,
     pos: u64,
@@ -109,6 +111,7 @@ impl Follow {
             begin: format!("{OSC}B{nonce};").into_bytes(),
             end: format!("{OSC}E{nonce};").into_bytes(),
             exit: format!("{OSC}X{nonce};").into_bytes(),
+            exit_status: None,
             prompt: None,
             pos,
             before: Vec::new(),
@@ -186,10 +189,11 @@ impl Follow {
             self.ended = Some(End::Completed(code as i32));
             return true;
         }
-        if let Some((at, _, code)) = marker(&self.body[from..], &self.exit) {
-            self.body.truncate(from + at);
-            self.ended = Some(End::PaneExited(Some(code as i32)));
-            return true;
+        // The command is ending the shell: its status is kept for when
+        // the pane is gone (the shell still runs its EXIT trap until then).
+        if let Some((at, len, code)) = marker(&self.body[from..], &self.exit) {
+            self.body.drain(from + at..from + at + len);
+            self.exit_status = Some(code as i32);
         }
         let p = self.prompt.as_deref().unwrap_or(b"\x1b]6973;P-");
         if let Some((at, _, code)) = marker(&self.body[from..], p) {
@@ -362,7 +366,7 @@ pub(crate) async fn follow_until(
                 if let Some(status) = r? {
                     let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
                     if !g.poll(hub) {
-                        g.ended = Some(End::PaneExited(status));
+                        g.ended = Some(End::PaneExited(g.exit_status.or(status)));
                     }
                     return Ok(Until::Ended);
                 }
