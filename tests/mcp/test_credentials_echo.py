@@ -218,3 +218,46 @@ async def test_a_value_in_a_header_name_is_dropped_in_any_case(ws, tmp_path):
             assert real.lower()[4:] not in out.lower() and "seen" not in out, out
     finally:
         s.stop()
+
+
+async def test_a_cut_logged_on_one_connection_and_shown_on_another_is_masked(ws, tmp_path):
+    """A host that logs requests and shows the log later: the cut of a
+    credential header sent on one connection comes back on another, in an
+    answer to a request that carried no credential at all."""
+    s = Standins(tmp_path, names=NAMES)
+    log = []
+
+    def record(h):
+        log.append(h.headers.get("Authorization", ""))
+        quote(h, "recorded")
+
+    def show(h):
+        n = int(h.path.split("?n=")[-1])
+        quote(h, "log: " + log[-1][:n])
+
+    s.routes["/record"], s.routes["/show"] = record, show
+    s.start()
+    try:
+        real = "ghp_" + secrets.token_hex(18)
+        # The control: on the host, with the real value, the log shows it.
+        for n in (10, 20):
+            log.append(f"Bearer {real}")
+            assert f"log: Bearer {real}"[: 5 + n] in show_direct(s, n)
+        env = {"SMX_REAL_API": real, "SMX_REAL_OTHER": "oth_" + secrets.token_hex(18), "SMX_REAL_REG": "reg_" + secrets.token_hex(18)}
+        prof = profile(ws, "creds-log", cred_net(s))
+        async with launch(ws, "-p", prof, *ALL, env=env) as c:
+            u = f"https://api.test:{s.port}"
+            cmd = f'curl -sS -H "Authorization: Bearer $API_TOKEN" {u}/record; ' + "; ".join(f'curl -sS "{u}/show?n={n}"' for n in range(8, 30, 3))
+            r = await sh(c, cmd)
+            out = r["output"]
+            assert out.count("log: Bearer s") == len(range(8, 30, 3)), out
+            assert real[:5] not in out, out
+    finally:
+        s.stop()
+
+
+def show_direct(s, n):
+    return subprocess.run(
+        ["curl", "-sS", "--cacert", str(s.ca), "--resolve", f"api.test:{s.port}:127.0.0.1", f"https://api.test:{s.port}/show?n={n}"],
+        capture_output=True, text=True, timeout=30,
+    ).stdout
