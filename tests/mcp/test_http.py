@@ -271,7 +271,9 @@ async def test_one_sandbox_serves_100_sequential_and_20_concurrent_calls(ws):
             async with anyio.create_task_group() as tg:
                 for _ in range(20):
                     tg.start_soon(one)
-            assert len(outs) == 20 and all(o == outs[0] for o in outs), [o for o in outs if o != outs[0]][:1]
+            odd = [o for o in outs if o != outs[0]][:1]
+            diff = odd and {k: (outs[0][0].get(k), odd[0][0].get(k)) for k in outs[0][0] if outs[0][0].get(k) != odd[0][0].get(k)}
+            assert len(outs) == 20 and not odd, diff
             assert tmux_server_pid(proc.pid) == server
         servers = [k for k in descendants(proc.pid) if open(f"/proc/{k}/comm").read().strip() == "tmux: server"]
         assert len(servers) == 1, "one sandbox for every session and request"
