@@ -11,26 +11,24 @@
 //! always the sandbox's own loopback, and the helper is in no namespace the
 //! agent can see (pid, mount) long enough to be reached.
 //!
-//! In network mode `none` the sandbox's `lo` is down, so nothing could be
-//! connected; the helper brings it up (what mode `loopback` does at start):
-//! the sandbox's own loopback reaches only the sandbox's own processes.
+//! In network mode `host` the sandbox shares the host's namespaces: the
+//! helper joins nothing, and `127.0.0.1` is the host's own loopback.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Steps of the helper, as it reports a failure.
-const STAGES: [&str; 6] = [
+const STAGES: [&str; 5] = [
     "",
     "joining the sandbox's user namespace",
     "joining the sandbox's network namespace",
-    "bringing the sandbox's loopback up",
     "making the socket",
     "connecting",
 ];
 
 /// A connected TCP socket to `127.0.0.1:port` in the network namespace of
 /// the sandbox whose outer `__init` is `init_pid` (the caller checked it is
-/// one of this instance's). `raise_lo`: network mode `none`.
-pub(crate) fn connect_inside(init_pid: u32, port: u16, raise_lo: bool) -> Result<OwnedFd, String> {
+/// one of this instance's).
+pub(crate) fn connect_inside(init_pid: u32, port: u16) -> Result<OwnedFd, String> {
     let ns = |n: &str| -> Result<Option<OwnedFd>, String> {
         let theirs = std::fs::read_link(format!("/proc/{init_pid}/ns/{n}"))
             .map_err(|e| format!("/proc/{init_pid}/ns/{n}: {e} (is the sandbox still running?)"))?;
@@ -42,8 +40,6 @@ pub(crate) fn connect_inside(init_pid: u32, port: u16, raise_lo: bool) -> Result
             .map_err(|e| format!("/proc/{init_pid}/ns/{n}: {e}"))
     };
     let (user, net) = (ns("user")?, ns("net")?);
-    // Network mode host: the sandbox's loopback is the host's; never touched.
-    let raise_lo = raise_lo && net.is_some();
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| e.to_string())?;
     let raw = |f: &Option<OwnedFd>| f.as_ref().map(|f| f.as_raw_fd());
     let (u, n, chan) = (raw(&user), raw(&net), theirs.as_raw_fd());
@@ -55,7 +51,7 @@ pub(crate) fn connect_inside(init_pid: u32, port: u16, raise_lo: bool) -> Result
     }
     if child == 0 {
         // SAFETY: in the forked child; `helper` never returns.
-        unsafe { helper(u, n, raise_lo, port, chan) }
+        unsafe { helper(u, n, port, chan) }
     }
     drop(theirs);
     ours.set_read_timeout(Some(std::time::Duration::from_secs(10)))
@@ -79,13 +75,7 @@ pub(crate) fn connect_inside(init_pid: u32, port: u16, raise_lo: bool) -> Result
 ///
 /// # Safety
 /// Only in a child just forked: it never returns.
-unsafe fn helper(
-    user: Option<RawFd>,
-    net: Option<RawFd>,
-    raise_lo: bool,
-    port: u16,
-    chan: RawFd,
-) -> ! {
+unsafe fn helper(user: Option<RawFd>, net: Option<RawFd>, port: u16, chan: RawFd) -> ! {
     let fail = |stage: u8| -> ! {
         let e = *libc::__errno_location();
         send_raw(chan, stage, e, None);
@@ -101,12 +91,9 @@ unsafe fn helper(
             fail(2);
         }
     }
-    if raise_lo && super::net::loopback_up().is_err() {
-        fail(3);
-    }
     let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
     if s < 0 {
-        fail(4);
+        fail(3);
     }
     // A connect that does not complete in 5 s fails (a full backlog).
     let tv = libc::timeval {
@@ -123,7 +110,7 @@ unsafe fn helper(
     let sap = &sa as *const libc::sockaddr_in as *const libc::sockaddr;
     let sal = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     if libc::connect(s, sap, sal) != 0 {
-        fail(5);
+        fail(4);
     }
     send_raw(chan, 0, 0, Some(s));
     libc::_exit(0)

@@ -11,7 +11,12 @@
 //! instance, and on no other process; and it runs the `from_command` of
 //! one of the profile's credentials, named by its index (the confined
 //! supervisor can no longer run host commands; the output, the value, goes
-//! back over the socket and nowhere else). It reads the resolved profile, then one
+//! back over the socket and nowhere else); and, for `sandmux expose`, it
+//! binds a host listener at the address the operator chose and makes
+//! connections to `127.0.0.1:PORT` inside a sandbox of this instance
+//! (`sandbox::nsconnect`), handing each descriptor back over a second
+//! socket pair (descriptor 4, `SCM_RIGHTS` only): the confined supervisor
+//! may neither bind nor make an inet socket. It reads the resolved profile, then one
 //! JSON line per request, from a socket pair on its descriptor 3, holds the
 //! `__init` processes it started (so their pids cannot be reused while the
 //! supervisor signals them), and ends with the supervisor: at the end of the
@@ -344,7 +349,7 @@ pub(crate) fn main() -> i32 {
     let mut held: BTreeMap<u32, Child> = BTreeMap::new();
     while let Ok(Some(line)) = read_line(&mut read) {
         let reply = match serde_json::from_slice::<Request>(&line) {
-            Ok(Request::Connect(pid, port)) => connect(&config, &held, pid, port, &fds),
+            Ok(Request::Connect(pid, port)) => connect(&held, pid, port, &fds),
             Ok(Request::Listen(addr)) => Reply::Sent(
                 std::net::TcpListener::bind(addr)
                     .map_err(|e| format!("listening on {addr}: {e}"))
@@ -370,17 +375,10 @@ pub(crate) fn main() -> i32 {
 }
 
 /// `Connect`: the connection made inside the sandbox, sent over `fds`.
-fn connect(
-    c: &Config,
-    held: &BTreeMap<u32, Child>,
-    pid: u32,
-    port: u16,
-    fds: &UnixStream,
-) -> Reply {
-    let none = c.policy.network.mode == crate::profile::NetMode::None;
+fn connect(held: &BTreeMap<u32, Child>, pid: u32, port: u16, fds: &UnixStream) -> Reply {
     Reply::Sent(
         sandbox_of_ours(pid, held)
-            .and_then(|()| crate::sandbox::nsconnect::connect_inside(pid, port, none))
+            .and_then(|()| crate::sandbox::nsconnect::connect_inside(pid, port))
             .map(|s| send(fds, &s)),
     )
 }
