@@ -128,6 +128,23 @@ pub(crate) fn ps(json_out: bool, all: bool) -> String {
             term::field(&r["http"]["token_file"], "")
         ));
     }
+    // `sandmux expose`: where the host reaches a port of the sandbox.
+    for r in &rows {
+        for e in r["exposures"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "{}: port {} exposed at {}{} ({} connections)\n",
+                term::field(&r["id"], ""),
+                e["port"],
+                term::field(&e["host"], ""),
+                if e["loopback"] == false {
+                    " (NOT loopback)"
+                } else {
+                    ""
+                },
+                e["tally"]["connections"]
+            ));
+        }
+    }
     for r in rows.iter().filter(|r| r["audit"]["reason"].is_string()) {
         out.push_str(&format!(
             "{}: audit log {}: {}\n",
@@ -207,6 +224,7 @@ fn ps_row(f: &Found) -> Value {
         "frozen": st.as_ref().map(|s| s["frozen"].clone()),
         "questions_open": st.as_ref().map(|s| s["questions_open"].clone()),
         "audit": st.as_ref().map(|s| s["audit"].clone()),
+        "exposures": st.as_ref().map(|s| s["exposures"].clone()),
         "http": m.and_then(|m| m.http.as_ref()),
     })
 }

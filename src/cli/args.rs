@@ -143,6 +143,22 @@ pub(super) enum Cmd {
         #[arg(long)]
         freeze: bool,
     },
+    /// Make a port the sandbox listens on reachable from the host: on
+    /// 127.0.0.1 (a free port unless --host-port), until `revoke --expose`
+    /// or the instance's end. Inbound only: the agent reaches nothing new.
+    Expose {
+        /// Instance id (or a unique prefix).
+        id: String,
+        /// The port inside the sandbox (its 127.0.0.1), 1024 or above.
+        port: u16,
+        /// The host port to listen on (default: a free one, printed).
+        #[arg(long)]
+        host_port: Option<u16>,
+        /// Listen on this host address instead of 127.0.0.1 (e.g. 0.0.0.0:
+        /// every interface, reachable from other machines).
+        #[arg(long)]
+        address: Option<String>,
+    },
     /// Give back tools the instance started with (never more).
     Grant {
         #[command(flatten)]
@@ -310,6 +326,10 @@ pub(super) struct Selection {
     /// lists it (`https://host:port`): taken back (revoke only).
     #[arg(long, conflicts_with_all = ["toolset", "tool", "all", "credential"])]
     pub(super) approval: Option<String>,
+    /// A port exposed with `sandmux expose`: its host listener closes and
+    /// its connections drop (revoke only).
+    #[arg(long, conflicts_with_all = ["toolset", "tool", "all", "credential", "approval"])]
+    pub(super) expose: Option<u16>,
 }
 
 #[derive(Subcommand)]

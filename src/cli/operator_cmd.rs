@@ -27,13 +27,25 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
                 && sel.tool.is_none()
                 && !sel.all
                 && sel.credential.is_none()
-                && sel.approval.is_none() =>
+                && sel.approval.is_none()
+                && sel.expose.is_none() =>
         {
             fail(
                 EXIT_USAGE,
-                "name --toolset, --tool, --all, --credential or --approval",
+                "name --toolset, --tool, --all, --credential, --approval or --expose",
             )
         }
+        Cmd::Grant { sel } if sel.expose.is_some() => fail(
+            EXIT_USAGE,
+            "a port is exposed with `sandmux expose ID PORT`, not by grant",
+        ),
+        Cmd::Revoke { sel, freeze } if sel.expose.is_some() => unexpose(&sel, freeze),
+        Cmd::Expose {
+            id,
+            port,
+            host_port,
+            address,
+        } => expose(&id, port, host_port, address),
         Cmd::Revoke { sel, freeze: true } if sel.credential.is_some() || sel.approval.is_some() => fail(
             EXIT_USAGE,
             "--freeze goes with tools, not --credential or --approval (run `sandmux freeze ID` after)",
@@ -191,6 +203,46 @@ fn operator_freeze(which: Op, id: &str) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(1, format!("{op} {}: {e}", found.id)),
+    }
+}
+
+/// `sandmux expose`: prints where the host reaches the port.
+fn expose(id: &str, port: u16, host_port: Option<u16>, address: Option<String>) -> ExitCode {
+    let mut req = Request::new(Op::Expose);
+    (req.port, req.host_port, req.address) = (Some(port), host_port, address);
+    match crate::operator::find(id).and_then(|f| crate::operator::request(&f.dir, req)) {
+        Ok(v) => {
+            let host = crate::term::field(&v["host"], "?");
+            println!("{host}");
+            eprintln!(
+                "expose: port {port} of the sandbox is reachable at http://{host}/ (sandmux revoke ID --expose {port} ends it)"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, format!("expose: {e}")),
+    }
+}
+
+/// `sandmux revoke ID --expose PORT`.
+fn unexpose(sel: &Selection, freeze: bool) -> ExitCode {
+    if freeze {
+        return fail(
+            EXIT_USAGE,
+            "--freeze goes with tools, not --expose (run `sandmux freeze ID` after)",
+        );
+    }
+    let mut req = Request::new(Op::Revoke);
+    req.port = sel.expose;
+    match crate::operator::find(&sel.id).and_then(|f| crate::operator::request(&f.dir, req)) {
+        Ok(v) => {
+            println!(
+                "revoke: port {} is no longer exposed ({} closed)",
+                v["port"],
+                crate::term::field(&v["host"], "?")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, format!("revoke: {e}")),
     }
 }
 

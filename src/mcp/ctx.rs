@@ -84,6 +84,8 @@ pub(crate) struct State {
     pub approvals: Arc<super::approvals::Approvals>,
     /// Tool questions held between the rounds of a 2026-07-28 call.
     pub rounds: super::rounds::Rounds,
+    /// Ports of the sandbox exposed on the host (`sandmux expose`).
+    pub exposures: super::expose::Exposures,
 }
 
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at

@@ -41,6 +41,8 @@ pub(crate) enum Op {
     Approve,
     /// `deny` an open question.
     Deny,
+    /// `expose` a port of the sandbox on the host (`mcp::expose`).
+    Expose,
 }
 
 impl Op {
@@ -56,6 +58,7 @@ impl Op {
             Op::Approvals => "approvals",
             Op::Approve => "approve",
             Op::Deny => "deny",
+            Op::Expose => "expose",
         }
     }
 }
@@ -91,6 +94,15 @@ pub(crate) struct Request {
     /// With `revoke`: freeze once the tools are revoked.
     #[serde(default)]
     pub freeze: bool,
+    /// `expose`: the port inside; `revoke`: the exposed port to end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// `expose`: the host port (none or 0: a free one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_port: Option<u16>,
+    /// `expose`: the host address (none: 127.0.0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 impl Request {
@@ -107,6 +119,9 @@ impl Request {
             tool: None,
             all: false,
             freeze: false,
+            port: None,
+            host_port: None,
+            address: None,
         }
     }
 
@@ -179,6 +194,7 @@ pub(crate) fn status(s: &State) -> Value {
         "workspace_reverted": s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
         "frozen": s.freeze.get(),
         "questions_open": s.approvals.open_count(),
+        "exposures": s.exposures.list(),
     })
 }
 
@@ -231,6 +247,13 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
         Op::Thaw => freezing_when_ready(s, true).await,
         Op::Approvals => json!({"ok": true, "approvals": s.approvals.list()}),
         Op::Approve | Op::Deny => answer(s, &r, uid),
+        Op::Expose => expose(s, &r, uid).await,
+        Op::Revoke if r.port.is_some() => {
+            let port = r.port.unwrap_or_default();
+            let by = format!("revoked by operator uid {uid}");
+            super::expose::unexpose(s, port, &by)
+                .unwrap_or_else(|e| json!({"ok": false, "error": e}))
+        }
         Op::Revoke | Op::Grant if r.credential.is_some() => credential(s, &r),
         Op::Revoke | Op::Grant if r.approval.is_some() => {
             let name = r.approval.as_deref().unwrap_or_default();
@@ -315,6 +338,19 @@ fn credential(s: &State, r: &Request) -> Value {
     let mut st = status(s);
     st["credentials"] = v.status();
     st
+}
+
+/// `expose`: the request checked, then the port exposed.
+async fn expose(s: &Arc<State>, r: &Request, uid: u32) -> Value {
+    let Some(port) = r.port else {
+        return json!({"ok": false, "error": "name the port inside"});
+    };
+    let by = format!("operator uid {uid}");
+    match super::expose::checked(port, r.host_port, r.address.as_deref()) {
+        Ok(host) => super::expose::expose(s, port, host, &by).await,
+        Err(e) => Err(e),
+    }
+    .unwrap_or_else(|e| json!({"ok": false, "error": e}))
 }
 
 /// The endpoint is bound before the first sessions exist: `stop`, `status`,

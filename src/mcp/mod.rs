@@ -21,6 +21,7 @@ pub(crate) mod drift;
 pub(crate) mod endpoint;
 pub(crate) mod error;
 pub(crate) mod exit;
+pub(crate) mod expose;
 pub(crate) mod freeze;
 mod generation;
 mod hostfiles;
@@ -477,6 +478,7 @@ fn hand_over(
             vault,
             approvals,
             rounds: rounds::Rounds::new(Duration::from_secs(ask_seconds)),
+            exposures: Default::default(),
         })
     });
     Ok((left, conn, make))

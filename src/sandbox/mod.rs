@@ -18,6 +18,7 @@ pub(crate) mod limits;
 pub(crate) mod mounts;
 pub(crate) mod namespaces;
 pub(crate) mod net;
+pub(crate) mod nsconnect;
 pub(crate) mod nssignal;
 pub(crate) mod observe;
 pub(crate) mod pane;

@@ -11,7 +11,12 @@
 //! instance, and on no other process; and it runs the `from_command` of
 //! one of the profile's credentials, named by its index (the confined
 //! supervisor can no longer run host commands; the output, the value, goes
-//! back over the socket and nowhere else). It reads the resolved profile, then one
+//! back over the socket and nowhere else); and, for `sandmux expose`, it
+//! binds a host listener at the address the operator chose and makes
+//! connections to `127.0.0.1:PORT` inside a sandbox of this instance
+//! (`sandbox::nsconnect`), handing each descriptor back over a second
+//! socket pair (descriptor 4, `SCM_RIGHTS` only): the confined supervisor
+//! may neither bind nor make an inet socket. It reads the resolved profile, then one
 //! JSON line per request, from a socket pair on its descriptor 3, holds the
 //! `__init` processes it started (so their pids cannot be reused while the
 //! supervisor signals them), and ends with the supervisor: at the end of the
@@ -27,6 +32,7 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -60,6 +66,12 @@ enum Request {
     /// Run the `from_command` of the profile's credential N (its index,
     /// fixed at start: no request names a command).
     Credential(usize),
+    /// `expose`: a TCP connection to `127.0.0.1:PORT` inside the sandbox of
+    /// this `__init` (one of this instance's), its descriptor sent back.
+    Connect(u32, u16),
+    /// `expose`: a TCP listener on the host at this address, sent back
+    /// (the confined supervisor may bind nothing).
+    Listen(std::net::SocketAddr),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -75,6 +87,8 @@ enum Reply {
     Ended,
     /// The command's output, or why there is none.
     Credential(Result<Vec<u8>, String>),
+    /// A descriptor went over the descriptor channel, or why none did.
+    Sent(Result<(), String>),
 }
 
 /// Why the supervisor could not work with its broker.
@@ -105,12 +119,16 @@ pub(crate) enum BrokerError {
 
 /// The supervisor's end of the broker.
 pub(crate) struct Broker {
-    io: Mutex<(BufReader<UnixStream>, UnixStream)>,
+    /// The request socket (read and write halves) and the descriptor
+    /// channel (`SCM_RIGHTS` only, one message per `Sent` reply).
+    io: Mutex<(BufReader<UnixStream>, UnixStream, UnixStream)>,
     pid: Pid,
 }
 
 /// The broker's end of the socket pair.
 const SOCKET_FD: i32 = 3;
+/// The broker's end of the descriptor channel.
+const FDS_FD: i32 = 4;
 
 impl Broker {
     /// Starts the broker process, before the sandbox (its start overlaps
@@ -120,7 +138,8 @@ impl Broker {
         use std::os::unix::process::CommandExt;
         let exe = std::env::current_exe().map_err(BrokerError::Spawn)?;
         let (ours, theirs) = UnixStream::pair().map_err(BrokerError::Spawn)?;
-        let fd = theirs.as_raw_fd();
+        let (fds_ours, fds_theirs) = UnixStream::pair().map_err(BrokerError::Spawn)?;
+        let (fd, fds_fd) = (theirs.as_raw_fd(), fds_theirs.as_raw_fd());
         let mut cmd = std::process::Command::new(exe);
         cmd.arg0("sandmux-broker")
             .arg("__broker")
@@ -135,17 +154,25 @@ impl Broker {
         unsafe {
             cmd.pre_exec(move || {
                 let moved = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-                if moved < 0 || libc::dup2(moved, SOCKET_FD) < 0 {
+                let fds_moved = libc::fcntl(fds_fd, libc::F_DUPFD_CLOEXEC, 10);
+                if moved < 0
+                    || fds_moved < 0
+                    || libc::dup2(moved, SOCKET_FD) < 0
+                    || libc::dup2(fds_moved, FDS_FD) < 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 crate::sandbox::die_with_parent()
             });
         }
         let child = cmd.spawn().map_err(BrokerError::Spawn)?;
-        drop(theirs);
+        drop((theirs, fds_theirs));
         let read = ours.try_clone().map_err(BrokerError::Spawn)?;
+        fds_ours
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .map_err(BrokerError::Spawn)?;
         Ok(Broker {
-            io: Mutex::new((BufReader::new(read), ours)),
+            io: Mutex::new((BufReader::new(read), ours, fds_ours)),
             pid: Pid::from_raw(child.id() as i32),
         })
     }
@@ -236,6 +263,37 @@ impl Broker {
         }
     }
 
+    /// `expose`: a connection to `127.0.0.1:port` inside the sandbox of
+    /// `init_pid`.
+    pub(crate) fn connect_inside(&self, init_pid: u32, port: u16) -> Result<OwnedFd, String> {
+        self.ask_fd(&Request::Connect(init_pid, port))
+    }
+
+    /// `expose`: a listener on the host at `addr`.
+    pub(crate) fn listen(&self, addr: std::net::SocketAddr) -> Result<OwnedFd, String> {
+        self.ask_fd(&Request::Listen(addr))
+    }
+
+    /// A request answered by `Sent`: the descriptor from the channel.
+    fn ask_fd(&self, r: &Request) -> Result<OwnedFd, String> {
+        let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        let mut line = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        io.1.write_all(&line)
+            .map_err(|e| format!("the broker: {e}"))?;
+        let line = read_line(&mut io.0)
+            .map_err(|e| e.to_string())?
+            .ok_or("the broker ended")?;
+        match serde_json::from_slice(&line).map_err(|e| e.to_string())? {
+            Reply::Sent(Ok(())) => match crate::sandbox::nsconnect::recv_fd(&io.2)? {
+                (0, _, Some(fd)) => Ok(fd),
+                _ => Err("the broker sent no descriptor".into()),
+            },
+            Reply::Sent(Err(e)) => Err(e),
+            _ => Err("the broker answered out of turn".into()),
+        }
+    }
+
     /// Ends the sandbox with this `__init` (SIGTERM, then SIGKILL) and reaps it.
     pub(crate) fn stop(&self, init_pid: u32) {
         let _ = self.ask(&Request::Stop(init_pid));
@@ -269,6 +327,8 @@ pub(crate) fn main() -> i32 {
     // SAFETY: descriptor 3 is the socket `Broker::spawn` put there; nothing
     // else in this fresh process owns it.
     let sock = unsafe { UnixStream::from_raw_fd(SOCKET_FD) };
+    // SAFETY: likewise descriptor 4, the descriptor channel.
+    let fds = unsafe { UnixStream::from_raw_fd(FDS_FD) };
     let Ok(write) = sock.try_clone() else {
         return 1;
     };
@@ -289,6 +349,12 @@ pub(crate) fn main() -> i32 {
     let mut held: BTreeMap<u32, Child> = BTreeMap::new();
     while let Ok(Some(line)) = read_line(&mut read) {
         let reply = match serde_json::from_slice::<Request>(&line) {
+            Ok(Request::Connect(pid, port)) => connect(&held, pid, port, &fds),
+            Ok(Request::Listen(addr)) => Reply::Sent(
+                std::net::TcpListener::bind(addr)
+                    .map_err(|e| format!("listening on {addr}: {e}"))
+                    .map(|l| send(&fds, &l)),
+            ),
             Ok(r) => answer(r, &config, &mut held, &mut launched),
             Err(e) => Reply::Failed {
                 layer: None,
@@ -306,6 +372,20 @@ pub(crate) fn main() -> i32 {
         end_init(c);
     }
     0
+}
+
+/// `Connect`: the connection made inside the sandbox, sent over `fds`.
+fn connect(held: &BTreeMap<u32, Child>, pid: u32, port: u16, fds: &UnixStream) -> Reply {
+    Reply::Sent(
+        sandbox_of_ours(pid, held)
+            .and_then(|()| crate::sandbox::nsconnect::connect_inside(pid, port))
+            .map(|s| send(fds, &s)),
+    )
+}
+
+/// Sends one descriptor over the descriptor channel.
+fn send(fds: &UnixStream, f: &impl std::os::fd::AsRawFd) {
+    crate::sandbox::nsconnect::send_fd(fds, Some(f.as_raw_fd()), 0);
 }
 
 /// Whether a held `__init` still runs. It is not reaped here (`WNOWAIT`):
@@ -393,6 +473,7 @@ fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mu
                 _ => Err(format!("the profile's credential {i} has no from_command")),
             })
         }
+        Request::Connect(..) | Request::Listen(_) => failed("handled by the main loop".into()),
         Request::Stop(pid) => {
             if let Some(mut c) = held.remove(&pid) {
                 end_init(&mut c);
