@@ -1,7 +1,7 @@
 //! The operator endpoint: a Unix socket in the instance's runtime directory
 //! (directory 0700, socket 0600, never visible inside the sandbox) through
 //! which the human who started sandmux watches and steers it — `sandmux ps`,
-//! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`. Only peers with sandmux's own uid are
+//! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`, `metrics`. Only peers with sandmux's own uid are
 //! served (checked with SO_PEERCRED). The protocol is one JSON object per line,
 //! `{"v": 1, "op": ...}`, answered by one JSON object.
 
@@ -41,6 +41,8 @@ pub(crate) enum Op {
     Approve,
     /// `deny` an open question.
     Deny,
+    /// `metrics`: the Prometheus text (`mcp::metrics`).
+    Metrics,
 }
 
 impl Op {
@@ -56,6 +58,7 @@ impl Op {
             Op::Approvals => "approvals",
             Op::Approve => "approve",
             Op::Deny => "deny",
+            Op::Metrics => "metrics",
         }
     }
 }
@@ -223,6 +226,7 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
     };
     match r.op {
         Op::Status => status(s),
+        Op::Metrics => super::metrics::answer(s),
         Op::Stop => {
             s.shutdown.cancel();
             json!({"ok": true, "stopping": true})
