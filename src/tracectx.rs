@@ -19,7 +19,6 @@ pub(crate) struct TraceContext {
     parent_id: [u8; 8],
     /// The call's own span, fresh for each call.
     span_id: [u8; 8],
-    flags: u8,
     state: Option<String>,
 }
 
@@ -27,7 +26,7 @@ impl TraceContext {
     /// The context of a call made under `traceparent` (with `tracestate`
     /// if valid), with a fresh span id; `None` if `traceparent` is invalid.
     pub(crate) fn child_of(traceparent: &str, tracestate: Option<&str>) -> Option<TraceContext> {
-        let (trace_id, parent_id, flags) = parse_parent(traceparent)?;
+        let (trace_id, parent_id) = parse_parent(traceparent)?;
         let span_id = loop {
             let s = crate::nonce::bytes::<8>();
             if s != [0; 8] {
@@ -38,7 +37,6 @@ impl TraceContext {
             trace_id,
             parent_id,
             span_id,
-            flags,
             state: tracestate
                 .filter(|s| valid_state(s))
                 .map(|s| s.trim().to_string()),
@@ -60,11 +58,6 @@ impl TraceContext {
         hex(&self.parent_id)
     }
 
-    /// Whether the caller sampled the trace (flag bit 0).
-    pub(crate) fn sampled(&self) -> bool {
-        self.flags & 1 == 1
-    }
-
     /// The caller's `tracestate`, if it was valid.
     pub(crate) fn state(&self) -> Option<&str> {
         self.state.as_deref()
@@ -72,8 +65,9 @@ impl TraceContext {
 }
 
 /// `00-<32 hex>-<16 hex>-<2 hex>`, lowercase, nothing more; neither id all
-/// zeros. Other versions are refused (this reader knows only 00).
-fn parse_parent(s: &str) -> Option<([u8; 16], [u8; 8], u8)> {
+/// zeros. Other versions are refused (this reader knows only 00). The
+/// flags are checked, not kept (sandmux samples nothing itself).
+fn parse_parent(s: &str) -> Option<([u8; 16], [u8; 8])> {
     let b = s.as_bytes();
     if b.len() != 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' || &b[..2] != b"00" {
         return None;
@@ -87,7 +81,7 @@ fn parse_parent(s: &str) -> Option<([u8; 16], [u8; 8], u8)> {
     if trace == [0; 16] || parent == [0; 8] {
         return None;
     }
-    Some((trace, parent, flags[0]))
+    Some((trace, parent))
 }
 
 fn nibble(c: u8) -> Option<u8> {
@@ -175,7 +169,6 @@ mod tests {
             TraceContext::child_of(GOOD, Some("congo=t61rcWkgMzE, rojo=00f067aa0ba902b7")).unwrap();
         assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(t.parent_id(), "00f067aa0ba902b7");
-        assert!(t.sampled());
         assert_eq!(t.span_id().len(), 16);
         assert_ne!(t.span_id(), t.parent_id());
         let u = TraceContext::child_of(GOOD, None).unwrap();

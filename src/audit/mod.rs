@@ -505,6 +505,9 @@ impl Audit {
             rec["trace_id"] = json!(t.trace_id());
             rec["span_id"] = json!(t.span_id());
             rec["parent_span_id"] = json!(t.parent_id());
+            if let Some(s) = t.state() {
+                rec["tracestate"] = json!(s);
+            }
         }
         let mut st = self.lock();
         self.append_fields(&mut st, rec, e.args, kind)

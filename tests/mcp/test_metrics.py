@@ -123,6 +123,7 @@ async def test_a_valid_traceparent_is_in_the_audit_record_an_invalid_one_is_igno
     good, bad = recs[0], recs[1:]
     assert good["trace_id"] == TRACE and good["parent_span_id"] == PARENT
     assert re.fullmatch(r"[0-9a-f]{16}", good["span_id"]) and good["span_id"] not in (PARENT, "0" * 16)
+    assert good["tracestate"] == "rojo=00f067aa0ba902b7"
     for r in bad:
         assert not {"trace_id", "span_id", "parent_span_id"} & set(r), r
     text = (ws[1] / "audit.jsonl").read_text()

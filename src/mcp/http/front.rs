@@ -184,13 +184,8 @@ impl Front {
     }
 
     /// The token in force, if the request shows it (`Authorization:
-    /// Bearer`); else the 401 to answer.
-    #[allow(clippy::result_large_err)]
-    fn authorized(
-        &self,
-        req: &Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Result<Option<Arc<super::token::Token>>, Answer> {
+    /// Bearer`); else why it is refused (a 401).
+    fn authorized(&self, req: &Request<Incoming>) -> Result<Option<Arc<super::token::Token>>, Why> {
         let auth = req
             .headers()
             .get(hyper::header::AUTHORIZATION)
@@ -204,7 +199,7 @@ impl Front {
         } else {
             Why::BadToken
         };
-        Err(self.refuse(why, peer))
+        Err(why)
     }
 
     /// `GET /metrics` (behind the token, not audited: a scraper every few
@@ -236,9 +231,9 @@ impl Front {
         if req.uri().path() != "/mcp" && !metrics {
             return self.refuse(Why::NotFound, peer);
         }
-        let token = match self.authorized(&req, peer) {
+        let token = match self.authorized(&req) {
             Ok(t) => t,
-            Err(refused) => return refused,
+            Err(why) => return self.refuse(why, peer),
         };
         if metrics {
             return self.metrics();
