@@ -10,7 +10,7 @@
 /// Lowest first; the modules of one layer may not name each other.
 pub(crate) const LAYERS: &[&[&str]] = &[
     &["term", "nonce", "secretfile", "secretcmd"],
-    &["log"],
+    &["log", "tracectx"],
     &["profile", "audit"],
     &["sandbox"],
     &["guard", "proxy"],

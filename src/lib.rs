@@ -32,6 +32,7 @@ pub(crate) mod supervisor;
 pub(crate) mod tables;
 pub(crate) mod term;
 pub(crate) mod tmux;
+pub(crate) mod tracectx;
 
 /// What the integration tests and the fuzz targets drive directly: the byte
 /// parsers (control mode, the replay filter, the proxy's request heads and

@@ -120,18 +120,43 @@ struct Stderr {
     format: Format,
 }
 
-impl<S: Subscriber> Layer<S> for Stderr {
+impl<S> Layer<S> for Stderr
+where
+    S: Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
     fn enabled(&self, m: &Metadata<'_>, _: Context<'_, S>) -> bool {
         ours(m.target())
     }
 
-    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+    /// A span's fields (a traced call's `trace_id`, `span_id`) are kept
+    /// with it and written with every event inside it.
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id) {
+            let mut f = Fields::default();
+            attrs.record(&mut f);
+            span.extensions_mut().insert(f);
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let m = event.metadata();
         if !ours(m.target()) {
             return;
         }
         let mut f = Fields::default();
         event.record(&mut f);
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope.from_root() {
+                if let Some(sf) = span.extensions().get::<Fields>() {
+                    f.fields.extend(sf.fields.iter().cloned());
+                }
+            }
+        }
         if let Some(id) = INSTANCE.get() {
             f.fields
                 .push(("instance".into(), Value::String(id.clone())));

@@ -179,6 +179,9 @@ pub(crate) struct Entry<'a> {
     /// Over HTTP: the MCP session id (2025-11-25), the token's digest and
     /// the client's address (`mcp::http`); the field is absent over stdio.
     pub http: Option<Value>,
+    /// The caller's W3C trace context, when it sent a valid one: the record
+    /// names the trace, the call's span and its parent.
+    pub trace: Option<&'a crate::tracectx::TraceContext>,
     /// The raw arguments (redacted here).
     pub args: &'a Value,
 }
@@ -197,6 +200,7 @@ impl<'a> Entry<'a> {
             request_id: String::new(),
             client_id: None,
             http: None,
+            trace: None,
             args,
         }
     }
@@ -239,6 +243,7 @@ impl Drop for Admission<'_> {
                 request_id: String::new(),
                 client_id: None,
                 http: None,
+                trace: None,
                 args: &Value::Null,
             };
             self.audit.write(e, Kind::Admitted);
@@ -496,6 +501,14 @@ impl Audit {
         if let Some(h) = e.http {
             rec["http"] = h;
         }
+        if let Some(t) = e.trace {
+            rec["trace_id"] = json!(t.trace_id());
+            rec["span_id"] = json!(t.span_id());
+            rec["parent_span_id"] = json!(t.parent_id());
+            if let Some(s) = t.state() {
+                rec["tracestate"] = json!(s);
+            }
+        }
         let mut st = self.lock();
         self.append_fields(&mut st, rec, e.args, kind)
     }
@@ -636,6 +649,11 @@ impl Audit {
         };
         let reason = (st.health != Health::Ok).then(|| self.why(&st));
         json!({"path": self.path, "state": state, "reason": reason, "bytes": st.len, "budget": self.budget, "refused_calls": st.refused, "unrecorded": st.unrecorded})
+    }
+
+    /// Bytes left in this instance's budget (the metrics' gauge).
+    pub(crate) fn bytes_left(&self) -> u64 {
+        self.limit.saturating_sub(self.lock().len)
     }
 
     /// The last `n` records as JSON, newest last, at most `max_bytes` of

@@ -16,6 +16,7 @@ fn entry<'a>(tool: &'a str, args: &'a Value) -> Entry<'a> {
         request_id: "1".into(),
         client_id: None,
         http: None,
+        trace: None,
         args,
     }
 }

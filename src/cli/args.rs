@@ -175,6 +175,12 @@ pub(super) enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// A `serve` instance's metrics in the Prometheus text format (the
+    /// same text as `GET /metrics` on `serve --http`).
+    Metrics {
+        /// Instance id (or a unique prefix).
+        id: String,
+    },
     /// The questions a `serve` instance holds for a human (`[network] ask`)
     /// and what was granted.
     Approvals {

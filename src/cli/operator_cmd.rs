@@ -1,5 +1,5 @@
 //! The operator's commands: instances already running (`ps`, `attach`,
-//! `revoke`, `grant`, `freeze`, `thaw`, `approvals`, `journal`, `stop`), the
+//! `revoke`, `grant`, `freeze`, `thaw`, `approvals`, `journal`, `metrics`, `stop`), the
 //! workspace door (`diff`, `apply`, `discard`, `git fetch`), `audit verify`,
 //! and the generated documents.
 
@@ -54,6 +54,7 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
         Cmd::Grant { sel } => operator_change(Op::Grant, sel, false),
         Cmd::Freeze { id } => operator_freeze(Op::Freeze, &id),
         Cmd::Approvals { id, json } => approvals_cmd::list(&id, json),
+        Cmd::Metrics { id } => metrics(&id),
         Cmd::Approve {
             id,
             question,
@@ -155,6 +156,24 @@ fn stop_instance(id: &str) -> ExitCode {
             }
         }
         Err(e) => fail(1, e),
+    }
+}
+
+/// `sandmux metrics ID`: the Prometheus text, as `GET /metrics` serves it.
+fn metrics(id: &str) -> ExitCode {
+    let found = match crate::operator::find(id) {
+        Ok(f) if f.is_serve() => f,
+        Ok(_) => return fail(1, "only `sandmux serve` instances have metrics (run and shell print their summary at the end)"),
+        Err(e) => return fail(1, e),
+    };
+    match crate::operator::request(&found.dir, Request::new(Op::Metrics)) {
+        // The text is sandmux's own: fixed names, label values without
+        // control characters (`mcp::metrics`).
+        Ok(v) => {
+            print!("{}", v["text"].as_str().unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, format!("metrics {}: {e}", found.id)),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The operator endpoint: a Unix socket in the instance's runtime directory
 //! (directory 0700, socket 0600, never visible inside the sandbox) through
 //! which the human who started sandmux watches and steers it — `sandmux ps`,
-//! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`. Only peers with sandmux's own uid are
+//! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`, `metrics`. Only peers with sandmux's own uid are
 //! served (checked with SO_PEERCRED). The protocol is one JSON object per line,
 //! `{"v": 1, "op": ...}`, answered by one JSON object.
 
@@ -43,6 +43,8 @@ pub(crate) enum Op {
     Deny,
     /// `expose` a port of the sandbox on the host (`mcp::expose`).
     Expose,
+    /// `metrics`: the Prometheus text (`mcp::metrics`).
+    Metrics,
 }
 
 impl Op {
@@ -59,6 +61,7 @@ impl Op {
             Op::Approve => "approve",
             Op::Deny => "deny",
             Op::Expose => "expose",
+            Op::Metrics => "metrics",
         }
     }
 }
@@ -239,6 +242,7 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
     };
     match r.op {
         Op::Status => status(s),
+        Op::Metrics => super::metrics::answer(s),
         Op::Stop => {
             s.shutdown.cancel();
             json!({"ok": true, "stopping": true})

@@ -26,6 +26,7 @@ pub(crate) mod freeze;
 mod generation;
 mod hostfiles;
 pub(crate) mod http;
+pub(crate) mod metrics;
 pub(crate) mod oom;
 pub(crate) mod prompts;
 mod proxy;

@@ -57,6 +57,7 @@ impl Flood {
     }
 
     fn add(&self, ev: Event) {
+        super::metrics::get().proxy(ev.denied.is_none(), ev.bytes_up, ev.bytes_down);
         self.refusals.add(&ev);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.written < PER_INTERVAL || ev.exfiltration {
@@ -106,6 +107,7 @@ impl Flood {
         match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => {
                 let open = self.open.clone();
+                super::metrics::get().proxy_open(open.clone());
                 tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open, hooks));
             }
             Err(e) => tracing::error!("the proxy's listener: {e}"),

@@ -1,6 +1,7 @@
 //! The layer in front of rmcp's streamable HTTP service. In order: the
 //! readiness probe (`GET /healthz`, no token, says only ready or not), the
-//! Host and Origin checks (DNS rebinding), the path, the Bearer token, the
+//! Host and Origin checks (DNS rebinding), the path (`/mcp`, or `GET
+//! /metrics`: the Prometheus text, `mcp::metrics`), the Bearer token, the
 //! body cap, the concurrent request cap and (for `initialize`) the session
 //! cap. Every refusal is counted ([`super::rejects`]) and none reaches MCP.
 
@@ -182,6 +183,37 @@ impl Front {
         }
     }
 
+    /// The token in force, if the request shows it (`Authorization:
+    /// Bearer`); else why it is refused (a 401).
+    fn authorized(&self, req: &Request<Incoming>) -> Result<Option<Arc<super::token::Token>>, Why> {
+        let auth = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        let token = self.token_now();
+        if token.as_ref().is_some_and(|t| t.admits(auth)) {
+            return Ok(token);
+        }
+        let why = if auth.is_none() {
+            Why::NoToken
+        } else {
+            Why::BadToken
+        };
+        Err(why)
+    }
+
+    /// `GET /metrics` (behind the token, not audited: a scraper every few
+    /// seconds would spend the audit budget; it reads counters only).
+    fn metrics(&self) -> Answer {
+        let text = crate::mcp::metrics::render(&self.state);
+        let mut r = Response::new(Full::new(Bytes::from(text)).boxed());
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(crate::mcp::metrics::CONTENT_TYPE),
+        );
+        r
+    }
+
     /// Serves one request.
     pub(crate) async fn handle(
         self: Arc<Self>,
@@ -195,23 +227,16 @@ impl Front {
         if let Some(why) = self.rebinding(&req) {
             return self.refuse(why, peer);
         }
-        if req.uri().path() != "/mcp" {
+        let metrics = req.uri().path() == "/metrics" && req.method() == hyper::Method::GET;
+        if req.uri().path() != "/mcp" && !metrics {
             return self.refuse(Why::NotFound, peer);
         }
-        let auth = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        let token = self.token_now();
-        if !token.as_ref().is_some_and(|t| t.admits(auth)) {
-            return self.refuse(
-                if auth.is_none() {
-                    Why::NoToken
-                } else {
-                    Why::BadToken
-                },
-                peer,
-            );
+        let token = match self.authorized(&req) {
+            Ok(t) => t,
+            Err(why) => return self.refuse(why, peer),
+        };
+        if metrics {
+            return self.metrics();
         }
         // A connection that showed the token is never closed for room.
         authed.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -126,6 +126,7 @@ impl Rejects {
             request_id: String::new(),
             client_id: None,
             http: None,
+            trace: None,
             args: &json!({"by_reason": by, "clients": clients, "other_clients": w.other_clients}),
         });
     }

@@ -7,6 +7,8 @@ use crate::audit::{Admission, Entry};
 use crate::mcp::catalog::{self, toolset_name, ToolDef};
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
+use crate::mcp::metrics;
+use crate::tracectx::TraceContext;
 use rmcp::model::CustomRequest;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
@@ -22,6 +24,8 @@ pub(super) struct Audited<'a> {
     pub(super) client: Option<String>,
     /// Over HTTP, who sent it ([`caller`]).
     pub(super) http: Option<Value>,
+    /// The caller's trace context ([`trace_of`]), if valid.
+    pub(super) trace: Option<&'a TraceContext>,
     pub(super) args: &'a Value,
 }
 
@@ -32,6 +36,7 @@ impl<'a> Audited<'a> {
         t0: Instant,
         cx: &RequestContext<RoleServer>,
         args: &'a Value,
+        trace: Option<&'a TraceContext>,
     ) -> Self {
         Audited {
             tool,
@@ -40,6 +45,7 @@ impl<'a> Audited<'a> {
             request_id: request_id_text(&cx.id),
             client: None,
             http: caller(cx),
+            trace,
             args,
         }
     }
@@ -68,15 +74,19 @@ impl Server {
             // Refusals name tools, targets and limits, never an argument's value.
             tracing::debug!(tool = a.tool, kind = e.kind(), reason = %e, "tool call refused");
         }
+        let took = a.t0.elapsed();
+        let kind = err.map(ToolError::kind);
+        metrics::get().call(a.def, a.tool, outcome, kind, took);
         let e = Entry {
             tool: a.tool,
             toolset: a.def.map(|d| toolset_name(d.toolset)),
             outcome,
-            error_type: err.map(ToolError::kind),
-            duration_ms: a.t0.elapsed().as_millis() as u64,
+            error_type: kind,
+            duration_ms: took.as_millis() as u64,
             request_id: a.request_id.clone(),
             client_id: a.client.clone(),
             http: a.http.clone(),
+            trace: a.trace,
             args: a.args,
         };
         match ticket {
@@ -99,6 +109,7 @@ impl Server {
                 request_id,
                 client: None,
                 http: None,
+                trace: None,
                 args: raw,
             },
             Some(&e),
@@ -136,6 +147,7 @@ impl Server {
                 request_id: request_id_text(&cx.id),
                 client: None,
                 http: caller(cx),
+                trace: None,
                 args: &raw,
             },
             Some(&e),
@@ -160,6 +172,36 @@ pub(super) fn caller(cx: &RequestContext<RoleServer>) -> Option<Value> {
         "token": c.map(|c| c.token.clone()),
         "client": c.map(|c| c.addr.to_string()),
     }))
+}
+
+/// The caller's W3C trace context: `traceparent` (and `tracestate`) in the
+/// request's `_meta`, else (over HTTP) in its headers. An invalid one is
+/// none: ignored, never an error, never kept.
+pub(super) fn trace_of(cx: &RequestContext<RoleServer>) -> Option<TraceContext> {
+    if let Some(p) = cx.meta.get_traceparent() {
+        return TraceContext::child_of(p, cx.meta.get_tracestate());
+    }
+    let parts = cx.extensions.get::<hyper::http::request::Parts>()?;
+    let one = |name: &str| {
+        let mut v = parts.headers.get_all(name).iter();
+        match (v.next(), v.next()) {
+            (Some(x), None) => x.to_str().ok(),
+            _ => None,
+        }
+    };
+    TraceContext::child_of(one("traceparent")?, one("tracestate"))
+}
+
+/// The span a traced call's log lines carry (its fields name the trace).
+pub(super) fn span_of(t: Option<&TraceContext>) -> tracing::Span {
+    match t {
+        Some(t) => tracing::info_span!(
+            "call",
+            trace_id = %t.trace_id(),
+            span_id = %t.span_id(),
+        ),
+        None => tracing::Span::none(),
+    }
 }
 
 /// A JSON-RPC request id as text: `2` or `abc`, never a Rust spelling
@@ -195,15 +237,22 @@ pub(crate) async fn dispatch_nested(
         Some(d) => (d.handler)(c, args.clone()).await,
     };
     let err = res.as_ref().err();
+    let (outcome, kind, took) = (
+        err.map_or("ok", ToolError::outcome),
+        err.map(ToolError::kind),
+        t0.elapsed(),
+    );
+    metrics::get().call(def, name, outcome, kind, took);
     ticket.record(Entry {
         tool: name,
         toolset: def.map(|d| toolset_name(d.toolset)),
-        outcome: err.map_or("ok", ToolError::outcome),
-        error_type: err.map(ToolError::kind),
-        duration_ms: t0.elapsed().as_millis() as u64,
+        outcome,
+        error_type: kind,
+        duration_ms: took.as_millis() as u64,
         request_id: "batch".into(),
         client_id: None,
         http: None,
+        trace: None,
         args: &args,
     });
     res

@@ -9,12 +9,14 @@ mod audited;
 use super::catalog::{self, toolset_name, Class, ToolDef};
 use super::ctx::{Call, State};
 use super::error::ToolError;
+use super::metrics;
 use crate::profile::Toolset;
 use crate::tmux::client::TmuxError;
+use crate::tracectx::TraceContext;
 pub(crate) use answers::RESPONSE_CAP;
 use answers::{answer_size, described, error_result, success};
 pub(crate) use audited::dispatch_nested;
-use audited::{caller, request_id_text, Audited};
+use audited::{caller, request_id_text, span_of, trace_of, Audited};
 use rmcp::model::*;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -22,6 +24,7 @@ use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument;
 
 /// The handler.
 pub(crate) struct Server {
@@ -127,6 +130,111 @@ impl Server {
         r
     }
 
+    /// One tool call, under its caller's trace context (if any).
+    async fn call(
+        &self,
+        mut req: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+        trace: Option<&TraceContext>,
+    ) -> Result<CallToolResponse, McpError> {
+        let t0 = Instant::now();
+        let name = req.name.to_string();
+        // Taken, not cloned: `req` keeps what a 2026-07-28 retry brings.
+        let args = req
+            .arguments
+            .take()
+            .map(Value::Object)
+            .unwrap_or(Value::Null);
+        let rid = request_id_text(&cx.id);
+        let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
+        let mut once = false;
+        let mut def = catalog::find(&name).filter(|d| self.enabled(d.name));
+        let mut why = None;
+        // Progress the tool reports starts past what the wait reported.
+        let mut progress_from = 0.0;
+        if let Some(d) = catalog::find(&name).filter(|d| def.is_none() && self.askable(d)) {
+            // Asked before anything else: a human's no is the answer.
+            let asked_at = Instant::now();
+            match self.ask(d, &req, &args, &cx).await {
+                Ok(ask::Asked::Run(g)) => {
+                    once = g == crate::mcp::approvals::Grant::Once;
+                    def = Some(d);
+                    progress_from = (asked_at.elapsed().as_secs() + 1) as f64;
+                }
+                // Protocol 2026-07-28: the client answers and calls again.
+                Ok(ask::Asked::Input(r)) => return Ok(r.into()),
+                Err(w) => why = Some(format!("{name}: not run: {w}")),
+            }
+        }
+        let Some(def) = def else {
+            let asked = why.is_some();
+            let why = why.unwrap_or_else(|| self.why_absent(&name));
+            let e = ToolError::refused(why.clone());
+            self.audit(
+                &Audited {
+                    tool: &name,
+                    def: None,
+                    t0,
+                    request_id: rid,
+                    client,
+                    http: caller(&cx),
+                    trace,
+                    args: &args,
+                },
+                Some(&e),
+                Some("refused"),
+            );
+            if asked {
+                // The agent reads why in its tool result.
+                return Ok(error_result(&e).into());
+            }
+            return Err(McpError::invalid_params(
+                why,
+                Some(json!({"hint": "call tools/list for the enabled tools"})),
+            ));
+        };
+        // Nothing starts while the client leaves too many answers unread.
+        self.s.backlog.room().await;
+        // Nothing runs unless its record can be written (P7: fail closed).
+        let ticket = match self.s.audit.admit(&name) {
+            Ok(t) => t,
+            Err(why) => {
+                let e = ToolError::Unaudited(why);
+                metrics::get().call(Some(def), &name, "refused", Some(e.kind()), t0.elapsed());
+                return Ok(error_result(&e).into());
+            }
+        };
+        let progress = cx.meta.get_progress_token().map(|t| (cx.peer.clone(), t));
+        let call = Call {
+            s: &self.s,
+            progress,
+            progress_from,
+            ct: cx.ct.clone(),
+        };
+        let r = self.run(def, &call, args.clone(), once).await;
+        self.audit_admitted(
+            Some(ticket),
+            &Audited {
+                tool: &name,
+                def: Some(def),
+                t0,
+                request_id: rid,
+                client,
+                http: caller(&cx),
+                trace,
+                args: &args,
+            },
+            r.as_ref().err(),
+            None,
+        );
+        let result = match r {
+            Ok(v) => success(v),
+            Err(e) => error_result(&e),
+        };
+        self.owe(&cx, answer_size(&result));
+        Ok(result.into())
+    }
+
     fn instructions(&self) -> String {
         let enabled: Vec<String> = catalog::TOOLSETS
             .iter()
@@ -215,99 +323,14 @@ impl ServerHandler for Server {
 
     async fn call_tool(
         &self,
-        mut req: CallToolRequestParams,
+        req: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let t0 = Instant::now();
-        let name = req.name.to_string();
-        // Taken, not cloned: `req` keeps what a 2026-07-28 retry brings.
-        let args = req
-            .arguments
-            .take()
-            .map(Value::Object)
-            .unwrap_or(Value::Null);
-        let rid = request_id_text(&cx.id);
-        let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
-        let mut once = false;
-        let mut def = catalog::find(&name).filter(|d| self.enabled(d.name));
-        let mut why = None;
-        // Progress the tool reports starts past what the wait reported.
-        let mut progress_from = 0.0;
-        if let Some(d) = catalog::find(&name).filter(|d| def.is_none() && self.askable(d)) {
-            // Asked before anything else: a human's no is the answer.
-            let asked_at = Instant::now();
-            match self.ask(d, &req, &args, &cx).await {
-                Ok(ask::Asked::Run(g)) => {
-                    once = g == crate::mcp::approvals::Grant::Once;
-                    def = Some(d);
-                    progress_from = (asked_at.elapsed().as_secs() + 1) as f64;
-                }
-                // Protocol 2026-07-28: the client answers and calls again.
-                Ok(ask::Asked::Input(r)) => return Ok(r.into()),
-                Err(w) => why = Some(format!("{name}: not run: {w}")),
-            }
-        }
-        let Some(def) = def else {
-            let asked = why.is_some();
-            let why = why.unwrap_or_else(|| self.why_absent(&name));
-            let e = ToolError::refused(why.clone());
-            self.audit(
-                &Audited {
-                    tool: &name,
-                    def: None,
-                    t0,
-                    request_id: rid,
-                    client,
-                    http: caller(&cx),
-                    args: &args,
-                },
-                Some(&e),
-                Some("refused"),
-            );
-            if asked {
-                // The agent reads why in its tool result.
-                return Ok(error_result(&e).into());
-            }
-            return Err(McpError::invalid_params(
-                why,
-                Some(json!({"hint": "call tools/list for the enabled tools"})),
-            ));
-        };
-        // Nothing starts while the client leaves too many answers unread.
-        self.s.backlog.room().await;
-        // Nothing runs unless its record can be written (P7: fail closed).
-        let ticket = match self.s.audit.admit(&name) {
-            Ok(t) => t,
-            Err(why) => return Ok(error_result(&ToolError::Unaudited(why)).into()),
-        };
-        let progress = cx.meta.get_progress_token().map(|t| (cx.peer.clone(), t));
-        let call = Call {
-            s: &self.s,
-            progress,
-            progress_from,
-            ct: cx.ct.clone(),
-        };
-        let r = self.run(def, &call, args.clone(), once).await;
-        self.audit_admitted(
-            Some(ticket),
-            &Audited {
-                tool: &name,
-                def: Some(def),
-                t0,
-                request_id: rid,
-                client,
-                http: caller(&cx),
-                args: &args,
-            },
-            r.as_ref().err(),
-            None,
-        );
-        let result = match r {
-            Ok(v) => success(v),
-            Err(e) => error_result(&e),
-        };
-        self.owe(&cx, answer_size(&result));
-        Ok(result.into())
+        // A caller's trace context gives the call a span: its log lines and
+        // audit record name the trace (no span, no cost, without one).
+        let trace = trace_of(&cx);
+        let span = span_of(trace.as_ref());
+        self.call(req, cx, trace.as_ref()).instrument(span).await
     }
 
     async fn on_custom_notification(
@@ -414,7 +437,8 @@ impl ServerHandler for Server {
             },
         };
         let args = json!({"uri": uri});
-        let a = Audited::request(&tool, t0, &cx, &args);
+        let trace = trace_of(&cx);
+        let a = Audited::request(&tool, t0, &cx, &args, trace.as_ref());
         self.audit_admitted(Some(ticket), &a, r.as_ref().err(), None);
         match r {
             Ok((text, mime)) => {
@@ -469,7 +493,8 @@ impl ServerHandler for Server {
             .err()
             .map(|e| ToolError::invalid("name", e, "list prompts"));
         let args = json!({"name": req.name, "arguments": req.arguments});
-        let a = Audited::request(&tool, t0, &cx, &args);
+        let trace = trace_of(&cx);
+        let a = Audited::request(&tool, t0, &cx, &args, trace.as_ref());
         self.audit_admitted(Some(ticket), &a, err.as_ref(), None);
         r.map(|p| self.owing(&cx, p).into())
             .map_err(|e| McpError::invalid_params(e, None))

@@ -1,0 +1,220 @@
+//! W3C Trace Context (<https://www.w3.org/TR/trace-context/>): a caller's
+//! `traceparent` (and `tracestate`), read strictly, and the span sandmux
+//! opens for the call under it. Anything that is not a valid version-00
+//! `traceparent` is no trace context at all: it is ignored, never an
+//! error, and never kept or echoed (only the parsed ids are). A
+//! `tracestate` that does not follow the grammar is dropped on its own, as
+//! the specification says.
+
+/// Longest `tracestate` kept (the specification's limit for propagation).
+pub(crate) const STATE_MAX: usize = 512;
+/// Most list members a `tracestate` may have.
+const STATE_MEMBERS_MAX: usize = 32;
+
+/// A call's place in its caller's trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TraceContext {
+    trace_id: [u8; 16],
+    /// The caller's span: the parent of the call's.
+    parent_id: [u8; 8],
+    /// The call's own span, fresh for each call.
+    span_id: [u8; 8],
+    state: Option<String>,
+}
+
+impl TraceContext {
+    /// The context of a call made under `traceparent` (with `tracestate`
+    /// if valid), with a fresh span id; `None` if `traceparent` is invalid.
+    pub(crate) fn child_of(traceparent: &str, tracestate: Option<&str>) -> Option<TraceContext> {
+        let (trace_id, parent_id) = parse_parent(traceparent)?;
+        let span_id = loop {
+            let s = crate::nonce::bytes::<8>();
+            if s != [0; 8] {
+                break s;
+            }
+        };
+        Some(TraceContext {
+            trace_id,
+            parent_id,
+            span_id,
+            state: tracestate
+                .filter(|s| valid_state(s))
+                .map(|s| s.trim().to_string()),
+        })
+    }
+
+    /// The trace id, 32 lowercase hex digits.
+    pub(crate) fn trace_id(&self) -> String {
+        hex(&self.trace_id)
+    }
+
+    /// The call's span id, 16 lowercase hex digits.
+    pub(crate) fn span_id(&self) -> String {
+        hex(&self.span_id)
+    }
+
+    /// The caller's span id (the call span's parent).
+    pub(crate) fn parent_id(&self) -> String {
+        hex(&self.parent_id)
+    }
+
+    /// The caller's `tracestate`, if it was valid.
+    pub(crate) fn state(&self) -> Option<&str> {
+        self.state.as_deref()
+    }
+}
+
+/// `00-<32 hex>-<16 hex>-<2 hex>`, lowercase, nothing more; neither id all
+/// zeros. Other versions are refused (this reader knows only 00). The
+/// flags are checked, not kept (sandmux samples nothing itself).
+fn parse_parent(s: &str) -> Option<([u8; 16], [u8; 8])> {
+    let b = s.as_bytes();
+    if b.len() != 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' || &b[..2] != b"00" {
+        return None;
+    }
+    let mut trace = [0u8; 16];
+    let mut parent = [0u8; 8];
+    let mut flags = [0u8; 1];
+    unhex(&b[3..35], &mut trace)?;
+    unhex(&b[36..52], &mut parent)?;
+    unhex(&b[53..55], &mut flags)?;
+    if trace == [0; 16] || parent == [0; 8] {
+        return None;
+    }
+    Some((trace, parent))
+}
+
+fn nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+fn unhex(src: &[u8], out: &mut [u8]) -> Option<()> {
+    for (o, pair) in out.iter_mut().zip(src.chunks(2)) {
+        *o = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(())
+}
+
+fn hex(b: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    b.iter()
+        .flat_map(|x| {
+            [
+                HEX[usize::from(x >> 4)] as char,
+                HEX[usize::from(x & 15)] as char,
+            ]
+        })
+        .collect()
+}
+
+/// A `tracestate` by the specification's grammar: at most 512 bytes and 32
+/// members, each `key=value` with a lowercase key (`tenant@system` allowed)
+/// and a value of printable ASCII without `,` or `=`.
+fn valid_state(s: &str) -> bool {
+    if s.len() > STATE_MAX {
+        return false;
+    }
+    let members: Vec<&str> = s
+        .split(',')
+        .map(|m| m.trim_matches([' ', '\t']))
+        .filter(|m| !m.is_empty())
+        .collect();
+    members.len() <= STATE_MEMBERS_MAX
+        && members.iter().all(|m| {
+            m.split_once('=')
+                .is_some_and(|(k, v)| valid_key(k) && valid_value(v))
+        })
+}
+
+fn key_char(c: u8) -> bool {
+    matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/')
+}
+
+fn valid_key(k: &str) -> bool {
+    let part = |p: &str, first_digit: bool, max: usize| {
+        let b = p.as_bytes();
+        !b.is_empty()
+            && b.len() <= max
+            && (b[0].is_ascii_lowercase() || (first_digit && b[0].is_ascii_digit()))
+            && b.iter().all(|&c| key_char(c))
+    };
+    match k.split_once('@') {
+        Some((tenant, system)) => part(tenant, true, 241) && part(system, false, 14),
+        None => part(k, false, 256),
+    }
+}
+
+fn valid_value(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 256
+        && b.last() != Some(&b' ')
+        && b.iter()
+            .all(|&c| (0x20..=0x7e).contains(&c) && c != b',' && c != b'=')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_parent_gives_its_ids_and_a_fresh_span() {
+        let t =
+            TraceContext::child_of(GOOD, Some("congo=t61rcWkgMzE, rojo=00f067aa0ba902b7")).unwrap();
+        assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.parent_id(), "00f067aa0ba902b7");
+        assert_eq!(t.span_id().len(), 16);
+        assert_ne!(t.span_id(), t.parent_id());
+        let u = TraceContext::child_of(GOOD, None).unwrap();
+        assert_ne!(t.span_id(), u.span_id(), "each call its own span");
+        assert_eq!(t.state(), Some("congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"));
+    }
+
+    #[test]
+    fn anything_else_is_no_context() {
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0x",
+            "00-4bf92f3577b34da6a3ce929d0e0e47\u{e9}-00f067aa0ba902b7-01",
+        ] {
+            assert!(TraceContext::child_of(bad, None).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_tracestate_is_dropped_alone() {
+        for bad in [
+            "Upper=1",
+            "k=v,=x",
+            "k=a,b",
+            "k=\u{1b}[2J",
+            "k=",
+            &format!("k={}", "v".repeat(600)),
+            &(0..33)
+                .map(|i| format!("k{i}=v"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ] {
+            let t = TraceContext::child_of(GOOD, Some(bad)).unwrap();
+            assert_eq!(t.state(), None, "{bad:?}");
+        }
+        let t = TraceContext::child_of(GOOD, Some("t1@sys=v, ,a/b*c=1")).unwrap();
+        assert_eq!(t.state(), Some("t1@sys=v, ,a/b*c=1"));
+    }
+}
