@@ -16,9 +16,12 @@
 //! `sandbox_status` report [`Audit::status`]). Nothing is dropped in silence:
 //! what could not be written is counted in the seal.
 
+mod paths;
 mod redact;
 pub(crate) mod retention;
 mod verify;
+
+pub(crate) use paths::{default_path, finished, of_instance};
 
 pub(crate) use redact::Secrets;
 pub(crate) use verify::verify;
@@ -30,69 +33,6 @@ use sha2::{Digest, Sha256};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-/// The default audit directory: `$XDG_STATE_HOME/sandmux/audit` (or
-/// `~/.local/state/sandmux/audit`).
-pub(crate) fn default_dir() -> Result<PathBuf, String> {
-    let base = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-        .ok_or("no XDG_STATE_HOME or HOME for the audit log; pass --audit-log PATH")?;
-    Ok(base.join("sandmux").join("audit"))
-}
-
-/// A new log for instance `id` in [`default_dir`]: `<unix time>-<id>.jsonl`.
-pub(crate) fn default_path(id: &str) -> Result<PathBuf, String> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(default_dir()?.join(format!("{secs}-{id}.jsonl")))
-}
-
-/// Instance `id`'s log in [`default_dir`], if it has one (the newest).
-pub(crate) fn of_instance(id: &str) -> Option<PathBuf> {
-    let tail = format!("-{id}.jsonl");
-    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(default_dir().ok()?)
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let secs = name.strip_suffix(&tail)?.parse::<u64>().ok()?;
-            Some((secs, e.path()))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, p)| p)
-}
-
-/// The log of the instance whose id starts with `prefix`, in
-/// [`default_dir`] (a finished instance: `sandmux journal ID`); an error
-/// names what matched.
-pub(crate) fn finished(prefix: &str) -> Result<PathBuf, String> {
-    let dir = default_dir()?;
-    let mut found: Vec<(String, u64, PathBuf)> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let (secs, id) = name.strip_suffix(".jsonl")?.split_once('-')?;
-            (id.starts_with(prefix) && !prefix.is_empty())
-                .then(|| Some((id.to_string(), secs.parse().ok()?, e.path())))?
-        })
-        .collect();
-    found.sort();
-    let ids: std::collections::BTreeSet<&String> = found.iter().map(|f| &f.0).collect();
-    match ids.len() {
-        0 => Err(format!(
-            "no running instance {prefix:?} (see sandmux ps), and no audit log named after it in {}",
-            dir.display()
-        )),
-        1 => Ok(found.pop().map(|f| f.2).expect("one")),
-        n => Err(format!("{prefix:?} matches {n} instances' audit logs; give more of the id")),
-    }
-}
 
 /// Largest record, in bytes.
 pub(crate) const RECORD_MAX: usize = 8192;
