@@ -136,6 +136,11 @@ where
         id: &tracing::span::Id,
         ctx: Context<'_, S>,
     ) {
+        // Only sandmux's own spans: another library's fields are not ours
+        // to print.
+        if !ours(attrs.metadata().target()) {
+            return;
+        }
         if let Some(span) = ctx.span(id) {
             let mut f = Fields::default();
             attrs.record(&mut f);

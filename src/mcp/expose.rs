@@ -25,8 +25,11 @@ use tokio_util::sync::CancellationToken;
 /// At most this many ports exposed at once.
 pub(crate) const MAX_EXPOSURES: usize = 8;
 /// At most this many relayed connections per exposure at once; more are
-/// closed as they are accepted.
-pub(crate) const MAX_CONNECTIONS: usize = 64;
+/// closed as they are accepted (8 × 16 × 2 descriptors stays far below a
+/// usual limit of 1,024).
+pub(crate) const MAX_CONNECTIONS: usize = 16;
+/// How long a connection inside may take to be accepted.
+const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 /// The lowest port an exposure uses, inside and on the host: an agent
 /// without privileges listens on no lower port, and a host port below it
 /// is a system service's.
@@ -128,6 +131,13 @@ pub(crate) async fn expose(
     let broker = s.broker.clone().ok_or(
         "this instance has no broker, which makes the connections: expose needs `sandmux serve`",
     )?;
+    // The allowlist proxy listens inside on this port: exposed, anyone who
+    // reaches the host port would send requests through it, with the
+    // instance's credentials put in, on the agent's record.
+    let proxy = crate::profile::allow::LISTEN.port();
+    if port == proxy && s.policy.network.mode == crate::profile::NetMode::Proxy {
+        return Err(format!("port {port} inside is sandmux's own allowlist proxy (network mode proxy): it is never exposed"));
+    }
     {
         let all = s.exposures.lock();
         if let Some(e) = all.get(&port) {
@@ -237,8 +247,15 @@ async fn accept_loop(
         });
     }
     drop(listener);
-    // Ended with the instance rather than by `revoke`: say so.
-    if !s.exposures.lock().contains_key(&port) {
+    // Ended with the instance rather than by `revoke`: say so (and only
+    // for this exposure: a revoke and a new expose of the same port since
+    // is another one).
+    let this = s
+        .exposures
+        .lock()
+        .get(&port)
+        .is_some_and(|e| Arc::ptr_eq(&e.tally, &tally));
+    if !this {
         return;
     }
     let _ = unexpose(&s, port, "the instance ended");
@@ -260,6 +277,15 @@ async fn relay(
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut inside = tokio::net::TcpStream::from_std(std).map_err(|e| e.to_string())?;
+    // The connect was only started inside: it completes here, or not.
+    match tokio::time::timeout(CONNECT_WITHIN, inside.writable()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(format!("port {port} inside did not accept within 5 s")),
+    }
+    if let Some(e) = inside.take_error().map_err(|e| e.to_string())? {
+        return Err(format!("port {port} inside: {e}"));
+    }
     tokio::select! {
         _ = stop.cancelled() => Ok(()),
         r = tokio::io::copy_bidirectional(&mut host, &mut inside) => {

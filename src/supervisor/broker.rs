@@ -350,6 +350,13 @@ pub(crate) fn main() -> i32 {
     while let Ok(Some(line)) = read_line(&mut read) {
         let reply = match serde_json::from_slice::<Request>(&line) {
             Ok(Request::Connect(pid, port)) => connect(&held, pid, port, &fds),
+            // The supervisor checked the request; the rules that keep a
+            // system port out are checked again here.
+            Ok(Request::Listen(addr)) if addr.port() != 0 && addr.port() < 1024 => {
+                Reply::Sent(Err(format!(
+                    "listening on {addr}: a port below 1024 is never exposed"
+                )))
+            }
             Ok(Request::Listen(addr)) => Reply::Sent(
                 std::net::TcpListener::bind(addr)
                     .map_err(|e| format!("listening on {addr}: {e}"))

@@ -177,3 +177,41 @@ async def test_what_expose_refuses(ws):
         s.settimeout(10)
         assert s.recv(1) == b""
         s.close()
+
+
+async def test_a_port_that_never_accepts_does_not_hold_the_broker(ws):
+    """The review's attack: inside, a listener with a full backlog that
+    never accepts; on the host, the most connections an exposure takes.
+    Each waits for its connect inside — in the supervisor, bounded — while
+    the broker (which also freezes and stops the instance) answers at once:
+    a second `expose` (the broker binds its listener), `freeze` and `thaw`
+    return within 1.5 s each. Before, each connect held the broker up to
+    5 s, one after another."""
+    async with connect(ws) as c:
+        iid = instance_id(ws)
+        code = f"import socket,time\ns=socket.socket(); s.bind(('127.0.0.1',{PORT})); s.listen(0)\nopen('ready','w').close(); time.sleep(120)"
+        (ws[0] / "stuck.py").write_text(code)
+        await call(c, "run_command", {"command": "python3 stuck.py >/dev/null 2>&1 &"})
+        await call(c, "run_command", {"command": "while [ ! -e ready ]; do sleep 0.05; done"})
+        r = sm("expose", iid, str(PORT))
+        assert r.returncode == 0, r.stdout + r.stderr
+        host = json.loads(sm("ps", "--json").stdout)
+        addr = next(e["host"] for x in host if x["id"] == iid for e in x["exposures"])
+        h, p = addr.rsplit(":", 1)
+        held = []
+        for _ in range(16):
+            s = socket.socket()
+            s.settimeout(2)
+            s.connect((h, int(p)))
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            held.append(s)
+        await anyio.sleep(0.5)
+        # Another request the broker serves (the listener of a second
+        # exposure) and a freeze answer at once.
+        for op in (("expose", iid, str(PORT + 1)), ("freeze", iid), ("thaw", iid)):
+            t0 = time.monotonic()
+            r = sm(*op)
+            assert r.returncode == 0 and time.monotonic() - t0 < 1.5, (op, time.monotonic() - t0, r.stdout + r.stderr)
+        for s in held:
+            s.close()
+        assert sm("revoke", iid, "--expose", str(PORT)).returncode == 0
