@@ -13,11 +13,7 @@ pub(super) fn runnable(policy: &Policy, argv: &[String]) -> Result<(), String> {
         let p = std::path::Path::new(a);
         let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         for q in [p, real.as_path()] {
-            let deepest = policy
-                .fs
-                .iter()
-                .filter(|e| q.starts_with(&e.path))
-                .max_by_key(|e| e.path.components().count());
+            let deepest = deepest(policy, q);
             if deepest.is_some_and(|e| e.kind == MountKind::ReadWrite)
                 || q.starts_with(&policy.workspace)
             {
@@ -35,11 +31,7 @@ pub(super) fn runnable(policy: &Policy, argv: &[String]) -> Result<(), String> {
 pub(super) fn visible(policy: &Policy, path: &std::path::Path) -> Result<(), String> {
     let dirs = secretfile::dirs(path).ok_or_else(|| format!("from_file {}: keep it (and its link's target) in a directory of its own, at least two levels below / and not your home directory (e.g. /run/secrets/NAME/ or ~/.config/sandmux/secrets/NAME/): the confined supervisor keeps read access to all of that directory to read a rotated file again", path.display()))?;
     for d in &dirs {
-        let deepest = policy
-            .fs
-            .iter()
-            .filter(|e| d.starts_with(&e.path))
-            .max_by_key(|e| e.path.components().count());
+        let deepest = deepest(policy, d);
         if deepest.is_some_and(|e| e.kind == MountKind::ReadWrite)
             || d.starts_with(&policy.workspace)
         {
@@ -48,11 +40,7 @@ pub(super) fn visible(policy: &Policy, path: &std::path::Path) -> Result<(), Str
     }
     let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     for p in [path, real.as_path()] {
-        let deepest = policy
-            .fs
-            .iter()
-            .filter(|e| p.starts_with(&e.path))
-            .max_by_key(|e| e.path.components().count());
+        let deepest = deepest(policy, p);
         let shown = deepest
             .is_some_and(|e| matches!(e.kind, MountKind::ReadOnly | MountKind::ReadWrite))
             || p.starts_with(&policy.workspace);
@@ -61,4 +49,14 @@ pub(super) fn visible(policy: &Policy, path: &std::path::Path) -> Result<(), Str
         }
     }
     Ok(())
+}
+
+/// The deepest entry of the profile's view above `p` (the one that decides
+/// what the sandbox sees there).
+fn deepest<'a>(policy: &'a Policy, p: &std::path::Path) -> Option<&'a crate::profile::FsEntry> {
+    policy
+        .fs
+        .iter()
+        .filter(|e| p.starts_with(&e.path))
+        .max_by_key(|e| e.path.components().count())
 }
