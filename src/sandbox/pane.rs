@@ -66,12 +66,15 @@ fn config_path() -> std::path::PathBuf {
 /// persist and no quote in it can swallow what follows) between two markers
 /// that are OSC sequences: they reach sandmux's `%output` stream, and tmux
 /// draws nothing for them, so neither the screen nor a capture shows them.
-/// While the command runs, an `EXIT` trap prints a third (`X`, with the
-/// status) should the command end the shell (`exit 3`, `set -e` and a
-/// failure), then waits 0.2 s so tmux reads it before it closes the pane
-/// (what a pane prints as it ends can otherwise be lost); the shell's own
-/// `EXIT` trap is put back after, unless the command set one of its own.
-pub(crate) const RUN_FUNCTION: &str = r#"() { printf '\033]6973;B%s;%s\007' "$1" "$$"; __sandmux_n=$1; __sandmux_c=$2; shift 2; __sandmux_t=$(trap -p EXIT); __sandmux_q='printf "\033]6973;X%s;%s\007" "$__sandmux_n" "$?"; command sleep 0.2 2>/dev/null'; trap "$__sandmux_q" EXIT; eval "$__sandmux_c"; set -- "$?"; if [ "$(trap -p EXIT)" = "trap -- '$__sandmux_q' EXIT" ]; then if [ -n "$__sandmux_t" ]; then eval "$__sandmux_t"; else trap - EXIT; fi; fi; printf '\033]6973;E%s;%s\007' "$__sandmux_n" "$1"; unset __sandmux_n __sandmux_c __sandmux_t __sandmux_q; return "$1"; }"#;
+/// An `EXIT` trap, set at the first command (the one fork it costs: the
+/// shell's own `EXIT` trap is read then, and runs after sandmux's), prints
+/// a third marker (`X`, with the status) should a command end the shell
+/// (`exit 3`, `set -e` and a failure), then waits 0.2 s so tmux reads it
+/// before it closes the pane (what a pane prints as it ends can otherwise
+/// be lost). Outside a command it does nothing of its own. A command that
+/// sets an `EXIT` trap of its own replaces it: a later `exit` then reports
+/// no status.
+pub(crate) const RUN_FUNCTION: &str = r#"() { printf '\033]6973;B%s;%s\007' "$1" "$$"; __sandmux_n=$1; __sandmux_c=$2; shift 2; if [ -z "${__sandmux_x-}" ]; then __sandmux_x=$(trap -p EXIT); eval "set -- $__sandmux_x"; __sandmux_u=${3-}; trap '__sandmux_s=$?; if [ -n "${__sandmux_n-}" ]; then printf "\033]6973;X%s;%s\007" "$__sandmux_n" "$__sandmux_s"; command sleep 0.2 2>/dev/null; fi; eval "${__sandmux_u-}"' EXIT; __sandmux_x=${__sandmux_x:-none}; fi; eval "$__sandmux_c"; set -- "$?"; printf '\033]6973;E%s;%s\007' "$__sandmux_n" "$1"; unset __sandmux_n __sandmux_c; return "$1"; }"#;
 /// The environment variable bash imports [`RUN_FUNCTION`] from, as `__sandmux_run`.
 pub(crate) const RUN_FUNCTION_ENV: &str = "BASH_FUNC___sandmux_run%%";
 /// Run from `PROMPT_COMMAND`: a marker with the shell's pid and `$?` before
