@@ -53,7 +53,9 @@ def get(url, tries=100):
         except OSError as e:
             last = e
             time.sleep(0.1)
-    raise AssertionError(f"{url}: {last}")
+    ps = sm("ps", "--json").stdout
+    listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+    raise AssertionError(f"{url}: {last}\nps: {ps}\nlistening: {listening}")
 
 
 def refused(addr):
