@@ -60,7 +60,7 @@ pub(crate) fn run(policy: Policy) -> Report {
     let toolchains = policy.toolchains.clone();
     let links = crate::profile::links_said(&policy);
     match Instance::start(
-        policy,
+        crate::supervisor::launch::Credentialed::unread(policy),
         crate::supervisor::Proof::Here,
         &crate::sandbox::rundir::Rundir::new_id(),
     ) {

@@ -45,14 +45,14 @@ fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::
     loaded.profile.toolchains.lend.extend(&t.toolchains);
     let mut ctx = Context::of(ws, crate::guard::planner);
     ctx.mode = t.workspace_mode;
+    ctx.on_end = on_end;
     if loaded.may_fall_back(&ctx) {
         ctx.no_overlay = supervisor::layer::possible(&ctx.workspace)
             .err()
             .map(|e| e.to_string());
     }
-    let mut policy = loaded.resolve(&ctx).map_err(|e| e.to_string())?;
+    let policy = loaded.resolve(&ctx).map_err(|e| e.to_string())?;
     crate::log::step("policy resolved (the guard's walk included)");
-    policy.on_end = on_end;
     match &policy.workspace_fallback {
         Some(why) if !quiet => tracing::warn!("the workspace is {why}"),
         _ => {}
@@ -198,18 +198,30 @@ fn serve(
     crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
 }
 
-fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
+fn run(policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: bool) -> ExitCode {
     use nix::sys::signal::{SigSet, Signal};
-    let vault = match crate::proxy::credentials::apply(&mut policy) {
-        Ok(v) => v,
+    use supervisor::launch::{Credentialed, Refresh};
+    let creds = match Credentialed::open(policy, Refresh::Here) {
+        Ok(c) => c,
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let mut rundir =
-        match Rundir::create(&Rundir::new_id(), crate::sandbox::rundir::Serves::Command) {
-            Ok(r) => r,
-            Err(e) => return fail(EXIT_INTERNAL, e),
-        };
-    crate::log::step("run: runtime directory");
+    let host_ws = creds.resolved().workspace.clone();
+    let cwd = std::env::current_dir()
+        .ok()
+        .filter(|d| d.starts_with(&host_ws))
+        .unwrap_or_else(|| host_ws.clone());
+    let l = match creds.host(&Rundir::new_id(), crate::sandbox::rundir::Serves::Command) {
+        Ok(l) => l,
+        Err(e) => return fail(e.exit_code(), e),
+    };
+    let supervisor::launch::Launch {
+        resolved,
+        policy,
+        mut rundir,
+        vault,
+        guard,
+        layer: live,
+    } = l;
     let cg = match supervisor::make_cgroup(&policy, &mut rundir) {
         Ok(c) => c,
         Err(e) => return fail(e.exit_code(), e),
@@ -218,29 +230,14 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     rundir.write_meta(&Meta::now(
         Kind::Run,
         &rundir.id,
-        &policy.name,
-        &policy.workspace,
+        &resolved.name,
+        &resolved.workspace,
     ));
-    let cwd = std::env::current_dir()
-        .ok()
-        .filter(|d| d.starts_with(&policy.workspace))
-        .unwrap_or_else(|| policy.workspace.clone());
-    let guard = match crate::guard::watch::start_for(&mut policy, &rundir.id) {
-        Ok(g) => g,
-        Err(e) => return fail(e.exit_code(), e),
-    };
-    crate::log::step("run: the guard's watch");
-    let host_ws = policy.workspace.clone();
-    let live = match supervisor::layer::create(&mut policy, &rundir.id) {
-        Ok(l) => l,
-        Err(e) => return fail(EXIT_INTERNAL, format!("the workspace's layer: {e}")),
-    };
     // A copy workspace's command starts at the same place in the copy.
     let cwd = match cwd.strip_prefix(&host_ws) {
         Ok(rel) => policy.workspace.join(rel),
         Err(_) => cwd,
     };
-    crate::log::step("run: the copy-on-write layer");
     let plan = match supervisor::plan(
         &policy,
         &rundir,
@@ -290,14 +287,12 @@ fn run(mut policy: profile::Policy, command: Vec<std::ffi::OsString>, quiet: boo
     }
     guard.map(crate::guard::watch::finish_and_say);
     crate::log::step("run: the guard's end sweep");
-    if said_over(&over) {
-        policy.on_end = profile::OnEnd::Keep;
-    }
-    if let Some(line) = supervisor::layer::finish(&policy, &id, live) {
+    let end = end_of(&policy, &over);
+    let line = supervisor::layer::finish(&policy, &id, live, end.on_end());
+    if let Some(line) = &line {
         tracing::warn!("{line}");
-        record_discard(&policy, &id, &line);
     }
-    apply_on_end(&policy, &id, quiet);
+    after_end(&policy, &id, end, line.as_deref(), quiet);
     crate::log::step("run: the layer finished");
     match status {
         Ok(s) => {
@@ -347,29 +342,51 @@ fn bound_ends(
     (Some(w), over)
 }
 
-/// Says why the sandbox was ended, if the bound ended it: then the layer
-/// is kept as it was, whatever `--on-end` said (true).
-fn said_over(over: &Over) -> bool {
+/// How the layer ends: as asked, unless the bound ended the sandbox (then
+/// it says why, and the layer is kept as it was).
+fn end_of(policy: &profile::Policy, over: &Over) -> supervisor::launch::End {
+    use supervisor::launch::End;
     let why = over.lock().unwrap_or_else(|p| p.into_inner()).take();
-    if let Some(why) = &why {
-        tracing::error!("{why}: the sandbox was ended; its layer is kept as it was");
+    match why {
+        Some(why) => {
+            tracing::error!("{why}: the sandbox was ended; its layer is kept as it was");
+            End::KeptOverBound
+        }
+        None => End::AsAsked(policy.on_end),
     }
-    why.is_some()
 }
 
-/// `--on-end apply`, after the instance ended (and `finish` left the
-/// layer): the door's lines, on stderr; with `quiet`, only when something
-/// is left for the human.
-fn apply_on_end(policy: &profile::Policy, id: &str, quiet: bool) {
-    let there = policy.layer.as_ref().is_some_and(|d| d.exists());
-    if policy.on_end == profile::OnEnd::Apply && there {
-        let (lines, left) = crate::door::on_end(id);
-        if quiet && !left {
-            return;
+/// After the layer's end (`layer::finish` said `line`, if anything):
+/// a discard goes on the record as `sandmux discard` does, and `--on-end
+/// apply` applies and says what it did (with `quiet`, only when something
+/// is left for the human).
+fn after_end(
+    policy: &profile::Policy,
+    id: &str,
+    end: supervisor::launch::End,
+    line: Option<&str>,
+    quiet: bool,
+) {
+    let Some(dir) = &policy.layer else { return };
+    match end.on_end() {
+        profile::OnEnd::Discard => {
+            if let Some(line) = line {
+                let removed = !dir.exists();
+                if let Some(said) = crate::door::record_end(id, dir, line, removed) {
+                    tracing::warn!("{said}");
+                }
+            }
         }
-        for line in lines {
-            eprintln!("sandmux: {}", crate::term::printable(&line));
+        profile::OnEnd::Apply if dir.exists() => {
+            let (lines, left) = crate::door::on_end(id);
+            if quiet && !left {
+                return;
+            }
+            for line in lines {
+                eprintln!("sandmux: {}", crate::term::printable(&line));
+            }
         }
+        _ => {}
     }
 }
 
@@ -379,27 +396,18 @@ fn mount_in_force(messages: &[sandbox::report::Message]) -> bool {
         .any(|l| l.layer == profile::Layer::Mount && l.enforced)
 }
 
-/// A discard at the end (`--on-end discard`) goes on the record, as
-/// `sandmux discard` does: a `(door)` record in the instance's log.
-fn record_discard(policy: &profile::Policy, id: &str, line: &str) {
-    if let (profile::OnEnd::Discard, Some(dir)) = (policy.on_end, &policy.layer) {
-        let removed = !dir.exists();
-        if let Some(said) = crate::door::record_end(id, dir, line, removed) {
-            tracing::warn!("{said}");
-        }
-    }
-}
-
-fn shell(mut policy: profile::Policy) -> ExitCode {
-    let vault = match crate::proxy::credentials::apply(&mut policy) {
-        Ok(v) => v,
+fn shell(policy: profile::Policy) -> ExitCode {
+    use supervisor::launch::{Credentialed, End, Refresh};
+    let creds = match Credentialed::open(policy, Refresh::Here) {
+        Ok(c) => c,
         Err(e) => return fail(EXIT_USAGE, e),
     };
-    let ws = policy.workspace.display().to_string();
-    let name = policy.name.clone();
-    let wsp = policy.workspace.clone();
-    let mut inst = match Instance::start(policy, crate::supervisor::Proof::Here, &Rundir::new_id())
-    {
+    let vault = creds.vault().cloned();
+    let (name, wsp) = (
+        creds.resolved().name.clone(),
+        creds.resolved().workspace.clone(),
+    );
+    let mut inst = match Instance::start(creds, crate::supervisor::Proof::Here, &Rundir::new_id()) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };
@@ -414,6 +422,7 @@ fn shell(mut policy: profile::Policy) -> ExitCode {
     let (bound, over) = bound_ends(&inst.policy, init);
     inst.rundir
         .write_meta(&Meta::now(Kind::Shell, &inst.rundir.id, &name, &wsp));
+    let ws = inst.policy.workspace.display().to_string();
     let status = inst
         .client()
         .args([
@@ -424,21 +433,19 @@ fn shell(mut policy: profile::Policy) -> ExitCode {
             &crate::tmux::start_dir_arg(&ws),
         ])
         .status();
-    let (mut policy, id) = (inst.policy.clone(), inst.rundir.id.clone());
+    let (policy, id) = (inst.policy.clone(), inst.rundir.id.clone());
     drop(bound);
-    if said_over(&over) {
-        inst.policy.on_end = profile::OnEnd::Keep;
-        policy.on_end = profile::OnEnd::Keep;
+    let end = end_of(&policy, &over);
+    if end == End::KeptOverBound {
+        inst.keep_layer_over_bound();
     }
     let said = inst.stop();
     // The layer's line is the warning that names it.
-    if let Some(w) = said
+    let line = said
         .iter()
-        .find(|t| t.how == crate::supervisor::instance::LAYER_NOTICE)
-    {
-        record_discard(&policy, &id, &w.why);
-    }
-    apply_on_end(&policy, &id, false);
+        .find(|t| t.how == crate::guard::quarantine::How::LayerNotice)
+        .map(|t| t.why.as_str());
+    after_end(&policy, &id, end, line, false);
     if let Some(t) = tally {
         eprintln!("{}", crate::proxy::summary(&t));
     }
@@ -449,7 +456,12 @@ fn shell(mut policy: profile::Policy) -> ExitCode {
 }
 
 fn hold_instance(policy: profile::Policy) -> ExitCode {
-    let inst = match Instance::start(policy, crate::supervisor::Proof::Here, &Rundir::new_id()) {
+    use supervisor::launch::{Credentialed, Refresh};
+    let creds = match Credentialed::open(policy, Refresh::Here) {
+        Ok(c) => c,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    let inst = match Instance::start(creds, crate::supervisor::Proof::Here, &Rundir::new_id()) {
         Ok(i) => i,
         Err(e) => return fail(e.exit_code(), e),
     };

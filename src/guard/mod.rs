@@ -22,6 +22,7 @@ pub(crate) mod git;
 pub(crate) mod quarantine;
 pub(crate) mod restore;
 pub(crate) mod scan;
+pub(crate) mod start;
 pub(crate) mod sweep;
 pub(crate) mod watch;
 

@@ -30,6 +30,71 @@ pub(crate) const MAX_KEPT_ENTRIES: usize = 100_000;
 /// Depth of a planted directory tree that is copied and removed entry by entry.
 const MAX_DEPTH: usize = 64;
 
+/// How a planted entry was taken; the guard's list also carries two
+/// things that are not entries, told apart here and never by their text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum How {
+    /// Moved into the quarantine.
+    #[serde(rename = "rename")]
+    Renamed,
+    /// Copied into the quarantine (across file systems), then removed.
+    #[serde(rename = "copy")]
+    Copied,
+    /// Copied in part (past the budget: the rest is removed).
+    #[serde(rename = "copy, in part")]
+    CopiedInPart,
+    /// Removed, not kept (over the budget).
+    #[serde(rename = "removed")]
+    Removed,
+    /// Could not be removed.
+    #[serde(rename = "FAILED")]
+    Failed,
+    /// Not an entry: what the end sweep could not check (`why`).
+    #[serde(rename = "warning")]
+    Warning,
+    /// Not an entry: where the agent's work went (`why`): a kept layer, …
+    #[serde(rename = "layer")]
+    LayerNotice,
+}
+
+impl How {
+    /// The word the audit log and the summary have always used.
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            How::Renamed => "rename",
+            How::Copied => "copy",
+            How::CopiedInPart => "copy, in part",
+            How::Removed => "removed",
+            How::Failed => "FAILED",
+            How::Warning => "warning",
+            How::LayerNotice => "layer",
+        }
+    }
+}
+
+impl Taken {
+    /// How it was taken, in words (`rename (original restored)`).
+    pub(crate) fn how_said(&self) -> String {
+        match self.restored {
+            true => format!("{} (original restored)", self.how.word()),
+            false => self.how.word().to_string(),
+        }
+    }
+
+    /// A line of the list that is not an entry: a warning, or the layer's
+    /// notice.
+    pub(crate) fn notice(how: How, why: String) -> Taken {
+        Taken {
+            path: PathBuf::new(),
+            kept: None,
+            how,
+            restored: false,
+            why,
+            took_ms: 0.0,
+        }
+    }
+}
+
 /// One planted entry the guard took out of a workspace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Taken {
@@ -37,10 +102,12 @@ pub(crate) struct Taken {
     pub path: PathBuf,
     /// Where it is kept now, if it was kept.
     pub kept: Option<PathBuf>,
-    /// `rename`, `copy` (across file systems), `copy, in part` (across
-    /// file systems, past the budget: the rest is removed), `removed` (over
-    /// the budget) or `FAILED`.
-    pub how: String,
+    /// How it was taken (or what else the list carries, [`How`]).
+    pub how: How,
+    /// A guarded file the agent changed: the original was written back
+    /// after the changed one was taken.
+    #[serde(default)]
+    pub restored: bool,
     /// Why it was taken: the guarded name or "new repository".
     pub why: String,
     /// Milliseconds between the guard noticing it and having taken it.
@@ -206,9 +273,9 @@ impl Quarantine {
         };
         let how = if over {
             if remove(&parent) {
-                "removed"
+                How::Removed
             } else {
-                "FAILED"
+                How::Failed
             }
         } else {
             match renameat2(
@@ -218,7 +285,7 @@ impl Quarantine {
                 kept_name.as_str(),
                 RenameFlags::RENAME_NOREPLACE,
             ) {
-                Ok(()) => "rename",
+                Ok(()) => How::Renamed,
                 Err(nix::Error::EXDEV) => {
                     self.budget.lost = 0;
                     if copy_tree(
@@ -234,16 +301,16 @@ impl Quarantine {
                         self.budget.lost += 1;
                     }
                     match (remove(&parent), self.budget.lost) {
-                        (false, _) => "FAILED",
-                        (true, 0) => "copy",
-                        (true, _) => "copy, in part",
+                        (false, _) => How::Failed,
+                        (true, 0) => How::Copied,
+                        (true, _) => How::CopiedInPart,
                     }
                 }
                 Err(_) => {
                     if remove(&parent) {
-                        "removed"
+                        How::Removed
                     } else {
-                        "FAILED"
+                        How::Failed
                     }
                 }
             }
@@ -251,14 +318,15 @@ impl Quarantine {
         if let Some(mode) = parent_was {
             let _ = nix::sys::stat::fchmod(&parent, Mode::from_bits_truncate(mode));
         }
-        let kept = matches!(how, "rename" | "copy");
+        let kept = matches!(how, How::Renamed | How::Copied);
         if kept {
             self.kept_items += 1;
         }
         Some(Taken {
             path: root.join(rel),
             kept: kept.then(|| self.dir.join(&kept_name)),
-            how: how.into(),
+            how,
+            restored: false,
             why: why.into(),
             took_ms: t0.elapsed().as_secs_f64() * 1000.0,
         })
@@ -429,9 +497,9 @@ mod tests {
         let mut q = Quarantine::open(&state, "i1").unwrap();
         let fd = crate::sandbox::beneath::open_root(&ws).unwrap();
         let a = q.take(&fd, &ws, Path::new(".vscode"), ".vscode").unwrap();
-        assert_eq!(a.how, "rename");
+        assert_eq!(a.how, How::Renamed);
         let b = q.take(&fd, &ws, Path::new(".envrc"), ".envrc").unwrap();
-        assert_eq!(b.how, "rename");
+        assert_eq!(b.how, How::Renamed);
         assert!(q.take(&fd, &ws, Path::new(".absent"), "x").is_none());
         assert!(
             !ws.join(".vscode").exists() && std::fs::symlink_metadata(ws.join(".envrc")).is_err()

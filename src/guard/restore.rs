@@ -190,14 +190,15 @@ impl Snapshot {
                 .unwrap_or(Taken {
                     path: self.root.join(&f.rel),
                     kept: None,
-                    how: "removed".into(),
+                    how: super::quarantine::How::Removed,
+                    restored: false,
                     why: "a guarded file was removed".into(),
                     took_ms: 0.0,
                 });
             if self.write_back(f) {
-                t.how = format!("{} (original restored)", t.how);
+                t.restored = true;
             } else {
-                t.how = "FAILED".into();
+                t.how = super::quarantine::How::Failed;
             }
             out.push(t);
         }

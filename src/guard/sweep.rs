@@ -2,7 +2,7 @@
 //! at the end of an instance, and at the next start after an unclean end
 //! (a manifest no live instance holds). Also the lines said to the human.
 
-use super::quarantine::{Quarantine, Taken};
+use super::quarantine::{How, Quarantine, Taken};
 use super::{scan, GitMode, Guard};
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
@@ -327,19 +327,19 @@ pub(crate) fn summary(taken: &[Taken]) -> Vec<String> {
                 "{} ({}): {}",
                 crate::term::printable(&t.path.to_string_lossy()),
                 crate::term::printable(&t.why),
-                match (&t.kept, t.how.as_str()) {
-                    (Some(k), how) if how.contains("restored") => format!(
+                match (&t.kept, t.how) {
+                    (Some(k), _) if t.restored => format!(
                         "moved to {}; the original restored",
                         crate::term::printable(&k.to_string_lossy())
                     ),
-                    (Some(k), "copy, in part") => format!(
+                    (Some(k), How::CopiedInPart) => format!(
                         "copied IN PART to {} (the quarantine's budget was spent, or entries could not be read); what did not fit is gone",
                         crate::term::printable(&k.to_string_lossy())
                     ),
                     (Some(k), _) =>
                         format!("moved to {}", crate::term::printable(&k.to_string_lossy())),
-                    (None, how) if how.contains("restored") => "the original restored".into(),
-                    (None, "FAILED") =>
+                    (None, _) if t.restored => "the original restored".into(),
+                    (None, How::Failed) =>
                         "COULD NOT BE REMOVED: remove it yourself before a host program reads it"
                             .into(),
                     (None, _) => "removed, not kept (the quarantine's budget is spent)".into(),

@@ -9,9 +9,9 @@
 //! lives) records the guard as planned; a start that finds one no live
 //! instance holds sweeps its trees before anything else (unclean end).
 
-use super::quarantine::{state_dir, Quarantine, Taken};
+use super::quarantine::{state_dir, How, Quarantine, Taken};
 use super::sweep::{digests, summary, sweep, sweep_stale, Manifest};
-use super::{GitMode, Guard, GuardError};
+use super::{Guard, GuardError};
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
@@ -328,8 +328,8 @@ impl Armed {
         let failing = &mut self.failing;
         let fresh: Vec<Taken> = new
             .into_iter()
-            .filter(|t| match t.how.as_str() {
-                "FAILED" => failing.insert(t.path.clone()),
+            .filter(|t| match t.how {
+                How::Failed => failing.insert(t.path.clone()),
                 _ => {
                     failing.remove(&t.path);
                     true
@@ -538,79 +538,7 @@ impl Armed {
     }
 }
 
-/// Starts the watch for a resolved policy and says what a stale sweep took;
-/// a guard that cannot start refuses the instance (fail closed). With no
-/// tree to guard (a copy-on-write workspace and no other writable tree) there
-/// is no watch: no manifest, no quarantine, only the stale sweep of earlier
-/// instances.
-pub(crate) fn start_for(
-    policy: &mut crate::profile::Policy,
-    id: &str,
-) -> Result<Option<Watch>, crate::sandbox::StartError> {
-    let refuse = |e: String| crate::sandbox::StartError {
-        layer: None,
-        message: format!("the workspace guard cannot start: {e}"),
-        code: Some(crate::sandbox::EXIT_USAGE),
-        layers: vec![],
-    };
-    // A tree bigger than the walk at start reads: the end sweep could not
-    // tell what the agent added below (an earlier agent can fill a tree to
-    // get there). An agent that fills it during this instance makes the end
-    // sweep stop too; that one says so (threat model, live mode).
-    if let Some(t) = policy.guard.trees.iter().find(|t| !t.at_start.complete) {
-        return Err(refuse(format!(
-            "{} holds more than {} entries, more than the guard's walk at start reads, so it could not tell at the end what the agent added below; run it copy-on-write (--workspace-mode copy-on-write, the built-ins' default), or make the tree smaller",
-            crate::term::printable(&t.root.to_string_lossy()),
-            super::scan::MAX_ENTRIES
-        )));
-    }
-    if policy.guard.trees.is_empty() && policy.guard.git != GitMode::Commit {
-        let state = state_dir(&[]).map_err(|e| refuse(e.to_string()))?;
-        say_stale(&sweep_stale(&state));
-        return Ok(None);
-    }
-    // Where the mount layer may be missing, keep copies to restore from.
-    let snapshots = if policy.best_effort.contains(&crate::profile::Layer::Mount) {
-        policy
-            .guard
-            .trees
-            .iter()
-            .filter_map(|t| {
-                let repos = match policy.guard.git {
-                    GitMode::Unguarded => BTreeSet::new(),
-                    _ => t.at_start.repos.clone(),
-                };
-                super::restore::Snapshot::take(&t.root, &policy.protected, &repos)
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut w = Watch::start(&policy.guard, snapshots, id, Some(policy))
-        .map_err(|e| refuse(e.to_string()))?;
-    if policy.guard.git == GitMode::Commit {
-        let t = &policy.guard.trees[0];
-        let roots: Vec<PathBuf> = policy.guard.trees.iter().map(|t| t.root.clone()).collect();
-        let state = state_dir(&roots).map_err(|e| refuse(e.to_string()))?;
-        let c = super::commit::prepare(&state, id, &t.root, &t.shape)
-            .map_err(|e| refuse(e.to_string()))?;
-        let at = t.root.join(".git");
-        for p in ["config", "hooks", "info", "objects/info"] {
-            policy.protected.push(at.join(p));
-        }
-        policy.pinned.push(at.join("objects"));
-        policy.pinned.sort_by_key(|p| p.components().count());
-        w.commit_note = Some(format!(
-            "the agent's commits are in {}; bring them in with: sandmux git fetch {id}",
-            c.agent.display()
-        ));
-        policy.guard.commit = Some(c);
-    }
-    say_stale(&w.swept_stale);
-    Ok(Some(w))
-}
-
-fn say_stale(swept: &[Taken]) {
+pub(crate) fn say_stale(swept: &[Taken]) {
     if !swept.is_empty() {
         tracing::warn!(
             "an earlier instance ended uncleanly; the workspace guard took what its agent planted:\n{}",
@@ -647,13 +575,7 @@ pub(crate) fn finish_and_say(w: Watch) -> Vec<Taken> {
         );
     }
     // Warnings travel with the reverts (to the audit log in `serve`).
-    taken.extend(warnings.into_iter().map(|w| Taken {
-        path: PathBuf::new(),
-        kept: None,
-        how: "warning".into(),
-        why: w,
-        took_ms: 0.0,
-    }));
+    taken.extend(warnings.into_iter().map(|w| Taken::notice(How::Warning, w)));
     taken
 }
 

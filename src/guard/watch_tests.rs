@@ -2,6 +2,7 @@
 //! taken.
 
 use super::*;
+use crate::guard::GitMode;
 
 /// No watch is in place (as when the user's inotify limit refused them),
 /// so no event reports the planted `.envrc`: the recheck, on its deadline,
@@ -47,5 +48,5 @@ fn a_path_no_event_reports_is_taken_by_the_recheck() {
     assert!(!ws.join(".envrc").exists(), "the recheck did not take it");
     let t = lock(&taken);
     assert_eq!(t.len(), 1, "{t:?}");
-    assert_eq!(t[0].how, "rename", "{t:?}");
+    assert_eq!(t[0].how, crate::guard::quarantine::How::Renamed, "{t:?}");
 }

@@ -148,7 +148,7 @@ struct Started {
 /// hub's, step 7). Ends what exists and gives the exit status on failure (or on
 /// a stop that came meanwhile).
 fn start(
-    policy: &Policy,
+    creds: crate::supervisor::launch::Credentialed,
     stop: &exit::Stop,
     audit: &audit::Audit,
     id: &str,
@@ -161,20 +161,19 @@ fn start(
     let broker = crate::supervisor::broker::Broker::spawn();
     // A start-up step that fails while a stop is pending is reported, and the
     // stop decides the status (a terminal's ^C reaches the sandbox too).
-    let mut inst =
-        Instance::start(policy.clone(), crate::supervisor::Proof::Hub, id).map_err(|e| {
-            tracing::error!("{e}");
-            match stop.signal() {
-                Some(sig) => stopped(audit, None, sig),
-                None => {
-                    refusal::tell_client(&e.message, &|| stop.signal().is_some());
-                    match stop.signal() {
-                        Some(sig) => stopped(audit, None, sig),
-                        None => e.exit_code(),
-                    }
+    let mut inst = Instance::start(creds, crate::supervisor::Proof::Hub, id).map_err(|e| {
+        tracing::error!("{e}");
+        match stop.signal() {
+            Some(sig) => stopped(audit, None, sig),
+            None => {
+                refusal::tell_client(&e.message, &|| stop.signal().is_some());
+                match stop.signal() {
+                    Some(sig) => stopped(audit, None, sig),
+                    None => e.exit_code(),
                 }
             }
-        })?;
+        }
+    })?;
     if let Some(sig) = stop.signal() {
         return Err(stopped(audit, Some(inst), sig));
     }
@@ -331,10 +330,11 @@ fn prepare(policy: &Policy, opts: &Options) -> Result<Prepared, String> {
 
 /// Runs the server; returns the process exit status. `stop` must have been
 /// installed before any thread was started ([`exit::Stop::install`]).
-pub(crate) fn serve(mut policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
+pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
+    use crate::supervisor::launch::{Credentialed, Refresh};
     // The credentials first: read (and taken out of this process's
     // environment) before any other process, the broker included, exists.
-    let vault = match crate::proxy::credentials::apply_later(&mut policy) {
+    let creds = match Credentialed::open(policy, Refresh::Confined) {
         Ok(v) => v,
         Err(e) => {
             tracing::error!("{e}");
@@ -344,6 +344,8 @@ pub(crate) fn serve(mut policy: Policy, opts: Options, stop: &exit::Stop) -> i32
             return crate::sandbox::EXIT_USAGE;
         }
     };
+    let policy = creds.resolved().clone();
+    let vault = creds.vault().cloned();
     let mut pre = match prepare(&policy, &opts) {
         Ok(p) => p,
         Err(e) => {
@@ -358,7 +360,7 @@ pub(crate) fn serve(mut policy: Policy, opts: Options, stop: &exit::Stop) -> i32
     if let Some(sig) = stop.signal() {
         return stopped(&pre.audit, None, sig);
     }
-    let started = match start(&policy, stop, &pre.audit, &pre.id) {
+    let started = match start(creds, stop, &pre.audit, &pre.id) {
         Ok(s) => s,
         Err(code) => return code,
     };

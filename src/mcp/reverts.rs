@@ -53,10 +53,11 @@ impl Reverts {
             // Paths are the agent's bytes: escaped text, never raw (and
             // never a serialization that fails on invalid UTF-8).
             let esc = |p: &std::path::Path| printable(&p.to_string_lossy());
-            let (tool, kind, args) = if t.how == crate::supervisor::instance::LAYER_NOTICE {
+            use crate::guard::quarantine::How;
+            let (tool, kind, args) = if t.how == How::LayerNotice {
                 let args = json!({"layer": printable(&t.why)});
                 (LAYER_TOOL, "workspace_layer", args)
-            } else if t.how == "warning" {
+            } else if t.how == How::Warning {
                 (
                     TOOL,
                     "workspace_revert",
@@ -66,7 +67,7 @@ impl Reverts {
                 let args = json!({
                     "path": esc(&t.path),
                     "why": printable(&t.why),
-                    "how": t.how,
+                    "how": t.how_said(),
                     "kept": t.kept.as_deref().map(esc),
                 });
                 (TOOL, "workspace_revert", args)

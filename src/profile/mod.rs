@@ -284,6 +284,8 @@ pub(crate) struct Context {
     /// The workspace guard's planner (`crate::guard::planner`): it reads the
     /// host's trees, a layer above the profile, so the caller hands it in.
     pub plan_guard: GuardPlanner,
+    /// `--on-end`: what happens to the layer when the instance ends.
+    pub on_end: OnEnd,
 }
 
 /// Plans the workspace guard of the read-write trees `roots` with the
@@ -303,6 +305,7 @@ impl Context {
             mode: None,
             no_overlay: None,
             plan_guard,
+            on_end: OnEnd::default(),
         }
     }
 }

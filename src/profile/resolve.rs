@@ -86,7 +86,7 @@ impl Loaded {
             layer: None,
             workspace_mode: mode,
             workspace_fallback,
-            on_end: OnEnd::default(),
+            on_end: ctx.on_end,
             layer_bound: (p.workspace.layer_bytes.0 .0, p.workspace.layer_files.0),
             toolchains: lent,
             links,

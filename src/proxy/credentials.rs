@@ -461,24 +461,21 @@ impl Held {
     }
 }
 
-/// Opens the credentials of `policy` and completes it for the sandbox:
-/// the placeholders and git's helper in its environment, the instance's CA
-/// in `ca_pem` (the plan puts it where clients look). None without
-/// credentials.
-///
-/// `run` and `shell` (whose supervisor is not confined): a `from_command`
-/// is refreshed here, on a thread started now ([`Vault::start`]).
-pub(crate) fn apply(policy: &mut Policy) -> Result<Option<Arc<Vault>>, CredError> {
-    let v = apply_later(policy)?;
-    if let Some(v) = &v {
-        v.start(refresh::here(&policy.credentials), refresh::logged());
+impl Vault {
+    /// Starts the `from_command` refresher in this process, for `run` and
+    /// `shell` (whose supervisor is not confined).
+    pub(crate) fn start_here(self: &Arc<Self>, creds: &[Credential]) {
+        self.start(refresh::here(creds), refresh::logged());
     }
-    Ok(v)
 }
 
-/// [`apply`] for `serve`, which confines itself: it starts the refresher
-/// once confined, with the broker as the runner ([`Vault::start`]).
-pub(crate) fn apply_later(policy: &mut Policy) -> Result<Option<Arc<Vault>>, CredError> {
+/// Opens the credentials of `policy` (None without credentials): what the
+/// sandbox gets of them (placeholders, git's helper, the instance's CA)
+/// the vault gives as values ([`Vault::inside_env`], its CA), which
+/// `supervisor::launch` puts into the policy the sandbox is built from.
+/// A `from_command` is refreshed once [`Vault::start`] is called: by `run`
+/// and `shell` at once, by `serve` once it has confined itself.
+pub(crate) fn open(policy: &Policy) -> Result<Option<Arc<Vault>>, CredError> {
     for c in &policy.credentials {
         let seen = match c.from() {
             From::File(path) => visible(policy, path),
@@ -493,8 +490,6 @@ pub(crate) fn apply_later(policy: &mut Policy) -> Result<Option<Arc<Vault>>, Cre
     let Some(v) = Vault::open(&policy.credentials, &policy.network.upstream_ca)? else {
         return Ok(None);
     };
-    policy.environment.set.extend(v.inside_env());
-    policy.ca_pem = Some(v.tls.ca_pem());
     Ok(Some(Arc::new(v)))
 }
 

@@ -4,6 +4,7 @@
 //! them.
 
 use super::generation::{check_visible, end_init, start_generation};
+use crate::guard::quarantine::{How, Taken};
 use crate::profile::Policy;
 use crate::sandbox::report::{self, Message};
 use crate::sandbox::rundir::Rundir;
@@ -12,10 +13,6 @@ use crate::tmux::{genesis, locate_tmux, read_version, version_probe};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-
-/// The `how` of the line that says where the agent's work went (a kept
-/// layer, discarded, …): recorded as `workspace_layer`, never as a revert.
-pub(crate) const LAYER_NOTICE: &str = "layer";
 
 /// What a tmux command to the instance's server, or the proof that the
 /// server is the one this run started, fails with.
@@ -55,8 +52,10 @@ pub(crate) struct Instance {
     pub tmux: PathBuf,
     /// Its `tmux -V`.
     pub tmux_version: String,
-    /// The resolved policy.
+    /// The policy the sandbox is built from (`launch::derive`).
     pub policy: Policy,
+    /// What happens to the layer at the end.
+    on_end: crate::profile::OnEnd,
     /// The workspace guard's watch (P8); it outlives server restarts.
     pub guard: Option<crate::guard::watch::Watch>,
     /// Does for a confined supervisor (`serve`) what it can no longer do:
@@ -88,9 +87,10 @@ pub(crate) enum Proof {
 
 impl Instance {
     /// Starts a fresh confined tmux server as instance `id`
-    /// ([`Rundir::new_id`]); `proof` says who proves it ours.
+    /// ([`Rundir::new_id`]) through the one launch path
+    /// ([`super::launch`]); `proof` says who proves it ours.
     pub(crate) fn start(
-        mut policy: Policy,
+        creds: super::launch::Credentialed,
         proof: Proof,
         id: &str,
     ) -> Result<Instance, StartError> {
@@ -98,33 +98,28 @@ impl Instance {
         // `tmux -V` runs while the sandbox starts; an old tmux is refused
         // before anything else is reported.
         let probe = version_probe(&tmux).map_err(StartError::internal)?;
-        let host = (|| {
-            check_visible(&policy, &tmux).map_err(StartError::internal)?;
-            let rundir = Rundir::create(id, crate::sandbox::rundir::Serves::Tmux)
-                .map_err(StartError::internal)?;
-            let guard = crate::guard::watch::start_for(&mut policy, &rundir.id)?;
-            let layer = super::layer::create(&mut policy, &rundir.id)
-                .map_err(|e| StartError::internal(format!("the workspace's layer: {e}")))?;
-            Ok::<_, StartError>((rundir, guard, layer))
-        })();
-        let (rundir, guard, layer) = match host {
-            Ok(h) => h,
+        let launched = check_visible(creds.resolved(), &tmux)
+            .map_err(StartError::internal)
+            .and_then(|()| creds.host(id, crate::sandbox::rundir::Serves::Tmux));
+        let l = match launched {
+            Ok(l) => l,
             Err(e) => {
                 let _ = read_version(&tmux, probe); // reaped
                 return Err(e);
             }
         };
         let mut inst = Instance {
-            rundir,
+            on_end: l.policy.on_end,
+            rundir: l.rundir,
             init: None,
             messages: Vec::new(),
             server_pid: 0,
             generation: String::new(),
             tmux,
             tmux_version: String::new(),
-            policy,
-            guard,
-            layer,
+            policy: l.policy,
+            guard: l.guard,
+            layer: l.layer,
             broker: None,
             supervisor: None,
             proxy: None,
@@ -133,6 +128,12 @@ impl Instance {
         inst.tmux_version = read_version(&inst.tmux, probe).map_err(StartError::internal)?;
         launched?;
         Ok(inst)
+    }
+
+    /// The layer's bound ended the sandbox: its layer is kept as it was,
+    /// whatever `--on-end` said ([`super::launch::End`]).
+    pub(crate) fn keep_layer_over_bound(&mut self) {
+        self.on_end = super::launch::End::KeptOverBound.on_end();
     }
 
     /// Replaces the server with a fresh generation in the same runtime
@@ -323,17 +324,16 @@ impl Instance {
             .take()
             .map(crate::guard::watch::finish_and_say)
             .unwrap_or_default();
-        if let Some(line) = super::layer::finish(&self.policy, &self.rundir.id, self.layer.take()) {
+        if let Some(line) = super::layer::finish(
+            &self.policy,
+            &self.rundir.id,
+            self.layer.take(),
+            self.on_end,
+        ) {
             tracing::warn!("{line}");
             // With the reverts: to the audit log in `serve`, as the
             // layer's own record (`workspace_layer`), not a revert.
-            taken.push(crate::guard::quarantine::Taken {
-                path: PathBuf::new(),
-                kept: None,
-                how: LAYER_NOTICE.into(),
-                why: line,
-                took_ms: 0.0,
-            });
+            taken.push(Taken::notice(How::LayerNotice, line));
         }
         // The instance's cgroup directory lies below a parent a confined
         // supervisor may not write: its broker removes it.

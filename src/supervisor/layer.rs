@@ -217,9 +217,20 @@ fn lock(dir: &Path, wait: bool) -> Result<nix::fcntl::Flock<std::fs::File>, Laye
     Flock::lock(f, how).map_err(|(_, source)| LayerError::Lock { path, source })
 }
 
-/// Makes this instance's layer when the profile asks for one, names it in
-/// the policy the sandbox is built from, and returns its held lock.
-pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, LayerError> {
+/// A layer made for an instance: where it is, a copy workspace's copy, and
+/// its held lock (`supervisor::launch` names the first two in the policy
+/// the sandbox is built from).
+pub(crate) struct Made {
+    /// The layer's directory.
+    pub(crate) dir: PathBuf,
+    /// A copy workspace's copy (None: an overlay's layer).
+    pub(crate) copy: Option<PathBuf>,
+    /// The layer's lock, held while the instance lives.
+    pub(crate) live: Live,
+}
+
+/// Makes this instance's layer when the profile asks for one.
+pub(crate) fn create(policy: &Policy, id: &str) -> Result<Option<Made>, LayerError> {
     if !policy.workspace_mode.has_door() {
         return Ok(None);
     }
@@ -253,11 +264,9 @@ pub(crate) fn create(policy: &mut Policy, id: &str) -> Result<Option<Live>, Laye
     });
     match made {
         Ok(live) => {
-            if policy.workspace_mode == WorkspaceMode::Copy {
-                work_in_copy(policy, &copy_of(&dir).unwrap_or_else(|| dir.join(COPY)));
-            }
-            policy.layer = Some(dir);
-            Ok(Some(live))
+            let copy = (policy.workspace_mode == WorkspaceMode::Copy)
+                .then(|| copy_of(&dir).unwrap_or_else(|| dir.join(COPY)));
+            Ok(Some(Made { dir, copy, live }))
         }
         Err(e) => {
             let _ = remove(&staging);
@@ -334,26 +343,6 @@ fn copy_place(dir: &Path, id: &str, gid: u32) -> Result<PathBuf, LayerError> {
         })
         .map_err(|e| io("setting the owner of", &own)(e.into()))?;
     Ok(own.join(COPY))
-}
-
-/// The sandbox of a copy workspace works on the copy: the workspace's
-/// path becomes the copy's in its entries, its environment and its start
-/// directory (the layer's `meta.json` keeps the host's).
-fn work_in_copy(policy: &mut Policy, copy: &Path) {
-    let host = policy.workspace.clone();
-    let moved = |p: &Path| p.strip_prefix(&host).ok().map(|rel| copy.join(rel));
-    for e in policy.fs.iter_mut() {
-        if let Some(p) = moved(&e.path) {
-            e.path = p;
-        }
-    }
-    for v in policy.environment.set.values_mut() {
-        // A path at or below the workspace, by whole components.
-        if let Some(p) = moved(Path::new(v.as_str())) {
-            *v = p.to_string_lossy().into_owned();
-        }
-    }
-    policy.workspace = copy.to_path_buf();
 }
 
 /// The prefix of a layer being made ([`create`]); `list` skips it.
@@ -476,7 +465,12 @@ pub(crate) fn ended(dir: &Path, id: &str) -> Result<nix::fcntl::Flock<std::fs::F
 /// says nothing; otherwise does what `--on-end` says and returns the line
 /// that tells the human (for `apply`, the caller applies after this and
 /// says what it did: None).
-pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<String> {
+pub(crate) fn finish(
+    policy: &Policy,
+    id: &str,
+    live: Option<Live>,
+    on_end: OnEnd,
+) -> Option<String> {
     drop(live);
     let dir = policy.layer.as_ref()?;
     mark_ended(dir);
@@ -489,7 +483,7 @@ pub(crate) fn finish(policy: &Policy, id: &str, live: Option<Live>) -> Option<St
         let _ = discard(id);
         return None;
     }
-    match policy.on_end {
+    match on_end {
         OnEnd::Apply => None,
         OnEnd::Keep => Some(kept(id)),
         OnEnd::Discard => Some(match discard(id) {

@@ -11,6 +11,7 @@ pub(crate) mod copy;
 pub(crate) mod generation;
 pub(crate) mod instance;
 pub(crate) mod kept;
+pub(crate) mod launch;
 pub(crate) mod layer;
 
 pub(crate) use generation::{make_cgroup, plan};
