@@ -329,7 +329,9 @@ impl Armed {
         let fresh: Vec<Taken> = new
             .into_iter()
             .filter(|t| match t.how {
-                How::Failed => failing.insert(t.path.clone()),
+                // A failure whose original was restored is listed each time,
+                // as before it had a type of its own.
+                How::Failed if !t.restored => failing.insert(t.path.clone()),
                 _ => {
                     failing.remove(&t.path);
                     true
