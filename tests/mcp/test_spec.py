@@ -184,3 +184,31 @@ def test_the_server_resources_templates_and_prompts_have_an_icon_tools_none(ws):
             assert items and all(len(i["icons"]) == 1 and png_16(i["icons"][0]) for i in items), method
         tools = rpc(url, token, "tools/list", {}, modern("tools/list"))[1]["result"]["tools"]
         assert not any("icons" in t for t in tools)
+
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+async def test_the_items_of_a_read_batch_carry_the_batchs_trace(ws):
+    from conftest import connect
+
+    ops = {"operations": [{"tool": "list_panes"}, {"tool": "list_windows"}, {"tool": "get_server_info"}]}
+    other = "0af7651916cd43dd8448eb211c80319c"
+    async with connect(ws) as c:
+        for tp in (f"00-{TRACE}-00f067aa0ba902b7-01", None, f"00-{other}-b7ad6b7169203331-01"):
+            r = await c.call_tool("call_read_tools_batch", ops, meta={"traceparent": tp} if tp else None)
+            assert not r.is_error and all(i["ok"] for i in r.structured_content["results"]), r
+    recs = audit_records(ws)
+    batches = [r for r in recs if r["tool"] == "call_read_tools_batch"]
+    items = [r for r in recs if r["request_id"] == "batch"]
+    assert len(batches) == 3 and len(items) == 9, [r["tool"] for r in recs]
+    for batch, its, trace in zip(batches, (items[:3], items[3:6], items[6:]), (TRACE, None, other)):
+        if trace is None:
+            # No context on the batch: none on its items (nothing left over
+            # from the batch before).
+            assert not any("trace_id" in i for i in its + [batch]), its
+            continue
+        assert batch["trace_id"] == trace
+        for i in its:
+            assert i["trace_id"] == trace and i["parent_span_id"] == batch["span_id"], i
+        assert len({i["span_id"] for i in its} | {batch["span_id"]}) == 4, "each item its own span"

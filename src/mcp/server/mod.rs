@@ -338,7 +338,8 @@ impl ServerHandler for Server {
         // audit record name the trace (no span, no cost, without one).
         let trace = trace_of(&cx);
         let span = span_of(trace.as_ref());
-        self.call(req, cx, trace.as_ref()).instrument(span).await
+        let call = self.call(req, cx, trace.as_ref()).instrument(span);
+        crate::tracectx::CURRENT.scope(trace.clone(), call).await
     }
 
     async fn on_custom_notification(
