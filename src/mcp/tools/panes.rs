@@ -16,11 +16,8 @@ use serde_json::Value;
 /// `list_panes`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct ListPanes {
-    /// Session name.
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
-    /// Window id (`@N`).
     pub window_id: Option<String>,
     /// Window index (with a session).
     pub window_index: Option<String>,
