@@ -29,13 +29,8 @@ pub(super) fn described() -> &'static [Tool] {
 /// The MCP description of a tool.
 fn tool_of(t: &ToolDef) -> Tool {
     let (ro, destructive, idempotent, open) = t.class.hints();
-    let tool = Tool::new(t.name, t.description, obj((t.input_schema)()));
-    // All four at the spec's defaults: no annotations at all, not `{}`.
-    let tool = if !ro && destructive && !idempotent && open {
-        tool
-    } else {
-        tool.with_annotations(annotations(ro, destructive, idempotent, open))
-    };
+    let tool = Tool::new(t.name, t.description, obj((t.input_schema)()))
+        .with_annotations(annotations(ro, destructive, idempotent, open));
     match (t.output_schema)() {
         Value::Null => tool,
         out => tool.with_raw_output_schema(obj(out)),

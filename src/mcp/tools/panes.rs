@@ -149,7 +149,6 @@ pub(crate) async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created
 /// `respawn_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct Respawn {
-    /// Pane id (required).
     pub pane_id: String,
     /// Kill the running process first (default true).
     pub kill: Option<bool>,
@@ -182,7 +181,6 @@ pub(crate) async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, To
 /// `select_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct SelectPane {
-    /// The pane to select.
     pub pane_id: Option<String>,
     /// Move from the active pane instead of naming one.
     pub direction: Option<crate::mcp::choices::PaneStep>,
@@ -364,7 +362,6 @@ pub(crate) async fn exit_copy_mode(c: &Call<'_>, a: PaneOnly) -> Result<Done, To
 /// `kill_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct KillPane {
-    /// Pane id (required).
     pub pane_id: String,
 }
 
