@@ -11,6 +11,27 @@ pub(crate) const STATE_MAX: usize = 512;
 /// Most list members a `tracestate` may have.
 const STATE_MEMBERS_MAX: usize = 32;
 
+tokio::task_local! {
+    /// The trace context of the tool call the current task serves (set by
+    /// the server around each call): work the call does on its own behalf,
+    /// such as the items of a read batch, is traced under it.
+    pub(crate) static CURRENT: Option<TraceContext>;
+}
+
+/// The current call's trace context, if it has one (see [`CURRENT`]).
+pub(crate) fn current() -> Option<TraceContext> {
+    CURRENT.try_with(Clone::clone).ok().flatten()
+}
+
+fn fresh_span() -> [u8; 8] {
+    loop {
+        let s = crate::nonce::bytes::<8>();
+        if s != [0; 8] {
+            return s;
+        }
+    }
+}
+
 /// A call's place in its caller's trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TraceContext {
@@ -27,20 +48,24 @@ impl TraceContext {
     /// if valid), with a fresh span id; `None` if `traceparent` is invalid.
     pub(crate) fn child_of(traceparent: &str, tracestate: Option<&str>) -> Option<TraceContext> {
         let (trace_id, parent_id) = parse_parent(traceparent)?;
-        let span_id = loop {
-            let s = crate::nonce::bytes::<8>();
-            if s != [0; 8] {
-                break s;
-            }
-        };
         Some(TraceContext {
             trace_id,
             parent_id,
-            span_id,
+            span_id: fresh_span(),
             state: tracestate
                 .filter(|s| valid_state(s))
                 .map(|s| s.trim().to_string()),
         })
+    }
+
+    /// A span under this one: the same trace (and `tracestate`), this span
+    /// its parent, a fresh span id.
+    pub(crate) fn child(&self) -> TraceContext {
+        TraceContext {
+            parent_id: self.span_id,
+            span_id: fresh_span(),
+            ..self.clone()
+        }
     }
 
     /// The trace id, 32 lowercase hex digits.
@@ -174,6 +199,24 @@ mod tests {
         let u = TraceContext::child_of(GOOD, None).unwrap();
         assert_ne!(t.span_id(), u.span_id(), "each call its own span");
         assert_eq!(t.state(), Some("congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"));
+    }
+
+    #[test]
+    fn a_child_keeps_the_trace_under_its_parents_span() {
+        let t = TraceContext::child_of(GOOD, Some("rojo=1")).unwrap();
+        let c = t.child();
+        assert_eq!((c.trace_id(), c.parent_id()), (t.trace_id(), t.span_id()));
+        assert_ne!(c.span_id(), t.span_id());
+        assert_eq!(c.state(), Some("rojo=1"));
+    }
+
+    #[tokio::test]
+    async fn the_current_context_is_the_scopes_and_none_outside() {
+        assert_eq!(current(), None);
+        let t = TraceContext::child_of(GOOD, None);
+        let inside = CURRENT.scope(t.clone(), async { current() }).await;
+        assert_eq!(inside, t);
+        assert_eq!(CURRENT.scope(None, async { current() }).await, None);
     }
 
     #[test]

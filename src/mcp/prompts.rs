@@ -11,6 +11,14 @@ fn arg(name: &str, desc: &str, required: bool) -> PromptArgument {
 
 /// The prompts.
 pub(crate) fn list() -> Vec<Prompt> {
+    let mut v = listed();
+    for p in &mut v {
+        p.icons = Some(super::server::icons::icons());
+    }
+    v
+}
+
+fn listed() -> Vec<Prompt> {
     vec![
         Prompt::new(
             "run_and_wait",

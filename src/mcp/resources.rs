@@ -11,6 +11,14 @@ type Read = Result<(String, &'static str), ToolError>;
 
 /// The resources (the tmux ones while `inspect` is enabled).
 pub(crate) fn list(inspect_enabled: bool) -> Vec<Resource> {
+    let mut v = listed(inspect_enabled);
+    for r in &mut v {
+        r.icons = Some(super::server::icons::icons());
+    }
+    v
+}
+
+fn listed(inspect_enabled: bool) -> Vec<Resource> {
     let mut v = vec![Resource::new("sandmux://status", "status")
         .with_mime_type("application/json")
         .with_description("The layers confining this terminal, as reported by the sandbox")];
@@ -27,6 +35,14 @@ pub(crate) fn list(inspect_enabled: bool) -> Vec<Resource> {
 
 /// The tmux resources' templates (offered while `inspect` is enabled).
 pub(crate) fn templates() -> Vec<ResourceTemplate> {
+    let mut v = template_list();
+    for t in &mut v {
+        t.icons = Some(super::server::icons::icons());
+    }
+    v
+}
+
+fn template_list() -> Vec<ResourceTemplate> {
     vec![
         ResourceTemplate::new("tmux://sessions/{session_name}", "session")
             .with_mime_type("application/json"),

@@ -144,6 +144,20 @@ fn simplify(m: &mut Map<String, Value>) {
     }
 }
 
+/// Drops the property descriptions of an array's items (a batch of another
+/// tool's arguments, described in that tool's schema).
+pub(crate) fn undescribed_items(s: &mut schemars::Schema) {
+    let props = s
+        .get_mut("items")
+        .and_then(|i| i.get_mut("properties"))
+        .and_then(Value::as_object_mut);
+    for p in props.into_iter().flat_map(|p| p.values_mut()) {
+        if let Some(m) = p.as_object_mut() {
+            m.remove("description");
+        }
+    }
+}
+
 /// An output schema: [`plain`], and only its shape: field names, types and
 /// the values of every choice (enums); no descriptions (what a result means
 /// is in the tool's description, and the model reads the result itself), no

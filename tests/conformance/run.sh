@@ -50,6 +50,16 @@ for version in 2025-11-25 2026-07-28; do
       --expected-failures "$here/expected-failures-$version.yaml" ${CONFORMANCE_OUT:+-o "$CONFORMANCE_OUT/$version"}; then
     status=1
   fi
+  # Scenarios of 2026-07-28 the default run leaves out that sandmux must
+  # pass: the SEP-2243 header checks, the caching fields, resource-not-found.
+  if [ "$version" = 2026-07-28 ]; then
+    for scenario in http-header-validation caching sep-2164-resource-not-found; do
+      echo "-- conformance $version scenario $scenario"
+      "$node" "$here/node_modules/conformance-$version/dist/index.js" server \
+        --url "http://localhost:$relay_port/mcp" --spec-version "$version" --scenario "$scenario" \
+        ${CONFORMANCE_OUT:+-o "$CONFORMANCE_OUT/$version-$scenario"} || status=1
+    done
+  fi
   kill "$serve"
   wait "$serve" || { echo "serve ($version) did not end cleanly" >&2; status=1; }
 done

@@ -170,6 +170,7 @@ impl Front {
                 StatusCode::BAD_REQUEST,
                 "Bad Request: Mcp-Session-Id must be visible ASCII\n",
             ),
+            Why::HeaderMismatch => plain(StatusCode::BAD_REQUEST, "Bad Request\n"),
         }
     }
 
@@ -263,6 +264,11 @@ impl Front {
         else {
             return self.refuse(Why::TooLarge, peer);
         };
+        // SEP-2243 (2026-07-28): headers a proxy may route on match the body.
+        if let Err(m) = super::headers::check(&parts.headers, &body) {
+            self.rejects.count(Why::HeaderMismatch, peer.ip());
+            return super::headers::answer(&m, &body);
+        }
         parts.extensions.insert(Caller {
             addr: peer,
             token: token.map(|t| t.id.clone()).unwrap_or_default(),

@@ -11,6 +11,7 @@
 //! `accept(2)` on the socket bound earlier is all the network it has.
 
 pub(crate) mod front;
+mod headers;
 mod rejects;
 mod token;
 

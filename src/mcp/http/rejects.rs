@@ -39,6 +39,9 @@ pub(crate) enum Why {
     /// An `Mcp-Session-Id` that is not visible ASCII (rmcp would take it
     /// for none and open a session past the cap).
     BadSession,
+    /// A 2026-07-28 request whose `Mcp-Method`/`Mcp-Name`/`MCP-Protocol-Version`
+    /// header is missing or does not match its body ([`super::headers`]).
+    HeaderMismatch,
 }
 
 impl Why {
@@ -53,6 +56,7 @@ impl Why {
             Why::Busy => "busy",
             Why::NotFound => "not_found",
             Why::BadSession => "bad_session_id",
+            Why::HeaderMismatch => "header_mismatch",
         }
     }
 }

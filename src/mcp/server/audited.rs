@@ -215,13 +215,15 @@ pub(super) fn request_id_text(id: &impl serde::Serialize) -> String {
 }
 
 /// A call made from inside `call_read_tools_batch`: inspect tools only, no
-/// recursion, each audited on its own.
+/// recursion, each audited on its own, in a span of its own under the
+/// batch's trace context (when the batch has one).
 pub(crate) async fn dispatch_nested(
     c: &Call<'_>,
     name: &str,
     args: Value,
 ) -> Result<Value, ToolError> {
     let t0 = Instant::now();
+    let trace = crate::tracectx::current().map(|t| t.child());
     let ticket = c.s.audit.admit(name).map_err(ToolError::Unaudited)?;
     let def = catalog::find(name).filter(|d| {
         c.s.enabled
@@ -234,7 +236,11 @@ pub(crate) async fn dispatch_nested(
         Some(d) if !d.in_read_batch() => Err(ToolError::refused(format!(
             "{name} cannot run inside a read batch (inspect tools only, no waits, no nesting)"
         ))),
-        Some(d) => (d.handler)(c, args.clone()).await,
+        Some(d) => {
+            use tracing::Instrument;
+            let span = span_of(trace.as_ref());
+            (d.handler)(c, args.clone()).instrument(span).await
+        }
     };
     let err = res.as_ref().err();
     let (outcome, kind, took) = (
@@ -252,7 +258,7 @@ pub(crate) async fn dispatch_nested(
         request_id: "batch".into(),
         client_id: None,
         http: None,
-        trace: None,
+        trace: trace.as_ref(),
         args: &args,
     });
     res

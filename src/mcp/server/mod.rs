@@ -5,6 +5,8 @@
 mod answers;
 mod ask;
 mod audited;
+pub(crate) mod icons;
+mod lists;
 
 use super::catalog::{self, toolset_name, Class, ToolDef};
 use super::ctx::{Call, State};
@@ -17,6 +19,7 @@ pub(crate) use answers::RESPONSE_CAP;
 use answers::{answer_size, described, error_result, success};
 pub(crate) use audited::dispatch_nested;
 use audited::{caller, request_id_text, span_of, trace_of, Audited};
+use lists::Cacheable;
 use rmcp::model::*;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -278,7 +281,11 @@ impl ServerHandler for Server {
                 .enable_prompts()
                 .build(),
         )
-        .with_server_info(Implementation::new("sandmux", env!("CARGO_PKG_VERSION")))
+        .with_server_info({
+            let mut i = Implementation::new("sandmux", env!("CARGO_PKG_VERSION"));
+            i.icons = Some(icons::icons());
+            i
+        })
         .with_instructions(self.instructions())
         .with_protocol_version(ProtocolVersion::V_2025_11_25)
     }
@@ -317,7 +324,8 @@ impl ServerHandler for Server {
                         }
                     })
                     .collect(),
-            ),
+            )
+            .cached(&cx, 0, CacheScope::Private),
         ))
     }
 
@@ -330,7 +338,8 @@ impl ServerHandler for Server {
         // audit record name the trace (no span, no cost, without one).
         let trace = trace_of(&cx);
         let span = span_of(trace.as_ref());
-        self.call(req, cx, trace.as_ref()).instrument(span).await
+        let call = self.call(req, cx, trace.as_ref()).instrument(span);
+        crate::tracectx::CURRENT.scope(trace.clone(), call).await
     }
 
     async fn on_custom_notification(
@@ -388,7 +397,8 @@ impl ServerHandler for Server {
     ) -> Result<ListResourcesResult, McpError> {
         self.s.backlog.room().await;
         let v = super::resources::list(self.inspect_enabled());
-        Ok(self.owing(&cx, ListResourcesResult::with_all_items(v)))
+        let r = ListResourcesResult::with_all_items(v).cached(&cx, 0, CacheScope::Private);
+        Ok(self.owing(&cx, r))
     }
 
     async fn list_resource_templates(
@@ -402,7 +412,8 @@ impl ServerHandler for Server {
         } else {
             vec![]
         };
-        Ok(self.owing(&cx, ListResourceTemplatesResult::with_all_items(v)))
+        let r = ListResourceTemplatesResult::with_all_items(v).cached(&cx, 0, CacheScope::Private);
+        Ok(self.owing(&cx, r))
     }
 
     async fn read_resource(
@@ -446,6 +457,7 @@ impl ServerHandler for Server {
                 Ok(ReadResourceResult::new(vec![
                     ResourceContents::text(text, uri).with_mime_type(mime)
                 ])
+                .cached(&cx, 0, CacheScope::Private)
                 .into())
             }
             Err(ToolError::NotFound { what, hint }) => Err(McpError::resource_not_found(
@@ -467,7 +479,11 @@ impl ServerHandler for Server {
         self.s.backlog.room().await;
         Ok(self.owing(
             &cx,
-            ListPromptsResult::with_all_items(super::prompts::list()),
+            ListPromptsResult::with_all_items(super::prompts::list()).cached(
+                &cx,
+                lists::PROMPTS_TTL_MS,
+                CacheScope::Public,
+            ),
         ))
     }
 

@@ -150,9 +150,10 @@ pub(crate) async fn send_keys(c: &Call<'_>, a: SendKeys) -> Result<Sent, ToolErr
 /// `send_keys_batch`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct SendBatch {
-    /// 1–100 send_keys operations.
+    /// 1–100 operations, each with send_keys's arguments (described there).
+    #[schemars(transform = crate::mcp::schema::undescribed_items)]
     pub operations: Vec<SendKeys>,
-    /// After an error: stop (default) or continue.
+    /// After an error (default: stop).
     pub on_error: Option<crate::mcp::choices::OnError>,
     /// Seconds for the whole batch.
     pub timeout: Option<f64>,

@@ -71,7 +71,7 @@ pub(crate) struct BatchOp {
 pub(crate) struct Batch {
     /// 1–100 operations.
     pub operations: Vec<BatchOp>,
-    /// After an error: stop (default) or continue.
+    /// After an error (default: stop).
     pub on_error: Option<crate::mcp::choices::OnError>,
 }
 

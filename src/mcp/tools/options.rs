@@ -30,7 +30,7 @@ pub(crate) enum Scope {
 pub(crate) struct ShowOption {
     /// Option name, e.g. "history-limit".
     pub option: String,
-    /// server, session, window or pane.
+    /// The tmux scope.
     pub scope: Option<Scope>,
     /// A session, window or pane id for the scope.
     pub target: Option<String>,
@@ -153,7 +153,7 @@ pub(crate) struct SetOption {
     pub option: String,
     /// Its new value.
     pub value: String,
-    /// server, session, window or pane.
+    /// The tmux scope.
     pub scope: Option<Scope>,
     /// A session, window or pane id.
     pub target: Option<String>,
@@ -197,7 +197,7 @@ pub(crate) async fn set_option(c: &Call<'_>, a: SetOption) -> Result<Done, ToolE
 /// `show_hooks`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct ShowHooks {
-    /// server, session, window or pane.
+    /// The tmux scope.
     pub scope: Option<Scope>,
     /// A session, window or pane id.
     pub target: Option<String>,
@@ -246,7 +246,7 @@ async fn hooks(
 pub(crate) struct ShowHook {
     /// Hook name, e.g. "after-new-window".
     pub hook_name: String,
-    /// server, session, window or pane.
+    /// The tmux scope.
     pub scope: Option<Scope>,
     /// A session, window or pane id.
     pub target: Option<String>,
@@ -266,7 +266,6 @@ pub(crate) async fn show_hook(c: &Call<'_>, a: ShowHook) -> Result<Hooks, ToolEr
 pub(crate) struct ShowEnv {
     /// Session name (global environment when omitted).
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 
@@ -306,7 +305,6 @@ pub(crate) struct SetEnv {
     pub value: String,
     /// Session name (global when omitted).
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 

@@ -16,11 +16,8 @@ use serde_json::Value;
 /// `list_panes`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct ListPanes {
-    /// Session name.
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
-    /// Window id (`@N`).
     pub window_id: Option<String>,
     /// Window index (with a session).
     pub window_index: Option<String>,
@@ -152,7 +149,6 @@ pub(crate) async fn split_window(c: &Call<'_>, a: SplitWindow) -> Result<Created
 /// `respawn_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct Respawn {
-    /// Pane id (required).
     pub pane_id: String,
     /// Kill the running process first (default true).
     pub kill: Option<bool>,
@@ -185,7 +181,6 @@ pub(crate) async fn respawn_pane(c: &Call<'_>, a: Respawn) -> Result<Created, To
 /// `select_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct SelectPane {
-    /// The pane to select.
     pub pane_id: Option<String>,
     /// Move from the active pane instead of naming one.
     pub direction: Option<crate::mcp::choices::PaneStep>,
@@ -367,7 +362,6 @@ pub(crate) async fn exit_copy_mode(c: &Call<'_>, a: PaneOnly) -> Result<Done, To
 /// `kill_pane`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct KillPane {
-    /// Pane id (required).
     pub pane_id: String,
 }
 

@@ -75,9 +75,7 @@ pub(crate) async fn list_sessions(c: &Call<'_>, a: ListSessions) -> Result<Sessi
 /// `get_session_info`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct SessionArgs {
-    /// Session id such as "$1".
     pub session_id: Option<String>,
-    /// Session name.
     pub session_name: Option<String>,
 }
 
@@ -97,7 +95,6 @@ pub(crate) async fn get_session_info(
 /// `create_session`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct CreateSession {
-    /// Session name.
     pub session_name: Option<String>,
     /// First window's name.
     pub window_name: Option<String>,
@@ -133,9 +130,7 @@ pub(crate) async fn create_session(c: &Call<'_>, a: CreateSession) -> Result<Cre
 pub(crate) struct RenameSession {
     /// The new name.
     pub new_name: String,
-    /// Session name.
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 
@@ -156,9 +151,7 @@ pub(crate) async fn rename_session(c: &Call<'_>, a: RenameSession) -> Result<Don
 /// `kill_session`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct KillSession {
-    /// Session name.
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 

@@ -18,7 +18,6 @@ use serde_json::Value;
 pub(crate) struct ListWindows {
     /// Session name (all sessions when omitted).
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
     /// Lookups such as {"window_name": "build"}.
     pub filters: Option<Value>,
@@ -111,9 +110,7 @@ pub(crate) async fn get_window_info(c: &Call<'_>, a: WindowArgs) -> Result<Windo
 /// `create_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct CreateWindow {
-    /// Session name.
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
     /// The new window's name.
     pub window_name: Option<String>,
@@ -178,15 +175,11 @@ pub(crate) async fn rename_window(c: &Call<'_>, a: RenameWindow) -> Result<Done,
 /// `select_window`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub(crate) struct SelectWindow {
-    /// Window id (`@N`).
     pub window_id: Option<String>,
-    /// Window index.
     pub window_index: Option<String>,
     /// Move to the next, previous or last window of the session instead.
     pub direction: Option<crate::mcp::choices::WindowStep>,
-    /// Session name.
     pub session_name: Option<String>,
-    /// Session id (`$N`).
     pub session_id: Option<String>,
 }
 
