@@ -124,6 +124,9 @@ pub(crate) struct Entry<'a> {
     pub trace: Option<&'a crate::tracectx::TraceContext>,
     /// The raw arguments (redacted here).
     pub args: &'a Value,
+    /// The workspace's checkpoint the call ended with (`{"n", "digest"}`:
+    /// `supervisor::history`), for a call that can change the workspace.
+    pub checkpoint: Option<Value>,
 }
 
 impl<'a> Entry<'a> {
@@ -142,6 +145,7 @@ impl<'a> Entry<'a> {
             http: None,
             trace: None,
             args,
+            checkpoint: None,
         }
     }
 
@@ -185,6 +189,7 @@ impl Drop for Admission<'_> {
                 http: None,
                 trace: None,
                 args: &Value::Null,
+                checkpoint: None,
             };
             self.audit.write(e, Kind::Admitted);
         }
@@ -415,6 +420,11 @@ impl Audit {
         self.write(e, Kind::Proxy)
     }
 
+    /// `args` as the log records them (secrets digested, strings cut).
+    pub(crate) fn redacted(&self, args: &Value) -> Value {
+        redact::redact(&self.key, self.secrets, args)
+    }
+
     /// The proxy's share of the budget: an eighth, so a pane's flood of
     /// connections can neither crowd out tool calls nor sandmux's events.
     pub(crate) fn proxy_share(&self) -> u64 {
@@ -440,6 +450,9 @@ impl Audit {
         let mut rec = rec;
         if let Some(h) = e.http {
             rec["http"] = h;
+        }
+        if let Some(c) = e.checkpoint {
+            rec["checkpoint"] = c;
         }
         if let Some(t) = e.trace {
             rec["trace_id"] = json!(t.trace_id());

@@ -18,6 +18,7 @@ fn entry<'a>(tool: &'a str, args: &'a Value) -> Entry<'a> {
         http: None,
         trace: None,
         args,
+        checkpoint: None,
     }
 }
 

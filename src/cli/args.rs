@@ -236,6 +236,27 @@ pub(super) enum Cmd {
         /// Show what git ignores path by path, not as one line per top directory.
         #[arg(long)]
         include_ignored: bool,
+        /// What tool call N changed in the layer (`sandmux log ID` lists them).
+        #[arg(long, value_name = "N", conflicts_with_all = ["paths", "since", "names_only", "include_ignored"])]
+        call: Option<u64>,
+        /// What changed in the layer after tool call N.
+        #[arg(long, value_name = "N", conflicts_with_all = ["paths", "names_only", "include_ignored"])]
+        since: Option<u64>,
+    },
+    /// Copy-on-write mode: the workspace's history, a checkpoint per tool call that can change it.
+    Log {
+        /// Instance id.
+        id: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy-on-write mode: put an ended instance's layer back to how it was after tool call N (undone by rewinding to the checkpoint it names).
+    Rewind {
+        /// Instance id.
+        id: String,
+        /// The checkpoint (`sandmux log ID`).
+        n: u64,
     },
     /// Copy-on-write mode: bring an instance's changes into the workspace (exit 0 applied, 1 nothing to do, 3 conflicts, 2 refused).
     Apply {

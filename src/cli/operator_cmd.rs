@@ -81,10 +81,19 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
             }
         }
         Cmd::Diff {
+            id, call: Some(n), ..
+        } => ExitCode::from(crate::door::calls::diff(&id, n, false) as u8),
+        Cmd::Diff {
+            id, since: Some(n), ..
+        } => ExitCode::from(crate::door::calls::diff(&id, n, true) as u8),
+        Cmd::Log { id, json } => ExitCode::from(crate::door::calls::log(&id, json) as u8),
+        Cmd::Rewind { id, n } => ExitCode::from(crate::door::rewind::rewind_layer(&id, n) as u8),
+        Cmd::Diff {
             id,
             paths,
             names_only,
             include_ignored,
+            ..
         } => {
             let look = crate::door::Look {
                 paths,

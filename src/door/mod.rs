@@ -8,6 +8,7 @@
 //! [`Report`], [`DoorError`]); lines are rendered from them.
 
 pub(crate) mod apply;
+pub(crate) mod calls;
 pub(crate) mod diff;
 pub(crate) mod history;
 pub(crate) mod hold;
@@ -21,6 +22,7 @@ pub(crate) mod precious;
 pub(crate) mod record;
 pub(crate) mod refs;
 pub(crate) mod review;
+pub(crate) mod rewind;
 mod show;
 pub(crate) mod sparse;
 mod undo;

@@ -80,6 +80,9 @@ pub(crate) struct State {
     pub refusals: Arc<crate::proxy::refusals::Refusals>,
     /// The credentials the proxy puts in (`[[credentials]]`).
     pub vault: Option<Arc<crate::proxy::credentials::Vault>>,
+    /// The workspace's history: a checkpoint after each changing call
+    /// (`supervisor::history`; None in live mode).
+    pub(crate) history: Option<Arc<std::sync::Mutex<crate::supervisor::history::History>>>,
     /// Questions to a human and their grants (`[network] ask`).
     pub approvals: Arc<super::approvals::Approvals>,
     /// Tool questions held between the rounds of a 2026-07-28 call.

@@ -454,6 +454,7 @@ fn hand_over(
         ..
     } = pre;
     let ask_seconds = policy.mcp.ask_seconds;
+    let history = history_of(&policy);
     let make: MakeState = Box::new(move |hub: Arc<Hub>| {
         Arc::new(ctx::State {
             hub_now: std::sync::RwLock::new(hub),
@@ -479,12 +480,30 @@ fn hand_over(
             ready: tokio::sync::watch::channel(None).0,
             refusals,
             vault,
+            history,
             approvals,
             rounds: rounds::Rounds::new(Duration::from_secs(ask_seconds)),
             exposures: Default::default(),
         })
     });
     Ok((left, conn, make))
+}
+
+/// The workspace's history, with checkpoint 0 (the layer at the start),
+/// for an instance with a layer; a history that cannot be had is said and
+/// left out (calls then name no checkpoint).
+fn history_of(
+    policy: &Policy,
+) -> Option<Arc<std::sync::Mutex<crate::supervisor::history::History>>> {
+    use crate::supervisor::{history::History, layer};
+    let dir = policy.layer.as_ref()?;
+    match History::open(dir, &layer::writes(dir), policy.layer_bound.0) {
+        Ok(h) => Some(Arc::new(std::sync::Mutex::new(h))),
+        Err(e) => {
+            tracing::warn!("the workspace's history: {e}; calls name no checkpoint");
+            None
+        }
+    }
 }
 
 /// The watchers the teardown also needs (OOM kills, reverts, the freeze,

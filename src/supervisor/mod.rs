@@ -9,6 +9,7 @@ pub(crate) mod bound;
 pub(crate) mod broker;
 pub(crate) mod copy;
 pub(crate) mod generation;
+pub(crate) mod history;
 pub(crate) mod instance;
 pub(crate) mod kept;
 pub(crate) mod launch;

@@ -132,6 +132,7 @@ impl Rejects {
             http: None,
             trace: None,
             args: &json!({"by_reason": by, "clients": clients, "other_clients": w.other_clients}),
+            checkpoint: None,
         });
     }
 }

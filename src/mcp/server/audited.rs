@@ -27,6 +27,8 @@ pub(super) struct Audited<'a> {
     /// The caller's trace context ([`trace_of`]), if valid.
     pub(super) trace: Option<&'a TraceContext>,
     pub(super) args: &'a Value,
+    /// The workspace's checkpoint after a changing call (`{"n", "digest"}`).
+    pub(super) checkpoint: Option<Value>,
 }
 
 impl<'a> Audited<'a> {
@@ -47,6 +49,7 @@ impl<'a> Audited<'a> {
             http: caller(cx),
             trace,
             args,
+            checkpoint: None,
         }
     }
 }
@@ -88,6 +91,7 @@ impl Server {
             http: a.http.clone(),
             trace: a.trace,
             args: a.args,
+            checkpoint: a.checkpoint.clone(),
         };
         match ticket {
             Some(t) => t.record(e),
@@ -111,6 +115,7 @@ impl Server {
                 http: None,
                 trace: None,
                 args: raw,
+                checkpoint: None,
             },
             Some(&e),
             Some("malformed"),
@@ -149,6 +154,7 @@ impl Server {
                 http: caller(cx),
                 trace: None,
                 args: &raw,
+                checkpoint: None,
             },
             Some(&e),
             Some("malformed"),
@@ -260,6 +266,7 @@ pub(crate) async fn dispatch_nested(
         http: None,
         trace: trace.as_ref(),
         args: &args,
+        checkpoint: None,
     });
     res
 }

@@ -5,6 +5,7 @@
 mod answers;
 mod ask;
 mod audited;
+mod checkpoint;
 pub(crate) mod icons;
 mod lists;
 
@@ -183,6 +184,7 @@ impl Server {
                     http: caller(&cx),
                     trace,
                     args: &args,
+                    checkpoint: None,
                 },
                 Some(&e),
                 Some("refused"),
@@ -215,6 +217,7 @@ impl Server {
             ct: cx.ct.clone(),
         };
         let r = self.run(def, &call, args.clone(), once).await;
+        let checkpoint = self.checkpoint(def, &name, &rid, &args).await;
         self.audit_admitted(
             Some(ticket),
             &Audited {
@@ -226,6 +229,7 @@ impl Server {
                 http: caller(&cx),
                 trace,
                 args: &args,
+                checkpoint,
             },
             r.as_ref().err(),
             None,

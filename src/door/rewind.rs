@@ -1,0 +1,58 @@
+//! `sandmux rewind ID N`: the layer of an ended instance put back to how
+//! it was after checkpoint N (`supervisor::history::rewind`), recorded in
+//! the instance's audit log like every door action; undone by rewinding to
+//! the checkpoint it names. The workspace itself is not touched: `diff`
+//! and `apply` then show and bring what the layer holds.
+
+use super::record::Record;
+use crate::supervisor::history::{rewind, History};
+use crate::supervisor::layer;
+
+/// Rewinds layer `id` to checkpoint `n`; the exit status (0 done, 2
+/// refused: a running instance, no such checkpoint, a record that cannot
+/// be written).
+pub(crate) fn rewind_layer(id: &str, n: u64) -> i32 {
+    match run(id, n) {
+        Ok(lines) => {
+            for l in lines {
+                println!("{l}");
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("sandmux: {}", crate::term::printable(&e));
+            2
+        }
+    }
+}
+
+fn run(id: &str, n: u64) -> Result<Vec<String>, String> {
+    let (dir, _) = layer::find(id).map_err(|e| e.to_string())?;
+    // Held while the layer is written: no instance starts on it meanwhile.
+    let _lock = layer::ended(&dir, id).map_err(|e| {
+        format!(
+            "{e}; rewinding a running instance is not built yet: stop it first (sandmux stop {id})"
+        )
+    })?;
+    if !History::dir_of(&dir).join("log.jsonl").exists() {
+        return Err(crate::supervisor::history::HistoryError::None(id.to_string()).to_string());
+    }
+    // The door records what it does, and does nothing it cannot record.
+    let rec = Record::open(id, &dir)?;
+    let mut h = History::open(&dir, &layer::writes(&dir), u64::MAX).map_err(|e| e.to_string())?;
+    match rewind::rewind(&mut h, n) {
+        Ok((before, after)) => {
+            let lines = vec![format!(
+                "rewound layer {id} to checkpoint {n} (now checkpoint {}; {} entries written or removed); `sandmux rewind {id} {}` undoes it",
+                after.n, after.changed + after.removed, before.n
+            )];
+            rec.done("rewind", &[], &lines, 0);
+            Ok(lines)
+        }
+        Err(e) => {
+            let line = format!("failed: rewinding layer {id} to checkpoint {n}: {e}");
+            rec.done("rewind", &[], std::slice::from_ref(&line), 2);
+            Err(line)
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The checkpoint store of one layer (`LAYER/history/`): taking a
+//! checkpoint, the state at any kept checkpoint, the bound.
+
+use super::walk::{self, Listing, Node};
+use super::{hex_of, Cause, Delta, HistoryError, Line, State, PATHS_LOGGED};
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The history of one layer, open for checkpoints.
+pub(crate) struct History {
+    /// `LAYER/history`.
+    dir: PathBuf,
+    /// Where the agent's writes are (`upper/`, or a copy's copy).
+    writes: PathBuf,
+    /// The bound of the store's objects, in bytes.
+    bound: u64,
+    /// The last checkpoint's number and digest.
+    last: (u64, String),
+    /// The state at the last checkpoint, and how each entry was listed.
+    state: State,
+    seen: Listing,
+}
+
+fn io<'a>(what: &'static str, p: &'a Path) -> impl FnOnce(std::io::Error) -> HistoryError + 'a {
+    move |e| HistoryError::io(what, p, e)
+}
+
+impl History {
+    /// The history directory of the layer at `layer`.
+    pub(crate) fn dir_of(layer: &Path) -> PathBuf {
+        layer.join("history")
+    }
+
+    /// Opens (or starts, with checkpoint 0: the layer as it is now) the
+    /// history of the layer at `layer`, whose writes are at `writes`.
+    pub(crate) fn open(layer: &Path, writes: &Path, bound: u64) -> Result<History, HistoryError> {
+        let dir = Self::dir_of(layer);
+        for d in [dir.clone(), dir.join("objects"), dir.join("deltas")] {
+            match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(HistoryError::io("making", &d, e))
+                }
+                _ => {}
+            }
+        }
+        let mut h = History {
+            dir,
+            writes: writes.to_path_buf(),
+            bound,
+            last: (0, String::new()),
+            state: State::new(),
+            seen: Listing::new(),
+        };
+        match h.lines()?.last() {
+            Some(l) => {
+                h.last = (l.n, l.digest.clone());
+                h.state = h.state_at(l.n)?;
+            }
+            None => {
+                let start = Cause {
+                    tool: "(start)".into(),
+                    request_id: String::new(),
+                    args: serde_json::Value::Null,
+                };
+                h.take_numbered(0, &start)?;
+            }
+        }
+        Ok(h)
+    }
+
+    /// Takes the next checkpoint, after `cause`.
+    pub(crate) fn take(&mut self, cause: &Cause) -> Result<Line, HistoryError> {
+        self.take_numbered(self.last.0 + 1, cause)
+    }
+
+    fn take_numbered(&mut self, n: u64, cause: &Cause) -> Result<Line, HistoryError> {
+        let root = crate::sandbox::beneath::open_root(&self.writes)
+            .map_err(|e| HistoryError::io("opening", &self.writes, e.into()))?;
+        let listing = walk::list(&root)?;
+        let mut stored = 0u64;
+        let (delta, state) = self.compare(&root, &listing, &mut stored)?;
+        let digest = chain(&self.last.1, &delta);
+        let text = serde_json::to_vec(&delta).unwrap_or_default();
+        write_new(&self.dir.join("deltas").join(format!("{n}.json")), &text)?;
+        let folded_upto = self.make_room(n)?;
+        let line = Line {
+            n,
+            ts: crate::log::now_rfc3339(),
+            tool: cause.tool.clone(),
+            request_id: cause.request_id.clone(),
+            args: cause.args.clone(),
+            digest: digest.clone(),
+            changed: delta.changed.len(),
+            removed: delta.removed.len(),
+            paths: delta
+                .changed
+                .keys()
+                .chain(delta.removed.iter())
+                .take(PATHS_LOGGED)
+                .cloned()
+                .collect(),
+            stored,
+            folded_upto,
+        };
+        self.append(&line)?;
+        self.last = (n, digest);
+        self.state = state;
+        self.seen = listing;
+        Ok(line)
+    }
+
+    /// What changed since the last checkpoint: entries listed as before
+    /// keep their node; the others are read (their content stored).
+    fn compare(
+        &self,
+        root: &OwnedFd,
+        listing: &Listing,
+        stored: &mut u64,
+    ) -> Result<(Delta, State), HistoryError> {
+        let mut delta = Delta::default();
+        let mut state = State::new();
+        let objects = self.dir.join("objects");
+        let mut store = |fd: OwnedFd, size: u64| store_object(&objects, fd, size, stored);
+        for (path, s) in listing {
+            let before = self.state.get(path);
+            let same = self.seen.get(path) == Some(s);
+            let node = match (same, before) {
+                (true, Some(n)) => Some(n.clone()),
+                _ => walk::node(root, path, s, &mut store)?,
+            };
+            let Some(node) = node else { continue };
+            if before != Some(&node) {
+                delta.changed.insert(hex_of(path), node.clone());
+            }
+            state.insert(path.clone(), node);
+        }
+        delta.removed = self
+            .state
+            .keys()
+            .filter(|p| !state.contains_key(*p))
+            .map(|p| hex_of(p))
+            .collect();
+        Ok((delta, state))
+    }
+
+    /// Every line of the log.
+    pub(crate) fn lines(&self) -> Result<Vec<Line>, HistoryError> {
+        read_lines(&self.dir)
+    }
+
+    /// The state at checkpoint `n`.
+    pub(crate) fn state_at(&self, n: u64) -> Result<State, HistoryError> {
+        state_at(&self.dir, n)
+    }
+
+    fn append(&self, line: &Line) -> Result<(), HistoryError> {
+        let p = self.dir.join("log.jsonl");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&p)
+            .map_err(io("opening", &p))?;
+        let mut text = serde_json::to_vec(line).unwrap_or_default();
+        text.push(b'\n');
+        f.write_all(&text).map_err(io("writing", &p))
+    }
+
+    /// Folds the oldest checkpoints into the base until the objects fit
+    /// the bound (checkpoint `last`, just written, always stays); returns
+    /// the last folded.
+    fn make_room(&mut self, last: u64) -> Result<Option<u64>, HistoryError> {
+        if objects_bytes(&self.dir.join("objects")) <= self.bound {
+            return Ok(None);
+        }
+        super::rewind::fold(&self.dir, last, self.bound)
+    }
+}
+
+/// The state at checkpoint `n` of the history at `dir`.
+pub(crate) fn state_at(dir: &Path, n: u64) -> Result<State, HistoryError> {
+    let base = base_of(dir)?;
+    if n < base.0 {
+        return Err(HistoryError::Folded(n, base.0));
+    }
+    let mut state = base.1;
+    for k in base.0 + 1..=n {
+        delta_of(dir, k)?.apply(&mut state)?;
+    }
+    Ok(state)
+}
+
+/// The base: (the checkpoint it is the state at, the state).
+pub(crate) fn base_of(dir: &Path) -> Result<(u64, State), HistoryError> {
+    let p = dir.join("base.json");
+    match std::fs::read(&p) {
+        Ok(text) => {
+            let (n, hexed): (u64, std::collections::BTreeMap<String, Node>) =
+                serde_json::from_slice(&text)
+                    .map_err(|e| HistoryError::Corrupt("base".into(), e.to_string()))?;
+            let mut state = State::new();
+            for (h, node) in hexed {
+                state.insert(super::path_of(&h)?, node);
+            }
+            Ok((n, state))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // No fold yet: checkpoint 0's delta is the whole state at 0.
+            let mut s = State::new();
+            delta_of(dir, 0)?.apply(&mut s)?;
+            Ok((0, s))
+        }
+        Err(e) => Err(HistoryError::io("reading", &p, e)),
+    }
+}
+
+/// Checkpoint `n`'s delta.
+pub(crate) fn delta_of(dir: &Path, n: u64) -> Result<Delta, HistoryError> {
+    let p = dir.join("deltas").join(format!("{n}.json"));
+    let text = match std::fs::read(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(HistoryError::NoCheckpoint(n))
+        }
+        Err(e) => return Err(HistoryError::io("reading", &p, e)),
+    };
+    serde_json::from_slice(&text)
+        .map_err(|e| HistoryError::Corrupt(format!("delta {n}"), e.to_string()))
+}
+
+/// The log of the history at `dir`.
+pub(crate) fn read_lines(dir: &Path) -> Result<Vec<Line>, HistoryError> {
+    let p = dir.join("log.jsonl");
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(HistoryError::io("reading", &p, e)),
+    };
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            serde_json::from_str(l).map_err(|e| HistoryError::Corrupt("log".into(), e.to_string()))
+        })
+        .collect()
+}
+
+/// The digest chain: SHA-256 of the previous digest and the delta.
+fn chain(prev: &str, delta: &Delta) -> String {
+    let mut h = Sha256::new();
+    h.update(prev.as_bytes());
+    h.update(serde_json::to_vec(delta).unwrap_or_default());
+    walk::hex(&h.finalize())
+}
+
+/// Stores the content of `fd` (`size` bytes) as an object named by its
+/// SHA-256, once; adds the bytes of a new object to `stored`.
+fn store_object(
+    objects: &Path,
+    mut fd: OwnedFd,
+    size: u64,
+    stored: &mut u64,
+) -> Result<String, HistoryError> {
+    let tmp = objects.join(format!(".new-{}", crate::nonce::hex()));
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io("writing", &tmp))?;
+    let mut h = Sha256::new();
+    let mut file = std::fs::File::from(std::mem::replace(&mut fd, dev_null()?));
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(io("reading", &tmp))?;
+        if n == 0 || total >= size {
+            break;
+        }
+        let n = n.min((size - total) as usize);
+        h.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(io("writing", &tmp))?;
+        total += n as u64;
+    }
+    let name = walk::hex(&h.finalize());
+    let dst = objects.join(&name);
+    if dst.exists() {
+        let _ = std::fs::remove_file(&tmp);
+    } else {
+        std::fs::rename(&tmp, &dst).map_err(io("storing", &dst))?;
+        *stored += total;
+    }
+    Ok(name)
+}
+
+fn dev_null() -> Result<OwnedFd, HistoryError> {
+    std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(io("opening", Path::new("/dev/null")))
+}
+
+/// Bytes of the objects in `objects`.
+pub(crate) fn objects_bytes(objects: &Path) -> u64 {
+    std::fs::read_dir(objects)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Writes `text` to the new file `p` (0600).
+pub(crate) fn write_new(p: &Path, text: &[u8]) -> Result<(), HistoryError> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+        .map_err(io("writing", p))?;
+    f.write_all(text).map_err(io("writing", p))
+}
+
+/// Marks every entry of a listing as unseen (a rewind changed them).
+pub(crate) fn forget(seen: &mut Listing) {
+    seen.clear();
+}
+
+impl History {
+    /// After a rewind wrote the layer: the next checkpoint reads every
+    /// entry again rather than trusting the listing.
+    pub(crate) fn forget_listing(&mut self) {
+        forget(&mut self.seen);
+    }
+
+    /// The history's directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the agent's writes are.
+    pub(crate) fn writes(&self) -> &Path {
+        &self.writes
+    }
+}

@@ -1,0 +1,173 @@
+//! The history's property: after any sequence of file operations, each
+//! followed by a checkpoint, rewinding to any checkpoint N gives exactly
+//! the tree as it was after N, and rewinding to the checkpoint a rewind
+//! took first gives back the tree as it was before the rewind.
+
+use super::rewind::rewind;
+use super::store::History;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write(u8, u8),
+    Append(u8),
+    Remove(u8),
+    Rename(u8, u8),
+    Mkdir(u8),
+    Chmod(u8, bool),
+    Link(u8, u8),
+    Hardlink(u8, u8),
+}
+
+const NAMES: [&str; 6] = ["a", "b", "d/c", "d/e", "d/f/g", "h"];
+
+fn name(i: u8) -> &'static str {
+    NAMES[i as usize % NAMES.len()]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Write(a, b)),
+        any::<u8>().prop_map(Op::Append),
+        any::<u8>().prop_map(Op::Remove),
+        (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Rename(a, b)),
+        any::<u8>().prop_map(Op::Mkdir),
+        (any::<u8>(), any::<bool>()).prop_map(|(a, b)| Op::Chmod(a, b)),
+        (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Link(a, b)),
+        (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Hardlink(a, b)),
+    ]
+}
+
+/// Does `op` in `root`, ignoring what the tree makes impossible (a file
+/// where a directory should be): like an agent's commands, some fail.
+fn run(root: &Path, op: &Op) {
+    let p = |i: u8| root.join(name(i));
+    let parent = |i: u8| {
+        let _ = std::fs::create_dir_all(p(i).parent().unwrap());
+    };
+    match op {
+        Op::Write(i, b) => {
+            parent(*i);
+            let _ = std::fs::write(p(*i), vec![*b; *b as usize % 7]);
+        }
+        Op::Append(i) => {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(p(*i)) {
+                let _ = f.write_all(b"more\n");
+            }
+        }
+        Op::Remove(i) => {
+            let _ = std::fs::remove_file(p(*i)).or_else(|_| std::fs::remove_dir_all(p(*i)));
+        }
+        Op::Rename(i, j) => {
+            parent(*j);
+            let _ = std::fs::rename(p(*i), p(*j));
+        }
+        Op::Mkdir(i) => {
+            let _ = std::fs::create_dir_all(p(*i));
+        }
+        Op::Chmod(i, x) => {
+            let mode = if *x { 0o755 } else { 0o640 };
+            let _ = std::fs::set_permissions(p(*i), std::fs::Permissions::from_mode(mode));
+        }
+        Op::Link(i, j) => {
+            parent(*i);
+            let _ = std::os::unix::fs::symlink(format!("../{}", name(*j)), p(*i));
+        }
+        Op::Hardlink(i, j) => {
+            parent(*j);
+            let _ = std::fs::hard_link(p(*i), p(*j));
+        }
+    }
+}
+
+/// The tree: kind, mode and content of every entry (links by target).
+fn tree(root: &Path) -> BTreeMap<String, (String, u32, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = e.path();
+            let rel = path.strip_prefix(root).unwrap().display().to_string();
+            let m = std::fs::symlink_metadata(&path).unwrap();
+            let mode = m.permissions().mode() & 0o777;
+            let v = if m.file_type().is_symlink() {
+                let t = std::fs::read_link(&path).unwrap();
+                ("link".into(), 0, t.display().to_string().into_bytes())
+            } else if m.is_dir() {
+                stack.push(path);
+                ("dir".into(), mode, vec![])
+            } else {
+                ("file".into(), mode, std::fs::read(&path).unwrap())
+            };
+            out.insert(rel, v);
+        }
+    }
+    out
+}
+
+fn cause() -> super::Cause {
+    super::Cause {
+        tool: "test".into(),
+        request_id: String::new(),
+        args: serde_json::Value::Null,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn rewinding_to_any_checkpoint_gives_that_tree(
+        ops in proptest::collection::vec(op(), 1..24),
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let t = tempfile::tempdir().unwrap();
+        let (layer, writes) = (t.path().join("layer"), t.path().join("writes"));
+        std::fs::create_dir_all(&layer).unwrap();
+        std::fs::create_dir_all(&writes).unwrap();
+        let mut h = History::open(&layer, &writes, u64::MAX).unwrap();
+        let mut trees = vec![tree(&writes)];
+        for o in &ops {
+            run(&writes, o);
+            h.take(&cause()).unwrap();
+            trees.push(tree(&writes));
+        }
+        let last = tree(&writes);
+        let n = pick.index(trees.len());
+        let (before, _) = rewind(&mut h, n as u64).unwrap();
+        prop_assert_eq!(&tree(&writes), &trees[n], "after rewinding to {}", n);
+        rewind(&mut h, before.n).unwrap();
+        prop_assert_eq!(&tree(&writes), &last, "after undoing the rewind");
+    }
+}
+
+/// Past its bound the store folds its oldest checkpoints: the newest can
+/// still be rewound to, an old one says it was folded.
+#[test]
+fn the_store_folds_its_oldest_checkpoints_at_its_bound() {
+    let t = tempfile::tempdir().unwrap();
+    let (layer, writes) = (t.path().join("layer"), t.path().join("writes"));
+    std::fs::create_dir_all(&layer).unwrap();
+    std::fs::create_dir_all(&writes).unwrap();
+    let mut h = History::open(&layer, &writes, 10_000).unwrap();
+    let mut folded = None;
+    for i in 0..10u8 {
+        // One file rewritten: old contents are only the history's.
+        std::fs::write(writes.join("f"), vec![i; 3000]).unwrap();
+        let l = h.take(&cause()).unwrap();
+        folded = folded.or(l.folded_upto);
+    }
+    assert!(folded.is_some(), "the bound was never reached");
+    assert!(super::store::objects_bytes(&h.dir().join("objects")) <= 10_000);
+    assert!(matches!(
+        h.state_at(1),
+        Err(super::HistoryError::Folded(1, _))
+    ));
+    std::fs::write(writes.join("late"), b"x").unwrap();
+    let (_, after) = rewind(&mut h, 9).unwrap();
+    assert!(!writes.join("late").exists(), "{after:?}");
+    assert_eq!(std::fs::read(writes.join("f")).unwrap(), vec![8u8; 3000]);
+}

@@ -1,0 +1,210 @@
+//! Reading where the agent's writes are (an overlay's `upper/`, a copy
+//! workspace's copy) as checkpoints see it: every entry by its path, never
+//! through a link (each directory is opened beneath its parent with
+//! `openat2`'s no-symlinks rule; a file is read only if the inode opened
+//! is the one listed), with what tells a change apart (inode, ctime, size)
+//! and what a rewind puts back (kind, mode, a link's target, a whiteout,
+//! an opaque directory).
+
+use super::HistoryError;
+use crate::sandbox::beneath::beneath;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{fstatat, FileStat, SFlag};
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Entries a walk reads at most: past it the checkpoint fails (closed).
+pub(crate) const MAX_ENTRIES: usize = 1_000_000;
+
+/// What an entry is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub(crate) enum Node {
+    /// A regular file: its content is the object named by its SHA-256.
+    File {
+        /// Permission bits (set-ID bits never kept).
+        mode: u32,
+        /// Apparent size.
+        size: u64,
+        /// The content's SHA-256 (hex): its object in the store.
+        object: String,
+    },
+    /// A directory; `opaque`: it hides what the workspace has below it.
+    Dir {
+        /// Permission bits.
+        mode: u32,
+        /// Overlayfs's opaque mark (`user.overlay.opaque`).
+        opaque: bool,
+    },
+    /// A symbolic link (never followed), its target in hex.
+    Link {
+        /// The target's bytes, hex.
+        target: String,
+    },
+    /// Overlayfs's mark of an entry removed from the workspace.
+    Whiteout,
+}
+
+/// An entry as listed, before its content is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// Inode, ctime (ns) and size: what changes when anything about it does.
+    pub(crate) stamp: (u64, i128, u64),
+    /// The file type bits (`S_IFMT`).
+    pub(crate) fmt: u32,
+}
+
+/// Every entry below the root, by its path relative to it (no `.`).
+pub(crate) type Listing = BTreeMap<PathBuf, Seen>;
+
+fn seen(st: &FileStat) -> Seen {
+    Seen {
+        stamp: (
+            st.st_ino,
+            st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128,
+            st.st_size as u64,
+        ),
+        fmt: st.st_mode & SFlag::S_IFMT.bits(),
+    }
+}
+
+/// Lists every entry below `root` without following a link.
+pub(crate) fn list(root: &OwnedFd) -> Result<Listing, HistoryError> {
+    let mut out = Listing::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = open_dir(root, &rel)?;
+        for (name, st) in children(&dir, &rel)? {
+            let path = rel.join(&name);
+            let s = seen(&st);
+            if s.fmt == SFlag::S_IFDIR.bits() {
+                stack.push(path.clone());
+            }
+            out.insert(path, s);
+            if out.len() > MAX_ENTRIES {
+                return Err(HistoryError::TooLarge(MAX_ENTRIES));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Opens the directory `rel` beneath `root` (no link on the way).
+pub(crate) fn open_dir(root: &impl AsFd, rel: &Path) -> Result<OwnedFd, HistoryError> {
+    beneath(root, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+        .map_err(|e| HistoryError::io("opening the directory", rel, e.into()))
+}
+
+fn children(dir: &OwnedFd, rel: &Path) -> Result<Vec<(PathBuf, FileStat)>, HistoryError> {
+    let fd = dir
+        .try_clone()
+        .map_err(|e| HistoryError::io("listing", rel, e))?;
+    let mut d =
+        nix::dir::Dir::from_fd(fd).map_err(|e| HistoryError::io("listing", rel, e.into()))?;
+    let mut out = Vec::new();
+    for e in d.iter() {
+        let e = e.map_err(|e| HistoryError::io("listing", rel, e.into()))?;
+        let name = e.file_name().to_bytes();
+        if matches!(name, b"." | b"..") {
+            continue;
+        }
+        let name = OsStr::from_bytes(name);
+        match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => out.push((PathBuf::from(name), st)),
+            // Gone since the listing: not there.
+            Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(HistoryError::io("reading", &rel.join(name), e.into())),
+        }
+    }
+    Ok(out)
+}
+
+/// What the entry at `rel` is, its file's content handed to `store`
+/// (which returns the object's name). None: it is gone, or it changed
+/// between the listing and the read (the next checkpoint sees it).
+pub(crate) fn node(
+    root: &OwnedFd,
+    rel: &Path,
+    s: &Seen,
+    store: &mut dyn FnMut(OwnedFd, u64) -> Result<String, HistoryError>,
+) -> Result<Option<Node>, HistoryError> {
+    let fmt = SFlag::from_bits_truncate(s.fmt);
+    let (parent, name) = split(rel);
+    let dir = open_dir(root, parent)?;
+    if fmt == SFlag::S_IFLNK {
+        let target = match nix::fcntl::readlinkat(&dir, name) {
+            Ok(t) => t,
+            Err(nix::errno::Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(HistoryError::io("reading the link", rel, e.into())),
+        };
+        return Ok(Some(Node::Link {
+            target: hex(target.as_bytes()),
+        }));
+    }
+    if fmt == SFlag::S_IFCHR {
+        // A whiteout is `c 0 0`; any other device is no entry of a layer.
+        let st = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
+        return Ok(st.filter(|st| st.st_rdev == 0).map(|_| Node::Whiteout));
+    }
+    let flags = if fmt == SFlag::S_IFDIR {
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY
+    } else if fmt == SFlag::S_IFREG {
+        OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK
+    } else {
+        return Ok(None);
+    };
+    let fd = match beneath(&dir, Path::new(name), flags) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(HistoryError::io("opening", rel, e.into())),
+    };
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| HistoryError::io("reading", rel, e.into()))?;
+    if seen(&st) != *s {
+        return Ok(None);
+    }
+    let mode = st.st_mode & 0o777;
+    if fmt == SFlag::S_IFDIR {
+        return Ok(Some(Node::Dir {
+            mode,
+            opaque: super::rewind::is_opaque(&fd),
+        }));
+    }
+    let object = store(fd, st.st_size as u64)?;
+    Ok(Some(Node::File {
+        mode,
+        size: st.st_size as u64,
+        object,
+    }))
+}
+
+/// A path's parent and its last component.
+pub(crate) fn split(rel: &Path) -> (&Path, &OsStr) {
+    (
+        rel.parent().unwrap_or(Path::new("")),
+        rel.file_name().unwrap_or(OsStr::new(".")),
+    )
+}
+
+/// Bytes as lowercase hex.
+pub(crate) fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
+}
+
+/// Hex back to bytes (None: not hex).
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}

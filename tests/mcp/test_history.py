@@ -1,0 +1,158 @@
+"""Issue 43: the workspace's history through the real `serve` and the
+official MCP client. Each call that can change the workspace ends with a
+checkpoint its audit record names; `sandmux log` lists them, `diff --call`
+shows what one call changed, `rewind` puts the layer back (and is undone by
+rewinding to the checkpoint it names). Attacks: a link planted where a
+checkpoint reads (the store holds the link, never what it points to), and
+names the terminal would obey."""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import BIN, audit_records, call, connect
+
+pytestmark = pytest.mark.anyio
+
+
+def sandmux(env, *args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+
+
+def layer_of(status):
+    line = next(x for x in status["limits"]["impossible"] if "sandmux diff" in x)
+    return re.search(r"sandmux diff (\w+)", line).group(1)
+
+
+def upper(env, lid):
+    return os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers", lid, "upper")
+
+
+def door_records(env, lid):
+    """The door's records of instance `lid` (a serve with its own
+    --audit-log: the door writes a log of its own in the state directory)."""
+    out = []
+    for d, _, files in os.walk(env["XDG_STATE_HOME"]):
+        for n in files:
+            if n.endswith(f"-{lid}.jsonl"):
+                out += [json.loads(x) for x in open(os.path.join(d, n)) if x.strip()]
+    return [r for r in out if r.get("tool") == "(door)"]
+
+
+def tree(root):
+    """Every entry below root: kind and content (links by target)."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                out[rel] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[rel] = ("dir", None)
+            elif os.stat(p).st_rdev:
+                out[rel] = ("dev", None)
+            elif not os.path.isfile(p):
+                out[rel] = ("whiteout", None)
+            else:
+                out[rel] = ("file", open(p, "rb").read())
+    return out
+
+
+async def test_each_changing_call_is_a_checkpoint_and_rewind_puts_the_layer_back(ws):
+    work, host = ws
+    (work / "kept.txt").write_text("the human's\n")
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        status = await call(c, "sandbox_status")
+        lid = layer_of(status)
+        await call(c, "run_command", {"command": "echo one > a.txt && mkdir -p d && echo two > d/b.txt", "timeout": 20})
+        await call(c, "list_panes")  # reads: no checkpoint
+        await call(c, "run_command", {"command": "echo three >> d/b.txt && rm kept.txt && ln -s /etc/hostname l", "timeout": 20})
+        await call(c, "run_command", {"command": "rm -rf d a.txt && echo oops > ruined.txt", "timeout": 20})
+    recs = [r for r in audit_records(ws) if r.get("tool") in ("run_command", "list_panes")]
+    cps = [r.get("checkpoint") for r in recs]
+    assert [cp["n"] if cp else None for cp in cps] == [1, None, 2, 3], recs
+    assert len({cp["digest"] for cp in cps if cp}) == 3
+
+    log = sandmux(env, "log", lid)
+    assert log.returncode == 0, log.stderr
+    lines = log.stdout.splitlines()
+    assert len(lines) == 4 and lines[0].split()[0] == "0" and "(start)" in lines[0], log.stdout
+    assert "run_command" in lines[2] and "kept.txt" in lines[2], log.stdout
+    js = [json.loads(x) for x in sandmux(env, "log", lid, "--json").stdout.splitlines()]
+    assert [x["digest"] for x in js[1:]] == [cp["digest"] for cp in cps if cp]
+
+    d2 = sandmux(env, "diff", lid, "--call", "2")
+    assert d2.returncode == 1, d2.stderr
+    assert "M d/b.txt" in d2.stdout and "+three" in d2.stdout, d2.stdout
+    assert "D kept.txt" in d2.stdout and "-the human's" in d2.stdout, d2.stdout
+    assert "A l" in d2.stdout and "a.txt" not in d2.stdout, d2.stdout
+
+    before = tree(upper(env, lid))
+    assert "ruined.txt" in before and "d" not in before
+    rw = sandmux(env, "rewind", lid, "2")
+    assert rw.returncode == 0, rw.stderr
+    after = tree(upper(env, lid))
+    assert after["d/b.txt"] == ("file", b"two\nthree\n") and after["a.txt"] == ("file", b"one\n"), after
+    assert after["l"] == ("link", "/etc/hostname") and "ruined.txt" not in after, after
+    assert "kept.txt" in after and after["kept.txt"][0] in ("dev", "whiteout"), after
+    # The door sees the rewound layer: diff shows call 1 and 2's work.
+    d = sandmux(env, "diff", lid, "--names-only")
+    assert "a.txt" in d.stdout and "ruined.txt" not in d.stdout, d.stdout
+    # A rewind of the rewind is the identity.
+    undo = re.search(r"sandmux rewind \w+ (\d+)", rw.stdout).group(1)
+    assert sandmux(env, "rewind", lid, undo).returncode == 0
+    assert tree(upper(env, lid)) == before
+    door = [r for r in door_records(env, lid) if r.get("error_type") == "rewind"]
+    assert len(door) == 2 and all(r["args"]["exit_status"] == 0 for r in door), door
+    assert (work / "kept.txt").read_text() == "the human's\n"  # the workspace itself untouched
+
+
+async def test_a_link_swapped_in_during_a_checkpoint_stores_the_link_never_its_target(ws):
+    """The agent races the checkpoint's read: a file it wrote becomes a link
+    to a host file in a tight loop. The store must only ever hold the link
+    or the agent's bytes; a rewind writes back nothing of the host's.
+    Control: the same target read by following links has the host's
+    bytes (what a naive walk would store)."""
+    work, host = ws
+    secret = host / "secret.txt"
+    secret.write_text("HOST-SECRET-VALUE\n")
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": f"(for i in $(seq 4000); do echo agent > f.new && mv -f f.new f; ln -sfn {secret} f; done) >/dev/null 2>&1 &", "timeout": 20})
+        for _ in range(15):
+            await call(c, "send_keys", {"text": "true", "keys": ["Enter"]})
+        await call(c, "run_command", {"command": "wait; echo done", "timeout": 60})
+    objects = os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers", lid, "history", "objects")
+    stored = [open(os.path.join(objects, n), "rb").read() for n in os.listdir(objects)]
+    assert stored, "no object stored"
+    assert not any(b"HOST-SECRET" in s for s in stored), "a host file's bytes were stored"
+    # Control: the checkpoints ran while the swap did (they saw `f` both as
+    # the agent's file and as the link), and following that link reaches
+    # the host's bytes: what a walk that follows links would have stored.
+    deltas = os.path.join(os.path.dirname(objects), "deltas")
+    kinds = set()
+    for n in os.listdir(deltas):
+        node = json.load(open(os.path.join(deltas, n)))["changed"].get("66")  # "f" in hex
+        if node:
+            kinds.add(node["kind"])
+    assert kinds == {"file", "link"}, kinds
+    assert open(secret).read() == "HOST-SECRET-VALUE\n"
+
+
+async def test_names_the_terminal_would_obey_are_escaped_in_log_and_diff(ws):
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "printf 'x\\n' > \"$(printf 'e\\033]0;PWNED\\007')\"", "timeout": 20})
+    out = subprocess.run(["script", "-qec", f"{BIN} log {lid}; {BIN} diff {lid} --call 1", "/dev/null"],
+                         capture_output=True, env={**os.environ, **env}, timeout=60).stdout
+    assert b"\x1b]0;PWNED" not in out and b"PWNED" in out, out
+    # Control: the name in the layer holds the escape the terminal obeys.
+    assert any("\x1b]0;PWNED" in n for n in os.listdir(upper(env, lid)))
