@@ -134,6 +134,9 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             http,
             token_file,
             allowed_host,
+            unclaimed,
+            token_header,
+            upstream_timeout,
         } => serve(
             &target,
             on_end,
@@ -149,6 +152,9 @@ fn dispatch(cmd: Cmd) -> ExitCode {
                 addr,
                 token_file,
                 allowed_hosts: allowed_host,
+                token_header,
+                unclaimed,
+                upstream_timeout,
             }),
         ),
         Cmd::Instance { target } => match resolve(&target, profile::OnEnd::Discard) {
