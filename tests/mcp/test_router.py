@@ -154,3 +154,78 @@ def test_a_token_header_a_proxy_drops_is_refused_at_start(ws):
     p = server_params(ws, "--http", f"{POD_IP}:0", "--unclaimed", "--token-header", "X-Forwarded-Host")
     r = subprocess.run([p.command, *p.args], env=p.env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--token-header x-forwarded-host" in r.stderr and "X-Sandmux-Token" in r.stderr
+
+
+def profile_with(ws, **keys):
+    text = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    text = text.replace("\n[mcp]\n", "\n[mcp]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()), 1)
+    p = ws[1] / "router.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def token_set(ws, instance, token):
+    """`sandmux token set ID` with the token on stdin, as `kubectl exec -i
+    POD -- sandmux token set ID` runs it in the pod."""
+    p = server_params(ws)
+    return subprocess.run([BIN, "token", "set", instance], input=token + "\n", env=p.env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.anyio
+async def test_a_warm_pool_pod_is_adopted_refused_before_served_after_and_rotated(ws):
+    """A pooled pod starts --unclaimed: every MCP request is refused, whatever
+    token is shown. `sandmux token set` claims it: the SDK works through the
+    router. Set again: the old token is refused, the new one served. The
+    token appears nowhere but in the request (not in `token set`'s output,
+    not in the audit log, which names it by digest)."""
+    a, b = os.urandom(16).hex(), os.urandom(16).hex()
+    router = SandboxRouter(dns={NAME: POD_IP})
+    try:
+        with pod(ws, "--unclaimed", "--token-header", "X-Sandmux-Token", *hosts_for_the_pod()) as (port, inst, proc):
+            for guess in (a, None, "x" * 16):
+                assert post_init(router, through(port, guess)).status_code == 401
+            assert httpx2.get(f"http://{POD_IP}:{port}/healthz", timeout=10).status_code == 200, "a pooled pod is ready"
+            r = token_set(ws, inst, a)
+            assert r.returncode == 0, r.stderr
+            assert "token_claimed" in r.stderr and a not in r.stdout + r.stderr
+            await sdk_calls(router, through(port, a))
+            r = token_set(ws, inst, b)
+            assert r.returncode == 0 and "token_replaced" in r.stderr, r.stderr
+            assert post_init(router, through(port, a)).status_code == 401
+            assert post_init(router, through(port, b)).status_code == 200
+            bad = token_set(ws, inst, "short")
+            assert bad.returncode == 1 and "16-4096" in bad.stderr
+            assert post_init(router, through(port, b)).status_code == 200, "a refused token set changes nothing"
+            assert proc.poll() is None
+    finally:
+        router.close()
+    events = [r["error_type"] for r in audit_records(ws) if r["tool"] == "(http)"]
+    assert events == ["token_claimed", "token_replaced"], events
+    text = (ws[1] / "audit.jsonl").read_text()
+    assert a not in text and b not in text
+
+
+def test_token_set_is_refused_for_an_instance_with_a_token_file(ws, secrets):
+    """Control: only --unclaimed instances take a token over the endpoint
+    (a token file stays the one source, rotated by replacing the file)."""
+    tok = os.urandom(16).hex()
+    with pod(ws, "--token-file", token_file(secrets, tok), *hosts_for_the_pod()) as (port, inst, _):
+        r = token_set(ws, inst, os.urandom(16).hex())
+        assert r.returncode == 1 and "--token-file" in r.stderr
+        direct = httpx2.post(f"http://{POD_IP}:{port}/mcp", json=INIT, headers={**MCP_ACCEPT, "Authorization": f"Bearer {tok}"}, timeout=30)
+        assert direct.status_code == 200
+
+
+def test_the_idle_clock_waits_for_the_claim(ws):
+    """[mcp] http_idle_seconds = 5: unclaimed, the pod outlives it twice
+    over; once claimed, it ends after 5 s without a request (the control:
+    the same clock, running)."""
+    prof = profile_with(ws, http_idle_seconds=5)
+    with pod(ws, "-p", prof, "--unclaimed", *hosts_for_the_pod()) as (port, inst, proc):
+        time.sleep(11)
+        assert proc.poll() is None, "an unclaimed pod is not idle"
+        t0 = time.monotonic()
+        assert token_set(ws, inst, os.urandom(16).hex()).returncode == 0
+        assert proc.wait(timeout=60) == 0
+        assert 4.5 <= time.monotonic() - t0 < 30
+    assert any(r["tool"] == "(http-idle)" for r in audit_records(ws))
