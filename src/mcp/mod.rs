@@ -344,6 +344,9 @@ pub(crate) fn serve(mut policy: Policy, opts: Options, stop: &exit::Stop) -> i32
             return crate::sandbox::EXIT_USAGE;
         }
     };
+    if let Some(f) = &opts.http {
+        http::router::cap_waits(&mut policy, f);
+    }
     let mut pre = match prepare(&policy, &opts) {
         Ok(p) => p,
         Err(e) => {

@@ -307,13 +307,15 @@ class SandboxRouter:
     as it comes (SSE); gives up on a request after `timeout` seconds (180 by
     default: before the response's headers a 502, after them the
     connection is cut) and on headers after `header_timeout` (30).
-    `forwarded` keeps the headers each forwarded request carried."""
+    `forwarded` keeps the headers each forwarded request carried, `cuts`
+    the method of each answer cut off by the timeout."""
 
     def __init__(self, dns=None, timeout=180.0, header_timeout=30.0):
         self.dns = dict(dns or {})
         self.timeout, self.header_timeout = timeout, header_timeout
         self.forwarded = []
-        self.cut = 0
+        # The method of each request whose answer was cut off mid-stream.
+        self.cuts = []
         outer = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -418,7 +420,7 @@ class SandboxRouter:
             h.wfile.flush()
         except (TimeoutError, OSError):
             # Mid-stream: Go's ReverseProxy aborts the response.
-            self.cut += 1
+            self.cuts.append(h.command)
             h.close_connection = True
             try:
                 h.connection.shutdown(socket.SHUT_RDWR)

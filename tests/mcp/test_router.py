@@ -8,6 +8,7 @@ sbx-1.agents.svc.cluster.local. Every check has its control: the same
 request the way the router breaks it without the option fails."""
 
 import contextlib
+import json
 import os
 import pathlib
 import re
@@ -229,3 +230,54 @@ def test_the_idle_clock_waits_for_the_claim(ws):
         assert proc.wait(timeout=60) == 0
         assert 4.5 <= time.monotonic() - t0 < 30
     assert any(r["tool"] == "(http-idle)" for r in audit_records(ws))
+
+
+def raw_call(router, headers, name, args):
+    """One tools/call over plain HTTP, as a client that does not resume a
+    cut stream sends it: (the result, or None when no answer arrived)."""
+    with httpx2.Client(headers={**MCP_ACCEPT, **headers}, timeout=httpx2.Timeout(30.0, read=120.0)) as h:
+        r = h.post(router.url + "/mcp", json=INIT)
+        assert r.status_code == 200, r.text
+        sid = {"Mcp-Session-Id": r.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+        h.post(router.url + "/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=sid)
+        body = b""
+        try:
+            with h.stream("POST", router.url + "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": args}}, headers=sid) as resp:
+                for chunk in resp.iter_bytes():
+                    body += chunk
+        except httpx2.HTTPError:
+            pass  # cut off mid-stream
+        for line in body.decode().splitlines():
+            if line.startswith("data:") and '"id":2' in line.replace(" ", ""):
+                return json.loads(line[5:])["result"]["structuredContent"]
+        return None
+
+
+@pytest.mark.anyio
+async def test_waits_end_under_the_upstream_timeout_and_say_so(ws, secrets):
+    """The router gives up after 20 s here (180 s in a cluster). With
+    --upstream-timeout 20, each wait ends within 10 s, and the answer
+    arrives through the router in the call's own stream and says it was
+    cut short. Control: the same call without the option: the router cuts
+    the stream at 20 s and a client that does not resume streams gets no
+    answer."""
+    tok = os.urandom(16).hex()
+    router = SandboxRouter(dns={NAME: POD_IP}, timeout=20)
+    long_run = ("run_command", {"command": "sleep 40; echo late", "timeout": 60})
+    try:
+        with pod(ws, "--token-file", token_file(secrets, tok), "--token-header", "X-Sandmux-Token", "--upstream-timeout", "20", *hosts_for_the_pod()) as (port, _, _):
+            t0 = time.monotonic()
+            run = raw_call(router, through(port, tok), *long_run)
+            wait = raw_call(router, through(port, tok), "wait_for_text", {"patterns": ["never-printed"], "timeout": 60})
+            cmd = raw_call(router, through(port, tok), "wait_for_command", {"command_id": run["command_id"], "timeout": 60})
+            assert time.monotonic() - t0 < 45
+        assert run["status"] == "timeout" and run["timeout"] == 10, run
+        assert "--upstream-timeout 20" in run["note"], run
+        assert wait["outcome"] == "timeout" and wait["effective_timeout"] == 10, wait
+        assert cmd["timeout"] == 10 and "--upstream-timeout 20" in cmd["note"], cmd
+        assert router.cuts == []
+        with pod(ws, "--token-file", token_file(secrets, tok), "--token-header", "X-Sandmux-Token", *hosts_for_the_pod()) as (port, _, _):
+            assert raw_call(router, through(port, tok), *long_run) is None
+        assert router.cuts == ["POST"], "the router cut the answer off"
+    finally:
+        router.close()

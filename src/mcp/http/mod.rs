@@ -264,7 +264,7 @@ impl Info {
     /// The URL, the token's file, the open sessions and the refusal counts.
     pub(crate) fn status(&self) -> Value {
         let sessions = self.sessions.sessions.try_read().map(|s| s.len()).ok();
-        let mut v = json!({"url": self.url, "token_file": self.token_file, "sessions": sessions, "unclaimed": self.token.waiting()});
+        let mut v = json!({"url": self.url, "token_file": self.token_file, "sessions": sessions, "unclaimed": self.token.waiting(), "upstream_timeout": self.upstream.map(|d| d.as_secs())});
         if let (Value::Object(m), Value::Object(t)) = (&mut v, self.rejects.totals()) {
             m.extend(t);
         }

@@ -51,6 +51,36 @@ pub(crate) const MARGIN: Duration = Duration::from_secs(10);
 /// The shortest cap, whatever the timeout.
 pub(crate) const MIN_WAIT: Duration = Duration::from_secs(1);
 
+/// `--upstream-timeout`, once it lowered the ceiling (one instance per process).
+static UPSTREAM: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Lowers the profile's ceiling on every wait (`[mcp] wait_max_seconds`,
+/// which every tool's wait is clamped to) below `--upstream-timeout`, so
+/// no call outlives the proxy in front: a wait ends, and says so, before
+/// the proxy would cut the answer off.
+pub(crate) fn cap_waits(policy: &mut crate::profile::Policy, f: &super::Flags) {
+    let Some(secs) = f.upstream_timeout else {
+        return;
+    };
+    let cap = wait_cap(Duration::from_secs(secs)).as_secs();
+    if cap < policy.mcp.wait_max_seconds {
+        tracing::info!(
+            "--upstream-timeout {secs}: every wait ends within {cap} s (the profile's ceiling is {} s)",
+            policy.mcp.wait_max_seconds
+        );
+        policy.mcp.wait_max_seconds = cap;
+        let _ = UPSTREAM.set(secs);
+    }
+}
+
+/// Why a wait was cut to the ceiling, for a result's note.
+pub(crate) fn ceiling_why() -> String {
+    match UPSTREAM.get() {
+        Some(s) => format!("the ceiling under --upstream-timeout {s} (the proxy in front gives up on a request after {s} s)"),
+        None => "the profile's ceiling ([mcp] wait_max_seconds)".into(),
+    }
+}
+
 /// The longest a tool may wait under an upstream timeout.
 pub(crate) fn wait_cap(upstream: Duration) -> Duration {
     upstream.saturating_sub(MARGIN).max(MIN_WAIT)
