@@ -123,6 +123,10 @@ pub(super) enum Cmd {
         /// (seconds): every wait a tool does ends 10 s before it, and says so.
         #[arg(long, requires = "http", value_name = "SECONDS")]
         upstream_timeout: Option<u64>,
+        /// Also write every audit record to stdout as it is logged (the
+        /// cluster's log pipeline keeps it after the pod is gone).
+        #[arg(long, requires = "http")]
+        audit_stdout: bool,
         /// A further name a Host or Origin header may carry (repeatable).
         #[arg(long, requires = "http", value_name = "NAME")]
         allowed_host: Vec<String>,

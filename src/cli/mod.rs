@@ -137,26 +137,32 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             unclaimed,
             token_header,
             upstream_timeout,
-        } => serve(
-            &target,
-            on_end,
-            crate::mcp::toolsets::Flags {
-                toolsets,
-                tools,
-                exclude_tools,
-            },
-            audit_log,
-            no_session,
-            record,
-            http.map(|addr| crate::mcp::http::Flags {
-                addr,
-                token_file,
-                allowed_hosts: allowed_host,
-                token_header,
-                unclaimed,
-                upstream_timeout,
-            }),
-        ),
+            audit_stdout,
+        } => {
+            if audit_stdout {
+                crate::audit::mirror_to_stdout();
+            }
+            serve(
+                &target,
+                on_end,
+                crate::mcp::toolsets::Flags {
+                    toolsets,
+                    tools,
+                    exclude_tools,
+                },
+                audit_log,
+                no_session,
+                record,
+                http.map(|addr| crate::mcp::http::Flags {
+                    addr,
+                    token_file,
+                    allowed_hosts: allowed_host,
+                    token_header,
+                    unclaimed,
+                    upstream_timeout,
+                }),
+            )
+        }
         Cmd::Instance { target } => match resolve(&target, profile::OnEnd::Discard) {
             Ok(policy) => hold_instance(policy),
             Err(c) => c,

@@ -171,6 +171,8 @@ def test_a_pooled_pod_holds_no_secret_and_waits_unclaimed(rendered, profile):
     assert "--unclaimed" in args and "--token-file" not in args
     assert args[args.index("--token-header") + 1] == "X-Sandmux-Token"
     assert args[args.index("--profile") + 1] == PROFILES[profile]
+    assert int(args[args.index("--upstream-timeout") + 1]) < 180, "under the router's timeout"
+    assert "--audit-stdout" in args, "the audit log outlives the pod"
     c2 = claim()["spec"]
     assert "env" not in c2 and "volumeClaimTemplates" not in c2, "either forces a cold start"
 

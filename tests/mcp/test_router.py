@@ -44,10 +44,11 @@ def token_file(d, token):
 
 
 @contextlib.contextmanager
-def pod(ws, *extra):
-    """`serve --http 127.0.0.2:0` (the pod): yields (port, instance id, process)."""
+def pod(ws, *extra, argv=None):
+    """`serve --http 127.0.0.2:0` (the pod), or `argv` as given: yields
+    (port, instance id, process)."""
     p = server_params(ws, "--http", f"{POD_IP}:0", *extra)
-    proc = subprocess.Popen([p.command, *p.args], env=p.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv or [p.command, *p.args], env=p.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         line = ""
         for line in proc.stderr:
@@ -232,17 +233,17 @@ def test_the_idle_clock_waits_for_the_claim(ws):
     assert any(r["tool"] == "(http-idle)" for r in audit_records(ws))
 
 
-def raw_call(router, headers, name, args):
+def raw_call(base, headers, name, args):
     """One tools/call over plain HTTP, as a client that does not resume a
     cut stream sends it: (the result, or None when no answer arrived)."""
     with httpx2.Client(headers={**MCP_ACCEPT, **headers}, timeout=httpx2.Timeout(30.0, read=120.0)) as h:
-        r = h.post(router.url + "/mcp", json=INIT)
+        r = h.post(base + "/mcp", json=INIT)
         assert r.status_code == 200, r.text
         sid = {"Mcp-Session-Id": r.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
-        h.post(router.url + "/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=sid)
+        h.post(base + "/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=sid)
         body = b""
         try:
-            with h.stream("POST", router.url + "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": args}}, headers=sid) as resp:
+            with h.stream("POST", base + "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": args}}, headers=sid) as resp:
                 for chunk in resp.iter_bytes():
                     body += chunk
         except httpx2.HTTPError:
@@ -267,9 +268,9 @@ async def test_waits_end_under_the_upstream_timeout_and_say_so(ws, secrets):
     try:
         with pod(ws, "--token-file", token_file(secrets, tok), "--token-header", "X-Sandmux-Token", "--upstream-timeout", "20", *hosts_for_the_pod()) as (port, _, _):
             t0 = time.monotonic()
-            run = raw_call(router, through(port, tok), *long_run)
-            wait = raw_call(router, through(port, tok), "wait_for_text", {"patterns": ["never-printed"], "timeout": 60})
-            cmd = raw_call(router, through(port, tok), "wait_for_command", {"command_id": run["command_id"], "timeout": 60})
+            run = raw_call(router.url, through(port, tok), *long_run)
+            wait = raw_call(router.url, through(port, tok), "wait_for_text", {"patterns": ["never-printed"], "timeout": 60})
+            cmd = raw_call(router.url, through(port, tok), "wait_for_command", {"command_id": run["command_id"], "timeout": 60})
             assert time.monotonic() - t0 < 45
         assert run["status"] == "timeout" and run["timeout"] == 10, run
         assert "--upstream-timeout 20" in run["note"], run
@@ -277,7 +278,76 @@ async def test_waits_end_under_the_upstream_timeout_and_say_so(ws, secrets):
         assert cmd["timeout"] == 10 and "--upstream-timeout 20" in cmd["note"], cmd
         assert router.cuts == []
         with pod(ws, "--token-file", token_file(secrets, tok), "--token-header", "X-Sandmux-Token", *hosts_for_the_pod()) as (port, _, _):
-            assert raw_call(router, through(port, tok), *long_run) is None
+            assert raw_call(router.url, through(port, tok), *long_run) is None
         assert router.cuts == ["POST"], "the router cut the answer off"
     finally:
         router.close()
+
+
+def test_audit_stdout_carries_the_whole_sealed_log_after_the_pod_is_gone(ws, secrets):
+    """--audit-stdout: each record goes to stdout as it is written, so the
+    cluster's log pipeline keeps the log when the pod's volume goes. The
+    copy is the log byte for byte, and `sandmux audit verify` finds its
+    chain intact and sealed with the file deleted. Control: without the
+    option, stdout carries nothing (it is not the MCP channel over HTTP)."""
+    tok = os.urandom(16).hex()
+    outs = {}
+    for flag in ([], ["--audit-stdout"]):
+        log = ws[1] / "audit.jsonl"
+        log.unlink(missing_ok=True)
+        p = server_params(ws, "--http", f"{POD_IP}:0", "--token-file", token_file(secrets, tok), "--allowed-host", POD_IP, *flag)
+        proc = subprocess.Popen([p.command, *p.args], env=p.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = ""
+        for line in proc.stderr:
+            if "serving MCP at " in line:
+                break
+        url = line.split("serving MCP at ")[1].split()[0]
+        assert raw_call(url.removesuffix("/mcp"), {"Authorization": f"Bearer {tok}"}, "sandbox_status", {})
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        outs[bool(flag)] = (out, log.read_text())
+    assert outs[False][0] == ""
+    out, text = outs[True]
+    assert out == text and '"tool":"sandbox_status"' in out
+    copy = ws[1] / "collected.jsonl"
+    copy.write_text(out)
+    (ws[1] / "audit.jsonl").unlink()
+    v = subprocess.run([BIN, "audit", "verify", str(copy)], capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and "sealed" in v.stdout, v.stdout + v.stderr
+
+
+def test_the_templates_own_arguments_serve_through_the_router_after_adoption(ws, tmp_path):
+    """The SandboxTemplate's container arguments as rendered, expanded as the
+    kubelet expands $(VAR) from the Downward API (status.podIP,
+    metadata.name, metadata.namespace), with only the workspace and the
+    port made local: the pod starts unclaimed, `token set` adopts it, the
+    router reaches it by its DNS name and by its IP. Control: a variable
+    the kubelet could not expand stays literal, and serve refuses to start."""
+    out = subprocess.run(["kubectl", "kustomize", str(pathlib.Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "agent-sandbox" / "default")], capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import yaml
+
+    t = next(o for o in yaml.safe_load_all(out.stdout) if o["kind"] == "SandboxTemplate")
+    (c,) = t["spec"]["podTemplate"]["spec"]["containers"]
+    env = {"POD_IP": POD_IP, "POD_NAME": "sbx-1", "POD_NAMESPACE": "agents"}
+    assert {e["name"] for e in c["env"]} == set(env)
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in c["args"]]
+    args[args.index("--workspace") + 1] = str(ws[0])
+    args[args.index("--http") + 1] = f"{POD_IP}:0"
+    argv = [BIN, *args, "--audit-log", str(ws[1] / "audit.jsonl")]
+    tok = os.urandom(16).hex()
+    router = SandboxRouter(dns={NAME: POD_IP})
+    try:
+        with pod(ws, argv=argv) as (port, inst, proc):
+            assert post_init(router, through(port, tok)).status_code == 401
+            assert token_set(ws, inst, tok).returncode == 0
+            assert post_init(router, through(port, tok)).status_code == 200
+            assert post_init(router, through(port, tok, by_ip=True)).status_code == 200
+            proc.terminate()
+            proc.wait(timeout=30)
+    finally:
+        router.close()
+    literal = ["$(POD_IP)" if a == POD_IP else a for a in argv]
+    r = subprocess.run(literal, env=server_params(ws).env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and '--allowed-host "$(POD_IP)"' in r.stderr, r.stderr
