@@ -69,14 +69,34 @@ pub(crate) fn cap_waits(policy: &mut crate::profile::Policy, f: &super::Flags) {
             policy.mcp.wait_max_seconds
         );
         policy.mcp.wait_max_seconds = cap;
-        let _ = UPSTREAM.set(secs);
     }
+    // A wait for a human's answer fits too; what is left goes to the call's
+    // own waits ([`left`]).
+    policy.mcp.ask_seconds = policy.mcp.ask_seconds.min(cap.max(5));
+    let _ = UPSTREAM.set(secs);
+}
+
+/// The ceiling on a wait in a call that began at `started`: the profile's
+/// (`wait_max`, already under the upstream cap), and under
+/// `--upstream-timeout` no more than what is left of the cap since the
+/// request arrived (a wait for a human's answer spent part of it), at
+/// least [`MIN_WAIT`].
+pub(crate) fn left(started: std::time::Instant, wait_max: Duration) -> Duration {
+    match UPSTREAM.get() {
+        Some(s) => left_of(wait_cap(Duration::from_secs(*s)), started, wait_max),
+        None => wait_max,
+    }
+}
+
+fn left_of(cap: Duration, started: std::time::Instant, wait_max: Duration) -> Duration {
+    cap.saturating_sub(started.elapsed())
+        .clamp(MIN_WAIT, wait_max.max(MIN_WAIT))
 }
 
 /// Why a wait was cut to the ceiling, for a result's note.
 pub(crate) fn ceiling_why() -> String {
     match UPSTREAM.get() {
-        Some(s) => format!("the ceiling under --upstream-timeout {s} (the proxy in front gives up on a request after {s} s)"),
+        Some(s) => format!("the ceiling ([mcp] wait_max_seconds, and under --upstream-timeout {s}, as the proxy in front gives up on a request after {s} s, what is left of {} s since the request arrived)", wait_cap(Duration::from_secs(*s)).as_secs()),
         None => "the profile's ceiling ([mcp] wait_max_seconds)".into(),
     }
 }
@@ -158,5 +178,15 @@ mod tests {
         assert_eq!(wait_cap(Duration::from_secs(170)), Duration::from_secs(160));
         assert_eq!(wait_cap(Duration::from_secs(5)), MIN_WAIT);
         assert!(upstream_timeout(4).is_err() && upstream_timeout(5).is_ok());
+        // A call that spent 7 s (waiting for a human's answer) gets the rest.
+        let s = |ago: u64| std::time::Instant::now() - Duration::from_secs(ago);
+        let (cap, max) = (Duration::from_secs(10), Duration::from_secs(300));
+        let got = left_of(cap, s(7), max);
+        assert!(got <= Duration::from_secs(3) && got > Duration::from_secs(2));
+        assert_eq!(left_of(cap, s(20), max), MIN_WAIT);
+        assert_eq!(
+            left_of(cap, s(0), Duration::from_secs(4)),
+            Duration::from_secs(4)
+        );
     }
 }

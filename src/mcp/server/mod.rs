@@ -210,6 +210,7 @@ impl Server {
             progress,
             progress_from,
             ct: cx.ct.clone(),
+            started: t0,
         };
         let r = self.run(def, &call, args.clone(), once).await;
         self.audit_admitted(
@@ -426,6 +427,7 @@ impl ServerHandler for Server {
             progress: None,
             progress_from: 0.0,
             ct: cx.ct.clone(),
+            started: t0,
         };
         let r = match self.s.drift.tripped() {
             Some(why) if uri != "sandmux://status" && uri != "sandmux://journal" => {
