@@ -352,3 +352,30 @@ def test_the_templates_own_arguments_serve_through_the_router_after_adoption(ws,
     literal = ["$(POD_IP)" if a == POD_IP else a for a in argv]
     r = subprocess.run(literal, env=server_params(ws).env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and '--allowed-host "$(POD_IP)"' in r.stderr, r.stderr
+
+
+CONFORMANCE = pathlib.Path(__file__).resolve().parents[1] / "conformance"
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2026-07-28"])
+def test_the_conformance_suite_passes_through_the_router(ws, secrets, version):
+    """The official MCP conformance suite (tests/conformance, installed by
+    `npm ci` as .ci/run does) against `serve --http --token-header` behind
+    the stand-in router, with the same expected failures as without it. The
+    suite cannot send headers: the router adds the routing headers and the
+    token as a client's configuration would, and Authorization with its
+    own credential, which it strips."""
+    node = CONFORMANCE / "node_modules" / ".bin" / "node"
+    suite = CONFORMANCE / "node_modules" / f"conformance-{version}" / "dist" / "index.js"
+    if not suite.exists():
+        pytest.fail("npm ci --prefix tests/conformance first (.ci/run does)")
+    prof = profile_with(ws, http_max_sessions=256)
+    tok = os.urandom(16).hex()
+    with pod(ws, "-p", prof, "--toolsets", "inspect", "--token-file", token_file(secrets, tok), "--token-header", "X-Sandmux-Token", *hosts_for_the_pod()) as (port, _, _):
+        router = SandboxRouter(dns={NAME: POD_IP}, inject=through(port, tok))
+        try:
+            r = subprocess.run([str(node), str(suite), "server", "--url", router.url + "/mcp", "--spec-version", version, "--expected-failures", str(CONFORMANCE / f"expected-failures-{version}.yaml")], capture_output=True, text=True, timeout=600, cwd=ws[1])
+        finally:
+            router.close()
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert all("authorization" not in f for f in router.forwarded)
