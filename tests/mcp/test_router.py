@@ -202,7 +202,7 @@ async def test_a_warm_pool_pod_is_adopted_refused_before_served_after_and_rotate
     finally:
         router.close()
     events = [r["error_type"] for r in audit_records(ws) if r["tool"] == "(http)"]
-    assert events == ["token_claimed", "token_replaced"], events
+    assert events == ["token_claimed", "token_replaced", "token_set_refused"], events
     text = (ws[1] / "audit.jsonl").read_text()
     assert a not in text and b not in text
 

@@ -121,14 +121,22 @@ pub(crate) fn set_token(s: &crate::mcp::ctx::State, secret: &[u8], uid: u32) -> 
     let Some(info) = s.http.get() else {
         return json!({"ok": false, "error": "this instance does not serve --http"});
     };
+    let refused = |e: String| {
+        s.audit.event(crate::audit::Entry::event(
+            "(http)",
+            Some("token_set_refused"),
+            &json!({"why": e, "by": format!("operator uid {uid}")}),
+        ));
+        json!({"ok": false, "error": e})
+    };
     let t: Token = match super::token::given(secret) {
         Ok(t) => t,
-        Err(e) => return json!({"ok": false, "error": e}),
+        Err(e) => return refused(e),
     };
     let first = info.token.waiting();
     let id = t.id.clone();
     match info.token.set(t) {
-        Err(e) => json!({"ok": false, "error": e}),
+        Err(e) => refused(e),
         Ok(change) => {
             if first {
                 info.activity.touch();
