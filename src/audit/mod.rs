@@ -269,6 +269,17 @@ fn last_link(file: &std::fs::File, path: &Path) -> Result<(u64, String), String>
     }
 }
 
+/// `serve --http --audit-stdout`: every record also goes to stdout as it
+/// is written to the log (hash chain and seal included), for a log
+/// pipeline that keeps it after the pod and its volumes are gone.
+static MIRROR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the stdout copy on (before the log is opened; stdout must not be
+/// the MCP channel).
+pub(crate) fn mirror_to_stdout() {
+    MIRROR.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 impl Audit {
     /// Opens (or continues) the log at `path`, mode 0600, append-only, with
     /// a budget of `budget` bytes for this instance's records; the
@@ -558,6 +569,11 @@ impl Audit {
     }
 
     fn remember(&self, mut line: String) {
+        if MIRROR.load(std::sync::atomic::Ordering::Relaxed) {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(line.as_bytes()).and_then(|_| out.flush());
+        }
         line.pop();
         // The record as written: redacted and bounded like the log itself.
         tracing::trace!(record = %line, "audit record");

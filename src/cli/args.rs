@@ -107,9 +107,26 @@ pub(super) enum Cmd {
         /// Serve MCP over streamable HTTP at http://IP:PORT/mcp instead of stdio.
         #[arg(long, value_name = "IP:PORT")]
         http: Option<String>,
-        /// The Bearer token's file (0400/0600; required unless --http is loopback).
-        #[arg(long, requires = "http")]
+        /// The Bearer token's file (0400/0600; required unless --http is
+        /// loopback or --unclaimed).
+        #[arg(long, requires = "http", conflicts_with = "unclaimed")]
         token_file: Option<PathBuf>,
+        /// Start without a token (a warm pool's pod): every MCP request is
+        /// refused until `sandmux token set ID` gives it one.
+        #[arg(long, requires = "http")]
+        unclaimed: bool,
+        /// The header the token comes in, as `Bearer TOKEN`, instead of
+        /// Authorization (which a router in front may strip or consume).
+        #[arg(long, requires = "http", value_name = "NAME")]
+        token_header: Option<String>,
+        /// What a request may take before the proxy in front gives up
+        /// (seconds): every wait a tool does ends 10 s before it, and says so.
+        #[arg(long, requires = "http", value_name = "SECONDS")]
+        upstream_timeout: Option<u64>,
+        /// Also write every audit record to stdout as it is logged (the
+        /// cluster's log pipeline keeps it after the pod is gone).
+        #[arg(long, requires = "http")]
+        audit_stdout: bool,
         /// A further name a Host or Origin header may carry (repeatable).
         #[arg(long, requires = "http", value_name = "NAME")]
         allowed_host: Vec<String>,
@@ -174,6 +191,11 @@ pub(super) enum Cmd {
         /// Raw JSON lines.
         #[arg(long)]
         json: bool,
+    },
+    /// The token of a `serve --http --unclaimed` instance.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
     },
     /// A `serve` instance's metrics in the Prometheus text format (the
     /// same text as `GET /metrics` on `serve --http`).
@@ -369,6 +391,16 @@ pub(super) enum GitCmd {
         /// Remove the instance's repository after a successful fetch.
         #[arg(long)]
         prune: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub(super) enum TokenCmd {
+    /// Put the token read from stdin in force (first: the instance is
+    /// claimed; again: the old token is refused from then on). Never printed.
+    Set {
+        /// Instance id (or a unique prefix).
+        id: String,
     },
 }
 

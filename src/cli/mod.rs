@@ -39,6 +39,16 @@ fn resolve_quiet(
 
 /// [`resolve_quiet`], the error as text (`serve` also tells the client).
 fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::Policy, String> {
+    resolved_capped(t, on_end, quiet, None)
+}
+
+/// [`resolved`], with `serve --upstream-timeout`'s ceiling on waits.
+fn resolved_capped(
+    t: &Target,
+    on_end: profile::OnEnd,
+    quiet: bool,
+    wait_cap: Option<u64>,
+) -> Result<profile::Policy, String> {
     let ws = t.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
     let ws = profile::check_workspace(&ws).map_err(|e| e.to_string())?;
     let mut loaded: Loaded = profile::load(&t.profile).map_err(|e| e.to_string())?;
@@ -47,6 +57,7 @@ fn resolved(t: &Target, on_end: profile::OnEnd, quiet: bool) -> Result<profile::
     let mut ctx = Context::of(ws, crate::guard::planner);
     ctx.mode = t.workspace_mode;
     ctx.on_end = on_end;
+    ctx.wait_cap = wait_cap;
     if loaded.may_fall_back(&ctx) {
         ctx.no_overlay = supervisor::layer::possible(&ctx.workspace)
             .err()
@@ -135,23 +146,35 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             http,
             token_file,
             allowed_host,
-        } => serve(
-            &target,
-            on_end,
-            crate::mcp::toolsets::Flags {
-                toolsets,
-                tools,
-                exclude_tools,
-            },
-            audit_log,
-            no_session,
-            record,
-            http.map(|addr| crate::mcp::http::Flags {
-                addr,
-                token_file,
-                allowed_hosts: allowed_host,
-            }),
-        ),
+            unclaimed,
+            token_header,
+            upstream_timeout,
+            audit_stdout,
+        } => {
+            if audit_stdout {
+                crate::audit::mirror_to_stdout();
+            }
+            serve(
+                &target,
+                on_end,
+                crate::mcp::toolsets::Flags {
+                    toolsets,
+                    tools,
+                    exclude_tools,
+                },
+                audit_log,
+                no_session,
+                record,
+                http.map(|addr| crate::mcp::http::Flags {
+                    addr,
+                    token_file,
+                    allowed_hosts: allowed_host,
+                    token_header,
+                    unclaimed,
+                    upstream_timeout,
+                }),
+            )
+        }
         Cmd::Instance { target } => match resolve(&target, profile::OnEnd::Discard) {
             Ok(policy) => hold_instance(policy),
             Err(c) => c,
@@ -185,7 +208,8 @@ fn serve(
     if on_end == profile::OnEnd::Apply {
         return refuse("serve --on-end apply: serve ends confined to what it needs, which is not the workspace; use keep (the default) and then `sandmux apply ID`, or discard");
     }
-    let policy = match resolved(target, on_end, false) {
+    let wait_cap = http.as_ref().and_then(crate::mcp::http::router::cap_waits);
+    let policy = match resolved_capped(target, on_end, false, wait_cap) {
         Ok(p) => p,
         Err(e) => return refuse(&e),
     };

@@ -1,9 +1,9 @@
 //! The operator's commands: instances already running (`ps`, `attach`,
-//! `revoke`, `grant`, `freeze`, `thaw`, `approvals`, `journal`, `metrics`, `stop`), the
+//! `revoke`, `grant`, `freeze`, `thaw`, `approvals`, `journal`, `metrics`, `token set`, `stop`), the
 //! workspace door (`diff`, `apply`, `discard`, `git fetch`), `audit verify`,
 //! and the generated documents.
 
-use super::args::{AuditCmd, Cmd, GitCmd, Selection};
+use super::args::{AuditCmd, Cmd, GitCmd, Selection, TokenCmd};
 use super::{approvals_cmd, fail};
 use crate::mcp::endpoint::{Op, Request};
 use crate::sandbox::{EXIT_INTERNAL, EXIT_USAGE};
@@ -55,6 +55,9 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
         Cmd::Freeze { id } => operator_freeze(Op::Freeze, &id),
         Cmd::Approvals { id, json } => approvals_cmd::list(&id, json),
         Cmd::Metrics { id } => metrics(&id),
+        Cmd::Token {
+            cmd: TokenCmd::Set { id },
+        } => token_set(&id),
         Cmd::Approve {
             id,
             question,
@@ -183,6 +186,37 @@ fn metrics(id: &str) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(1, format!("metrics {}: {e}", found.id)),
+    }
+}
+
+/// `sandmux token set ID`: the token from stdin (at most 4 KiB and a line
+/// end), sent over the operator endpoint; only its digest is printed.
+fn token_set(id: &str) -> ExitCode {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let read = std::io::stdin()
+        .lock()
+        .take(crate::mcp::http::TOKEN_MAX as u64 + 3)
+        .read_to_end(&mut buf);
+    if let Err(e) = read {
+        return fail(1, format!("token set: reading the token from stdin: {e}"));
+    }
+    let Ok(text) = String::from_utf8(buf) else {
+        return fail(EXIT_USAGE, "token set: the token must be printable ASCII");
+    };
+    let mut req = Request::new(Op::Token);
+    req.token = Some(crate::mcp::endpoint::Secret(text));
+    match crate::operator::find(id).and_then(|f| crate::operator::request(&f.dir, req)) {
+        Ok(v) => {
+            eprintln!(
+                "token set: {} ({}): the token in force is {}",
+                crate::term::field(&v["event"], "?"),
+                crate::term::printable(id),
+                crate::term::field(&v["token"], "?")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, format!("token set: {e}")),
     }
 }
 

@@ -170,6 +170,9 @@ pub(crate) struct Call<'a> {
     pub progress_from: f64,
     /// Cancelled when the client cancels the call.
     pub ct: CancellationToken,
+    /// When the request arrived (a wait for a human's answer included):
+    /// under `--upstream-timeout`, waits get what is left of it.
+    pub started: std::time::Instant,
 }
 
 impl Call<'_> {
@@ -188,9 +191,8 @@ impl Call<'_> {
             ));
         }
         // Clamp before converting: a huge number does not fit a Duration.
-        Ok(Duration::from_secs_f64(
-            want.min(self.s.wait_max.as_secs_f64()),
-        ))
+        let ceiling = super::http::router::left(self.started, self.s.wait_max);
+        Ok(Duration::from_secs_f64(want.min(ceiling.as_secs_f64())))
     }
 
     /// Sends a progress notification if the client gave a token.

@@ -45,6 +45,8 @@ pub(crate) enum Op {
     Expose,
     /// `metrics`: the Prometheus text (`mcp::metrics`).
     Metrics,
+    /// `token set`: the `serve --http --unclaimed` token (`mcp::http::router`).
+    Token,
 }
 
 impl Op {
@@ -62,6 +64,7 @@ impl Op {
             Op::Deny => "deny",
             Op::Expose => "expose",
             Op::Metrics => "metrics",
+            Op::Token => "token set",
         }
     }
 }
@@ -106,6 +109,20 @@ pub(crate) struct Request {
     /// `expose`: the host address (none: 127.0.0.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// `token set`: the token (never printed: its `Debug` hides it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+}
+
+/// A secret in a request: serialized as itself, debugged as `<hidden>`.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<hidden>")
+    }
 }
 
 impl Request {
@@ -125,6 +142,7 @@ impl Request {
             port: None,
             host_port: None,
             address: None,
+            token: None,
         }
     }
 
@@ -243,6 +261,10 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
     match r.op {
         Op::Status => status(s),
         Op::Metrics => super::metrics::answer(s),
+        Op::Token => {
+            let t = r.token.as_ref().map(|t| t.0.as_bytes()).unwrap_or_default();
+            super::http::router::set_token(s, t, uid)
+        }
         Op::Stop => {
             s.shutdown.cancel();
             json!({"ok": true, "stopping": true})

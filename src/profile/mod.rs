@@ -286,6 +286,10 @@ pub(crate) struct Context {
     pub plan_guard: GuardPlanner,
     /// `--on-end`: what happens to the layer when the instance ends.
     pub on_end: OnEnd,
+    /// `serve --upstream-timeout`: the ceiling, in seconds, of every wait
+    /// (`[mcp] wait_max_seconds`) and of a wait for a human (`ask_seconds`,
+    /// at least 5), so no call outlives the proxy in front.
+    pub wait_cap: Option<u64>,
 }
 
 /// Plans the workspace guard of the read-write trees `roots` with the
@@ -306,6 +310,7 @@ impl Context {
             no_overlay: None,
             plan_guard,
             on_end: OnEnd::default(),
+            wait_cap: None,
         }
     }
 }

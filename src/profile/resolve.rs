@@ -90,7 +90,7 @@ impl Loaded {
             layer_bound: (p.workspace.layer_bytes.0 .0, p.workspace.layer_files.0),
             toolchains: lent,
             links,
-            mcp: p.mcp.clone(),
+            mcp: capped(&p.mcp, ctx.wait_cap),
             credentials: p.credentials.clone(),
             ca_pem: None,
             recording: p.recording.clone(),
@@ -342,4 +342,14 @@ fn check_layer_path(ws: &Path) -> Result<(), String> {
             ws.display()
         )),
     }
+}
+
+/// The profile's `[mcp]` under `serve --upstream-timeout`'s ceiling.
+fn capped(mcp: &super::McpSettings, cap: Option<u64>) -> super::McpSettings {
+    let mut m = mcp.clone();
+    if let Some(cap) = cap {
+        m.wait_max_seconds = m.wait_max_seconds.min(cap);
+        m.ask_seconds = m.ask_seconds.min(cap.max(5));
+    }
+    m
 }

@@ -292,3 +292,146 @@ class TokenEndpoint:
     def stop(self):
         self.srv.shutdown()
         self.srv.server_close()
+
+
+class SandboxRouter:
+    """A stand-in for agent-sandbox's sandbox-router (v0.5.6,
+    sandbox-router/proxy/{proxy,headers,target}.go), in front of `serve
+    --http`. Like the real one it: reads X-Sandbox-ID (a DNS label),
+    X-Sandbox-Namespace (default "default"), X-Sandbox-Port (default 8888)
+    and X-Sandbox-Pod-IP; dials the pod IP or
+    `<id>.<namespace>.svc.cluster.local` (resolved here through `dns`, the
+    test's cluster DNS) and sends that host and port as Host; strips
+    Authorization (the router's own credential) and the client's
+    X-Forwarded-For, sets X-Forwarded-For/Host/Proto; streams the response
+    as it comes (SSE); gives up on a request after `timeout` seconds (180 by
+    default: before the response's headers a 502, after them the
+    connection is cut) and on headers after `header_timeout` (30).
+    `forwarded` keeps the headers each forwarded request carried, `cuts`
+    the method of each answer cut off by the timeout."""
+
+    def __init__(self, dns=None, timeout=180.0, header_timeout=30.0, inject=None):
+        self.dns = dict(dns or {})
+        # Headers added to every request as it arrives (the client's
+        # configured headers, for a client that cannot send any: the
+        # conformance suite).
+        self.inject = dict(inject or {})
+        self.timeout, self.header_timeout = timeout, header_timeout
+        self.forwarded = []
+        # The method of each request whose answer was cut off mid-stream.
+        self.cuts = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.proxy(self)
+
+            do_POST = do_DELETE = do_GET
+
+        class S(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+        self.srv = S(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+    @staticmethod
+    def error(h, status, detail):
+        body = json.dumps({"detail": detail}).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def target(self, h):
+        import ipaddress
+        import re
+
+        label = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+        sid, ns = h.headers.get("X-Sandbox-ID", ""), h.headers.get("X-Sandbox-Namespace") or "default"
+        if not sid:
+            return None, "X-Sandbox-ID header is required."
+        if not label.fullmatch(sid) or not label.fullmatch(ns):
+            return None, "Invalid sandbox ID format."
+        port = h.headers.get("X-Sandbox-Port") or "8888"
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            return None, "Invalid port format."
+        ip = h.headers.get("X-Sandbox-Pod-IP")
+        if ip:
+            # --allow-loopback-pod-ip: the tests' pods are on loopback.
+            a = ipaddress.ip_address(ip)
+            if a.is_link_local or a.is_multicast or a.is_unspecified:
+                return None, "Invalid target IP address."
+            return (ip, ip, int(port)), None
+        name = f"{sid}.{ns}.svc.cluster.local"
+        return (name, self.dns.get(name), int(port)), None
+
+    def proxy(self, h):
+        import http.client
+        import time
+
+        t0 = time.monotonic()
+        for k, v in self.inject.items():
+            del h.headers[k]
+            h.headers[k] = v
+        t, err = self.target(h)
+        if err:
+            return self.error(h, 400, err)
+        host, ip, port = t
+        n = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(n) if n else None
+        hop = {"host", "authorization", "x-forwarded-for", "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-connection"}
+        out = [(k, v) for k, v in h.headers.items() if k.lower() not in hop]
+        out += [("Host", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), ("X-Forwarded-For", h.client_address[0]), ("X-Forwarded-Host", h.headers.get("Host", "")), ("X-Forwarded-Proto", "http")]
+        self.forwarded.append({k.lower(): v for k, v in out})
+        if ip is None:
+            return self.error(h, 502, f"Could not connect to the backend sandbox: {h.headers.get('X-Sandbox-ID')}")
+        left = lambda: self.timeout - (time.monotonic() - t0)
+        c = http.client.HTTPConnection(ip, port, timeout=max(0.01, min(left(), self.header_timeout)))
+        try:
+            c.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
+            for k, v in out:
+                c.putheader(k, v)
+            c.endheaders(body)
+            r = c.getresponse()
+        except OSError:
+            c.close()
+            return self.error(h, 502, f"Could not connect to the backend sandbox: {h.headers.get('X-Sandbox-ID')}")
+        h.send_response(r.status)
+        for k, v in r.getheaders():
+            if k.lower() not in hop | {"content-length"}:
+                h.send_header(k, v)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        try:
+            while True:
+                if left() <= 0:
+                    raise TimeoutError
+                c.sock.settimeout(left())
+                chunk = r.read1(65536)
+                if not chunk:
+                    break
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                h.wfile.flush()
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+        except (TimeoutError, OSError):
+            # Mid-stream: Go's ReverseProxy aborts the response.
+            self.cuts.append(h.command)
+            h.close_connection = True
+            try:
+                h.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        finally:
+            c.close()

@@ -42,7 +42,9 @@ pub(crate) struct Front {
     pub(crate) state: Arc<State>,
     pub(crate) mcp: StreamableHttpService<Server, LocalSessionManager>,
     pub(crate) sessions: Arc<LocalSessionManager>,
-    pub(crate) token: Current,
+    pub(crate) token: Arc<Current>,
+    /// The header the token comes in (`--token-header`; `Authorization`).
+    pub(crate) token_header: hyper::header::HeaderName,
     pub(crate) hosts: Vec<String>,
     pub(crate) limits: Limits,
     pub(crate) requests: Arc<Semaphore>,
@@ -187,10 +189,7 @@ impl Front {
     /// The token in force, if the request shows it (`Authorization:
     /// Bearer`); else why it is refused (a 401).
     fn authorized(&self, req: &Request<Incoming>) -> Result<Option<Arc<super::token::Token>>, Why> {
-        let auth = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
+        let auth = req.headers().get(&self.token_header).map(|v| v.as_bytes());
         let token = self.token_now();
         if token.as_ref().is_some_and(|t| t.admits(auth)) {
             return Ok(token);

@@ -13,6 +13,7 @@
 pub(crate) mod front;
 mod headers;
 mod rejects;
+pub(crate) mod router;
 mod token;
 
 use crate::mcp::ctx::State;
@@ -27,6 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// The longest token `sandmux token set` reads.
+pub(crate) const TOKEN_MAX: usize = token::MAX_LEN;
+/// Where `sandmux ps` says the token is, for an instance started `--unclaimed`.
+const UNCLAIMED: &str = "none yet: --unclaimed, set with `sandmux token set ID`";
 /// The names a Host or Origin may always carry.
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 /// How long a client may take to send a request's headers.
@@ -46,6 +51,12 @@ pub(crate) struct Flags {
     pub token_file: Option<PathBuf>,
     /// More names a Host or Origin may carry (a Service name, a pod address).
     pub allowed_hosts: Vec<String>,
+    /// The header the token comes in (default `Authorization`).
+    pub token_header: Option<String>,
+    /// Start without a token (`sandmux token set` gives it one).
+    pub unclaimed: bool,
+    /// What a request may take before the proxy in front gives up (seconds).
+    pub upstream_timeout: Option<u64>,
 }
 
 /// The caps, from the profile's `[mcp]` `http_*` keys.
@@ -74,6 +85,18 @@ pub(crate) struct Plan {
     token: Option<token::Token>,
     token_file: Option<PathBuf>,
     hosts: Vec<String>,
+    behind: Behind,
+}
+
+/// What `serve --http` behind a router changes ([`router`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Behind {
+    /// Where the token is looked for.
+    pub(crate) token_header: hyper::header::HeaderName,
+    /// Started without a token.
+    pub(crate) unclaimed: bool,
+    /// Every wait stays under it.
+    pub(crate) upstream: Option<Duration>,
 }
 
 /// Checks the flags: an `IP:PORT` address, a token file for any bind but
@@ -85,9 +108,23 @@ pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
             f.addr
         )
     })?;
-    if !addr.ip().is_loopback() && f.token_file.is_none() {
-        return Err(format!("--http {addr} is not a loopback address: pass --token-file PATH (a generated token is only for loopback binds)"));
+    if !addr.ip().is_loopback() && f.token_file.is_none() && !f.unclaimed {
+        return Err(format!("--http {addr} is not a loopback address: pass --token-file PATH, or --unclaimed to be given the token later with `sandmux token set` (a generated token is only for loopback binds)"));
     }
+    if f.unclaimed && f.token_file.is_some() {
+        return Err("--unclaimed and --token-file: pass one (--unclaimed: the token is set later with `sandmux token set`)".into());
+    }
+    let behind = Behind {
+        token_header: match &f.token_header {
+            Some(n) => router::token_header(n)?,
+            None => hyper::header::AUTHORIZATION,
+        },
+        unclaimed: f.unclaimed,
+        upstream: f
+            .upstream_timeout
+            .map(router::upstream_timeout)
+            .transpose()?,
+    };
     let token_file = f.token_file.as_deref().map(own_directory).transpose()?;
     let token = token_file.as_deref().map(token::read).transpose()?;
     let mut hosts: Vec<String> = LOOPBACK_NAMES.iter().map(|s| s.to_string()).collect();
@@ -107,13 +144,14 @@ pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
         token,
         token_file,
         hosts,
+        behind,
     })
 }
 
 /// A bound listener and its token, ready to serve once the runtime runs.
 pub(crate) struct Listening {
     listener: std::net::TcpListener,
-    token: token::Current,
+    token: Arc<token::Current>,
     /// Where the token is (the given file, or the generated one).
     pub(crate) token_file: PathBuf,
     /// What the supervisor reads after it confines itself: a given token
@@ -124,6 +162,7 @@ pub(crate) struct Listening {
     /// The URL clients use.
     pub(crate) url: String,
     hosts: Vec<String>,
+    behind: Behind,
 }
 
 /// Binds the listener (before confinement) and, without `--token-file`,
@@ -140,6 +179,11 @@ pub(crate) fn open(plan: Plan, rundir: &Path, writable: &[PathBuf]) -> Result<Li
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let (token, token_file, reads) = match (plan.token, plan.token_file) {
         (Some(t), Some(p)) => (token::Current::from_file(&p, t), p.clone(), dirs_of(&p)),
+        _ if plan.behind.unclaimed => (
+            token::Current::unclaimed(),
+            PathBuf::from(UNCLAIMED),
+            vec![],
+        ),
         _ => {
             let p = rundir.join("http-token");
             (token::Current::fixed(token::generate(&p)?), p, vec![])
@@ -147,11 +191,12 @@ pub(crate) fn open(plan: Plan, rundir: &Path, writable: &[PathBuf]) -> Result<Li
     };
     Ok(Listening {
         listener,
-        token,
+        token: Arc::new(token),
         token_file,
         reads,
         url: format!("http://{local}/mcp"),
         hosts: plan.hosts,
+        behind: plan.behind,
     })
 }
 
@@ -206,6 +251,12 @@ fn dirs_of(file: &Path) -> Vec<PathBuf> {
 pub(crate) struct Info {
     url: String,
     token_file: PathBuf,
+    /// The token in force (`sandmux token set` puts one in force).
+    pub(crate) token: Arc<token::Current>,
+    /// Requests in flight (a claim starts the idle clock).
+    pub(crate) activity: Arc<Activity>,
+    /// Every wait stays under it (`--upstream-timeout`).
+    pub(crate) upstream: Option<Duration>,
     rejects: Arc<rejects::Rejects>,
     sessions: Arc<LocalSessionManager>,
 }
@@ -214,7 +265,7 @@ impl Info {
     /// The URL, the token's file, the open sessions and the refusal counts.
     pub(crate) fn status(&self) -> Value {
         let sessions = self.sessions.sessions.try_read().map(|s| s.len()).ok();
-        let mut v = json!({"url": self.url, "token_file": self.token_file, "sessions": sessions});
+        let mut v = json!({"url": self.url, "token_file": self.token_file, "sessions": sessions, "unclaimed": self.token.waiting(), "upstream_timeout": self.upstream.map(|d| d.as_secs())});
         if let (Value::Object(m), Value::Object(t)) = (&mut v, self.rejects.totals()) {
             m.extend(t);
         }
@@ -241,6 +292,11 @@ impl Activity {
         self.inflight.fetch_add(1, Ordering::SeqCst);
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         Busy(self.clone())
+    }
+
+    /// The idle clock starts again now (an instance claimed).
+    pub(crate) fn touch(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
     /// How long nothing has been in flight (`None` while something is).
@@ -288,6 +344,9 @@ pub(crate) async fn serve(
     let _ = state.http.set(Info {
         url: l.url.clone(),
         token_file: l.token_file.clone(),
+        token: l.token.clone(),
+        activity: activity.clone(),
+        upstream: l.behind.upstream,
         rejects: rejects.clone(),
         sessions: sessions.clone(),
     });
@@ -295,7 +354,8 @@ pub(crate) async fn serve(
         state: state.clone(),
         mcp,
         sessions,
-        token: l.token,
+        token: l.token.clone(),
+        token_header: l.behind.token_header.clone(),
         hosts: l.hosts,
         limits,
         requests: Arc::new(tokio::sync::Semaphore::new(limits.max_requests)),
@@ -321,7 +381,7 @@ pub(crate) async fn serve(
     if let Some(idle) = limits.idle {
         tokio::spawn(idle_watch(
             state.clone(),
-            activity.clone(),
+            (activity.clone(), l.token.clone()),
             idle,
             shutdown.clone(),
         ));
@@ -338,9 +398,10 @@ pub(crate) async fn serve(
 }
 
 /// Ends the instance once no request was in flight for `idle`.
+/// An instance waiting `--unclaimed` is not idle: its clock starts at the claim.
 async fn idle_watch(
     state: Arc<State>,
-    a: Arc<Activity>,
+    (a, token): (Arc<Activity>, Arc<token::Current>),
     idle: Duration,
     shutdown: CancellationToken,
 ) {
@@ -349,7 +410,7 @@ async fn idle_watch(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = shutdown.cancelled() => return,
         }
-        if a.idle_for().is_some_and(|d| d >= idle) {
+        if !token.waiting() && a.idle_for().is_some_and(|d| d >= idle) {
             tracing::info!(
                 "no MCP request for {} s ([mcp] http_idle_seconds): ending the instance",
                 idle.as_secs()

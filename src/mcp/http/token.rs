@@ -69,6 +69,23 @@ pub(crate) fn read(path: &Path) -> Result<Token, String> {
     Ok(token)
 }
 
+/// A token the operator gave (`sandmux token set`, read from its stdin):
+/// the same rules as a token file's line (16–4096 printable bytes, no
+/// spaces; surrounding white space trimmed).
+pub(crate) fn given(secret: &[u8]) -> Result<Token, String> {
+    let t = secret.trim_ascii();
+    if t.len() < MIN_LEN || t.len() > MAX_LEN {
+        return Err(format!(
+            "the token must be {MIN_LEN}-{MAX_LEN} bytes (it has {})",
+            t.len()
+        ));
+    }
+    if !t.iter().all(|b| b.is_ascii_graphic()) {
+        return Err("the token must be one line of printable ASCII without spaces".into());
+    }
+    Ok(Token::new(t.to_vec()))
+}
+
 /// A fresh random token, written 0600 to `path` (in the instance's 0700
 /// runtime directory); the file must not exist yet.
 pub(crate) fn generate(path: &Path) -> Result<Token, String> {
@@ -108,6 +125,8 @@ pub(crate) enum Change {
 pub(crate) struct Current {
     path: Option<std::path::PathBuf>,
     held: std::sync::Mutex<Held>,
+    /// Started `--unclaimed`: no token until the operator sets one.
+    settable: bool,
 }
 
 struct Held {
@@ -120,6 +139,7 @@ impl Current {
     /// A token that never changes (generated into the runtime directory).
     pub(crate) fn fixed(t: Token) -> Current {
         Current {
+            settable: false,
             path: None,
             held: std::sync::Mutex::new(Held {
                 token: Some(std::sync::Arc::new(t)),
@@ -136,7 +156,50 @@ impl Current {
                 unusable: None,
             }),
             path: Some(path.to_path_buf()),
+            settable: false,
         }
+    }
+
+    /// No token yet (`--unclaimed`, a warm pool's pod): nothing is admitted
+    /// until [`Current::set`].
+    pub(crate) fn unclaimed() -> Current {
+        Current {
+            path: None,
+            held: std::sync::Mutex::new(Held {
+                token: None,
+                unusable: None,
+            }),
+            settable: true,
+        }
+    }
+
+    /// Puts a token the operator gave in force (the first claims the
+    /// instance, a later one replaces it: the old one is refused from the
+    /// next request on). Only for an instance started `--unclaimed`.
+    pub(crate) fn set(&self, t: Token) -> Result<Change, String> {
+        if !self.settable {
+            return Err("this instance was not started --unclaimed: its token comes from --token-file (replace that file) or was generated".into());
+        }
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let same = held.token.as_ref().is_some_and(|old| old.id == t.id);
+        let id = t.id.clone();
+        held.token = Some(std::sync::Arc::new(t));
+        Ok(if same {
+            Change::None
+        } else {
+            Change::Replaced(id)
+        })
+    }
+
+    /// Started `--unclaimed` and no token set yet.
+    pub(crate) fn waiting(&self) -> bool {
+        self.settable
+            && self
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .token
+                .is_none()
     }
 
     /// The token in force now, and what changed since the last look.
@@ -230,6 +293,24 @@ mod tests {
         // A generated token is never looked up again.
         let f = Current::fixed(Token::new(b"eeeeeeeeeeeeeeee".to_vec()));
         assert!(admits(&f, b"Bearer eeeeeeeeeeeeeeee"));
+    }
+
+    #[test]
+    fn an_unclaimed_instance_admits_nothing_until_set_and_then_only_the_last() {
+        let c = Current::unclaimed();
+        assert!(c.waiting() && c.get().0.is_none());
+        let a = given(b"aaaaaaaaaaaaaaaaaaaa\n").unwrap();
+        assert!(matches!(c.set(a), Ok(Change::Replaced(_))));
+        assert!(!c.waiting());
+        let admits = |t: &[u8]| c.get().0.is_some_and(|k| k.admits(Some(t)));
+        assert!(admits(b"Bearer aaaaaaaaaaaaaaaaaaaa"));
+        c.set(given(b"bbbbbbbbbbbbbbbbbbbb").unwrap()).unwrap();
+        assert!(!admits(b"Bearer aaaaaaaaaaaaaaaaaaaa"));
+        assert!(admits(b"Bearer bbbbbbbbbbbbbbbbbbbb"));
+        assert!(given(b"short").is_err() && given(b"has a space in it here").is_err());
+        let fixed = Current::fixed(Token::new(b"eeeeeeeeeeeeeeee".to_vec()));
+        assert!(fixed.set(given(b"bbbbbbbbbbbbbbbbbbbb").unwrap()).is_err());
+        assert!(!fixed.waiting());
     }
 
     #[test]

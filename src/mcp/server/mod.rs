@@ -215,6 +215,7 @@ impl Server {
             progress,
             progress_from,
             ct: cx.ct.clone(),
+            started: t0,
         };
         let r = self.run(def, &call, args.clone(), once).await;
         let checkpoint = self.checkpoint(def, &name, &rid, &args).await;
@@ -441,6 +442,7 @@ impl ServerHandler for Server {
             progress: None,
             progress_from: 0.0,
             ct: cx.ct.clone(),
+            started: t0,
         };
         let r = match self.s.drift.tripped() {
             Some(why) if uri != "sandmux://status" && uri != "sandmux://journal" => {

@@ -122,12 +122,7 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
         return Err(ToolError::invalid("command", "is empty", "give a command"));
     }
     let timeout = c.clamp(a.timeout, 30.0)?;
-    let note = a.timeout.filter(|t| *t > timeout.as_secs_f64()).map(|t| {
-        format!(
-            "asked for {t} s; the profile's ceiling ([mcp] wait_max_seconds) is {} s",
-            timeout.as_secs_f64()
-        )
-    });
+    let note = capped(a.timeout, timeout);
     if !c.s.commands.has_room() {
         return Err(ToolError::refused(format!("{} long commands are still running in this instance (each run_command that timed out keeps one until it ends); collect them with wait_for_command or stop them (send_keys C-c) first", MAX_COMMANDS)));
     }
@@ -207,6 +202,17 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     };
     r.note = notes([fresh, note, refused_since(c, mark)]);
     Ok(r)
+}
+
+/// Says a wait was cut to the ceiling, and which ceiling.
+fn capped(asked: Option<f64>, got: std::time::Duration) -> Option<String> {
+    asked.filter(|t| *t > got.as_secs_f64()).map(|t| {
+        format!(
+            "asked for {t} s; {} is {} s",
+            crate::mcp::http::router::ceiling_why(),
+            got.as_secs_f64()
+        )
+    })
 }
 
 /// The notes of a result, in one line; None when there are none.
@@ -447,7 +453,7 @@ pub(crate) async fn wait_for_command(c: &Call<'_>, a: WaitCommand) -> Result<Run
     };
     let mut r = g.result(status, caps, timeout.as_secs_f64());
     r.command_id = Some(a.command_id);
-    r.note = refused_since(c, mark);
+    r.note = notes([capped(a.timeout, timeout), refused_since(c, mark)]);
     Ok(r)
 }
 
