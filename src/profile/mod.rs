@@ -435,6 +435,9 @@ pub(crate) struct Policy {
     /// the instance runs.
     #[serde(default)]
     pub layer_bound: (u64, u64),
+    /// `[workspace] history_bytes`: the history's bound (0: none kept).
+    #[serde(default)]
+    pub history_bytes: u64,
     /// Toolchains lent read-only (`[toolchains] lend`, `--toolchain`): what
     /// was found where, bound and set.
     #[serde(default)]

@@ -88,6 +88,7 @@ impl Loaded {
             workspace_fallback,
             on_end: ctx.on_end,
             layer_bound: (p.workspace.layer_bytes.0 .0, p.workspace.layer_files.0),
+            history_bytes: p.workspace.history_bytes.0 .0,
             toolchains: lent,
             links,
             mcp: capped(&p.mcp, ctx.wait_cap),

@@ -28,6 +28,22 @@ pub(crate) struct WorkspaceSettings {
     /// ... and the most entries (files, directories, whiteouts).
     #[serde(default)]
     pub layer_files: LayerFiles,
+    /// Copy-on-write `serve`: the most the workspace's history (a
+    /// checkpoint per changing call) keeps in file contents; past it the
+    /// oldest checkpoints fold into later ones. 0: no history.
+    #[serde(default)]
+    pub history_bytes: HistoryBytes,
+}
+
+/// `[workspace] history_bytes` (default 1 GiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct HistoryBytes(pub super::schema::Size);
+
+impl Default for HistoryBytes {
+    fn default() -> Self {
+        HistoryBytes(super::schema::Size(1 << 30))
+    }
 }
 
 /// `[workspace] layer_bytes` (default 16 GiB).

@@ -108,6 +108,7 @@ pub(crate) fn sample() -> Policy {
         workspace_fallback: None,
         on_end: crate::profile::OnEnd::Keep,
         layer_bound: (p.workspace.layer_bytes.0 .0, p.workspace.layer_files.0),
+        history_bytes: 0,
         toolchains: Vec::new(),
         links: Vec::new(),
         mcp: p.mcp.clone(),
