@@ -130,6 +130,15 @@ pub(super) enum Cmd {
         /// A further name a Host or Origin header may carry (repeatable).
         #[arg(long, requires = "http", value_name = "NAME")]
         allowed_host: Vec<String>,
+        /// Go on in the kept layer of instance ID (copy-on-write): the
+        /// workspace continues, panes and processes do not; the layer moves
+        /// to this instance.
+        #[arg(long, value_name = "ID", conflicts_with = "fork")]
+        resume: Option<String>,
+        /// Start on a copy of the kept layer of instance ID, which stays as
+        /// it was.
+        #[arg(long, value_name = "ID")]
+        fork: Option<String>,
     },
     /// List this user's running instances (and with --all the kept copy-on-write layers).
     Ps {

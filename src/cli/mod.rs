@@ -150,14 +150,15 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             token_header,
             upstream_timeout,
             audit_stdout,
+            resume,
+            fork,
         } => {
+            use crate::supervisor::layer_from::LayerFrom;
             if audit_stdout {
                 crate::audit::mirror_to_stdout();
             }
-            serve(
-                &target,
-                on_end,
-                crate::mcp::toolsets::Flags {
+            let opts = crate::mcp::Options {
+                flags: crate::mcp::toolsets::Flags {
                     toolsets,
                     tools,
                     exclude_tools,
@@ -165,7 +166,7 @@ fn dispatch(cmd: Cmd) -> ExitCode {
                 audit_log,
                 no_session,
                 record,
-                http.map(|addr| crate::mcp::http::Flags {
+                http: http.map(|addr| crate::mcp::http::Flags {
                     addr,
                     token_file,
                     allowed_hosts: allowed_host,
@@ -173,7 +174,9 @@ fn dispatch(cmd: Cmd) -> ExitCode {
                     unclaimed,
                     upstream_timeout,
                 }),
-            )
+                from: resume.map(LayerFrom::Resume).or(fork.map(LayerFrom::Fork)),
+            };
+            serve(&target, on_end, opts)
         }
         Cmd::Instance { target } => match resolve(&target, profile::OnEnd::Discard) {
             Ok(policy) => hold_instance(policy),
@@ -184,15 +187,8 @@ fn dispatch(cmd: Cmd) -> ExitCode {
 }
 
 /// `sandmux serve`.
-fn serve(
-    target: &Target,
-    on_end: profile::OnEnd,
-    flags: crate::mcp::toolsets::Flags,
-    audit_log: Option<PathBuf>,
-    no_session: bool,
-    record: Option<PathBuf>,
-    http: Option<crate::mcp::http::Flags>,
-) -> ExitCode {
+fn serve(target: &Target, on_end: profile::OnEnd, opts: crate::mcp::Options) -> ExitCode {
+    let http = opts.http.clone();
     // First, before any thread exists: from here on a termination signal is
     // serve's own (a clean stop), never the default action.
     let stop = crate::mcp::exit::Stop::install();
@@ -212,13 +208,6 @@ fn serve(
     let policy = match resolved_capped(target, on_end, false, wait_cap) {
         Ok(p) => p,
         Err(e) => return refuse(&e),
-    };
-    let opts = crate::mcp::Options {
-        flags,
-        audit_log,
-        no_session,
-        record,
-        http,
     };
     crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
 }

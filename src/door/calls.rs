@@ -150,9 +150,11 @@ fn render(id: &str, n: u64, since: bool) -> Result<(String, bool), String> {
 }
 
 /// One path's change: a line, and for text a unified diff. A path the
-/// layer did not hold before is the workspace's own (the lower layer).
+/// layer did not hold before is the workspace's own (the lower layer), or
+/// nothing. The name is the agent's: escaped here, wherever the text goes
+/// (a newline in it would forge lines).
 fn entry(h: &Path, workspace: &Path, p: &Path, a: Option<&Node>, b: Option<&Node>) -> String {
-    let name = p.to_string_lossy();
+    let name = crate::term::printable(&p.to_string_lossy());
     let mark = match (a, b) {
         (_, None) | (_, Some(Node::Whiteout)) => "D",
         (None, Some(_)) | (Some(Node::Whiteout), Some(_)) => "A",
@@ -164,11 +166,14 @@ fn entry(h: &Path, workspace: &Path, p: &Path, a: Option<&Node>, b: Option<&Node
             Some(Node::File { object, size, .. }) if *size <= TEXT_MAX => {
                 String::from_utf8(std::fs::read(h.join("objects").join(object)).ok()?).ok()
             }
-            None if lower => crate::sandbox::beneath::read_small(&workspace.join(p), TEXT_MAX),
-            _ => Some(String::new()),
+            None if lower => workspace_text(workspace, p),
+            None | Some(Node::Whiteout) | Some(Node::Dir { .. }) => Some(String::new()),
+            _ => None,
         }
     };
-    if let (Some(old), Some(new)) = (text(a, true), text(b, false)) {
+    if matches!(a, Some(Node::Unkept { .. })) || matches!(b, Some(Node::Unkept { .. })) {
+        s.push_str("  (its content was not kept: the history had no room under [workspace] history_bytes)\n");
+    } else if let (Some(old), Some(new)) = (text(a, true), text(b, false)) {
         let d = similar::TextDiff::from_lines(&old, &new);
         let u = d
             .unified_diff()
@@ -179,4 +184,28 @@ fn entry(h: &Path, workspace: &Path, p: &Path, a: Option<&Node>, b: Option<&Node
         s.push_str("  (not text, or larger than 1 MiB: compared by content)\n");
     }
     s
+}
+
+/// The text of the workspace's own file at `p` (empty when it has none),
+/// opened beneath the workspace without following a link; None: not text.
+fn workspace_text(workspace: &Path, p: &Path) -> Option<String> {
+    use nix::fcntl::OFlag;
+    use std::io::Read;
+    let root = crate::sandbox::beneath::open_root(workspace).ok()?;
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    let fd = match crate::sandbox::beneath::beneath(&root, p, flags) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) => return Some(String::new()),
+        Err(_) => return None,
+    };
+    let st = nix::sys::stat::fstat(&fd).ok()?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 > TEXT_MAX {
+        return None;
+    }
+    let mut text = String::new();
+    std::fs::File::from(fd)
+        .take(TEXT_MAX)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }

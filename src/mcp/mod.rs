@@ -67,6 +67,8 @@ pub(crate) struct Options {
     pub record: Option<PathBuf>,
     /// Serve over streamable HTTP instead of stdio (`--http`).
     pub http: Option<http::Flags>,
+    /// `--resume ID` / `--fork ID`: the kept layer the workspace goes on from.
+    pub from: Option<crate::supervisor::layer_from::LayerFrom>,
 }
 
 /// Start-up was asked to stop (a signal, see [`exit`]): ends what exists,
@@ -335,7 +337,7 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     // The credentials first: read (and taken out of this process's
     // environment) before any other process, the broker included, exists.
     let creds = match Credentialed::open(policy, Refresh::Confined) {
-        Ok(v) => v,
+        Ok(v) => v.going_on(opts.from.clone()),
         Err(e) => {
             tracing::error!("{e}");
             if opts.http.is_none() {
@@ -490,14 +492,19 @@ fn hand_over(
 }
 
 /// The workspace's history, with checkpoint 0 (the layer at the start),
-/// for an instance with a layer; a history that cannot be had is said and
-/// left out (calls then name no checkpoint).
+/// for a copy-on-write instance whose profile keeps one (`[workspace]
+/// history_bytes`; a copy workspace's copy is the whole workspace: its
+/// checkpoint 0 would store all of it again); a history that cannot be
+/// had is said and left out (calls then name no checkpoint).
 fn history_of(
     policy: &Policy,
 ) -> Option<Arc<std::sync::Mutex<crate::supervisor::history::History>>> {
     use crate::supervisor::{history::History, layer};
-    let dir = policy.layer.as_ref()?;
-    match History::open(dir, &layer::writes(dir), policy.layer_bound.0) {
+    let dir = policy.layer.as_ref().filter(|d| !layer::is_copy(d))?;
+    if policy.history_bytes == 0 {
+        return None;
+    }
+    match History::open(dir, &layer::writes(dir), policy.history_bytes) {
         Ok(h) => Some(Arc::new(std::sync::Mutex::new(h))),
         Err(e) => {
             tracing::warn!("the workspace's history: {e}; calls name no checkpoint");

@@ -40,6 +40,8 @@ pub(crate) enum Refresh {
 pub(crate) struct Credentialed {
     resolved: Arc<Policy>,
     vault: Option<Arc<Vault>>,
+    /// `serve --resume` / `--fork`: the kept layer the workspace goes on from.
+    from: Option<super::layer_from::LayerFrom>,
 }
 
 impl Credentialed {
@@ -52,6 +54,7 @@ impl Credentialed {
         Ok(Credentialed {
             resolved: Arc::new(resolved),
             vault,
+            from: None,
         })
     }
 
@@ -61,7 +64,15 @@ impl Credentialed {
         Credentialed {
             resolved: Arc::new(resolved),
             vault: None,
+            from: None,
         }
+    }
+
+    /// The workspace goes on from the kept layer `from` (`serve --resume`,
+    /// `--fork`) rather than from a fresh layer.
+    pub(crate) fn going_on(mut self, from: Option<super::layer_from::LayerFrom>) -> Self {
+        self.from = from;
+        self
     }
 
     /// The policy as resolved.
@@ -110,7 +121,7 @@ impl Placed {
         let Placed { creds, rundir } = self;
         let (guard, guarded) = crate::guard::start::start_for(&creds.resolved, &rundir.id)?;
         crate::log::step("launch: the guard's watch");
-        let layer = super::layer::create(&creds.resolved, &rundir.id)
+        let layer = super::layer::create(&creds.resolved, &rundir.id, creds.from.as_ref())
             .map_err(|e| StartError::internal(format!("the workspace's layer: {e}")))?;
         crate::log::step("launch: the copy-on-write layer");
         let policy = derive(

@@ -8,6 +8,7 @@
 //! human takes its changes (`sandmux diff ID`, `sandmux apply ID`) and
 //! removes it (`sandmux discard ID`). One that holds no change is removed when the instance ends.
 
+use super::layer_from::LayerFrom;
 use crate::profile::{OnEnd, Policy, WorkspaceMode};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
@@ -78,6 +79,9 @@ pub(crate) enum LayerError {
     /// The overlay probe failed (`possible`): why.
     #[error("{0}")]
     Probe(String),
+    /// A kept layer that `serve --resume` or `--fork` cannot start from.
+    #[error("{0}")]
+    From(String),
     /// A copy workspace's copy could not be made.
     #[error("the copy workspace: {0}")]
     Copy(#[from] super::copy::CopyError),
@@ -114,6 +118,10 @@ pub(crate) struct Meta {
     /// directory (None: an overlay's layer, `upper/`).
     #[serde(default)]
     pub copy: Option<PathBuf>,
+    /// `serve --resume` / `--fork`: the instance whose layer this one
+    /// continues, and how (`resumed`, `forked`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<(String, String)>,
 }
 
 /// Where the layers are: `<state>/layers`, made 0700 if missing; never in
@@ -229,11 +237,35 @@ pub(crate) struct Made {
     pub(crate) live: Live,
 }
 
-/// Makes this instance's layer when the profile asks for one.
-pub(crate) fn create(policy: &Policy, id: &str) -> Result<Option<Made>, LayerError> {
+/// Makes this instance's layer when the profile asks for one: a fresh
+/// one, or one that goes on from a kept layer (`from`: `serve --resume`,
+/// `--fork`).
+pub(crate) fn create(
+    policy: &Policy,
+    id: &str,
+    from: Option<&LayerFrom>,
+) -> Result<Option<Made>, LayerError> {
     if !policy.workspace_mode.has_door() {
-        return Ok(None);
+        return match from {
+            None => Ok(None),
+            Some(f) => Err(LayerError::From(format!(
+                "serve --{}: only a copy-on-write workspace has a layer to go on from (this one is {:?})",
+                if f.word() == "resumed" { "resume" } else { "fork" },
+                policy.workspace_mode
+            ))),
+        };
     }
+    // The source's lock is held from here: nothing removes it meanwhile.
+    let source = match from {
+        Some(f) if policy.workspace_mode == WorkspaceMode::Copy => {
+            return Err(LayerError::From(format!(
+                "a copy workspace cannot be {}: run copy-on-write",
+                f.word()
+            )))
+        }
+        Some(f) => Some((f, super::layer_from::source(f, &policy.workspace)?)),
+        None => None,
+    };
     let user = crate::profile::user::load().map_err(LayerError::User)?;
     let kept = &user.workspace;
     for line in super::kept::make_room(kept.keep_days, kept.kept_bytes.0)? {
@@ -251,7 +283,11 @@ pub(crate) fn create(policy: &Policy, id: &str) -> Result<Option<Made>, LayerErr
         .mode(0o700)
         .create(&staging)
         .map_err(io("creating", &staging))?;
-    let made = fill(policy, id, &staging).and_then(|live| {
+    let filled = match &source {
+        Some((f, (src, old, _))) => fill_from(policy, id, &staging, f, src, old),
+        None => fill(policy, id, &staging),
+    };
+    let made = filled.and_then(|live| {
         nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,
             &staging,
@@ -264,6 +300,12 @@ pub(crate) fn create(policy: &Policy, id: &str) -> Result<Option<Made>, LayerErr
     });
     match made {
         Ok(live) => {
+            if let Some((LayerFrom::Resume(old), (src, ..))) = &source {
+                // Its upper directory and history are this layer's now.
+                if let Err(e) = remove(src) {
+                    tracing::warn!("the resumed layer {old}'s directory was left: {e}");
+                }
+            }
             let copy = (policy.workspace_mode == WorkspaceMode::Copy)
                 .then(|| copy_of(&dir).unwrap_or_else(|| dir.join(COPY)));
             Ok(Some(Made { dir, copy, live }))
@@ -445,6 +487,38 @@ fn fill(policy: &Policy, id: &str, dir: &Path) -> Result<Live, LayerError> {
         held_names: policy.guard.names.clone(),
         // In the layer: by its name there (the layer is renamed whole).
         copy: copy.then(|| upper.strip_prefix(dir).unwrap_or(&upper).to_path_buf()),
+        from: None,
+    };
+    let path = dir.join("meta.json");
+    let text = serde_json::to_vec_pretty(&meta).map_err(|source| LayerError::BadMeta {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::write(&path, text).map_err(io("writing", &path))?;
+    Ok(live)
+}
+
+/// [`fill`] for a layer that goes on from the kept layer at `src` (whose
+/// `meta.json` said `old`): its creation time is kept (the host's changes
+/// since are still conflicts for `apply`), and `from` names it.
+fn fill_from(
+    policy: &Policy,
+    id: &str,
+    dir: &Path,
+    from: &LayerFrom,
+    src: &Path,
+    old: &Meta,
+) -> Result<Live, LayerError> {
+    let live = Live(lock(dir, true)?);
+    super::layer_from::fill(from, src, dir)?;
+    let meta = Meta {
+        id: id.to_string(),
+        workspace: policy.workspace.clone(),
+        profile: policy.name.clone(),
+        held_names: policy.guard.names.clone(),
+        copy: None,
+        from: Some((old.id.clone(), from.word().to_string())),
+        ..old.clone()
     };
     let path = dir.join("meta.json");
     let text = serde_json::to_vec_pretty(&meta).map_err(|source| LayerError::BadMeta {
@@ -478,6 +552,7 @@ pub(crate) fn finish(
         super::copy::untouched_all(dir)
     } else {
         crate::sandbox::beneath::entries(&dir.join("upper")).is_ok_and(|e| e.is_empty())
+            && !super::history::store::changed_ever(dir)
     };
     if empty {
         let _ = discard(id);

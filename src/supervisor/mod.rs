@@ -14,6 +14,7 @@ pub(crate) mod instance;
 pub(crate) mod kept;
 pub(crate) mod launch;
 pub(crate) mod layer;
+pub(crate) mod layer_from;
 
 pub(crate) use generation::{make_cgroup, plan};
 pub(crate) use instance::{Instance, Proof};

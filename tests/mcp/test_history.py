@@ -156,3 +156,56 @@ async def test_names_the_terminal_would_obey_are_escaped_in_log_and_diff(ws):
     assert b"\x1b]0;PWNED" not in out and b"PWNED" in out, out
     # Control: the name in the layer holds the escape the terminal obeys.
     assert any("\x1b]0;PWNED" in n for n in os.listdir(upper(env, lid)))
+
+
+def profile_with(ws, **workspace):
+    text = subprocess.run([BIN, "profile", "show", "default"], capture_output=True, text=True, check=True).stdout
+    extra = "".join(f'{k} = "{v}"\n' for k, v in workspace.items())
+    text = text.replace("[workspace]\n", "[workspace]\n" + extra, 1)
+    p = ws[1] / "history.toml"
+    p.write_text(text)
+    return str(p)
+
+
+async def test_a_sparse_file_past_the_bound_is_not_kept_and_a_rewind_to_it_refuses(ws):
+    """The agent makes a 700 MiB sparse file (4 KiB on disk): the history
+    keeps no 700 MiB object (its apparent size is past history_bytes), says
+    so in diff, and a rewind to that checkpoint refuses, writing nothing.
+    Control: a 100 KiB file under the bound is kept and rewinds."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    prof = profile_with(ws, history_bytes="1MiB")
+    async with connect(ws, "--workspace-mode", "copy-on-write", "-p", prof, env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "head -c 102400 /dev/zero | tr '\\0' k > small", "timeout": 20})
+        await call(c, "run_command", {"command": "truncate -s 700M big", "timeout": 20})
+        await call(c, "run_command", {"command": "rm big small", "timeout": 20})
+    hist = os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers", lid, "history")
+    sizes = [os.path.getsize(os.path.join(hist, "objects", n)) for n in os.listdir(os.path.join(hist, "objects"))]
+    assert max(sizes) <= 1 << 20, sizes
+    assert json.load(open(os.path.join(hist, "deltas", "2.json")))["changed"]["626967"]["kind"] == "unkept"
+    d = sandmux(env, "diff", lid, "--call", "2")
+    assert "A big" in d.stdout and "not kept" in d.stdout, d.stdout
+    before = tree(upper(env, lid))
+    r = sandmux(env, "rewind", lid, "2")
+    assert r.returncode == 2 and "big" in r.stderr and "history_bytes" in r.stderr, r
+    after = tree(upper(env, lid))
+    assert {k: v for k, v in after.items()} == before, "a refused rewind wrote"
+    # Control: checkpoint 1 (the small file) rewinds.
+    assert sandmux(env, "rewind", lid, "1").returncode == 0
+    assert tree(upper(env, lid))["small"] == ("file", b"k" * 102400)
+
+
+async def test_a_name_with_a_newline_cannot_forge_diff_lines_and_a_new_file_shows_its_text(ws):
+    """A file named `x<LF>A forged-line`: `diff --call`, piped, has no line
+    the agent wrote. Control: the name is in the layer with its newline.
+    And a new file's text is shown (not `not text`)."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo hook > \"$(printf 'x\\nA forged-line')\" && printf '#!/bin/sh\\necho new\\n' > script.sh", "timeout": 20})
+    out = sandmux(env, "diff", lid, "--call", "1").stdout
+    assert not any(l.startswith("A forged-line") for l in out.splitlines()), out
+    assert "+echo new" in out and "+hook" in out, out
+    assert any("\n" in n for n in os.listdir(upper(env, lid)))

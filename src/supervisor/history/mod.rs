@@ -54,6 +54,14 @@ pub(crate) enum HistoryError {
     /// Folded into the base past the store's bound.
     #[error("checkpoint {0} was folded into later ones when the history reached its bound; the oldest kept is {1}")]
     Folded(u64, u64),
+    /// A file the history could not keep stands in the way of a rewind.
+    #[error("checkpoint {n} holds {} whose content the history could not keep (it had no room under [workspace] history_bytes): nothing was rewound", crate::term::printable(&path.to_string_lossy()))]
+    Unkept {
+        /// The checkpoint.
+        n: u64,
+        /// The file.
+        path: PathBuf,
+    },
     /// The layer has no history.
     #[error("layer {0} has no history (it was made before checkpoints, or in live mode)")]
     None(String),

@@ -16,7 +16,6 @@ use nix::sys::stat::mkdirat;
 use nix::sys::stat::{fchmod, mknodat, Mode, SFlag};
 use nix::unistd::{symlinkat, unlinkat, UnlinkatFlags};
 use std::ffi::OsStr;
-use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -67,6 +66,13 @@ pub(crate) fn rewind(h: &mut History, n: u64) -> Result<(Line, Line), HistoryErr
     let target = h.state_at(n)?;
     let before = h.take(&cause("(before rewind)", n))?;
     let current = h.state_at(before.n)?;
+    // Nothing is written unless all of it can be.
+    if let Some((p, _)) = target
+        .iter()
+        .find(|(p, t)| matches!(t, Node::Unkept { .. }) && current.get(*p) != Some(*t))
+    {
+        return Err(HistoryError::Unkept { n, path: p.clone() });
+    }
     let root = crate::sandbox::beneath::open_root(h.writes())
         .map_err(|e| HistoryError::io("opening", h.writes(), e.into()))?;
     let objects = h.dir().join("objects");
@@ -177,10 +183,10 @@ fn put(root: &OwnedFd, path: &Path, node: &Node, objects: &Path) -> Result<(), H
             )
             .map_err(e("writing"))?;
             let src = objects.join(object);
-            let bytes =
-                std::fs::read(&src).map_err(|err| HistoryError::io("reading", &src, err))?;
+            let mut from =
+                std::fs::File::open(&src).map_err(|err| HistoryError::io("reading", &src, err))?;
             let mut f = std::fs::File::from(fd);
-            f.write_all(&bytes)
+            std::io::copy(&mut from, &mut f)
                 .map_err(|err| HistoryError::io("writing", path, err))?;
             fchmod(&f, Mode::from_bits_truncate(mode & 0o777)).map_err(e("writing"))?;
         }
@@ -192,7 +198,7 @@ fn put(root: &OwnedFd, path: &Path, node: &Node, objects: &Path) -> Result<(), H
         Node::Whiteout => {
             mknodat(&dir, tmp, SFlag::S_IFCHR, Mode::empty(), 0).map_err(e("marking removed"))?;
         }
-        Node::Dir { .. } => unreachable!("handled above"),
+        Node::Dir { .. } | Node::Unkept { .. } => unreachable!("handled above"),
     }
     renameat(&dir, tmp, &dir, name).map_err(e("renaming into place"))
 }
@@ -262,7 +268,9 @@ fn collect(dir: &Path, base: &State, k: u64, last: u64) -> Result<(), HistoryErr
         .flatten()
     {
         let n = e.file_name().to_string_lossy().into_owned();
-        if !keep.contains(&n) && !n.starts_with(".new-") {
+        // A `.new-` file is a store a crash or an error left (the history
+        // is one process's at a time).
+        if !keep.contains(&n) {
             let _ = std::fs::remove_file(e.path());
         }
     }

@@ -22,6 +22,23 @@ pub(crate) struct History {
     /// The state at the last checkpoint, and how each entry was listed.
     state: State,
     seen: Listing,
+    /// When that listing began (ns since the epoch): an entry changed
+    /// within [`RACY_NS`] of it may change again with the same ctime.
+    listed_at: i128,
+    /// Bytes the objects take.
+    used: u64,
+}
+
+/// An entry whose ctime is this close to the listing before (or after it)
+/// is read again at the next checkpoint (git's "racily clean"): a second
+/// write in the same clock tick leaves the ctime as it was.
+const RACY_NS: i128 = 20_000_000;
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
 }
 
 fn io<'a>(what: &'static str, p: &'a Path) -> impl FnOnce(std::io::Error) -> HistoryError + 'a {
@@ -53,7 +70,10 @@ impl History {
             last: (0, String::new()),
             state: State::new(),
             seen: Listing::new(),
+            listed_at: 0,
+            used: 0,
         };
+        h.used = objects_bytes(&h.dir.join("objects"));
         match h.lines()?.last() {
             Some(l) => {
                 h.last = (l.n, l.digest.clone());
@@ -79,6 +99,7 @@ impl History {
     fn take_numbered(&mut self, n: u64, cause: &Cause) -> Result<Line, HistoryError> {
         let root = crate::sandbox::beneath::open_root(&self.writes)
             .map_err(|e| HistoryError::io("opening", &self.writes, e.into()))?;
+        let listed_at = now_ns();
         let listing = walk::list(&root)?;
         let mut stored = 0u64;
         let (delta, state) = self.compare(&root, &listing, &mut stored)?;
@@ -109,6 +130,7 @@ impl History {
         self.last = (n, digest);
         self.state = state;
         self.seen = listing;
+        self.listed_at = listed_at;
         Ok(line)
     }
 
@@ -123,10 +145,18 @@ impl History {
         let mut delta = Delta::default();
         let mut state = State::new();
         let objects = self.dir.join("objects");
-        let mut store = |fd: OwnedFd, size: u64| store_object(&objects, fd, size, stored);
+        let room = self.bound.saturating_sub(self.used);
+        let mut store = |fd: OwnedFd, size: u64| {
+            // Apparent size: a sparse file stores densely.
+            if stored.saturating_add(size) > room {
+                return Ok(None);
+            }
+            store_object(&objects, fd, size, stored).map(Some)
+        };
         for (path, s) in listing {
             let before = self.state.get(path);
-            let same = self.seen.get(path) == Some(s);
+            let racy = s.stamp.1 + RACY_NS >= self.listed_at;
+            let same = self.seen.get(path) == Some(s) && !racy;
             let node = match (same, before) {
                 (true, Some(n)) => Some(n.clone()),
                 _ => walk::node(root, path, s, &mut store)?,
@@ -174,10 +204,14 @@ impl History {
     /// the bound (checkpoint `last`, just written, always stays); returns
     /// the last folded.
     fn make_room(&mut self, last: u64) -> Result<Option<u64>, HistoryError> {
-        if objects_bytes(&self.dir.join("objects")) <= self.bound {
+        let objects = self.dir.join("objects");
+        self.used = objects_bytes(&objects);
+        if self.used <= self.bound {
             return Ok(None);
         }
-        super::rewind::fold(&self.dir, last, self.bound)
+        let folded = super::rewind::fold(&self.dir, last, self.bound);
+        self.used = objects_bytes(&objects);
+        folded
     }
 }
 
@@ -232,6 +266,13 @@ pub(crate) fn delta_of(dir: &Path, n: u64) -> Result<Delta, HistoryError> {
         .map_err(|e| HistoryError::Corrupt(format!("delta {n}"), e.to_string()))
 }
 
+/// Whether the history of the layer at `layer` holds a change (a layer
+/// the agent emptied again still holds its work, for `rewind`).
+pub(crate) fn changed_ever(layer: &Path) -> bool {
+    read_lines(&History::dir_of(layer))
+        .is_ok_and(|l| l.iter().any(|l| l.n > 0 && l.changed + l.removed > 0))
+}
+
 /// The log of the history at `dir`.
 pub(crate) fn read_lines(dir: &Path) -> Result<Vec<Line>, HistoryError> {
     let p = dir.join("log.jsonl");
@@ -260,40 +301,51 @@ fn chain(prev: &str, delta: &Delta) -> String {
 /// SHA-256, once; adds the bytes of a new object to `stored`.
 fn store_object(
     objects: &Path,
-    mut fd: OwnedFd,
+    fd: OwnedFd,
     size: u64,
     stored: &mut u64,
 ) -> Result<String, HistoryError> {
     let tmp = objects.join(format!(".new-{}", crate::nonce::hex()));
+    let r = copy_in(&tmp, fd, size).and_then(|(name, total)| {
+        let dst = objects.join(&name);
+        if dst.exists() {
+            let _ = std::fs::remove_file(&tmp);
+        } else {
+            std::fs::rename(&tmp, &dst).map_err(io("storing", &dst))?;
+            *stored += total;
+        }
+        Ok(name)
+    });
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// Copies `size` bytes at most of `fd` into the new file `tmp`; its
+/// SHA-256 (hex) and the bytes copied.
+fn copy_in(tmp: &Path, mut fd: OwnedFd, size: u64) -> Result<(String, u64), HistoryError> {
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&tmp)
-        .map_err(io("writing", &tmp))?;
+        .open(tmp)
+        .map_err(io("writing", tmp))?;
     let mut h = Sha256::new();
     let mut file = std::fs::File::from(std::mem::replace(&mut fd, dev_null()?));
     let mut buf = vec![0u8; 1 << 16];
     let mut total = 0u64;
     loop {
-        let n = file.read(&mut buf).map_err(io("reading", &tmp))?;
+        let n = file.read(&mut buf).map_err(io("reading", tmp))?;
         if n == 0 || total >= size {
             break;
         }
         let n = n.min((size - total) as usize);
         h.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(io("writing", &tmp))?;
+        out.write_all(&buf[..n]).map_err(io("writing", tmp))?;
         total += n as u64;
     }
-    let name = walk::hex(&h.finalize());
-    let dst = objects.join(&name);
-    if dst.exists() {
-        let _ = std::fs::remove_file(&tmp);
-    } else {
-        std::fs::rename(&tmp, &dst).map_err(io("storing", &dst))?;
-        *stored += total;
-    }
-    Ok(name)
+    Ok((walk::hex(&h.finalize()), total))
 }
 
 fn dev_null() -> Result<OwnedFd, HistoryError> {

@@ -46,6 +46,15 @@ pub(crate) enum Node {
     },
     /// Overlayfs's mark of an entry removed from the workspace.
     Whiteout,
+    /// A regular file whose content the history could not keep: more than
+    /// `[workspace] history_bytes` had room for (its apparent size counts,
+    /// holes too). A rewind to a state that holds one refuses, naming it.
+    Unkept {
+        /// Permission bits.
+        mode: u32,
+        /// Apparent size.
+        size: u64,
+    },
 }
 
 /// An entry as listed, before its content is read.
@@ -129,7 +138,7 @@ pub(crate) fn node(
     root: &OwnedFd,
     rel: &Path,
     s: &Seen,
-    store: &mut dyn FnMut(OwnedFd, u64) -> Result<String, HistoryError>,
+    store: &mut dyn FnMut(OwnedFd, u64) -> Result<Option<String>, HistoryError>,
 ) -> Result<Option<Node>, HistoryError> {
     let fmt = SFlag::from_bits_truncate(s.fmt);
     let (parent, name) = split(rel);
@@ -172,11 +181,10 @@ pub(crate) fn node(
             opaque: super::rewind::is_opaque(&fd),
         }));
     }
-    let object = store(fd, st.st_size as u64)?;
-    Ok(Some(Node::File {
-        mode,
-        size: st.st_size as u64,
-        object,
+    let size = st.st_size as u64;
+    Ok(Some(match store(fd, size)? {
+        Some(object) => Node::File { mode, size, object },
+        None => Node::Unkept { mode, size },
     }))
 }
 
