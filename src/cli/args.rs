@@ -47,6 +47,7 @@ fn parse_toolchain(s: &str) -> Result<crate::profile::Toolchain, String> {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process; boxing buys nothing
 pub(super) enum Cmd {
     /// Run one command confined by the profile (no tmux); exits with its status.
     Run {

@@ -209,3 +209,45 @@ async def test_a_name_with_a_newline_cannot_forge_diff_lines_and_a_new_file_show
     assert not any(l.startswith("A forged-line") for l in out.splitlines()), out
     assert "+echo new" in out and "+hook" in out, out
     assert any("\n" in n for n in os.listdir(upper(env, lid)))
+
+
+async def test_fork_and_resume_go_on_from_a_kept_layer_with_every_door_rule(ws):
+    """`serve --fork ID` starts on a copy of a kept layer (the original
+    stays as it was), `serve --resume ID` on the layer itself (it moves, its
+    history goes on); sandbox_status says the panes did not come; the door
+    still holds back control written after the fork. Control: a fresh
+    serve of the same workspace does not see the agent's file."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        first = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo day-one > notes.txt", "timeout": 20})
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        fresh = layer_of(await call(c, "sandbox_status"))
+        r = await call(c, "run_command", {"command": "cat notes.txt 2>&1 || true", "timeout": 20})
+        assert "day-one" not in r["output"], r  # control
+    sandmux(env, "discard", fresh)
+    async with connect(ws, "--workspace-mode", "copy-on-write", "--fork", first, env=env) as c:
+        st = await call(c, "sandbox_status")
+        forked = layer_of(st)
+        assert any(f"forked the layer of instance {first}" in x for x in st["limits"]["impossible"]), st
+        r = await call(c, "run_command", {"command": "cat notes.txt && echo fork > forked.txt && echo 'echo pwned' > .envrc", "timeout": 20})
+        assert "day-one" in r["output"], r
+    assert "forked.txt" not in tree(upper(env, first)), "the fork wrote the original"
+    names = sandmux(env, "diff", forked, "--names-only").stdout
+    assert "forked.txt" in names and "notes.txt" in names, names
+    assert re.search(r"^H .*\.envrc", names, re.M), names
+    async with connect(ws, "--workspace-mode", "copy-on-write", "--resume", first, env=env) as c:
+        st = await call(c, "sandbox_status")
+        resumed = layer_of(st)
+        assert any(f"resumed the layer of instance {first}" in x for x in st["limits"]["impossible"]), st
+        r = await call(c, "run_command", {"command": "cat notes.txt && echo more >> notes.txt", "timeout": 20})
+        assert "day-one" in r["output"], r
+    assert not os.path.exists(os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers", first)), "resume left the old layer"
+    log = [json.loads(x) for x in sandmux(env, "log", resumed, "--json").stdout.splitlines()]
+    assert [x["n"] for x in log] == list(range(len(log))) and len(log) >= 3, log
+    # A running or missing source is refused, naming it.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    r = subprocess.run([BIN, "serve", "-w", str(work), "--resume", first], capture_output=True, text=True,
+                       env={**clean, **env}, stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode != 0 and first in r.stderr, r.stderr

@@ -150,6 +150,11 @@ fn limits(p: &crate::profile::Policy) -> Limits {
         impossible.push(format!(
             "changing the host's copy of the workspace while you work ({how}): your writes land {land}; after this instance the human reviews it with `sandmux diff {id}` and brings it in with `sandmux apply {id}`: files, your commits as refs/sandmux/{id}/*, new repositories as repositories; version-control data and tool configuration held back. git init, hooks and config work here"
         ));
+        if let Some((old, how)) = p.layer.as_deref().and_then(going_on_from) {
+            impossible.push(format!(
+                "going on with what ran before: this instance {how} the layer of instance {old}, so the workspace is as that agent left it, but its panes, processes and shell history did not come with it"
+            ));
+        }
     }
     if let Some(c) = p.guard.commit.as_ref().filter(|_| live) {
         let id = c.agent.parent().and_then(|d| d.file_name());
@@ -255,4 +260,12 @@ pub(crate) async fn sandbox_status(c: &Call<'_>, _: NoArgs) -> Result<Status, To
                 .unwrap_or_default(),
         ),
     })
+}
+
+/// `serve --resume` / `--fork`: the instance the layer at `dir` goes on
+/// from, and how (`resumed`, `forked`), as its `meta.json` says.
+fn going_on_from(dir: &std::path::Path) -> Option<(String, String)> {
+    let text = std::fs::read(dir.join("meta.json")).ok()?;
+    let meta: crate::supervisor::layer::Meta = serde_json::from_slice(&text).ok()?;
+    meta.from
 }

@@ -223,7 +223,12 @@ fn dir_modes(root: &OwnedFd, target: &State) -> Result<(), HistoryError> {
 
 /// Folds the oldest checkpoints into the base until the objects fit in
 /// `bound` (the last checkpoint always stays); returns the last folded.
-pub(crate) fn fold(dir: &Path, last: u64, bound: u64) -> Result<Option<u64>, HistoryError> {
+pub(crate) fn fold(
+    dir: &Path,
+    last: u64,
+    bound: u64,
+    keep: &std::collections::HashSet<String>,
+) -> Result<Option<u64>, HistoryError> {
     let objects = dir.join("objects");
     let (mut k, mut base) = store::base_of(dir)?;
     let start = k;
@@ -234,7 +239,7 @@ pub(crate) fn fold(dir: &Path, last: u64, bound: u64) -> Result<Option<u64>, His
         for old in start..=k {
             let _ = std::fs::remove_file(dir.join("deltas").join(format!("{old}.json")));
         }
-        collect(dir, &base, k, last)?;
+        collect(dir, &base, k, last, keep)?;
     }
     Ok((k > start).then_some(k))
 }
@@ -249,8 +254,14 @@ fn write_base(dir: &Path, k: u64, base: &State) -> Result<(), HistoryError> {
 }
 
 /// Removes every object neither the base nor a kept delta names.
-fn collect(dir: &Path, base: &State, k: u64, last: u64) -> Result<(), HistoryError> {
-    let mut keep = std::collections::HashSet::new();
+fn collect(
+    dir: &Path,
+    base: &State,
+    k: u64,
+    last: u64,
+    fresh: &std::collections::HashSet<String>,
+) -> Result<(), HistoryError> {
+    let mut keep = fresh.clone();
     let mut name = |n: &Node| {
         if let Node::File { object, .. } = n {
             keep.insert(object.clone());

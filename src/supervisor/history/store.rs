@@ -102,11 +102,11 @@ impl History {
         let listed_at = now_ns();
         let listing = walk::list(&root)?;
         let mut stored = 0u64;
-        let (delta, state) = self.compare(&root, &listing, &mut stored)?;
+        let (delta, state, folded) = self.compare(&root, &listing, &mut stored)?;
         let digest = chain(&self.last.1, &delta);
         let text = serde_json::to_vec(&delta).unwrap_or_default();
         write_new(&self.dir.join("deltas").join(format!("{n}.json")), &text)?;
-        let folded_upto = self.make_room(n)?;
+        let folded_upto = self.make_room(n)?.or(folded);
         let line = Line {
             n,
             ts: crate::log::now_rfc3339(),
@@ -141,17 +141,33 @@ impl History {
         root: &OwnedFd,
         listing: &Listing,
         stored: &mut u64,
-    ) -> Result<(Delta, State), HistoryError> {
+    ) -> Result<(Delta, State, Option<u64>), HistoryError> {
         let mut delta = Delta::default();
         let mut state = State::new();
         let objects = self.dir.join("objects");
-        let room = self.bound.saturating_sub(self.used);
+        let (dir, bound, last) = (&self.dir, self.bound, self.last.0);
+        let mut used = self.used;
+        let mut folded = None;
+        let mut fresh = std::collections::HashSet::new();
         let mut store = |fd: OwnedFd, size: u64| {
-            // Apparent size: a sparse file stores densely.
-            if stored.saturating_add(size) > room {
-                return Ok(None);
+            // Apparent size: a sparse file stores densely. Past the bound
+            // the oldest checkpoints fold first (never what this one
+            // stored); what still does not fit is not kept.
+            if used.saturating_add(size) > bound {
+                if let Some(k) = super::rewind::fold(dir, last, bound.saturating_sub(size), &fresh)?
+                {
+                    folded = Some(k);
+                }
+                used = objects_bytes(&objects);
+                if used.saturating_add(size) > bound {
+                    return Ok(None);
+                }
             }
-            store_object(&objects, fd, size, stored).map(Some)
+            let before = *stored;
+            let name = store_object(&objects, fd, size, stored)?;
+            used += *stored - before;
+            fresh.insert(name.clone());
+            Ok(Some(name))
         };
         for (path, s) in listing {
             let before = self.state.get(path);
@@ -173,7 +189,8 @@ impl History {
             .filter(|p| !state.contains_key(*p))
             .map(|p| hex_of(p))
             .collect();
-        Ok((delta, state))
+        drop(store);
+        Ok((delta, state, folded))
     }
 
     /// Every line of the log.
@@ -209,7 +226,7 @@ impl History {
         if self.used <= self.bound {
             return Ok(None);
         }
-        let folded = super::rewind::fold(&self.dir, last, self.bound);
+        let folded = super::rewind::fold(&self.dir, last, self.bound, &Default::default());
         self.used = objects_bytes(&objects);
         folded
     }
