@@ -8,13 +8,16 @@
 //! [`Report`], [`DoorError`]); lines are rendered from them.
 
 pub(crate) mod apply;
+mod aside;
 pub(crate) mod diff;
+mod gitask;
 pub(crate) mod history;
 pub(crate) mod hold;
 pub(crate) mod home;
 pub(crate) mod ignored;
 pub(crate) mod instructions;
 mod journal;
+mod moved;
 pub(crate) mod named;
 pub(crate) mod plan;
 pub(crate) mod precious;

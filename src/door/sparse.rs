@@ -33,9 +33,25 @@ pub(crate) fn segments(
     Ok(())
 }
 
-/// Copies `src` into the empty `dst`, holes kept.
-pub(crate) fn copy(src: &mut std::fs::File, dst: &mut std::fs::File) -> std::io::Result<()> {
-    let len = src.metadata()?.len();
+/// Copies `src` (its metadata `meta`) into the empty `dst`, holes kept: a
+/// file with no hole (its blocks cover its length) is one copy from the
+/// start, with no seek and no length set; otherwise segment by segment.
+pub(crate) fn copy_of(
+    src: &mut std::fs::File,
+    meta: &std::fs::Metadata,
+    dst: &mut std::fs::File,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let len = meta.len();
+    if meta.blocks() * 512 >= len {
+        let n = std::io::copy(&mut std::io::Read::take(&mut *src, len), dst)?;
+        if n != len {
+            return Err(std::io::Error::other(
+                "the layer's file shrank while it was copied",
+            ));
+        }
+        return Ok(());
+    }
     let reader = src.try_clone()?;
     segments(&reader, len, |start, end| {
         src.seek(SeekFrom::Start(start))?;
@@ -62,7 +78,9 @@ pub(crate) fn digest(f: &std::fs::File) -> std::io::Result<String> {
     let len = m.len();
     let mut h = Sha256::new();
     h.update(len.to_le_bytes());
-    let mut buf = vec![0u8; 64 << 10];
+    // No more than the file needs (most are small: a 64 KiB buffer zeroed
+    // for each would cost more than reading them).
+    let mut buf = vec![0u8; len.clamp(1, 64 << 10) as usize];
     let mut hash = |start: u64, end: u64| -> std::io::Result<()> {
         h.update(start.to_le_bytes());
         let mut at = start;
@@ -84,7 +102,17 @@ pub(crate) fn digest(f: &std::fs::File) -> std::io::Result<String> {
     } else {
         segments(f, len, &mut hash)?;
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&h.finalize()))
+}
+
+/// Lower-case hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    bytes
+        .iter()
+        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
+        .map(char::from)
+        .collect()
 }
 
 #[cfg(test)]
@@ -105,7 +133,8 @@ mod tests {
         drop(f);
         let mut src = std::fs::File::open(&a).unwrap();
         let mut dst = std::fs::File::create(&b).unwrap();
-        copy(&mut src, &mut dst).unwrap();
+        let meta = src.metadata().unwrap();
+        copy_of(&mut src, &meta, &mut dst).unwrap();
         drop(dst);
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
         let m = std::fs::metadata(&b).unwrap();
