@@ -49,6 +49,9 @@ pub(crate) struct Door<'a> {
     journal_len: u64,
     /// The layer's `taken/`, opened once.
     pub(super) taken_dir: OwnedFd,
+    /// This apply's names in `taken/`: a random prefix and a count.
+    pub(super) taken_prefix: String,
+    pub(super) taken_count: u64,
     /// What earlier applies of this layer journaled about each path (a
     /// killed one's steps are finished, not taken for the human's
     /// changes): its `replace` and `kept` steps, by path.
@@ -109,6 +112,8 @@ impl<'a> Door<'a> {
             journal,
             journal_len: whole as u64,
             taken_dir,
+            taken_prefix: crate::nonce::hex()[..16].to_string(),
+            taken_count: 0,
             earlier,
             kept_names,
             restored: restored(layer),

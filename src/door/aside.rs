@@ -51,7 +51,8 @@ impl Door<'_> {
         name: &Path,
         aside: Aside,
     ) -> Result<(), String> {
-        let tname = taken_name(name);
+        self.taken_count += 1;
+        let tname = taken_name(&self.taken_prefix, self.taken_count, name);
         let taken = self.layer.join("taken").join(&tname);
         self.taken.push(taken.clone());
         let rel = rel.to_path_buf();

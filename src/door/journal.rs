@@ -74,9 +74,10 @@ pub(crate) enum Step {
     },
 }
 
-/// A unique name in `taken/` for an entry called `name`.
-pub(super) fn taken_name(name: &Path) -> PathBuf {
-    PathBuf::from(format!("{}-{}", crate::nonce::hex(), name.display()))
+/// The `n`th name in `taken/` of one apply (`prefix`: random, its own)
+/// for an entry called `name`: unique without a random draw each.
+pub(super) fn taken_name(prefix: &str, n: u64, name: &Path) -> PathBuf {
+    PathBuf::from(format!("{prefix}{n:x}-{}", name.display()))
 }
 
 /// The steps the journal of the layer at `layer` records (none when it

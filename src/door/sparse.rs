@@ -44,13 +44,7 @@ pub(crate) fn copy_of(
     use std::os::unix::fs::MetadataExt;
     let len = meta.len();
     if meta.blocks() * 512 >= len {
-        let n = std::io::copy(&mut std::io::Read::take(&mut *src, len), dst)?;
-        if n != len {
-            return Err(std::io::Error::other(
-                "the layer's file shrank while it was copied",
-            ));
-        }
-        return Ok(());
+        return copy_whole(src, len, dst);
     }
     let reader = src.try_clone()?;
     segments(&reader, len, |start, end| {
@@ -66,6 +60,55 @@ pub(crate) fn copy_of(
         Ok(())
     })?;
     dst.set_len(len)
+}
+
+/// The first `len` bytes of `src` into `dst`, in the kernel
+/// (`copy_file_range`) where it can, else through a buffer.
+fn copy_whole(src: &mut std::fs::File, len: u64, dst: &mut std::fs::File) -> std::io::Result<()> {
+    let mut done = 0u64;
+    while done < len {
+        let want = usize::try_from(len - done).unwrap_or(usize::MAX);
+        match kernel_copy(src, dst, want) {
+            Ok(0) => break,
+            Ok(n) => done += n as u64,
+            // Another file system, or none of it: a plain copy of the rest.
+            Err(
+                nix::Error::EXDEV
+                | nix::Error::ENOSYS
+                | nix::Error::EINVAL
+                | nix::Error::EOPNOTSUPP,
+            ) if done == 0 => {
+                done = std::io::copy(&mut std::io::Read::take(&mut *src, len), dst)?;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if done != len {
+        return Err(std::io::Error::other(
+            "the layer's file shrank while it was copied",
+        ));
+    }
+    Ok(())
+}
+
+/// One `copy_file_range` of up to `want` bytes, at both files' offsets.
+fn kernel_copy(src: &std::fs::File, dst: &std::fs::File, want: usize) -> nix::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: two open descriptors, null offsets (each file's own is
+    // used and advanced), no flags; the call reads and writes no memory of
+    // this process.
+    let n = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            std::ptr::null_mut(),
+            dst.as_raw_fd(),
+            std::ptr::null_mut(),
+            want,
+            0,
+        )
+    };
+    nix::errno::Errno::result(n).map(|n| n as usize)
 }
 
 /// The SHA-256 of a file's length and of each data segment with its offset
