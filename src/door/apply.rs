@@ -62,6 +62,8 @@ pub(crate) struct Door<'a> {
     restored: HashMap<PathBuf, Restored>,
     /// The workspace's directories opened so far, by path.
     dirs: std::cell::RefCell<HashMap<PathBuf, Rc<OwnedFd>>>,
+    /// The layer's, the same.
+    udirs: std::cell::RefCell<HashMap<PathBuf, Rc<OwnedFd>>>,
 }
 
 impl<'a> Door<'a> {
@@ -118,6 +120,7 @@ impl<'a> Door<'a> {
             kept_names,
             restored: restored(layer),
             dirs: Default::default(),
+            udirs: Default::default(),
         })
     }
 
@@ -153,16 +156,17 @@ impl<'a> Door<'a> {
 
     /// The workspace's directory `rel`, opened beneath it once.
     pub(super) fn dir(&self, rel: &Path) -> nix::Result<Rc<OwnedFd>> {
-        if let Some(d) = self.dirs.borrow().get(rel) {
-            return Ok(d.clone());
-        }
-        let fd = Rc::new(beneath(
-            &self.trees.lower,
-            rel,
-            OFlag::O_PATH | OFlag::O_DIRECTORY,
-        )?);
-        self.dirs.borrow_mut().insert(rel.to_path_buf(), fd.clone());
-        Ok(fd)
+        opened(&self.dirs, &self.trees.lower, rel)
+    }
+
+    /// The layer's file at `rel`, opened for reading beneath its directory
+    /// (itself opened once), no link followed.
+    fn layer_file(&self, rel: &Path) -> nix::Result<std::fs::File> {
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        let name = rel.file_name().ok_or(nix::Error::EINVAL)?;
+        let dir = opened(&self.udirs, &self.trees.upper, parent)?;
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
+        beneath(&*dir, Path::new(name), flags).map(std::fs::File::from)
     }
 
     /// Forgets the directories at and below `rel` (moved out of the
@@ -255,13 +259,9 @@ impl<'a> Door<'a> {
         } else if replace {
             return Err("removed on the host since the instance started".into());
         }
-        let src = beneath(
-            &self.trees.upper,
-            rel,
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
-        )
-        .map_err(|e| format!("the layer's file: {e}"))?;
-        let mut src = std::fs::File::from(src);
+        let mut src = self
+            .layer_file(rel)
+            .map_err(|e| format!("the layer's file: {e}"))?;
         let meta = src.metadata().map_err(|e| e.to_string())?;
         if !meta.is_file() {
             return Err("not a regular file in the layer".into());
@@ -375,4 +375,19 @@ impl<'a> Door<'a> {
         let id = self.layer.file_name().unwrap_or_default().to_string_lossy();
         PathBuf::from(format!(".sandmux-apply-{id}-{h:016x}"))
     }
+}
+
+/// The directory `rel` beneath `root`, from `cache` or opened (a path
+/// descriptor, no link followed) and kept there.
+fn opened(
+    cache: &std::cell::RefCell<HashMap<PathBuf, Rc<OwnedFd>>>,
+    root: &OwnedFd,
+    rel: &Path,
+) -> nix::Result<Rc<OwnedFd>> {
+    if let Some(d) = cache.borrow().get(rel) {
+        return Ok(d.clone());
+    }
+    let fd = Rc::new(beneath(root, rel, OFlag::O_PATH | OFlag::O_DIRECTORY)?);
+    cache.borrow_mut().insert(rel.to_path_buf(), fd.clone());
+    Ok(fd)
 }
