@@ -27,11 +27,10 @@ round by round:
                                    (apply ends durable; no goal; informative)
 
 OLD is a copy of the workspace's files without .git, NEW the same with the
-agent's writes (made on the host by the same script). A second `apply`
-after `--undo` of the same layer finds every rewritten file changed on the
-host (the undo's rename gave it a new ctime), so every round gets a fresh
-layer made the same way (untimed); the first layer is also re-applied once
-after its undo, and what that said is reported.
+agent's writes (made on the host by the same script). Every round gets a
+fresh layer made the same way (untimed), so no round follows an undo; the
+first layer is also applied again once after its undo (it must apply
+cleanly: the undo notes what it put back), and what that said is reported.
 
 Goals (from the issue): linear in size; apply <= 2x cp -a; `diff
 --names-only` of 30,000 paths <= 1 s. "Linear" is read here as the scaling
