@@ -412,3 +412,68 @@ fn what_git_ignores_is_one_line_and_stays_unless_asked() {
     door_in(&state, &w, &["apply", &id, "--include-ignored"]).code(0);
     assert!(w.join("target/debug/f7").exists() && w.join("sub/secret.txt").exists());
 }
+
+/// `apply --undo` then `apply` of the same layer: the undo's renames gave
+/// the human's files new ctimes, but they are exactly what the first apply
+/// found, so the layer applies again cleanly (rewritten, added and removed
+/// paths, a removed directory), and undoes again to the human's bytes.
+/// Control: a real edit by the human after the undo (content, or only a
+/// `chmod`) is still a conflict, left as the human made it.
+#[test]
+fn an_undone_layer_applies_again_and_a_later_edit_is_a_conflict() {
+    let host = host_dir();
+    let state = host.path().join("state");
+    let ws = Ws::new();
+    let w = ws.path();
+    repo(&w);
+    for (p, t) in [
+        ("a.txt", "mine a\n"),
+        ("b.txt", "mine b\n"),
+        ("gone.txt", "mine gone\n"),
+        ("old/x.txt", "mine x\n"),
+    ] {
+        put(&w.join(p), t);
+    }
+    git_ok(&w, &["add", "-A"]);
+    git_ok(&w, &["commit", "-q", "-m", "files"]);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let id = keep(
+        &w,
+        &state,
+        "echo agent a > a.txt && echo agent b > b.txt && echo new > new.txt && rm gone.txt && rm -r old",
+    );
+    let read = |p: &str| std::fs::read_to_string(w.join(p)).ok();
+    let human = |read: &dyn Fn(&str) -> Option<String>| {
+        assert_eq!(read("a.txt").as_deref(), Some("mine a\n"));
+        assert_eq!(read("b.txt").as_deref(), Some("mine b\n"));
+        assert_eq!(read("gone.txt").as_deref(), Some("mine gone\n"));
+        assert_eq!(read("old/x.txt").as_deref(), Some("mine x\n"));
+        assert_eq!(read("new.txt"), None);
+    };
+    for round in 0..2 {
+        let a = door_in(&state, &w, &["apply", &id]);
+        a.code(0);
+        assert!(!a.stdout().contains("conflict"), "round {round}: {a}");
+        assert_eq!(read("a.txt").as_deref(), Some("agent a\n"), "round {round}");
+        assert_eq!(read("new.txt").as_deref(), Some("new\n"), "round {round}");
+        assert!(!w.join("gone.txt").exists() && !w.join("old").exists());
+        door_in(&state, &w, &["apply", &id, "--undo"]).code(0);
+        human(&read);
+    }
+    // Control: the human edits one file and chmods another after the undo.
+    put(&w.join("a.txt"), "mine a, edited after the undo\n");
+    let b = w.join("b.txt");
+    let mut perm = std::fs::metadata(&b).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o600);
+    std::fs::set_permissions(&b, perm).unwrap();
+    let a = door_in(&state, &w, &["apply", &id]);
+    a.code(3);
+    let out = a.stdout();
+    assert!(out.contains("conflict a.txt (changed on the host"), "{a}");
+    assert!(out.contains("conflict b.txt (changed on the host"), "{a}");
+    assert_eq!(
+        read("a.txt").as_deref(),
+        Some("mine a, edited after the undo\n")
+    );
+    assert_eq!(read("b.txt").as_deref(), Some("mine b\n"));
+}

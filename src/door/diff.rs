@@ -290,7 +290,9 @@ impl Trees {
                 Some(l) if kind(l.st_mode) == libc::S_IFREG => {
                     let mode = (l.st_mode & 0o7777 != up.st_mode & 0o7777)
                         .then_some((l.st_mode & 0o7777, up.st_mode & 0o7777));
-                    if mode.is_some() || !self.same_content(rel) {
+                    // Sizes that differ are different bytes: nothing to read.
+                    let size = l.st_size != up.st_size;
+                    if mode.is_some() || size || !self.same_content(rel) {
                         out.push(Change::Modified { rel: rel_buf, mode });
                     }
                 }

@@ -116,7 +116,12 @@ impl Hold {
     /// The rules for the workspace `ws` (its layer `trees`) and the
     /// profile's `names`, with what the configuration of the workspace's
     /// repository names.
-    pub(crate) fn new(ws: &Path, names: Vec<PathBuf>, trees: &Trees) -> Hold {
+    pub(crate) fn new(
+        ws: &Path,
+        names: Vec<PathBuf>,
+        trees: &Trees,
+        facts: &super::gitask::GitFacts,
+    ) -> Hold {
         use std::os::unix::fs::MetadataExt;
         let running = std::env::current_exe().and_then(std::fs::canonicalize).ok();
         let exe = running
@@ -125,7 +130,7 @@ impl Hold {
         let exe_id = running
             .and_then(|e| std::fs::metadata(e).ok())
             .map(|m| (m.dev(), m.ino()));
-        let mut r = super::named::Reader::new(ws, Some(trees));
+        let mut r = super::named::Reader::with(ws, Some(trees), facts);
         r.git(ws);
         read_by_name(&mut r, ws, ws, &names);
         let mut by_first: std::collections::HashMap<_, Vec<PathBuf>> = Default::default();
@@ -166,6 +171,7 @@ impl Hold {
         &mut self,
         ws: &Path,
         trees: &Trees,
+        facts: &super::gitask::GitFacts,
         rels: impl Iterator<Item = &'a Path>,
     ) {
         let (mut dirs, files, complete) = scan(ws, &self.names);
@@ -180,7 +186,7 @@ impl Hold {
                 dirs.push(a.to_path_buf());
             }
         }
-        let mut r = super::named::Reader::new(ws, Some(trees));
+        let mut r = super::named::Reader::with(ws, Some(trees), facts);
         for (i, d) in dirs.into_iter().enumerate() {
             let host = ws.join(&d);
             // The walk read what it found; the directories above the
@@ -188,7 +194,8 @@ impl Hold {
             if i >= scanned && complete {
                 continue;
             }
-            if host.join(".git").symlink_metadata().is_ok() {
+            // The workspace's own repository was read by [`Hold::new`].
+            if !d.as_os_str().is_empty() && host.join(".git").symlink_metadata().is_ok() {
                 r.git(&host);
             }
             if host.join(".hg").symlink_metadata().is_ok() {

@@ -33,6 +33,7 @@ impl Ignored {
     pub(crate) fn new<'a>(
         ws: &Path,
         trees: &Trees,
+        facts: &super::gitask::GitFacts,
         rels: impl Iterator<Item = &'a Path>,
     ) -> Ignored {
         let mut per_dir = HashMap::new();
@@ -50,7 +51,7 @@ impl Ignored {
         Ignored {
             ws: ws.to_path_buf(),
             per_dir,
-            global: global_rules(ws),
+            global: global_rules(ws, facts),
             dirs: Default::default(),
         }
     }
@@ -104,27 +105,14 @@ fn dir_rules(ws: &Path, trees: &Trees, rel: &Path) -> Option<Gitignore> {
 
 /// The repository's `info/exclude` and the human's global excludes file
 /// (`core.excludesFile`, else `$XDG_CONFIG_HOME/git/ignore`), rooted at the
-/// workspace.
-fn global_rules(ws: &Path) -> Gitignore {
+/// workspace, as git named them (`facts`).
+fn global_rules(ws: &Path, facts: &super::gitask::GitFacts) -> Gitignore {
     let mut b = GitignoreBuilder::new(ws);
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(ws)
-            .args(["-c", "safe.directory=*"])
-            .args(args)
-            .env_remove("GIT_DIR")
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
     let mut files: Vec<PathBuf> = Vec::new();
-    if let Some(p) = git(&["rev-parse", "--git-path", "info/exclude"]) {
+    if let Some(p) = &facts.info_exclude {
         files.push(ws.join(p));
     }
-    match git(&["config", "--path", "--get", "core.excludesFile"]) {
+    match &facts.excludes_file {
         Some(p) => files.push(PathBuf::from(p)),
         None => {
             let base = std::env::var_os("XDG_CONFIG_HOME")

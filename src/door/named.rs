@@ -20,8 +20,8 @@
 //! path apart in review.
 
 use super::diff::Trees;
+use super::gitask::{git_files, GitFacts};
 use std::collections::HashSet;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Bytes read from one configuration file; a larger one names nothing more.
@@ -63,27 +63,37 @@ pub(crate) struct Reader<'a> {
     top: Option<PathBuf>,
     seen: HashSet<PathBuf>,
     pub(crate) found: Vec<Named>,
+    /// What git already said about the workspace's repository.
+    facts: &'a GitFacts,
 }
 
 impl<'a> Reader<'a> {
     /// For workspace `ws`; `trees`: the layer over it (an included file the
-    /// agent wrote is read from there too), or None for the host alone.
-    pub(crate) fn new(ws: &'a Path, trees: Option<&'a Trees>) -> Reader<'a> {
+    /// agent wrote is read from there too), or None for the host alone;
+    /// `facts`: what git said about the workspace's repository (its top,
+    /// when that is above `ws`: a path relative to the top names a file of
+    /// the tree too).
+    pub(crate) fn with(ws: &'a Path, trees: Option<&'a Trees>, facts: &'a GitFacts) -> Reader<'a> {
         Reader {
             ws,
             trees,
-            top: toplevel(ws),
+            top: facts.top.clone().filter(|t| t != ws && ws.starts_with(t)),
             home: super::home::human_home(),
             seen: HashSet::new(),
             found: Vec::new(),
+            facts,
         }
     }
 
     /// Everything git reads for the repository at `repo` (a directory with
     /// a `.git` on the host, or the workspace's own repository).
     pub(crate) fn git(&mut self, repo: &Path) {
-        for file in git_files(repo) {
-            self.git_file(&file, repo, 0);
+        let files = match normal(repo) == normal(&self.facts.ws) {
+            true => self.facts.files.clone(),
+            false => git_files(repo),
+        };
+        for (file, entries) in files {
+            self.git_file(&file, repo, 0, Some(entries));
         }
     }
 
@@ -156,12 +166,23 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn git_file(&mut self, file: &Path, repo: &Path, depth: usize) {
+    /// One file git reads (`listed`: its entries as git listed them from
+    /// the host, else parsed here from the host's text), and the layer's
+    /// version of it; includes followed.
+    fn git_file(
+        &mut self,
+        file: &Path,
+        repo: &Path,
+        depth: usize,
+        listed: Option<Vec<(String, String)>>,
+    ) {
         if depth > DEPTH_MAX || !self.seen.insert(file.to_path_buf()) {
             return;
         }
-        for text in self.versions(file) {
-            for (key, value) in git_entries(&text) {
+        let host = listed.or_else(|| self.host_text(file).map(|t| git_entries(&t)));
+        let layer = self.layer_text(file).map(|t| git_entries(&t));
+        for entries in host.into_iter().chain(layer) {
+            for (key, value) in entries {
                 let mut words = words_of(&value);
                 // The whole value too: a path with a space in it.
                 words.push(value.trim().to_string());
@@ -171,7 +192,7 @@ impl<'a> Reader<'a> {
                     || key.starts_with("includeif.") && key.ends_with(".path");
                 if include {
                     let target = self.expand(&value, file);
-                    self.git_file(&target, repo, depth + 1);
+                    self.git_file(&target, repo, depth + 1, None);
                 }
             }
         }
@@ -210,20 +231,29 @@ impl<'a> Reader<'a> {
     /// agent's after an apply). Links are not followed in the layer; on
     /// the host a link is the human's own.
     fn versions(&self, file: &Path) -> Vec<String> {
-        let mut out = Vec::new();
-        if let Ok(f) = std::fs::File::open(file) {
-            if f.metadata().is_ok_and(|m| m.is_file()) {
-                let mut b = Vec::new();
-                let _ = std::io::Read::read_to_end(&mut std::io::Read::take(f, FILE_MAX), &mut b);
-                out.push(String::from_utf8_lossy(&b).into_owned());
-            }
+        self.host_text(file)
+            .into_iter()
+            .chain(self.layer_text(file))
+            .collect()
+    }
+
+    /// The file's text on the host (a link followed: the human's own).
+    fn host_text(&self, file: &Path) -> Option<String> {
+        let f = std::fs::File::open(file).ok()?;
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            return None;
         }
-        if let (Some(t), Ok(rel)) = (self.trees, file.strip_prefix(self.ws)) {
-            if let Some(b) = super::diff::read(&t.upper, rel, FILE_MAX) {
-                out.push(String::from_utf8_lossy(&b).into_owned());
-            }
-        }
-        out
+        let mut b = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(f, FILE_MAX), &mut b);
+        Some(String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// The file's text in the layer, where it lies in the workspace (no
+    /// link followed).
+    fn layer_text(&self, file: &Path) -> Option<String> {
+        let rel = file.strip_prefix(self.ws).ok()?;
+        let b = super::diff::read(&self.trees?.upper, rel, FILE_MAX)?;
+        Some(String::from_utf8_lossy(&b).into_owned())
     }
 
     /// Records every word of `words` that names a path in the workspace,
@@ -282,66 +312,6 @@ impl<'a> Reader<'a> {
         }
         out
     }
-}
-
-/// The files git reads first for the repository at `repo` (includes are
-/// followed by the reader): `--show-origin` of a listing without includes.
-fn git_files(repo: &Path) -> Vec<PathBuf> {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args([
-            "-c",
-            "safe.directory=*",
-            "config",
-            "--list",
-            "--no-includes",
-        ])
-        .args(["--show-origin", "--null"])
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_CONFIG")
-        .env_remove("GIT_CONFIG_PARAMETERS")
-        .env_remove("GIT_CONFIG_COUNT")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output();
-    let Ok(out) = out else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = Vec::new();
-    // origin NUL key NL value NUL, repeated.
-    let mut parts = out.stdout.split(|b| *b == 0);
-    while let (Some(origin), Some(_)) = (parts.next(), parts.next()) {
-        let Some(f) = origin.strip_prefix(b"file:") else {
-            continue;
-        };
-        let f = Path::new(std::ffi::OsStr::from_bytes(f));
-        let f = if f.is_relative() {
-            repo.join(f)
-        } else {
-            f.to_path_buf()
-        };
-        if !files.contains(&f) {
-            files.push(f);
-        }
-    }
-    files
-}
-
-/// The top of the repository `ws` lies in, when it is above `ws`.
-fn toplevel(ws: &Path) -> Option<PathBuf> {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(ws)
-        .args(["-c", "safe.directory=*", "rev-parse", "--show-toplevel"])
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())?;
-    let top = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim_end_matches('\n'));
-    (top != ws && ws.starts_with(&top)).then_some(top)
 }
 
 /// The forms a word may name a path in: itself; without a leading `/` (a
@@ -526,7 +496,8 @@ mod tests {
             "[diff]\n\texternal = tools/ext.sh\n",
         )
         .unwrap();
-        let mut r = Reader::new(&w, None);
+        let facts = super::super::gitask::Asking::start(&w).answers();
+        let mut r = Reader::with(&w, None, &facts);
         r.git(&w);
         let rels: Vec<_> = r.found.iter().map(|n| n.rel.clone()).collect();
         for want in ["conf/a.inc", "conf/deep/b.inc", "tools/ext.sh"] {

@@ -43,12 +43,16 @@ impl Plan {
             return Err(DoorError::BadPath(p.display().to_string()));
         }
         let trees = Trees::open(dir, &meta.workspace).map_err(DoorError::Layer)?;
+        // Git is asked while the layer is walked.
+        let asking = super::gitask::Asking::start(&meta.workspace);
         let changes = diff::changes(&trees).map_err(DoorError::Layer)?;
+        let facts = asking.answers();
         // Verdicts come from every change, then PATHS choose among them:
         // naming a path never changes what is held or ignored.
-        let mut hold = Hold::new(&meta.workspace, meta.held_names.clone(), &trees);
-        hold.add_nested(&meta.workspace, &trees, changes.iter().map(|c| c.rel()));
-        let ignored = Ignored::new(&meta.workspace, &trees, changes.iter().map(|c| c.rel()));
+        let mut hold = Hold::new(&meta.workspace, meta.held_names.clone(), &trees, &facts);
+        let rels = || changes.iter().map(|c| c.rel());
+        hold.add_nested(&meta.workspace, &trees, &facts, rels());
+        let ignored = Ignored::new(&meta.workspace, &trees, &facts, rels());
         let bare = |p: &Path| trees.bare_shape(p);
         let items = changes
             .into_iter()

@@ -33,9 +33,19 @@ pub(crate) fn segments(
     Ok(())
 }
 
-/// Copies `src` into the empty `dst`, holes kept.
-pub(crate) fn copy(src: &mut std::fs::File, dst: &mut std::fs::File) -> std::io::Result<()> {
-    let len = src.metadata()?.len();
+/// Copies `src` (its metadata `meta`) into the empty `dst`, holes kept: a
+/// file with no hole (its blocks cover its length) is one copy from the
+/// start, with no seek and no length set; otherwise segment by segment.
+pub(crate) fn copy_of(
+    src: &mut std::fs::File,
+    meta: &std::fs::Metadata,
+    dst: &mut std::fs::File,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let len = meta.len();
+    if meta.blocks() * 512 >= len {
+        return copy_whole(src, len, dst);
+    }
     let reader = src.try_clone()?;
     segments(&reader, len, |start, end| {
         src.seek(SeekFrom::Start(start))?;
@@ -52,6 +62,55 @@ pub(crate) fn copy(src: &mut std::fs::File, dst: &mut std::fs::File) -> std::io:
     dst.set_len(len)
 }
 
+/// The first `len` bytes of `src` into `dst`, in the kernel
+/// (`copy_file_range`) where it can, else through a buffer.
+fn copy_whole(src: &mut std::fs::File, len: u64, dst: &mut std::fs::File) -> std::io::Result<()> {
+    let mut done = 0u64;
+    while done < len {
+        let want = usize::try_from(len - done).unwrap_or(usize::MAX);
+        match kernel_copy(src, dst, want) {
+            Ok(0) => break,
+            Ok(n) => done += n as u64,
+            // Another file system, or none of it: a plain copy of the rest.
+            Err(
+                nix::Error::EXDEV
+                | nix::Error::ENOSYS
+                | nix::Error::EINVAL
+                | nix::Error::EOPNOTSUPP,
+            ) if done == 0 => {
+                done = std::io::copy(&mut std::io::Read::take(&mut *src, len), dst)?;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if done != len {
+        return Err(std::io::Error::other(
+            "the layer's file shrank while it was copied",
+        ));
+    }
+    Ok(())
+}
+
+/// One `copy_file_range` of up to `want` bytes, at both files' offsets.
+fn kernel_copy(src: &std::fs::File, dst: &std::fs::File, want: usize) -> nix::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: two open descriptors, null offsets (each file's own is
+    // used and advanced), no flags; the call reads and writes no memory of
+    // this process.
+    let n = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            std::ptr::null_mut(),
+            dst.as_raw_fd(),
+            std::ptr::null_mut(),
+            want,
+            0,
+        )
+    };
+    nix::errno::Errno::result(n).map(|n| n as usize)
+}
+
 /// The SHA-256 of a file's length and of each data segment with its offset
 /// (a hole costs nothing to hash); hex. A file with no hole is one
 /// segment, read without a seek.
@@ -62,7 +121,9 @@ pub(crate) fn digest(f: &std::fs::File) -> std::io::Result<String> {
     let len = m.len();
     let mut h = Sha256::new();
     h.update(len.to_le_bytes());
-    let mut buf = vec![0u8; 64 << 10];
+    // No more than the file needs (most are small: a 64 KiB buffer zeroed
+    // for each would cost more than reading them).
+    let mut buf = vec![0u8; len.clamp(1, 64 << 10) as usize];
     let mut hash = |start: u64, end: u64| -> std::io::Result<()> {
         h.update(start.to_le_bytes());
         let mut at = start;
@@ -84,7 +145,17 @@ pub(crate) fn digest(f: &std::fs::File) -> std::io::Result<String> {
     } else {
         segments(f, len, &mut hash)?;
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&h.finalize()))
+}
+
+/// Lower-case hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    bytes
+        .iter()
+        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
+        .map(char::from)
+        .collect()
 }
 
 #[cfg(test)]
@@ -105,7 +176,8 @@ mod tests {
         drop(f);
         let mut src = std::fs::File::open(&a).unwrap();
         let mut dst = std::fs::File::create(&b).unwrap();
-        copy(&mut src, &mut dst).unwrap();
+        let meta = src.metadata().unwrap();
+        copy_of(&mut src, &meta, &mut dst).unwrap();
         drop(dst);
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
         let m = std::fs::metadata(&b).unwrap();

@@ -2,11 +2,14 @@
 //! reversed, newest first, through the same no-follow descriptors, with
 //! what each step replaced or removed brought back from the layer's
 //! `taken/`. A step whose result the human changed since is left, and stays
-//! in the journal.
+//! in the journal. What it puts back is noted in the layer's
+//! `restored.jsonl` as it stands then (device, inode, ctime): the rename
+//! gave it a new ctime, and a later `apply` of the same layer must not take
+//! that for the human's change.
 
-use super::apply::Step;
 use super::diff::{stat_at, Trees};
-use super::journal::{create_new, journaled, taken_stat};
+use super::journal::Step;
+use super::journal::{create_new, journaled, note_restored, taken_stat};
 use crate::sandbox::beneath::beneath;
 use nix::fcntl::{renameat2, OFlag, RenameFlags};
 use nix::unistd::{unlinkat, UnlinkatFlags};
@@ -117,12 +120,24 @@ fn reverse(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
             unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(|e| e.to_string())
         }
         Step::Replace { .. } if !ours() => Err("changed since apply: left".into()),
-        Step::Replace { taken, .. } => restore(layer, taken, &dir, name.as_ref(), true),
+        Step::Replace { taken, .. } => {
+            restore(layer, taken, &dir, name.as_ref(), true).map(|()| noted(t, layer, rel))
+        }
         Step::Remove { .. } if stat_at(&t.lower, rel).is_some() => {
             Err("something is there again: left".into())
         }
-        Step::Remove { taken, .. } => restore(layer, taken, &dir, name.as_ref(), false),
+        Step::Remove { taken, .. } => {
+            restore(layer, taken, &dir, name.as_ref(), false).map(|()| noted(t, layer, rel))
+        }
         Step::Kept { .. } => Ok(()),
+    }
+}
+
+/// Notes what was just put back at `rel` (its rename gave it a new
+/// ctime), so the same layer applies again cleanly.
+fn noted(t: &Trees, layer: &Path, rel: &Path) {
+    if let Some(s) = stat_at(&t.lower, rel) {
+        note_restored(layer, rel, &s);
     }
 }
 

@@ -189,7 +189,7 @@ impl History {
             .filter(|p| !state.contains_key(*p))
             .map(|p| hex_of(p))
             .collect();
-        drop(store);
+
         Ok((delta, state, folded))
     }
 
