@@ -147,7 +147,7 @@ impl Walker<'_> {
 
     /// Reads one directory: a bare-repository shape is recorded whole, else
     /// each entry is. `false` when the walk went over its bound.
-    fn directory(&mut self, mut dir: Dir, rel: &PathBuf) -> bool {
+    fn directory(&mut self, mut dir: Dir, rel: &Path) -> bool {
         let names = list(&mut dir);
         self.found.entries += names.len();
         if self.found.entries > MAX_ENTRIES {
@@ -157,7 +157,7 @@ impl Walker<'_> {
         if self.git && is_bare_shape(rel, &names) {
             // A bare-repository shape (objects and refs here, or in the
             // directory `commondir` names): git discovers it as a repository.
-            self.found.repos.insert(rel.clone());
+            self.found.repos.insert(rel.to_path_buf());
             return true;
         }
         let dirfd = dir.as_fd();

@@ -20,19 +20,7 @@ pub(super) fn run(
     ns: &namespaces::Created,
     rep: &mut Reporter,
 ) -> Result<i32, Stop> {
-    // With a pid namespace, PID 1's end ends everything inside. Without
-    // one it must live to end what is left: the relay's death is a SIGTERM
-    // that `reap` sees come from an orphaned PID 1.
-    let (death, relay) = if ns.has(Layer::Pid) {
-        (Signal::SIGKILL, None)
-    } else {
-        (Signal::SIGTERM, Some(nix::unistd::getppid()))
-    };
-    nix::sys::prctl::set_pdeathsig(death)
-        .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
-    if relay.is_some_and(|r| r != nix::unistd::getppid()) {
-        return Err(internal("start-up")("the relay exited".into()));
-    }
+    let relay = parent_death(ns)?;
     let best_effort = bp.best_effort();
     let mut layers = Layers {
         rep,
@@ -55,32 +43,83 @@ pub(super) fn run(
     let host_view = host_view(plan, bp, ns)?;
     let mut job = payload::Job::of(plan, bp, host_view);
     without_userns(plan, ns, &mut job, &mut layers)?;
-    // In `run` mode PID 1 needs no privilege after the fork: it drops it and
-    // installs the filter once, and the payload inherits both (the filter is
-    // costly to install, so this keeps it off the command's start-up path).
-    // The tmux server's PID 1 still has a mount to make after the fork.
-    if job.pre_confined {
-        payload::drop_privileges(&mut layers)?;
-        caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
-        payload::filter(&mut layers, &filters)?;
-    }
+    confine_before_fork(&job, &filters, &mut layers)?;
+    become_subreaper(ns)?;
+    layers.rep.note(|| "PID 1: starting the payload".into());
+    let payload = spawn_payload(plan, &job, &filters, ns, &mut layers)?;
+    hand_over(plan, bp, &job, ns, payload, &filters, &mut layers)?;
+    let code = reap(payload, relay);
     if !ns.has(Layer::Pid) {
-        // No pid namespace to end with us: orphans come here, not to the
-        // host's init, so that they can be reaped and ended.
+        end_descendants();
+    }
+    Ok(code)
+}
+
+/// Before step 4: PID 1's end when the relay ends. With a pid namespace,
+/// PID 1's end ends everything inside. Without one it must live to end what
+/// is left: the relay's death is a SIGTERM that `reap` sees come from an
+/// orphaned PID 1. Returns the relay's pid in that case.
+fn parent_death(ns: &namespaces::Created) -> Result<Option<Pid>, Stop> {
+    let (death, relay) = if ns.has(Layer::Pid) {
+        (Signal::SIGKILL, None)
+    } else {
+        (Signal::SIGTERM, Some(nix::unistd::getppid()))
+    };
+    nix::sys::prctl::set_pdeathsig(death)
+        .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
+    if relay.is_some_and(|r| r != nix::unistd::getppid()) {
+        return Err(internal("start-up")("the relay exited".into()));
+    }
+    Ok(relay)
+}
+
+/// Step 8d: In `run` mode PID 1 needs no privilege after the fork: it drops
+/// it and installs the filter once, and the payload inherits both (the
+/// filter is costly to install, so this keeps it off the command's start-up
+/// path). The tmux server's PID 1 still has a mount to make after the fork.
+fn confine_before_fork(
+    job: &payload::Job<'_>,
+    filters: &seccomp::Filters,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
+    if job.pre_confined {
+        payload::drop_privileges(layers)?;
+        caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
+        payload::filter(layers, filters)?;
+    }
+    Ok(())
+}
+
+/// Step 8e: No pid namespace to end with us: orphans come here, not to the
+/// host's init, so that they can be reaped and ended.
+fn become_subreaper(ns: &namespaces::Created) -> Result<(), Stop> {
+    if !ns.has(Layer::Pid) {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| internal("PR_SET_CHILD_SUBREAPER")(e.to_string()))?;
     }
-    layers.rep.note(|| "PID 1: starting the payload".into());
-    let payload = spawn_payload(plan, &job, &filters, ns, &mut layers)?;
-    // From here on a failure leaves a payload behind: end it first. PID 1's
-    // exit kills the namespace anyway, so a failed kill changes nothing.
+    Ok(())
+}
+
+/// Steps 10–11 and the hand-over to the supervisor: the socket covered, PID
+/// 1 confined, the relayed signals blocked, `Ready` sent, the report pipe
+/// closed. From here on a failure leaves a payload behind: end it first.
+/// PID 1's exit kills the namespace anyway, so a failed kill changes nothing.
+fn hand_over(
+    plan: &Plan,
+    bp: &Blueprint,
+    job: &payload::Job<'_>,
+    ns: &namespaces::Created,
+    payload: Pid,
+    filters: &seccomp::Filters,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
     let stop = |stop: Stop| {
         let _ = kill(payload, Signal::SIGKILL);
         stop
     };
-    let socket_watch = cover_socket(plan, bp, &job, ns, payload).map_err(stop)?;
+    let socket_watch = cover_socket(plan, bp, job, ns, payload).map_err(stop)?;
     if !job.pre_confined {
-        confine_self(&layers, &filters, &job).map_err(stop)?;
+        confine_self(layers, filters, job).map_err(stop)?;
     }
     // Taken by sigwait from now on; blocked before the report pipe closes, so
     // a failure can still be reported.
@@ -96,11 +135,7 @@ pub(super) fn run(
     // Closing an inotify instance waits for an SRCU grace period (the
     // kernel's fsnotify_destroy_group, 8-16 ms): only once Ready is sent.
     drop(socket_watch);
-    let code = reap(payload, relay);
-    if !ns.has(Layer::Pid) {
-        end_descendants();
-    }
-    Ok(code)
+    Ok(())
 }
 
 /// Step 4: The mount view: the plan's steps on a fresh root, then `pivot_root`.
