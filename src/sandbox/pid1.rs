@@ -379,7 +379,7 @@ fn drop_uid(plan: &Plan, job: &mut payload::Job<'_>) -> Result<String, Stop> {
     let relay = nix::unistd::getppid().as_raw() as u32;
     super::hostview::alone(t.uid, &[relay])
         .and_then(|()| super::hostview::make(plan, h, t))
-        .map_err(|e| Stop::applying(Layer::Mount, e))?;
+        .map_err(|e| Stop::applying(Layer::Mount, e.to_string()))?;
     Ok(format!(
         "{said}; no mount view: tmux's socket, configuration and gate are in {} (root's; the socket's directory is closed to uid {} once the server listens)",
         h.paths.run_dir.display(),
@@ -434,7 +434,8 @@ fn cover_socket(
             .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
     }
     if let Some(h) = job.host_view {
-        super::hostview::cover(&h.paths.socket).map_err(|e| Stop::applying(Layer::Mount, e))?;
+        super::hostview::cover(&h.paths.socket)
+            .map_err(|e| Stop::applying(Layer::Mount, e.to_string()))?;
     }
     Ok(Some(watch))
 }
