@@ -390,6 +390,45 @@ mod tests {
         super::alone(3_999_998, &[]).unwrap();
     }
 
+    /// The typed errors read as the messages did before them (the start-up
+    /// report and the tests compare text).
+    #[test]
+    fn the_errors_read_as_before() {
+        use super::HostViewError as E;
+        let p = std::path::PathBuf::from("/tmp/v/sock");
+        let gone = || std::io::Error::from_raw_os_error(libc::ENOENT);
+        let cases = [
+            (E::NoSocketDir.to_string(), "no socket directory".to_string()),
+            (
+                E::Reached { connections: 2 }.to_string(),
+                "2 connection(s) reached the tmux socket before its directory was closed: another process runs as the sandbox's uid (another sandbox, or one left behind); end it, or give this profile its own [sandbox] uid".into(),
+            ),
+            (
+                super::io("chmod 0700", &p)(gone()).to_string(),
+                format!("chmod 0700 /tmp/v/sock: {}", gone()),
+            ),
+            (
+                E::Chown { uid: 0, gid: 0, path: p.clone(), source: gone() }.to_string(),
+                format!("chown 0:0 /tmp/v/sock: {}", gone()),
+            ),
+            (
+                E::Stat { path: p.clone(), source: gone() }.to_string(),
+                format!("/tmp/v/sock: {}", gone()),
+            ),
+            (
+                E::Sys { what: "fstat", path: p.clone(), source: nix::Error::ENOENT }.to_string(),
+                format!("fstat /tmp/v/sock: {}", nix::Error::ENOENT),
+            ),
+            (
+                super::link(&p, std::path::Path::new("/x"))(gone()).to_string(),
+                format!("link /tmp/v/sock to /x: {}", gone()),
+            ),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, want);
+        }
+    }
+
     #[test]
     fn a_connection_to_the_socket_is_seen_queued_or_accepted() {
         let dir = tempfile::tempdir().unwrap();
