@@ -159,29 +159,41 @@ fn state_dir_with(forbidden: &[PathBuf], create: bool) -> Result<PathBuf, GuardE
     Err(GuardError::NoStateDir { tried })
 }
 
-fn usable(p: &Path, uid: u32, forbidden: &[PathBuf], create: bool) -> Result<PathBuf, String> {
+/// Why a candidate state directory is not used.
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    #[error("not absolute")]
+    NotAbsolute,
+    #[error("inside {}, which the agent can write", .0.display())]
+    InTree(PathBuf),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a directory of this user that only it can write")]
+    NotOwn,
+}
+
+fn usable(p: &Path, uid: u32, forbidden: &[PathBuf], create: bool) -> Result<PathBuf, Unusable> {
     if !p.is_absolute() {
-        return Err("not absolute".into());
+        return Err(Unusable::NotAbsolute);
     }
     // Nothing is made inside a tree the agent can write, not even to find
     // out (the real path is checked again below).
     if let Some(t) = forbidden.iter().find(|t| p.starts_with(t)) {
-        return Err(format!("inside {}, which the agent can write", t.display()));
+        return Err(Unusable::InTree(t.clone()));
     }
     if create {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(p)
-            .map_err(|e| e.to_string())?;
+            .create(p)?;
     }
-    let m = std::fs::symlink_metadata(p).map_err(|e| e.to_string())?;
+    let m = std::fs::symlink_metadata(p)?;
     if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
-        return Err("not a directory of this user that only it can write".into());
+        return Err(Unusable::NotOwn);
     }
-    let real = std::fs::canonicalize(p).map_err(|e| e.to_string())?;
+    let real = std::fs::canonicalize(p)?;
     if let Some(t) = forbidden.iter().find(|t| real.starts_with(t)) {
-        return Err(format!("inside {}, which the agent can write", t.display()));
+        return Err(Unusable::InTree(t.clone()));
     }
     Ok(real)
 }

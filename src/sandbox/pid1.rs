@@ -428,7 +428,8 @@ fn cover_socket(
         return Ok(None);
     }
     let sock = job.host_view.map_or(&bp.paths.socket, |h| &h.paths.socket);
-    let watch = wait_for_socket(server, sock).map_err(internal("waiting for the tmux server"))?;
+    let watch = wait_for_socket(server, sock)
+        .map_err(|e| internal("waiting for the tmux server")(e.to_string()))?;
     if ns.has(Layer::Mount) {
         mounts::after_ready(&bp.after_ready)
             .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
@@ -478,18 +479,31 @@ fn confine_self(
         })
 }
 
+/// Why the tmux server's socket did not appear.
+#[derive(Debug, thiserror::Error)]
+enum SocketWait {
+    #[error("{0}")]
+    Watch(nix::Error),
+    #[error("the tmux server exited before it listened")]
+    Exited,
+    #[error("the tmux server did not create its socket within 10 s")]
+    TooLong,
+    #[error("{0}: {1}")]
+    Failed(&'static str, nix::Error),
+}
+
 /// Waits (event-driven, inotify) until the tmux socket exists, or the server
 /// dies; returns the inotify instance (closing it is slow: see `run`).
 fn wait_for_socket(
     server: Pid,
     sock: &std::path::Path,
-) -> Result<nix::sys::inotify::Inotify, String> {
+) -> Result<nix::sys::inotify::Inotify, SocketWait> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     let ino =
-        Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(|e| e.to_string())?;
+        Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(SocketWait::Watch)?;
     ino.add_watch(sock.parent().unwrap_or(sock), AddWatchFlags::IN_CREATE)
-        .map_err(|e| e.to_string())?;
+        .map_err(SocketWait::Watch)?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         if sock.exists() {
@@ -497,14 +511,14 @@ fn wait_for_socket(
         }
         match waitpid(server, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
-                return Err("the tmux server exited before it listened".into())
+                return Err(SocketWait::Exited)
             }
             Ok(_) => {}
-            Err(e) => return Err(format!("waiting for the server: {e}")),
+            Err(e) => return Err(SocketWait::Failed("waiting for the server", e)),
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return Err("the tmux server did not create its socket within 10 s".into());
+            return Err(SocketWait::TooLong);
         }
         // A short cap on each wait also notices a server that dies without creating anything.
         let ms = left.as_millis().min(100) as u16;
@@ -514,12 +528,12 @@ fn wait_for_socket(
         )];
         match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(format!("poll: {e}")),
+            Err(e) => return Err(SocketWait::Failed("poll", e)),
         }
         // The events only wake us: the socket's existence is checked by path.
         match ino.read_events() {
             Ok(_) | Err(nix::errno::Errno::EAGAIN) => {}
-            Err(e) => return Err(format!("reading inotify events: {e}")),
+            Err(e) => return Err(SocketWait::Failed("reading inotify events", e)),
         }
     }
 }
