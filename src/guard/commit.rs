@@ -165,14 +165,36 @@ pub(crate) fn prepare(
     }
     let real = root.join(".git");
     let dir = state.join("git").join(id);
-    let mk = |p: &Path| {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(p)
-            .map_err(io("creating", p))
-    };
     let agent = dir.join("agent.git");
+    make_dirs(&agent)?;
+    let origin = dir.join("origin");
+    std::os::unix::fs::symlink(&real, &origin).map_err(io("linking", &origin))?;
+    copy_state(root, &real, &agent)?;
+    let alternates = format!("{}\n", origin.join("objects").display());
+    write_in(&agent, "objects/info/alternates", alternates.as_bytes())?;
+    let config = agent_config(root, id);
+    write_in(&agent, "config", config.as_bytes())?;
+    let meta = Meta {
+        id: id.into(),
+        workspace: root.to_path_buf(),
+        real: real.clone(),
+        config_sha256: sha(config.as_bytes()),
+        alternates,
+    };
+    std::fs::write(
+        dir.join("meta.json"),
+        serde_json::to_vec(&meta).unwrap_or_default(),
+    )
+    .map_err(io("writing", Path::new("meta.json")))?;
+    Ok(CommitRepo {
+        agent,
+        real,
+        origin,
+    })
+}
+
+/// The agent repository's directories, made 0700.
+fn make_dirs(agent: &Path) -> Result<(), CommitError> {
     for d in [
         "objects/info",
         "objects/pack",
@@ -181,25 +203,40 @@ pub(crate) fn prepare(
         "hooks",
         "info",
     ] {
-        mk(&agent.join(d))?;
+        let p = agent.join(d);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&p)
+            .map_err(io("creating", &p))?;
     }
-    let origin = dir.join("origin");
-    std::os::unix::fs::symlink(&real, &origin).map_err(io("linking", &origin))?;
-    let write =
-        |p: &str, b: &[u8]| std::fs::write(agent.join(p), b).map_err(io("writing", Path::new(p)));
+    Ok(())
+}
+
+/// Writes `b` to `p` inside the agent repository.
+fn write_in(agent: &Path, p: &str, b: &[u8]) -> Result<(), CommitError> {
+    std::fs::write(agent.join(p), b).map_err(io("writing", Path::new(p)))
+}
+
+/// The real repository's `HEAD`, refs (packed) and index, into the agent's.
+fn copy_state(root: &Path, real: &Path, agent: &Path) -> Result<(), CommitError> {
     let head = std::fs::read(real.join("HEAD")).map_err(io("reading", &real.join("HEAD")))?;
-    write("HEAD", &head)?;
+    write_in(agent, "HEAD", &head)?;
     let refs = git_out(root, &["for-each-ref", "--format=%(objectname) %(refname)"])?;
-    write(
+    write_in(
+        agent,
         "packed-refs",
         format!("# pack-refs with: sorted\n{refs}").as_bytes(),
     )?;
     if let Ok(index) = std::fs::read(real.join("index")) {
-        write("index", &index)?;
+        write_in(agent, "index", &index)?;
     }
-    let alternates = format!("{}\n", origin.join("objects").display());
-    write("objects/info/alternates", alternates.as_bytes())?;
-    // The repository format and extensions the real objects need; nothing else.
+    Ok(())
+}
+
+/// The agent repository's config: the repository format and extensions the
+/// real objects need (plain values only), the agent's identity; nothing else.
+fn agent_config(root: &Path, id: &str) -> String {
     let ext = git_out(
         root,
         &[
@@ -224,24 +261,7 @@ pub(crate) fn prepare(
     config.push_str(&format!(
         "[user]\n\tname = sandmux agent {id}\n\temail = agent@sandmux.invalid\n"
     ));
-    write("config", config.as_bytes())?;
-    let meta = Meta {
-        id: id.into(),
-        workspace: root.to_path_buf(),
-        real: real.clone(),
-        config_sha256: sha(config.as_bytes()),
-        alternates,
-    };
-    std::fs::write(
-        dir.join("meta.json"),
-        serde_json::to_vec(&meta).unwrap_or_default(),
-    )
-    .map_err(io("writing", Path::new("meta.json")))?;
-    Ok(CommitRepo {
-        agent,
-        real,
-        origin,
-    })
+    config
 }
 
 /// Refuses an agent repository whose shape is not what sandmux made: an

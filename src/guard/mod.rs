@@ -47,9 +47,17 @@ pub(crate) enum GuardError {
         /// `path: why`, in the order tried.
         tried: Vec<String>,
     },
-    /// The watches could not be set (inotify).
-    #[error("{0}")]
-    Inotify(String),
+    /// The watches could not be set: no inotify instance.
+    #[error("inotify: {0}")]
+    Inotify(nix::Error),
+    /// The watches could not be set: a watched tree could not be opened.
+    #[error("opening {}: {source}", root.display())]
+    OpenTree {
+        /// The tree.
+        root: PathBuf,
+        /// The error.
+        source: nix::Error,
+    },
     /// The watching thread, or its stop pipe, could not be made.
     #[error("the guard's thread: {0}")]
     Thread(std::io::Error),

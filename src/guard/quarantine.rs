@@ -159,29 +159,41 @@ fn state_dir_with(forbidden: &[PathBuf], create: bool) -> Result<PathBuf, GuardE
     Err(GuardError::NoStateDir { tried })
 }
 
-fn usable(p: &Path, uid: u32, forbidden: &[PathBuf], create: bool) -> Result<PathBuf, String> {
+/// Why a candidate state directory is not used.
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    #[error("not absolute")]
+    NotAbsolute,
+    #[error("inside {}, which the agent can write", .0.display())]
+    InTree(PathBuf),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a directory of this user that only it can write")]
+    NotOwn,
+}
+
+fn usable(p: &Path, uid: u32, forbidden: &[PathBuf], create: bool) -> Result<PathBuf, Unusable> {
     if !p.is_absolute() {
-        return Err("not absolute".into());
+        return Err(Unusable::NotAbsolute);
     }
     // Nothing is made inside a tree the agent can write, not even to find
     // out (the real path is checked again below).
     if let Some(t) = forbidden.iter().find(|t| p.starts_with(t)) {
-        return Err(format!("inside {}, which the agent can write", t.display()));
+        return Err(Unusable::InTree(t.clone()));
     }
     if create {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(p)
-            .map_err(|e| e.to_string())?;
+            .create(p)?;
     }
-    let m = std::fs::symlink_metadata(p).map_err(|e| e.to_string())?;
+    let m = std::fs::symlink_metadata(p)?;
     if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
-        return Err("not a directory of this user that only it can write".into());
+        return Err(Unusable::NotOwn);
     }
-    let real = std::fs::canonicalize(p).map_err(|e| e.to_string())?;
+    let real = std::fs::canonicalize(p)?;
     if let Some(t) = forbidden.iter().find(|t| real.starts_with(t)) {
-        return Err(format!("inside {}, which the agent can write", t.display()));
+        return Err(Unusable::InTree(t.clone()));
     }
     Ok(real)
 }
@@ -247,74 +259,17 @@ impl Quarantine {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY,
         )
         .ok()?;
-        let name = rel.file_name()?;
+        let name = Path::new(rel.file_name()?);
         fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
         self.seq += 1;
-        let flat: String = rel
-            .to_string_lossy()
-            .chars()
-            .map(|c| if c == '/' || c.is_control() { '_' } else { c })
-            .collect();
-        let kept_name = format!("{:04}-{flat}", self.seq);
+        let kept_name = format!("{:04}-{}", self.seq, flat(rel));
         // A directory the agent made unwritable cannot be moved to another
         // parent (its `..` changes) nor emptied: the user owns it, so unlock it.
-        unlock_dir(&parent, Path::new(name));
+        unlock_dir(&parent, name);
         // Nor can anything leave a parent made unwritable: opened for the
         // take, and put back as it was after it.
         let parent_was = open_parent(&parent);
-        let over = self.kept_items >= MAX_KEPT_ITEMS || self.budget.bytes == 0;
-        // Whether the entry is out: a rename moves it at once; a removal may
-        // fail (a directory that grew meanwhile), gets one more try, and is
-        // then reported FAILED. Whatever stands at the name afterwards is a
-        // new entry (the agent planted again at once, maybe on a reused
-        // inode): its own event takes it.
-        let remove = |parent: &OwnedFd| {
-            remove_tree(parent, Path::new(name), 0) || remove_tree(parent, Path::new(name), 0)
-        };
-        let how = if over {
-            if remove(&parent) {
-                How::Removed
-            } else {
-                How::Failed
-            }
-        } else {
-            match renameat2(
-                &parent,
-                name,
-                &self.fd,
-                kept_name.as_str(),
-                RenameFlags::RENAME_NOREPLACE,
-            ) {
-                Ok(()) => How::Renamed,
-                Err(nix::Error::EXDEV) => {
-                    self.budget.lost = 0;
-                    if copy_tree(
-                        &parent,
-                        Path::new(name),
-                        &self.fd,
-                        Path::new(&kept_name),
-                        &mut self.budget,
-                        0,
-                    )
-                    .is_err()
-                    {
-                        self.budget.lost += 1;
-                    }
-                    match (remove(&parent), self.budget.lost) {
-                        (false, _) => How::Failed,
-                        (true, 0) => How::Copied,
-                        (true, _) => How::CopiedInPart,
-                    }
-                }
-                Err(_) => {
-                    if remove(&parent) {
-                        How::Removed
-                    } else {
-                        How::Failed
-                    }
-                }
-            }
-        };
+        let how = self.move_out(&parent, name, &kept_name);
         if let Some(mode) = parent_was {
             let _ = nix::sys::stat::fchmod(&parent, Mode::from_bits_truncate(mode));
         }
@@ -330,6 +285,76 @@ impl Quarantine {
             why: why.into(),
             took_ms: t0.elapsed().as_secs_f64() * 1000.0,
         })
+    }
+
+    /// Moves `name` out of `parent` into the quarantine as `kept_name`, or
+    /// removes it when the quarantine is full or the move cannot be made.
+    /// Whether the entry is out: a rename moves it at once; a removal may
+    /// fail (a directory that grew meanwhile), gets one more try, and is
+    /// then reported FAILED. Whatever stands at the name afterwards is a
+    /// new entry (the agent planted again at once, maybe on a reused
+    /// inode): its own event takes it.
+    fn move_out(&mut self, parent: &OwnedFd, name: &Path, kept_name: &str) -> How {
+        let over = self.kept_items >= MAX_KEPT_ITEMS || self.budget.bytes == 0;
+        if over {
+            return removed_or_failed(parent, name);
+        }
+        match renameat2(
+            parent,
+            name,
+            &self.fd,
+            kept_name,
+            RenameFlags::RENAME_NOREPLACE,
+        ) {
+            Ok(()) => How::Renamed,
+            Err(nix::Error::EXDEV) => self.copy_out(parent, name, kept_name),
+            Err(_) => removed_or_failed(parent, name),
+        }
+    }
+
+    /// Across file systems: copies `name` into the quarantine (bounded by
+    /// the budget), then removes it from the tree.
+    fn copy_out(&mut self, parent: &OwnedFd, name: &Path, kept_name: &str) -> How {
+        self.budget.lost = 0;
+        if copy_tree(
+            parent,
+            name,
+            &self.fd,
+            Path::new(kept_name),
+            &mut self.budget,
+            0,
+        )
+        .is_err()
+        {
+            self.budget.lost += 1;
+        }
+        match (remove_twice(parent, name), self.budget.lost) {
+            (false, _) => How::Failed,
+            (true, 0) => How::Copied,
+            (true, _) => How::CopiedInPart,
+        }
+    }
+}
+
+/// A relative path as one file name: `/` and control characters as `_`.
+fn flat(rel: &Path) -> String {
+    rel.to_string_lossy()
+        .chars()
+        .map(|c| if c == '/' || c.is_control() { '_' } else { c })
+        .collect()
+}
+
+/// Removes `name` from `parent`, trying once more if the first removal fails.
+fn remove_twice(parent: &OwnedFd, name: &Path) -> bool {
+    remove_tree(parent, name, 0) || remove_tree(parent, name, 0)
+}
+
+/// [`remove_twice`], as what happened to the entry.
+fn removed_or_failed(parent: &OwnedFd, name: &Path) -> How {
+    if remove_twice(parent, name) {
+        How::Removed
+    } else {
+        How::Failed
     }
 }
 

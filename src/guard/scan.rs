@@ -10,9 +10,9 @@ use crate::sandbox::beneath::{beneath, open_root};
 use nix::dir::{Dir, Type};
 use nix::fcntl::OFlag;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -67,108 +67,169 @@ fn walk_with(
     git: bool,
     unlock: Option<&BTreeSet<PathBuf>>,
 ) -> nix::Result<Found> {
-    let root_fd = open_root(root)?;
-    // Guarded paths by their first component: one lookup per entry.
-    let mut by_first: std::collections::HashMap<&OsStr, Vec<&PathBuf>> =
-        std::collections::HashMap::new();
+    let mut w = Walker {
+        root_fd: open_root(root)?,
+        by_first: by_first(guarded),
+        git,
+        unlock,
+        found: Found {
+            complete: true,
+            ..Found::default()
+        },
+        stack: vec![PathBuf::new()],
+    };
+    while let Some(rel) = w.stack.pop() {
+        let Some(fd) = w.open_dir(&rel) else {
+            continue;
+        };
+        let Ok(dir) = Dir::from_fd(fd) else {
+            continue;
+        };
+        if !w.directory(dir, &rel) {
+            break;
+        }
+    }
+    Ok(w.found)
+}
+
+/// Guarded paths by their first component: one lookup per entry.
+fn by_first(guarded: &[PathBuf]) -> HashMap<&OsStr, Vec<&PathBuf>> {
+    let mut by_first: HashMap<&OsStr, Vec<&PathBuf>> = HashMap::new();
     for g in guarded {
         if let Some(c) = g.components().next() {
             by_first.entry(c.as_os_str()).or_default().push(g);
         }
     }
-    let mut found = Found {
-        complete: true,
-        ..Found::default()
-    };
-    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let open = || beneath(&root_fd, &rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY);
-        let fd = match open() {
-            Ok(fd) => fd,
+    by_first
+}
+
+/// One walk's state: the directories still to read and what it found.
+struct Walker<'a> {
+    root_fd: OwnedFd,
+    by_first: HashMap<&'a OsStr, Vec<&'a PathBuf>>,
+    git: bool,
+    unlock: Option<&'a BTreeSet<PathBuf>>,
+    found: Found,
+    stack: Vec<PathBuf>,
+}
+
+impl Walker<'_> {
+    /// Opens the directory `rel`; when it cannot be read, gives the owner
+    /// its rights back if the walk unlocks (and `rel` is not kept locked),
+    /// else records it as unreadable. `None` to skip it.
+    fn open_dir(&mut self, rel: &PathBuf) -> Option<OwnedFd> {
+        let open = || beneath(&self.root_fd, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY);
+        match open() {
+            Ok(fd) => Some(fd),
             Err(nix::Error::EACCES) => {
-                let retried = unlock.filter(|keep| !keep.contains(&rel)).and_then(|_| {
-                    let parent =
-                        beneath(&root_fd, rel.parent()?, OFlag::O_PATH | OFlag::O_DIRECTORY)
-                            .ok()?;
-                    crate::sandbox::beneath::unlock_dir(&parent, Path::new(rel.file_name()?));
-                    open().ok()
-                });
-                match retried {
-                    Some(fd) => fd,
-                    None => {
-                        found.unreadable.insert(rel);
-                        continue;
-                    }
+                let retried = self
+                    .unlock
+                    .filter(|keep| !keep.contains(rel))
+                    .and_then(|_| {
+                        let parent = beneath(
+                            &self.root_fd,
+                            rel.parent()?,
+                            OFlag::O_PATH | OFlag::O_DIRECTORY,
+                        )
+                        .ok()?;
+                        crate::sandbox::beneath::unlock_dir(&parent, Path::new(rel.file_name()?));
+                        open().ok()
+                    });
+                if retried.is_none() {
+                    self.found.unreadable.insert(rel.clone());
                 }
+                retried
             }
             // Vanished or replaced by a link since it was listed: not a directory of the tree.
-            Err(_) => continue,
-        };
-        let Ok(mut dir) = Dir::from_fd(fd) else {
-            continue;
-        };
-        let mut names: Vec<(Vec<u8>, Option<Type>)> = Vec::new();
-        for e in dir.iter().flatten() {
-            let n = e.file_name().to_bytes();
-            if n == b"." || n == b".." {
-                continue;
-            }
-            names.push((n.to_vec(), e.file_type()));
+            Err(_) => None,
         }
-        found.entries += names.len();
-        if found.entries > MAX_ENTRIES {
-            found.complete = false;
-            break;
+    }
+
+    /// Reads one directory: a bare-repository shape is recorded whole, else
+    /// each entry is. `false` when the walk went over its bound.
+    fn directory(&mut self, mut dir: Dir, rel: &Path) -> bool {
+        let names = list(&mut dir);
+        self.found.entries += names.len();
+        if self.found.entries > MAX_ENTRIES {
+            self.found.complete = false;
+            return false;
         }
-        let has = |n: &[u8]| names.iter().any(|(x, _)| x == n);
-        if git
-            && !rel.as_os_str().is_empty()
-            && has(b"HEAD")
-            && (has(b"commondir") || (has(b"objects") && has(b"refs")))
-        {
+        if self.git && is_bare_shape(rel, &names) {
             // A bare-repository shape (objects and refs here, or in the
             // directory `commondir` names): git discovers it as a repository.
-            found.repos.insert(rel.clone());
-            continue;
+            self.found.repos.insert(rel.to_path_buf());
+            return true;
         }
         let dirfd = dir.as_fd();
         for (n, ty) in &names {
-            let name = OsStr::from_bytes(n);
-            let child = rel.join(name);
-            if git && n == b".git" {
-                found.repos.insert(child);
-                continue;
+            self.entry(&dirfd, rel, n, *ty);
+        }
+        true
+    }
+
+    /// Records one entry of the directory `rel`: a `.git`, the guarded
+    /// names it starts, a directory to walk, a special file.
+    fn entry(&mut self, dirfd: &BorrowedFd, rel: &Path, n: &[u8], ty: Option<Type>) {
+        let name = OsStr::from_bytes(n);
+        let child = rel.join(name);
+        if self.git && n == b".git" {
+            self.found.repos.insert(child);
+            return;
+        }
+        for g in self.by_first.get(name).into_iter().flatten() {
+            if exists_beneath(dirfd, g) {
+                self.found.names.insert(rel.join(g));
             }
-            for g in by_first.get(name).into_iter().flatten() {
-                if exists_beneath(&dirfd, g) {
-                    found.names.insert(rel.join(g));
-                }
-            }
-            let mode = match ty {
-                Some(Type::Directory) => libc::S_IFDIR,
-                Some(Type::Socket) => libc::S_IFSOCK,
-                Some(Type::Fifo) => libc::S_IFIFO,
-                Some(Type::CharacterDevice) => libc::S_IFCHR,
-                Some(Type::BlockDevice) => libc::S_IFBLK,
-                Some(_) => libc::S_IFREG,
-                None => {
-                    nix::sys::stat::fstatat(dirfd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                        .map(|s| s.st_mode)
-                        .unwrap_or(libc::S_IFREG)
-                }
-            };
-            if mode & libc::S_IFMT == libc::S_IFDIR {
-                stack.push(child);
-            } else if is_special(mode) {
-                if found.special.len() < MAX_SPECIAL {
-                    found.special.insert(child);
-                } else {
-                    found.special_overflow = true;
-                }
+        }
+        let mode = entry_mode(dirfd, name, ty);
+        if mode & libc::S_IFMT == libc::S_IFDIR {
+            self.stack.push(child);
+        } else if is_special(mode) {
+            if self.found.special.len() < MAX_SPECIAL {
+                self.found.special.insert(child);
+            } else {
+                self.found.special_overflow = true;
             }
         }
     }
-    Ok(found)
+}
+
+/// A directory's entries (without `.` and `..`), with their types.
+fn list(dir: &mut Dir) -> Vec<(Vec<u8>, Option<Type>)> {
+    let mut names: Vec<(Vec<u8>, Option<Type>)> = Vec::new();
+    for e in dir.iter().flatten() {
+        let n = e.file_name().to_bytes();
+        if n == b"." || n == b".." {
+            continue;
+        }
+        names.push((n.to_vec(), e.file_type()));
+    }
+    names
+}
+
+/// Whether a directory below the root holding these entries is shaped as a
+/// bare repository.
+fn is_bare_shape(rel: &Path, names: &[(Vec<u8>, Option<Type>)]) -> bool {
+    let has = |n: &[u8]| names.iter().any(|(x, _)| x == n);
+    !rel.as_os_str().is_empty()
+        && has(b"HEAD")
+        && (has(b"commondir") || (has(b"objects") && has(b"refs")))
+}
+
+/// An entry's file type as `st_mode` bits: from the directory listing, or
+/// (when the listing has none) from `fstatat` without following a link.
+fn entry_mode(dirfd: &BorrowedFd, name: &OsStr, ty: Option<Type>) -> u32 {
+    match ty {
+        Some(Type::Directory) => libc::S_IFDIR,
+        Some(Type::Socket) => libc::S_IFSOCK,
+        Some(Type::Fifo) => libc::S_IFIFO,
+        Some(Type::CharacterDevice) => libc::S_IFCHR,
+        Some(Type::BlockDevice) => libc::S_IFBLK,
+        Some(_) => libc::S_IFREG,
+        None => nix::sys::stat::fstatat(dirfd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map(|s| s.st_mode)
+            .unwrap_or(libc::S_IFREG),
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! (a manifest no live instance holds). Also the lines said to the human.
 
 use super::quarantine::{How, Quarantine, Taken};
-use super::{scan, GitMode, Guard};
+use super::{scan, GitMode, Guard, TreeGuard};
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -65,6 +65,10 @@ fn changed_since(m: &Manifest) -> Vec<String> {
         .collect()
 }
 
+/// What the end sweep takes from one tree, shallowest first: depth, the
+/// path relative to the tree's root, and why.
+type New = BTreeSet<(usize, PathBuf, &'static str)>;
+
 /// The end sweep: what the guard planned against what is there now. Returns
 /// what it took, and warnings for what it could not check.
 pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<String>) {
@@ -77,104 +81,160 @@ pub(crate) fn sweep(guard: &Guard, q: &mut Quarantine) -> (Vec<Taken>, Vec<Strin
         if let Some(w) = restore_mode(&fd, &t.root, t.mode) {
             warnings.push(w);
         }
-        let mut new: BTreeSet<(usize, PathBuf, &str)> = BTreeSet::new();
+        let mut new = New::new();
         if !t.at_start.complete {
             warnings.push(format!(
                 "{}: the walk at start stopped after {} entries, so the end sweep could not tell new repositories and guarded names below the top from old ones; check the tree yourself",
                 crate::term::printable(&t.root.to_string_lossy()),
                 scan::MAX_ENTRIES
             ));
-        } else {
-            if let Ok(now) = scan::walk_unlocking(
-                &t.root,
-                &guard.names,
-                guard.git != GitMode::Unguarded,
-                &t.at_start.unreadable,
-            ) {
-                for u in now.unreadable.iter() {
-                    warnings.push(format!(
-                        "{}: a directory that could not be read; repositories and guarded names below it were not checked",
-                        crate::term::printable(&t.root.join(u).to_string_lossy())
-                    ));
-                }
-                let unknown = |p: &PathBuf| t.at_start.unreadable.iter().any(|u| p.starts_with(u));
-                if !now.complete {
-                    warnings.push(format!(
-                        "{}: the end sweep stopped after {} entries; repositories and guarded names deeper down were not checked",
-                        crate::term::printable(&t.root.to_string_lossy()),
-                        scan::MAX_ENTRIES
-                    ));
-                }
-                for r in now
-                    .repos
-                    .difference(&t.at_start.repos)
-                    .filter(|p| !unknown(p))
-                {
-                    if guard.new_repositories == super::NewRepos::Allow {
-                        warnings.push(format!(
-                            "left in place, as the profile allows new repositories: {} (host git obeys its config and hooks)",
-                            crate::term::printable(&t.root.join(r).to_string_lossy())
-                        ));
-                    } else if r.file_name().is_some_and(|n| n == ".git") {
-                        new.insert((r.components().count(), r.clone(), "new repository"));
-                    } else {
-                        let mut shape = Shape {
-                            root: &t.root,
-                            names: &guard.names,
-                            at_start: &t.at_start,
-                            take: Vec::new(),
-                            warnings: &mut warnings,
-                        };
-                        shape.visit(r, 0);
-                        for (p, why) in shape.take {
-                            new.insert((p.components().count(), p, why));
-                        }
-                    }
-                }
-                if t.at_start.special_overflow {
-                    warnings.push(format!(
-                        "{}: the walk at start found more than {} sockets, FIFOs and device nodes, so new ones were not removed",
-                        crate::term::printable(&t.root.to_string_lossy()),
-                        scan::MAX_SPECIAL
-                    ));
-                } else {
-                    for p in now
-                        .special
-                        .difference(&t.at_start.special)
-                        .filter(|p| !unknown(p))
-                    {
-                        warnings.push(remove_special(&fd, &t.root, p));
-                    }
-                }
-                for n in now
-                    .names
-                    .difference(&t.at_start.names)
-                    .filter(|p| !unknown(p))
-                {
-                    new.insert((n.components().count(), n.clone(), "guarded name"));
-                }
-            }
+        } else if let Ok(now) = scan::walk_unlocking(
+            &t.root,
+            &guard.names,
+            guard.git != GitMode::Unguarded,
+            &t.at_start.unreadable,
+        ) {
+            let mut seen = Seen {
+                guard,
+                t,
+                now: &now,
+                new: &mut new,
+                warnings: &mut warnings,
+            };
+            seen.not_checked();
+            seen.new_repos();
+            seen.new_special(&fd);
+            seen.new_names();
         }
         for w in &t.watched {
             new.insert((w.components().count(), w.clone(), "guarded name"));
         }
-        let mut done: Vec<PathBuf> = Vec::new();
-        for (_, rel, why) in new {
-            if done.iter().any(|d| rel.starts_with(d)) {
+        take_new(q, &fd, &t.root, new, &mut out);
+    }
+    (out, warnings)
+}
+
+/// One tree's walk at the end against its walk at start.
+struct Seen<'a> {
+    guard: &'a Guard,
+    t: &'a TreeGuard,
+    now: &'a scan::Found,
+    new: &'a mut New,
+    warnings: &'a mut Vec<String>,
+}
+
+impl Seen<'_> {
+    /// Whether `p` is below a directory that could not be read at start
+    /// (what is there cannot be told new from old).
+    fn unknown(&self, p: &Path) -> bool {
+        self.t.at_start.unreadable.iter().any(|u| p.starts_with(u))
+    }
+
+    /// Warnings for what the end walk could not read.
+    fn not_checked(&mut self) {
+        let root = &self.t.root;
+        for u in self.now.unreadable.iter() {
+            self.warnings.push(format!(
+                "{}: a directory that could not be read; repositories and guarded names below it were not checked",
+                crate::term::printable(&root.join(u).to_string_lossy())
+            ));
+        }
+        if !self.now.complete {
+            self.warnings.push(format!(
+                "{}: the end sweep stopped after {} entries; repositories and guarded names deeper down were not checked",
+                crate::term::printable(&root.to_string_lossy()),
+                scan::MAX_ENTRIES
+            ));
+        }
+    }
+
+    /// Repositories that were not there at start: left in place if the
+    /// profile allows them, a `.git` whole, a bare shape as [`Shape`] says.
+    fn new_repos(&mut self) {
+        let (t, guard) = (self.t, self.guard);
+        let now = self.now;
+        for r in now.repos.difference(&t.at_start.repos) {
+            if self.unknown(r) {
                 continue;
             }
-            let why = if why == "guarded name" {
-                rel.display().to_string()
+            if guard.new_repositories == super::NewRepos::Allow {
+                self.warnings.push(format!(
+                    "left in place, as the profile allows new repositories: {} (host git obeys its config and hooks)",
+                    crate::term::printable(&t.root.join(r).to_string_lossy())
+                ));
+            } else if r.file_name().is_some_and(|n| n == ".git") {
+                self.new
+                    .insert((r.components().count(), r.clone(), "new repository"));
             } else {
-                why.to_string()
-            };
-            if let Some(taken) = q.take(&fd, &t.root, &rel, &why) {
-                done.push(rel);
-                out.push(taken);
+                let mut shape = Shape {
+                    root: &t.root,
+                    names: &guard.names,
+                    at_start: &t.at_start,
+                    take: Vec::new(),
+                    warnings: self.warnings,
+                };
+                shape.visit(r, 0);
+                for (p, why) in shape.take {
+                    self.new.insert((p.components().count(), p, why));
+                }
             }
         }
     }
-    (out, warnings)
+
+    /// Sockets, FIFOs and device nodes that were not there at start: removed
+    /// (unless the walk at start recorded too many to tell).
+    fn new_special(&mut self, fd: &impl std::os::fd::AsFd) {
+        let t = self.t;
+        if t.at_start.special_overflow {
+            self.warnings.push(format!(
+                "{}: the walk at start found more than {} sockets, FIFOs and device nodes, so new ones were not removed",
+                crate::term::printable(&t.root.to_string_lossy()),
+                scan::MAX_SPECIAL
+            ));
+            return;
+        }
+        for p in self.now.special.difference(&t.at_start.special) {
+            if !self.unknown(p) {
+                self.warnings.push(remove_special(fd, &t.root, p));
+            }
+        }
+    }
+
+    /// Guarded names that were not there at start.
+    fn new_names(&mut self) {
+        for n in self.now.names.difference(&self.t.at_start.names) {
+            if !self.unknown(n) {
+                self.new
+                    .insert((n.components().count(), n.clone(), "guarded name"));
+            }
+        }
+    }
+}
+
+/// Takes what is new into the quarantine, shallowest first, skipping what
+/// is below something already taken.
+fn take_new(
+    q: &mut Quarantine,
+    fd: &std::os::fd::OwnedFd,
+    root: &Path,
+    new: New,
+    out: &mut Vec<Taken>,
+) {
+    let mut done: Vec<PathBuf> = Vec::new();
+    for (_, rel, why) in new {
+        if done.iter().any(|d| rel.starts_with(d)) {
+            continue;
+        }
+        let why = if why == "guarded name" {
+            rel.display().to_string()
+        } else {
+            why.to_string()
+        };
+        if let Some(taken) = q.take(fd, root, &rel, &why) {
+            done.push(rel);
+            out.push(taken);
+        }
+    }
 }
 
 /// What to take for directories newly shaped as bare repositories: each

@@ -96,8 +96,7 @@ impl Watch {
                 quarantine.clone(),
                 taken.clone(),
                 unlisted.clone(),
-            )
-            .map_err(GuardError::Inotify)?;
+            )?;
             // The first pass runs here, before the sandbox starts: nothing
             // the agent does can come before the watches.
             armed.arm_all();
@@ -296,16 +295,20 @@ impl Armed {
         quarantine: Arc<Mutex<Quarantine>>,
         taken: Arc<Mutex<Vec<Taken>>>,
         unlisted: Arc<AtomicUsize>,
-    ) -> Result<Armed, String> {
+    ) -> Result<Armed, GuardError> {
         let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(|e| format!("inotify: {e}"))?;
+            .map_err(GuardError::Inotify)?;
         let mut trees = Vec::new();
         for t in &guard.trees {
             if t.watched.is_empty() {
                 continue;
             }
-            let fd = crate::sandbox::beneath::open_root(&t.root)
-                .map_err(|e| format!("opening {}: {e}", t.root.display()))?;
+            let fd = crate::sandbox::beneath::open_root(&t.root).map_err(|source| {
+                GuardError::OpenTree {
+                    root: t.root.clone(),
+                    source,
+                }
+            })?;
             trees.push((t.root.clone(), fd, t.watched.iter().cloned().collect()));
         }
         Ok(Armed {

@@ -151,11 +151,21 @@ pub(crate) fn check(
     Ok(())
 }
 
+type Refusal = (&'static str, String);
+
 fn one(
     c: &Credential,
     cfg: &super::allow::Config,
     set: &std::collections::BTreeMap<String, String>,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), Refusal> {
+    name(c, set)?;
+    source(c)?;
+    headers(c)?;
+    send_to(c, cfg)
+}
+
+/// The credential's name: a variable the sandbox may have, not also set.
+fn name(c: &Credential, set: &std::collections::BTreeMap<String, String>) -> Result<(), Refusal> {
     let n = &c.name;
     if !var_name(n) || is_forbidden_env(n) {
         return Err((
@@ -171,6 +181,12 @@ fn one(
             ),
         ));
     }
+    Ok(())
+}
+
+/// Where the value comes from: exactly one source, each well formed.
+fn source(c: &Credential) -> Result<(), Refusal> {
+    let n = &c.name;
     let given = [
         c.from_env.is_some(),
         c.from_file.is_some(),
@@ -184,26 +200,26 @@ fn one(
     }
     command(c)?;
     match (&c.from_env, &c.from_file) {
-        (Some(v), None) if !var_name(v) => {
-            return Err((
-                "credentials.from_env",
-                format!("credential {n:?}: {v:?} is not a variable name"),
-            ))
-        }
-        (None, Some(f)) if !f.is_absolute() => {
-            return Err((
-                "credentials.from_file",
-                format!("credential {n:?}: {} is not an absolute path", f.display()),
-            ))
-        }
-        (None, Some(f)) if f.parent() == Some(std::path::Path::new("/")) => {
-            return Err((
-                "credentials.from_file",
-                format!("credential {n:?}: keep {} in a directory of its own (e.g. /run/secrets/{n}/token), not in /: the confined supervisor keeps read access to that directory to read a rotated file again", f.display()),
-            ))
-        }
-        _ => {}
+        (Some(v), None) if !var_name(v) => Err((
+            "credentials.from_env",
+            format!("credential {n:?}: {v:?} is not a variable name"),
+        )),
+        (None, Some(f)) if !f.is_absolute() => Err((
+            "credentials.from_file",
+            format!("credential {n:?}: {} is not an absolute path", f.display()),
+        )),
+        (None, Some(f)) if f.parent() == Some(std::path::Path::new("/")) => Err((
+            "credentials.from_file",
+            format!("credential {n:?}: keep {} in a directory of its own (e.g. /run/secrets/{n}/token), not in /: the confined supervisor keeps read access to that directory to read a rotated file again", f.display()),
+        )),
+        _ => Ok(()),
     }
+}
+
+/// The headers the value may be put into: tokens, none that frames the
+/// request or talks to a proxy.
+fn headers(c: &Credential) -> Result<(), Refusal> {
+    let n = &c.name;
     for h in &c.headers {
         let token = !h.is_empty()
             && h.bytes()
@@ -226,6 +242,12 @@ fn one(
             ));
         }
     }
+    Ok(())
+}
+
+/// The hosts it is sent to: at least one, each reached by `[network] allow`.
+fn send_to(c: &Credential, cfg: &super::allow::Config) -> Result<(), Refusal> {
+    let n = &c.name;
     if c.send_to.is_empty() {
         return Err((
             "credentials.send_to",

@@ -9,65 +9,14 @@ impl Loaded {
     /// The steps: the profile's place, its protected names (checked before
     /// anything uses them), its filesystem entries, the workspace guard.
     pub(crate) fn resolve(&self, ctx: &Context) -> Result<Policy, ProfileError> {
-        if let Source::File(p) = &self.source {
-            if p.starts_with(&ctx.workspace) {
-                return Err(ProfileError::InWorkspace {
-                    file: self.source.to_string(),
-                    workspace: ctx.workspace.display().to_string(),
-                });
-            }
-        }
+        self.check_place(ctx)?;
         let p = &self.profile;
         let names = self.protected_names()?;
         let (mut fs, links) = self.fs_entries(ctx)?;
         let (mode, workspace_fallback) = self.workspace_mode(ctx);
-        let cow = mode.has_door();
-        if mode == WorkspaceMode::CopyOnWrite {
-            check_layer_path(&ctx.workspace).map_err(|r| self.invalid("workspace.mode", r))?;
-        }
-        // A copy-on-write or copy workspace is not the host's tree inside:
-        // nothing to guard there.
-        let roots: Vec<PathBuf> = fs
-            .iter()
-            .filter(|e| e.kind == MountKind::ReadWrite)
-            .filter(|e| !(cow && e.path == ctx.workspace))
-            .map(|e| e.path.clone())
-            .collect();
-        let names = with_config_dir(names, &roots);
-        // Commit mode is about the workspace's repository, which a
-        // copy-on-write workspace keeps out of the guard's trees: said, not
-        // quietly changed.
-        if cow && p.workspace.git == GitMode::Commit {
-            return Err(self.invalid(
-                "workspace.git",
-                "git = \"commit\" needs [workspace] mode = \"live\": a copy-on-write workspace already keeps the agent's commits in its layer, and `sandmux apply` brings them in as refs".into(),
-            ));
-        }
-        let (guard, ro) = (ctx.plan_guard)(
-            &roots,
-            &names,
-            p.workspace.git,
-            p.workspace.new_repositories,
-        )
-        .map_err(|reason| self.invalid("workspace.git", reason))?;
-        let mut environment = p.environment.clone();
-        for v in environment.set.values_mut() {
-            *v = subst(ctx, v);
-        }
-        if p.network.mode == NetMode::Proxy {
-            // The proxy is the only way out: every spelling tools read.
-            environment.set.extend(super::allow::env_vars());
-        }
-        let var = |k: &str| std::env::var(k).ok();
-        let host = toolchains::Host::of_caller(&var);
-        let mut lent =
-            toolchains::lend(&p.toolchains.lend, &fs, &ctx.workspace, &host).map_err(|source| {
-                ProfileError::Toolchain {
-                    file: self.source.to_string(),
-                    source,
-                }
-            })?;
-        toolchains::apply(&mut lent, &mut fs, &mut environment.set);
+        let (guard, ro) = self.plan_guard(ctx, &fs, names, mode)?;
+        let mut environment = self.environment(ctx);
+        let lent = self.lend_toolchains(ctx, &mut fs, &mut environment)?;
         Ok(Policy {
             name: self.name.clone(),
             source: self.source.clone(),
@@ -96,6 +45,94 @@ impl Loaded {
             ca_pem: None,
             recording: p.recording.clone(),
         })
+    }
+
+    /// A profile file may not live inside the workspace it confines.
+    fn check_place(&self, ctx: &Context) -> Result<(), ProfileError> {
+        if let Source::File(p) = &self.source {
+            if p.starts_with(&ctx.workspace) {
+                return Err(ProfileError::InWorkspace {
+                    file: self.source.to_string(),
+                    workspace: ctx.workspace.display().to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The workspace guard of the read-write trees (`ctx.plan_guard`), with
+    /// the read-only binds of the protected `names` in them.
+    fn plan_guard(
+        &self,
+        ctx: &Context,
+        fs: &[FsEntry],
+        names: Vec<PathBuf>,
+        mode: WorkspaceMode,
+    ) -> Result<(guard::Guard, guard::ReadOnly), ProfileError> {
+        let p = &self.profile;
+        let cow = mode.has_door();
+        if mode == WorkspaceMode::CopyOnWrite {
+            check_layer_path(&ctx.workspace).map_err(|r| self.invalid("workspace.mode", r))?;
+        }
+        // A copy-on-write or copy workspace is not the host's tree inside:
+        // nothing to guard there.
+        let roots: Vec<PathBuf> = fs
+            .iter()
+            .filter(|e| e.kind == MountKind::ReadWrite)
+            .filter(|e| !(cow && e.path == ctx.workspace))
+            .map(|e| e.path.clone())
+            .collect();
+        let names = with_config_dir(names, &roots);
+        // Commit mode is about the workspace's repository, which a
+        // copy-on-write workspace keeps out of the guard's trees: said, not
+        // quietly changed.
+        if cow && p.workspace.git == GitMode::Commit {
+            return Err(self.invalid(
+                "workspace.git",
+                "git = \"commit\" needs [workspace] mode = \"live\": a copy-on-write workspace already keeps the agent's commits in its layer, and `sandmux apply` brings them in as refs".into(),
+            ));
+        }
+        (ctx.plan_guard)(
+            &roots,
+            &names,
+            p.workspace.git,
+            p.workspace.new_repositories,
+        )
+        .map_err(|reason| self.invalid("workspace.git", reason))
+    }
+
+    /// `[environment]` with its values' placeholders filled in, and the
+    /// proxy's variables when the proxy is the only way out.
+    fn environment(&self, ctx: &Context) -> Environment {
+        let p = &self.profile;
+        let mut environment = p.environment.clone();
+        for v in environment.set.values_mut() {
+            *v = subst(ctx, v);
+        }
+        if p.network.mode == NetMode::Proxy {
+            // The proxy is the only way out: every spelling tools read.
+            environment.set.extend(super::allow::env_vars());
+        }
+        environment
+    }
+
+    /// The toolchains lent from the caller's host, added to the mounts and
+    /// the environment.
+    fn lend_toolchains(
+        &self,
+        ctx: &Context,
+        fs: &mut Vec<FsEntry>,
+        environment: &mut Environment,
+    ) -> Result<Vec<toolchains::Lent>, ProfileError> {
+        let var = |k: &str| std::env::var(k).ok();
+        let host = toolchains::Host::of_caller(&var);
+        let mut lent = toolchains::lend(&self.profile.toolchains.lend, fs, &ctx.workspace, &host)
+            .map_err(|source| ProfileError::Toolchain {
+            file: self.source.to_string(),
+            source,
+        })?;
+        toolchains::apply(&mut lent, fs, &mut environment.set);
+        Ok(lent)
     }
 
     /// The workspace's mode: `--workspace-mode`, else the profile's; a

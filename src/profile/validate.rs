@@ -232,6 +232,16 @@ impl Profile {
                 );
             }
         }
+        self.check_mcp_limits()?;
+        self.check_asking()?;
+        if self.recording.max_bytes.0 < MIN_RECORDING_BYTES {
+            return bad("recording.max_bytes", "must be at least 4KiB".into());
+        }
+        Ok(())
+    }
+
+    /// `[mcp]`'s bounds: waits, audit, input and HTTP sizes.
+    fn check_mcp_limits(&self) -> Invalid {
         let m = &self.mcp;
         if !(1..=3600).contains(&m.wait_max_seconds) {
             return bad(
@@ -278,6 +288,12 @@ impl Profile {
                 format!("{} is outside 65536-16777216", m.http_max_body_bytes),
             );
         }
+        Ok(())
+    }
+
+    /// `[mcp]`'s asking: who answers, what may be asked, for how long.
+    fn check_asking(&self) -> Invalid {
+        let m = &self.mcp;
         if m.ask_via.is_empty() {
             return bad(
                 "mcp.ask_via",
@@ -308,9 +324,6 @@ impl Profile {
                 "mcp.ask_seconds",
                 format!("{} is outside 5-600", m.ask_seconds),
             );
-        }
-        if self.recording.max_bytes.0 < MIN_RECORDING_BYTES {
-            return bad("recording.max_bytes", "must be at least 4KiB".into());
         }
         Ok(())
     }

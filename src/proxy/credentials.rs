@@ -55,6 +55,14 @@ pub(crate) enum CredError {
         /// Why.
         why: String,
     },
+    /// Its source is where the sandbox could reach it.
+    #[error("credential {name}: {source}")]
+    Place {
+        /// The credential.
+        name: String,
+        /// Where and why.
+        source: place::PlaceError,
+    },
     /// The TLS settings.
     #[error(transparent)]
     Tls(#[from] super::ca::CaError),
@@ -482,9 +490,9 @@ pub(crate) fn open(policy: &Policy) -> Result<Option<Arc<Vault>>, CredError> {
             From::Command(argv) => runnable(policy, argv),
             From::Env(_) => Ok(()),
         };
-        seen.map_err(|why| CredError::Unusable {
+        seen.map_err(|source| CredError::Place {
             name: c.name.clone(),
-            why,
+            source,
         })?;
     }
     let Some(v) = Vault::open(&policy.credentials, &policy.network.upstream_ca)? else {

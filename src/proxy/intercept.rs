@@ -175,6 +175,10 @@ fn hop(n: &HeaderName) -> bool {
     ) || s.starts_with("proxy-")
 }
 
+/// Header values a credential was put into: (as sent upstream, as the
+/// sandbox wrote it).
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
 async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out>, Refused> {
     t.same_host(&req)?;
     let pq = req
@@ -189,40 +193,8 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
     let h = up
         .headers_mut()
         .ok_or_else(|| refused(400, "the request cannot be forwarded".into()))?;
-    let host = if t.port == name::CONNECT_PORT {
-        t.host.clone()
-    } else {
-        format!("{}:{}", t.host, t.port)
-    };
-    h.insert(
-        header::HOST,
-        HeaderValue::from_str(&host).map_err(|_| refused(400, "the host".into()))?,
-    );
-    // Credential headers go first, right after Host: the agent's headers
-    // cannot move where they stand (see `echo`).
-    let (mut sent, mut pairs) = (Vec::new(), Vec::new());
-    let mut rest = Vec::new();
-    for (k, v) in parts.headers.iter().filter(|(k, _)| !hop(k)) {
-        match t.vault.header(k.as_str(), v.as_bytes(), &t.host)? {
-            Some(n) => {
-                sent.push(Cut::of(k.as_str(), &n, v.as_bytes()));
-                pairs.push((n.clone(), v.as_bytes().to_vec()));
-                let n = HeaderValue::from_bytes(&n)
-                    .map_err(|_| refused(400, "a header cannot carry the credential".into()))?;
-                h.append(k.clone(), n);
-            }
-            None => rest.push((k.clone(), v.clone())),
-        }
-    }
-    if sent.len() > MAX_PUT {
-        return Err(refused(
-            400,
-            format!("more than {MAX_PUT} headers carry a credential"),
-        ));
-    }
-    for (k, v) in rest {
-        h.append(k, v);
-    }
+    t.host_header(h)?;
+    let (sent, pairs) = t.put_headers(h, &parts.headers)?;
     h.insert(
         header::ACCEPT_ENCODING,
         HeaderValue::from_static("identity"),
@@ -232,30 +204,94 @@ async fn forward(t: &Arc<Tunnel>, req: Request<Incoming>) -> Result<Response<Out
         .body(body)
         .map_err(|e| refused(400, format!("the request cannot be forwarded: {e}")))?;
     let mut g = t.up.lock().await;
-    if g.as_ref().is_none_or(|s| s.is_closed()) {
-        *g = Some(t.connect().await?);
-    }
-    let Some(sender) = g.as_mut() else {
-        return Err(refused(502, "no upstream connection".into()));
-    };
-    let resp = match timeout(t.idle, sender.send_request(req)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            *g = None;
-            return Err(refused(502, format!("{}: {e}", t.host)));
-        }
-        Err(_) => {
-            return Err(refused(
-                504,
-                format!("{} did not answer within {} s", t.host, t.idle.as_secs()),
-            ))
-        }
-    };
+    let resp = t.send(&mut g, req).await?;
     if resp.status() == hyper::StatusCode::UNAUTHORIZED && !pairs.is_empty() {
         // A short-lived (`from_command`) value the host refused: refreshed.
         t.vault.rejected(&pairs);
     }
     answer(t, resp, head, sent)
+}
+
+impl Tunnel {
+    /// `Host`: the tunnel's host, with its port unless HTTPS's.
+    fn host_header(&self, h: &mut hyper::HeaderMap) -> Result<(), Refused> {
+        let host = if self.port == name::CONNECT_PORT {
+            self.host.clone()
+        } else {
+            format!("{}:{}", self.host, self.port)
+        };
+        h.insert(
+            header::HOST,
+            HeaderValue::from_str(&host).map_err(|_| refused(400, "the host".into()))?,
+        );
+        Ok(())
+    }
+
+    /// The agent's headers (hop-by-hop ones dropped) into `h`: credential
+    /// headers go first, right after Host, with the real value put in, so
+    /// the agent's headers cannot move where they stand (see `echo`); then
+    /// the rest. Returns the cuts sent and the values put in.
+    fn put_headers(
+        &self,
+        h: &mut hyper::HeaderMap,
+        headers: &hyper::HeaderMap,
+    ) -> Result<(Vec<Cut>, Pairs), Refused> {
+        let (mut sent, mut pairs) = (Vec::new(), Vec::new());
+        let mut rest = Vec::new();
+        for (k, v) in headers.iter().filter(|(k, _)| !hop(k)) {
+            match self.vault.header(k.as_str(), v.as_bytes(), &self.host)? {
+                Some(n) => {
+                    sent.push(Cut::of(k.as_str(), &n, v.as_bytes()));
+                    pairs.push((n.clone(), v.as_bytes().to_vec()));
+                    let n = HeaderValue::from_bytes(&n)
+                        .map_err(|_| refused(400, "a header cannot carry the credential".into()))?;
+                    h.append(k.clone(), n);
+                }
+                None => rest.push((k.clone(), v.clone())),
+            }
+        }
+        if sent.len() > MAX_PUT {
+            return Err(refused(
+                400,
+                format!("more than {MAX_PUT} headers carry a credential"),
+            ));
+        }
+        for (k, v) in rest {
+            h.append(k, v);
+        }
+        Ok((sent, pairs))
+    }
+
+    /// Sends the request on the tunnel's upstream connection `g` (made
+    /// again when there is none or it closed; dropped when sending fails),
+    /// within the idle time.
+    async fn send(
+        &self,
+        g: &mut Option<Up>,
+        req: Request<Filtered<Incoming>>,
+    ) -> Result<Response<Incoming>, Refused> {
+        if g.as_ref().is_none_or(|s| s.is_closed()) {
+            *g = Some(self.connect().await?);
+        }
+        let Some(sender) = g.as_mut() else {
+            return Err(refused(502, "no upstream connection".into()));
+        };
+        match timeout(self.idle, sender.send_request(req)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => {
+                *g = None;
+                Err(refused(502, format!("{}: {e}", self.host)))
+            }
+            Err(_) => Err(refused(
+                504,
+                format!(
+                    "{} did not answer within {} s",
+                    self.host,
+                    self.idle.as_secs()
+                ),
+            )),
+        }
+    }
 }
 
 impl Tunnel {

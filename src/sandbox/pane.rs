@@ -137,21 +137,35 @@ fn fail(msg: &str) -> ! {
     std::process::exit(126)
 }
 
+/// The pane's environment, as the gate rebuilt it.
+type Env = [(OsString, OsString)];
+
 /// Entry point when the binary runs as the gate. Never returns.
 pub(crate) fn main(args: Vec<OsString>) -> ! {
     let req = parse(&args).unwrap_or_else(|e| fail(&e));
-    let config = config_path();
-    let at = config.display();
-    let text = std::fs::read(&config).unwrap_or_else(|e| fail(&format!("cannot read {at}: {e}")));
-    let cfg: GateConfig =
-        serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {at}: {e}")));
-    let pane_rules = cfg.pane_rules();
-    let best_effort = &cfg.best_effort;
-
+    let cfg = read_config();
     let mut env = env::gate(&cfg.environment, std::env::vars_os());
     if !matches!(req, Request::Probe) {
         add_run_functions(&mut env);
     }
+    confine(&cfg);
+    let (prog, argv) = program(&cfg, req, &env);
+    exec(&prog, &argv, &env)
+}
+
+/// Step 1: the gate's configuration, or the gate stops.
+fn read_config() -> GateConfig {
+    let config = config_path();
+    let at = config.display();
+    let text = std::fs::read(&config).unwrap_or_else(|e| fail(&format!("cannot read {at}: {e}")));
+    serde_json::from_slice(&text).unwrap_or_else(|e| fail(&format!("bad {at}: {e}")))
+}
+
+/// Step 3: the pane's Landlock layer; a required layer the kernel lacks
+/// stops the gate.
+fn confine(cfg: &GateConfig) {
+    let pane_rules = cfg.pane_rules();
+    let best_effort = &cfg.best_effort;
     // TCP rules, when needed, are already in the server's layer, which panes inherit.
     match landlock::restrict(cfg.landlock_abi, &cfg.net, &pane_rules, true) {
         Ok(o) => {
@@ -169,9 +183,13 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
         }
         Err(_) => {}
     }
+}
 
+/// What to exec for the request: the program and its argv. The probe runs
+/// here and never returns.
+fn program(cfg: &GateConfig, req: Request, env: &Env) -> (OsString, Vec<OsString>) {
     let shell = OsString::from(&cfg.identity.shell);
-    let (prog, argv): (OsString, Vec<OsString>) = match req {
+    match req {
         Request::Interactive => {
             let base = std::path::Path::new(&shell)
                 .file_name()
@@ -181,27 +199,35 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
         }
         Request::Command(cmd) => (shell.clone(), vec![shell.clone(), "-c".into(), cmd]),
         Request::Exec(argv) => (argv[0].clone(), argv),
-        Request::Probe => {
-            // SAFETY-free: replace our environment with the pane's, then probe in-process.
-            for (k, _) in std::env::vars_os() {
-                std::env::remove_var(k);
-            }
-            for (k, v) in &env {
-                std::env::set_var(k, v);
-            }
-            super::observe::run_and_print(&cfg);
-            // Stay until the reader kills the pane: a pane that exits at once can lose
-            // its last output. The alarm bounds the wait if nobody does.
-            // SAFETY: alarm(2) takes an integer only.
-            unsafe { libc::alarm(60) };
-            let mut sink = [0u8; 64];
-            while std::io::Read::read(&mut std::io::stdin(), &mut sink)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {}
-            std::process::exit(0);
-        }
-    };
+        Request::Probe => probe(cfg, env),
+    }
+}
+
+/// The live probe of `sandmux check`, in the pane's environment.
+fn probe(cfg: &GateConfig, env: &Env) -> ! {
+    // SAFETY-free: replace our environment with the pane's, then probe in-process.
+    for (k, _) in std::env::vars_os() {
+        std::env::remove_var(k);
+    }
+    for (k, v) in env {
+        std::env::set_var(k, v);
+    }
+    super::observe::run_and_print(cfg);
+    // Stay until the reader kills the pane: a pane that exits at once can lose
+    // its last output. The alarm bounds the wait if nobody does.
+    // SAFETY: alarm(2) takes an integer only.
+    unsafe { libc::alarm(60) };
+    let mut sink = [0u8; 64];
+    while std::io::Read::read(&mut std::io::stdin(), &mut sink)
+        .map(|n| n > 0)
+        .unwrap_or(false)
+    {}
+    std::process::exit(0);
+}
+
+/// Step 4: execs `prog` with `argv` and the pane's environment (`PATH`
+/// searched when `prog` has no `/`).
+fn exec(prog: &OsString, argv: &[OsString], env: &Env) -> ! {
     let c = |s: &OsString| {
         CString::new(s.as_bytes()).unwrap_or_else(|_| fail("argument contains a NUL byte"))
     };
@@ -219,9 +245,9 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
         std::env::set_var("PATH", p);
     }
     let e = if prog.as_bytes().contains(&b'/') {
-        nix::unistd::execve(&c(&prog), &args, &envp).unwrap_err()
+        nix::unistd::execve(&c(prog), &args, &envp).unwrap_err()
     } else {
-        nix::unistd::execvpe(&c(&prog), &args, &envp).unwrap_err()
+        nix::unistd::execvpe(&c(prog), &args, &envp).unwrap_err()
     };
     fail(&format!("cannot run {prog:?}: {e}"))
 }

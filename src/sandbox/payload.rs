@@ -131,7 +131,7 @@ pub(super) fn confine_and_exec(
         super::uid::drop_uid(t).map_err(|e| Stop::applying(Layer::Caps, e))?;
     }
     if let Some(h) = x.job.host_view {
-        super::hostview::check_reach(h).map_err(|e| Stop::applying(Layer::Mount, e))?;
+        super::hostview::check_reach(h).map_err(|e| Stop::applying(Layer::Mount, e.to_string()))?;
     }
     if !x.job.pre_confined {
         drop_privileges(layers)?;

@@ -20,19 +20,7 @@ pub(super) fn run(
     ns: &namespaces::Created,
     rep: &mut Reporter,
 ) -> Result<i32, Stop> {
-    // With a pid namespace, PID 1's end ends everything inside. Without
-    // one it must live to end what is left: the relay's death is a SIGTERM
-    // that `reap` sees come from an orphaned PID 1.
-    let (death, relay) = if ns.has(Layer::Pid) {
-        (Signal::SIGKILL, None)
-    } else {
-        (Signal::SIGTERM, Some(nix::unistd::getppid()))
-    };
-    nix::sys::prctl::set_pdeathsig(death)
-        .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
-    if relay.is_some_and(|r| r != nix::unistd::getppid()) {
-        return Err(internal("start-up")("the relay exited".into()));
-    }
+    let relay = parent_death(ns)?;
     let best_effort = bp.best_effort();
     let mut layers = Layers {
         rep,
@@ -55,32 +43,83 @@ pub(super) fn run(
     let host_view = host_view(plan, bp, ns)?;
     let mut job = payload::Job::of(plan, bp, host_view);
     without_userns(plan, ns, &mut job, &mut layers)?;
-    // In `run` mode PID 1 needs no privilege after the fork: it drops it and
-    // installs the filter once, and the payload inherits both (the filter is
-    // costly to install, so this keeps it off the command's start-up path).
-    // The tmux server's PID 1 still has a mount to make after the fork.
-    if job.pre_confined {
-        payload::drop_privileges(&mut layers)?;
-        caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
-        payload::filter(&mut layers, &filters)?;
-    }
+    confine_before_fork(&job, &filters, &mut layers)?;
+    become_subreaper(ns)?;
+    layers.rep.note(|| "PID 1: starting the payload".into());
+    let payload = spawn_payload(plan, &job, &filters, ns, &mut layers)?;
+    hand_over(plan, bp, &job, ns, payload, &filters, &mut layers)?;
+    let code = reap(payload, relay);
     if !ns.has(Layer::Pid) {
-        // No pid namespace to end with us: orphans come here, not to the
-        // host's init, so that they can be reaped and ended.
+        end_descendants();
+    }
+    Ok(code)
+}
+
+/// Before step 4: PID 1's end when the relay ends. With a pid namespace,
+/// PID 1's end ends everything inside. Without one it must live to end what
+/// is left: the relay's death is a SIGTERM that `reap` sees come from an
+/// orphaned PID 1. Returns the relay's pid in that case.
+fn parent_death(ns: &namespaces::Created) -> Result<Option<Pid>, Stop> {
+    let (death, relay) = if ns.has(Layer::Pid) {
+        (Signal::SIGKILL, None)
+    } else {
+        (Signal::SIGTERM, Some(nix::unistd::getppid()))
+    };
+    nix::sys::prctl::set_pdeathsig(death)
+        .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
+    if relay.is_some_and(|r| r != nix::unistd::getppid()) {
+        return Err(internal("start-up")("the relay exited".into()));
+    }
+    Ok(relay)
+}
+
+/// Step 8d: In `run` mode PID 1 needs no privilege after the fork: it drops
+/// it and installs the filter once, and the payload inherits both (the
+/// filter is costly to install, so this keeps it off the command's start-up
+/// path). The tmux server's PID 1 still has a mount to make after the fork.
+fn confine_before_fork(
+    job: &payload::Job<'_>,
+    filters: &seccomp::Filters,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
+    if job.pre_confined {
+        payload::drop_privileges(layers)?;
+        caps::set_nondumpable().map_err(internal("PR_SET_DUMPABLE"))?;
+        payload::filter(layers, filters)?;
+    }
+    Ok(())
+}
+
+/// Step 8e: No pid namespace to end with us: orphans come here, not to the
+/// host's init, so that they can be reaped and ended.
+fn become_subreaper(ns: &namespaces::Created) -> Result<(), Stop> {
+    if !ns.has(Layer::Pid) {
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| internal("PR_SET_CHILD_SUBREAPER")(e.to_string()))?;
     }
-    layers.rep.note(|| "PID 1: starting the payload".into());
-    let payload = spawn_payload(plan, &job, &filters, ns, &mut layers)?;
-    // From here on a failure leaves a payload behind: end it first. PID 1's
-    // exit kills the namespace anyway, so a failed kill changes nothing.
+    Ok(())
+}
+
+/// Steps 10–11 and the hand-over to the supervisor: the socket covered, PID
+/// 1 confined, the relayed signals blocked, `Ready` sent, the report pipe
+/// closed. From here on a failure leaves a payload behind: end it first.
+/// PID 1's exit kills the namespace anyway, so a failed kill changes nothing.
+fn hand_over(
+    plan: &Plan,
+    bp: &Blueprint,
+    job: &payload::Job<'_>,
+    ns: &namespaces::Created,
+    payload: Pid,
+    filters: &seccomp::Filters,
+    layers: &mut Layers<'_>,
+) -> Result<(), Stop> {
     let stop = |stop: Stop| {
         let _ = kill(payload, Signal::SIGKILL);
         stop
     };
-    let socket_watch = cover_socket(plan, bp, &job, ns, payload).map_err(stop)?;
+    let socket_watch = cover_socket(plan, bp, job, ns, payload).map_err(stop)?;
     if !job.pre_confined {
-        confine_self(&layers, &filters, &job).map_err(stop)?;
+        confine_self(layers, filters, job).map_err(stop)?;
     }
     // Taken by sigwait from now on; blocked before the report pipe closes, so
     // a failure can still be reported.
@@ -96,11 +135,7 @@ pub(super) fn run(
     // Closing an inotify instance waits for an SRCU grace period (the
     // kernel's fsnotify_destroy_group, 8-16 ms): only once Ready is sent.
     drop(socket_watch);
-    let code = reap(payload, relay);
-    if !ns.has(Layer::Pid) {
-        end_descendants();
-    }
-    Ok(code)
+    Ok(())
 }
 
 /// Step 4: The mount view: the plan's steps on a fresh root, then `pivot_root`.
@@ -344,7 +379,7 @@ fn drop_uid(plan: &Plan, job: &mut payload::Job<'_>) -> Result<String, Stop> {
     let relay = nix::unistd::getppid().as_raw() as u32;
     super::hostview::alone(t.uid, &[relay])
         .and_then(|()| super::hostview::make(plan, h, t))
-        .map_err(|e| Stop::applying(Layer::Mount, e))?;
+        .map_err(|e| Stop::applying(Layer::Mount, e.to_string()))?;
     Ok(format!(
         "{said}; no mount view: tmux's socket, configuration and gate are in {} (root's; the socket's directory is closed to uid {} once the server listens)",
         h.paths.run_dir.display(),
@@ -393,13 +428,15 @@ fn cover_socket(
         return Ok(None);
     }
     let sock = job.host_view.map_or(&bp.paths.socket, |h| &h.paths.socket);
-    let watch = wait_for_socket(server, sock).map_err(internal("waiting for the tmux server"))?;
+    let watch = wait_for_socket(server, sock)
+        .map_err(|e| internal("waiting for the tmux server")(e.to_string()))?;
     if ns.has(Layer::Mount) {
         mounts::after_ready(&bp.after_ready)
             .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
     }
     if let Some(h) = job.host_view {
-        super::hostview::cover(&h.paths.socket).map_err(|e| Stop::applying(Layer::Mount, e))?;
+        super::hostview::cover(&h.paths.socket)
+            .map_err(|e| Stop::applying(Layer::Mount, e.to_string()))?;
     }
     Ok(Some(watch))
 }
@@ -442,18 +479,31 @@ fn confine_self(
         })
 }
 
+/// Why the tmux server's socket did not appear.
+#[derive(Debug, thiserror::Error)]
+enum SocketWait {
+    #[error("{0}")]
+    Watch(nix::Error),
+    #[error("the tmux server exited before it listened")]
+    Exited,
+    #[error("the tmux server did not create its socket within 10 s")]
+    TooLong,
+    #[error("{0}: {1}")]
+    Failed(&'static str, nix::Error),
+}
+
 /// Waits (event-driven, inotify) until the tmux socket exists, or the server
 /// dies; returns the inotify instance (closing it is slow: see `run`).
 fn wait_for_socket(
     server: Pid,
     sock: &std::path::Path,
-) -> Result<nix::sys::inotify::Inotify, String> {
+) -> Result<nix::sys::inotify::Inotify, SocketWait> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     let ino =
-        Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(|e| e.to_string())?;
+        Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(SocketWait::Watch)?;
     ino.add_watch(sock.parent().unwrap_or(sock), AddWatchFlags::IN_CREATE)
-        .map_err(|e| e.to_string())?;
+        .map_err(SocketWait::Watch)?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         if sock.exists() {
@@ -461,14 +511,14 @@ fn wait_for_socket(
         }
         match waitpid(server, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
-                return Err("the tmux server exited before it listened".into())
+                return Err(SocketWait::Exited)
             }
             Ok(_) => {}
-            Err(e) => return Err(format!("waiting for the server: {e}")),
+            Err(e) => return Err(SocketWait::Failed("waiting for the server", e)),
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return Err("the tmux server did not create its socket within 10 s".into());
+            return Err(SocketWait::TooLong);
         }
         // A short cap on each wait also notices a server that dies without creating anything.
         let ms = left.as_millis().min(100) as u16;
@@ -478,12 +528,12 @@ fn wait_for_socket(
         )];
         match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(format!("poll: {e}")),
+            Err(e) => return Err(SocketWait::Failed("poll", e)),
         }
         // The events only wake us: the socket's existence is checked by path.
         match ino.read_events() {
             Ok(_) | Err(nix::errno::Errno::EAGAIN) => {}
-            Err(e) => return Err(format!("reading inotify events: {e}")),
+            Err(e) => return Err(SocketWait::Failed("reading inotify events", e)),
         }
     }
 }

@@ -30,6 +30,37 @@ fn tmpfs(options: impl Into<String>, attrs: Attrs) -> Op {
 
 /// Compiles the policy into the plan `__init` executes.
 pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
+    Blueprint {
+        layers: layer_needs(policy),
+        mounts: mount_steps(policy, mode),
+        after_ready: after_ready(mode),
+        landlock: role_rules(policy, &Own::default()),
+        paths: paths(policy, Path::new(RUN_DIR)),
+        host_view: None,
+        identity: policy.sandbox.clone(),
+        net: Net {
+            mode: policy.network.mode,
+            connect_tcp: policy.network.connect_tcp.clone(),
+            bind_tcp: policy.network.bind_tcp.clone(),
+        },
+        landlock_abi: policy.landlock_abi,
+        limits: policy.limits.clone(),
+        environment: policy.environment.clone(),
+        protected: policy.protected.clone(),
+        needs_mount: needs_mount(policy),
+        git: git_step(policy),
+        counts: ViewCounts {
+            entries: policy.fs.len(),
+            pinned: policy.pinned.len(),
+            git_outside: policy.guard.git_outside.len(),
+        },
+    }
+}
+
+/// The mount view's steps, in the order PID 1 takes them: the root, the
+/// run directory, the profile's entries, the layer, the guard, `/dev`,
+/// `/proc`, `/etc`, utempter (tmux), then both sealed read-only.
+fn mount_steps(policy: &Policy, mode: Mode) -> Vec<Step> {
     let mut m = Vec::new();
     m.push(step(
         "/",
@@ -58,7 +89,12 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
     for p in [RUN_DIR, "/"] {
         m.push(step(p, Part::Seal, Op::ReadOnly, Need::Required));
     }
-    let after_ready = match mode {
+    m
+}
+
+/// tmux: the socket directory's cover, once the server listens.
+fn after_ready(mode: Mode) -> Vec<Step> {
+    match mode {
         Mode::Tmux => vec![step(
             SOCK_DIR,
             Part::SocketCover,
@@ -66,8 +102,12 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
             Need::Required,
         )],
         Mode::Run => Vec::new(),
-    };
-    let layers = Layer::ALL
+    }
+}
+
+/// Each layer, required unless the profile lets it go.
+fn layer_needs(policy: &Policy) -> Vec<LayerNeed> {
+    Layer::ALL
         .into_iter()
         .map(|layer| LayerNeed {
             layer,
@@ -77,39 +117,17 @@ pub(crate) fn compile(policy: &Policy, mode: Mode) -> Blueprint {
                 Need::Required
             },
         })
-        .collect();
-    Blueprint {
-        layers,
-        mounts: m,
-        after_ready,
-        landlock: role_rules(policy, &Own::default()),
-        paths: paths(policy, Path::new(RUN_DIR)),
-        host_view: None,
-        identity: policy.sandbox.clone(),
-        net: Net {
-            mode: policy.network.mode,
-            connect_tcp: policy.network.connect_tcp.clone(),
-            bind_tcp: policy.network.bind_tcp.clone(),
-        },
-        landlock_abi: policy.landlock_abi,
-        limits: policy.limits.clone(),
-        environment: policy.environment.clone(),
-        protected: policy.protected.clone(),
-        needs_mount: if overlay(policy).is_some() {
-            Some(MountNeed::Layer)
-        } else if policy.guard.git == crate::profile::GitMode::Commit
-            && policy.guard.commit.is_some()
-        {
-            Some(MountNeed::Commit)
-        } else {
-            None
-        },
-        git: git_step(policy),
-        counts: ViewCounts {
-            entries: policy.fs.len(),
-            pinned: policy.pinned.len(),
-            git_outside: policy.guard.git_outside.len(),
-        },
+        .collect()
+}
+
+/// What cannot be had without a mount namespace: the layer, or commit mode.
+fn needs_mount(policy: &Policy) -> Option<MountNeed> {
+    if overlay(policy).is_some() {
+        Some(MountNeed::Layer)
+    } else if policy.guard.git == crate::profile::GitMode::Commit && policy.guard.commit.is_some() {
+        Some(MountNeed::Commit)
+    } else {
+        None
     }
 }
 
