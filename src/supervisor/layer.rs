@@ -284,7 +284,7 @@ pub(crate) fn create(
         .create(&staging)
         .map_err(io("creating", &staging))?;
     let filled = match &source {
-        Some((f, (src, old, _))) => fill_from(policy, id, &staging, f, src, old),
+        Some((f, (src, old, _))) => super::layer_from::fill_from(policy, id, &staging, f, src, old),
         None => fill(policy, id, &staging),
     };
     let made = filled.and_then(|live| {
@@ -489,44 +489,23 @@ fn fill(policy: &Policy, id: &str, dir: &Path) -> Result<Live, LayerError> {
         copy: copy.then(|| upper.strip_prefix(dir).unwrap_or(&upper).to_path_buf()),
         from: None,
     };
-    let path = dir.join("meta.json");
-    let text = serde_json::to_vec_pretty(&meta).map_err(|source| LayerError::BadMeta {
-        path: path.clone(),
-        source,
-    })?;
-    std::fs::write(&path, text).map_err(io("writing", &path))?;
+    write_meta(dir, &meta)?;
     Ok(live)
 }
 
-/// [`fill`] for a layer that goes on from the kept layer at `src` (whose
-/// `meta.json` said `old`): its creation time is kept (the host's changes
-/// since are still conflicts for `apply`), and `from` names it.
-fn fill_from(
-    policy: &Policy,
-    id: &str,
-    dir: &Path,
-    from: &LayerFrom,
-    src: &Path,
-    old: &Meta,
-) -> Result<Live, LayerError> {
-    let live = Live(lock(dir, true)?);
-    super::layer_from::fill(from, src, dir)?;
-    let meta = Meta {
-        id: id.to_string(),
-        workspace: policy.workspace.clone(),
-        profile: policy.name.clone(),
-        held_names: policy.guard.names.clone(),
-        copy: None,
-        from: Some((old.id.clone(), from.word().to_string())),
-        ..old.clone()
-    };
+/// Writes the layer's `meta.json`.
+pub(super) fn write_meta(dir: &Path, meta: &Meta) -> Result<(), LayerError> {
     let path = dir.join("meta.json");
-    let text = serde_json::to_vec_pretty(&meta).map_err(|source| LayerError::BadMeta {
+    let text = serde_json::to_vec_pretty(meta).map_err(|source| LayerError::BadMeta {
         path: path.clone(),
         source,
     })?;
-    std::fs::write(&path, text).map_err(io("writing", &path))?;
-    Ok(live)
+    std::fs::write(&path, text).map_err(io("writing", &path))
+}
+
+/// Takes the lock of the layer being made at `dir`.
+pub(super) fn locked(dir: &Path) -> Result<Live, LayerError> {
+    Ok(Live(lock(dir, true)?))
 }
 
 /// Refuses a layer whose instance still runs (its lock is held); the lock

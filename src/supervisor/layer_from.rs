@@ -5,7 +5,8 @@
 //! it and leaves the original as it was. Both start a layer like any
 //! other: the same door, the same hold-backs, the same bound.
 
-use super::layer::{find, LayerError, Meta};
+use super::layer::{find, LayerError, Live, Meta};
+use crate::profile::Policy;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::process::Command;
@@ -129,4 +130,30 @@ fn copy_tree(a: &Path, b: &Path) -> Result<(), LayerError> {
         )));
     }
     Ok(())
+}
+
+/// `layer::fill` for a layer that goes on from the kept layer at `src` (whose
+/// `meta.json` said `old`): its creation time is kept (the host's changes
+/// since are still conflicts for `apply`), and `from` names it.
+pub(super) fn fill_from(
+    policy: &Policy,
+    id: &str,
+    dir: &Path,
+    from: &LayerFrom,
+    src: &Path,
+    old: &Meta,
+) -> Result<Live, LayerError> {
+    let live = super::layer::locked(dir)?;
+    fill(from, src, dir)?;
+    let meta = Meta {
+        id: id.to_string(),
+        workspace: policy.workspace.clone(),
+        profile: policy.name.clone(),
+        held_names: policy.guard.names.clone(),
+        copy: None,
+        from: Some((old.id.clone(), from.word().to_string())),
+        ..old.clone()
+    };
+    super::layer::write_meta(dir, &meta)?;
+    Ok(live)
 }

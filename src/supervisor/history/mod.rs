@@ -16,6 +16,7 @@
 //! never through a link ([`walk`]). The store is bounded: past its bytes
 //! the oldest checkpoints fold into the base, and the log says so.
 
+pub(crate) mod feed;
 pub(crate) mod rewind;
 pub(crate) mod store;
 pub(crate) mod walk;

@@ -27,6 +27,8 @@ pub(crate) struct History {
     listed_at: i128,
     /// Bytes the objects take.
     used: u64,
+    /// The change feed (None: every checkpoint lists the whole layer).
+    feed: Option<super::feed::Feed>,
 }
 
 /// An entry whose ctime is this close to the listing before (or after it)
@@ -72,6 +74,7 @@ impl History {
             seen: Listing::new(),
             listed_at: 0,
             used: 0,
+            feed: None,
         };
         h.used = objects_bytes(&h.dir.join("objects"));
         match h.lines()?.last() {
@@ -100,9 +103,24 @@ impl History {
         let root = crate::sandbox::beneath::open_root(&self.writes)
             .map_err(|e| HistoryError::io("opening", &self.writes, e.into()))?;
         let listed_at = now_ns();
-        let listing = walk::list(&root)?;
         let mut stored = 0u64;
-        let (delta, state, folded) = self.compare(&root, &listing, &mut stored)?;
+        let (listing, delta, folded) = match self.patched(&root)? {
+            Some((listing, touched)) => {
+                let r = self.compare_touched(&root, &listing, &touched, &mut stored);
+                let (delta, folded) = r.inspect_err(|_| self.forget_all())?;
+                (listing, delta, folded)
+            }
+            None => {
+                let listing = walk::list(&root)?;
+                let (delta, state, folded) = self.compare(&root, &listing, &mut stored)?;
+                self.state = state;
+                match self.feed.as_mut() {
+                    Some(f) => f.arm(&root, &listing),
+                    None => self.feed = super::feed::Feed::new(&root, &listing),
+                }
+                (listing, delta, folded)
+            }
+        };
         let digest = chain(&self.last.1, &delta);
         let text = serde_json::to_vec(&delta).unwrap_or_default();
         write_new(&self.dir.join("deltas").join(format!("{n}.json")), &text)?;
@@ -128,7 +146,6 @@ impl History {
         };
         self.append(&line)?;
         self.last = (n, digest);
-        self.state = state;
         self.seen = listing;
         self.listed_at = listed_at;
         Ok(line)
@@ -150,18 +167,9 @@ impl History {
         let mut folded = None;
         let mut fresh = std::collections::HashSet::new();
         let mut store = |fd: OwnedFd, size: u64| {
-            // Apparent size: a sparse file stores densely. Past the bound
-            // the oldest checkpoints fold first (never what this one
-            // stored); what still does not fit is not kept.
+            make_room_for(dir, last, bound, size, &fresh, &mut used, &mut folded)?;
             if used.saturating_add(size) > bound {
-                if let Some(k) = super::rewind::fold(dir, last, bound.saturating_sub(size), &fresh)?
-                {
-                    folded = Some(k);
-                }
-                used = objects_bytes(&objects);
-                if used.saturating_add(size) > bound {
-                    return Ok(None);
-                }
+                return Ok(None);
             }
             let before = *stored;
             let name = store_object(&objects, fd, size, stored)?;
@@ -191,6 +199,90 @@ impl History {
             .collect();
 
         Ok((delta, state, folded))
+    }
+
+    /// The listing as the feed brings it up to date, and what may have
+    /// changed; None: list the whole layer.
+    fn patched(
+        &mut self,
+        root: &OwnedFd,
+    ) -> Result<Option<(Listing, super::feed::Touched)>, HistoryError> {
+        let Some(f) = self.feed.as_mut() else {
+            return Ok(None);
+        };
+        if self.seen.is_empty() && !self.state.is_empty() {
+            return Ok(None);
+        }
+        let mut listing = std::mem::take(&mut self.seen);
+        match f.patch(root, &mut listing) {
+            Ok(Some(t)) => Ok(Some((listing, t))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A checkpoint that failed half-way: the next one starts from the
+    /// last checkpoint's state, on disk, and lists everything.
+    fn forget_all(&mut self) {
+        self.seen.clear();
+        self.state = self.state_at(self.last.0).unwrap_or_default();
+        if let Some(f) = self.feed.as_mut() {
+            f.blind_now();
+        }
+    }
+
+    /// [`History::compare`] for the paths the feed says may have changed
+    /// (each with how it was listed before); the state changes in place.
+    fn compare_touched(
+        &mut self,
+        root: &OwnedFd,
+        listing: &Listing,
+        touched: &super::feed::Touched,
+        stored: &mut u64,
+    ) -> Result<(Delta, Option<u64>), HistoryError> {
+        let mut delta = Delta::default();
+        let objects = self.dir.join("objects");
+        let (dir, bound, last) = (self.dir.clone(), self.bound, self.last.0);
+        let mut used = self.used;
+        let mut folded = None;
+        let mut fresh = std::collections::HashSet::new();
+        let mut store = |fd: OwnedFd, size: u64| {
+            make_room_for(&dir, last, bound, size, &fresh, &mut used, &mut folded)?;
+            if used.saturating_add(size) > bound {
+                return Ok(None);
+            }
+            let before = *stored;
+            let name = store_object(&objects, fd, size, stored)?;
+            used += *stored - before;
+            fresh.insert(name.clone());
+            Ok(Some(name))
+        };
+        for (path, was) in touched {
+            let before = self.state.get(path).cloned();
+            let node = match listing.get(path) {
+                None => None,
+                Some(s) => {
+                    let racy = s.stamp.1 + RACY_NS >= self.listed_at;
+                    match (was.as_ref() == Some(s) && !racy, &before) {
+                        (true, Some(n)) => Some(n.clone()),
+                        _ => walk::node(root, path, s, &mut store)?,
+                    }
+                }
+            };
+            match node {
+                Some(n) if before.as_ref() != Some(&n) => {
+                    delta.changed.insert(hex_of(path), n.clone());
+                    self.state.insert(path.clone(), n);
+                }
+                Some(_) => {}
+                None if before.is_some() => {
+                    delta.removed.push(hex_of(path));
+                    self.state.remove(path);
+                }
+                None => {}
+            }
+        }
+        Ok((delta, folded))
     }
 
     /// Every line of the log.
@@ -230,6 +322,28 @@ impl History {
         self.used = objects_bytes(&objects);
         folded
     }
+}
+
+/// Apparent size: a sparse file stores densely. Past the bound the oldest
+/// checkpoints fold first (never what this one stored, `fresh`); what
+/// still does not fit is not kept (the caller sees `used + size` over).
+fn make_room_for(
+    dir: &Path,
+    last: u64,
+    bound: u64,
+    size: u64,
+    fresh: &std::collections::HashSet<String>,
+    used: &mut u64,
+    folded: &mut Option<u64>,
+) -> Result<(), HistoryError> {
+    if used.saturating_add(size) <= bound {
+        return Ok(());
+    }
+    if let Some(k) = super::rewind::fold(dir, last, bound.saturating_sub(size), fresh)? {
+        *folded = Some(k);
+    }
+    *used = objects_bytes(&dir.join("objects"));
+    Ok(())
 }
 
 /// The state at checkpoint `n` of the history at `dir`.

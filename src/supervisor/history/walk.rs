@@ -64,6 +64,9 @@ pub(crate) struct Seen {
     pub(crate) stamp: (u64, i128, u64),
     /// The file type bits (`S_IFMT`).
     pub(crate) fmt: u32,
+    /// More than one name (a hard link): a write by another name changes
+    /// it without an event in its own directory.
+    pub(crate) linked: bool,
 }
 
 /// Every entry below the root, by its path relative to it (no `.`).
@@ -77,19 +80,36 @@ fn seen(st: &FileStat) -> Seen {
             st.st_size as u64,
         ),
         fmt: st.st_mode & SFlag::S_IFMT.bits(),
+        linked: st.st_nlink > 1 && st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFDIR.bits(),
     }
+}
+
+/// How the entry at `rel` below `root` is now (None: gone).
+pub(crate) fn stat_at(root: &OwnedFd, rel: &Path) -> Option<Seen> {
+    let (parent, name) = split(rel);
+    let dir = open_dir(root, parent).ok()?;
+    fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .ok()
+        .map(|st| seen(&st))
 }
 
 /// Lists every entry below `root` without following a link.
 pub(crate) fn list(root: &OwnedFd) -> Result<Listing, HistoryError> {
+    list_below(root, Path::new(""))
+}
+
+/// Lists every entry below the directory `start` (relative to `root`; not
+/// `start` itself) without following a link.
+pub(crate) fn list_below(root: &OwnedFd, start: &Path) -> Result<Listing, HistoryError> {
     let mut out = Listing::new();
-    let mut stack = vec![PathBuf::new()];
+    let mut stack = vec![start.to_path_buf()];
     while let Some(rel) = stack.pop() {
-        let dir = open_dir(root, &rel)?;
-        for (name, st) in children(&dir, &rel)? {
-            let path = rel.join(&name);
-            let s = seen(&st);
-            if s.fmt == SFlag::S_IFDIR.bits() {
+        let Ok(dir) = open_dir(root, &rel) else {
+            // Gone (or replaced) since it was listed: the next event says.
+            continue;
+        };
+        for (path, s) in children_of(&dir, &rel)? {
+            if is_dir(&s) {
                 stack.push(path.clone());
             }
             out.insert(path, s);
@@ -99,6 +119,45 @@ pub(crate) fn list(root: &OwnedFd) -> Result<Listing, HistoryError> {
         }
     }
     Ok(out)
+}
+
+/// Whether a listed entry is a directory.
+pub(crate) fn is_dir(s: &Seen) -> bool {
+    s.fmt == SFlag::S_IFDIR.bits()
+}
+
+/// The direct children of the open directory `dir` (at `rel`), by path.
+pub(crate) fn children_of(dir: &OwnedFd, rel: &Path) -> Result<Vec<(PathBuf, Seen)>, HistoryError> {
+    Ok(children(dir, rel)?
+        .into_iter()
+        .map(|(name, st)| (rel.join(name), seen(&st)))
+        .collect())
+}
+
+/// `p` and everything below it in `listing` (a path sorts just before
+/// what is below it).
+pub(crate) fn subtree(listing: &Listing, p: &Path) -> Vec<PathBuf> {
+    use std::ops::Bound;
+    let below = listing
+        .range::<PathBuf, _>((Bound::Excluded(p.to_path_buf()), Bound::Unbounded))
+        .map(|(q, _)| q)
+        .take_while(|q| p.as_os_str().is_empty() || q.starts_with(p))
+        .cloned();
+    listing
+        .contains_key(p)
+        .then(|| p.to_path_buf())
+        .into_iter()
+        .chain(below)
+        .collect()
+}
+
+/// The direct children of the directory `d` in `listing`.
+pub(crate) fn direct_children(listing: &Listing, d: &Path) -> Vec<PathBuf> {
+    let depth = d.components().count() + 1;
+    subtree(listing, d)
+        .into_iter()
+        .filter(|q| q.components().count() == depth)
+        .collect()
 }
 
 /// Opens the directory `rel` beneath `root` (no link on the way).

@@ -1,0 +1,224 @@
+//! The change feed: inotify on every directory of the layer's writes
+//! (overlayfs's writes notify the upper directory's inodes), so a
+//! checkpoint lists again only the directories something happened in. A
+//! call that changed nothing costs no listing; one that changed k entries
+//! costs about the directories they are in. When the feed cannot say
+//! (its queue overflowed, a watch could not be added, no inotify at all),
+//! the next checkpoint lists the whole layer, as without a feed.
+//!
+//! What the feed cannot see, the listing would not either: a write through
+//! a shared mapping to a page already dirty moves no ctime and sends no
+//! event; it is seen once the page is written back and written again.
+
+use super::walk::{self, Listing};
+use super::HistoryError;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The paths that may have changed, each with how it was listed before
+/// (None: it was not).
+pub(crate) type Touched = BTreeMap<PathBuf, Option<walk::Seen>>;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// What the feed watches for in each directory.
+fn mask() -> AddWatchFlags {
+    AddWatchFlags::IN_MODIFY
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_ONLYDIR
+}
+
+/// The feed of one layer's writes.
+pub(crate) struct Feed {
+    ino: Inotify,
+    /// Each watch's directory, relative to the root.
+    dirs: HashMap<WatchDescriptor, PathBuf>,
+    /// Directories something happened in since the last checkpoint.
+    dirty: BTreeSet<PathBuf>,
+    /// The feed cannot say: the next checkpoint lists everything.
+    blind: bool,
+}
+
+impl Feed {
+    /// A feed watching `root` and every directory `listing` holds; None
+    /// without inotify.
+    pub(crate) fn new(root: &OwnedFd, listing: &Listing) -> Option<Feed> {
+        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
+        let mut f = Feed {
+            ino,
+            dirs: HashMap::new(),
+            dirty: BTreeSet::new(),
+            blind: false,
+        };
+        f.arm(root, listing);
+        Some(f)
+    }
+
+    /// Watches `root` and every directory of `listing` (after a full
+    /// listing); the feed sees again.
+    pub(crate) fn arm(&mut self, root: &OwnedFd, listing: &Listing) {
+        self.blind = false;
+        self.dirty.clear();
+        let dirs = std::iter::once(PathBuf::new()).chain(
+            listing
+                .iter()
+                .filter(|(_, s)| walk::is_dir(s))
+                .map(|(p, _)| p.clone()),
+        );
+        for d in dirs {
+            self.watch(root, &d);
+        }
+    }
+
+    fn watch(&mut self, root: &OwnedFd, rel: &Path) {
+        let Ok(fd) = walk::open_dir(root, rel) else {
+            // Gone meanwhile: its parent's event says so.
+            return;
+        };
+        // The directory opened beneath the root, never a path that a link
+        // could redirect.
+        let at = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        match self.ino.add_watch(at.as_str(), mask()) {
+            Ok(wd) => {
+                self.dirs.insert(wd, rel.to_path_buf());
+            }
+            Err(e) => {
+                tracing::debug!("the history's feed: a watch on {}: {e}", rel.display());
+                self.blind = true;
+            }
+        }
+    }
+
+    /// The next checkpoint lists everything (one failed half-way).
+    pub(crate) fn blind_now(&mut self) {
+        self.blind = true;
+    }
+
+    /// Reads what happened; marks the directories it happened in.
+    fn drain(&mut self) {
+        loop {
+            let events = match self.ino.read_events() {
+                Ok(e) if !e.is_empty() => e,
+                _ => return,
+            };
+            for e in events {
+                if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    self.blind = true;
+                    continue;
+                }
+                if e.mask.contains(AddWatchFlags::IN_IGNORED) {
+                    self.dirs.remove(&e.wd);
+                    continue;
+                }
+                if let Some(d) = self.dirs.get(&e.wd) {
+                    self.dirty.insert(d.clone());
+                }
+            }
+        }
+    }
+
+    /// Brings `listing` up to date with what happened since the last
+    /// checkpoint and returns the paths that may have changed; None: the
+    /// feed cannot say, list everything (then [`Feed::arm`]).
+    pub(crate) fn patch(
+        &mut self,
+        root: &OwnedFd,
+        listing: &mut Listing,
+    ) -> Result<Option<Touched>, HistoryError> {
+        self.drain();
+        if self.blind {
+            return Ok(None);
+        }
+        let mut touched = Touched::new();
+        for d in std::mem::take(&mut self.dirty) {
+            let is_dir = d.as_os_str().is_empty() || listing.get(&d).is_some_and(walk::is_dir);
+            if is_dir {
+                self.relist(root, &d, listing, &mut touched)?;
+            }
+        }
+        // A file with more than one name changes by any of them: each name
+        // of a linked file, and every other name of a touched one's inode,
+        // is looked at again (they are few; no event names them).
+        let inodes: BTreeSet<u64> = touched
+            .keys()
+            .filter_map(|p| listing.get(p))
+            .filter(|s| s.linked)
+            .map(|s| s.stamp.0)
+            .collect();
+        let linked: Vec<PathBuf> = listing
+            .iter()
+            .filter(|(p, s)| (s.linked || inodes.contains(&s.stamp.0)) && !touched.contains_key(*p))
+            .filter(|(_, s)| !walk::is_dir(s))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in linked {
+            let was = match walk::stat_at(root, &p) {
+                Some(now) => listing.insert(p.clone(), now),
+                None => listing.remove(&p),
+            };
+            touched.insert(p, was);
+        }
+        if self.blind {
+            return Ok(None);
+        }
+        Ok(Some(touched))
+    }
+
+    /// Lists the directory `d` again: its children as they are now, a new
+    /// or replaced subdirectory whole (and watched), a gone one's subtree
+    /// out of the listing.
+    fn relist(
+        &mut self,
+        root: &OwnedFd,
+        d: &Path,
+        listing: &mut Listing,
+        touched: &mut Touched,
+    ) -> Result<(), HistoryError> {
+        let dir = match walk::open_dir(root, d) {
+            Ok(f) => f,
+            // Gone since: its parent's event relists the parent.
+            Err(_) => return Ok(()),
+        };
+        let now: Listing = walk::children_of(&dir, d)?.into_iter().collect();
+        let before: Vec<PathBuf> = walk::direct_children(listing, d);
+        for p in before.iter().filter(|p| !now.contains_key(*p)) {
+            for gone in walk::subtree(listing, p) {
+                let was = listing.remove(&gone);
+                touched.entry(gone).or_insert(was);
+            }
+        }
+        for (p, s) in now {
+            let was = listing.get(&p).cloned();
+            let replaced_dir =
+                walk::is_dir(&s) && was.as_ref().map(|w| w.stamp.0) != Some(s.stamp.0);
+            touched.entry(p.clone()).or_insert(was);
+            if replaced_dir {
+                for old in walk::subtree(listing, &p).into_iter().filter(|o| o != &p) {
+                    let was = listing.remove(&old);
+                    touched.entry(old).or_insert(was);
+                }
+                // Watched first, then listed: nothing made meanwhile is missed.
+                self.watch(root, &p);
+                for (q, qs) in walk::list_below(root, &p)? {
+                    if walk::is_dir(&qs) {
+                        self.watch(root, &q);
+                    }
+                    let was = listing.insert(q.clone(), qs);
+                    touched.entry(q).or_insert(was);
+                }
+            }
+            listing.insert(p, s);
+        }
+        if listing.len() > walk::MAX_ENTRIES {
+            return Err(HistoryError::TooLarge(walk::MAX_ENTRIES));
+        }
+        Ok(())
+    }
+}
