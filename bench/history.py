@@ -75,7 +75,7 @@ async def case(size: int, rounds: int) -> dict:
             await sc.initialize()
             stacks.append((cm, sc))
             if size:
-                await timed(sc, f"mkdir -p big && cd big && seq -f 'f%g' {size} | xargs touch")
+                await timed(sc, f"mkdir -p big && (cd big && seq -f 'f%g' {size} | xargs touch)")
             sessions[off] = (sc, env)
         times = {(off, k): [] for off in (False, True) for k in ("nothing", "one file")}
         for i in range(rounds):

@@ -40,10 +40,13 @@ pub(crate) struct Feed {
     ino: Inotify,
     /// Each watch's directory, relative to the root.
     dirs: HashMap<WatchDescriptor, PathBuf>,
-    /// Directories something happened in since the last checkpoint.
+    /// The entries something happened to since the last checkpoint (an
+    /// event names the entry in its directory).
     dirty: BTreeSet<PathBuf>,
     /// The feed cannot say: the next checkpoint lists everything.
     blind: bool,
+    /// The files listed with more than one name.
+    linked: BTreeSet<PathBuf>,
 }
 
 impl Feed {
@@ -56,6 +59,7 @@ impl Feed {
             dirs: HashMap::new(),
             dirty: BTreeSet::new(),
             blind: false,
+            linked: BTreeSet::new(),
         };
         f.arm(root, listing);
         Some(f)
@@ -66,6 +70,11 @@ impl Feed {
     pub(crate) fn arm(&mut self, root: &OwnedFd, listing: &Listing) {
         self.blind = false;
         self.dirty.clear();
+        self.linked = listing
+            .iter()
+            .filter(|(_, s)| s.linked)
+            .map(|(p, _)| p.clone())
+            .collect();
         let dirs = std::iter::once(PathBuf::new()).chain(
             listing
                 .iter()
@@ -118,7 +127,12 @@ impl Feed {
                     continue;
                 }
                 if let Some(d) = self.dirs.get(&e.wd) {
-                    self.dirty.insert(d.clone());
+                    match &e.name {
+                        Some(n) => self.dirty.insert(d.join(n)),
+                        // The directory itself (its modes, its removal).
+                        None if !d.as_os_str().is_empty() => self.dirty.insert(d.clone()),
+                        None => false,
+                    };
                 }
             }
         }
@@ -137,11 +151,13 @@ impl Feed {
             return Ok(None);
         }
         let mut touched = Touched::new();
-        for d in std::mem::take(&mut self.dirty) {
-            let is_dir = d.as_os_str().is_empty() || listing.get(&d).is_some_and(walk::is_dir);
-            if is_dir {
-                self.relist(root, &d, listing, &mut touched)?;
-            }
+        // Parents sort first: a new directory is listed whole before
+        // anything below it is looked at again.
+        for p in std::mem::take(&mut self.dirty) {
+            self.restat(root, &p, listing, &mut touched)?;
+        }
+        if listing.len() > walk::MAX_ENTRIES {
+            return Err(HistoryError::TooLarge(walk::MAX_ENTRIES));
         }
         // A file with more than one name changes by any of them: each name
         // of a linked file, and every other name of a touched one's inode,
@@ -152,12 +168,17 @@ impl Feed {
             .filter(|s| s.linked)
             .map(|s| s.stamp.0)
             .collect();
-        let linked: Vec<PathBuf> = listing
-            .iter()
-            .filter(|(p, s)| (s.linked || inodes.contains(&s.stamp.0)) && !touched.contains_key(*p))
-            .filter(|(_, s)| !walk::is_dir(s))
-            .map(|(p, _)| p.clone())
-            .collect();
+        let mut linked: BTreeSet<PathBuf> = self.linked.clone();
+        if !inodes.is_empty() {
+            // Names listed before the file got its second one.
+            linked.extend(
+                listing
+                    .iter()
+                    .filter(|(_, s)| inodes.contains(&s.stamp.0) && !walk::is_dir(s))
+                    .map(|(p, _)| p.clone()),
+            );
+        }
+        linked.retain(|p| !touched.contains_key(p));
         for p in linked {
             let was = match walk::stat_at(root, &p) {
                 Some(now) => listing.insert(p.clone(), now),
@@ -165,59 +186,55 @@ impl Feed {
             };
             touched.insert(p, was);
         }
+        for (p, _) in touched.iter() {
+            match listing.get(p) {
+                Some(s) if s.linked => self.linked.insert(p.clone()),
+                _ => self.linked.remove(p),
+            };
+        }
         if self.blind {
             return Ok(None);
         }
         Ok(Some(touched))
     }
 
-    /// Lists the directory `d` again: its children as they are now, a new
-    /// or replaced subdirectory whole (and watched), a gone one's subtree
-    /// out of the listing.
-    fn relist(
+    /// Looks at the entry `p` again: gone, its subtree goes; a new or
+    /// replaced directory is watched, then listed whole.
+    fn restat(
         &mut self,
         root: &OwnedFd,
-        d: &Path,
+        p: &Path,
         listing: &mut Listing,
         touched: &mut Touched,
     ) -> Result<(), HistoryError> {
-        let dir = match walk::open_dir(root, d) {
-            Ok(f) => f,
-            // Gone since: its parent's event relists the parent.
-            Err(_) => return Ok(()),
+        let now = walk::stat_at(root, p);
+        let was = listing.get(p).cloned();
+        let new_dir = now
+            .as_ref()
+            .is_some_and(|s| walk::is_dir(s) && was.as_ref().map(|w| w.stamp.0) != Some(s.stamp.0));
+        let was_dir = was.as_ref().is_some_and(walk::is_dir);
+        if now.is_none() || new_dir || (was_dir && !now.as_ref().is_some_and(walk::is_dir)) {
+            for old in walk::subtree(listing, p).into_iter().filter(|o| o != p) {
+                let w = listing.remove(&old);
+                touched.entry(old).or_insert(w);
+            }
+        }
+        touched.entry(p.to_path_buf()).or_insert(was);
+        let Some(s) = now else {
+            listing.remove(p);
+            return Ok(());
         };
-        let now: Listing = walk::children_of(&dir, d)?.into_iter().collect();
-        let before: Vec<PathBuf> = walk::direct_children(listing, d);
-        for p in before.iter().filter(|p| !now.contains_key(*p)) {
-            for gone in walk::subtree(listing, p) {
-                let was = listing.remove(&gone);
-                touched.entry(gone).or_insert(was);
-            }
-        }
-        for (p, s) in now {
-            let was = listing.get(&p).cloned();
-            let replaced_dir =
-                walk::is_dir(&s) && was.as_ref().map(|w| w.stamp.0) != Some(s.stamp.0);
-            touched.entry(p.clone()).or_insert(was);
-            if replaced_dir {
-                for old in walk::subtree(listing, &p).into_iter().filter(|o| o != &p) {
-                    let was = listing.remove(&old);
-                    touched.entry(old).or_insert(was);
+        listing.insert(p.to_path_buf(), s);
+        if new_dir {
+            // Watched first, then listed: nothing made meanwhile is missed.
+            self.watch(root, p);
+            for (q, qs) in walk::list_below(root, p)? {
+                if walk::is_dir(&qs) {
+                    self.watch(root, &q);
                 }
-                // Watched first, then listed: nothing made meanwhile is missed.
-                self.watch(root, &p);
-                for (q, qs) in walk::list_below(root, &p)? {
-                    if walk::is_dir(&qs) {
-                        self.watch(root, &q);
-                    }
-                    let was = listing.insert(q.clone(), qs);
-                    touched.entry(q).or_insert(was);
-                }
+                let w = listing.insert(q.clone(), qs);
+                touched.entry(q).or_insert(w);
             }
-            listing.insert(p, s);
-        }
-        if listing.len() > walk::MAX_ENTRIES {
-            return Err(HistoryError::TooLarge(walk::MAX_ENTRIES));
         }
         Ok(())
     }

@@ -151,15 +151,6 @@ pub(crate) fn subtree(listing: &Listing, p: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The direct children of the directory `d` in `listing`.
-pub(crate) fn direct_children(listing: &Listing, d: &Path) -> Vec<PathBuf> {
-    let depth = d.components().count() + 1;
-    subtree(listing, d)
-        .into_iter()
-        .filter(|q| q.components().count() == depth)
-        .collect()
-}
-
 /// Opens the directory `rel` beneath `root` (no link on the way).
 pub(crate) fn open_dir(root: &impl AsFd, rel: &Path) -> Result<OwnedFd, HistoryError> {
     beneath(root, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
