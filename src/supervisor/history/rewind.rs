@@ -65,7 +65,7 @@ fn set_opaque(fd: &OwnedFd, on: bool) -> std::io::Result<()> {
 pub(crate) fn rewind(h: &mut History, n: u64) -> Result<(Line, Line), HistoryError> {
     let target = h.state_at(n)?;
     let before = h.take(&cause("(before rewind)", n))?;
-    let current = h.state_at(before.n)?;
+    let current = h.state().clone();
     // Nothing is written unless all of it can be.
     if let Some((p, _)) = target
         .iter()
@@ -85,9 +85,10 @@ pub(crate) fn rewind(h: &mut History, n: u64) -> Result<(Line, Line), HistoryErr
         }
     }
     dir_modes(&root, &target)?;
-    h.forget_listing();
     let after = h.take(&cause("(rewind)", n))?;
-    if h.state_at(after.n)? != target {
+    // Its own writes changed every entry they made (a new inode, a new
+    // ctime): the checkpoint after reads exactly those.
+    if *h.state() != target {
         return Err(HistoryError::io(
             "rewinding",
             h.writes(),
