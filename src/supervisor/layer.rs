@@ -311,6 +311,9 @@ pub(crate) fn create(
             Ok(Some(Made { dir, copy, live }))
         }
         Err(e) => {
+            if let Some((LayerFrom::Resume(_), (src, ..))) = &source {
+                super::layer_from::undo(src, &staging);
+            }
             let _ = remove(&staging);
             Err(e)
         }

@@ -88,6 +88,12 @@ pub(crate) fn fill(from: &LayerFrom, src: &Path, staging: &Path) -> Result<(), L
     for part in ["upper", "history"] {
         let (a, b) = (src.join(part), staging.join(part));
         if !a.exists() {
+            if part == "upper" {
+                return Err(refuse(format!(
+                    "{} is missing: the layer holds no work to go on from",
+                    a.display()
+                )));
+            }
             continue;
         }
         match from {
@@ -149,11 +155,36 @@ pub(super) fn fill_from(
         id: id.to_string(),
         workspace: policy.workspace.clone(),
         profile: policy.name.clone(),
-        held_names: policy.guard.names.clone(),
+        // The names held back under the old profile too: a profile that
+        // protects fewer does not let through what was written under it.
+        held_names: {
+            let mut n = old.held_names.clone();
+            n.extend(policy.guard.names.iter().cloned());
+            n.sort();
+            n.dedup();
+            n
+        },
         copy: None,
         from: Some((old.id.clone(), from.word().to_string())),
         ..old.clone()
     };
     super::layer::write_meta(dir, &meta)?;
     Ok(live)
+}
+
+/// A resume that failed after it moved the source's parts into `staging`:
+/// they go back, so the kept work is never removed with the staging.
+pub(crate) fn undo(src: &Path, staging: &Path) {
+    for part in ["upper", "history"] {
+        let (a, b) = (staging.join(part), src.join(part));
+        if a.exists() && !b.exists() {
+            if let Err(e) = std::fs::rename(&a, &b) {
+                tracing::error!(
+                    "the resumed layer's {part} could not be put back in {}: {e}; it is in {}",
+                    b.display(),
+                    a.display()
+                );
+            }
+        }
+    }
 }

@@ -47,43 +47,48 @@ pub(crate) struct Feed {
     blind: bool,
     /// The files listed with more than one name.
     linked: BTreeSet<PathBuf>,
+    /// Checkpoints since the last whole listing.
+    full: u32,
 }
+
+/// Every this many checkpoints the layer is listed whole (stat only: what
+/// no event named — a write through a shared mapping, asynchronous I/O on
+/// the overlay — is found by its ctime within this many calls).
+const WHOLE_EVERY: u32 = 32;
+
+/// Events one checkpoint reads at most; past it the feed cannot say.
+const EVENTS_MAX: usize = 1 << 17;
 
 impl Feed {
     /// A feed watching `root` and every directory `listing` holds; None
     /// without inotify.
-    pub(crate) fn new(root: &OwnedFd, listing: &Listing) -> Option<Feed> {
+    pub(crate) fn new() -> Option<Feed> {
         let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
-        let mut f = Feed {
+        Some(Feed {
             ino,
             dirs: HashMap::new(),
             dirty: BTreeSet::new(),
             blind: false,
             linked: BTreeSet::new(),
-        };
-        f.arm(root, listing);
-        Some(f)
+            full: 0,
+        })
     }
 
-    /// Watches `root` and every directory of `listing` (after a full
-    /// listing); the feed sees again.
-    pub(crate) fn arm(&mut self, root: &OwnedFd, listing: &Listing) {
+    /// A whole listing, each directory watched before it is read: the feed
+    /// sees again from here.
+    pub(crate) fn list_all(&mut self, root: &OwnedFd) -> Result<Listing, HistoryError> {
         self.blind = false;
         self.dirty.clear();
+        self.full = 0;
+        // Events during the listing stay queued: the next checkpoint looks
+        // at those entries again.
+        let listing = walk::list_watching(root, Path::new(""), &mut |d| self.watch(root, d))?;
         self.linked = listing
             .iter()
             .filter(|(_, s)| s.linked)
             .map(|(p, _)| p.clone())
             .collect();
-        let dirs = std::iter::once(PathBuf::new()).chain(
-            listing
-                .iter()
-                .filter(|(_, s)| walk::is_dir(s))
-                .map(|(p, _)| p.clone()),
-        );
-        for d in dirs {
-            self.watch(root, &d);
-        }
+        Ok(listing)
     }
 
     fn watch(&mut self, root: &OwnedFd, rel: &Path) {
@@ -112,11 +117,18 @@ impl Feed {
 
     /// Reads what happened; marks the directories it happened in.
     fn drain(&mut self) {
+        let mut read = 0usize;
         loop {
+            if read > EVENTS_MAX {
+                self.blind = true;
+                self.dirty.clear();
+                return;
+            }
             let events = match self.ino.read_events() {
                 Ok(e) if !e.is_empty() => e,
                 _ => return,
             };
+            read += events.len();
             for e in events {
                 if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                     self.blind = true;
@@ -147,7 +159,8 @@ impl Feed {
         listing: &mut Listing,
     ) -> Result<Option<Touched>, HistoryError> {
         self.drain();
-        if self.blind {
+        self.full += 1;
+        if self.blind || self.full >= WHOLE_EVERY {
             return Ok(None);
         }
         let mut touched = Touched::new();
@@ -226,12 +239,10 @@ impl Feed {
         };
         listing.insert(p.to_path_buf(), s);
         if new_dir {
-            // Watched first, then listed: nothing made meanwhile is missed.
-            self.watch(root, p);
-            for (q, qs) in walk::list_below(root, p)? {
-                if walk::is_dir(&qs) {
-                    self.watch(root, &q);
-                }
+            // Each directory watched before it is read: nothing made
+            // meanwhile is missed.
+            let below = walk::list_watching(root, p, &mut |d| self.watch(root, d))?;
+            for (q, qs) in below {
                 let w = listing.insert(q.clone(), qs);
                 touched.entry(q).or_insert(w);
             }

@@ -111,13 +111,15 @@ impl History {
                 (listing, delta, folded)
             }
             None => {
-                let listing = walk::list(&root)?;
+                if self.feed.is_none() {
+                    self.feed = super::feed::Feed::new();
+                }
+                let listing = match self.feed.as_mut() {
+                    Some(f) => f.list_all(&root)?,
+                    None => walk::list(&root)?,
+                };
                 let (delta, state, folded) = self.compare(&root, &listing, &mut stored)?;
                 self.state = state;
-                match self.feed.as_mut() {
-                    Some(f) => f.arm(&root, &listing),
-                    None => self.feed = super::feed::Feed::new(&root, &listing),
-                }
                 (listing, delta, folded)
             }
         };

@@ -177,3 +177,62 @@ fn the_store_folds_its_oldest_checkpoints_at_its_bound() {
     assert!(!writes.join("late").exists(), "{after:?}");
     assert_eq!(std::fs::read(writes.join("f")).unwrap(), vec![8u8; 3000]);
 }
+
+/// A file deeper than the kernel takes a path at once (17 directories of
+/// 255 bytes: over 4,096) is listed, kept, and rewound like any other.
+/// Control: the path itself is too long for one open.
+#[test]
+fn a_path_longer_than_the_kernel_takes_is_kept_and_rewound() {
+    use std::os::fd::AsFd;
+    let t = tempfile::tempdir().unwrap();
+    let (layer, writes) = (t.path().join("layer"), t.path().join("writes"));
+    std::fs::create_dir_all(&layer).unwrap();
+    std::fs::create_dir_all(&writes).unwrap();
+    let mut h = History::open(&layer, &writes, u64::MAX).unwrap();
+    let name = "d".repeat(255);
+    let root = crate::sandbox::beneath::open_root(&writes).unwrap();
+    let mut fd = root.try_clone().unwrap();
+    let mut rel = std::path::PathBuf::new();
+    for _ in 0..17 {
+        nix::sys::stat::mkdirat(
+            fd.as_fd(),
+            name.as_str(),
+            nix::sys::stat::Mode::from_bits_truncate(0o755),
+        )
+        .unwrap();
+        fd =
+            crate::sandbox::beneath::beneath(&fd, Path::new(&name), nix::fcntl::OFlag::O_DIRECTORY)
+                .unwrap();
+        rel.push(&name);
+    }
+    let f = nix::fcntl::openat(
+        &fd,
+        "deep",
+        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    nix::unistd::write(&f, b"deep").unwrap();
+    drop(f);
+    let deep = rel.join("deep");
+    assert!(
+        crate::sandbox::beneath::beneath(&root, &deep, nix::fcntl::OFlag::O_RDONLY).is_err(),
+        "control: one open takes it"
+    );
+    let l = h.take(&cause()).unwrap();
+    assert!(h.state().contains_key(&deep), "{l:?}");
+    nix::unistd::unlinkat(&fd, "deep", nix::unistd::UnlinkatFlags::NoRemoveDir).unwrap();
+    h.take(&cause()).unwrap();
+    assert!(!h.state().contains_key(&deep));
+    rewind(&mut h, l.n).unwrap();
+    let back = nix::fcntl::openat(
+        &fd,
+        "deep",
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(back), &mut text).unwrap();
+    assert_eq!(text, "deep");
+}

@@ -101,12 +101,27 @@ pub(crate) fn list(root: &OwnedFd) -> Result<Listing, HistoryError> {
 /// Lists every entry below the directory `start` (relative to `root`; not
 /// `start` itself) without following a link.
 pub(crate) fn list_below(root: &OwnedFd, start: &Path) -> Result<Listing, HistoryError> {
+    list_watching(root, start, &mut |_: &Path| {})
+}
+
+/// [`list_below`], calling `before` on each directory (`start` too)
+/// before its entries are read (the feed watches it there: nothing made
+/// after the read is missed).
+pub(crate) fn list_watching(
+    root: &OwnedFd,
+    start: &Path,
+    before: &mut dyn FnMut(&Path),
+) -> Result<Listing, HistoryError> {
     let mut out = Listing::new();
     let mut stack = vec![start.to_path_buf()];
     while let Some(rel) = stack.pop() {
-        let Ok(dir) = open_dir(root, &rel) else {
+        before(&rel);
+        let dir = match open_dir_errno(root, &rel) {
+            Ok(d) => d,
             // Gone (or replaced) since it was listed: the next event says.
-            continue;
+            Err(nix::errno::Errno::ENOENT) | Err(nix::errno::Errno::ENOTDIR) => continue,
+            // Anything else fails the checkpoint: nothing is skipped unsaid.
+            Err(e) => return Err(HistoryError::io("opening the directory", &rel, e.into())),
         };
         for (path, s) in children_of(&dir, &rel)? {
             if is_dir(&s) {
@@ -152,9 +167,19 @@ pub(crate) fn subtree(listing: &Listing, p: &Path) -> Vec<PathBuf> {
 }
 
 /// Opens the directory `rel` beneath `root` (no link on the way).
+/// One component at a time (a path longer than the kernel takes at once,
+/// which an agent can make, is still opened).
 pub(crate) fn open_dir(root: &impl AsFd, rel: &Path) -> Result<OwnedFd, HistoryError> {
-    beneath(root, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
-        .map_err(|e| HistoryError::io("opening the directory", rel, e.into()))
+    open_dir_errno(root, rel).map_err(|e| HistoryError::io("opening the directory", rel, e.into()))
+}
+
+fn open_dir_errno(root: &impl AsFd, rel: &Path) -> nix::Result<OwnedFd> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
+    let mut fd = beneath(root, Path::new(""), flags)?;
+    for c in rel.components() {
+        fd = beneath(&fd, Path::new(c.as_os_str()), flags)?;
+    }
+    Ok(fd)
 }
 
 fn children(dir: &OwnedFd, rel: &Path) -> Result<Vec<(PathBuf, FileStat)>, HistoryError> {
