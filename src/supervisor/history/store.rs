@@ -163,22 +163,8 @@ impl History {
     ) -> Result<(Delta, State, Option<u64>), HistoryError> {
         let mut delta = Delta::default();
         let mut state = State::new();
-        let objects = self.dir.join("objects");
-        let (dir, bound, last) = (&self.dir, self.bound, self.last.0);
-        let mut used = self.used;
-        let mut folded = None;
-        let mut fresh = std::collections::HashSet::new();
-        let mut store = |fd: OwnedFd, size: u64| {
-            make_room_for(dir, last, bound, size, &fresh, &mut used, &mut folded)?;
-            if used.saturating_add(size) > bound {
-                return Ok(None);
-            }
-            let before = *stored;
-            let name = store_object(&objects, fd, size, stored)?;
-            used += *stored - before;
-            fresh.insert(name.clone());
-            Ok(Some(name))
-        };
+        let mut keeper = Keeper::new(&self.dir, self.bound, self.last.0, self.used, stored);
+        let mut store = |fd: OwnedFd, size: u64| keeper.keep(fd, size);
         for (path, s) in listing {
             let before = self.state.get(path);
             let racy = s.stamp.1 + RACY_NS >= self.listed_at;
@@ -200,7 +186,7 @@ impl History {
             .map(|p| hex_of(p))
             .collect();
 
-        Ok((delta, state, folded))
+        Ok((delta, state, keeper.folded))
     }
 
     /// The listing as the feed brings it up to date, and what may have
@@ -243,22 +229,9 @@ impl History {
         stored: &mut u64,
     ) -> Result<(Delta, Option<u64>), HistoryError> {
         let mut delta = Delta::default();
-        let objects = self.dir.join("objects");
-        let (dir, bound, last) = (self.dir.clone(), self.bound, self.last.0);
-        let mut used = self.used;
-        let mut folded = None;
-        let mut fresh = std::collections::HashSet::new();
-        let mut store = |fd: OwnedFd, size: u64| {
-            make_room_for(&dir, last, bound, size, &fresh, &mut used, &mut folded)?;
-            if used.saturating_add(size) > bound {
-                return Ok(None);
-            }
-            let before = *stored;
-            let name = store_object(&objects, fd, size, stored)?;
-            used += *stored - before;
-            fresh.insert(name.clone());
-            Ok(Some(name))
-        };
+        let dir = self.dir.clone();
+        let mut keeper = Keeper::new(&dir, self.bound, self.last.0, self.used, stored);
+        let mut store = |fd: OwnedFd, size: u64| keeper.keep(fd, size);
         for (path, was) in touched {
             let before = self.state.get(path).cloned();
             let node = match listing.get(path) {
@@ -284,7 +257,7 @@ impl History {
                 None => {}
             }
         }
-        Ok((delta, folded))
+        Ok((delta, keeper.folded))
     }
 
     /// Every line of the log.
@@ -323,6 +296,58 @@ impl History {
         let folded = super::rewind::fold(&self.dir, last, self.bound, &Default::default());
         self.used = objects_bytes(&objects);
         folded
+    }
+}
+
+/// What one checkpoint stores: objects within the bound, folding the
+/// oldest checkpoints to make room first.
+struct Keeper<'a> {
+    dir: &'a Path,
+    objects: PathBuf,
+    bound: u64,
+    last: u64,
+    used: u64,
+    stored: &'a mut u64,
+    /// Objects this checkpoint stored (a fold keeps them).
+    fresh: std::collections::HashSet<String>,
+    /// The last checkpoint folded to make room, if any.
+    folded: Option<u64>,
+}
+
+impl<'a> Keeper<'a> {
+    fn new(dir: &'a Path, bound: u64, last: u64, used: u64, stored: &'a mut u64) -> Self {
+        Keeper {
+            dir,
+            objects: dir.join("objects"),
+            bound,
+            last,
+            used,
+            stored,
+            fresh: Default::default(),
+            folded: None,
+        }
+    }
+
+    /// Stores the content of `fd` (`size` bytes); None: no room for it.
+    fn keep(&mut self, fd: OwnedFd, size: u64) -> Result<Option<String>, HistoryError> {
+        let (dir, last, bound) = (self.dir, self.last, self.bound);
+        make_room_for(
+            dir,
+            last,
+            bound,
+            size,
+            &self.fresh,
+            &mut self.used,
+            &mut self.folded,
+        )?;
+        if self.used.saturating_add(size) > bound {
+            return Ok(None);
+        }
+        let before = *self.stored;
+        let name = store_object(&self.objects, fd, size, self.stored)?;
+        self.used += *self.stored - before;
+        self.fresh.insert(name.clone());
+        Ok(Some(name))
     }
 }
 
