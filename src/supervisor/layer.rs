@@ -249,9 +249,8 @@ pub(crate) fn create(
         return match from {
             None => Ok(None),
             Some(f) => Err(LayerError::From(format!(
-                "serve --{}: only a copy-on-write workspace has a layer to go on from (this one is {:?})",
-                if f.word() == "resumed" { "resume" } else { "fork" },
-                policy.workspace_mode
+                "serve --{}: only a copy-on-write workspace has a layer to go on from, and this one is live; drop --workspace-mode live",
+                f.flag()
             ))),
         };
     }

@@ -27,6 +27,14 @@ impl LayerFrom {
         }
     }
 
+    /// The option that asked for it (`resume`, `fork`).
+    pub(crate) fn flag(&self) -> &'static str {
+        match self {
+            LayerFrom::Resume(_) => "resume",
+            LayerFrom::Fork(_) => "fork",
+        }
+    }
+
     /// `resumed` or `forked`, as `meta.json` and `sandbox_status` say it.
     pub(crate) fn word(&self) -> &'static str {
         match self {
