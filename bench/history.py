@@ -14,7 +14,8 @@ MCP Python SDK) as the call's round trip, interleaved between the two
 instances. After the instance ends, `sandmux rewind ID N` to the
 checkpoint before the last call is timed as a whole process.
 
-Reported: medians per case and the paired ratio on/off. Nothing is
+Reported: medians and means per case (the mean carries the whole listing
+every 32nd checkpoint) and the paired ratio of medians on/off. Nothing is
 asserted. Usage: SANDMUX_BIN=target/release/sandmux python3 bench/history.py
 [--rounds R] [--sizes 0,10000,100000]
 """
@@ -86,7 +87,7 @@ async def case(size: int, rounds: int) -> dict:
                 times[(off, "one file")].append(await timed(sc, "echo x >> f"))
         for k in ("nothing", "one file"):
             on, no = statistics.median(times[(False, k)]), statistics.median(times[(True, k)])
-            out[k] = (on, no)
+            out[k] = (on, no, statistics.mean(times[(False, k)]), statistics.mean(times[(True, k)]))
         st = await sessions[False][0].call_tool("sandbox_status", {})
         lid = re.search(r"sandmux diff (\w+)", str(st.structured_content)).group(1)
     finally:
@@ -110,14 +111,14 @@ def main() -> int:
     a = ap.parse_args()
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# bench/history.py, sandmux {rev}, {BIN}, {a.rounds} rounds")
-    print("| layer files | call | history on (median) | off (median) | on/off | rewind of the last call |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| layer files | call | history on (median) | off (median) | on/off | on (mean) | off (mean) | rewind of the last call |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for size in [int(x) for x in a.sizes.split(",")]:
         r = asyncio.run(case(size, a.rounds))
         rw, code = r["rewind"]
         for k in ("nothing", "one file"):
-            on, off = r[k]
-            print(f"| {size:,} | `run_command` that changes {k} | {on*1000:.1f} ms | {off*1000:.1f} ms | {on/off:.2f}x | {rw*1000:.0f} ms (exit {code}) |", flush=True)
+            on, off, mon, moff = r[k]
+            print(f"| {size:,} | `run_command` that changes {k} | {on*1000:.1f} ms | {off*1000:.1f} ms | {on/off:.2f}x | {mon*1000:.1f} ms | {moff*1000:.1f} ms | {rw*1000:.0f} ms (exit {code}) |", flush=True)
     return 0
 
 

@@ -206,6 +206,10 @@ impl Feed {
             };
         }
         if self.blind {
+            // A watch failed half-way: the listing was partly brought up to
+            // date, so it is no measure for the whole listing that follows
+            // (every entry is read again).
+            listing.clear();
             return Ok(None);
         }
         Ok(Some(touched))

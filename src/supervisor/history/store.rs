@@ -204,8 +204,16 @@ impl History {
         let mut listing = std::mem::take(&mut self.seen);
         match f.patch(root, &mut listing) {
             Ok(Some(t)) => Ok(Some((listing, t))),
-            Ok(None) => Ok(None),
-            Err(e) => Err(e),
+            // A whole listing next: it compares with what was listed (only
+            // entries whose stamps moved are read again).
+            Ok(None) => {
+                self.seen = listing;
+                Ok(None)
+            }
+            Err(e) => {
+                self.seen.clear();
+                Err(e)
+            }
         }
     }
 

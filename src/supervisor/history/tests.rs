@@ -236,3 +236,26 @@ fn a_path_longer_than_the_kernel_takes_is_kept_and_rewound() {
     std::io::Read::read_to_string(&mut std::fs::File::from(back), &mut text).unwrap();
     assert_eq!(text, "deep");
 }
+
+/// Past 32 checkpoints the feed hands over to a whole listing once and
+/// takes up again: nothing is missed on either side of it.
+#[test]
+fn the_whole_listing_every_32nd_checkpoint_misses_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (layer, writes) = (t.path().join("layer"), t.path().join("writes"));
+    std::fs::create_dir_all(writes.join("d")).unwrap();
+    std::fs::create_dir_all(&layer).unwrap();
+    let mut h = History::open(&layer, &writes, u64::MAX).unwrap();
+    for i in 0..70u32 {
+        std::fs::write(
+            writes.join("d").join(format!("f{}", i % 5)),
+            i.to_le_bytes(),
+        )
+        .unwrap();
+        let l = h.take(&cause()).unwrap();
+        assert_eq!(l.changed, 1, "checkpoint {}", l.n);
+    }
+    h.forget_listing();
+    let all = h.take(&cause()).unwrap();
+    assert_eq!((all.changed, all.removed), (0, 0));
+}
