@@ -48,6 +48,24 @@ const PANE_FIELDS: &[Field] = &[
     ("pane_bottom", false),
 ];
 
+/// One pane as a whole result or a part of one (`get_pane_info`,
+/// `find_pane_by_position`, `snapshot_pane`'s `pane`): a [`PaneRow`] whose
+/// fields are published once, in `list_panes`' items; here its schema is
+/// only "an object" and the tool's description points there (three more
+/// copies cost every conversation 2.4 KB of `tools/list`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub(crate) struct OnePane(pub PaneRow);
+
+impl JsonSchema for OnePane {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "OnePane".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "object" })
+    }
+}
+
 /// One pane.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 pub(crate) struct PaneRow {

@@ -131,11 +131,12 @@ def assert_no_nulls(v, where):
 def hints(t):
     """A tool's hints as the spec reads them: an absent hint has its default
     (readOnly false, destructive true, idempotent false, openWorld true), and
-    destructive means nothing for a read-only tool."""
+    destructive and idempotent mean nothing for a read-only tool."""
     a = t.annotations
     ro = bool(a.read_only_hint)
     d = None if ro else (True if a.destructive_hint is None else a.destructive_hint)
-    return ro, d, bool(a.idempotent_hint), True if a.open_world_hint is None else a.open_world_hint
+    i = None if ro else bool(a.idempotent_hint)
+    return ro, d, i, True if a.open_world_hint is None else a.open_world_hint
 
 
 async def test_annotations_are_precise(ws):
@@ -147,7 +148,12 @@ async def test_annotations_are_precise(ws):
         assert hints(tools[name])[:2] == (False, True), name
     assert hints(tools["create_session"])[1] is False
     assert hints(tools["capture_pane"])[3] is True
-    assert hints(tools["list_panes"])[2:] == (True, False)
+    assert hints(tools["list_panes"])[3] is False
+    # Hints that mean nothing are not sent (the default surface's budget).
+    assert tools["list_panes"].annotations.idempotent_hint is None
+    assert tools["list_panes"].annotations.destructive_hint is None
+    assert hints(tools["rename_window"])[1:3] == (True, True)
+    assert hints(tools["create_session"])[2] is False
 
 
 async def test_run_command_statuses_quoting_and_truncation(ws):

@@ -48,7 +48,8 @@ fn annotations(ro: bool, destructive: bool, idempotent: bool, open: bool) -> Too
     if !ro && !destructive {
         a = a.destructive(false);
     }
-    if idempotent {
+    // So is idempotent ("meaningful only when readOnlyHint == false").
+    if !ro && idempotent {
         a = a.idempotent(true);
     }
     if !open {

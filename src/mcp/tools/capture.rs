@@ -117,6 +117,7 @@ pub(crate) struct Snapshot {
 #[derive(Debug, Serialize, JsonSchema)]
 pub(crate) struct SnapshotResult {
     /// Pane metadata.
+    #[schemars(with = "targets::OnePane")]
     pub pane: PaneRow,
     /// Content.
     pub content: Capped,

@@ -6,7 +6,7 @@ use super::{dim, done, kill, Done};
 use crate::mcp::bounds::Adds;
 use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
-use crate::mcp::targets::{self, PaneRow, PaneSel, SessionSel, WindowSel};
+use crate::mcp::targets::{self, OnePane, PaneRow, PaneSel, SessionSel, WindowSel};
 use crate::mcp::text;
 use crate::tmux::hub::Cmd;
 use schemars::JsonSchema;
@@ -59,8 +59,8 @@ pub(crate) struct PaneArgs {
 }
 
 /// One pane's metadata.
-pub(crate) async fn get_pane_info(c: &Call<'_>, a: PaneArgs) -> Result<PaneRow, ToolError> {
-    targets::pane(c, &a.p).await
+pub(crate) async fn get_pane_info(c: &Call<'_>, a: PaneArgs) -> Result<OnePane, ToolError> {
+    targets::pane(c, &a.p).await.map(OnePane)
 }
 
 /// `find_pane_by_position`.
@@ -73,7 +73,7 @@ pub(crate) struct FindPane {
 }
 
 /// The pane at a window corner.
-pub(crate) async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<PaneRow, ToolError> {
+pub(crate) async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<OnePane, ToolError> {
     let w = targets::window(c, &a.w).await?;
     let panes: Vec<PaneRow> = targets::panes(c)
         .await?
@@ -92,6 +92,7 @@ pub(crate) async fn find_pane_by_position(c: &Call<'_>, a: FindPane) -> Result<P
     panes
         .into_iter()
         .min_by_key(key)
+        .map(OnePane)
         .ok_or_else(|| ToolError::not_found("pane", "call list_panes"))
 }
 
