@@ -5,7 +5,7 @@ use crate::profile::{self, Context};
 use crate::sandbox::{EXIT_INTERNAL, EXIT_USAGE};
 use clap::Subcommand;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -54,93 +54,107 @@ pub(crate) enum ProfileCmd {
 /// Prints an error (through `term`: it may quote what the agent chose).
 pub(crate) fn profile_cmd(cmd: ProfileCmd) -> ExitCode {
     match cmd {
-        ProfileCmd::List => {
-            for (name, text) in profile::BUILTINS {
-                let d = profile::parse(name, text)
-                    .map(|p| p.description)
-                    .unwrap_or_default();
-                println!("{name:<12} builtin  {d}");
-            }
-            if let Ok(rd) = std::fs::read_dir(profile::config_dir()) {
-                for e in rd.flatten() {
-                    let p = e.path();
-                    if p.extension().and_then(|x| x.to_str()) == Some("toml") {
-                        let d = match profile::load_file(&p) {
-                            Ok(l) => l.profile.description,
-                            Err(e) => format!("INVALID: {e}"),
-                        };
-                        let stem = p
-                            .file_stem()
-                            .unwrap_or_default()
-                            .to_string_lossy()
-                            .into_owned();
-                        let note = if profile::BUILTINS.iter().any(|(n, _)| *n == stem) {
-                            " (NOT USED: the built-in of this name wins; rename the file)"
-                        } else {
-                            ""
-                        };
-                        println!("{stem:<12} user     {d}{note}");
-                    }
-                }
-            }
-            ExitCode::SUCCESS
-        }
+        ProfileCmd::List => list(),
         ProfileCmd::Show {
             name,
             resolved,
             format,
             workspace,
-        } => {
-            let loaded = match profile::load(&name) {
-                Ok(l) => l,
-                Err(e) => return fail(EXIT_USAGE, e),
-            };
-            if !resolved {
-                print!("{}", loaded.text);
-                return ExitCode::SUCCESS;
-            }
-            let ws = match profile::check_workspace(&workspace.unwrap_or_else(|| ".".into())) {
-                Ok(w) => w,
-                Err(e) => return fail(EXIT_USAGE, e),
-            };
-            let mut policy = match loaded.resolve(&Context::of(ws, crate::guard::planner)) {
-                Ok(p) => p,
-                Err(e) => return fail(EXIT_USAGE, e),
-            };
-            if policy.workspace_mode.has_door() {
-                // Made when an instance starts: shown with its placeholders.
-                policy.layer = Some("{state}/layers/{id}".into());
-            }
-            match crate::sandbox::view::resolved(&policy, &format) {
-                // Paths can be the agent's: escaped for terminals either way.
-                Ok(text) if format == "json" => {
-                    println!("{}", crate::term::inert_json(text));
-                    ExitCode::SUCCESS
-                }
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(EXIT_INTERNAL, e),
-            }
-        }
-        ProfileCmd::Validate { file } => match profile::load_file(&file) {
-            Ok(l) => {
-                println!(
-                    "{}: valid (version {}): {}",
-                    file.display(),
-                    l.profile.version,
-                    l.profile.description
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(EXIT_USAGE, e),
-        },
+        } => show(&name, resolved, &format, workspace),
+        ProfileCmd::Validate { file } => validate(&file),
         ProfileCmd::Mirror {
             name,
             write,
             as_name,
         } => mirror(&name, write, as_name),
+    }
+}
+
+/// `sandmux profile list`: the built-ins, then the user's files (an
+/// invalid one says why; one a built-in shadows says so).
+fn list() -> ExitCode {
+    for (name, text) in profile::BUILTINS {
+        let d = profile::parse(name, text)
+            .map(|p| p.description)
+            .unwrap_or_default();
+        println!("{name:<12} builtin  {d}");
+    }
+    let Ok(rd) = std::fs::read_dir(profile::config_dir()) else {
+        return ExitCode::SUCCESS;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("toml") {
+            continue;
+        }
+        let d = match profile::load_file(&p) {
+            Ok(l) => l.profile.description,
+            Err(e) => format!("INVALID: {e}"),
+        };
+        let stem = p
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let note = if profile::BUILTINS.iter().any(|(n, _)| *n == stem) {
+            " (NOT USED: the built-in of this name wins; rename the file)"
+        } else {
+            ""
+        };
+        println!("{stem:<12} user     {d}{note}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// `sandmux profile show NAME [--resolved]`.
+fn show(name: &str, resolved: bool, format: &str, workspace: Option<PathBuf>) -> ExitCode {
+    let loaded = match profile::load(name) {
+        Ok(l) => l,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    if !resolved {
+        print!("{}", loaded.text);
+        return ExitCode::SUCCESS;
+    }
+    let ws = match profile::check_workspace(&workspace.unwrap_or_else(|| ".".into())) {
+        Ok(w) => w,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    let mut policy = match loaded.resolve(&Context::of(ws, crate::guard::planner)) {
+        Ok(p) => p,
+        Err(e) => return fail(EXIT_USAGE, e),
+    };
+    if policy.workspace_mode.has_door() {
+        // Made when an instance starts: shown with its placeholders.
+        policy.layer = Some("{state}/layers/{id}".into());
+    }
+    match crate::sandbox::view::resolved(&policy, format) {
+        // Paths can be the agent's: escaped for terminals either way.
+        Ok(text) if format == "json" => {
+            println!("{}", crate::term::inert_json(text));
+            ExitCode::SUCCESS
+        }
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(EXIT_INTERNAL, e),
+    }
+}
+
+/// `sandmux profile validate FILE`.
+fn validate(file: &Path) -> ExitCode {
+    match profile::load_file(file) {
+        Ok(l) => {
+            println!(
+                "{}: valid (version {}): {}",
+                file.display(),
+                l.profile.version,
+                l.profile.description
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(EXIT_USAGE, e),
     }
 }
 

@@ -17,6 +17,7 @@
 use crate::sandbox::beneath::{beneath, entries};
 use nix::fcntl::OFlag;
 use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
@@ -72,48 +73,13 @@ pub(crate) fn fetch(
     id: &str,
     (check, made): (Check<'_>, bool),
 ) -> Result<Fetched, String> {
-    let lower = &trees.lower;
     let top = crate::supervisor::layer::writes(layer);
     let upper_git = top.join(root).join(".git");
-    // Every directory on the way is the layer's own, never a link.
-    let mut at = top.clone();
-    for c in root.join(".git").components() {
-        at.push(c);
-        if !real_dir(&at) {
-            return Err(format!("{}: not a directory of the layer", at.display()));
-        }
-    }
-    // ... and the host's, the workspace's own directories (a link there
-    // is the human's, to anywhere: git never runs through it).
-    beneath(lower, root, OFlag::O_PATH | OFlag::O_DIRECTORY)
-        .map_err(|e| format!("not a plain directory of the workspace ({e})"))?;
+    plain_on_both_sides(&trees.lower, &top, root)?;
     let host_dir = ws.join(root);
     let host_git = host_dir.join(".git");
     let mut refs = read_refs(&upper_git, &host_git)?;
-    let fresh = match std::fs::symlink_metadata(&host_git) {
-        Ok(m) if m.is_dir() => false,
-        Ok(_) => {
-            return Err(format!(
-                "{}: not a directory on the host",
-                host_git.display()
-            ))
-        }
-        Err(_) => true,
-    };
-    let host = if fresh {
-        // A directory the human had, inside the human's repository: a
-        // repository made there would take the human's git commands.
-        let inside = git_out(&host_dir, &["rev-parse", "--show-toplevel"]);
-        if let (Ok(top), false) = (inside, made) {
-            return Err(format!(
-                "it lies inside the repository at {}: its commits stay in the layer",
-                top.trim()
-            ));
-        }
-        Vec::new()
-    } else {
-        read_refs(&host_git, &host_git)?
-    };
+    let (fresh, host) = host_refs(&host_dir, &host_git, made)?;
     // Only what the agent moved: the host's own refs stay out.
     refs.retain(|r| !host.contains(r));
     if refs.is_empty() {
@@ -133,37 +99,101 @@ pub(crate) fn fetch(
         super::history::refuse_held(&tmp, &mut refs, &tips, root, check)
     })
     .and_then(|refused| {
-        if refs.is_empty() {
-            return Ok((String::new(), refused));
-        }
-        let to = if fresh {
-            "refs/heads".to_string()
-        } else {
-            format!("refs/sandmux/{id}")
+        let to = match refs.is_empty() {
+            true => String::new(),
+            false => fetch_staged(&tmp, &host_dir, fresh, id)?,
         };
-        if fresh {
-            git(&host_dir, &["init", "-q"])?;
-        }
-        let spec = format!("+refs/heads/*:{to}/*");
-        let src = tmp.to_string_lossy().into_owned();
-        git(
-            &host_dir,
-            &[
-                "-c",
-                "fetch.fsckObjects=true",
-                "fetch",
-                "-q",
-                "--no-tags",
-                "--update-head-ok",
-                "--no-write-fetch-head",
-                &src,
-                &spec,
-            ],
-        )?;
         Ok((to, refused))
     });
     let _ = std::fs::remove_dir_all(&tmp);
     let (to, refused) = done?;
+    let fetched = (refs.as_slice(), to.as_str(), refused.as_slice());
+    told(fetched, (&upper_git, &host_dir), root, fresh, id)
+}
+
+/// Every directory on the way to the agent's `.git` is the layer's own,
+/// never a link; and the host's, the workspace's own directories (a link
+/// there is the human's, to anywhere: git never runs through it).
+fn plain_on_both_sides(lower: &OwnedFd, top: &Path, root: &Path) -> Result<(), String> {
+    let mut at = top.to_path_buf();
+    for c in root.join(".git").components() {
+        at.push(c);
+        if !real_dir(&at) {
+            return Err(format!("{}: not a directory of the layer", at.display()));
+        }
+    }
+    beneath(lower, root, OFlag::O_PATH | OFlag::O_DIRECTORY)
+        .map_err(|e| format!("not a plain directory of the workspace ({e})"))?;
+    Ok(())
+}
+
+/// Whether the host has no repository there yet (`fresh`), and the refs
+/// it has. A fresh one inside the human's repository is refused unless
+/// the agent made the directory: a repository made there would take the
+/// human's git commands.
+fn host_refs(
+    host_dir: &Path,
+    host_git: &Path,
+    made: bool,
+) -> Result<(bool, Vec<(String, String)>), String> {
+    match std::fs::symlink_metadata(host_git) {
+        Ok(m) if m.is_dir() => Ok((false, read_refs(host_git, host_git)?)),
+        Ok(_) => Err(format!(
+            "{}: not a directory on the host",
+            host_git.display()
+        )),
+        Err(_) => {
+            let inside = git_out(host_dir, &["rev-parse", "--show-toplevel"]);
+            if let (Ok(top), false) = (inside, made) {
+                return Err(format!(
+                    "it lies inside the repository at {}: its commits stay in the layer",
+                    top.trim()
+                ));
+            }
+            Ok((true, Vec::new()))
+        }
+    }
+}
+
+/// The host's git fetches the staged branches: into `refs/heads` of a
+/// repository it makes (`fresh`), else under `refs/sandmux/ID`. Returns
+/// where they went.
+fn fetch_staged(tmp: &Path, host_dir: &Path, fresh: bool, id: &str) -> Result<String, String> {
+    let to = match fresh {
+        true => "refs/heads".to_string(),
+        false => format!("refs/sandmux/{id}"),
+    };
+    if fresh {
+        git(host_dir, &["init", "-q"])?;
+    }
+    let spec = format!("+refs/heads/*:{to}/*");
+    let src = tmp.to_string_lossy().into_owned();
+    git(
+        host_dir,
+        &[
+            "-c",
+            "fetch.fsckObjects=true",
+            "fetch",
+            "-q",
+            "--no-tags",
+            "--update-head-ok",
+            "--no-write-fetch-head",
+            &src,
+            &spec,
+        ],
+    )?;
+    Ok(to)
+}
+
+/// What was fetched and refused, said; a repository the host's git made
+/// is set to the agent's HEAD (`git reset`: the index, never the files).
+fn told(
+    (refs, to, refused): (&[(String, String)], &str, &[String]),
+    (upper_git, host_dir): (&Path, &Path),
+    root: &Path,
+    fresh: bool,
+    id: &str,
+) -> Result<Fetched, String> {
     let shown = if root.as_os_str().is_empty() {
         ".".into()
     } else {
@@ -187,12 +217,12 @@ pub(crate) fn fetch(
         names.join(", ")
     ));
     if fresh {
-        if let Some(head) = agent_head(&upper_git).filter(|h| refs.iter().any(|(n, _)| n == h)) {
+        if let Some(head) = agent_head(upper_git).filter(|h| refs.iter().any(|(n, _)| n == h)) {
             git(
-                &host_dir,
+                host_dir,
                 &["symbolic-ref", "HEAD", &format!("refs/heads/{head}")],
             )?;
-            git(&host_dir, &["reset", "-q"])?;
+            git(host_dir, &["reset", "-q"])?;
         }
         lines.push(format!("{shown}: a repository the host's git made, at the agent's HEAD (`git status` there shows what was not committed)"));
     } else {

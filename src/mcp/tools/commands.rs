@@ -117,15 +117,7 @@ async fn type_line(c: &Call<'_>, pane: &str, line: &str) -> Result<(), ToolError
 
 /// Runs a command and follows its output until its end marker.
 pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult, ToolError> {
-    text::input("command", &a.command, c.s.max_input)?;
-    if a.command.trim().is_empty() {
-        return Err(ToolError::invalid("command", "is empty", "give a command"));
-    }
-    let timeout = c.clamp(a.timeout, 30.0)?;
-    let note = capped(a.timeout, timeout);
-    if !c.s.commands.has_room() {
-        return Err(ToolError::refused(format!("{} long commands are still running in this instance (each run_command that timed out keeps one until it ends); collect them with wait_for_command or stop them (send_keys C-c) first", MAX_COMMANDS)));
-    }
+    let (timeout, note) = admitted(c, &a)?;
     let (p, fresh) = pane_or_fresh(c, &a.p).await?;
     if p.dead {
         return Err(ToolError::refused(format!(
@@ -141,10 +133,9 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     }
     leave_modes(c, &p).await?;
     let nonce = crate::nonce::hex()[..12].to_string();
-    let num = p.num;
     let hub = c.s.hub();
     // Follow from before the keys are sent.
-    let (start, _) = hub.subscribe(num);
+    let (start, _) = hub.subscribe(p.num);
     let quiet = a.suppress_history.unwrap_or(true);
     let bash = fg == "bash" || fg.is_empty();
     let line = if bash {
@@ -154,53 +145,106 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     };
     type_line(c, &p.pane_id, &line).await?;
     let follow = Mutex::new(Follow::new(&p, &nonce, start));
-    let mut wait = Wait::call(c, timeout)
-        .progress("command running")
-        .cancel_says("cancelled by the client; the command may still be running");
+    let typed = Typed {
+        pane: &p,
+        nonce: &nonce,
+        posix: wrap_posix(&a.command, &nonce, quiet),
+    };
+    let ended = follow_to_end(c, &follow, &typed, timeout, !bash).await?;
     let caps = Caps {
         lines: a.max_lines.unwrap_or(MAX_LINES).clamp(2, 100_000),
         bytes: a.max_bytes.unwrap_or(DEFAULT_BYTES).clamp(256, MAX_BYTES),
     };
-    let total = timeout.as_secs_f64();
-    let mut retyped = !bash;
-    let ended = loop {
-        let every = Duration::from_millis(250);
-        match follow_until(&hub, &follow, &mut wait, every).await? {
-            Until::NoFunction if !retyped => {
-                // The shell has no __sandmux_run: the command did not run.
-                retyped = true;
-                let (pos, _) = hub.subscribe(num);
-                *follow.lock().unwrap_or_else(|p| p.into_inner()) = Follow::new(&p, &nonce, pos);
-                type_line(c, &p.pane_id, &wrap_posix(&a.command, &nonce, quiet)).await?;
-            }
-            Until::Ended => break true,
-            _ => break false,
-        }
-    };
     let f = follow.into_inner().unwrap_or_else(|p| p.into_inner());
+    let total = timeout.as_secs_f64();
     let mut r = if ended {
         f.result(f.status(), caps, total)
     } else {
-        if a.interrupt_on_timeout {
-            hub.run(&Cmd::new("send-keys").opt("-t", &p.pane_id).arg("C-c"))
-                .await?;
-        }
-        let status = if a.interrupt_on_timeout {
-            "interrupted"
-        } else {
-            "timeout"
-        };
-        let mut r = f.result(status, caps, total);
-        // Kept only when it was typed at a shell prompt: typed into another
-        // program (when_busy = "type"), no marker may ever come.
-        if !a.interrupt_on_timeout && at_prompt {
-            r.command_id =
-                c.s.commands
-                    .keep(hub.clone(), &c.s.info().generation, f, caps);
-        }
-        r
+        not_ended(c, &a, &p.pane_id, f, (caps, total), at_prompt).await?
     };
     r.note = notes([fresh, note, refused_since(c, mark)]);
+    Ok(r)
+}
+
+/// The command's checks before any pane is touched: its text, the wait
+/// (clamped, and the note saying so), room for one more kept command.
+fn admitted(c: &Call<'_>, a: &RunCommand) -> Result<(Duration, Option<String>), ToolError> {
+    text::input("command", &a.command, c.s.max_input)?;
+    if a.command.trim().is_empty() {
+        return Err(ToolError::invalid("command", "is empty", "give a command"));
+    }
+    let timeout = c.clamp(a.timeout, 30.0)?;
+    let note = capped(a.timeout, timeout);
+    if !c.s.commands.has_room() {
+        return Err(ToolError::refused(format!("{} long commands are still running in this instance (each run_command that timed out keeps one until it ends); collect them with wait_for_command or stop them (send_keys C-c) first", MAX_COMMANDS)));
+    }
+    Ok((timeout, note))
+}
+
+/// What was typed where: the pane, the command's nonce, and its POSIX
+/// form (typed again when the shell turns out to have no `__sandmux_run`).
+struct Typed<'a> {
+    pane: &'a targets::PaneRow,
+    nonce: &'a str,
+    posix: String,
+}
+
+/// Follows the pane until the command's end marker (true) or the wait's
+/// end (false). A shell without `__sandmux_run` did not run the command:
+/// it is typed again in its POSIX form, once.
+async fn follow_to_end(
+    c: &Call<'_>,
+    follow: &Mutex<Follow>,
+    t: &Typed<'_>,
+    timeout: Duration,
+    mut retyped: bool,
+) -> Result<bool, ToolError> {
+    let hub = c.s.hub();
+    let mut wait = Wait::call(c, timeout)
+        .progress("command running")
+        .cancel_says("cancelled by the client; the command may still be running");
+    loop {
+        let every = Duration::from_millis(250);
+        match follow_until(&hub, follow, &mut wait, every).await? {
+            Until::NoFunction if !retyped => {
+                retyped = true;
+                let (pos, _) = hub.subscribe(t.pane.num);
+                *follow.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Follow::new(t.pane, t.nonce, pos);
+                type_line(c, &t.pane.pane_id, &t.posix).await?;
+            }
+            Until::Ended => return Ok(true),
+            _ => return Ok(false),
+        }
+    }
+}
+
+/// A command still running at the wait's end: interrupted when asked,
+/// else kept to be collected by `wait_for_command` — only when it was
+/// typed at a shell prompt (typed into another program, with
+/// `when_busy = "type"`, no marker may ever come).
+async fn not_ended(
+    c: &Call<'_>,
+    a: &RunCommand,
+    pane_id: &str,
+    f: Follow,
+    (caps, total): (Caps, f64),
+    at_prompt: bool,
+) -> Result<RunResult, ToolError> {
+    let hub = c.s.hub();
+    if a.interrupt_on_timeout {
+        hub.run(&Cmd::new("send-keys").opt("-t", pane_id).arg("C-c"))
+            .await?;
+    }
+    let status = if a.interrupt_on_timeout {
+        "interrupted"
+    } else {
+        "timeout"
+    };
+    let mut r = f.result(status, caps, total);
+    if !a.interrupt_on_timeout && at_prompt {
+        r.command_id = c.s.commands.keep(hub, &c.s.info().generation, f, caps);
+    }
     Ok(r)
 }
 

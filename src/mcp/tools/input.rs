@@ -54,6 +54,45 @@ pub(crate) struct Sent {
 }
 
 async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, ToolError> {
+    let (text_in, mut keys) = what_to_send(a, c.s.max_input)?;
+    let bytes = text_in.as_ref().map_or(0, String::len);
+    let enter = text_in.is_some() && a.enter.unwrap_or(true);
+    let (offset, _) = c.s.hub().subscribe(pane.num);
+    let cursor = cursor_for(c, pane.num, offset);
+    let typed = text_in.as_ref().filter(|t| !t.is_empty());
+    let cmds = writes(&pane.pane_id, typed, &keys, enter);
+    if enter {
+        keys.push("Enter".into());
+    }
+    let replies =
+        c.s.hub()
+            .run_many(&cmds)
+            .await
+            .map_err(|e| pane.gone(e.into()))?;
+    // Keys in a mode other than copy or view mode (customize, tree, buffer
+    // mode) can set options with no command in tmux's log: the next call
+    // waits for a full drift scan, as after a call that changes tmux.
+    let mode = replies
+        .first()
+        .filter(|_| typed.is_none())
+        .and_then(|r| r.first());
+    if mode.is_some_and(|m| !m.is_empty() && m != b"copy-mode" && m != b"view-mode") {
+        c.s.drift.after_call();
+    }
+    Ok(Sent {
+        pane_id: pane.pane_id.clone(),
+        text_bytes: bytes,
+        keys,
+        cursor,
+    })
+}
+
+/// The text (checked, with the history-suppressing space) and the key
+/// names (checked) one `send_keys` asks for.
+fn what_to_send(
+    a: &SendKeys,
+    max_input: usize,
+) -> Result<(Option<String>, Vec<String>), ToolError> {
     let (mut text_in, mut keys) = (a.text.clone(), Vec::new());
     match (&a.keys, a.literal) {
         (Some(Keys::One(s)), true) => text_in = Some(text_in.unwrap_or_default() + s),
@@ -80,7 +119,7 @@ async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, To
     }
     let text_in = match &text_in {
         Some(t) => {
-            text::input("text", t, c.s.max_input)?;
+            text::input("text", t, max_input)?;
             Some(if a.suppress_history {
                 format!(" {t}")
             } else {
@@ -89,25 +128,24 @@ async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, To
         }
         None => None,
     };
-    let bytes = text_in.as_ref().map_or(0, String::len);
-    let enter = text_in.is_some() && a.enter.unwrap_or(true);
-    let (offset, _) = c.s.hub().subscribe(pane.num);
-    let cursor = cursor_for(c, pane.num, offset);
-    // One write: out of copy mode (typing would drive it), the text, the
-    // keys, Enter. tmux refuses each if the pane is not there.
-    let target = || Cmd::new("send-keys").opt("-t", &pane.pane_id);
+    Ok((text_in, keys))
+}
+
+/// One write: out of copy mode (typing would drive it), the text, the
+/// keys, Enter. tmux refuses each if the pane is not there. Keys alone go
+/// to the pane's mode, if it is in one; which mode is read in the same
+/// write (its reply is the first).
+fn writes(pane_id: &str, typed: Option<&String>, keys: &[String], enter: bool) -> Vec<Cmd> {
+    let target = || Cmd::new("send-keys").opt("-t", pane_id);
     let mut cmds = Vec::new();
-    let typed = text_in.as_ref().filter(|t| !t.is_empty());
     if let Some(t) = typed {
-        cmds.push(Cmd::new("copy-mode").flag("-q").opt("-t", &pane.pane_id));
+        cmds.push(Cmd::new("copy-mode").flag("-q").opt("-t", pane_id));
         cmds.push(target().flag("-l").rest([t.as_bytes()]));
     } else {
-        // Keys alone go to the pane's mode, if it is in one; which mode is
-        // read in the same write (see below).
         cmds.push(
             Cmd::new("display-message")
                 .flag("-p")
-                .opt("-t", &pane.pane_id)
+                .opt("-t", pane_id)
                 .arg("#{pane_mode}"),
         );
     }
@@ -116,29 +154,8 @@ async fn send_one(c: &Call<'_>, pane: &PaneRef, a: &SendKeys) -> Result<Sent, To
     }
     if enter {
         cmds.push(target().arg("Enter"));
-        keys.push("Enter".into());
     }
-    let replies =
-        c.s.hub()
-            .run_many(&cmds)
-            .await
-            .map_err(|e| pane.gone(e.into()))?;
-    // Keys in a mode other than copy or view mode (customize, tree, buffer
-    // mode) can set options with no command in tmux's log: the next call
-    // waits for a full drift scan, as after a call that changes tmux.
-    let mode = replies
-        .first()
-        .filter(|_| typed.is_none())
-        .and_then(|r| r.first());
-    if mode.is_some_and(|m| !m.is_empty() && m != b"copy-mode" && m != b"view-mode") {
-        c.s.drift.after_call();
-    }
-    Ok(Sent {
-        pane_id: pane.pane_id.clone(),
-        text_bytes: bytes,
-        keys,
-        cursor,
-    })
+    cmds
 }
 
 /// Types text and/or presses keys.
