@@ -248,19 +248,7 @@ impl Front {
             return self.refuse(Why::Busy, peer);
         };
         let (mut parts, body) = req.into_parts();
-        let max = self.limits.max_body;
-        let declared = parts
-            .headers
-            .get(hyper::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > max as u64) {
-            return self.refuse(Why::TooLarge, peer);
-        }
-        let Ok(body) = Limited::new(body, max)
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-        else {
+        let Some(body) = self.body_of(&parts, body).await else {
             return self.refuse(Why::TooLarge, peer);
         };
         // SEP-2243 (2026-07-28): headers a proxy may route on match the body.
@@ -272,6 +260,37 @@ impl Front {
             addr: peer,
             token: token.map(|t| t.id.clone()).unwrap_or_default(),
         });
+        self.forward(parts, body, permit, peer).await
+    }
+
+    /// The body, at most `max_body` bytes (a larger declared length is
+    /// refused before any byte is read); `None`: too large.
+    async fn body_of(&self, parts: &hyper::http::request::Parts, body: Incoming) -> Option<Bytes> {
+        let max = self.limits.max_body;
+        let declared = parts
+            .headers
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max as u64) {
+            return None;
+        }
+        Limited::new(body, max)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .ok()
+    }
+
+    /// Hands the request to rmcp (one `initialize` at a time, within the
+    /// session limit); the answer holds the request's permit, its activity
+    /// and its debt to the backlog until it is written.
+    async fn forward(
+        &self,
+        mut parts: hyper::http::request::Parts,
+        body: Bytes,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        peer: SocketAddr,
+    ) -> Answer {
         let debt = Arc::new(Debt::new(self.state.backlog.clone()));
         parts.extensions.insert(debt.clone());
         let is_get = parts.method == hyper::Method::GET;

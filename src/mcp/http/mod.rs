@@ -324,45 +324,7 @@ pub(crate) async fn serve(
     // Cancelled once the answers in flight at the stop are written (a
     // `kill_server` call gets its answer).
     let sessions_end = CancellationToken::new();
-    let sessions = Arc::new(LocalSessionManager::default());
-    let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(l.hosts.clone())
-        .with_max_request_body_bytes(limits.max_body)
-        .with_cancellation_token(sessions_end.clone());
-    let st = state.clone();
-    // The factory hands out the one instance's state: it starts nothing.
-    let mcp = StreamableHttpService::new(
-        move || Ok(Server { s: st.clone() }),
-        sessions.clone(),
-        config,
-    );
-    let rejects = Arc::new(rejects::Rejects::default());
-    let activity = Arc::new(Activity {
-        inflight: AtomicUsize::new(0),
-        last: Mutex::new(Instant::now()),
-    });
-    let _ = state.http.set(Info {
-        url: l.url.clone(),
-        token_file: l.token_file.clone(),
-        token: l.token.clone(),
-        activity: activity.clone(),
-        upstream: l.behind.upstream,
-        rejects: rejects.clone(),
-        sessions: sessions.clone(),
-    });
-    let front = Arc::new(front::Front {
-        state: state.clone(),
-        mcp,
-        sessions,
-        token: l.token.clone(),
-        token_header: l.behind.token_header.clone(),
-        hosts: l.hosts,
-        limits,
-        requests: Arc::new(tokio::sync::Semaphore::new(limits.max_requests)),
-        initializing: Default::default(),
-        rejects: rejects.clone(),
-        activity: activity.clone(),
-    });
+    let (front, rejects, activity) = front_of(&state, &l, limits, sessions_end.clone());
     // tests/conformance/run.sh reads this line: it ends with the token's path.
     tracing::info!(
         "serving MCP at {} (Bearer token in {})",
@@ -395,6 +357,56 @@ pub(crate) async fn serve(
     }
     sessions_end.cancel();
     r
+}
+
+/// The front every request passes (token, headers, limits) with rmcp's
+/// service behind it, whose factory hands out the one instance's state (it
+/// starts nothing); the instance learns where it is served (`state.http`).
+fn front_of(
+    state: &Arc<State>,
+    l: &Listening,
+    limits: Limits,
+    sessions_end: CancellationToken,
+) -> (Arc<front::Front>, Arc<rejects::Rejects>, Arc<Activity>) {
+    let sessions = Arc::new(LocalSessionManager::default());
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(l.hosts.clone())
+        .with_max_request_body_bytes(limits.max_body)
+        .with_cancellation_token(sessions_end);
+    let st = state.clone();
+    let mcp = StreamableHttpService::new(
+        move || Ok(Server { s: st.clone() }),
+        sessions.clone(),
+        config,
+    );
+    let rejects = Arc::new(rejects::Rejects::default());
+    let activity = Arc::new(Activity {
+        inflight: AtomicUsize::new(0),
+        last: Mutex::new(Instant::now()),
+    });
+    let _ = state.http.set(Info {
+        url: l.url.clone(),
+        token_file: l.token_file.clone(),
+        token: l.token.clone(),
+        activity: activity.clone(),
+        upstream: l.behind.upstream,
+        rejects: rejects.clone(),
+        sessions: sessions.clone(),
+    });
+    let front = Arc::new(front::Front {
+        state: state.clone(),
+        mcp,
+        sessions,
+        token: l.token.clone(),
+        token_header: l.behind.token_header.clone(),
+        hosts: l.hosts.clone(),
+        limits,
+        requests: Arc::new(tokio::sync::Semaphore::new(limits.max_requests)),
+        initializing: Default::default(),
+        rejects: rejects.clone(),
+        activity: activity.clone(),
+    });
+    (front, rejects, activity)
 }
 
 /// Ends the instance once no request was in flight for `idle`.
