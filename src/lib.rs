@@ -14,6 +14,7 @@ pub(crate) mod attach;
 pub(crate) mod audit;
 pub(crate) mod check;
 pub mod cli;
+pub(crate) mod confine;
 pub(crate) mod door;
 pub(crate) mod entrypoint;
 pub(crate) mod guard;

@@ -1,7 +1,9 @@
 //! The sandbox: one file per mechanism, started by [`init`] in a re-exec of the
-//! binary. The supervisor side lives here: it prepares a private runtime
-//! directory and a cgroup, writes a [`Plan`] to `sandmux __init` over a pipe,
-//! and reads back what each layer did ([`report`]).
+//! binary, and the exec that gets there ([`start`]): it writes a [`Plan`] to
+//! `sandmux __init` over a pipe and reads back what each layer did
+//! ([`report`]). What the host does around it (the runtime directory, the
+//! cgroup, freezing, the namespace signal) is `crate::supervisor`; the
+//! supervisor's confinement of itself is `crate::confine`.
 
 pub(crate) mod beneath;
 pub(crate) mod caps;
@@ -9,7 +11,6 @@ pub(crate) mod cgroup;
 pub(crate) mod container;
 pub(crate) mod env;
 mod fds;
-pub(crate) mod freeze;
 mod hostview;
 pub(crate) mod init;
 mod keyring;
@@ -18,21 +19,15 @@ pub(crate) mod limits;
 pub(crate) mod mounts;
 pub(crate) mod namespaces;
 pub(crate) mod net;
-pub(crate) mod nsconnect;
-pub(crate) mod nssignal;
 pub(crate) mod observe;
 pub(crate) mod pane;
 mod payload;
 mod pid1;
 pub(crate) mod plan;
-pub(crate) mod probe;
 pub(crate) mod procfs;
 pub(crate) mod report;
-pub(crate) mod rundir;
 pub(crate) mod seccomp;
-pub(crate) mod supervisor;
 pub(crate) mod syscalls;
-pub(crate) mod systemd;
 pub(crate) mod uid;
 pub(crate) mod view;
 

@@ -22,8 +22,8 @@
 use crate::guard::watch::Watch;
 use crate::profile::{OnEnd, Policy};
 use crate::proxy::credentials::Vault;
-use crate::sandbox::rundir::{Rundir, Serves};
 use crate::sandbox::StartError;
+use crate::supervisor::rundir::{Rundir, Serves};
 use std::path::Path;
 use std::sync::Arc;
 

@@ -151,7 +151,7 @@ pub(crate) fn possible(workspace: &Path) -> Result<(), LayerError> {
             .map_err(io("creating", &p))
     });
     let tried = made.and_then(|()| {
-        crate::sandbox::probe::overlay(workspace, &dir.join("upper"), &dir.join("work"))
+        crate::supervisor::probe::overlay(workspace, &dir.join("upper"), &dir.join("work"))
             .map_err(LayerError::Probe)
     });
     let _ = remove(&dir);
