@@ -32,7 +32,7 @@ pub(crate) mod uid;
 pub(crate) mod view;
 
 use crate::profile::{Layer, Policy};
-use report::Message;
+use report::{Message, Refusal};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::Write;
@@ -167,13 +167,19 @@ impl StartError {
 
     /// Builds the error for a layer, naming the fix.
     pub(crate) fn layer(layer: Layer, reason: &str) -> Self {
+        Self::refused(layer, reason, None)
+    }
+
+    /// [`Self::layer`], for a layer refused by `refused` (whose fix in a
+    /// container may differ).
+    fn refused(layer: Layer, reason: &str, refused: Option<Refusal>) -> Self {
         StartError {
             layer: Some(layer),
             code: None,
             layers: vec![],
             message: format!(
                 "required layer '{layer}' is unavailable: {reason}\n  fix{}\n  (or, to run without it, add \"{layer}\" to [enforcement] best_effort in a profile of your own)",
-                in_container(container::unavailable_fix(layer, reason)).unwrap_or(format!(": {}", layer.fix()))
+                in_container(container::unavailable_fix(layer, refused)).unwrap_or(format!(": {}", layer.fix()))
             ),
         }
     }
@@ -371,6 +377,22 @@ fn send_plan(plan: &Plan, w: std::os::fd::OwnedFd) -> Result<(), StartError> {
         .map_err(|e| internal(format!("sending the plan: {e}")))
 }
 
+/// A layer that could not be applied, with the fix its refusal calls for.
+fn not_applied(l: Layer, message: &str, refused: Option<Refusal>) -> StartError {
+    StartError {
+        layer: Some(l),
+        message: format!(
+            "layer '{l}' could not be applied: {message}{}",
+            in_container(container::applying_fix(l, refused))
+                .or_else(|| container::layer_fix(refused).map(|f| format!(": {f}")))
+                .map(|f| format!("\n  fix{f}"))
+                .unwrap_or_default()
+        ),
+        code: None,
+        layers: vec![],
+    }
+}
+
 /// The start-up failure the report ends with, if it ends with one.
 fn failure(messages: &[Message]) -> Option<StartError> {
     match messages.last()? {
@@ -384,21 +406,11 @@ fn failure(messages: &[Message]) -> Option<StartError> {
             layer,
             message,
             unavailable,
+            refused,
         } => {
             let e = match layer {
-                Some(l) if *unavailable => StartError::layer(*l, message),
-                Some(l) => StartError {
-                    layer: Some(*l),
-                    message: format!(
-                        "layer '{l}' could not be applied: {message}{}",
-                        in_container(container::applying_fix(*l, message))
-                            .or_else(|| container::layer_fix(message).map(|f| format!(": {f}")))
-                            .map(|f| format!("\n  fix{f}"))
-                            .unwrap_or_default()
-                    ),
-                    code: None,
-                    layers: vec![],
-                },
+                Some(l) if *unavailable => StartError::refused(*l, message, *refused),
+                Some(l) => not_applied(*l, message, *refused),
                 None => internal(format!("sandbox start-up failed: {message}")),
             };
             Some(StartError {
