@@ -16,6 +16,7 @@ pub(crate) mod instance;
 pub(crate) mod kept;
 pub(crate) mod launch;
 pub(crate) mod layer;
+mod layer_copy;
 pub(crate) mod layer_from;
 pub(crate) mod nsconnect;
 pub(crate) mod nssignal;
