@@ -89,6 +89,23 @@ pub(crate) enum LayerError {
     Copy(#[from] super::copy::CopyError),
 }
 
+impl LayerError {
+    /// The id the user gave is refused (`serve --resume ID`, `--fork ID`,
+    /// and the door's commands): not an id, no layer of that instance, its
+    /// instance still runs, or a layer or workspace mode `--resume` and
+    /// `--fork` cannot go on from. The command's usage status, not
+    /// sandmux failing.
+    pub(crate) fn refuses_input(&self) -> bool {
+        matches!(
+            self,
+            LayerError::NotAnId(_)
+                | LayerError::NoLayer { .. }
+                | LayerError::Live(_)
+                | LayerError::From(_)
+        )
+    }
+}
+
 pub(super) fn io<'a>(
     what: &'static str,
     path: &'a Path,
