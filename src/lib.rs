@@ -32,6 +32,8 @@ pub(crate) mod secretfile;
 pub(crate) mod supervisor;
 pub(crate) mod tables;
 pub(crate) mod term;
+#[cfg(test)]
+mod text_decisions_tests;
 pub(crate) mod tmux;
 pub(crate) mod tracectx;
 
