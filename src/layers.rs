@@ -13,6 +13,7 @@ pub(crate) const LAYERS: &[&[&str]] = &[
     &["log", "tracectx"],
     &["profile", "audit"],
     &["sandbox"],
+    &["confine"],
     &["guard", "proxy"],
     &["tmux"],
     &["supervisor"],

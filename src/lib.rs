@@ -14,6 +14,7 @@ pub(crate) mod attach;
 pub(crate) mod audit;
 pub(crate) mod check;
 pub mod cli;
+pub(crate) mod confine;
 pub(crate) mod door;
 pub(crate) mod entrypoint;
 pub(crate) mod guard;
@@ -31,6 +32,8 @@ pub(crate) mod secretfile;
 pub(crate) mod supervisor;
 pub(crate) mod tables;
 pub(crate) mod term;
+#[cfg(test)]
+mod text_decisions_tests;
 pub(crate) mod tmux;
 pub(crate) mod tracectx;
 

@@ -3,7 +3,7 @@
 //! each `serve` instance through its operator endpoint (`mcp::endpoint`).
 
 use crate::mcp::endpoint::{Op, Request};
-use crate::sandbox::rundir::{self, Kind, Meta};
+use crate::supervisor::rundir::{self, Kind, Meta};
 use crate::term;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};

@@ -10,8 +10,8 @@ use network::{network_of, print_network, NetworkView};
 
 use crate::profile::Policy;
 use crate::sandbox::observe::{self as inside, Observation};
-use crate::sandbox::probe;
 use crate::sandbox::report::LayerStatus;
+use crate::supervisor::probe;
 use crate::supervisor::Instance;
 use crate::tmux::control;
 use serde::Serialize;
@@ -62,7 +62,7 @@ pub(crate) fn run(policy: Policy) -> Report {
     match Instance::start(
         crate::supervisor::launch::Credentialed::unread(policy),
         crate::supervisor::Proof::Here,
-        &crate::sandbox::rundir::Rundir::new_id(),
+        &crate::supervisor::rundir::Rundir::new_id(),
     ) {
         Err(e) => Report {
             profile,
@@ -88,7 +88,7 @@ pub(crate) fn run(policy: Policy) -> Report {
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             };
-            let supervisor = crate::sandbox::supervisor::probe(&inst.policy, &needs, &client);
+            let supervisor = crate::confine::probe(&inst.policy, &needs, &client);
             layers.push(match &supervisor {
                 Ok(s) => s.clone(),
                 Err(e) => LayerStatus {

@@ -5,9 +5,9 @@
 
 use super::{fail, EXIT_INTERNAL, EXIT_USAGE};
 use crate::profile;
-use crate::sandbox::rundir::{Kind, Meta, Rundir};
 use crate::sandbox::{self, Payload, Stdio3};
 use crate::supervisor::launch::{Credentialed, End, Launch, Refresh};
+use crate::supervisor::rundir::{Kind, Meta, Rundir};
 use crate::supervisor::{self, Instance};
 use nix::sys::signal::{SigSet, Signal};
 use std::path::PathBuf;
@@ -28,8 +28,10 @@ pub(super) fn run(
         .ok()
         .filter(|d| d.starts_with(&host_ws))
         .unwrap_or(host_ws);
-    let mut placed = match creds.placed(&Rundir::new_id(), crate::sandbox::rundir::Serves::Command)
-    {
+    let mut placed = match creds.placed(
+        &Rundir::new_id(),
+        crate::supervisor::rundir::Serves::Command,
+    ) {
         Ok(p) => p,
         Err(e) => return fail(e.exit_code(), e),
     };

@@ -111,10 +111,10 @@ fn dispatch(cmd: Cmd) -> ExitCode {
         Cmd::Init => sandbox::init::main(),
         Cmd::Broker => ExitCode::from(crate::supervisor::broker::main() as u8),
         Cmd::ProbeUserns { overlay } if overlay.is_empty() => {
-            ExitCode::from(sandbox::probe::userns_child() as u8)
+            ExitCode::from(supervisor::probe::userns_child() as u8)
         }
         Cmd::ProbeUserns { overlay } => {
-            ExitCode::from(sandbox::probe::overlay_child(&overlay) as u8)
+            ExitCode::from(supervisor::probe::overlay_child(&overlay) as u8)
         }
         Cmd::Run {
             target,

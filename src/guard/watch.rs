@@ -47,7 +47,7 @@ pub(crate) struct Watch {
 impl Watch {
     /// Sweeps stale manifests, writes this instance's, and starts watching.
     /// With `confine`, the watching thread first restricts itself to its
-    /// trees and state (`sandbox::supervisor`), under that profile's ABI.
+    /// trees and state (`confine`), under that profile's ABI.
     pub(crate) fn start(
         guard: &Guard,
         snapshots: Vec<super::restore::Snapshot>,
@@ -101,7 +101,7 @@ impl Watch {
             // the agent does can come before the watches.
             armed.arm_all();
             let restore_mode = armed.restore_mode.clone();
-            use crate::sandbox::supervisor::{prepare, Needs};
+            use crate::confine::{prepare, Needs};
             let rules = confine.map(|p| prepare(p, &Needs::guard(&roots, &state)));
             let (thread, stop, confined) = spawn(armed, rules)?;
             (Some(thread), Some(stop), restore_mode, confined)
@@ -192,7 +192,7 @@ impl Drop for Watch {
 #[allow(clippy::type_complexity)]
 fn spawn(
     mut armed: Armed,
-    rules: Option<Result<crate::sandbox::supervisor::Prepared, String>>,
+    rules: Option<Result<crate::confine::Prepared, String>>,
 ) -> Result<
     (
         std::thread::JoinHandle<Armed>,
@@ -201,7 +201,7 @@ fn spawn(
     ),
     GuardError,
 > {
-    use crate::sandbox::supervisor::Prepared;
+    use crate::confine::Prepared;
     let (stop_r, stop_w) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| GuardError::Thread(e.into()))?;
     let (said, heard) = std::sync::mpsc::channel();

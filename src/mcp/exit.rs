@@ -6,7 +6,7 @@
 //! default action (death with status 143) at any later moment of start-up.
 //! During start-up a stop signal stays pending, and start-up looks for it
 //! between its steps (tearing down what exists, then exit status 0). Once the
-//! supervisor has confined itself ([`crate::sandbox::supervisor`]: Landlock
+//! supervisor has confined itself ([`crate::confine`]: Landlock
 //! binds only threads started after it), [`Stop::take_signals`] starts the
 //! thread that takes them with sigwait(2): it records the first and cancels
 //! the stop token, which is the runtime's shutdown. Children do not inherit the mask: std's `Command`

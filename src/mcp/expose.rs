@@ -7,7 +7,7 @@
 //! the operator chose (`127.0.0.1` unless `--address` says otherwise) and,
 //! for each connection accepted there, makes one connection to
 //! `127.0.0.1:PORT` inside the sandbox's network namespace
-//! (`sandbox::nsconnect`); both descriptors come back over the broker's
+//! (`supervisor::nsconnect`); both descriptors come back over the broker's
 //! descriptor channel and the supervisor relays bytes between them. The
 //! agent chooses neither end: the host address and the inside port are
 //! the operator's, fixed for the exposure's life. Each exposure is audited

@@ -1,6 +1,6 @@
 //! `sandmux freeze` / `thaw` on the supervisor's side. Revoking a tool takes
 //! it out of the next call; it stops nothing already running. A freeze does:
-//! every process inside stops (`sandbox::freeze`), and until the thaw every
+//! every process inside stops (`supervisor::freeze`), and until the thaw every
 //! tool call but `sandbox_status` (answered from the supervisor's state) and
 //! `kill_server` is refused at once with the `frozen` refusal, before tmux is
 //! asked: a stopped server answers nothing. The hub is frozen too, so the
@@ -12,8 +12,8 @@
 
 use super::audit::Entry;
 use super::ctx::State;
-use crate::sandbox::freeze::{self as mech, Target};
 use crate::supervisor::broker::Broker;
+use crate::supervisor::freeze::{self as mech, Target};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

@@ -19,7 +19,7 @@ pub(super) fn info_of(inst: &Instance, tmux_version: String) -> ctx::InstanceInf
 }
 
 /// Confines the supervisor to what it uses from here on
-/// (`sandbox::supervisor`), and `reads` (the HTTP token file's directories,
+/// (`confine`), and `reads` (the HTTP token file's directories,
 /// read again when it is rotated): the main thread now, before the runtime
 /// starts a thread; the guard's thread has restricted itself already.
 pub(super) fn confine_self(
@@ -28,7 +28,7 @@ pub(super) fn confine_self(
     record: Option<&record::Recording>,
     reads: &[std::path::PathBuf],
 ) -> Result<crate::sandbox::report::LayerStatus, crate::sandbox::StartError> {
-    use crate::sandbox::supervisor::{confine, status, Right};
+    use crate::confine::{confine, status, Right};
     let mut needs = inst.supervisor_needs(audit.path(), record.map(|r| r.path()));
     needs
         .rules

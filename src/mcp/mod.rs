@@ -263,7 +263,7 @@ fn writable(policy: &crate::profile::Policy) -> Vec<std::path::PathBuf> {
 
 /// The instance's description for `sandmux ps` and `stop`.
 fn write_meta(inst: &Instance, policy: &Policy, audit: &audit::Audit, l: Option<&http::Listening>) {
-    use crate::sandbox::rundir::{HttpMeta, Kind, Meta};
+    use crate::supervisor::rundir::{HttpMeta, Kind, Meta};
     let mut meta = Meta::now(
         Kind::Serve,
         &inst.rundir.id,
@@ -314,7 +314,7 @@ struct Prepared {
 fn prepare(policy: &Policy, opts: &Options) -> Result<Prepared, String> {
     let tools = tools(policy, opts)?;
     let http = opts.http.as_ref().map(http::plan).transpose()?;
-    let id = crate::sandbox::rundir::Rundir::new_id();
+    let id = crate::supervisor::rundir::Rundir::new_id();
     let env: Vec<(String, String)> = std::env::vars().collect();
     let remake_session =
         !opts.no_session && !toolsets::excludes(&opts.flags, &env, "create_session");
@@ -570,12 +570,12 @@ fn teardown(left: Leftovers, code: i32) -> i32 {
     if let Some(inst) = last {
         // A frozen sandbox is killed where it stands: nothing inside runs again.
         if left.frozen.is_frozen() {
-            let t = crate::sandbox::freeze::Target {
+            let t = crate::supervisor::freeze::Target {
                 init_pid: inst.init_pid(),
                 cgroup: inst.rundir.cgroup.clone(),
             };
             let b = inst.broker.clone();
-            crate::sandbox::freeze::kill(&t, &|op, pid| freeze::signals(&b, op, pid));
+            crate::supervisor::freeze::kill(&t, &|op, pid| freeze::signals(&b, op, pid));
         }
         let taken = inst.stop();
         if let Some(r) = &left.reverts {

@@ -94,7 +94,7 @@ pub(crate) enum ProxyError {
 
 /// Serves `listener` on a thread of its own until the process ends (`run`,
 /// `shell`: their supervisor is not confined, so the thread confines
-/// itself first — `sandbox::supervisor::confine_this_thread` — and serves
+/// itself first — `confine::confine_this_thread` — and serves
 /// nothing if it cannot); decisions are counted in the tally returned, for
 /// [`summary`].
 pub(crate) fn spawn_counted(
@@ -103,7 +103,7 @@ pub(crate) fn spawn_counted(
     policy: &crate::profile::Policy,
     hooks: ask::Hooks,
 ) -> Result<Arc<Mutex<tally::Tally>>, ProxyError> {
-    use crate::sandbox::supervisor;
+    use crate::confine;
     let t = Arc::new(Mutex::new(tally::Tally::default()));
     let open = t.lock().unwrap_or_else(|p| p.into_inner()).open.clone();
     let t2 = t.clone();
@@ -112,15 +112,15 @@ pub(crate) fn spawn_counted(
         .enable_all()
         .build()
         .map_err(ProxyError::Runtime)?;
-    let needs = supervisor::proxy_thread_needs(policy, dials(policy));
+    let needs = confine::proxy_thread_needs(policy, dials(policy));
     let inet = needs.inet();
     let prepared =
-        supervisor::prepare(policy, &needs).map_err(|e| ProxyError::Prepare(e.to_string()))?;
+        confine::prepare(policy, &needs).map_err(|e| ProxyError::Prepare(e.to_string()))?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("sandmux-proxy".into())
         .spawn(move || {
-            let confined = supervisor::confine_this_thread(prepared, inet);
+            let confined = confine::confine_this_thread(prepared, inet);
             let ok = confined.is_ok();
             let _ = tx.send(confined);
             if !ok {
@@ -160,8 +160,8 @@ pub(crate) fn summary(t: &Mutex<tally::Tally>) -> String {
 
 /// What the proxy dials for `policy`, for the supervisor's confinement
 /// (nothing outside proxy mode).
-pub(crate) fn dials(policy: &crate::profile::Policy) -> crate::sandbox::supervisor::Dials {
-    crate::sandbox::supervisor::Dials {
+pub(crate) fn dials(policy: &crate::profile::Policy) -> crate::confine::Dials {
+    crate::confine::Dials {
         connect_tcp: ports(policy),
         udp: resolves(policy),
     }

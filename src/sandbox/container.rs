@@ -2,8 +2,11 @@
 //! there: a refusal in a container comes from the runtime's confinement (its
 //! seccomp profile, its masked `/proc`), so the fix is a runtime flag, not a
 //! sysctl. Both runtimes' flags are named: the runtime cannot be told apart
-//! reliably from inside.
+//! reliably from inside. Which fix applies is decided by what refused the
+//! step ([`Refusal`], said by the step that failed), never by the text of
+//! its message.
 
+use super::report::Refusal;
 use crate::profile::Layer;
 use std::path::Path;
 
@@ -37,27 +40,27 @@ fn detected_in(root: &Path) -> Option<&'static str> {
 /// host's: a namespace refused with EPERM, as a runtime's seccomp profile
 /// refuses it (a host's limits give other answers: `user.max_user_namespaces
 /// = 0` is ENOSPC, so its sysctl fix stays).
-pub(crate) fn unavailable_fix(layer: Layer, reason: &str) -> Option<String> {
+pub(crate) fn unavailable_fix(layer: Layer, refused: Option<Refusal>) -> Option<String> {
     let namespace = matches!(
         layer,
         Layer::Userns | Layer::Mount | Layer::Pid | Layer::Ipc | Layer::Uts | Layer::Net
     );
-    (namespace && reason.contains("EPERM")).then(|| format!(
+    (namespace && refused == Some(Refusal::NamespacesEperm)).then(|| format!(
         "the container runtime's seccomp profile refuses new namespaces (docker's default does): run the container with {SECCOMP}, or use the 'container' profile (see docs/container.md)"
     ))
 }
 
-/// The fix for `layer` failing to apply with `message` in a container, if
-/// the runtime is the cause.
-pub(crate) fn applying_fix(layer: Layer, message: &str) -> Option<String> {
-    match layer {
-        Layer::Pid | Layer::Mount if message.contains("procfs") => Some(format!(
+/// The fix for `layer` failing to apply, refused by `refused`, in a
+/// container, if the runtime is the cause.
+pub(crate) fn applying_fix(layer: Layer, refused: Option<Refusal>) -> Option<String> {
+    match (layer, refused?) {
+        (Layer::Pid | Layer::Mount, Refusal::FreshProcfs) => Some(format!(
             "the container runtime masks parts of /proc, so the kernel refuses a fresh procfs: run the container with {UNMASK} (see docs/container.md for what it loosens)"
         )),
-        Layer::Mount if message.starts_with("tmux mode needs a mount namespace") => Some(format!(
+        (Layer::Mount, Refusal::NoMountNamespace) => Some(format!(
             "the container runtime's seccomp profile refuses the namespaces: run the container with {SECCOMP} and {UNMASK} (see docs/container.md)"
         )),
-        Layer::Uts if message.contains("sethostname") => Some(format!(
+        (Layer::Uts, Refusal::Sethostname) => Some(format!(
             "the container runtime's seccomp profile refuses sethostname: run the container with {SECCOMP}, or use the 'container' profile (uts is best-effort there)"
         )),
         _ => None,
@@ -67,8 +70,8 @@ pub(crate) fn applying_fix(layer: Layer, message: &str) -> Option<String> {
 /// The fix for the copy-on-write layer's overlay refused, anywhere: the
 /// layers' directory is on a file system overlayfs cannot take as an upper
 /// layer (a container's own root is overlayfs itself).
-pub(crate) fn layer_fix(message: &str) -> Option<String> {
-    message.contains("copy-on-write layer").then(|| {
+pub(crate) fn layer_fix(refused: Option<Refusal>) -> Option<String> {
+    (refused == Some(Refusal::Overlay)).then(|| {
         "the copy-on-write layer lives in $XDG_STATE_HOME/sandmux/layers, and overlayfs cannot use that file system (a container's own root, NFS): set XDG_STATE_HOME to a directory on a local file system (in a container, a volume), or run with --workspace-mode live (docs/container.md)".to_string()
     })
 }
@@ -96,16 +99,19 @@ mod tests {
 
     #[test]
     fn container_fixes_name_runtime_flags_not_sysctls() {
-        let u = unavailable_fix(Layer::Userns, "unshare: EPERM: Operation not permitted").unwrap();
+        let eperm = Some(Refusal::NamespacesEperm);
+        let u = unavailable_fix(Layer::Userns, eperm).unwrap();
         assert!(u.contains("seccomp=") && !u.contains("sysctl"), "{u}");
-        let m = applying_fix(Layer::Mount, "mount a fresh procfs on /proc: EPERM").unwrap();
+        let m = applying_fix(Layer::Mount, Some(Refusal::FreshProcfs)).unwrap();
         assert!(
             m.contains("unmask=/proc/*") && m.contains("systempaths=unconfined"),
             "{m}"
         );
-        assert!(applying_fix(Layer::Mount, "bind /x: ENOENT").is_none());
-        assert!(unavailable_fix(Layer::Userns, "unshare: ENOSPC: No space left").is_none());
-        assert!(unavailable_fix(Layer::Landlock, "EPERM").is_none());
+        assert!(applying_fix(Layer::Mount, None).is_none());
+        assert!(applying_fix(Layer::Uts, Some(Refusal::FreshProcfs)).is_none());
+        assert!(unavailable_fix(Layer::Userns, None).is_none());
+        assert!(unavailable_fix(Layer::Landlock, eperm).is_none());
+        assert!(layer_fix(Some(Refusal::Overlay)).is_some() && layer_fix(None).is_none());
     }
 
     fn tempfile_dir() -> std::path::PathBuf {

@@ -21,7 +21,7 @@
 
 use super::cgroup::Placement;
 use super::plan::Blueprint;
-use super::report::{Message, Reporter};
+use super::report::{Message, Refusal, Reporter};
 use super::{caps, namespaces, Plan, EXIT_INTERNAL, EXIT_LAYER};
 use crate::profile::{Layer, NetMode};
 use nix::sys::signal::{kill, SigSet, Signal};
@@ -41,6 +41,8 @@ pub(super) struct Stop {
     pub(super) message: String,
     /// The layer is missing on this machine (as opposed to failing to apply).
     pub(super) unavailable: bool,
+    /// What refused it, where the fix depends on that.
+    pub(super) refused: Option<Refusal>,
 }
 
 impl Stop {
@@ -50,6 +52,15 @@ impl Stop {
             unavailable: false,
             layer: Some(layer),
             message: message.into(),
+            refused: None,
+        }
+    }
+
+    /// The same stop, saying what refused it.
+    pub(super) fn refused(self, by: Refusal) -> Stop {
+        Stop {
+            refused: Some(by),
+            ..self
         }
     }
 }
@@ -66,6 +77,7 @@ pub(super) fn fatal(rep: &mut Reporter, stop: Stop, other: i32) -> i32 {
         layer: stop.layer,
         message: stop.message,
         unavailable: stop.unavailable,
+        refused: stop.refused,
     });
     code
 }
@@ -85,7 +97,16 @@ impl Layers<'_> {
     }
 
     pub(super) fn missing(&mut self, layer: Layer, reason: impl Into<String>) -> Result<(), Stop> {
-        let reason = reason.into();
+        self.refused(layer, reason.into(), None)
+    }
+
+    /// [`Self::missing`], saying what refused the layer.
+    pub(super) fn refused(
+        &mut self,
+        layer: Layer,
+        reason: String,
+        refused: Option<Refusal>,
+    ) -> Result<(), Stop> {
         if self.best_effort.contains(&layer) {
             self.rep.send(&Message::Dropped { layer, reason });
             Ok(())
@@ -94,6 +115,7 @@ impl Layers<'_> {
                 unavailable: true,
                 layer: Some(layer),
                 message: reason,
+                refused,
             })
         }
     }
@@ -154,6 +176,7 @@ pub(crate) fn main() -> ! {
                 layer: None,
                 message: e,
                 unavailable: false,
+                refused: None,
             });
             std::process::exit(EXIT_INTERNAL);
         }
@@ -172,6 +195,7 @@ pub(crate) fn main() -> ! {
 pub(super) fn internal(what: &str) -> impl FnOnce(String) -> Stop + '_ {
     move |e| Stop {
         unavailable: false,
+        refused: None,
         layer: None,
         message: format!("{what}: {e}"),
     }
@@ -204,6 +228,7 @@ fn join_cgroup(plan: &Plan, layers: &mut Layers<'_>) -> Result<(), Stop> {
         Placement::In(cg) => {
             cg.join_self().map_err(|e| Stop {
                 unavailable: false,
+                refused: None,
                 layer: Some(Layer::Cgroup),
                 message: format!("joining {}: {e}", cg.dirs[0].display()),
             })?;
@@ -233,8 +258,8 @@ fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Create
         .then(namespaces::proc_covered)
         .flatten();
     let ns = namespaces::create(bp.net.mode, no_pid);
-    for (layer, why) in &ns.missing {
-        layers.missing(*layer, why.clone())?;
+    for m in &ns.missing {
+        layers.refused(m.layer, m.why.clone(), m.refused)?;
     }
     if bp.net.mode == NetMode::Host {
         // The profile chose this: reported as dropped whatever best_effort says.
@@ -247,6 +272,7 @@ fn namespaces(plan: &Plan, layers: &mut Layers<'_>) -> Result<namespaces::Create
         namespaces::write_id_maps(bp.identity.uid, plan.host_uid, plan.host_gid).map_err(|e| {
             Stop {
                 unavailable: false,
+                refused: None,
                 layer: Some(Layer::Userns),
                 message: format!("writing the id maps: {e}"),
             }

@@ -1,7 +1,9 @@
 //! The sandbox: one file per mechanism, started by [`init`] in a re-exec of the
-//! binary. The supervisor side lives here: it prepares a private runtime
-//! directory and a cgroup, writes a [`Plan`] to `sandmux __init` over a pipe,
-//! and reads back what each layer did ([`report`]).
+//! binary, and the exec that gets there ([`start`]): it writes a [`Plan`] to
+//! `sandmux __init` over a pipe and reads back what each layer did
+//! ([`report`]). What the host does around it (the runtime directory, the
+//! cgroup, freezing, the namespace signal) is `crate::supervisor`; the
+//! supervisor's confinement of itself is `crate::confine`.
 
 pub(crate) mod beneath;
 pub(crate) mod caps;
@@ -9,7 +11,6 @@ pub(crate) mod cgroup;
 pub(crate) mod container;
 pub(crate) mod env;
 mod fds;
-pub(crate) mod freeze;
 mod hostview;
 pub(crate) mod init;
 mod keyring;
@@ -18,26 +19,20 @@ pub(crate) mod limits;
 pub(crate) mod mounts;
 pub(crate) mod namespaces;
 pub(crate) mod net;
-pub(crate) mod nsconnect;
-pub(crate) mod nssignal;
 pub(crate) mod observe;
 pub(crate) mod pane;
 mod payload;
 mod pid1;
 pub(crate) mod plan;
-pub(crate) mod probe;
 pub(crate) mod procfs;
 pub(crate) mod report;
-pub(crate) mod rundir;
 pub(crate) mod seccomp;
-pub(crate) mod supervisor;
 pub(crate) mod syscalls;
-pub(crate) mod systemd;
 pub(crate) mod uid;
 pub(crate) mod view;
 
 use crate::profile::{Layer, Policy};
-use report::Message;
+use report::{Message, Refusal};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::Write;
@@ -172,13 +167,19 @@ impl StartError {
 
     /// Builds the error for a layer, naming the fix.
     pub(crate) fn layer(layer: Layer, reason: &str) -> Self {
+        Self::refused(layer, reason, None)
+    }
+
+    /// [`Self::layer`], for a layer refused by `refused` (whose fix in a
+    /// container may differ).
+    fn refused(layer: Layer, reason: &str, refused: Option<Refusal>) -> Self {
         StartError {
             layer: Some(layer),
             code: None,
             layers: vec![],
             message: format!(
                 "required layer '{layer}' is unavailable: {reason}\n  fix{}\n  (or, to run without it, add \"{layer}\" to [enforcement] best_effort in a profile of your own)",
-                in_container(container::unavailable_fix(layer, reason)).unwrap_or(format!(": {}", layer.fix()))
+                in_container(container::unavailable_fix(layer, refused)).unwrap_or(format!(": {}", layer.fix()))
             ),
         }
     }
@@ -376,6 +377,22 @@ fn send_plan(plan: &Plan, w: std::os::fd::OwnedFd) -> Result<(), StartError> {
         .map_err(|e| internal(format!("sending the plan: {e}")))
 }
 
+/// A layer that could not be applied, with the fix its refusal calls for.
+fn not_applied(l: Layer, message: &str, refused: Option<Refusal>) -> StartError {
+    StartError {
+        layer: Some(l),
+        message: format!(
+            "layer '{l}' could not be applied: {message}{}",
+            in_container(container::applying_fix(l, refused))
+                .or_else(|| container::layer_fix(refused).map(|f| format!(": {f}")))
+                .map(|f| format!("\n  fix{f}"))
+                .unwrap_or_default()
+        ),
+        code: None,
+        layers: vec![],
+    }
+}
+
 /// The start-up failure the report ends with, if it ends with one.
 fn failure(messages: &[Message]) -> Option<StartError> {
     match messages.last()? {
@@ -389,21 +406,11 @@ fn failure(messages: &[Message]) -> Option<StartError> {
             layer,
             message,
             unavailable,
+            refused,
         } => {
             let e = match layer {
-                Some(l) if *unavailable => StartError::layer(*l, message),
-                Some(l) => StartError {
-                    layer: Some(*l),
-                    message: format!(
-                        "layer '{l}' could not be applied: {message}{}",
-                        in_container(container::applying_fix(*l, message))
-                            .or_else(|| container::layer_fix(message).map(|f| format!(": {f}")))
-                            .map(|f| format!("\n  fix{f}"))
-                            .unwrap_or_default()
-                    ),
-                    code: None,
-                    layers: vec![],
-                },
+                Some(l) if *unavailable => StartError::refused(*l, message, *refused),
+                Some(l) => not_applied(*l, message, *refused),
                 None => internal(format!("sandbox start-up failed: {message}")),
             };
             Some(StartError {

@@ -5,6 +5,7 @@
 //! as root this is still the mapping: nothing inside holds a capability over the
 //! host, and the securebits are locked (see `caps.rs`).
 
+use super::report::Refusal;
 use crate::profile::{Layer, NetMode};
 use nix::sched::{unshare, CloneFlags};
 use std::io::Write;
@@ -15,7 +16,29 @@ pub(crate) struct Created {
     /// Layers created.
     pub created: Vec<Layer>,
     /// Layers that could not be created, with the reason.
-    pub missing: Vec<(Layer, String)>,
+    pub missing: Vec<Missing>,
+}
+
+/// A namespace that could not be created.
+#[derive(Debug, Clone)]
+pub(crate) struct Missing {
+    /// Its layer.
+    pub layer: Layer,
+    /// Why, as the kernel answered.
+    pub why: String,
+    /// `unshare` answered EPERM (a container's seccomp profile).
+    pub refused: Option<Refusal>,
+}
+
+impl Missing {
+    fn new(layer: Layer, why: String, errno: Option<nix::errno::Errno>) -> Missing {
+        let refused = (errno == Some(nix::errno::Errno::EPERM)).then_some(Refusal::NamespacesEperm);
+        Missing {
+            layer,
+            why,
+            refused,
+        }
+    }
 }
 
 impl Created {
@@ -74,7 +97,10 @@ pub(crate) fn create(net: NetMode, no_pid: Option<String>) -> Created {
     match unshare(flags) {
         Ok(()) => Created {
             created: layers,
-            missing: no_pid.map(|why| (Layer::Pid, why)).into_iter().collect(),
+            missing: no_pid
+                .map(|why| Missing::new(Layer::Pid, why, None))
+                .into_iter()
+                .collect(),
         },
         Err(user_err) => {
             let why = format!("unshare(CLONE_NEWUSER|...) failed: {user_err}");
@@ -83,12 +109,13 @@ pub(crate) fn create(net: NetMode, no_pid: Option<String>) -> Created {
             match unshare(flags) {
                 Ok(()) => Created {
                     created: layers,
-                    missing: vec![(Layer::Userns, why)],
+                    missing: vec![Missing::new(Layer::Userns, why, Some(user_err))],
                 },
                 Err(e) => {
-                    let mut missing = vec![(Layer::Userns, why)];
+                    let mut missing = vec![Missing::new(Layer::Userns, why, Some(user_err))];
                     for l in layers {
-                        missing.push((l, format!("unshare without a user namespace failed: {e}")));
+                        let why = format!("unshare without a user namespace failed: {e}");
+                        missing.push(Missing::new(l, why, Some(e)));
                     }
                     Created {
                         created: vec![],

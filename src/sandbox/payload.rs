@@ -196,6 +196,7 @@ fn restrict(
 fn nul(what: &str) -> Stop {
     Stop {
         unavailable: false,
+        refused: None,
         layer: None,
         message: format!("{what} contains a NUL byte"),
     }
@@ -220,6 +221,7 @@ fn exec(job: &Job<'_>, layers: &mut Layers<'_>) -> Result<Never, Stop> {
     layers.rep.note(|| "payload: confined, exec".into());
     nix::unistd::chdir(&job.cwd).map_err(|e| Stop {
         unavailable: false,
+        refused: None,
         layer: None,
         message: format!("chdir {}: {e}", job.cwd.display()),
     })?;
@@ -241,6 +243,7 @@ fn exec(job: &Job<'_>, layers: &mut Layers<'_>) -> Result<Never, Stop> {
     if args.is_empty() {
         return Err(Stop {
             unavailable: false,
+            refused: None,
             layer: None,
             message: "no command given".into(),
         });

@@ -5,7 +5,7 @@
 use super::init::{fatal, internal, relay_signals, Layers, Stop};
 use super::payload::{self, Exec};
 use super::plan::{Blueprint, GitStep, HostView, MountNeed};
-use super::report::{Message, Reporter};
+use super::report::{Message, Refusal, Reporter};
 use super::{caps, fds, keyring, limits, mounts, namespaces, net, seccomp};
 use super::{Payload, Plan};
 use crate::profile::{Layer, NetMode};
@@ -153,8 +153,13 @@ fn mount_view(
         host_sock_dir: &plan.rundir.join("sock"),
         files: &plan.run_files,
     };
-    let built = mounts::build_and_pivot(&bp.mounts, &sources, layers.best_effort)
-        .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
+    let built = mounts::build_and_pivot(&bp.mounts, &sources, layers.best_effort).map_err(|f| {
+        let stop = Stop::applying(f.layer, f.error.to_string());
+        match f.refused {
+            Some(by) => stop.refused(by),
+            None => stop,
+        }
+    })?;
     for (layer, reason) in built.dropped {
         layers.rep.send(&Message::Dropped { layer, reason });
     }
@@ -181,11 +186,13 @@ fn needs_mount(need: Option<MountNeed>, ns: &namespaces::Created) -> Result<(), 
     match need {
         Some(MountNeed::Layer) => Err(Stop {
             unavailable: true,
+            refused: None,
             layer: Some(Layer::Mount),
             message: "[workspace] mode = \"copy-on-write\" needs a mount namespace (the layer is an overlay over the workspace); without one, use mode = \"live\"".into(),
         }),
         Some(MountNeed::Commit) => Err(Stop {
             unavailable: true,
+            refused: None,
             layer: Some(Layer::Git),
             message: "git = \"commit\" needs a mount namespace (the agent's repository is mounted over .git); use git = \"read-only\" here".into(),
         }),
@@ -231,11 +238,13 @@ fn hostname_and_loopback(
     if ns.has(Layer::Uts) {
         let r = namespaces::set_hostname(&bp.identity.hostname)
             .map_err(|e| format!("sethostname: {e}"));
-        layers.step(
-            Layer::Uts,
-            r,
-            "the new UTS namespace keeps the hostname it was created with",
-        )?;
+        layers
+            .step(
+                Layer::Uts,
+                r,
+                "the new UTS namespace keeps the hostname it was created with",
+            )
+            .map_err(|s| s.refused(Refusal::Sethostname))?;
     }
     // `none` and `loopback` alike: the sandbox's own loopback reaches nothing
     // outside, and a dev server with its client in the same sandbox works.
@@ -292,7 +301,7 @@ fn host_view<'a>(
     let root = nix::unistd::geteuid().is_root();
     let why = match (&bp.host_view, ns.has(Layer::Userns), root) {
         (Some(h), false, true) => return Ok(Some(h)),
-        (_, true, _) => "tmux mode needs a mount namespace for /run/sandmux (its socket, configuration and pane gate), and no mount namespace could be made; sandmux run works without one",
+        (_, true, _) => return Err(Stop::applying(Layer::Mount, "tmux mode needs a mount namespace for /run/sandmux (its socket, configuration and pane gate), and no mount namespace could be made; sandmux run works without one").refused(Refusal::NoMountNamespace)),
         _ => "without user namespaces (a container runtime's seccomp profile refuses them) tmux mode must start as root, so that it can drop everything confined to an unprivileged uid and keep its socket from it by file permissions: run the container as root (no --user), or with the full-confinement flags (--security-opt seccomp=.../container/seccomp.json, and --security-opt unmask=/proc/* on podman or --security-opt systempaths=unconfined on docker); sandmux run works without either",
     };
     Err(Stop::applying(Layer::Mount, why.to_string()))
@@ -316,8 +325,8 @@ fn without_userns(
     let mut said = vec![ns
         .missing
         .iter()
-        .find(|(l, _)| *l == Layer::Userns)
-        .map(|(_, r)| r.clone())
+        .find(|m| m.layer == Layer::Userns)
+        .map(|m| m.why.clone())
         .unwrap_or_else(|| "no user namespace".into())];
     if !ns.has(Layer::Mount) {
         said.extend(withhold_writes(plan, job)?);
@@ -431,8 +440,13 @@ fn cover_socket(
     let watch = wait_for_socket(server, sock)
         .map_err(|e| internal("waiting for the tmux server")(e.to_string()))?;
     if ns.has(Layer::Mount) {
-        mounts::after_ready(&bp.after_ready)
-            .map_err(|f| Stop::applying(f.layer, f.error.to_string()))?;
+        mounts::after_ready(&bp.after_ready).map_err(|f| {
+            let stop = Stop::applying(f.layer, f.error.to_string());
+            match f.refused {
+                Some(by) => stop.refused(by),
+                None => stop,
+            }
+        })?;
     }
     if let Some(h) = job.host_view {
         super::hostview::cover(&h.paths.socket)
@@ -454,6 +468,7 @@ fn confine_self(
     if let Some(t) = job.drop_to {
         super::uid::drop_uid(t).map_err(|e| Stop {
             unavailable: true,
+            refused: None,
             layer: Some(Layer::Caps),
             message: format!("confining PID 1: {e}"),
         })?;
@@ -474,6 +489,7 @@ fn confine_self(
         })
         .map_err(|(layer, e)| Stop {
             unavailable: true,
+            refused: None,
             layer: Some(layer),
             message: format!("confining PID 1: {e}"),
         })

@@ -36,6 +36,10 @@ pub(crate) enum Message {
         /// rather than failing to apply to this workspace.
         #[serde(default)]
         unavailable: bool,
+        /// What refused it, where the fix depends on that (the host picks a
+        /// container's fix from this, never from `message`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refused: Option<Refusal>,
     },
     /// Every layer is in force, but the payload could not be executed.
     ExecFailed {
@@ -58,6 +62,24 @@ pub(crate) enum Message {
         /// The server's pid inside the sandbox's pid namespace.
         server_pid: i32,
     },
+}
+
+/// What refused a start-up step, where the fix depends on it: said by the
+/// step that failed, so the fix never depends on how its message reads.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Refusal {
+    /// `unshare` answered EPERM, as a seccomp profile does (a host's
+    /// namespace limit answers ENOSPC).
+    NamespacesEperm,
+    /// The kernel refused the mount of a fresh procfs.
+    FreshProcfs,
+    /// Tmux mode found no mount namespace for `/run/sandmux`.
+    NoMountNamespace,
+    /// `sethostname` was refused.
+    Sethostname,
+    /// The kernel refused the copy-on-write layer's overlay mount.
+    Overlay,
 }
 
 /// The status of one layer in a finished report.

@@ -217,7 +217,7 @@ pub(crate) fn build() -> Result<Filters, SeccompError> {
     })
 }
 
-/// The supervisor's programs (`supervisor.rs`): the x32 guard, then `EPERM`
+/// The supervisor's programs (`crate::confine`): the x32 guard, then `EPERM`
 /// for `denied`, for a set-ID bit in a mode ([`mode_rules`]; what `denied`
 /// refuses whole stays refused whole), `clone` with a `CLONE_NEW*` flag and
 /// every socket family but unix; `clone3` answers `ENOSYS` (its flags cannot

@@ -1,5 +1,5 @@
 //! The broker: what `serve` can no longer do once it has confined itself
-//! (`sandbox::supervisor`). Landlock and seccomp are inherited, a sandbox
+//! (`confine`). Landlock and seccomp are inherited, a sandbox
 //! needs namespaces and mounts, and Landlock closes another domain's
 //! `/proc/PID/ns` (ptrace-style access). So before confining, `serve` starts
 //! this small child (`sandmux-broker __broker`, a fresh process of the same
@@ -14,7 +14,7 @@
 //! back over the socket and nowhere else); and, for `sandmux expose`, it
 //! binds a host listener at the address the operator chose and makes
 //! connections to `127.0.0.1:PORT` inside a sandbox of this instance
-//! (`sandbox::nsconnect`), handing each descriptor back over a second
+//! (`supervisor::nsconnect`), handing each descriptor back over a second
 //! socket pair (descriptor 4, `SCM_RIGHTS` only): the confined supervisor
 //! may neither bind nor make an inet socket. It reads the resolved profile, then one
 //! JSON line per request, from a socket pair on its descriptor 3, holds the
@@ -26,8 +26,8 @@
 
 use super::generation::{end_init, start_generation, Generation};
 use crate::profile::{Layer, Policy};
-use crate::sandbox::rundir::Rundir;
 use crate::sandbox::StartError;
+use crate::supervisor::rundir::Rundir;
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -60,7 +60,7 @@ enum Request {
     /// the restart budget.
     Launch,
     Stop(u32),
-    Signals(crate::sandbox::freeze::Op, u32),
+    Signals(crate::supervisor::freeze::Op, u32),
     /// The instance ends: its sandboxes, then its cgroup directory.
     End,
     /// Run the `from_command` of the profile's credential N (its index,
@@ -237,7 +237,7 @@ impl Broker {
     /// Runs the signals freezer on the sandbox of this `__init`.
     pub(crate) fn signals(
         &self,
-        op: crate::sandbox::freeze::Op,
+        op: crate::supervisor::freeze::Op,
         init_pid: u32,
     ) -> Result<usize, BrokerError> {
         match self.ask(&Request::Signals(op, init_pid))? {
@@ -285,7 +285,7 @@ impl Broker {
             .map_err(|e| e.to_string())?
             .ok_or("the broker ended")?;
         match serde_json::from_slice(&line).map_err(|e| e.to_string())? {
-            Reply::Sent(Ok(())) => match crate::sandbox::nsconnect::recv_fd(&io.2)? {
+            Reply::Sent(Ok(())) => match crate::supervisor::nsconnect::recv_fd(&io.2)? {
                 (0, _, Some(fd)) => Ok(fd),
                 _ => Err("the broker sent no descriptor".into()),
             },
@@ -385,14 +385,14 @@ pub(crate) fn main() -> i32 {
 fn connect(held: &BTreeMap<u32, Child>, pid: u32, port: u16, fds: &UnixStream) -> Reply {
     Reply::Sent(
         sandbox_of_ours(pid, held)
-            .and_then(|()| crate::sandbox::nsconnect::connect_inside(pid, port))
+            .and_then(|()| crate::supervisor::nsconnect::connect_inside(pid, port))
             .map(|s| send(fds, &s)),
     )
 }
 
 /// Sends one descriptor over the descriptor channel.
 fn send(fds: &UnixStream, f: &impl std::os::fd::AsRawFd) {
-    crate::sandbox::nsconnect::send_fd(fds, Some(f.as_raw_fd()), 0);
+    crate::supervisor::nsconnect::send_fd(fds, Some(f.as_raw_fd()), 0);
 }
 
 /// Whether a held `__init` still runs. It is not reaped here (`WNOWAIT`):
@@ -459,7 +459,8 @@ fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mu
             }
         }
         Request::Signals(op, pid) => Reply::Signalled(
-            sandbox_of_ours(pid, held).and_then(|()| crate::sandbox::freeze::by_signals(op, pid)),
+            sandbox_of_ours(pid, held)
+                .and_then(|()| crate::supervisor::freeze::by_signals(op, pid)),
         ),
         Request::End => {
             for ch in held.values_mut() {

@@ -2,11 +2,12 @@
 //! plan, its start), and the plan any sandbox of an instance is built from
 //! (`run` uses it too).
 
+use super::cgroup;
 use crate::nonce;
 use crate::profile::{MountKind, Policy};
 use crate::sandbox::report::Message;
-use crate::sandbox::rundir::Rundir;
-use crate::sandbox::{self, cgroup, mounts, Payload, Plan, StartError, Stdio3};
+use crate::sandbox::{self, mounts, Payload, Plan, StartError, Stdio3};
+use crate::supervisor::rundir::Rundir;
 use crate::tmux::MINIMAL_CONF;
 use std::path::Path;
 use std::process::Child;

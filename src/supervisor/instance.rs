@@ -7,8 +7,8 @@ use super::generation::{check_visible, end_init, start_generation};
 use crate::guard::quarantine::{How, Taken};
 use crate::profile::Policy;
 use crate::sandbox::report::{self, Message};
-use crate::sandbox::rundir::Rundir;
 use crate::sandbox::{pane, StartError};
+use crate::supervisor::rundir::Rundir;
 use crate::tmux::{genesis, locate_tmux, read_version, version_probe};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -100,7 +100,7 @@ impl Instance {
         let probe = version_probe(&tmux).map_err(StartError::internal)?;
         let launched = check_visible(creds.resolved(), &tmux)
             .map_err(StartError::internal)
-            .and_then(|()| creds.host(id, crate::sandbox::rundir::Serves::Tmux));
+            .and_then(|()| creds.host(id, crate::supervisor::rundir::Serves::Tmux));
         let l = match launched {
             Ok(l) => l,
             Err(e) => {
@@ -263,13 +263,13 @@ impl Instance {
     }
 
     /// What `serve` needs of the host once it confines itself
-    /// (`sandbox::supervisor`), with its audit log and recording.
+    /// (`confine`), with its audit log and recording.
     pub(crate) fn supervisor_needs(
         &self,
         audit: &Path,
         record: Option<&Path>,
-    ) -> crate::sandbox::supervisor::Needs {
-        use crate::sandbox::supervisor::{Files, Needs};
+    ) -> crate::confine::Needs {
+        use crate::confine::{Files, Needs};
         let trees: Vec<PathBuf> = self
             .policy
             .guard

@@ -22,8 +22,8 @@
 use crate::guard::watch::Watch;
 use crate::profile::{OnEnd, Policy};
 use crate::proxy::credentials::Vault;
-use crate::sandbox::rundir::{Rundir, Serves};
 use crate::sandbox::StartError;
+use crate::supervisor::rundir::{Rundir, Serves};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -122,7 +122,7 @@ impl Placed {
         let (guard, guarded) = crate::guard::start::start_for(&creds.resolved, &rundir.id)?;
         crate::log::step("launch: the guard's watch");
         let layer = super::layer::create(&creds.resolved, &rundir.id, creds.from.as_ref())
-            .map_err(|e| StartError::internal(format!("the workspace's layer: {e}")))?;
+            .map_err(layer_refused)?;
         crate::log::step("launch: the copy-on-write layer");
         let policy = derive(
             &creds.resolved,
@@ -222,6 +222,16 @@ impl End {
             End::AsAsked(o) => o,
             End::KeptOverBound => OnEnd::Keep,
         }
+    }
+}
+
+/// The layer's failure as a start-up error: a refused `--resume ID` or
+/// `--fork ID` exits with the usage status, anything else as sandmux's own.
+fn layer_refused(e: super::layer::LayerError) -> StartError {
+    let code = e.refuses_input().then_some(crate::sandbox::EXIT_USAGE);
+    StartError {
+        code,
+        ..StartError::internal(format!("the workspace's layer: {e}"))
     }
 }
 

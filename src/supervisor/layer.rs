@@ -8,6 +8,8 @@
 //! human takes its changes (`sandmux diff ID`, `sandmux apply ID`) and
 //! removes it (`sandmux discard ID`). One that holds no change is removed when the instance ends.
 
+use super::layer_copy::{copy_of, copy_place, COPIES, COPY};
+pub(crate) use super::layer_copy::{is_copy, mark_ended, writes};
 use super::layer_from::LayerFrom;
 use crate::profile::{OnEnd, Policy, WorkspaceMode};
 use serde::{Deserialize, Serialize};
@@ -87,7 +89,27 @@ pub(crate) enum LayerError {
     Copy(#[from] super::copy::CopyError),
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LayerError + 'a {
+impl LayerError {
+    /// The id the user gave is refused (`serve --resume ID`, `--fork ID`,
+    /// and the door's commands): not an id, no layer of that instance, its
+    /// instance still runs, or a layer or workspace mode `--resume` and
+    /// `--fork` cannot go on from. The command's usage status, not
+    /// sandmux failing.
+    pub(crate) fn refuses_input(&self) -> bool {
+        matches!(
+            self,
+            LayerError::NotAnId(_)
+                | LayerError::NoLayer { .. }
+                | LayerError::Live(_)
+                | LayerError::From(_)
+        )
+    }
+}
+
+pub(super) fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> LayerError + 'a {
     move |source| LayerError::Io {
         what,
         path: path.to_path_buf(),
@@ -151,7 +173,7 @@ pub(crate) fn possible(workspace: &Path) -> Result<(), LayerError> {
             .map_err(io("creating", &p))
     });
     let tried = made.and_then(|()| {
-        crate::sandbox::probe::overlay(workspace, &dir.join("upper"), &dir.join("work"))
+        crate::supervisor::probe::overlay(workspace, &dir.join("upper"), &dir.join("work"))
             .map_err(LayerError::Probe)
     });
     let _ = remove(&dir);
@@ -317,76 +339,6 @@ pub(crate) fn create(
             Err(e)
         }
     }
-}
-
-/// A copy workspace's copy in its layer (`copy.rs`).
-const COPY: &str = "copy";
-
-/// For a copy workspace's layer at `dir` whose instance has ended: sets
-/// the copy's `ended` mark (see `copy.rs`) unless it is set.
-pub(crate) fn mark_ended(dir: &Path) {
-    if let Some(copy) = copy_of(dir) {
-        if let Err(e) = super::copy::mark_ended(&copy) {
-            tracing::warn!("the copy's end mark in {}: {e}", dir.display());
-        }
-    }
-}
-
-/// Where root's copies are: root's state directory is not one the agent's
-/// uid (the workspace's owner, without a user namespace) can reach.
-const COPIES: &str = "/var/tmp/sandmux-copies";
-
-/// The copy of the copy workspace whose layer is at `dir` (None: an
-/// overlay's layer).
-fn copy_of(dir: &Path) -> Option<PathBuf> {
-    let text = std::fs::read(dir.join("meta.json")).ok()?;
-    let copy = serde_json::from_slice::<Meta>(&text).ok()?.copy?;
-    Some(dir.join(copy))
-}
-
-/// Whether the layer at `dir` is a copy workspace's.
-pub(crate) fn is_copy(dir: &Path) -> bool {
-    copy_of(dir).is_some()
-}
-
-/// Where the agent's writes are in the layer at `dir`: `upper/`, or a copy
-/// workspace's copy.
-pub(crate) fn writes(dir: &Path) -> PathBuf {
-    copy_of(dir).unwrap_or_else(|| dir.join("upper"))
-}
-
-/// Where the copy of layer `id` (staged at `dir`) is made: in the layer;
-/// as root, in a directory of its own under [`COPIES`] (0711, root's),
-/// the id's root's too, 0710 with the group `gid` of the uid the agent
-/// runs as: it can pass, another user cannot.
-fn copy_place(dir: &Path, id: &str, gid: u32) -> Result<PathBuf, LayerError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(dir.join(COPY));
-    }
-    let base = Path::new(COPIES);
-    match std::fs::DirBuilder::new().mode(0o711).create(base) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(io("creating", base)(e))
-        }
-        _ => {}
-    }
-    let m = std::fs::symlink_metadata(base).map_err(io("reading", base))?;
-    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
-        let e = std::io::Error::other("not a directory of root's that only root can write");
-        return Err(io("using", base)(e));
-    }
-    let own = base.join(id);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&own)
-        .map_err(io("creating", &own))?;
-    crate::sandbox::beneath::open_root(&own)
-        .and_then(|d| {
-            nix::unistd::fchown(&d, Some(0.into()), Some(gid.into()))?;
-            nix::sys::stat::fchmod(&d, nix::sys::stat::Mode::from_bits_truncate(0o710))
-        })
-        .map_err(|e| io("setting the owner of", &own)(e.into()))?;
-    Ok(own.join(COPY))
 }
 
 /// The prefix of a layer being made ([`create`]); `list` skips it.

@@ -7,14 +7,22 @@
 
 pub(crate) mod bound;
 pub(crate) mod broker;
+pub(crate) mod cgroup;
 pub(crate) mod copy;
+pub(crate) mod freeze;
 pub(crate) mod generation;
 pub(crate) mod history;
 pub(crate) mod instance;
 pub(crate) mod kept;
 pub(crate) mod launch;
 pub(crate) mod layer;
+mod layer_copy;
 pub(crate) mod layer_from;
+pub(crate) mod nsconnect;
+pub(crate) mod nssignal;
+pub(crate) mod probe;
+pub(crate) mod rundir;
+pub(crate) mod systemd;
 
 pub(crate) use generation::{make_cgroup, plan};
 pub(crate) use instance::{Instance, Proof};

@@ -1,4 +1,4 @@
-"""A delegated cgroup from a systemd user manager (src/sandbox/systemd.rs):
+"""A delegated cgroup from a systemd user manager (src/supervisor/systemd.rs):
 detection names exactly what is missing, a profile that requires the cgroup
 layer is refused with that reason and the fix, a best-effort one says what is
 in force instead (`check`, `sandbox_status`), and the transient-scope path

@@ -251,3 +251,36 @@ async def test_fork_and_resume_go_on_from_a_kept_layer_with_every_door_rule(ws):
     r = subprocess.run([BIN, "serve", "-w", str(work), "--resume", first], capture_output=True, text=True,
                        env={**clean, **env}, stdin=subprocess.DEVNULL, timeout=60)
     assert r.returncode != 0 and first in r.stderr, r.stderr
+
+
+async def test_a_refused_resume_or_fork_exits_with_the_usage_status(ws):
+    """`serve --resume ID` / `--fork ID` that the user's input makes
+    impossible exits 2 (the usage status of the README's table), naming the
+    id, not 125 (sandmux failing): the instance still runs, no layer of that
+    id, not an id, a live workspace. Control: the same `--fork ID` once the
+    instance has ended starts (a clean stop, 0), so the refusals are the
+    input's, not the channel's."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+
+    def serve(*args):
+        return subprocess.run([BIN, "serve", "-w", str(work), *args], capture_output=True, text=True,
+                              env={**clean, **env}, stdin=subprocess.DEVNULL, timeout=60)
+
+    cow = ("--workspace-mode", "copy-on-write")
+    async with connect(ws, *cow, env=env) as c:
+        first = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo day-one > notes.txt", "timeout": 20})
+        running = serve(*cow, "--fork", first)
+        assert running.returncode == 2 and first in running.stderr, (running.returncode, running.stderr)
+        assert "still running" in running.stderr, running.stderr
+    for args, names in [
+        ((*cow, "--resume", "zz0000000000"), "zz0000000000"),
+        ((*cow, "--fork", "../" + first), first),
+        (("--workspace-mode", "live", "--resume", first), "--resume"),
+    ]:
+        r = serve(*args)
+        assert r.returncode == 2 and names in r.stderr, (args, r.returncode, r.stderr)
+    control = serve(*cow, "--fork", first)
+    assert control.returncode == 0, (control.returncode, control.stderr)

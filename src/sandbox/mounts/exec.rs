@@ -4,6 +4,7 @@
 use super::*;
 use crate::profile::Layer;
 use crate::sandbox::plan::{Attrs, From, Need, Onto, Op, Part, RunFile, Step};
+use crate::sandbox::report::Refusal;
 use std::collections::BTreeSet;
 
 /// Where the host-side sources of the plan are, for this instance.
@@ -23,6 +24,18 @@ pub(crate) struct Failed {
     pub layer: Layer,
     /// What went wrong.
     pub error: MountError,
+    /// What refused it, where the fix depends on that: the step's
+    /// operation says it ([`refusal_of`]), not the error's text.
+    pub refused: Option<Refusal>,
+}
+
+/// The refusal a failed step of `op` stands for, if its fix depends on it.
+fn refusal_of(op: &Op) -> Option<Refusal> {
+    match op {
+        Op::Procfs { .. } => Some(Refusal::FreshProcfs),
+        Op::Overlay { .. } => Some(Refusal::Overlay),
+        _ => None,
+    }
 }
 
 impl Attrs {
@@ -85,8 +98,15 @@ pub(crate) fn build_and_pivot(
     src: &Sources<'_>,
     best_effort: &BTreeSet<Layer>,
 ) -> Result<Built, Failed> {
-    let fail = |layer| move |error| Failed { layer, error };
+    let fail = |layer| {
+        move |error| Failed {
+            layer,
+            error,
+            refused: None,
+        }
+    };
     let (first, rest) = steps.split_first().ok_or_else(|| Failed {
+        refused: None,
         layer: Layer::Mount,
         error: MountError {
             what: "the plan has no root",
@@ -108,7 +128,12 @@ pub(crate) fn build_and_pivot(
                 built.dropped.push((s.layer, e.to_string()));
                 dropped = true;
             }
-            Err(e) => return Err(fail(s.layer)(e)),
+            Err(e) => {
+                return Err(Failed {
+                    refused: refusal_of(&s.op),
+                    ..fail(s.layer)(e)
+                })
+            }
         }
         if s.need == Need::IfDropped {
             if let Some(d) = built.dropped.last_mut() {
@@ -130,6 +155,7 @@ pub(crate) fn after_ready(steps: &[Step]) -> Result<(), Failed> {
     for s in steps {
         let Op::Tmpfs { options, attrs } = &s.op else {
             return Err(Failed {
+                refused: None,
                 layer: s.layer,
                 error: MountError {
                     what: "only a tmpfs can be mounted in the live view, not at",
@@ -149,6 +175,7 @@ pub(crate) fn after_ready(steps: &[Step]) -> Result<(), Failed> {
         .map_err(|error| Failed {
             layer: s.layer,
             error,
+            refused: None,
         })?;
     }
     Ok(())

@@ -31,13 +31,17 @@
 //! mounts and namespaces, which a confined process can no longer make, and
 //! the signals freezer reads the sandbox's `/proc/PID/ns`, which Landlock
 //! closes to another domain: the broker started before confinement does
-//! both (`mcp::broker`).
+//! both (`supervisor::broker`).
+//!
+//! This runs on the host, but it is a layer of its own, not part of
+//! `supervisor`: the workspace guard's and the proxy's threads confine
+//! themselves with it, and both sit below `supervisor` (`src/layers.rs`).
 
-use super::landlock::{abi_of, effective_abi};
-use super::report::LayerStatus;
-use super::seccomp::Inet;
-use super::StartError;
 use crate::profile::{Layer, Policy};
+use crate::sandbox::landlock::{abi_of, effective_abi};
+use crate::sandbox::report::LayerStatus;
+use crate::sandbox::seccomp::Inet;
+use crate::sandbox::StartError;
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
@@ -322,9 +326,10 @@ pub(crate) fn proxy_thread_needs(policy: &Policy, dials: Dials) -> Needs {
 /// [`proxy_thread_needs`], and the supervisor's seccomp filter for this
 /// thread (no `TSYNC`). Threads it starts later inherit all three.
 pub(crate) fn confine_this_thread(prepared: Prepared, inet: Inet) -> Result<String, String> {
-    super::caps::set_no_new_privs()?;
+    crate::sandbox::caps::set_no_new_privs()?;
     let ll = prepared.restrict()?;
-    let progs = super::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
+    let progs =
+        crate::sandbox::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
     for p in &progs {
         seccompiler::apply_filter(p).map_err(|e| format!("seccomp: {e}"))?;
     }
@@ -421,7 +426,7 @@ impl Prepared {
 /// The calls the supervisor's filter refuses with `EPERM`: the sandbox's
 /// denylist but `setns`, plus `ptrace`.
 pub(crate) fn denied() -> Vec<(&'static str, i64)> {
-    let mut v: Vec<(&'static str, i64)> = super::syscalls::DENIED
+    let mut v: Vec<(&'static str, i64)> = crate::sandbox::syscalls::DENIED
         .iter()
         .flat_map(|(_, g)| g.iter().copied())
         .filter(|(n, _)| *n != "setns")
@@ -445,7 +450,8 @@ pub(crate) fn denied() -> Vec<(&'static str, i64)> {
 /// how many calls it denies. `inet`: which inet and inet6 sockets stay
 /// allowed (network mode `proxy`).
 pub(crate) fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
-    let progs = super::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
+    let progs =
+        crate::sandbox::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
     for p in &progs {
         seccompiler::apply_filter_all_threads(p).map_err(|e| e.to_string())?;
     }
@@ -533,7 +539,7 @@ pub(crate) fn probe(
                 Ok(d) => done.push(d),
                 Err(e) => failed.push(format!("Landlock: {e}")),
             }
-            let progs = super::seccomp::supervisor_programs(&denied(), needs.inet())
+            let progs = crate::sandbox::seccomp::supervisor_programs(&denied(), needs.inet())
                 .map_err(|e| e.to_string());
             match progs.and_then(|ps| {
                 ps.iter()
@@ -556,5 +562,4 @@ pub(crate) fn probe(
 }
 
 #[cfg(test)]
-#[path = "supervisor_tests.rs"]
 mod tests;

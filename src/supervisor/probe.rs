@@ -37,9 +37,9 @@ pub(crate) fn kernel() -> Kernel {
         .map(|m| format!("user bus {}", m.bus.display()));
     Kernel {
         release,
-        landlock_abi: super::landlock::kernel_abi(),
+        landlock_abi: crate::sandbox::landlock::kernel_abi(),
         userns: try_userns(),
-        seccomp: super::seccomp::probe().is_ok()
+        seccomp: crate::sandbox::seccomp::probe().is_ok()
             && std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
                 .map(|s| s.contains("errno"))
                 .unwrap_or(true),
@@ -111,7 +111,7 @@ fn try_overlay(dirs: &[PathBuf]) -> Result<(), String> {
     };
     let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
     match unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS) {
-        Ok(()) => super::namespaces::write_id_maps(0, uid.as_raw(), gid.as_raw())
+        Ok(()) => crate::sandbox::namespaces::write_id_maps(0, uid.as_raw(), gid.as_raw())
             .map_err(|e| format!("the user namespace's id maps: {e}"))?,
         Err(user) => unshare(CloneFlags::CLONE_NEWNS)
             .map_err(|e| format!("no mount namespace: unshare(CLONE_NEWUSER|CLONE_NEWNS): {user}; unshare(CLONE_NEWNS): {e}"))?,
@@ -128,8 +128,9 @@ fn try_overlay(dirs: &[PathBuf]) -> Result<(), String> {
     // As the sandbox's PID 1 mounts it (`mounts/exec.rs`): each directory
     // opened first and named by its descriptor, so no path text (a comma,
     // a colon) reaches the options.
-    let open =
-        |p: &PathBuf| super::beneath::open_root(p).map_err(|e| format!("{}: {e}", p.display()));
+    let open = |p: &PathBuf| {
+        crate::sandbox::beneath::open_root(p).map_err(|e| format!("{}: {e}", p.display()))
+    };
     let (l, u, w) = (open(lower)?, open(upper)?, open(work)?);
     let fd =
         |f: &std::os::fd::OwnedFd| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f));

@@ -27,7 +27,7 @@ fn confined_reads(
     let (tell, told) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         s.spawn(move || {
-            super::super::caps::set_no_new_privs().unwrap();
+            crate::sandbox::caps::set_no_new_privs().unwrap();
             prepared.restrict().unwrap();
             while asked.recv().is_ok() {
                 let r = vault.header("authorization", ph.as_bytes(), "api.test");
