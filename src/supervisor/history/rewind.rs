@@ -156,7 +156,12 @@ fn remove_stale(root: &OwnedFd, current: &State, target: &State) -> Result<(), H
 }
 
 /// Makes the entry `node` at `path` (its parent exists: parents sort first).
-fn put(root: &OwnedFd, path: &Path, node: &Node, objects: &Path) -> Result<(), HistoryError> {
+pub(super) fn put(
+    root: &OwnedFd,
+    path: &Path,
+    node: &Node,
+    objects: &Path,
+) -> Result<(), HistoryError> {
     let (parent, name) = split(path);
     let dir = walk::open_dir(root, parent)?;
     let e = |what| move |err: nix::Error| HistoryError::io(what, path, err.into());
@@ -205,7 +210,7 @@ fn put(root: &OwnedFd, path: &Path, node: &Node, objects: &Path) -> Result<(), H
 }
 
 /// Puts every directory's mode back as the target has it, deepest first.
-fn dir_modes(root: &OwnedFd, target: &State) -> Result<(), HistoryError> {
+pub(super) fn dir_modes(root: &OwnedFd, target: &State) -> Result<(), HistoryError> {
     let mut dirs: Vec<(&PathBuf, u32)> = target
         .iter()
         .filter_map(|(p, n)| match n {

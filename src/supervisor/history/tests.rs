@@ -1,7 +1,8 @@
 //! The history's property: after any sequence of file operations, each
 //! followed by a checkpoint, rewinding to any checkpoint N gives exactly
 //! the tree as it was after N, and rewinding to the checkpoint a rewind
-//! took first gives back the tree as it was before the rewind.
+//! took first gives back the tree as it was before the rewind, and that
+//! writing checkpoint N out whole (`--upto N`) gives that tree too.
 
 use super::rewind::rewind;
 use super::store::History;
@@ -143,6 +144,11 @@ proptest! {
         prop_assert_eq!((all.changed, all.removed), (0, 0), "the feed missed a change");
         trees.push(last.clone());
         let n = pick.index(trees.len());
+        // `--upto N`'s view: the same tree, written whole from the history.
+        let view = t.path().join("view");
+        std::fs::create_dir(&view).unwrap();
+        super::materialise::materialise(h.dir(), n as u64, &view).unwrap();
+        prop_assert_eq!(&tree(&view), &trees[n], "materialised at {}", n);
         let (before, _) = rewind(&mut h, n as u64).unwrap();
         prop_assert_eq!(&tree(&writes), &trees[n], "after rewinding to {}", n);
         rewind(&mut h, before.n).unwrap();
