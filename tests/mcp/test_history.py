@@ -270,7 +270,7 @@ async def test_apply_upto_brings_the_work_up_to_a_call_through_every_door_rule(w
     env = {"XDG_STATE_HOME": str(host / "state")}
     async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
         lid = layer_of(await call(c, "sandbox_status"))
-        await call(c, "run_command", {"command": "echo good > a.txt && mkdir -p src && echo v1 > src/m.txt && echo agent > kept.txt", "timeout": 20})
+        await call(c, "run_command", {"command": "echo good > a.txt && mkdir -p src ro && echo v1 > src/m.txt && echo agent > kept.txt && echo r > ro/f && chmod 555 ro", "timeout": 20})
         await call(c, "run_command", {"command": "echo 'echo pwned' > .envrc && echo v2 > src/m.txt && echo x > b.txt", "timeout": 20})
         await call(c, "run_command", {"command": "rm a.txt && echo oops > ruined.txt", "timeout": 20})
         for args in (("apply", lid, "--upto", "2"), ("diff", lid, "--upto", "2")):
@@ -310,6 +310,10 @@ async def test_apply_upto_brings_the_work_up_to_a_call_through_every_door_rule(w
     u = sandmux(env, "apply", lid, "--upto", "2", "--undo")
     assert u.returncode == 0, u
     assert (work / "kept.txt").read_text() == "the human's\n" and not (work / "a.txt").exists(), u.stdout
+    # The views (a directory the agent made read-only among them) go with the layer.
+    assert oct(os.stat(os.path.join(view, "ro")).st_mode & 0o777) == "0o555"
+    d = sandmux(env, "discard", lid)
+    assert d.returncode == 0 and not os.path.exists(os.path.dirname(os.path.dirname(view))), d
 
 
 async def test_workspace_history_is_off_by_default_read_only_and_bounded(ws):
