@@ -8,7 +8,9 @@
 //! `apply --upto N` checks what `diff --upto N` showed), the same journal
 //! and `taken/` (in the view: `apply ID --upto N --undo` reverses it), the
 //! same record in the instance's audit log. There is no second apply to
-//! miss a rule.
+//! miss a rule. A view an apply ran on counts as the layer's own journal
+//! wherever one does: `serve --resume` refuses the layer, a start's
+//! clearing of empty or old layers keeps it (`supervisor::kept`).
 
 use super::review::REVIEWED;
 use super::DoorError;
@@ -94,6 +96,15 @@ pub(crate) fn applied(top: &Path) -> bool {
     views(top)
         .iter()
         .any(|(_, d)| d.join("apply.jsonl").exists() || d.join("taken").exists())
+}
+
+/// The journals and `taken/` of the views of the layer at `top` (what
+/// `keep_days` counts from, as the layer's own).
+pub(crate) fn journals(top: &Path) -> Vec<PathBuf> {
+    views(top)
+        .into_iter()
+        .flat_map(|(_, d)| [d.join("apply.jsonl"), d.join("taken")])
+        .collect()
 }
 
 /// Applied = reviewed, across views: when the target of this apply (`at`:

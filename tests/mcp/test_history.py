@@ -364,3 +364,34 @@ async def test_workspace_history_in_live_mode_says_there_is_none(ws):
     async with connect(ws, "--toolsets", "inspect,history") as c:
         r = await call(c, "workspace_history", ok=False)
         assert "live" in r and "no history" in r, r
+
+
+async def test_a_start_keeps_a_layer_whose_upto_view_holds_the_humans_file(ws):
+    """`apply --upto 1` replaces the human's file (kept in the view's
+    `taken/`), then `rewind 0` empties the layer: the next start, which
+    clears away ended layers with no change, keeps this one, and `apply
+    --upto 1 --undo` gives the human's file back. Control: another ended
+    layer rewound to 0, with no apply, is cleared by the same start."""
+    work, host = ws
+    (work / "kept.txt").write_text("the human's\n")
+    time.sleep(0.1)  # a host change within 20 ms of the layer's start is a conflict (coarse ctime)
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    cow = ("--workspace-mode", "copy-on-write")
+    async with connect(ws, *cow, env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo agent > kept.txt", "timeout": 20})
+    async with connect(ws, *cow, env=env) as c:
+        other = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo x > other.txt", "timeout": 20})
+    r = sandmux(env, "apply", lid, "--upto", "1")
+    assert r.returncode == 0 and (work / "kept.txt").read_text() == "agent\n", r
+    for l in (lid, other):
+        assert sandmux(env, "rewind", l, "0").returncode == 0
+        assert tree(upper(env, l)) == {}
+    async with connect(ws, *cow, env=env) as c:  # a start clears ended layers with no change
+        await call(c, "sandbox_status")
+    layers = os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers")
+    assert not os.path.exists(os.path.join(layers, other))  # control
+    assert os.path.exists(os.path.join(layers, lid)), "the human's file went with the layer"
+    u = sandmux(env, "apply", lid, "--upto", "1", "--undo")
+    assert u.returncode == 0 and (work / "kept.txt").read_text() == "the human's\n", u
