@@ -9,17 +9,15 @@
 //! and `taken/` (in the view: `apply ID --upto N --undo` reverses it), the
 //! same record in the instance's audit log. There is no second apply to
 //! miss a rule. A view an apply ran on counts as the layer's own journal
-//! wherever one does: `serve --resume` refuses the layer, a start's
-//! clearing of empty or old layers keeps it (`supervisor::kept`).
+//! wherever one does (`supervisor::history::views`).
 
 use super::review::REVIEWED;
 use super::DoorError;
+use crate::supervisor::history::views::{self, views};
 use crate::supervisor::history::{materialise::materialise, History, HistoryError};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-/// A view's directory in the layer's: `upto-N`.
-const VIEW: &str = "upto-";
 /// A view being made: renamed to its name once whole.
 const MAKING: &str = ".new-upto-";
 
@@ -38,7 +36,7 @@ pub(crate) fn view(
             HistoryError::None(id.to_string()).to_string(),
         ));
     }
-    let dir = top.join(format!("{VIEW}{n}"));
+    let dir = views::dir(top, n);
     if dir.is_dir() {
         return Ok(dir);
     }
@@ -71,40 +69,6 @@ fn sweep(top: &Path) {
             let _ = crate::supervisor::layer::remove_tree(&e.path());
         }
     }
-}
-
-/// The views of the layer at `top`, with their checkpoints.
-fn views(top: &Path) -> Vec<(u64, PathBuf)> {
-    let Ok(rd) = std::fs::read_dir(top) else {
-        return Vec::new();
-    };
-    let mut v: Vec<(u64, PathBuf)> = rd
-        .flatten()
-        .filter_map(|e| {
-            let n = e.file_name().to_str()?.strip_prefix(VIEW)?.parse().ok()?;
-            Some((n, e.path()))
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-/// Whether an `apply --upto` ran on a view of the layer at `top`: the
-/// human's replaced files are in it (`serve --resume` must not remove
-/// them with the old layer's directory).
-pub(crate) fn applied(top: &Path) -> bool {
-    views(top)
-        .iter()
-        .any(|(_, d)| d.join("apply.jsonl").exists() || d.join("taken").exists())
-}
-
-/// The journals and `taken/` of the views of the layer at `top` (what
-/// `keep_days` counts from, as the layer's own).
-pub(crate) fn journals(top: &Path) -> Vec<PathBuf> {
-    views(top)
-        .into_iter()
-        .flat_map(|(_, d)| [d.join("apply.jsonl"), d.join("taken")])
-        .collect()
 }
 
 /// Applied = reviewed, across views: when the target of this apply (`at`:

@@ -54,7 +54,7 @@ pub(crate) fn list() -> Vec<Kept> {
                 .join("apply.jsonl")
                 .symlink_metadata()
                 .is_ok_and(|m| m.is_file() && m.len() > 0)
-                || crate::door::upto::applied(&dir);
+                || super::history::views::applied(&dir);
             Some(Kept {
                 id,
                 meta,
@@ -144,7 +144,7 @@ fn last_used(k: &Kept) -> i128 {
     ["apply.jsonl", "taken"]
         .iter()
         .map(|n| dir.join(n))
-        .chain(crate::door::upto::journals(&dir))
+        .chain(super::history::views::journals(&dir))
         .filter_map(|p| p.symlink_metadata().ok())
         .map(|m| i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()))
         .fold(k.meta.created_ns, i128::max)
@@ -162,7 +162,7 @@ fn kept_anything(id: &str) -> bool {
         Err(e) => e != nix::Error::ENOENT,
     };
     // An `apply --upto`'s are in its view (`door::upto`).
-    journal || taken || crate::door::upto::applied(&dir)
+    journal || taken || super::history::views::applied(&dir)
 }
 
 /// Before a layer is made: removes ended layers older than `keep_days` (0

@@ -20,6 +20,7 @@ pub(crate) mod feed;
 pub(crate) mod materialise;
 pub(crate) mod rewind;
 pub(crate) mod store;
+pub(crate) mod views;
 pub(crate) mod walk;
 
 #[cfg(test)]
