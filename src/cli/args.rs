@@ -85,7 +85,7 @@ pub(super) enum Cmd {
         /// instance ends (keep: the human reviews them with `sandmux diff`).
         #[arg(long, value_enum, default_value = "keep", value_name = "WHAT")]
         on_end: crate::profile::OnEnd,
-        /// Comma-separated toolsets (inspect, manage, execute, teardown), or
+        /// Comma-separated toolsets (inspect, manage, execute, teardown, history), or
         /// the preset `core` (the ten tools of an agent's daily work); default
         /// from the profile.
         #[arg(long)]
@@ -274,6 +274,9 @@ pub(super) enum Cmd {
         /// What changed in the layer after tool call N.
         #[arg(long, value_name = "N", conflicts_with_all = ["paths", "names_only", "include_ignored"])]
         since: Option<u64>,
+        /// Review the work up to tool call N only, as `apply --upto N` would bring it (with its digest).
+        #[arg(long, value_name = "N", conflicts_with_all = ["call", "since"])]
+        upto: Option<u64>,
     },
     /// Copy-on-write mode: the workspace's history, a checkpoint per tool call that can change it.
     Log {
@@ -308,6 +311,9 @@ pub(super) enum Cmd {
         /// Reverse the last applies (from the layer's journal).
         #[arg(long, conflicts_with_all = ["paths", "include_control", "include_ignored", "expect"])]
         undo: bool,
+        /// Bring the work up to tool call N only (`sandmux log ID`), through the same door; with --undo, reverse what it brought.
+        #[arg(long, value_name = "N")]
+        upto: Option<u64>,
     },
     /// Copy-on-write mode: remove an instance's layer (its changes are gone).
     Discard {
@@ -368,7 +374,7 @@ pub(super) enum Cmd {
 pub(super) struct Selection {
     /// Instance id (or a unique prefix).
     pub(super) id: String,
-    /// A toolset: inspect, manage, execute, teardown.
+    /// A toolset: inspect, manage, execute, teardown, history.
     #[arg(long)]
     pub(super) toolset: Option<String>,
     /// One tool by name.

@@ -96,12 +96,14 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
             paths,
             names_only,
             include_ignored,
+            upto,
             ..
         } => {
             let look = crate::door::Look {
                 paths,
                 names_only,
                 include_ignored,
+                upto,
             };
             ExitCode::from(crate::door::show(&id, &look) as u8)
         }
@@ -112,6 +114,7 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
             include_ignored,
             expect,
             undo,
+            upto,
         } => {
             let ask = crate::door::Ask {
                 paths,
@@ -119,6 +122,7 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
                 include_ignored,
                 expect,
                 undo,
+                upto,
             };
             ExitCode::from(crate::door::apply(&id, &ask) as u8)
         }

@@ -29,6 +29,7 @@ pub(crate) mod rewind;
 mod show;
 pub(crate) mod sparse;
 mod undo;
+pub(crate) mod upto;
 pub(crate) mod xattr;
 
 use diff::Change;
@@ -187,6 +188,9 @@ pub(crate) struct Ask {
     pub(crate) include_ignored: bool,
     pub(crate) expect: Option<String>,
     pub(crate) undo: bool,
+    /// `--upto N`: the work up to tool call N (`upto.rs`), not the whole
+    /// layer.
+    pub(crate) upto: Option<u64>,
 }
 
 /// `sandmux apply ID [PATHS…]`: 0 applied, 1 nothing to do, 3 applied
@@ -301,24 +305,39 @@ fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
         (false, true) => "on-end apply",
         (false, false) => "apply",
     };
+    // `--upto N`: the same door on a view of checkpoint N (`upto.rs`).
+    let (at, action) = match ask.upto {
+        Some(n) => match upto::view(&dir, &meta, id, n) {
+            Ok(v) => (v, format!("{action} --upto {n}")),
+            Err(e) => {
+                rec.done(action, &ask.paths, &[format!("failed: {e}")], 2);
+                return Err(e);
+            }
+        },
+        None => (dir.clone(), action.to_string()),
+    };
     let ctx = Through {
         id,
-        dir: &dir,
+        dir: &at,
+        top: &dir,
         meta: &meta,
     };
     let done = through(ctx, ask, moving);
     match &done {
-        Ok(r) => rec.done(action, &ask.paths, &r.lines, r.code),
-        Err(e) => rec.done(action, &ask.paths, &[format!("failed: {e}")], 2),
+        Ok(r) => rec.done(&action, &ask.paths, &r.lines, r.code),
+        Err(e) => rec.done(&action, &ask.paths, &[format!("failed: {e}")], 2),
     }
     done
 }
 
-/// What the door works on: the instance, its layer and what it says.
+/// What the door works on: the instance, its layer (or a view of one of
+/// its checkpoints, `upto.rs`) and what it says.
 #[derive(Clone, Copy)]
 struct Through<'a> {
     id: &'a str,
     dir: &'a Path,
+    /// The layer's own directory (`dir`, or the view's layer).
+    top: &'a Path,
     meta: &'a crate::supervisor::layer::Meta,
 }
 
@@ -359,7 +378,7 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
     if need > free {
         return Err(DoorError::NoSpace { need, free });
     }
-    let digest = as_reviewed(&plan, &dir, ask, &brought)?;
+    let digest = as_reviewed(&plan, (&dir, t.top, id), ask, &brought)?;
     let mut door =
         apply::Door::open(&plan.trees, &dir, meta.created_ns).map_err(DoorError::Failed)?;
     door.moving = moving;
@@ -467,7 +486,7 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
 /// must be as that `diff` showed it. The plan's digest.
 fn as_reviewed(
     plan: &Plan,
-    dir: &Path,
+    (dir, top, id): (&Path, &Path, &str),
     ask: &Ask,
     brought: &[&Change],
 ) -> Result<String, DoorError> {
@@ -498,7 +517,12 @@ fn as_reviewed(
         )));
     }
     let Some(seen) = seen else {
-        return Ok(digest);
+        // No review of this, but one of another state of the layer (the
+        // whole layer, or another `--upto`): not what the human saw.
+        return match upto::reviewed_elsewhere(top, dir, id) {
+            Some(why) => Err(DoorError::NotAsReviewed(why)),
+            None => Ok(digest),
+        };
     };
     if seen.running {
         return Err(DoorError::NotAsReviewed(

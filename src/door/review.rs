@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The file in the layer's directory that keeps the last review.
-const REVIEWED: &str = "reviewed.json";
+pub(crate) const REVIEWED: &str = "reviewed.json";
 /// Hex digits of a digest as shown and expected (96 bits).
 pub(crate) const SHOWN: usize = 24;
 

@@ -39,6 +39,8 @@ fn run(id: &str, n: u64) -> Result<Vec<String>, String> {
     }
     // The door records what it does, and does nothing it cannot record.
     let rec = Record::open(id, &dir)?;
+    // What the layer holds changes: measured again when next listed.
+    let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));
     let mut h = History::open(&dir, &layer::writes(&dir), u64::MAX).map_err(|e| e.to_string())?;
     match rewind::rewind(&mut h, n) {
         Ok((before, after)) => {

@@ -18,6 +18,8 @@ pub(crate) struct Look {
     pub(crate) paths: Vec<PathBuf>,
     pub(crate) names_only: bool,
     pub(crate) include_ignored: bool,
+    /// `--upto N`: the work up to tool call N (`upto.rs`).
+    pub(crate) upto: Option<u64>,
 }
 
 /// `sandmux diff ID [PATHS…]`: 0 when the layer holds no change, 1 when it
@@ -48,13 +50,25 @@ pub(crate) fn show(id: &str, look: &Look) -> i32 {
 /// The summary, the diff and the digest of layer `id` under `paths`, and
 /// whether it changed anything; the review kept for `apply`.
 fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
-    let (dir, meta) = crate::supervisor::layer::find(id)?;
-    let running = crate::supervisor::layer::ended(&dir, id).is_err();
+    let (top, meta) = crate::supervisor::layer::find(id)?;
+    let lock = crate::supervisor::layer::ended(&top, id);
+    let running = lock.is_err();
     if !running {
-        crate::supervisor::layer::mark_ended(&dir);
+        crate::supervisor::layer::mark_ended(&top);
     }
-    let plan = Plan::open(&dir, &meta, &look.paths)?;
     let mut text = String::new();
+    // `--upto N`: the same review of a view of checkpoint N (`upto.rs`).
+    let (dir, upto) = match look.upto {
+        None => (top, String::new()),
+        Some(_) if running => {
+            return Err(DoorError::Layer(format!("instance {id} is still running: `--upto` reviews an ended instance's checkpoints; stop it first (sandmux stop {id}), or follow it with `sandmux log {id}`")))
+        }
+        Some(n) => {
+            text.push_str(&format!("# the work up to tool call {n} of instance {id} (checkpoint {n}, `sandmux log {id}`), not what came after it\n"));
+            (super::upto::view(&top, &meta, id, n)?, format!(" --upto {n}"))
+        }
+    };
+    let plan = Plan::open(&dir, &meta, &look.paths)?;
     if running {
         text.push_str(&format!("# instance {id} is still running: the agent can change what follows until it ends; `sandmux apply {id}` refuses until you `sandmux diff {id}` again after its end\n"));
     }
@@ -121,8 +135,9 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
             .map(|p| format!(" {}", shown_name(p)))
             .collect();
         text.push_str(&format!(
-            "# digest {digest}: `sandmux apply {id}{sel} --expect {digest}` brings exactly this, or nothing\n"
+            "# digest {digest}: `sandmux apply {id}{upto}{sel} --expect {digest}` brings exactly this, or nothing\n"
         ));
     }
+    drop(lock);
     Ok((text, !plan.items.is_empty()))
 }

@@ -7,8 +7,8 @@ use super::ctx::Call;
 use super::error::ToolError;
 use super::targets;
 use super::tools::{
-    self, buffers, capture, commands, follow, input, instance, options, panes, read, sessions,
-    spawn, status, waits, windows,
+    self, buffers, capture, commands, follow, history, input, instance, options, panes, read,
+    sessions, spawn, status, waits, windows,
 };
 use crate::profile::Toolset;
 use serde_json::Value;
@@ -54,11 +54,12 @@ impl Class {
 /// The toolsets, each with its name (in flags, profiles, the operator's
 /// requests, the audit log, the docs): the one place they are spelled (a
 /// test holds the profile's serde names to it).
-pub(crate) const TOOLSETS: [(Toolset, &str); 4] = [
+pub(crate) const TOOLSETS: [(Toolset, &str); 5] = [
     (Toolset::Inspect, "inspect"),
     (Toolset::Manage, "manage"),
     (Toolset::Execute, "execute"),
     (Toolset::Teardown, "teardown"),
+    (Toolset::History, "history"),
 ];
 
 /// A toolset's name.
@@ -331,6 +332,8 @@ pub(crate) static TOOLS: &[ToolDef] = &[
     tool!("wait_for_command", Execute, ContentRead, commands::WaitCommand, follow::RunResult, commands::wait_for_command, "Wait for a run_command that timed out (its command_id): its result once it ends, or timeout again. The 64 latest ids are kept.", waits: true),
     tool!("set_option", Execute, ChangeInPlace, options::SetOption, tools::Done, options::set_option, "Set one of a few harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...).", secret: &["value"]),
     tool!("set_environment", Execute, ChangeInPlace, options::SetEnv, tools::Done, options::set_environment, "Set a variable in the global or a session's environment (for later panes); tmux, sandmux and loader names are refused.", secret: &["value"]),
+    // history (not on by default: the default surface's budget)
+    tool!("workspace_history", History, MetadataRead, history::HistoryArgs, history::History, history::workspace_history, "Your workspace's checkpoints, one per changing call: number, tool, paths changed (newest 50); with n, one checkpoint's paths.", while_frozen: true),
     // teardown
     tool!("kill_session", Teardown, Delete, sessions::KillSession, tools::Done, sessions::kill_session, "Kill a session (explicit session_id or session_name)."),
     tool!("kill_window", Teardown, Delete, windows::KillWindow, tools::Done, windows::kill_window, "Kill a window (explicit window_id)."),
@@ -373,10 +376,11 @@ mod tests {
             assert!(names.insert(t.name), "{} declared twice", t.name);
             let (ro, destructive, ..) = t.class.hints();
             // Inspect tools are read-only; outside inspect only a wait is
-            // (wait_for_command collects what run_command started).
+            // (wait_for_command collects what run_command started), and
+            // the history's listing (a toolset of its own, off by default).
             assert_eq!(
                 ro,
-                t.toolset == Toolset::Inspect || t.props.waits,
+                t.toolset == Toolset::Inspect || t.props.waits || t.toolset == Toolset::History,
                 "{}: read-only hint must match the inspect toolset",
                 t.name
             );
@@ -476,7 +480,10 @@ mod tests {
             assert_eq!(toolset_named(n), Some(t));
             assert_eq!(toolset_name(t), n);
         }
-        assert_eq!(toolset_names(), "inspect, manage, execute, teardown");
+        assert_eq!(
+            toolset_names(),
+            "inspect, manage, execute, teardown, history"
+        );
     }
 
     #[test]

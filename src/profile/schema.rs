@@ -392,6 +392,8 @@ pub(crate) enum Toolset {
     Execute,
     /// Tools that destroy things.
     Teardown,
+    /// The workspace's history (`workspace_history`): not on by default.
+    History,
 }
 
 /// A named selection of tools (see `mcp::toolsets::CORE`).

@@ -53,7 +53,8 @@ pub(crate) fn list() -> Vec<Kept> {
             let applied = dir
                 .join("apply.jsonl")
                 .symlink_metadata()
-                .is_ok_and(|m| m.is_file() && m.len() > 0);
+                .is_ok_and(|m| m.is_file() && m.len() > 0)
+                || super::history::views::applied(&dir);
             Some(Kept {
                 id,
                 meta,
@@ -142,7 +143,9 @@ fn last_used(k: &Kept) -> i128 {
     };
     ["apply.jsonl", "taken"]
         .iter()
-        .filter_map(|n| dir.join(n).symlink_metadata().ok())
+        .map(|n| dir.join(n))
+        .chain(super::history::views::journals(&dir))
+        .filter_map(|p| p.symlink_metadata().ok())
         .map(|m| i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()))
         .fold(k.meta.created_ns, i128::max)
 }
@@ -158,7 +161,8 @@ fn kept_anything(id: &str) -> bool {
         Ok(t) => !t.is_empty(),
         Err(e) => e != nix::Error::ENOENT,
     };
-    journal || taken
+    // An `apply --upto`'s are in its view (`door::upto`).
+    journal || taken || super::history::views::applied(&dir)
 }
 
 /// Before a layer is made: removes ended layers older than `keep_days` (0

@@ -205,7 +205,7 @@ fn remove(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Removes the tree at `dir`, its owner's rights given back first.
-fn remove_tree(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_tree(dir: &Path) -> std::io::Result<()> {
     use crate::sandbox::beneath::{entries, open_root, unlock_dir};
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

@@ -72,7 +72,10 @@ pub(crate) fn source(
         )));
     }
     let lock = super::layer::ended(&dir, id)?;
-    if dir.join("apply.jsonl").exists() || dir.join("taken").exists() {
+    if dir.join("apply.jsonl").exists()
+        || dir.join("taken").exists()
+        || super::history::views::applied(&dir)
+    {
         return Err(refuse(format!(
             "an apply ran on layer {id}: what it brought is in the workspace now, and the layer no longer says what the agent left; start afresh, or `sandmux apply {id} --undo` first"
         )));

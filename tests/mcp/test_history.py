@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -284,3 +285,146 @@ async def test_a_refused_resume_or_fork_exits_with_the_usage_status(ws):
         assert r.returncode == 2 and names in r.stderr, (args, r.returncode, r.stderr)
     control = serve(*cow, "--fork", first)
     assert control.returncode == 0, (control.returncode, control.stderr)
+
+
+async def test_apply_upto_brings_the_work_up_to_a_call_through_every_door_rule(ws):
+    """`apply ID --upto N` is the ordinary door on checkpoint N written out
+    whole: control the agent wrote before N is held back, what `diff
+    --upto N` showed is what is applied (a review of another state refuses,
+    a digest of another state refuses), the human's replaced file comes
+    back with `--undo`, the record names it, and `--resume` is refused
+    while the view keeps the human's file. Refused on a running instance
+    and an unknown N. Controls: the held-back file is in the view (the
+    channel carried it), the expected digest applies, work after N exists
+    in the layer."""
+    work, host = ws
+    (work / "kept.txt").write_text("the human's\n")
+    time.sleep(0.1)  # a host change within 20 ms of the layer's start is a conflict (coarse ctime)
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo good > a.txt && mkdir -p src ro && echo v1 > src/m.txt && echo agent > kept.txt && echo r > ro/f && chmod 555 ro", "timeout": 20})
+        await call(c, "run_command", {"command": "echo 'echo pwned' > .envrc && echo v2 > src/m.txt && echo x > b.txt", "timeout": 20})
+        await call(c, "run_command", {"command": "rm a.txt && echo oops > ruined.txt", "timeout": 20})
+        for args in (("apply", lid, "--upto", "2"), ("diff", lid, "--upto", "2")):
+            r = sandmux(env, *args)
+            assert r.returncode == 2 and "running" in r.stderr, (args, r)
+    assert (work / "kept.txt").read_text() == "the human's\n" and not (work / "a.txt").exists()
+    r = sandmux(env, "apply", lid, "--upto", "9")
+    assert r.returncode == 2 and "no checkpoint 9" in r.stderr, r
+    d2 = sandmux(env, "diff", lid, "--upto", "2")
+    assert d2.returncode == 1, d2.stderr
+    assert re.search(r"^A a\.txt", d2.stdout, re.M) and "+v2" in d2.stdout and "ruined" not in d2.stdout, d2.stdout
+    assert re.search(r"^H \.envrc", d2.stdout, re.M), d2.stdout
+    dig2 = re.search(r"--upto 2 --expect ([0-9a-f]+)", d2.stdout).group(1)
+    view = os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers", lid, "upto-2", "upper")
+    assert open(os.path.join(view, ".envrc")).read() == "echo pwned\n"  # control: the channel carried it
+    assert "ruined.txt" in tree(upper(env, lid))  # control: the work after call 2 is in the layer
+    # Reviewed one state, applying another: refused, nothing written.
+    dig1 = re.search(r"--expect ([0-9a-f]+)", sandmux(env, "diff", lid, "--upto", "1").stdout).group(1)
+    for args in (("--upto", "2", "--expect", dig1), ("--expect", dig2), ("--upto", "3")):
+        r = sandmux(env, "apply", lid, *args)
+        assert r.returncode == 2 and "nothing applied" in r.stderr, (args, r)
+        assert not (work / "a.txt").exists() and (work / "kept.txt").read_text() == "the human's\n"
+    # Control: the digest `diff --upto 2` showed applies exactly that.
+    r = sandmux(env, "apply", lid, "--upto", "2", "--expect", dig2)
+    assert r.returncode == 0, r
+    assert (work / "a.txt").read_text() == "good\n" and (work / "src/m.txt").read_text() == "v2\n", r.stdout
+    assert (work / "kept.txt").read_text() == "agent\n" and (work / "b.txt").exists()
+    assert not (work / ".envrc").exists() and not (work / "ruined.txt").exists(), r.stdout
+    recs = [x for x in door_records(env, lid) if str(x.get("error_type", "")).startswith("apply --upto 2")]
+    # Refused ones are recorded too: one applied, one refused (digest 1).
+    assert sorted(x["args"]["exit_status"] for x in recs) == [0, 2], recs
+    # The view keeps the human's replaced file: a resume would remove it.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+    r = subprocess.run([BIN, "serve", "-w", str(work), "--resume", lid], capture_output=True, text=True,
+                       env={**clean, **env}, stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode != 0 and "apply" in r.stderr, r.stderr
+    u = sandmux(env, "apply", lid, "--upto", "2", "--undo")
+    assert u.returncode == 0, u
+    assert (work / "kept.txt").read_text() == "the human's\n" and not (work / "a.txt").exists(), u.stdout
+    # The views (a directory the agent made read-only among them) go with the layer.
+    assert oct(os.stat(os.path.join(view, "ro")).st_mode & 0o777) == "0o555"
+    d = sandmux(env, "discard", lid)
+    assert d.returncode == 0 and not os.path.exists(os.path.dirname(os.path.dirname(view))), d
+
+
+async def test_workspace_history_is_off_by_default_read_only_and_bounded(ws):
+    """The agent reads its own history with `workspace_history` (toolset
+    `history`, not on by default). Attack: one call makes 400 files and a
+    path of ~3,000 bytes; another 55 calls follow: the result stays
+    bounded (50 checkpoints, 200 paths, names cut at 256 bytes) and says
+    it cut. Controls: the layer's history holds all 400 and the long path;
+    without the toolset the tool is absent and refused; reading makes no
+    checkpoint."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        assert "workspace_history" not in {t.name for t in (await c.list_tools()).tools}
+        with pytest.raises(Exception, match="history toolset"):  # refused, naming the fix
+            await c.call_tool("workspace_history", {})
+    on = ("--workspace-mode", "copy-on-write", "--toolsets", "inspect,manage,execute,history")
+    async with connect(ws, *on, env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        t = next(t for t in (await c.list_tools()).tools if t.name == "workspace_history")
+        assert t.annotations.read_only_hint is True, t.annotations
+        deep = "/".join(["d" * 250] * 12)
+        await call(c, "run_command", {"command": f"mkdir -p many {deep} && for i in $(seq 400); do : > many/f$i; done && echo x > {deep}/leaf", "timeout": 60})
+        one = await call(c, "workspace_history", {"n": 1})
+        cp = one["checkpoints"][0]
+        assert cp["n"] == 1 and cp["tool"] == "run_command" and cp["changed"] >= 400, cp
+        assert len(cp["paths"]) == 200 and one["truncated"] is True, len(cp["paths"])
+        assert all(len(p.encode()) <= 256 + 3 for p in cp["paths"]), max(len(p) for p in cp["paths"])
+        for _ in range(55):
+            await call(c, "send_keys", {"text": "", "keys": ["Enter"]})
+        listing = await call(c, "workspace_history")
+        ns = [x["n"] for x in listing["checkpoints"]]
+        assert len(ns) == 50 and ns[-1] == 56 and ns == sorted(ns) and listing["truncated"] is True, ns
+        assert len(json.dumps(listing)) < 20_000, len(json.dumps(listing))
+        r = await call(c, "workspace_history", {"n": 999}, ok=False)
+        assert "checkpoint 999" in r, r
+    # Control: the history holds every file and the whole long path.
+    hist = os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers", lid, "history")
+    d1 = json.load(open(os.path.join(hist, "deltas", "1.json")))["changed"]
+    names = {bytes.fromhex(k).decode() for k in d1}
+    assert sum(n.startswith("many/f") for n in names) == 400 and f"{deep}/leaf" in names
+    # Reading is not a changing call: its records name no checkpoint.
+    recs = [r for r in audit_records(ws) if r.get("tool") == "workspace_history"]
+    assert recs and not any(r.get("checkpoint") for r in recs), recs
+
+
+async def test_workspace_history_in_live_mode_says_there_is_none(ws):
+    async with connect(ws, "--toolsets", "inspect,history") as c:
+        r = await call(c, "workspace_history", ok=False)
+        assert "live" in r and "no history" in r, r
+
+
+async def test_a_start_keeps_a_layer_whose_upto_view_holds_the_humans_file(ws):
+    """`apply --upto 1` replaces the human's file (kept in the view's
+    `taken/`), then `rewind 0` empties the layer: the next start, which
+    clears away ended layers with no change, keeps this one, and `apply
+    --upto 1 --undo` gives the human's file back. Control: another ended
+    layer rewound to 0, with no apply, is cleared by the same start."""
+    work, host = ws
+    (work / "kept.txt").write_text("the human's\n")
+    time.sleep(0.1)  # a host change within 20 ms of the layer's start is a conflict (coarse ctime)
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    cow = ("--workspace-mode", "copy-on-write")
+    async with connect(ws, *cow, env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo agent > kept.txt", "timeout": 20})
+    async with connect(ws, *cow, env=env) as c:
+        other = layer_of(await call(c, "sandbox_status"))
+        await call(c, "run_command", {"command": "echo x > other.txt", "timeout": 20})
+    r = sandmux(env, "apply", lid, "--upto", "1")
+    assert r.returncode == 0 and (work / "kept.txt").read_text() == "agent\n", r
+    for l in (lid, other):
+        assert sandmux(env, "rewind", l, "0").returncode == 0
+        assert tree(upper(env, l)) == {}
+    async with connect(ws, *cow, env=env) as c:  # a start clears ended layers with no change
+        await call(c, "sandbox_status")
+    layers = os.path.join(env["XDG_STATE_HOME"], "sandmux", "layers")
+    assert not os.path.exists(os.path.join(layers, other))  # control
+    assert os.path.exists(os.path.join(layers, lid)), "the human's file went with the layer"
+    u = sandmux(env, "apply", lid, "--upto", "1", "--undo")
+    assert u.returncode == 0 and (work / "kept.txt").read_text() == "the human's\n", u

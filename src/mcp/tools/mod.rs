@@ -10,6 +10,7 @@ pub(crate) mod capture;
 pub(crate) mod commands;
 pub(crate) mod elide;
 pub(crate) mod follow;
+pub(crate) mod history;
 pub(crate) mod input;
 pub(crate) mod instance;
 pub(crate) mod options;

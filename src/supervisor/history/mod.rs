@@ -17,8 +17,10 @@
 //! the oldest checkpoints fold into the base, and the log says so.
 
 pub(crate) mod feed;
+pub(crate) mod materialise;
 pub(crate) mod rewind;
 pub(crate) mod store;
+pub(crate) mod views;
 pub(crate) mod walk;
 
 #[cfg(test)]

@@ -88,7 +88,7 @@ pub(crate) fn rewind(h: &mut History, n: u64) -> Result<(Line, Line), HistoryErr
     let after = h.take(&cause("(rewind)", n))?;
     // Its own writes changed every entry they made (a new inode, a new
     // ctime): the checkpoint after reads exactly those.
-    if *h.state() != target {
+    if !same(h.state(), &target) {
         return Err(HistoryError::io(
             "rewinding",
             h.writes(),
@@ -99,6 +99,31 @@ pub(crate) fn rewind(h: &mut History, n: u64) -> Result<(Line, Line), HistoryErr
         ));
     }
     Ok((before, after))
+}
+
+/// Whether the layer's state `now` is the checkpoint's `target` ([`Node::is`]).
+fn same(now: &State, target: &State) -> bool {
+    now.len() == target.len()
+        && now
+            .iter()
+            .zip(target)
+            .all(|((p, a), (q, b))| p == q && a.is(b))
+}
+
+/// As root, gives the entry `name` in `dir` the owner `node` recorded
+/// (a rewind by root would leave root's files, which the agent's uid can
+/// no longer change); otherwise every entry made is the caller's already.
+fn own(dir: &OwnedFd, name: &OsStr, node: &Node) -> nix::Result<()> {
+    match node.owner() {
+        Some((u, g)) if nix::unistd::geteuid().is_root() => nix::unistd::fchownat(
+            dir,
+            name,
+            Some(u.into()),
+            Some(g.into()),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn cause(tool: &str, n: u64) -> Cause {
@@ -156,15 +181,21 @@ fn remove_stale(root: &OwnedFd, current: &State, target: &State) -> Result<(), H
 }
 
 /// Makes the entry `node` at `path` (its parent exists: parents sort first).
-fn put(root: &OwnedFd, path: &Path, node: &Node, objects: &Path) -> Result<(), HistoryError> {
+pub(super) fn put(
+    root: &OwnedFd,
+    path: &Path,
+    node: &Node,
+    objects: &Path,
+) -> Result<(), HistoryError> {
     let (parent, name) = split(path);
     let dir = walk::open_dir(root, parent)?;
     let e = |what| move |err: nix::Error| HistoryError::io(what, path, err.into());
-    if let Node::Dir { mode, opaque } = node {
+    if let Node::Dir { mode, opaque, .. } = node {
         match mkdirat(&dir, name, Mode::from_bits_truncate(mode | 0o700)) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
             Err(err) => return Err(e("making")(err)),
         }
+        own(&dir, name, node).map_err(e("setting the owner of"))?;
         let fd = walk::open_dir(root, path)?;
         return set_opaque(&fd, *opaque).map_err(|err| HistoryError::io("marking", path, err));
     }
@@ -191,7 +222,7 @@ fn put(root: &OwnedFd, path: &Path, node: &Node, objects: &Path) -> Result<(), H
                 .map_err(|err| HistoryError::io("writing", path, err))?;
             fchmod(&f, Mode::from_bits_truncate(mode & 0o777)).map_err(e("writing"))?;
         }
-        Node::Link { target } => {
+        Node::Link { target, .. } => {
             let t = walk::unhex(target).unwrap_or_default();
             use std::os::unix::ffi::OsStrExt;
             symlinkat(OsStr::from_bytes(&t), &dir, tmp).map_err(e("linking"))?;
@@ -201,11 +232,12 @@ fn put(root: &OwnedFd, path: &Path, node: &Node, objects: &Path) -> Result<(), H
         }
         Node::Dir { .. } | Node::Unkept { .. } => unreachable!("handled above"),
     }
+    own(&dir, tmp, node).map_err(e("setting the owner of"))?;
     renameat(&dir, tmp, &dir, name).map_err(e("renaming into place"))
 }
 
 /// Puts every directory's mode back as the target has it, deepest first.
-fn dir_modes(root: &OwnedFd, target: &State) -> Result<(), HistoryError> {
+pub(super) fn dir_modes(root: &OwnedFd, target: &State) -> Result<(), HistoryError> {
     let mut dirs: Vec<(&PathBuf, u32)> = target
         .iter()
         .filter_map(|(p, n)| match n {

@@ -1,7 +1,8 @@
 //! The history's property: after any sequence of file operations, each
 //! followed by a checkpoint, rewinding to any checkpoint N gives exactly
 //! the tree as it was after N, and rewinding to the checkpoint a rewind
-//! took first gives back the tree as it was before the rewind.
+//! took first gives back the tree as it was before the rewind, and that
+//! writing checkpoint N out whole (`--upto N`) gives that tree too.
 
 use super::rewind::rewind;
 use super::store::History;
@@ -143,6 +144,11 @@ proptest! {
         prop_assert_eq!((all.changed, all.removed), (0, 0), "the feed missed a change");
         trees.push(last.clone());
         let n = pick.index(trees.len());
+        // `--upto N`'s view: the same tree, written whole from the history.
+        let view = t.path().join("view");
+        std::fs::create_dir(&view).unwrap();
+        super::materialise::materialise(h.dir(), n as u64, &view).unwrap();
+        prop_assert_eq!(&tree(&view), &trees[n], "materialised at {}", n);
         let (before, _) = rewind(&mut h, n as u64).unwrap();
         prop_assert_eq!(&tree(&writes), &trees[n], "after rewinding to {}", n);
         rewind(&mut h, before.n).unwrap();
@@ -258,4 +264,47 @@ fn the_whole_listing_every_32nd_checkpoint_misses_nothing() {
     h.forget_listing();
     let all = h.take(&cause()).unwrap();
     assert_eq!((all.changed, all.removed), (0, 0));
+}
+
+/// A rewind puts entries back owned as they were: as root, a file, a
+/// directory and a link the agent's uid owned are made again with that
+/// owner, not root's (which the agent could no longer change). Controls:
+/// they are new inodes (made again, not left), and a file root makes
+/// beside them is root's. As another uid every entry is that uid's and
+/// stays so.
+#[test]
+fn a_rewind_puts_entries_back_owned_as_they_were() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let (layer, writes) = (t.path().join("layer"), t.path().join("writes"));
+    std::fs::create_dir_all(writes.join("d")).unwrap();
+    std::fs::create_dir_all(&layer).unwrap();
+    std::fs::write(writes.join("d/f"), b"agent's").unwrap();
+    std::os::unix::fs::symlink("f", writes.join("d/l")).unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    let (u, g) = match root {
+        true => (12345, 23456),
+        false => (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        ),
+    };
+    for p in ["d", "d/f", "d/l"] {
+        std::os::unix::fs::lchown(writes.join(p), Some(u), Some(g)).unwrap();
+    }
+    let mut h = History::open(&layer, &writes, u64::MAX).unwrap();
+    let kept = h.take(&cause()).unwrap();
+    let ino = std::fs::metadata(writes.join("d/f")).unwrap().ino();
+    std::fs::remove_dir_all(writes.join("d")).unwrap();
+    h.take(&cause()).unwrap();
+    rewind(&mut h, kept.n).unwrap();
+    for p in ["d", "d/f", "d/l"] {
+        let m = std::fs::symlink_metadata(writes.join(p)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (u, g), "{p}");
+    }
+    assert_ne!(std::fs::metadata(writes.join("d/f")).unwrap().ino(), ino);
+    if root {
+        std::fs::write(writes.join("d/root"), b"").unwrap();
+        assert_eq!(std::fs::metadata(writes.join("d/root")).unwrap().uid(), 0);
+    }
 }

@@ -31,6 +31,10 @@ pub(crate) enum Node {
         size: u64,
         /// The content's SHA-256 (hex): its object in the store.
         object: String,
+        /// Its owner (uid, gid): a rewind as root puts it back so (None:
+        /// recorded before owners were).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<Owner>,
     },
     /// A directory; `opaque`: it hides what the workspace has below it.
     Dir {
@@ -38,11 +42,17 @@ pub(crate) enum Node {
         mode: u32,
         /// Overlayfs's opaque mark (`user.overlay.opaque`).
         opaque: bool,
+        /// Its owner, as a file's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<Owner>,
     },
     /// A symbolic link (never followed), its target in hex.
     Link {
         /// The target's bytes, hex.
         target: String,
+        /// Its owner, as a file's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<Owner>,
     },
     /// Overlayfs's mark of an entry removed from the workspace.
     Whiteout,
@@ -55,6 +65,37 @@ pub(crate) enum Node {
         /// Apparent size.
         size: u64,
     },
+}
+
+/// An entry's owner: (uid, gid) on the host.
+pub(crate) type Owner = (u32, u32);
+
+impl Node {
+    /// Its owner, where recorded.
+    pub(crate) fn owner(&self) -> Option<Owner> {
+        match self {
+            Node::File { owner, .. } | Node::Dir { owner, .. } | Node::Link { owner, .. } => *owner,
+            Node::Whiteout | Node::Unkept { .. } => None,
+        }
+    }
+
+    /// Whether `self` (how an entry is) is `want` (a checkpoint's), an
+    /// owner `want` did not record matching any.
+    pub(crate) fn is(&self, want: &Node) -> bool {
+        let strip = |n: &Node| {
+            let mut n = n.clone();
+            if let Node::File { owner, .. } | Node::Dir { owner, .. } | Node::Link { owner, .. } =
+                &mut n
+            {
+                *owner = None;
+            }
+            n
+        };
+        match want.owner() {
+            Some(_) => self == want,
+            None => strip(self) == *want,
+        }
+    }
 }
 
 /// An entry as listed, before its content is read.
@@ -224,8 +265,10 @@ pub(crate) fn node(
             Err(nix::errno::Errno::ENOENT) => return Ok(None),
             Err(e) => return Err(HistoryError::io("reading the link", rel, e.into())),
         };
+        let st = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
         return Ok(Some(Node::Link {
             target: hex(target.as_bytes()),
+            owner: st.map(|st| (st.st_uid, st.st_gid)),
         }));
     }
     if fmt == SFlag::S_IFCHR {
@@ -250,15 +293,22 @@ pub(crate) fn node(
         return Ok(None);
     }
     let mode = st.st_mode & 0o777;
+    let owner = Some((st.st_uid, st.st_gid));
     if fmt == SFlag::S_IFDIR {
         return Ok(Some(Node::Dir {
             mode,
             opaque: super::rewind::is_opaque(&fd),
+            owner,
         }));
     }
     let size = st.st_size as u64;
     Ok(Some(match store(fd, size)? {
-        Some(object) => Node::File { mode, size, object },
+        Some(object) => Node::File {
+            mode,
+            size,
+            object,
+            owner,
+        },
         None => Node::Unkept { mode, size },
     }))
 }

@@ -1,0 +1,101 @@
+//! `sandmux diff ID --upto N` and `sandmux apply ID --upto N`: the work up
+//! to tool call N, through the same door as the whole layer. Checkpoint
+//! N's state is written out whole from the history's records
+//! (`history::materialise`) into a view of its own in the layer's
+//! directory (`upto-N/upper`, the human's, 0700: the agent never sees it),
+//! and the ordinary `diff` and `apply` run on that view as on a layer: the
+//! same plan and hold-backs, the same review digest (kept in the view:
+//! `apply --upto N` checks what `diff --upto N` showed), the same journal
+//! and `taken/` (in the view: `apply ID --upto N --undo` reverses it), the
+//! same record in the instance's audit log. There is no second apply to
+//! miss a rule. A view an apply ran on counts as the layer's own journal
+//! wherever one does (`supervisor::history::views`).
+
+use super::review::REVIEWED;
+use super::DoorError;
+use crate::supervisor::history::views::{self, views};
+use crate::supervisor::history::{materialise::materialise, History, HistoryError};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+/// A view being made: renamed to its name once whole.
+const MAKING: &str = ".new-upto-";
+
+/// Checkpoint `n` of the layer at `top` (instance `id`, ended: the caller
+/// holds its lock) as a view the door works on; made once, then reused
+/// (a checkpoint's state never changes once taken).
+pub(crate) fn view(
+    top: &Path,
+    meta: &crate::supervisor::layer::Meta,
+    id: &str,
+    n: u64,
+) -> Result<PathBuf, DoorError> {
+    let history = History::dir_of(top);
+    if meta.copy.is_some() || !history.join("log.jsonl").exists() {
+        return Err(DoorError::Layer(
+            HistoryError::None(id.to_string()).to_string(),
+        ));
+    }
+    let dir = views::dir(top, n);
+    if dir.is_dir() {
+        return Ok(dir);
+    }
+    sweep(top);
+    let making = top.join(format!("{MAKING}{n}-{}", &crate::nonce::hex()[..12]));
+    let made = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(making.join("upper"))
+        .map_err(|e| HistoryError::io("creating", &making, e))
+        .and_then(|()| materialise(&history, n, &making.join("upper")))
+        .map_err(|e| DoorError::Layer(format!("checkpoint {n} of layer {id}: {e}")))
+        .and_then(|_| {
+            std::fs::rename(&making, &dir)
+                .map_err(|e| DoorError::Layer(format!("{}: {e}", dir.display())))
+        });
+    if made.is_err() {
+        let _ = crate::supervisor::layer::remove_tree(&making);
+    }
+    made.map(|()| dir)
+}
+
+/// Removes views a crash left half made (the caller holds the lock).
+fn sweep(top: &Path) {
+    let Ok(rd) = std::fs::read_dir(top) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().starts_with(MAKING) {
+            let _ = crate::supervisor::layer::remove_tree(&e.path());
+        }
+    }
+}
+
+/// Applied = reviewed, across views: when the target of this apply (`at`:
+/// the layer's directory or one of its views) has no review but another
+/// of the same layer does, the human reviewed something else than what
+/// would be applied: the `diff` that would have shown it. None: no such
+/// review.
+pub(crate) fn reviewed_elsewhere(top: &Path, at: &Path, id: &str) -> Option<String> {
+    if at.join(REVIEWED).exists() {
+        return None;
+    }
+    let mut others = vec![(None, top.to_path_buf())];
+    others.extend(views(top).into_iter().map(|(n, d)| (Some(n), d)));
+    let (n, _) = others
+        .into_iter()
+        .find(|(_, d)| d != at && d.join(REVIEWED).exists())?;
+    let was = |n: Option<u64>| match n {
+        Some(n) => format!("`sandmux diff {id} --upto {n}`"),
+        None => format!("`sandmux diff {id}`"),
+    };
+    let this = views(top)
+        .into_iter()
+        .find(|(_, d)| d == at)
+        .map(|(n, _)| n);
+    Some(format!(
+        "your last review of layer {id} was {}, not of what this apply brings: nothing applied; run {} first",
+        was(n),
+        was(this)
+    ))
+}

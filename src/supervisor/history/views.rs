@@ -1,0 +1,51 @@
+//! The views `apply --upto N` and `diff --upto N` work on (`door::upto`):
+//! checkpoint N written out whole in the layer's directory, `upto-N/`. A
+//! view an apply ran on holds a journal and the human's replaced files in
+//! its `taken/`, so it counts as the layer's own journal wherever one does:
+//! `serve --resume` refuses the layer, a start's clearing of empty or old
+//! layers keeps it and counts from its last apply, `ps --all` says
+//! `applied` (`supervisor::kept`).
+
+use std::path::{Path, PathBuf};
+
+/// A view's directory in the layer's: `upto-N`.
+const VIEW: &str = "upto-";
+
+/// The view of checkpoint `n` of the layer at `top`.
+pub(crate) fn dir(top: &Path, n: u64) -> PathBuf {
+    top.join(format!("{VIEW}{n}"))
+}
+
+/// The views of the layer at `top`, with their checkpoints.
+pub(crate) fn views(top: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(top) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(u64, PathBuf)> = rd
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.strip_prefix(VIEW)?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Whether an `apply --upto` ran on a view of the layer at `top`: the
+/// human's replaced files are in it (`serve --resume` must not remove
+/// them with the old layer's directory).
+pub(crate) fn applied(top: &Path) -> bool {
+    views(top)
+        .iter()
+        .any(|(_, d)| d.join("apply.jsonl").exists() || d.join("taken").exists())
+}
+
+/// The journals and `taken/` of the views of the layer at `top` (what
+/// `keep_days` counts from, as the layer's own).
+pub(crate) fn journals(top: &Path) -> Vec<PathBuf> {
+    views(top)
+        .into_iter()
+        .flat_map(|(_, d)| [d.join("apply.jsonl"), d.join("taken")])
+        .collect()
+}
