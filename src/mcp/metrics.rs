@@ -202,6 +202,7 @@ pub(crate) fn render(s: &State) -> String {
         );
     }
     state(&mut out, s, m);
+    crate::otlp::render(&mut out);
     out
 }
 
