@@ -206,3 +206,38 @@ async def test_a_pane_cannot_reach_the_collector(ws, collector):
         time.sleep(0.3)
     assert "CONNECTED" in r["output"], r
     assert collector.connections == 2 and len(collector.requests) == 1
+
+
+@pytest.mark.skipif(__import__("shutil").which("gdb") is None, reason="gdb is not installed (.ci/run installs it)")
+async def test_the_supervisor_may_connect_to_the_collectors_port_and_no_other(ws, collector):
+    """Code injected into serve's main thread (gdb, as in
+    test_self_confinement.py) dials another loopback listener: refused, the
+    listener sees nothing. Control: the same shell line to the collector's
+    port connects (the one port export added); with export off it does not."""
+    import anyio
+
+    from test_self_confinement import inject
+
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen(8)
+    other.settimeout(0.5)
+    dial = "(int)system(\"bash -c 'echo hi >/dev/tcp/127.0.0.1/{}'\")"
+    try:
+        async with connect(ws, "--otlp-endpoint", collector.url, env=NO_OTEL) as c:
+            await call(c, "list_sessions")
+            pid = serve_pids(ws[0])[0]
+            calls = [dial.format(other.getsockname()[1]), dial.format(collector.port)]
+            got, out = await anyio.to_thread.run_sync(inject, pid, calls, 1)
+            assert (await call(c, "run_command", {"command": "echo alive"}))["output"] == "alive"
+        assert got[0][0][0] != 0, ("connected to another port", out)
+        with pytest.raises(socket.timeout):
+            other.accept()
+        assert got[1][0][0] == 0 and collector.connections == 1, ("the control did not connect", got, out)
+        # Export off: the collector's port is closed to serve like any other.
+        async with connect(ws, env=NO_OTEL) as c:
+            await call(c, "list_sessions")
+            got, out = await anyio.to_thread.run_sync(inject, serve_pids(ws[0])[0], calls[1:], 1)
+        assert got[0][0][0] != 0 and collector.connections == 1, ("connected with export off", got, out)
+    finally:
+        other.close()
