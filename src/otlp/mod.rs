@@ -45,6 +45,8 @@ struct Otlp {
     parts: Mutex<Option<(mpsc::Receiver<SpanData>, opentelemetry_otlp::SpanExporter)>>,
     /// The collector's port (the supervisor's Landlock rule).
     port: u16,
+    /// The traces URL (named when export fails).
+    url: String,
     instance: OnceLock<std::sync::Arc<str>>,
     /// Spans queued, ever (a flush waits until all are accounted for).
     queued: AtomicU64,
@@ -82,6 +84,7 @@ pub(crate) fn configure(c: Config) -> Result<(), ConfigError> {
         tx,
         parts: Mutex::new(Some((rx, exporter))),
         port,
+        url: c.url.clone(),
         instance: OnceLock::new(),
         queued: AtomicU64::new(0),
         now: tokio::sync::Notify::new(),
@@ -140,8 +143,10 @@ async fn send_loop(
             Err(e) => {
                 o.failed.fetch_add(n, Relaxed);
                 if !o.failing.swap(true, Relaxed) {
+                    let why = crate::term::printable(&e.to_string());
                     tracing::warn!(
-                        "OTLP export failed ({e}); spans are counted in sandmux_otlp_spans_total{{result=\"failed\"}} until it works again (check the collector at --otlp-endpoint)"
+                        "OTLP export to {} failed ({why}); spans are counted in sandmux_otlp_spans_total{{result=\"failed\"}} until it works again: check that the collector listens there",
+                        o.url
                     );
                 }
             }
