@@ -231,7 +231,11 @@ mod tests {
         let p = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-";
         for (flags, sampled) in [("01", true), ("00", false), ("03", true), ("02", false)] {
             let t = TraceContext::child_of(&format!("{p}{flags}"), None).unwrap();
-            assert_eq!((t.sampled(), t.child().sampled()), (sampled, sampled), "{flags}");
+            assert_eq!(
+                (t.sampled(), t.child().sampled()),
+                (sampled, sampled),
+                "{flags}"
+            );
         }
         let t = TraceContext::child_of(GOOD, None).unwrap();
         assert_eq!(t.trace_bytes()[..2], [0x4b, 0xf9]);
