@@ -11,6 +11,7 @@
 pub(crate) const LAYERS: &[&[&str]] = &[
     &["term", "nonce", "secretfile", "secretcmd"],
     &["log", "tracectx"],
+    &["otlp"],
     &["profile", "audit"],
     &["sandbox"],
     &["confine"],

@@ -24,6 +24,7 @@ pub(crate) mod log;
 pub(crate) mod mcp;
 pub(crate) mod nonce;
 pub(crate) mod operator;
+pub(crate) mod otlp;
 pub(crate) mod profile;
 pub(crate) mod proxy;
 pub(crate) mod sandbox;

@@ -41,16 +41,20 @@ pub(crate) struct TraceContext {
     /// The call's own span, fresh for each call.
     span_id: [u8; 8],
     state: Option<String>,
+    /// The caller's `sampled` flag (what an exporter follows: sandmux
+    /// starts and samples no trace of its own).
+    sampled: bool,
 }
 
 impl TraceContext {
     /// The context of a call made under `traceparent` (with `tracestate`
     /// if valid), with a fresh span id; `None` if `traceparent` is invalid.
     pub(crate) fn child_of(traceparent: &str, tracestate: Option<&str>) -> Option<TraceContext> {
-        let (trace_id, parent_id) = parse_parent(traceparent)?;
+        let (trace_id, parent_id, flags) = parse_parent(traceparent)?;
         Some(TraceContext {
             trace_id,
             parent_id,
+            sampled: flags & 1 == 1,
             span_id: fresh_span(),
             state: tracestate
                 .filter(|s| valid_state(s))
@@ -83,6 +87,26 @@ impl TraceContext {
         hex(&self.parent_id)
     }
 
+    /// The trace id's bytes.
+    pub(crate) fn trace_bytes(&self) -> [u8; 16] {
+        self.trace_id
+    }
+
+    /// The call's span id's bytes.
+    pub(crate) fn span_bytes(&self) -> [u8; 8] {
+        self.span_id
+    }
+
+    /// The caller's span id's bytes.
+    pub(crate) fn parent_bytes(&self) -> [u8; 8] {
+        self.parent_id
+    }
+
+    /// Whether the caller sampled its trace (flag `01`).
+    pub(crate) fn sampled(&self) -> bool {
+        self.sampled
+    }
+
     /// The caller's `tracestate`, if it was valid.
     pub(crate) fn state(&self) -> Option<&str> {
         self.state.as_deref()
@@ -91,8 +115,9 @@ impl TraceContext {
 
 /// `00-<32 hex>-<16 hex>-<2 hex>`, lowercase, nothing more; neither id all
 /// zeros. Other versions are refused (this reader knows only 00). The
-/// flags are checked, not kept (sandmux samples nothing itself).
-fn parse_parent(s: &str) -> Option<([u8; 16], [u8; 8])> {
+/// flags are returned (sandmux samples nothing itself: an exporter follows
+/// the caller's `sampled` bit).
+fn parse_parent(s: &str) -> Option<([u8; 16], [u8; 8], u8)> {
     let b = s.as_bytes();
     if b.len() != 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' || &b[..2] != b"00" {
         return None;
@@ -106,7 +131,7 @@ fn parse_parent(s: &str) -> Option<([u8; 16], [u8; 8])> {
     if trace == [0; 16] || parent == [0; 8] {
         return None;
     }
-    Some((trace, parent))
+    Some((trace, parent, flags[0]))
 }
 
 fn nibble(c: u8) -> Option<u8> {
@@ -199,6 +224,22 @@ mod tests {
         let u = TraceContext::child_of(GOOD, None).unwrap();
         assert_ne!(t.span_id(), u.span_id(), "each call its own span");
         assert_eq!(t.state(), Some("congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"));
+    }
+
+    #[test]
+    fn the_sampled_flag_is_the_callers_and_a_child_keeps_it() {
+        let p = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-";
+        for (flags, sampled) in [("01", true), ("00", false), ("03", true), ("02", false)] {
+            let t = TraceContext::child_of(&format!("{p}{flags}"), None).unwrap();
+            assert_eq!(
+                (t.sampled(), t.child().sampled()),
+                (sampled, sampled),
+                "{flags}"
+            );
+        }
+        let t = TraceContext::child_of(GOOD, None).unwrap();
+        assert_eq!(t.trace_bytes()[..2], [0x4b, 0xf9]);
+        assert_eq!(t.parent_bytes()[..2], [0x00, 0xf0]);
     }
 
     #[test]

@@ -418,7 +418,19 @@ impl Audit {
             }
         }
         let mut st = self.lock();
-        self.append_fields(&mut st, rec, e.args, kind)
+        let written = self.append_fields(&mut st, rec, e.args, kind);
+        if let Some(trace) = e.trace {
+            crate::otlp::span(crate::otlp::Call {
+                trace,
+                tool: e.tool,
+                known: e.toolset.is_some(),
+                outcome: e.outcome,
+                error_type: e.error_type,
+                duration: std::time::Duration::from_millis(e.duration_ms),
+                seq: written.then_some(st.seq),
+            });
+        }
+        written
     }
 
     /// An event of sandmux's own (`tool` in parentheses).

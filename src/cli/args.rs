@@ -140,6 +140,12 @@ pub(super) enum Cmd {
         /// it was.
         #[arg(long, value_name = "ID")]
         fork: Option<String>,
+        /// Export a span per traced call to this OTLP/HTTP collector
+        /// (http://HOST:PORT; /v1/traces is appended). Default: the
+        /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT
+        /// variable; neither: no export.
+        #[arg(long, value_name = "URL")]
+        otlp_endpoint: Option<String>,
     },
     /// List this user's running instances (and with --all the kept copy-on-write layers).
     Ps {

@@ -152,6 +152,7 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             audit_stdout,
             resume,
             fork,
+            otlp_endpoint,
         } => {
             use crate::supervisor::layer_from::LayerFrom;
             if audit_stdout {
@@ -176,7 +177,7 @@ fn dispatch(cmd: Cmd) -> ExitCode {
                 }),
                 from: resume.map(LayerFrom::Resume).or(fork.map(LayerFrom::Fork)),
             };
-            serve(&target, on_end, opts)
+            serve(&target, on_end, opts, otlp_endpoint.as_deref())
         }
         Cmd::Instance { target } => match resolve(&target, profile::OnEnd::Discard) {
             Ok(policy) => hold_instance(policy),
@@ -187,7 +188,12 @@ fn dispatch(cmd: Cmd) -> ExitCode {
 }
 
 /// `sandmux serve`.
-fn serve(target: &Target, on_end: profile::OnEnd, opts: crate::mcp::Options) -> ExitCode {
+fn serve(
+    target: &Target,
+    on_end: profile::OnEnd,
+    opts: crate::mcp::Options,
+    otlp: Option<&str>,
+) -> ExitCode {
     let http = opts.http.clone();
     // First, before any thread exists: from here on a termination signal is
     // serve's own (a clean stop), never the default action.
@@ -209,6 +215,12 @@ fn serve(target: &Target, on_end: profile::OnEnd, opts: crate::mcp::Options) -> 
         Ok(p) => p,
         Err(e) => return refuse(&e),
     };
+    // Before confinement: the collector's name is resolved here, once.
+    let otlp = crate::otlp::Config::from_flag_or_env(otlp)
+        .and_then(|c| c.map_or(Ok(()), crate::otlp::configure));
+    if let Err(e) = otlp {
+        return refuse(&format!("serve: {e}"));
+    }
     crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
 }
 

@@ -33,6 +33,8 @@ pub(super) fn confine_self(
     needs
         .rules
         .extend(reads.iter().map(|d| (d.clone(), Right::Read)));
+    // The OTLP collector's port, when export is on (`crate::otlp`).
+    needs.connect_tcp.extend(crate::otlp::port());
     let main = confine(&inst.policy, &needs)?;
     let guard = inst.guard.as_ref();
     // The guard thread's own restriction is part of the layer.

@@ -202,7 +202,31 @@ pub(crate) fn render(s: &State) -> String {
         );
     }
     state(&mut out, s, m);
+    crate::otlp::render(&mut out);
+    layer(&mut out);
     out
+}
+
+/// The copy-on-write layer's size at the bound watcher's last measure
+/// (`supervisor::bound`; nothing before it, or without a layer).
+fn layer(out: &mut String) {
+    let Some((bytes, files)) = crate::supervisor::bound::last() else {
+        return;
+    };
+    head(
+        out,
+        "sandmux_layer_bytes",
+        "gauge",
+        "Bytes the copy-on-write layer holds (measured every 1-30 s).",
+    );
+    let _ = writeln!(out, "sandmux_layer_bytes {bytes}");
+    head(
+        out,
+        "sandmux_layer_files",
+        "gauge",
+        "Entries the copy-on-write layer holds (measured every 1-30 s).",
+    );
+    let _ = writeln!(out, "sandmux_layer_files {files}");
 }
 
 /// Calls by tool and outcome, and their latency histograms; a tool never

@@ -398,11 +398,13 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         }
     };
     write_meta(&st.inst, &policy, &pre.audit, listening.as_ref());
+    crate::otlp::start(&rt, &pre.id);
     let (left, conn, make) = match hand_over(st, opts.no_session, pre, stop) {
         Ok(h) => h,
         Err(code) => return code,
     };
     let (code, state) = rt.block_on(runtime::run(make, conn, &left, listening, stop.token()));
+    crate::otlp::flush(&rt);
     // stdin's reader is a blocking thread that only ends when the client
     // writes or closes: never wait for it (the process exits right after).
     rt.shutdown_background();

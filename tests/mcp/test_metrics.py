@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import httpx2
 import pytest
@@ -152,3 +153,35 @@ async def test_traceparent_from_http_headers_names_the_log_lines_and_meta_wins(w
     refused = by["no_such_tool"]
     line = next(l for l in log.splitlines() if "tool call refused" in l)
     assert f"trace_id={other}" in line and f"span_id={refused['span_id']}" in line, line
+
+
+def layer_gauges(iid):
+    fam = families(sm("metrics", iid).stdout)
+    get = lambda n: fam.get(n, {}).get((n, ()))
+    return get("sandmux_layer_bytes"), get("sandmux_layer_files")
+
+
+async def test_the_layer_size_moves_when_the_agent_writes_a_file(ws):
+    async with connect(ws, "--workspace-mode", "copy-on-write") as c:
+        iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+        end = time.monotonic() + 15
+        while time.monotonic() < end and layer_gauges(iid)[0] is None:
+            time.sleep(0.2)
+        b0, f0 = layer_gauges(iid)
+        assert b0 is not None and f0 is not None, "the layer is measured within seconds"
+        r = await call(c, "run_command", {"command": "head -c 3000000 /dev/urandom > big.bin && echo WROTE", "timeout": 30})
+        assert "WROTE" in r["output"], r
+        end = time.monotonic() + 40
+        while time.monotonic() < end and layer_gauges(iid)[0] < b0 + 3_000_000:
+            time.sleep(0.2)
+        b1, f1 = layer_gauges(iid)
+    assert b1 >= b0 + 3_000_000 and f1 >= f0 + 1, (b0, f0, b1, f1)
+    assert not (ws[0] / "big.bin").exists(), "the write went to the layer"
+
+
+async def test_a_live_workspace_has_no_layer_gauge(ws):
+    async with connect(ws) as c:
+        iid = runtime_dir_of(serve_pids(ws[0])[0]).name
+        await call(c, "run_command", {"command": "head -c 100000 /dev/urandom > big.bin", "timeout": 30})
+        time.sleep(1.5)
+        assert layer_gauges(iid) == (None, None)

@@ -212,3 +212,20 @@ async def test_the_items_of_a_read_batch_carry_the_batchs_trace(ws):
         for i in its:
             assert i["trace_id"] == trace and i["parent_span_id"] == batch["span_id"], i
         assert len({i["span_id"] for i in its} | {batch["span_id"]}) == 4, "each item its own span"
+
+
+def test_discover_declares_no_tool_list_changes_a_stateless_client_cannot_hear(ws):
+    """2026-07-28 has no session to notify: a list change reaches a client
+    only on `subscriptions/listen`, which sandmux does not serve, so
+    `server/discover` does not declare `tools.listChanged` (the conformance
+    suite's `server-stateless` failed three checks on it). Control: a
+    2025-11-25 session, which does get `notifications/tools/list_changed`,
+    still sees it declared."""
+    with http_server(ws) as (url, token, _):
+        status, msg = rpc(url, token, "server/discover", headers=modern("server/discover"))
+        assert status == 200, (status, msg)
+        caps = msg["result"]["capabilities"]
+        assert "tools" in caps and "listChanged" not in caps["tools"], caps
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}
+        status, msg = rpc(url, token, "initialize", init, headers={"MCP-Protocol-Version": "2025-11-25"}, meta=False)
+        assert status == 200 and msg["result"]["capabilities"]["tools"]["listChanged"] is True, msg

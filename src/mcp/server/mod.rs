@@ -299,6 +299,21 @@ impl ServerHandler for Server {
         Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
     }
 
+    /// 2026-07-28's `server/discover`: the capabilities less
+    /// `tools.listChanged`, which a stateless client could only hear on a
+    /// `subscriptions/listen` stream sandmux does not serve (a 2025-11-25
+    /// session, which gets the notification, still sees it declared).
+    async fn discover(&self, _cx: RequestContext<RoleServer>) -> Result<DiscoverResult, McpError> {
+        let mut info = self.get_info();
+        if let Some(t) = info.capabilities.tools.as_mut() {
+            t.list_changed = None;
+        }
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            info,
+        ))
+    }
+
     /// Over HTTP, each session's client is told of tool list changes (over
     /// stdio, `serve` registers its one client itself).
     async fn on_initialized(&self, cx: rmcp::service::NotificationContext<RoleServer>) {
