@@ -221,6 +221,13 @@ fn serve(
     if let Err(e) = otlp {
         return refuse(&format!("serve: {e}"));
     }
+    // The supervisor may connect to the collector's port only: a rule of
+    // Landlock ABI 4. Without it export is refused here, never by dropping
+    // the supervisor's Landlock layer (best-effort) or allowing every port.
+    let (_, abi) = crate::sandbox::landlock::effective_abi(policy.landlock_abi);
+    if crate::otlp::port().is_some() && abi < 4 {
+        return refuse(&format!("serve: OTLP export needs Landlock ABI 4 (TCP port rules: serve may then connect to the collector's port and no other), and ABI {abi} is what this kernel and profile give; run without --otlp-endpoint (and OTEL_EXPORTER_OTLP_*ENDPOINT), or on a kernel with Landlock ABI 4 (Linux 6.7)"));
+    }
     crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
 }
 

@@ -409,7 +409,7 @@ impl Prepared {
             (false, _) => String::new(),
             (true, true) => ", no TCP".to_string(),
             (true, false) => format!(
-                ", no TCP bind, TCP connect only to ports {:?} (the proxy's upstreams)",
+                ", no TCP bind, TCP connect only to ports {:?} (the proxy's upstreams, the OTLP collector)",
                 self.ports
             ),
         };
@@ -480,8 +480,8 @@ pub(crate) fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, Sta
             "seccomp on every thread: {n} calls, socket configuration ioctls and every socket {} denied",
             match inet {
                 Inet::No => "family but unix",
-                Inet::Tcp => "but unix and TCP (the proxy's upstreams)",
-                Inet::TcpUdp => "but unix, TCP (the proxy's upstreams) and UDP (the host's resolver)",
+                Inet::Tcp => "but unix and TCP (the proxy's upstreams, the OTLP collector)",
+                Inet::TcpUdp => "but unix, TCP (the proxy's upstreams, the OTLP collector) and UDP (the host's resolver)",
             }
         )),
         Err(e) => failed.push(format!("seccomp: {e}")),

@@ -36,6 +36,15 @@ impl Pinned {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .parse()?;
+        // Only what the exchange needs: the exporter also adds every header
+        // of `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`, which an operator may
+        // have set for another tool's vendor (an API key), and which would
+        // go in cleartext to whatever listens at this address.
+        let kept = parts.headers.get(hyper::header::CONTENT_TYPE).cloned();
+        parts.headers.clear();
+        parts
+            .headers
+            .extend(kept.map(|v| (hyper::header::CONTENT_TYPE, v)));
         parts
             .headers
             .insert(hyper::header::HOST, self.host.parse()?);
@@ -43,12 +52,21 @@ impl Pinned {
         let tcp = tokio::net::TcpStream::connect(self.addr).await?;
         let (mut send, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
-        let conn = tokio::spawn(conn);
+        // Ended with the exchange, however it ends (an error, the timeout).
+        let _conn = Aborted(tokio::spawn(conn));
         let res = send.send_request(req).await?;
         let (parts, body) = res.into_parts();
         let body = Limited::new(body, ANSWER_MAX).collect().await?.to_bytes();
-        conn.abort();
         Ok(Response::from_parts(parts, body))
+    }
+}
+
+/// A task aborted when dropped.
+struct Aborted<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Aborted<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -3,6 +3,14 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` (a base: `/v1/traces` is appended, as the
 //! flag's is). Only `http://`; the host is resolved once, at start-up,
 //! and that address is the only one ever dialled.
+//!
+//! The flag is the operator's word for this instance: a bad one refuses
+//! start-up. The environment may have been set for another tool (a shell's
+//! telemetry setup that every process inherits): its standard off-switches
+//! (`OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER` without `otlp`) are
+//! obeyed, and an endpoint from it that sandmux cannot use (https, a
+//! protocol other than `http/protobuf`, a name that does not resolve)
+//! leaves export off with a warning instead of stopping `serve`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
@@ -43,14 +51,28 @@ const BASE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 impl Config {
     /// The endpoint from the flag or the environment; `None`: export off.
     pub(crate) fn from_flag_or_env(flag: Option<&str>) -> Result<Option<Config>, ConfigError> {
+        if let Some(f) = flag {
+            return Config::parse("--otlp-endpoint", &base_to_traces(f)).map(Some);
+        }
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let (what, url) = match (flag, env(TRACES), env(BASE)) {
-            (Some(f), _, _) => ("--otlp-endpoint", base_to_traces(f)),
-            (None, Some(t), _) => (TRACES, t),
-            (None, None, Some(b)) => (BASE, base_to_traces(&b)),
-            (None, None, None) => return Ok(None),
+        let (what, url) = match (env(TRACES), env(BASE)) {
+            (Some(t), _) => (TRACES, t),
+            (None, Some(b)) => (BASE, base_to_traces(&b)),
+            (None, None) => return Ok(None),
         };
-        Config::parse(what, &url).map(Some)
+        if let Some(why) = switched_off(&env) {
+            tracing::info!("OTLP export stays off: {why} (an endpoint in {what} is not used)");
+            return Ok(None);
+        }
+        match Config::parse(what, &url) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => {
+                tracing::warn!(
+                    "OTLP export stays off: {e} (give --otlp-endpoint to make it an error)"
+                );
+                Ok(None)
+            }
+        }
     }
 
     /// An `http://host[:port][/path]` URL, its host resolved now.
@@ -92,6 +114,28 @@ impl Config {
             addr,
             host: authority.to_string(),
         })
+    }
+}
+
+/// Why the environment says no export, if it does: the SDK disabled, no
+/// `otlp` traces exporter, or an OTLP protocol this exporter does not speak.
+fn switched_off(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return Some("OTEL_SDK_DISABLED=true".into());
+    }
+    if let Some(v) = env("OTEL_TRACES_EXPORTER") {
+        if !v.split(',').any(|e| e.trim() == "otlp") {
+            return Some(format!("OTEL_TRACES_EXPORTER={v:?} names no otlp exporter"));
+        }
+    }
+    let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v))
+        .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL").map(|v| ("OTEL_EXPORTER_OTLP_PROTOCOL", v)));
+    match protocol {
+        Some((k, v)) if v.trim() != "http/protobuf" => Some(format!(
+            "{k}={v:?}: sandmux sends OTLP/HTTP with protobuf (http/protobuf) only"
+        )),
+        _ => None,
     }
 }
 
@@ -142,5 +186,28 @@ mod tests {
             assert!(Config::parse("x", bad).is_err(), "{bad}");
         }
         assert_eq!(base_to_traces("http://h:1/"), "http://h:1/v1/traces");
+    }
+
+    #[test]
+    fn the_environments_off_switches_are_obeyed() {
+        fn with(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+            let pairs: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            move |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        }
+        assert!(switched_off(&with(&[])).is_none());
+        assert!(switched_off(&with(&[("OTEL_SDK_DISABLED", "TRUE")])).is_some());
+        assert!(switched_off(&with(&[("OTEL_SDK_DISABLED", "false")])).is_none());
+        assert!(switched_off(&with(&[("OTEL_TRACES_EXPORTER", "none")])).is_some());
+        assert!(switched_off(&with(&[("OTEL_TRACES_EXPORTER", "console, otlp")])).is_none());
+        assert!(switched_off(&with(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])).is_some());
+        // The traces-specific protocol wins over the general one.
+        let both = [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+        ];
+        assert!(switched_off(&with(&both)).is_none());
     }
 }

@@ -64,7 +64,7 @@ static OTLP: OnceLock<Otlp> = OnceLock::new();
 /// Turns export on (once, at start-up, before confinement): the exporter
 /// is built now, its task starts with the runtime ([`start`]).
 pub(crate) fn configure(c: Config) -> Result<(), ConfigError> {
-    use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+    use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
     let port = c.addr.port();
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
@@ -72,6 +72,11 @@ pub(crate) fn configure(c: Config) -> Result<(), ConfigError> {
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(c.url.clone())
         .with_timeout(client::TIMEOUT)
+        // One attempt per batch: the crate's retries sleep with
+        // `std::thread::sleep` (no `tokio` feature), which would stop
+        // serve's one runtime thread, calls and the proxy included, for up
+        // to a collector's `Retry-After`. A failed batch is counted.
+        .with_retry_policy(RetryPolicy::disabled())
         .build()
         .map_err(|e| ConfigError::Exporter(e.to_string()))?;
     exporter.set_resource(

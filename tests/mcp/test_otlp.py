@@ -33,16 +33,19 @@ class Collector:
     """An OTLP/HTTP collector stand-in on 127.0.0.1: every accepted
     connection counted, every request kept (path, content type, body)."""
 
-    def __init__(self):
-        self.requests, self.connections = [], 0
+    def __init__(self, status=200, retry_after=None):
+        self.requests, self.connections, self.headers = [], 0, []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 outer.requests.append((self.path, self.headers.get("content-type"), body))
+                outer.headers.append({k.lower(): v for k, v in self.headers.items()})
                 out = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
+                self.send_response(status)
+                if retry_after is not None:
+                    self.send_header("retry-after", str(retry_after))
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", str(len(out)))
                 self.end_headers()
@@ -241,3 +244,96 @@ async def test_the_supervisor_may_connect_to_the_collectors_port_and_no_other(ws
         assert got[0][0][0] != 0 and collector.connections == 1, ("connected with export off", got, out)
     finally:
         other.close()
+
+
+async def test_a_throttling_collector_never_stalls_serve(ws):
+    # The attack (or a collector shedding load): every export answered 503
+    # with Retry-After: 5. A retry would sleep on serve's one runtime thread
+    # and stop every call (and the proxy) for the five seconds; calls made
+    # while the batch is being answered must still return at once.
+    # (Against the exporter's default retry policy this test fails: the
+    # calls after the batch take about 5 s and the collector sees 4 requests.)
+    slow = Collector(status=503, retry_after=5)
+    try:
+        async with connect(ws, "--otlp-endpoint", slow.url, env=NO_OTEL) as c:
+            await c.call_tool("list_windows", {}, meta={"traceparent": SAMPLED})
+            end = time.monotonic() + 10
+            while time.monotonic() < end and not slow.requests:
+                time.sleep(0.05)
+            assert slow.requests, "the batch was never sent"
+            worst = 0.0
+            for _ in range(15):
+                t = time.monotonic()
+                await c.call_tool("list_windows", {})
+                worst = max(worst, time.monotonic() - t)
+                time.sleep(0.1)
+        assert worst < 1.0, worst
+        assert len(slow.requests) == 1, len(slow.requests)
+    finally:
+        slow.stop()
+
+
+async def test_headers_from_the_environment_never_reach_the_collector(ws, collector):
+    # An operator's shell may carry another vendor's key for its own tools.
+    env = {**NO_OTEL, "OTEL_EXPORTER_OTLP_HEADERS": "api-key=vendor-secret", "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-trace-key=also-secret"}
+    async with connect(ws, "--otlp-endpoint", collector.url, env=env) as c:
+        await c.call_tool("list_windows", {}, meta={"traceparent": SAMPLED})
+    assert len(collector.wait_spans(1, timeout=5)) == 1
+    (h,) = collector.headers
+    assert "api-key" not in h and "x-trace-key" not in h, h
+    assert set(h) <= {"host", "content-type", "content-length"}, h
+
+
+async def test_the_environments_off_switches_and_an_unusable_endpoint_leave_export_off(ws, collector):
+    for extra in ({"OTEL_SDK_DISABLED": "true"}, {"OTEL_TRACES_EXPORTER": "none"}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}):
+        async with connect(ws, env={**NO_OTEL, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, **extra}) as c:
+            await c.call_tool("list_windows", {}, meta={"traceparent": SAMPLED})
+        time.sleep(0.5)
+        assert collector.connections == 0, extra
+    # An https endpoint from the environment: serve runs, export stays off.
+    async with connect(ws, env={**NO_OTEL, "OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:4318"}) as c:
+        r = await c.call_tool("list_windows", {}, meta={"traceparent": SAMPLED})
+        assert not r.is_error
+    # Positive control: the same variable without a switch turns it on.
+    async with connect(ws, env={**NO_OTEL, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_SDK_DISABLED": "false"}) as c:
+        await c.call_tool("list_windows", {}, meta={"traceparent": SAMPLED})
+    assert len(collector.wait_spans(1, timeout=5)) == 1
+
+
+async def test_a_pane_on_the_host_network_cannot_reach_the_collectors_port(ws, collector):
+    from test_escape import host_net, profile
+
+    # The sandbox shares the host's network and may connect to another
+    # port; export is on, so the supervisor may reach the collector's port:
+    # the pane must not.
+    other = closed_port()
+    prof = profile(ws, "otlp-other", host_net(other))
+    async with connect(ws, "-p", prof, "--otlp-endpoint", collector.url, env=NO_OTEL) as c:
+        r = await call(c, "run_command", {"command": DIAL.format(port=collector.port), "timeout": 20})
+        await c.call_tool("list_windows", {}, meta={"traceparent": SAMPLED})
+        spans = collector.wait_spans(1)
+    assert "REFUSED" in r["output"] and "CONNECTED" not in r["output"], r
+    assert len(spans) == 1 and collector.connections == 1
+
+
+async def test_without_landlock_tcp_rules_export_is_refused_never_widened(ws, collector):
+    import subprocess
+
+    from conftest import BIN
+    from test_escape import profile
+
+    def pin(abi):
+        return lambda t: t.replace("[enforcement]\n", f"[enforcement]\nlandlock_abi = {abi}\n", 1)
+
+    work, host = ws
+    # ABI 3 has no TCP port rules: serve must refuse, not drop its Landlock
+    # layer or let every port through (even with `supervisor` best-effort).
+    weak = profile(ws, "otlp-abi3", lambda t: pin(3)(t).replace('best_effort = ["cgroup"]', 'best_effort = ["cgroup", "supervisor"]'))
+    p = subprocess.run([BIN, "serve", "-w", str(work), "-p", weak, "--audit-log", str(host / "a.jsonl"), "--otlp-endpoint", collector.url], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env={**os.environ, **NO_OTEL})
+    assert p.returncode == 2 and "OTLP export needs Landlock ABI 4" in p.stderr, p.stderr
+    assert collector.connections == 0
+    # Positive control: pinned at 4, the same export works.
+    ok = profile(ws, "otlp-abi4", lambda t: pin(4)(t).replace('best_effort = ["cgroup"]', 'best_effort = ["cgroup", "landlock-scope"]'))
+    async with connect(ws, "-p", ok, "--otlp-endpoint", collector.url, env=NO_OTEL) as c:
+        await c.call_tool("list_windows", {}, meta={"traceparent": SAMPLED})
+    assert len(collector.wait_spans(1, timeout=5)) == 1
