@@ -16,6 +16,7 @@ pub(crate) const LAYERS: &[&[&str]] = &[
     &["guard", "proxy"],
     &["tmux"],
     &["supervisor"],
+    &["runtime"],
     &["check", "mcp", "door"],
     &["operator", "tables", "entrypoint"],
     &["attach"],

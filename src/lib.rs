@@ -25,6 +25,7 @@ pub(crate) mod nonce;
 pub(crate) mod operator;
 pub(crate) mod profile;
 pub(crate) mod proxy;
+pub(crate) mod runtime;
 pub(crate) mod sandbox;
 pub(crate) mod secretcmd;
 pub(crate) mod secretfile;
@@ -39,9 +40,9 @@ pub(crate) mod tracectx;
 /// ClientHellos), the proxy's matcher and address classifier, the tmux
 /// command builder, the layer names, and tmux's lookup.
 pub mod testing {
-    pub use crate::mcp::replay_filter;
     pub use crate::profile::Layer;
     pub use crate::proxy::{addr, head, hello, name};
+    pub use crate::runtime::replay_filter;
     pub use crate::tmux::cmd::Cmd;
     pub use crate::tmux::control;
     pub use crate::tmux::find_tmux;

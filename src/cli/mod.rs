@@ -191,7 +191,7 @@ fn serve(target: &Target, on_end: profile::OnEnd, opts: crate::mcp::Options) -> 
     let http = opts.http.clone();
     // First, before any thread exists: from here on a termination signal is
     // serve's own (a clean stop), never the default action.
-    let stop = crate::mcp::exit::Stop::install();
+    let stop = crate::runtime::exit::Stop::install();
     // A configuration error is the MCP client's answer to `initialize` too
     // (over stdio), in the words the CLI prints, not a closed connection.
     let refuse = |e: &str| {
@@ -209,7 +209,7 @@ fn serve(target: &Target, on_end: profile::OnEnd, opts: crate::mcp::Options) -> 
         Ok(p) => p,
         Err(e) => return refuse(&e),
     };
-    crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
+    crate::runtime::exit::finish(crate::mcp::serve(policy, opts, &stop))
 }
 
 fn check(policy: profile::Policy, json: bool) -> ExitCode {

@@ -57,7 +57,7 @@ pub(crate) struct State {
     /// `create_session` excluded by name).
     pub remake_session: bool,
     /// The `--record` recording, if any.
-    pub record: Option<Arc<super::record::Recording>>,
+    pub record: Option<Arc<crate::runtime::record::Recording>>,
     /// The MCP clients, once connected (for tools/list_changed).
     pub peers: Peers,
     /// `serve --http`: its URL, token file and counters, once it listens.
@@ -65,7 +65,7 @@ pub(crate) struct State {
     /// Long commands (`command_id`s for `wait_for_command`).
     pub commands: super::tools::commands::Commands,
     /// The workspace guard's reverts (counted in the status, audited).
-    pub reverts: Option<Arc<super::reverts::Reverts>>,
+    pub reverts: Option<Arc<crate::runtime::reverts::Reverts>>,
     /// Held by every tool that makes a session or pane, from counting to
     /// creating (see `mcp::bounds`).
     pub creating: tokio::sync::Mutex<()>,
@@ -84,9 +84,9 @@ pub(crate) struct State {
     /// (`supervisor::history`; None in live mode).
     pub(crate) history: Option<Arc<std::sync::Mutex<crate::supervisor::history::History>>>,
     /// Questions to a human and their grants (`[network] ask`).
-    pub approvals: Arc<super::approvals::Approvals>,
+    pub approvals: Arc<crate::runtime::approvals::Approvals>,
     /// Tool questions held between the rounds of a 2026-07-28 call.
-    pub rounds: super::rounds::Rounds,
+    pub rounds: crate::runtime::rounds::Rounds,
     /// Ports of the sandbox exposed on the host (`sandmux expose`).
     pub exposures: super::expose::Exposures,
 }

@@ -238,7 +238,7 @@ async fn freezing(s: &State, thaw: bool) -> Value {
 
 /// `approve`/`deny`: the first answer wins; who answered is recorded.
 fn answer(s: &State, r: &Request, uid: u32) -> Value {
-    use super::approvals::{Answer, Grant};
+    use crate::runtime::approvals::{Answer, Grant};
     let Some(q) = r.question else {
         return json!({"ok": false, "error": "name the question (sandmux approvals ID lists them)"});
     };

@@ -11,7 +11,6 @@
 //! during start-up ends it at the next step ([`exit`]).
 
 pub(crate) use crate::audit;
-pub(crate) mod approvals;
 mod backlog;
 pub(crate) mod bounds;
 pub(crate) mod catalog;
@@ -20,25 +19,19 @@ pub(crate) mod ctx;
 pub(crate) mod drift;
 pub(crate) mod endpoint;
 pub(crate) mod error;
-pub(crate) mod exit;
 pub(crate) mod expose;
 pub(crate) mod freeze;
 mod generation;
-mod hostfiles;
 pub(crate) mod http;
 pub(crate) mod metrics;
-pub(crate) mod oom;
 pub(crate) mod prompts;
 mod proxy;
-pub(crate) mod record;
 pub(crate) mod refusal;
-pub mod replay_filter;
 pub(crate) mod resources;
-pub(crate) mod reverts;
-mod rounds;
 mod runtime;
 pub(crate) mod schema;
 pub(crate) mod server;
+pub(crate) mod shown;
 pub(crate) mod stdio;
 pub(crate) mod targets;
 pub(crate) mod text;
@@ -46,10 +39,11 @@ pub(crate) mod tools;
 pub(crate) mod toolsets;
 
 use crate::profile::Policy;
+use crate::runtime::hostfiles::{outside_agent_writable, retain};
+use crate::runtime::{approvals, exit, oom, record, reverts, rounds};
 use crate::supervisor::Instance;
 use crate::tmux::hub::Hub;
 use generation::{confine_self, info_of};
-use hostfiles::{outside_agent_writable, retain};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
