@@ -222,9 +222,9 @@ pub(crate) fn status(s: &State) -> Value {
 /// A freeze or thaw, answered with the status.
 async fn freezing(s: &State, thaw: bool) -> Value {
     let r = if thaw {
-        super::freeze::thaw(s).await
+        crate::runtime::freeze::thaw(s).await
     } else {
-        super::freeze::freeze(s).await
+        crate::runtime::freeze::freeze(s).await
     };
     match r {
         Ok(v) => {
@@ -277,7 +277,7 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
         Op::Revoke if r.port.is_some() => {
             let port = r.port.unwrap_or_default();
             let by = format!("revoked by operator uid {uid}");
-            super::expose::unexpose(s, port, &by)
+            crate::runtime::expose::unexpose(s, port, &by)
                 .unwrap_or_else(|e| json!({"ok": false, "error": e}))
         }
         Op::Revoke | Op::Grant if r.credential.is_some() => credential(s, &r),
@@ -372,8 +372,8 @@ async fn expose(s: &Arc<State>, r: &Request, uid: u32) -> Value {
         return json!({"ok": false, "error": "name the port inside"});
     };
     let by = format!("operator uid {uid}");
-    match super::expose::checked(port, r.host_port, r.address.as_deref()) {
-        Ok(host) => super::expose::expose(s, port, host, &by).await,
+    match crate::runtime::expose::checked(port, r.host_port, r.address.as_deref()) {
+        Ok(host) => crate::runtime::expose::expose(&s.rt, port, host, &by).await,
         Err(e) => Err(e),
     }
     .unwrap_or_else(|e| json!({"ok": false, "error": e}))

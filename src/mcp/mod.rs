@@ -19,9 +19,6 @@ pub(crate) mod ctx;
 pub(crate) mod drift;
 pub(crate) mod endpoint;
 pub(crate) mod error;
-pub(crate) mod expose;
-pub(crate) mod freeze;
-mod generation;
 pub(crate) mod http;
 pub(crate) mod metrics;
 pub(crate) mod prompts;
@@ -39,11 +36,11 @@ pub(crate) mod tools;
 pub(crate) mod toolsets;
 
 use crate::profile::Policy;
+use crate::runtime::generation::{confine_self, info_of};
 use crate::runtime::hostfiles::{outside_agent_writable, retain};
-use crate::runtime::{approvals, exit, oom, record, reverts, rounds};
+use crate::runtime::{approvals, exit, freeze, oom, record, reverts, rounds};
 use crate::supervisor::Instance;
 use crate::tmux::hub::Hub;
-use generation::{confine_self, info_of};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -452,25 +449,16 @@ fn hand_over(
     let ask_seconds = policy.mcp.ask_seconds;
     let history = history_of(&policy);
     let make: MakeState = Box::new(move |hub: Arc<Hub>| {
-        Arc::new(ctx::State {
+        let max_input = policy.mcp.max_input_bytes as usize;
+        let wait_max = Duration::from_secs(policy.mcp.wait_max_seconds);
+        let rt = Arc::new(crate::runtime::shared::Shared {
             hub_now: std::sync::RwLock::new(hub),
-            max_input: policy.mcp.max_input_bytes as usize,
-            wait_max: Duration::from_secs(policy.mcp.wait_max_seconds),
             policy,
             info_now: std::sync::RwLock::new(info),
             audit,
-            backlog: Default::default(),
-            drift: Arc::new(drift::Drift::default()),
             shutdown,
-            enabled: std::sync::RwLock::new(enabled),
-            ceiling,
-            remake_session,
             record,
-            peers: Default::default(),
-            http: Default::default(),
             reverts,
-            commands: Default::default(),
-            creating: Default::default(),
             freeze: frozen,
             broker: Some(broker),
             ready: tokio::sync::watch::channel(None).0,
@@ -480,6 +468,20 @@ fn hand_over(
             approvals,
             rounds: rounds::Rounds::new(Duration::from_secs(ask_seconds)),
             exposures: Default::default(),
+        });
+        Arc::new(ctx::State {
+            rt,
+            max_input,
+            wait_max,
+            backlog: Default::default(),
+            drift: Arc::new(drift::Drift::default()),
+            enabled: std::sync::RwLock::new(enabled),
+            ceiling,
+            remake_session,
+            peers: Default::default(),
+            http: Default::default(),
+            commands: Default::default(),
+            creating: Default::default(),
         })
     });
     Ok((left, conn, make))
@@ -509,7 +511,11 @@ fn history_of(
 
 /// The watchers the teardown also needs (OOM kills, reverts, the freeze,
 /// the proxy's decisions); the instance joins them in [`hand_over`].
-fn leftovers(inst: &Instance, info: &ctx::InstanceInfo, audit: &Arc<audit::Audit>) -> Leftovers {
+fn leftovers(
+    inst: &Instance,
+    info: &crate::runtime::shared::InstanceInfo,
+    audit: &Arc<audit::Audit>,
+) -> Leftovers {
     Leftovers {
         oom: info
             .cgroup
