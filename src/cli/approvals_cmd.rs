@@ -6,9 +6,9 @@
 //! (`crate::runtime::approvals::shown`).
 
 use super::{fail, ExitCode};
-use crate::mcp::endpoint::{Op, Request};
 use crate::mcp::shown::checked_name;
 use crate::runtime::approvals::shown::{detail, labelled, Name};
+use crate::runtime::endpoint::{Op, Request};
 use crate::term;
 use serde_json::Value;
 

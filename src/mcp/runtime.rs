@@ -2,8 +2,9 @@
 //! kills, reverts, the server's death, the operator endpoint), then MCP
 //! over stdio or HTTP until the stop.
 
-use super::{backlog, ctx, endpoint, http, server, stdio, Leftovers};
+use super::{backlog, ctx, http, server, stdio, Leftovers};
 use crate::profile::{ServerExit, MAX_RESTARTS};
+use crate::runtime::endpoint;
 use crate::runtime::generation::restart;
 use crate::runtime::oom;
 use crate::supervisor::Instance;

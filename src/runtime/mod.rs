@@ -9,6 +9,7 @@
 //! What it needs of the protocol (the catalog's tool names) is handed in.
 
 pub(crate) mod approvals;
+pub(crate) mod endpoint;
 pub(crate) mod exit;
 pub(crate) mod expose;
 pub(crate) mod freeze;
