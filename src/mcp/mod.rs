@@ -22,7 +22,6 @@ pub(crate) mod http;
 pub(crate) mod metrics;
 mod operated;
 pub(crate) mod prompts;
-mod proxy;
 pub(crate) mod refusal;
 pub(crate) mod resources;
 mod runtime;
@@ -38,7 +37,7 @@ pub(crate) mod toolsets;
 use crate::profile::Policy;
 use crate::runtime::generation::{confine_self, info_of};
 use crate::runtime::hostfiles::{outside_agent_writable, retain};
-use crate::runtime::{approvals, exit, freeze, oom, record, reverts, rounds};
+use crate::runtime::{approvals, exit, freeze, oom, proxy, record, reverts, rounds};
 use crate::supervisor::Instance;
 use crate::tmux::hub::Hub;
 use std::path::PathBuf;
@@ -528,7 +527,7 @@ fn leftovers(
             None => reverts::Reverts::new(audit.clone(), Default::default(), PathBuf::new()),
         }),
         frozen: Arc::new(freeze::Freeze::default()),
-        flood: proxy::Flood::new(audit.clone()),
+        flood: proxy::Flood::new(audit.clone(), metrics::get()),
         approvals: approvals::Approvals::new(
             Duration::from_secs(inst.policy.mcp.ask_seconds),
             audit.clone(),

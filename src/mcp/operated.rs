@@ -1,6 +1,8 @@
-//! The protocol's side of the operator endpoint ([`crate::runtime::endpoint`]):
-//! the catalog a `revoke`/`grant` names tools from, the enabled set it
-//! changes, the clients told of it, `--http`'s token and the metrics.
+//! What the runtime asks of the protocol: for the operator endpoint
+//! ([`crate::runtime::endpoint::Protocol`]) the catalog a `revoke`/`grant`
+//! names tools from, the enabled set it changes, the clients told of it,
+//! `--http`'s token and the metrics; for the proxy's decisions
+//! ([`crate::runtime::proxy::Counts`]) the metrics that count them.
 
 use super::catalog::{toolset_named, toolset_names, TOOLS, TOOLSETS};
 use super::ctx::State;
@@ -90,5 +92,15 @@ impl Protocol for State {
 
     fn set_token(&self, token: &[u8], uid: u32) -> Value {
         super::http::router::set_token(self, token, uid)
+    }
+}
+
+impl crate::runtime::proxy::Counts for super::metrics::Metrics {
+    fn decision(&self, allowed: bool, up: u64, down: u64) {
+        self.proxy(allowed, up, down)
+    }
+
+    fn open(&self, open: Arc<std::sync::atomic::AtomicUsize>) {
+        self.proxy_open(open)
     }
 }

@@ -16,6 +16,7 @@ pub(crate) mod freeze;
 pub(crate) mod generation;
 pub(crate) mod hostfiles;
 pub(crate) mod oom;
+pub(crate) mod proxy;
 pub(crate) mod record;
 pub mod replay_filter;
 pub(crate) mod reverts;
