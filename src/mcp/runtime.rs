@@ -2,11 +2,12 @@
 //! kills, reverts, the server's death, the operator endpoint), then MCP
 //! over stdio or HTTP until the stop.
 
-use super::{backlog, ctx, http, server, stdio, Leftovers};
+use super::{backlog, ctx, http, server, stdio};
 use crate::profile::{ServerExit, MAX_RESTARTS};
 use crate::runtime::endpoint;
 use crate::runtime::generation::restart;
 use crate::runtime::oom;
+use crate::runtime::teardown::Leftovers;
 use crate::supervisor::Instance;
 use crate::tmux::hub::{Hub, HubEvent};
 use rmcp::ServiceExt;

@@ -22,3 +22,4 @@ pub mod replay_filter;
 pub(crate) mod reverts;
 pub(crate) mod rounds;
 pub(crate) mod shared;
+pub(crate) mod teardown;
