@@ -3,7 +3,7 @@
 //! The library holds everything the `sandmux` binary does; its one public
 //! entry is the command line ([`cli::main`]). Inside: profiles (`profile`),
 //! the sandbox and its start-up order (`sandbox`), the tmux server it owns
-//! (`tmux`), the MCP server (`mcp`), the allowlist proxy (`proxy`) and the
+//! (`tmux`), `serve`'s running instance (`runtime`), the MCP server (`mcp`), the allowlist proxy (`proxy`) and the
 //! live enforcement check (`check`). Everything else is `pub(crate)`;
 //! [`testing`] re-exports what the integration tests and fuzz targets drive
 //! directly.
