@@ -5,7 +5,9 @@
 //!
 //! An instance's life on the host (its generations, cgroup and plan, the
 //! `Instance`, the broker) is `supervisor`; what runs inside the sandbox is
-//! `sandbox`; tmux itself is `tmux`.
+//! `sandbox`; tmux itself is `tmux`; `serve`'s running instance apart from
+//! the MCP protocol (approvals, freeze, the operator endpoint, recording,
+//! generations) is `runtime`, below `mcp`.
 
 /// Lowest first; the modules of one layer may not name each other.
 pub(crate) const LAYERS: &[&[&str]] = &[
@@ -18,6 +20,7 @@ pub(crate) const LAYERS: &[&[&str]] = &[
     &["guard", "proxy"],
     &["tmux"],
     &["supervisor"],
+    &["runtime"],
     &["check", "mcp", "door"],
     &["operator", "tables", "entrypoint"],
     &["attach"],

@@ -3,7 +3,7 @@
 //! The library holds everything the `sandmux` binary does; its one public
 //! entry is the command line ([`cli::main`]). Inside: profiles (`profile`),
 //! the sandbox and its start-up order (`sandbox`), the tmux server it owns
-//! (`tmux`), the MCP server (`mcp`), the allowlist proxy (`proxy`) and the
+//! (`tmux`), `serve`'s running instance (`runtime`), the MCP server (`mcp`), the allowlist proxy (`proxy`) and the
 //! live enforcement check (`check`). Everything else is `pub(crate)`;
 //! [`testing`] re-exports what the integration tests and fuzz targets drive
 //! directly.
@@ -27,6 +27,7 @@ pub(crate) mod operator;
 pub(crate) mod otlp;
 pub(crate) mod profile;
 pub(crate) mod proxy;
+pub(crate) mod runtime;
 pub(crate) mod sandbox;
 pub(crate) mod secretcmd;
 pub(crate) mod secretfile;
@@ -43,9 +44,9 @@ pub(crate) mod tracectx;
 /// ClientHellos), the proxy's matcher and address classifier, the tmux
 /// command builder, the layer names, and tmux's lookup.
 pub mod testing {
-    pub use crate::mcp::replay_filter;
     pub use crate::profile::Layer;
     pub use crate::proxy::{addr, head, hello, name};
+    pub use crate::runtime::replay_filter;
     pub use crate::tmux::cmd::Cmd;
     pub use crate::tmux::control;
     pub use crate::tmux::find_tmux;

@@ -1,8 +1,8 @@
 //! The operator's commands: `sandmux ps | revoke | grant | freeze |
 //! thaw | journal | stop` (`attach` is `crate::attach`). They find this user's instances in the runtime directory and talk to
-//! each `serve` instance through its operator endpoint (`mcp::endpoint`).
+//! each `serve` instance through its operator endpoint (`runtime::endpoint`).
 
-use crate::mcp::endpoint::{Op, Request};
+use crate::runtime::endpoint::{Op, Request};
 use crate::supervisor::rundir::{self, Kind, Meta};
 use crate::term;
 use serde_json::{json, Value};

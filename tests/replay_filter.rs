@@ -1,4 +1,4 @@
-//! Property-based fuzzing of the replay filter (`mcp::replay_filter`), the
+//! Property-based fuzzing of the replay filter (`runtime::replay_filter`), the
 //! byte parser between pane output and a viewer's terminal. Deterministic
 //! (proptest, fixed case counts) so it runs in CI; the coverage-guided
 //! counterpart is `fuzz/fuzz_targets/replay_filter.rs` (bench/fuzz).

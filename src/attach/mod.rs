@@ -9,8 +9,8 @@
 mod notice;
 mod pty;
 
-use crate::mcp::endpoint::{Op, Request};
 use crate::operator::{request, Found};
+use crate::runtime::endpoint::{Op, Request};
 use std::io::{IsTerminal, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;

@@ -8,7 +8,7 @@
 //! every terminal and the line can be cut exactly, never wrapping or
 //! scrolling the screen.
 
-use crate::mcp::approvals::shown::checked_name;
+use crate::mcp::shown::checked_name;
 use serde_json::Value;
 
 /// The line for an instance: `approvals` is the endpoint's answer (`None`

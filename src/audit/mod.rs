@@ -1,6 +1,6 @@
 //! The audit log (P7): one JSON line per tool call and resource read —
 //! allowed, refused and malformed alike — and per sandbox event (OOM kills,
-//! [`super::oom`]; reverts, [`super::reverts`]), appended outside the sandbox
+//! [`crate::runtime::oom`]; reverts, [`crate::runtime::reverts`]), appended outside the sandbox
 //! and hash-chained: each record carries `seq`, the previous record's hash
 //! and its own, so `sandmux audit verify` finds any edited, removed or
 //! reordered line, a torn last line, and a log whose end is not the seal a

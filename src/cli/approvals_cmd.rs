@@ -3,11 +3,12 @@
 //! ask_toolsets`). A question's row names only what sandmux checked (the
 //! proxy's canonical host names, the catalog's tool names); a tool call's
 //! arguments, the agent's words, only on lines labelled as the agent's
-//! (`crate::mcp::approvals::shown`).
+//! (`crate::runtime::approvals::shown`).
 
 use super::{fail, ExitCode};
-use crate::mcp::approvals::shown::{checked_name, detail, labelled, Name};
-use crate::mcp::endpoint::{Op, Request};
+use crate::mcp::shown::checked_name;
+use crate::runtime::approvals::shown::{detail, labelled, Name};
+use crate::runtime::endpoint::{Op, Request};
 use crate::term;
 use serde_json::Value;
 
@@ -50,7 +51,7 @@ fn columns() -> usize {
 /// question's row holds sandmux's words and values it checked (the number,
 /// a catalog tool or canonical host, the times); a tool call's arguments
 /// follow on lines of their own, each starting `agent wrote:`, none wider
-/// than the terminal (`crate::mcp::approvals::shown`).
+/// than the terminal (`crate::runtime::approvals::shown`).
 fn table(id: &str, a: &Value, cols: usize) -> String {
     let mut out = String::new();
     let open = a["open"].as_array().cloned().unwrap_or_default();
@@ -155,7 +156,7 @@ pub(super) fn answer(op: Op, id: &str, question: u64, for_instance: bool) -> Exi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::approvals::shown::LABEL;
+    use crate::runtime::approvals::shown::LABEL;
     use serde_json::json;
 
     /// What a terminal `cols` wide shows: each line wrapped at `cols`.

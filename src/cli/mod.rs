@@ -197,7 +197,7 @@ fn serve(
     let http = opts.http.clone();
     // First, before any thread exists: from here on a termination signal is
     // serve's own (a clean stop), never the default action.
-    let stop = crate::mcp::exit::Stop::install();
+    let stop = crate::runtime::exit::Stop::install();
     // A configuration error is the MCP client's answer to `initialize` too
     // (over stdio), in the words the CLI prints, not a closed connection.
     let refuse = |e: &str| {
@@ -228,7 +228,7 @@ fn serve(
     if crate::otlp::port().is_some() && abi < 4 {
         return refuse(&format!("serve: OTLP export needs Landlock ABI 4 (TCP port rules: serve may then connect to the collector's port and no other), and ABI {abi} is what this kernel and profile give; run without --otlp-endpoint (and OTEL_EXPORTER_OTLP_*ENDPOINT), or on a kernel with Landlock ABI 4 (Linux 6.7)"));
     }
-    crate::mcp::exit::finish(crate::mcp::serve(policy, opts, &stop))
+    crate::runtime::exit::finish(crate::mcp::serve(policy, opts, &stop))
 }
 
 fn check(policy: profile::Policy, json: bool) -> ExitCode {

@@ -5,7 +5,7 @@
 
 use super::args::{AuditCmd, Cmd, GitCmd, Selection, TokenCmd};
 use super::{approvals_cmd, fail};
-use crate::mcp::endpoint::{Op, Request};
+use crate::runtime::endpoint::{Op, Request};
 use crate::sandbox::{EXIT_INTERNAL, EXIT_USAGE};
 use std::process::ExitCode;
 
@@ -209,7 +209,7 @@ fn token_set(id: &str) -> ExitCode {
         return fail(EXIT_USAGE, "token set: the token must be printable ASCII");
     };
     let mut req = Request::new(Op::Token);
-    req.token = Some(crate::mcp::endpoint::Secret(text));
+    req.token = Some(crate::runtime::endpoint::Secret(text));
     match crate::operator::find(id).and_then(|f| crate::operator::request(&f.dir, req)) {
         Ok(v) => {
             eprintln!(

@@ -1,49 +1,24 @@
 //! What every tool call sees: the shared state of the instance, and the
 //! per-call context (deadline ceiling, progress, cancellation).
 
-use super::audit::Audit;
-use crate::profile::Policy;
-use crate::sandbox::report::LayerStatus;
-use crate::tmux::hub::Hub;
+use crate::runtime::shared::Shared;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Facts about the running instance.
-#[derive(Debug, Clone)]
-pub(crate) struct InstanceInfo {
-    /// The generation id set in the server at start.
-    pub generation: String,
-    /// The server's pid inside the sandbox.
-    pub server_pid: i32,
-    /// `tmux -V`.
-    pub tmux_version: String,
-    /// Layers as the sandbox reported them.
-    pub layers: Vec<LayerStatus>,
-    /// Host pid of the sandbox init (for status).
-    pub init_pid: u32,
-    /// The instance's cgroup, when it has one (for OOM counts).
-    pub cgroup: Option<crate::sandbox::cgroup::Cgroup>,
-}
-
-/// State shared by all calls.
+/// State shared by all calls: the protocol's part here, the runtime's
+/// ([`Shared`]: the server generation, the policy, the audit log, freeze,
+/// approvals…) read through [`State::rt`] (and `Deref`, so `s.audit` is
+/// the runtime's audit log).
 pub(crate) struct State {
-    /// The connection to the server (replaced when a new generation starts).
-    pub hub_now: std::sync::RwLock<Arc<Hub>>,
-    /// The resolved profile.
-    pub policy: Policy,
-    /// Instance facts (replaced when a new generation starts).
-    pub info_now: std::sync::RwLock<InstanceInfo>,
-    /// The audit log.
-    pub audit: Arc<Audit>,
+    /// The instance's runtime.
+    pub rt: Arc<Shared>,
     /// Answers not yet written to the client.
     pub(crate) backlog: Arc<super::backlog::Backlog>,
     /// Configuration baseline for drift detection.
     pub drift: Arc<super::drift::Drift>,
-    /// Cancelled to end the instance (kill_server, drift on a fatal scale, signals).
-    pub shutdown: CancellationToken,
     /// Largest text input per call.
     pub max_input: usize,
     /// Ceiling for every wait.
@@ -56,39 +31,22 @@ pub(crate) struct State {
     /// last shell exited (not with `--no-session`, nor with
     /// `create_session` excluded by name).
     pub remake_session: bool,
-    /// The `--record` recording, if any.
-    pub record: Option<Arc<super::record::Recording>>,
     /// The MCP clients, once connected (for tools/list_changed).
     pub peers: Peers,
     /// `serve --http`: its URL, token file and counters, once it listens.
     pub(crate) http: std::sync::OnceLock<super::http::Info>,
     /// Long commands (`command_id`s for `wait_for_command`).
     pub commands: super::tools::commands::Commands,
-    /// The workspace guard's reverts (counted in the status, audited).
-    pub reverts: Option<Arc<super::reverts::Reverts>>,
     /// Held by every tool that makes a session or pane, from counting to
     /// creating (see `mcp::bounds`).
     pub creating: tokio::sync::Mutex<()>,
-    /// Whether the operator froze the sandbox (see `mcp::freeze`).
-    pub freeze: Arc<super::freeze::Freeze>,
-    /// What the confined supervisor has done unconfined (`mcp::broker`).
-    pub broker: Option<Arc<crate::supervisor::broker::Broker>>,
-    /// Set once the first sessions, their watchers and the drift baseline
-    /// exist (the MCP handshake does not wait for them; calls do).
-    pub ready: tokio::sync::watch::Sender<Option<Result<(), String>>>,
-    /// The allowlist proxy's last refusals (network mode `proxy`).
-    pub refusals: Arc<crate::proxy::refusals::Refusals>,
-    /// The credentials the proxy puts in (`[[credentials]]`).
-    pub vault: Option<Arc<crate::proxy::credentials::Vault>>,
-    /// The workspace's history: a checkpoint after each changing call
-    /// (`supervisor::history`; None in live mode).
-    pub(crate) history: Option<Arc<std::sync::Mutex<crate::supervisor::history::History>>>,
-    /// Questions to a human and their grants (`[network] ask`).
-    pub approvals: Arc<super::approvals::Approvals>,
-    /// Tool questions held between the rounds of a 2026-07-28 call.
-    pub rounds: super::rounds::Rounds,
-    /// Ports of the sandbox exposed on the host (`sandmux expose`).
-    pub exposures: super::expose::Exposures,
+}
+
+impl std::ops::Deref for State {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.rt
+    }
 }
 
 /// Connected MCP clients: the one over stdio, or one per HTTP session (at
@@ -123,39 +81,9 @@ impl Peers {
 }
 
 impl State {
-    /// The connection to the current server generation.
-    pub(crate) fn hub(&self) -> Arc<Hub> {
-        self.hub_now
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Facts about the current server generation.
-    pub(crate) fn info(&self) -> InstanceInfo {
-        self.info_now
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Waits until the instance can take calls ([`State::ready`]).
+    /// Waits until the instance can take calls ([`Shared::ready`]).
     pub(crate) async fn until_ready(&self) -> Result<(), super::error::ToolError> {
-        let mut rx = self.ready.subscribe();
-        let r = match rx.wait_for(|r| r.is_some()).await {
-            Ok(r) => r.clone().unwrap_or(Ok(())),
-            Err(_) => Err("the instance is ending".into()),
-        };
-        r.map_err(|why| {
-            crate::tmux::client::TmuxError::Closed(format!("the sandbox did not start: {why}"))
-                .into()
-        })
-    }
-
-    /// Switches to a new server generation.
-    pub(crate) fn replace(&self, hub: Arc<Hub>, info: InstanceInfo) {
-        *self.hub_now.write().unwrap_or_else(|p| p.into_inner()) = hub;
-        *self.info_now.write().unwrap_or_else(|p| p.into_inner()) = info;
+        Ok(self.rt.until_ready().await?)
     }
 }
 

@@ -11,34 +11,23 @@
 //! during start-up ends it at the next step ([`exit`]).
 
 pub(crate) use crate::audit;
-pub(crate) mod approvals;
 mod backlog;
 pub(crate) mod bounds;
 pub(crate) mod catalog;
 pub(crate) mod choices;
 pub(crate) mod ctx;
 pub(crate) mod drift;
-pub(crate) mod endpoint;
 pub(crate) mod error;
-pub(crate) mod exit;
-pub(crate) mod expose;
-pub(crate) mod freeze;
-mod generation;
-mod hostfiles;
 pub(crate) mod http;
 pub(crate) mod metrics;
-pub(crate) mod oom;
+mod operated;
 pub(crate) mod prompts;
-mod proxy;
-pub(crate) mod record;
 pub(crate) mod refusal;
-pub mod replay_filter;
 pub(crate) mod resources;
-pub(crate) mod reverts;
-mod rounds;
 mod runtime;
 pub(crate) mod schema;
 pub(crate) mod server;
+pub(crate) mod shown;
 pub(crate) mod stdio;
 pub(crate) mod targets;
 pub(crate) mod text;
@@ -46,10 +35,12 @@ pub(crate) mod tools;
 pub(crate) mod toolsets;
 
 use crate::profile::Policy;
+use crate::runtime::generation::{confine_self, info_of};
+use crate::runtime::hostfiles::{outside_agent_writable, retain};
+use crate::runtime::teardown::{leftovers, teardown, Leftovers};
+use crate::runtime::{exit, record, rounds};
 use crate::supervisor::Instance;
 use crate::tmux::hub::Hub;
-use generation::{confine_self, info_of};
-use hostfiles::{outside_agent_writable, retain};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -278,19 +269,6 @@ fn write_meta(inst: &Instance, policy: &Policy, audit: &audit::Audit, l: Option<
     inst.rundir.write_meta(&meta);
 }
 
-/// What the teardown needs once the runtime has stopped.
-struct Leftovers {
-    inst: Arc<std::sync::Mutex<Option<Instance>>>,
-    oom: Option<Arc<oom::Watch>>,
-    reverts: Option<Arc<reverts::Reverts>>,
-    frozen: Arc<freeze::Freeze>,
-    audit: Arc<audit::Audit>,
-    /// The allowlist proxy's decisions (network mode `proxy`).
-    flood: Arc<proxy::Flood>,
-    /// Questions to a human and their grants (`[network] ask`).
-    approvals: Arc<approvals::Approvals>,
-}
-
 /// What the host side prepared before any sandbox exists (steps 1-2).
 struct Prepared {
     /// The ceiling and the tools enabled at start ([`tools`]).
@@ -430,7 +408,7 @@ fn hand_over(
     // (the guard's plan, the copy-on-write layer).
     let policy = st.inst.policy.clone();
     let info = info_of(&st.inst, st.tmux_version.clone());
-    let left = leftovers(&st.inst, &info, &pre.audit);
+    let left = leftovers(&st.inst, &info, &pre.audit, metrics::get());
     let proxy = proxy_listener(&mut st.inst, &policy)?;
     let conn = runtime::Conn {
         tmux: st.inst.tmux.clone(),
@@ -460,25 +438,16 @@ fn hand_over(
     let ask_seconds = policy.mcp.ask_seconds;
     let history = history_of(&policy);
     let make: MakeState = Box::new(move |hub: Arc<Hub>| {
-        Arc::new(ctx::State {
+        let max_input = policy.mcp.max_input_bytes as usize;
+        let wait_max = Duration::from_secs(policy.mcp.wait_max_seconds);
+        let rt = Arc::new(crate::runtime::shared::Shared {
             hub_now: std::sync::RwLock::new(hub),
-            max_input: policy.mcp.max_input_bytes as usize,
-            wait_max: Duration::from_secs(policy.mcp.wait_max_seconds),
             policy,
             info_now: std::sync::RwLock::new(info),
             audit,
-            backlog: Default::default(),
-            drift: Arc::new(drift::Drift::default()),
             shutdown,
-            enabled: std::sync::RwLock::new(enabled),
-            ceiling,
-            remake_session,
             record,
-            peers: Default::default(),
-            http: Default::default(),
             reverts,
-            commands: Default::default(),
-            creating: Default::default(),
             freeze: frozen,
             broker: Some(broker),
             ready: tokio::sync::watch::channel(None).0,
@@ -488,6 +457,20 @@ fn hand_over(
             approvals,
             rounds: rounds::Rounds::new(Duration::from_secs(ask_seconds)),
             exposures: Default::default(),
+        });
+        Arc::new(ctx::State {
+            rt,
+            max_input,
+            wait_max,
+            backlog: Default::default(),
+            drift: Arc::new(drift::Drift::default()),
+            enabled: std::sync::RwLock::new(enabled),
+            ceiling,
+            remake_session,
+            peers: Default::default(),
+            http: Default::default(),
+            commands: Default::default(),
+            creating: Default::default(),
         })
     });
     Ok((left, conn, make))
@@ -515,31 +498,6 @@ fn history_of(
     }
 }
 
-/// The watchers the teardown also needs (OOM kills, reverts, the freeze,
-/// the proxy's decisions); the instance joins them in [`hand_over`].
-fn leftovers(inst: &Instance, info: &ctx::InstanceInfo, audit: &Arc<audit::Audit>) -> Leftovers {
-    Leftovers {
-        oom: info
-            .cgroup
-            .clone()
-            .map(|cg| oom::Watch::new(audit.clone(), cg)),
-        // Without a guarded tree there is nothing to revert, but the end's
-        // warnings (where the kept layer is) still go to the audit log.
-        reverts: Some(match &inst.guard {
-            Some(g) => reverts::Reverts::new(audit.clone(), g.taken(), g.quarantine_dir()),
-            None => reverts::Reverts::new(audit.clone(), Default::default(), PathBuf::new()),
-        }),
-        frozen: Arc::new(freeze::Freeze::default()),
-        flood: proxy::Flood::new(audit.clone()),
-        approvals: approvals::Approvals::new(
-            Duration::from_secs(inst.policy.mcp.ask_seconds),
-            audit.clone(),
-        ),
-        audit: audit.clone(),
-        inst: Arc::new(std::sync::Mutex::new(None)),
-    }
-}
-
 /// The allowlist proxy's listener, made in the sandbox's network namespace,
 /// with its configuration (network mode `proxy`).
 fn proxy_listener(
@@ -558,35 +516,4 @@ fn proxy_listener(
             Err(crate::sandbox::EXIT_INTERNAL)
         }
     }
-}
-
-/// The last step: a last OOM check, the sandbox ended (killed where it
-/// stands if frozen), the reverts recorded, the audit log sealed.
-fn teardown(left: Leftovers, code: i32) -> i32 {
-    // A kill in the last second, or the one that ended the instance, is
-    // recorded while the cgroup still exists.
-    if let Some(w) = &left.oom {
-        w.check();
-    }
-    let last = left.inst.lock().unwrap_or_else(|p| p.into_inner()).take();
-    if let Some(inst) = last {
-        // A frozen sandbox is killed where it stands: nothing inside runs again.
-        if left.frozen.is_frozen() {
-            let t = crate::supervisor::freeze::Target {
-                init_pid: inst.init_pid(),
-                cgroup: inst.rundir.cgroup.clone(),
-            };
-            let b = inst.broker.clone();
-            crate::supervisor::freeze::kill(&t, &|op, pid| freeze::signals(&b, op, pid));
-        }
-        let taken = inst.stop();
-        if let Some(r) = &left.reverts {
-            r.record(&taken);
-        }
-    }
-    left.approvals.close("the instance ended");
-    left.flood.finish();
-    left.audit.seal(code);
-    tracing::debug!(code, "shutdown: the instance ended");
-    code
 }

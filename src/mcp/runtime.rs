@@ -2,9 +2,12 @@
 //! kills, reverts, the server's death, the operator endpoint), then MCP
 //! over stdio or HTTP until the stop.
 
-use super::generation::restart;
-use super::{backlog, ctx, endpoint, http, oom, server, stdio, Leftovers};
+use super::{backlog, ctx, http, server, stdio};
 use crate::profile::{ServerExit, MAX_RESTARTS};
+use crate::runtime::endpoint;
+use crate::runtime::generation::restart;
+use crate::runtime::oom;
+use crate::runtime::teardown::Leftovers;
 use crate::supervisor::Instance;
 use crate::tmux::hub::{Hub, HubEvent};
 use rmcp::ServiceExt;
@@ -132,7 +135,7 @@ async fn ready_up(
         tokio::spawn(r.clone().run());
     }
     // The copy-on-write layer's bound, watched until the instance ends.
-    if let Some(w) = super::freeze::watch_layer(state) {
+    if let Some(w) = crate::runtime::freeze::watch_layer(&state.rt) {
         let sd = state.shutdown.clone();
         tokio::spawn(async move {
             sd.cancelled().await;
@@ -223,7 +226,8 @@ async fn watch_server(
         }
         if st.policy.mcp.on_server_exit == ServerExit::Restart && restarts < MAX_RESTARTS {
             restarts += 1;
-            match restart(&st, &cell, w.as_ref(), no_session, &why, restarts).await {
+            let baseline = async |hub: &Hub| st.drift.record(hub).await.map_err(|e| e.to_string());
+            match restart(&st, &cell, w.as_ref(), no_session, &why, restarts, baseline).await {
                 Ok(()) => {
                     tracing::warn!(why = %why, restarts, "the sandboxed tmux server is gone ({why}); restarted it ({restarts} of {MAX_RESTARTS})");
                     continue;

@@ -1,6 +1,6 @@
 //! `[network] ask`: a name not on the allow list is not refused at once;
 //! the connection is held while a human is asked (the asker is the host
-//! side's, `crate::mcp::approvals`: it bounds the questions and the wait,
+//! side's, `crate::runtime::approvals`: it bounds the questions and the wait,
 //! and silence denies). Only a name is askable: an IP literal or a bad head
 //! is refused as before, without a question. The name is asked about
 //! before it is resolved (resolving every name off the list would be a way

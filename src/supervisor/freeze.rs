@@ -92,7 +92,7 @@ pub(crate) enum Op {
 
 /// The signals freezer (no cgroup): needs `/proc/PID/ns` of the sandbox,
 /// which a Landlock-confined supervisor cannot read, so `serve` has the
-/// broker run it (`mcp::broker`). Returns how many processes it acted on.
+/// broker run it (`supervisor::broker`). Returns how many processes it acted on.
 pub(crate) fn by_signals(op: Op, init_pid: u32) -> Result<usize, String> {
     match op {
         Op::Freeze => stop_all(init_pid),

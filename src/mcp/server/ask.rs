@@ -3,20 +3,20 @@
 //! human: the MCP client by elicitation (a fixed-form question of sandmux's
 //! own words and the tool's catalog name; the choices once, for this
 //! instance, deny) and the operator (`sandmux approve`), as `[mcp] ask_via`
-//! says; the first answer wins (`super::super::approvals`). Once runs this
+//! says; the first answer wins (`crate::runtime::approvals`). Once runs this
 //! call only; for the instance enables the tool for the rest of it. While
 //! the call waits, a client that gave a progress token is told so every
 //! few seconds. On protocol 2026-07-28 (no requests from server to client)
 //! the client is asked the way that protocol gives: an `input_required`
 //! result carrying the elicitation, answered by calling again
-//! (`crate::mcp::rounds` holds the question meanwhile).
+//! (`crate::runtime::rounds` holds the question meanwhile).
 
 use super::Server;
-use crate::mcp::approvals::shown::{detail, Detail};
-use crate::mcp::approvals::{Answer, ClientAnswer, Grant};
 use crate::mcp::catalog::{toolset_name, ToolDef};
-use crate::mcp::rounds;
 use crate::profile::{Act, Toolset, Via};
+use crate::runtime::approvals::shown::{detail, Detail};
+use crate::runtime::approvals::{Answer, ClientAnswer, Grant};
+use crate::runtime::rounds;
 use rmcp::model::{
     CallToolRequestParams, ElicitRequest, ElicitRequestParams, ElicitationSchema, InputRequest,
     InputRequiredResult, ProgressNotificationParam, ProtocolVersion, Tool,

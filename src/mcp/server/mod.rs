@@ -161,7 +161,7 @@ impl Server {
             let asked_at = Instant::now();
             match self.ask(d, &req, &args, &cx).await {
                 Ok(ask::Asked::Run(g)) => {
-                    once = g == crate::mcp::approvals::Grant::Once;
+                    once = g == crate::runtime::approvals::Grant::Once;
                     def = Some(d);
                     progress_from = (asked_at.elapsed().as_secs() + 1) as f64;
                 }

@@ -190,7 +190,7 @@ pub(crate) async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResul
     }
     let offset = a.offset.unwrap_or(0);
     if let Some(rec) = &c.s.record {
-        let w = crate::mcp::record::read_window(rec.path(), offset, max).map_err(|e| {
+        let w = crate::runtime::record::read_window(rec.path(), offset, max).map_err(|e| {
             ToolError::invalid("offset", &e, "use 0 or the next_offset of the last answer")
         })?;
         return Ok(ReplayResult {
@@ -211,11 +211,11 @@ pub(crate) async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResul
         ));
     }
     let p = targets::pane(c, &a.p).await?;
-    let cast = crate::mcp::record::snapshot_cast(&c.s.hub(), &p.pane_id)
+    let cast = crate::runtime::record::snapshot_cast(&c.s.hub(), &p.pane_id)
         .await
         .map_err(ToolError::Internal)?;
     let size = cast.len() as u64;
-    let (cast, truncated) = crate::mcp::record::cut_lines(cast, max);
+    let (cast, truncated) = crate::runtime::record::cut_lines(cast, max);
     Ok(ReplayResult {
         mode: "snapshot".into(),
         cast,

@@ -77,7 +77,7 @@ pub(crate) struct Status {
     /// Sessions, panes and host tmux clients now.
     pub in_use: Option<crate::mcp::bounds::InUse>,
     /// The --record file (null without one).
-    pub recording: Option<crate::mcp::record::View>,
+    pub recording: Option<crate::runtime::record::View>,
     /// The operator froze the sandbox: other calls are refused until thawed.
     pub frozen: bool,
     /// Host toolchains lent read-only: name, where found, host paths bound,

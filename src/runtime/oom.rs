@@ -8,7 +8,7 @@
 //! matters most may be the one that ended it); kills between two reads share
 //! one record.
 
-use super::audit::{Audit, Entry};
+use crate::audit::{Audit, Entry};
 use crate::sandbox::cgroup::Cgroup;
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};

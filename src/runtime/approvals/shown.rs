@@ -7,7 +7,7 @@
 //! enough: plain text and runs of spaces, wrapped by a terminal, draw a
 //! line that looks like one of sandmux's own question rows. So:
 //! - a question's row (number, kind, name, times) names only what
-//!   [`checked_name`] accepts: a tool of the catalog, or `scheme://host:port`
+//!   [`checked_name_in`] accepts: a tool of the catalog, or `scheme://host:port`
 //!   with the proxy's canonical host (letters, digits, `-`, `_`, dots: no
 //!   space and none of the punctuation a row is made of);
 //! - the arguments are JSON text ([`detail`]): every character outside
@@ -127,10 +127,15 @@ pub(crate) enum Name<'a> {
 }
 
 /// `name` when sandmux could have written it (the proxy's canonical names,
-/// the catalog's tools); anything else is not shown as sandmux's.
-pub(crate) fn checked_name(name: &str) -> Option<Name<'_>> {
-    if let Some(tool) = name.strip_prefix("tool ") {
-        return crate::mcp::catalog::find(tool).map(|d| Name::Tool(d.name));
+/// the catalog's tools: `tool` gives a tool's name as the catalog spells it,
+/// the protocol layer's `mcp::shown::checked_name` hands in the catalog);
+/// anything else is not shown as sandmux's.
+pub(crate) fn checked_name_in<'a>(
+    name: &'a str,
+    tool: &dyn Fn(&str) -> Option<&'static str>,
+) -> Option<Name<'a>> {
+    if let Some(t) = name.strip_prefix("tool ") {
+        return tool(t).map(Name::Tool);
     }
     let (scheme, rest) = name.split_once("://")?;
     let (host, port) = rest.rsplit_once(':')?;

@@ -42,6 +42,12 @@ pub(crate) fn header(width: u32, height: u32) -> String {
 }
 
 /// One event line, newline included: `[t, kind, data]`.
+/// The number of a pane id (`%3` → 3), as the hub's taps are keyed (the
+/// same parse as `mcp::targets::pane_num`, which this layer may not name).
+fn pane_num(id: &str) -> Option<u32> {
+    id.strip_prefix('%')?.parse().ok()
+}
+
 fn event_line(t: f64, kind: &str, data: &str) -> String {
     let data = serde_json::Value::String(data.to_string());
     format!("[{:.6}, \"{kind}\", {data}]\n", t.clamp(0.0, MAX_T))
@@ -51,7 +57,7 @@ fn event_line(t: f64, kind: &str, data: &str) -> String {
 fn closing(t: f64, max: u64) -> String {
     let notice = format!(
         "{}\r\n[sandmux: recording cut: it reached [recording] max_bytes = {max}]\r\n",
-        crate::mcp::replay_filter::RESTORE
+        super::replay_filter::RESTORE
     );
     event_line(t, "o", &notice) + &event_line(t, "m", CUT_MARKER)
 }
@@ -110,7 +116,7 @@ pub(crate) async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, Strin
         filter.feed(piece, &mut out);
         cast += &event_line(0.0, "o", &out);
     }
-    cast += &event_line(0.0, "o", crate::mcp::replay_filter::RESTORE);
+    cast += &event_line(0.0, "o", super::replay_filter::RESTORE);
     Ok(cast)
 }
 
@@ -206,7 +212,7 @@ impl Recording {
         control_id: &str,
     ) -> Result<(), String> {
         let pane = first_pane(hub, control_id).await?;
-        let num = crate::mcp::targets::pane_num(&pane).ok_or("bad pane id")?;
+        let num = pane_num(&pane).ok_or("bad pane id")?;
         let me = self.clone();
         hub.set_tap(num, Box::new(move |data: &[u8]| me.tapped(data)));
         let (text, w, h) = screen(hub, &pane).await?;

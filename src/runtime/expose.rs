@@ -14,7 +14,7 @@
 //! (`exposed`, `unexposed` with its connection and byte counts), listed by
 //! `ps`, ended by `sandmux revoke ID --expose PORT` and with the instance.
 
-use super::ctx::State;
+use super::shared::Shared;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -123,7 +123,7 @@ pub(crate) fn checked(
 
 /// Exposes `port` at `host` (from [`checked`]); `by`: who asked.
 pub(crate) async fn expose(
-    s: &Arc<State>,
+    s: &Arc<Shared>,
     port: u16,
     host: SocketAddr,
     by: &str,
@@ -193,7 +193,7 @@ pub(crate) async fn expose(
 }
 
 /// Ends the exposure of `port`: its listener closes, its connections drop.
-pub(crate) fn unexpose(s: &State, port: u16, why: &str) -> Result<Value, String> {
+pub(crate) fn unexpose(s: &Shared, port: u16, why: &str) -> Result<Value, String> {
     let e = s
         .exposures
         .lock()
@@ -213,7 +213,7 @@ pub(crate) fn unexpose(s: &State, port: u16, why: &str) -> Result<Value, String>
 /// Accepts on the host side until the exposure ends; each connection is
 /// relayed to the port inside.
 async fn accept_loop(
-    s: Arc<State>,
+    s: Arc<Shared>,
     port: u16,
     listener: tokio::net::TcpListener,
     stop: CancellationToken,
@@ -263,7 +263,7 @@ async fn accept_loop(
 
 /// One connection: the host's, and a new one to the port inside.
 async fn relay(
-    s: &State,
+    s: &Shared,
     port: u16,
     mut host: tokio::net::TcpStream,
     stop: &CancellationToken,

@@ -4,9 +4,12 @@
 //! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`, `metrics`. Only peers with sandmux's own uid are
 //! served (checked with SO_PEERCRED). The protocol is one JSON object per line,
 //! `{"v": 1, "op": ...}`, answered by one JSON object.
+//!
+//! What a request asks of the protocol above (the tools enabled, the
+//! clients, `--http`'s token, the metrics) goes through [`Protocol`], which
+//! `mcp` implements: this layer never names `mcp`.
 
-use super::catalog::{toolset_named, toolset_names, TOOLS, TOOLSETS};
-use super::ctx::State;
+use super::shared::Shared;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -41,7 +44,7 @@ pub(crate) enum Op {
     Approve,
     /// `deny` an open question.
     Deny,
-    /// `expose` a port of the sandbox on the host (`mcp::expose`).
+    /// `expose` a port of the sandbox on the host (`runtime::expose`).
     Expose,
     /// `metrics`: the Prometheus text (`mcp::metrics`).
     Metrics,
@@ -163,55 +166,63 @@ impl Request {
     }
 }
 
-/// The tools a request names (a toolset, a tool, or all).
-fn selected(r: &Request) -> Result<BTreeSet<&'static str>, String> {
-    if r.all {
-        return Ok(TOOLS.iter().map(|t| t.name).collect());
-    }
-    if let Some(ts) = &r.toolset {
-        let ts = toolset_named(ts)
-            .ok_or_else(|| format!("unknown toolset {ts:?}; valid: {}", toolset_names()))?;
-        return Ok(TOOLS
-            .iter()
-            .filter(|t| t.toolset == ts)
-            .map(|t| t.name)
-            .collect());
-    }
-    if let Some(t) = &r.tool {
-        return TOOLS
-            .iter()
-            .find(|d| d.name == t)
-            .map(|d| [d.name].into())
-            .ok_or_else(|| format!("unknown tool {t:?}"));
-    }
-    Err("name --toolset, --tool or --all".into())
+/// The protocol's facts `status` shows.
+pub(crate) struct Surface {
+    /// Toolsets with a tool enabled.
+    pub toolsets: Vec<&'static str>,
+    /// Tools enabled now.
+    pub enabled: usize,
+    /// The most that may ever be enabled.
+    pub ceiling: usize,
+    /// MCP clients connected.
+    pub clients: usize,
+    /// `serve --http`'s status, when it listens.
+    pub http: Option<Value>,
+    /// Configuration drift found, if any.
+    pub drift: Option<String>,
+}
+
+/// What the endpoint asks of the MCP layer above it (`mcp::operated`
+/// implements it for the protocol's state).
+pub(crate) trait Protocol: Send + Sync + 'static {
+    /// The runtime's state.
+    fn shared(&self) -> &Arc<Shared>;
+    /// The protocol's facts for `status`.
+    fn surface(&self) -> Surface;
+    /// The tools a `revoke`/`grant` request names (a toolset, a tool, or all).
+    fn selected(&self, r: &Request) -> Result<BTreeSet<&'static str>, String>;
+    /// Takes `names` out of the enabled tools, or (`grant`) puts back those
+    /// within the ceiling; gives those that are not.
+    fn set_enabled(
+        &self,
+        names: &BTreeSet<&'static str>,
+        grant: bool,
+    ) -> Result<Vec<&'static str>, String>;
+    /// Tells every client that the tool list changed.
+    fn tools_changed(&self) -> impl std::future::Future<Output = ()> + Send;
+    /// The answer to `metrics`.
+    fn metrics(&self) -> Value;
+    /// The answer to `token set` (`serve --http --unclaimed`).
+    fn set_token(&self, token: &[u8], uid: u32) -> Value;
 }
 
 /// Status of the instance, as `ps` shows it.
-pub(crate) fn status(s: &State) -> Value {
-    let enabled = s.enabled.read().map(|e| e.clone()).unwrap_or_default();
-    let toolsets: Vec<&str> = TOOLSETS
-        .iter()
-        .filter(|(ts, _)| {
-            TOOLS
-                .iter()
-                .any(|t| t.toolset == *ts && enabled.contains(t.name))
-        })
-        .map(|(_, n)| *n)
-        .collect();
+pub(crate) fn status(p: &impl Protocol) -> Value {
+    let s = p.shared();
+    let t = p.surface();
     json!({
         "ok": true,
         "profile": s.policy.name,
         "workspace": s.policy.workspace,
-        "toolsets": toolsets,
-        "tools_enabled": enabled.len(),
-        "tools_ceiling": s.ceiling.len(),
-        "client_connected": s.peers.connected() > 0,
-        "clients": s.peers.connected(),
-        "http": s.http.get().map(|h| h.status()),
+        "toolsets": t.toolsets,
+        "tools_enabled": t.enabled,
+        "tools_ceiling": t.ceiling,
+        "client_connected": t.clients > 0,
+        "clients": t.clients,
+        "http": t.http,
         "audit_log": s.audit.path(),
         "audit": s.audit.status(),
-        "drift": s.drift.tripped(),
+        "drift": t.drift,
         "workspace_reverted": s.reverts.as_ref().map(|r| r.count()).unwrap_or(0),
         "frozen": s.freeze.get(),
         "questions_open": s.approvals.open_count(),
@@ -220,7 +231,8 @@ pub(crate) fn status(s: &State) -> Value {
 }
 
 /// A freeze or thaw, answered with the status.
-async fn freezing(s: &State, thaw: bool) -> Value {
+async fn freezing(p: &impl Protocol, thaw: bool) -> Value {
+    let s = p.shared();
     let r = if thaw {
         super::freeze::thaw(s).await
     } else {
@@ -228,7 +240,7 @@ async fn freezing(s: &State, thaw: bool) -> Value {
     };
     match r {
         Ok(v) => {
-            let mut st = status(s);
+            let mut st = status(p);
             st["already"] = v["already"].clone();
             st
         }
@@ -237,7 +249,7 @@ async fn freezing(s: &State, thaw: bool) -> Value {
 }
 
 /// `approve`/`deny`: the first answer wins; who answered is recorded.
-fn answer(s: &State, r: &Request, uid: u32) -> Value {
+fn answer(s: &Shared, r: &Request, uid: u32) -> Value {
     use super::approvals::{Answer, Grant};
     let Some(q) = r.question else {
         return json!({"ok": false, "error": "name the question (sandmux approvals ID lists them)"});
@@ -253,24 +265,25 @@ fn answer(s: &State, r: &Request, uid: u32) -> Value {
     }
 }
 
-async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
+async fn handle(p: &impl Protocol, line: &str, uid: u32) -> Value {
     let r = match Request::parse(line) {
         Ok(r) => r,
         Err(e) => return json!({"ok": false, "error": e}),
     };
+    let s = p.shared();
     match r.op {
-        Op::Status => status(s),
-        Op::Metrics => super::metrics::answer(s),
+        Op::Status => status(p),
+        Op::Metrics => p.metrics(),
         Op::Token => {
             let t = r.token.as_ref().map(|t| t.0.as_bytes()).unwrap_or_default();
-            super::http::router::set_token(s, t, uid)
+            p.set_token(t, uid)
         }
         Op::Stop => {
             s.shutdown.cancel();
             json!({"ok": true, "stopping": true})
         }
-        Op::Freeze => freezing_when_ready(s, false).await,
-        Op::Thaw => freezing_when_ready(s, true).await,
+        Op::Freeze => freezing_when_ready(p, false).await,
+        Op::Thaw => freezing_when_ready(p, true).await,
         Op::Approvals => json!({"ok": true, "approvals": s.approvals.list()}),
         Op::Approve | Op::Deny => answer(s, &r, uid),
         Op::Expose => expose(s, &r, uid).await,
@@ -280,69 +293,68 @@ async fn handle(s: &Arc<State>, line: &str, uid: u32) -> Value {
             super::expose::unexpose(s, port, &by)
                 .unwrap_or_else(|e| json!({"ok": false, "error": e}))
         }
-        Op::Revoke | Op::Grant if r.credential.is_some() => credential(s, &r),
-        Op::Revoke | Op::Grant if r.approval.is_some() => {
-            let name = r.approval.as_deref().unwrap_or_default();
-            if r.op == Op::Grant {
-                json!({"ok": false, "error": "a name is allowed by answering its question (sandmux approve), not by grant"})
-            } else if s.approvals.revoke(name, &format!("operator uid {uid}")) {
-                json!({"ok": true, "revoked": name})
-            } else {
-                json!({"ok": false, "error": format!("no grant for {:?} (sandmux approvals ID lists them)", crate::term::printable(name))})
-            }
-        }
-        Op::Revoke | Op::Grant => {
-            let names = match selected(&r) {
-                Ok(n) => n,
-                Err(e) => return json!({"ok": false, "error": e}),
-            };
-            // A revoked tool is a standing no: not asked about, its grant
-            // gone. Marked before it leaves the enabled set, so a human's
-            // "for this instance" landing meanwhile (checked under the same
-            // lock) cannot put it back.
-            let list: Vec<&str> = names.iter().copied().collect();
-            let by = format!("operator uid {uid}");
-            if r.op == Op::Revoke {
-                s.approvals.tools_revoked(&list, false, &by);
-            }
-            let mut refused = Vec::new();
-            {
-                let Ok(mut en) = s.enabled.write() else {
-                    return json!({"ok": false, "error": "state poisoned"});
-                };
-                for n in &names {
-                    if r.op == Op::Revoke {
-                        en.remove(n);
-                    } else if s.ceiling.contains(n) {
-                        en.insert(n);
-                    } else {
-                        refused.push(*n);
-                    }
-                }
-            }
-            if r.op == Op::Grant {
-                s.approvals.tools_revoked(&list, true, &by);
-            }
-            // The client learns at once; the next call is checked against the new set.
-            s.peers.tools_changed().await;
-            if r.op == Op::Revoke && r.freeze {
-                let mut st = freezing_when_ready(s, false).await;
-                if let Some(e) = st["error"].as_str() {
-                    st["error"] = json!(format!("the tools are revoked, but {e}"));
-                }
-                st["not_granted"] = json!(refused);
-                return st;
-            }
-            let mut st = status(s);
-            st["not_granted"] = json!(refused);
-            st
-        }
+        Op::Revoke | Op::Grant if r.credential.is_some() => credential(p, &r),
+        Op::Revoke | Op::Grant if r.approval.is_some() => approval(s, &r, uid),
+        Op::Revoke | Op::Grant => tools(p, &r, uid).await,
     }
+}
+
+/// `revoke --approval NAME`: a name a human allowed is allowed no more (a
+/// name is allowed by answering its question, never by `grant`).
+fn approval(s: &Shared, r: &Request, uid: u32) -> Value {
+    let name = r.approval.as_deref().unwrap_or_default();
+    if r.op == Op::Grant {
+        json!({"ok": false, "error": "a name is allowed by answering its question (sandmux approve), not by grant"})
+    } else if s.approvals.revoke(name, &format!("operator uid {uid}")) {
+        json!({"ok": true, "revoked": name})
+    } else {
+        json!({"ok": false, "error": format!("no grant for {:?} (sandmux approvals ID lists them)", crate::term::printable(name))})
+    }
+}
+
+/// `revoke`/`grant` of tools (a toolset, a tool, or all), answered with the
+/// status and the tools not granted (outside the ceiling).
+async fn tools(p: &impl Protocol, r: &Request, uid: u32) -> Value {
+    let s = p.shared();
+    let names = match p.selected(r) {
+        Ok(n) => n,
+        Err(e) => return json!({"ok": false, "error": e}),
+    };
+    // A revoked tool is a standing no: not asked about, its grant
+    // gone. Marked before it leaves the enabled set, so a human's
+    // "for this instance" landing meanwhile (checked under the same
+    // lock) cannot put it back.
+    let list: Vec<&str> = names.iter().copied().collect();
+    let by = format!("operator uid {uid}");
+    if r.op == Op::Revoke {
+        s.approvals.tools_revoked(&list, false, &by);
+    }
+    let refused = match p.set_enabled(&names, r.op == Op::Grant) {
+        Ok(refused) => refused,
+        Err(e) => return json!({"ok": false, "error": e}),
+    };
+    if r.op == Op::Grant {
+        s.approvals.tools_revoked(&list, true, &by);
+    }
+    // The client learns at once; the next call is checked against the new set.
+    p.tools_changed().await;
+    if r.op == Op::Revoke && r.freeze {
+        let mut st = freezing_when_ready(p, false).await;
+        if let Some(e) = st["error"].as_str() {
+            st["error"] = json!(format!("the tools are revoked, but {e}"));
+        }
+        st["not_granted"] = json!(refused);
+        return st;
+    }
+    let mut st = status(p);
+    st["not_granted"] = json!(refused);
+    st
 }
 
 /// `revoke --credential` / `grant --credential`: later requests carrying
 /// its placeholder are refused (or substituted again); audited.
-fn credential(s: &State, r: &Request) -> Value {
+fn credential(p: &impl Protocol, r: &Request) -> Value {
+    let s = p.shared();
     let name = r.credential.as_deref().unwrap_or_default();
     let on = r.op == Op::Grant;
     let Some(v) = &s.vault else {
@@ -361,13 +373,13 @@ fn credential(s: &State, r: &Request) -> Value {
         Some(kind),
         &json!({"name": name}),
     ));
-    let mut st = status(s);
+    let mut st = status(p);
     st["credentials"] = v.status();
     st
 }
 
 /// `expose`: the request checked, then the port exposed.
-async fn expose(s: &Arc<State>, r: &Request, uid: u32) -> Value {
+async fn expose(s: &Arc<Shared>, r: &Request, uid: u32) -> Value {
     let Some(port) = r.port else {
         return json!({"ok": false, "error": "name the port inside"});
     };
@@ -382,9 +394,9 @@ async fn expose(s: &Arc<State>, r: &Request, uid: u32) -> Value {
 /// The endpoint is bound before the first sessions exist: `stop`, `status`,
 /// `revoke` and `grant` act at once; a freeze or thaw waits for them (the
 /// sandbox stopped while they are made would end the instance).
-async fn freezing_when_ready(s: &Arc<State>, thaw: bool) -> Value {
-    match s.until_ready().await {
-        Ok(()) => freezing(s, thaw).await,
+async fn freezing_when_ready(p: &impl Protocol, thaw: bool) -> Value {
+    match p.shared().until_ready().await {
+        Ok(()) => freezing(p, thaw).await,
         Err(e) => json!({"ok": false, "error": e.to_string()}),
     }
 }
@@ -399,15 +411,15 @@ pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
 }
 
 /// Answers the operator on `listener` ([`bind`]) until the instance ends.
-pub(crate) async fn serve(listener: UnixListener, s: Arc<State>) -> std::io::Result<()> {
+pub(crate) async fn serve<P: Protocol>(listener: UnixListener, p: Arc<P>) -> std::io::Result<()> {
     let me = nix::unistd::geteuid().as_raw();
     loop {
         let (stream, _) = tokio::select! {
             r = listener.accept() => r?,
-            _ = s.shutdown.cancelled() => return Ok(()),
+            _ = p.shared().shutdown.cancelled() => return Ok(()),
         };
         let uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
-        let s = s.clone();
+        let p = p.clone();
         tokio::spawn(async move {
             let (rd, mut wr) = stream.into_split();
             let mut lines = BufReader::new(rd).lines();
@@ -419,7 +431,7 @@ pub(crate) async fn serve(listener: UnixListener, s: Arc<State>) -> std::io::Res
                 return;
             }
             while let Ok(Some(line)) = lines.next_line().await {
-                let reply = handle(&s, &line, uid).await;
+                let reply = handle(&*p, &line, uid).await;
                 if wr.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
                     break;
                 }

@@ -1,14 +1,16 @@
 //! Server generations as `serve` sees them: the facts tools report, the supervisor's confinement once it runs, and the
 //! restart that replaces a dead server (`on_server_exit = "restart"`).
 
-use super::{audit, ctx, oom, record};
+use super::shared::{InstanceInfo, Shared};
+use super::{oom, record};
+use crate::audit;
 use crate::supervisor::{Instance, Proof};
 use crate::tmux::hub::Hub;
 use std::sync::Arc;
 
 /// The facts tools report about the current server generation.
-pub(super) fn info_of(inst: &Instance, tmux_version: String) -> ctx::InstanceInfo {
-    ctx::InstanceInfo {
+pub(crate) fn info_of(inst: &Instance, tmux_version: String) -> InstanceInfo {
+    InstanceInfo {
         generation: inst.generation.clone(),
         server_pid: inst.server_pid,
         tmux_version,
@@ -22,7 +24,7 @@ pub(super) fn info_of(inst: &Instance, tmux_version: String) -> ctx::InstanceInf
 /// (`confine`), and `reads` (the HTTP token file's directories,
 /// read again when it is rotated): the main thread now, before the runtime
 /// starts a thread; the guard's thread has restricted itself already.
-pub(super) fn confine_self(
+pub(crate) fn confine_self(
     inst: &Instance,
     audit: &audit::Audit,
     record: Option<&record::Recording>,
@@ -52,14 +54,16 @@ pub(super) fn confine_self(
 /// "restart"`): a new sandbox in the same runtime directory, the control and
 /// first sessions, a new hub, a new drift baseline (drift found earlier
 /// stays found), and an audit record. Pending calls on the old server have
-/// already failed.
-pub(super) async fn restart(
-    state: &ctx::State,
+/// already failed. `baseline` records the new server's configuration (the
+/// protocol's drift check, `mcp::drift`).
+pub(crate) async fn restart(
+    state: &Shared,
     inst: &std::sync::Mutex<Option<Instance>>,
     oom: Option<&Arc<oom::Watch>>,
     no_session: bool,
     why: &str,
     n: u32,
+    baseline: impl AsyncFnOnce(&Hub) -> Result<(), String>,
 ) -> Result<(), String> {
     state.hub().shutdown();
     if let Some(w) = oom {
@@ -79,7 +83,7 @@ pub(super) async fn restart(
     let watchers = state.policy.limits.max_sessions as usize;
     let hub = Hub::spawn(&tmux, &socket, genesis, watchers).await?;
     let ready = match hub.created().await {
-        Ok(()) => state.drift.record(&hub).await.map_err(|e| e.to_string()),
+        Ok(()) => baseline(&hub).await,
         Err(e) => Err(e),
     };
     if let Err(e) = ready {

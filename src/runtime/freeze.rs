@@ -10,8 +10,8 @@
 //! an event by the operator. An instance that ends frozen is killed, never
 //! thawed first.
 
-use super::audit::Entry;
-use super::ctx::State;
+use super::shared::Shared;
+use crate::audit::Entry;
 use crate::supervisor::broker::Broker;
 use crate::supervisor::freeze::{self as mech, Target};
 use serde_json::{json, Value};
@@ -74,7 +74,7 @@ pub(crate) fn signals(
 }
 
 /// The sandbox a freeze acts on (the current server generation).
-pub(crate) fn target(s: &State) -> Target {
+pub(crate) fn target(s: &Shared) -> Target {
     let info = s.info();
     Target {
         init_pid: info.init_pid,
@@ -82,14 +82,14 @@ pub(crate) fn target(s: &State) -> Target {
     }
 }
 
-fn event(s: &State, tool: &str, args: &Value) {
+fn event(s: &Shared, tool: &str, args: &Value) {
     s.audit.event(Entry::event(tool, None, args));
 }
 
 /// Freezes the instance: calls are refused from the first moment, then
 /// everything inside is stopped. A freeze that cannot stop everything stays
 /// in force (fail closed) and says why.
-pub(crate) async fn freeze(s: &State) -> Result<Value, String> {
+pub(crate) async fn freeze(s: &Shared) -> Result<Value, String> {
     freeze_for(s, None).await
 }
 
@@ -97,7 +97,9 @@ pub(crate) async fn freeze(s: &State) -> Result<Value, String> {
 /// frozen as by the operator, the reason in the audit log and in every
 /// refused call; the operator decides (`sandmux stop`, or `thaw`, after
 /// which the next measure freezes it again while it is still over).
-pub(crate) fn watch_layer(s: &std::sync::Arc<State>) -> Option<crate::supervisor::bound::Watching> {
+pub(crate) fn watch_layer(
+    s: &std::sync::Arc<Shared>,
+) -> Option<crate::supervisor::bound::Watching> {
     let layer = s.policy.layer.clone()?;
     let st = s.clone();
     let rt = tokio::runtime::Handle::current();
@@ -114,7 +116,7 @@ pub(crate) fn watch_layer(s: &std::sync::Arc<State>) -> Option<crate::supervisor
     ))
 }
 
-async fn freeze_for(s: &State, why: Option<String>) -> Result<Value, String> {
+async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, String> {
     let _one = s.freeze.one.lock().await;
     if let Some(f) = s.freeze.get() {
         return Ok(json!({"already": true, "frozen": f}));
@@ -160,7 +162,7 @@ async fn freeze_for(s: &State, why: Option<String>) -> Result<Value, String> {
 }
 
 /// Thaws the instance: everything inside runs again, then calls are served.
-pub(crate) async fn thaw(s: &State) -> Result<Value, String> {
+pub(crate) async fn thaw(s: &Shared) -> Result<Value, String> {
     let _one = s.freeze.one.lock().await;
     let Some(f) = s.freeze.get() else {
         return Ok(json!({"already": true, "frozen": null}));

@@ -8,7 +8,7 @@
 //! sweep. The line that says where the agent's work went at the end (a
 //! kept or discarded layer) is a record of its own, `(workspace-layer)`.
 
-use super::audit::{Audit, Entry};
+use crate::audit::{Audit, Entry};
 use crate::guard::quarantine::Taken;
 use crate::term::printable;
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! refused inside any tree the agent can write, and the user's retention
 //! of finished instances' logs.
 
-use super::audit;
+use crate::audit;
 use crate::profile::Policy;
 use std::path::PathBuf;
 
@@ -12,7 +12,7 @@ use std::path::PathBuf;
 /// is resolved (symlinks, `..`) and the rest appended, so neither a relative
 /// spelling, a symlinked parent nor a parent that does not exist yet gets
 /// around the check; a `..` below a missing directory is refused.
-pub(super) fn outside_agent_writable(
+pub(crate) fn outside_agent_writable(
     path: &std::path::Path,
     policy: &Policy,
     what: &str,
@@ -74,7 +74,7 @@ pub(super) fn outside_agent_writable(
 
 /// Applies the user's retention to the default audit directory (where
 /// `audit` was opened), and records what it removed.
-pub(super) fn retain(audit: &audit::Audit) -> Result<(), String> {
+pub(crate) fn retain(audit: &audit::Audit) -> Result<(), String> {
     let keep = crate::profile::user::load()?.audit.keep_days;
     let Some(dir) = audit.path().parent() else {
         return Ok(());

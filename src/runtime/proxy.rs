@@ -11,7 +11,7 @@
 //! events. At the stop, connections still open are one record
 //! (`args.open_at_stop`).
 
-use super::audit::{Audit, Entry};
+use crate::audit::{Audit, Entry};
 use crate::proxy::refusals::Refusals;
 use crate::proxy::tally::{self, Tally};
 use crate::proxy::{Config, Event, Sink};
@@ -22,13 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Tool name of the records this writes.
-pub(super) const TOOL: &str = "(proxy)";
+pub(crate) const TOOL: &str = "(proxy)";
 /// Records written one by one per interval.
-pub(super) const PER_INTERVAL: usize = 32;
+pub(crate) const PER_INTERVAL: usize = 32;
 /// Names a summary record lists.
-pub(super) const TOP: usize = 5;
+pub(crate) const TOP: usize = 5;
 /// The aggregation interval.
-pub(super) const INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct State {
@@ -36,20 +36,31 @@ struct State {
     pending: Tally,
 }
 
+/// Where the decisions are counted besides (the protocol's metrics,
+/// `mcp::metrics`, implement it).
+pub(crate) trait Counts: Send + Sync {
+    /// One decision, with the bytes of its ended connection.
+    fn decision(&self, allowed: bool, up: u64, down: u64);
+    /// The count of connections open, once the proxy serves.
+    fn open(&self, open: Arc<AtomicUsize>);
+}
+
 /// The decisions on their way to the audit log.
-pub(super) struct Flood {
+pub(crate) struct Flood {
     state: Mutex<State>,
+    counts: &'static dyn Counts,
     /// The last refusals, for the agent (`sandbox_status`, `run_command`).
-    pub(super) refusals: Arc<Refusals>,
+    pub(crate) refusals: Arc<Refusals>,
     audit: Arc<Audit>,
     open: Arc<AtomicUsize>,
 }
 
 impl Flood {
-    /// Decisions for `audit`.
-    pub(super) fn new(audit: Arc<Audit>) -> Arc<Flood> {
+    /// Decisions for `audit`, counted in `counts`.
+    pub(crate) fn new(audit: Arc<Audit>, counts: &'static dyn Counts) -> Arc<Flood> {
         Arc::new(Flood {
             state: Mutex::default(),
+            counts,
             refusals: Arc::default(),
             audit,
             open: Arc::default(),
@@ -57,7 +68,8 @@ impl Flood {
     }
 
     fn add(&self, ev: Event) {
-        super::metrics::get().proxy(ev.denied.is_none(), ev.bytes_up, ev.bytes_down);
+        self.counts
+            .decision(ev.denied.is_none(), ev.bytes_up, ev.bytes_down);
         self.refusals.add(&ev);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.written < PER_INTERVAL || ev.exfiltration {
@@ -71,7 +83,7 @@ impl Flood {
 
     /// At the stop: what was aggregated, and how many connections were
     /// still open (their records never come).
-    pub(super) fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.flush();
         let open = self.open.load(Ordering::Relaxed);
         if open > 0 {
@@ -80,7 +92,7 @@ impl Flood {
     }
 
     /// Writes what was aggregated (each interval, and once more at the end).
-    pub(super) fn flush(&self) {
+    pub(crate) fn flush(&self) {
         let pending = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             s.written = 0;
@@ -96,7 +108,7 @@ impl Flood {
 
     /// Starts serving `listener` on the current runtime (after confinement,
     /// so its tasks are confined too).
-    pub(super) fn start(
+    pub(crate) fn start(
         self: &Arc<Flood>,
         listener: std::net::TcpListener,
         cfg: Config,
@@ -107,7 +119,7 @@ impl Flood {
         match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => {
                 let open = self.open.clone();
-                super::metrics::get().proxy_open(open.clone());
+                self.counts.open(open.clone());
                 tokio::spawn(crate::proxy::serve(l, Arc::new(cfg), sink, open, hooks));
             }
             Err(e) => tracing::error!("the proxy's listener: {e}"),

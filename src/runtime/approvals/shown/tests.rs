@@ -1,6 +1,11 @@
 use super::*;
 use serde_json::json;
 
+/// The catalog's check, as the protocol layer hands it in.
+fn checked_name(name: &str) -> Option<Name<'_>> {
+    crate::mcp::shown::checked_name(name)
+}
+
 #[test]
 fn the_arguments_are_json_that_parses_back_and_draws_nothing() {
     let args = json!({"k": "a   b\n\u{202e}\u{1f600}\x1b[2J\"}", "  x": 1});

@@ -14,7 +14,7 @@
 
 pub(crate) mod shown;
 
-use super::audit::{Audit, Entry};
+use crate::audit::{Audit, Entry};
 use crate::proxy::ask::{Asker, Verdict};
 use serde_json::{json, Value};
 use shown::Detail;
