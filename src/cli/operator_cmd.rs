@@ -70,6 +70,14 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
             Err(e) => fail(1, e),
         },
         Cmd::Stop { id } => stop_instance(&id),
+        cmd => without_instance(cmd),
+    }
+}
+
+/// The door's commands, the generated documents, `git fetch` and `audit
+/// verify`: the commands that need no running instance.
+fn without_instance(cmd: Cmd) -> ExitCode {
+    match cmd {
         Cmd::ToolsDoc => {
             print!("{}", crate::mcp::catalog::markdown_table());
             ExitCode::SUCCESS

@@ -36,6 +36,16 @@ pub(crate) struct Server {
     pub s: Arc<State>,
 }
 
+/// What a call names, decided ([`Server::choose`]): the tool to run and
+/// how (once, for a grant of one call; progress past the question's wait),
+/// or why it does not run.
+struct Chosen {
+    def: Option<&'static ToolDef>,
+    why: Option<String>,
+    once: bool,
+    progress_from: f64,
+}
+
 impl Server {
     /// Why a call names a tool that is not in `tools/list` (P4): it does not
     /// exist, a human revoked it at runtime, or this instance never enabled
@@ -151,52 +161,30 @@ impl Server {
             .unwrap_or(Value::Null);
         let rid = request_id_text(&cx.id);
         let client = cx.peer.peer_info().map(|i| i.client_info.name.clone());
-        let mut once = false;
-        let mut def = catalog::find(&name).filter(|d| self.enabled(d.name));
-        let mut why = None;
-        // Progress the tool reports starts past what the wait reported.
-        let mut progress_from = 0.0;
-        if let Some(d) = catalog::find(&name).filter(|d| def.is_none() && self.askable(d)) {
-            // Asked before anything else: a human's no is the answer.
-            let asked_at = Instant::now();
-            match self.ask(d, &req, &args, &cx).await {
-                Ok(ask::Asked::Run(g)) => {
-                    once = g == crate::runtime::approvals::Grant::Once;
-                    def = Some(d);
-                    progress_from = (asked_at.elapsed().as_secs() + 1) as f64;
-                }
-                // Protocol 2026-07-28: the client answers and calls again.
-                Ok(ask::Asked::Input(r)) => return Ok(r.into()),
-                Err(w) => why = Some(format!("{name}: not run: {w}")),
-            }
-        }
+        let chosen = match self.choose(&name, &req, &args, &cx).await {
+            Ok(c) => c,
+            // Protocol 2026-07-28: the client answers and calls again.
+            Err(input) => return Ok(input),
+        };
+        let Chosen {
+            def,
+            why,
+            once,
+            progress_from,
+        } = chosen;
         let Some(def) = def else {
-            let asked = why.is_some();
-            let why = why.unwrap_or_else(|| self.why_absent(&name));
-            let e = ToolError::refused(why.clone());
-            self.audit(
-                &Audited {
-                    tool: &name,
-                    def: None,
-                    t0,
-                    request_id: rid,
-                    client,
-                    http: caller(&cx),
-                    trace,
-                    args: &args,
-                    checkpoint: None,
-                },
-                Some(&e),
-                Some("refused"),
-            );
-            if asked {
-                // The agent reads why in its tool result.
-                return Ok(error_result(&e).into());
-            }
-            return Err(McpError::invalid_params(
-                why,
-                Some(json!({"hint": "call tools/list for the enabled tools"})),
-            ));
+            let a = Audited {
+                tool: &name,
+                def: None,
+                t0,
+                request_id: rid,
+                client,
+                http: caller(&cx),
+                trace,
+                args: &args,
+                checkpoint: None,
+            };
+            return self.refused(&name, why, &a);
         };
         // Nothing starts while the client leaves too many answers unread.
         self.s.backlog.room().await;
@@ -241,6 +229,60 @@ impl Server {
         };
         self.owe(&cx, answer_size(&result));
         Ok(result.into())
+    }
+
+    /// The tool a call names: enabled, or asked for and allowed (asked
+    /// before anything else: a human's no is the answer); or why not. A
+    /// 2026-07-28 question is the answer itself (`Err`).
+    async fn choose(
+        &self,
+        name: &str,
+        req: &CallToolRequestParams,
+        args: &Value,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<Chosen, CallToolResponse> {
+        let mut c = Chosen {
+            def: catalog::find(name).filter(|d| self.enabled(d.name)),
+            why: None,
+            once: false,
+            progress_from: 0.0,
+        };
+        let askable = catalog::find(name).filter(|d| c.def.is_none() && self.askable(d));
+        if let Some(d) = askable {
+            let asked_at = Instant::now();
+            match self.ask(d, req, args, cx).await {
+                Ok(ask::Asked::Run(g)) => {
+                    c.once = g == crate::runtime::approvals::Grant::Once;
+                    c.def = Some(d);
+                    c.progress_from = (asked_at.elapsed().as_secs() + 1) as f64;
+                }
+                Ok(ask::Asked::Input(r)) => return Err(r.into()),
+                Err(w) => c.why = Some(format!("{name}: not run: {w}")),
+            }
+        }
+        Ok(c)
+    }
+
+    /// A call of a tool that is not enabled, recorded: a refusal the agent
+    /// reads in its tool result when a human was asked, else an invalid
+    /// request naming `tools/list`.
+    fn refused(
+        &self,
+        name: &str,
+        why: Option<String>,
+        a: &Audited<'_>,
+    ) -> Result<CallToolResponse, McpError> {
+        let asked = why.is_some();
+        let why = why.unwrap_or_else(|| self.why_absent(name));
+        let e = ToolError::refused(why.clone());
+        self.audit(a, Some(&e), Some("refused"));
+        if asked {
+            return Ok(error_result(&e).into());
+        }
+        Err(McpError::invalid_params(
+            why,
+            Some(json!({"hint": "call tools/list for the enabled tools"})),
+        ))
     }
 
     fn instructions(&self) -> String {
