@@ -12,7 +12,7 @@
 
 use super::review::REVIEWED;
 use super::DoorError;
-use crate::supervisor::history::{materialise::materialise, History, HistoryError};
+use crate::supervisor::history::{materialise, History, HistoryError};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -41,14 +41,25 @@ pub(crate) fn view(
         return Ok(dir);
     }
     sweep(top);
+    let failed = |e: HistoryError| DoorError::Layer(format!("checkpoint {n} of layer {id}: {e}"));
+    let target = materialise::target(&history, n).map_err(failed)?;
+    // Bounded before anything is written: each content once, against the
+    // free space of the layer's file system.
+    let need = materialise::need(&target);
+    let free = nix::sys::statvfs::statvfs(top)
+        .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+        .map_err(|e| DoorError::Failed(format!("the layer's free space: {e}")))?;
+    if need > free {
+        return Err(DoorError::ViewNoSpace { n, need, free });
+    }
     let making = top.join(format!("{MAKING}{n}-{}", &crate::nonce::hex()[..12]));
     let made = std::fs::DirBuilder::new()
         .mode(0o700)
         .recursive(true)
         .create(making.join("upper"))
         .map_err(|e| HistoryError::io("creating", &making, e))
-        .and_then(|()| materialise(&history, n, &making.join("upper")))
-        .map_err(|e| DoorError::Layer(format!("checkpoint {n} of layer {id}: {e}")))
+        .and_then(|()| materialise::write(&history, &target, &making.join("upper")))
+        .map_err(failed)
         .and_then(|_| {
             std::fs::rename(&making, &dir)
                 .map_err(|e| DoorError::Layer(format!("{}: {e}", dir.display())))
@@ -56,7 +67,28 @@ pub(crate) fn view(
     if made.is_err() {
         let _ = crate::supervisor::layer::remove_tree(&making);
     }
+    // The layer holds more: measured again when next listed (`ps`,
+    // `kept_bytes`).
+    let _ = std::fs::remove_file(top.join(crate::supervisor::kept::USAGE));
     made.map(|()| dir)
+}
+
+/// The view of checkpoint `n` if one was made (`apply --upto N --undo`
+/// has nothing to undo in a view that does not exist: none is made).
+pub(crate) fn existing(top: &Path, n: u64) -> Option<PathBuf> {
+    let dir = top.join(format!("{VIEW}{n}"));
+    dir.is_dir().then_some(dir)
+}
+
+/// Every other state's review of the layer at `top` is stale once `at`
+/// (the layer's directory or a view) was reviewed: the last review wins,
+/// across views too (a plain `apply` of another state is then refused by
+/// [`reviewed_elsewhere`]).
+pub(crate) fn forget_others(top: &Path, at: &Path) {
+    let others = std::iter::once(top.to_path_buf()).chain(views(top).into_iter().map(|(_, d)| d));
+    for d in others.filter(|d| d != at) {
+        let _ = std::fs::remove_file(d.join(REVIEWED));
+    }
 }
 
 /// Removes views a crash left half made (the caller holds the lock).
@@ -72,7 +104,7 @@ fn sweep(top: &Path) {
 }
 
 /// The views of the layer at `top`, with their checkpoints.
-fn views(top: &Path) -> Vec<(u64, PathBuf)> {
+pub(crate) fn views(top: &Path) -> Vec<(u64, PathBuf)> {
     let Ok(rd) = std::fs::read_dir(top) else {
         return Vec::new();
     };
@@ -91,9 +123,38 @@ fn views(top: &Path) -> Vec<(u64, PathBuf)> {
 /// human's replaced files are in it (`serve --resume` must not remove
 /// them with the old layer's directory).
 pub(crate) fn applied(top: &Path) -> bool {
+    !journaled(top).is_empty()
+}
+
+/// Every view's directory, those a crash left half made too: what the
+/// layer's usage counts besides `upper/` (`kept.rs`).
+pub(crate) fn dirs(top: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(top) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with(VIEW) || n.starts_with(MAKING)
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The checkpoints whose views an `apply --upto` ran on (a journal, or
+/// the human's files in `taken/`).
+pub(crate) fn journaled(top: &Path) -> Vec<u64> {
+    let kept = |d: &Path| {
+        ["apply.jsonl", "taken"]
+            .iter()
+            .any(|f| d.join(f).symlink_metadata().is_ok())
+    };
     views(top)
-        .iter()
-        .any(|(_, d)| d.join("apply.jsonl").exists() || d.join("taken").exists())
+        .into_iter()
+        .filter(|(_, d)| kept(d))
+        .map(|(n, _)| n)
+        .collect()
 }
 
 /// Applied = reviewed, across views: when the target of this apply (`at`:
