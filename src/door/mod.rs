@@ -58,6 +58,14 @@ pub(crate) enum DoorError {
     NoSpace { need: u64, free: u64 },
     #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once) and the layer's file system has {free} free: nothing written; free space, or review the whole layer (`sandmux diff ID`)")]
     ViewNoSpace { n: u64, need: u64, free: u64 },
+    #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once) and the kept layers hold {kept}: past [workspace] kept_bytes = {cap} of {}: nothing written; see them with `sandmux ps --all`, or review the whole layer (`sandmux diff ID`)", config.display())]
+    ViewOverKept {
+        n: u64,
+        need: u64,
+        kept: u64,
+        cap: u64,
+        config: PathBuf,
+    },
     #[error("{0}")]
     Failed(String),
 }

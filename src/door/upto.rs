@@ -52,6 +52,25 @@ pub(crate) fn view(
     if need > free {
         return Err(DoorError::ViewNoSpace { n, need, free });
     }
+    // The view counts with the kept layers (`ps --all`): past `[workspace]
+    // kept_bytes` no instance would start.
+    let cap = crate::profile::user::load()
+        .map_err(DoorError::Layer)?
+        .workspace
+        .kept_bytes
+        .0;
+    let kept = crate::supervisor::kept::list()
+        .iter()
+        .fold(0u64, |t, k| t.saturating_add(k.bytes));
+    if kept.saturating_add(need) > cap {
+        return Err(DoorError::ViewOverKept {
+            n,
+            need,
+            kept,
+            cap,
+            config: crate::profile::user::path(),
+        });
+    }
     let making = top.join(format!("{MAKING}{n}-{}", &crate::nonce::hex()[..12]));
     let made = std::fs::DirBuilder::new()
         .mode(0o700)
