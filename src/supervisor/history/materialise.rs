@@ -101,3 +101,44 @@ fn link(root: &std::os::fd::OwnedFd, to: &Path, path: &Path) -> Result<(), Histo
     nix::unistd::linkat(&a, from_name, &b, name, nix::fcntl::AtFlags::empty())
         .map_err(|e| HistoryError::io("linking", path, e.into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(object: &str, mode: u32, size: u64) -> Node {
+        Node::File {
+            mode,
+            size,
+            object: object.into(),
+            owner: Some((1000, 1000)),
+        }
+    }
+
+    /// 200 names of one 500 MB content weigh 500 MB (written once, linked);
+    /// under three modes, three times that (three inodes); other content
+    /// adds its size. Control: the names' apparent sizes, what a view
+    /// written name by name held, are 200 times it.
+    #[test]
+    fn a_view_weighs_each_content_once_per_mode() {
+        let big = 500 << 20;
+        let mut s = State::new();
+        for i in 0..200 {
+            s.insert(PathBuf::from(format!("f{i}")), file("aa", 0o644, big));
+        }
+        let named: u64 = s
+            .values()
+            .map(|n| match n {
+                Node::File { size, .. } => *size,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(named, 200 * big);
+        assert_eq!(need(&s), big);
+        s.insert("g".into(), file("aa", 0o600, big));
+        s.insert("h".into(), file("aa", 0o640, big));
+        s.insert("i".into(), file("bb", 0o644, 7));
+        s.insert("d".into(), Node::Whiteout);
+        assert_eq!(need(&s), 3 * big + 7);
+    }
+}
