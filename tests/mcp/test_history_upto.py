@@ -201,3 +201,37 @@ async def test_workspace_history_bounds_escaped_names_and_says_no_host_path(ws):
         os.rmdir(d)
         os.rename(d + ".away", d)
         assert not (await c.call_tool("workspace_history", {"n": 1})).is_error
+
+
+async def test_a_view_carries_no_set_id_bit_and_follows_no_link(ws):
+    """Before call 1 ends the agent tries a set-ID file and makes links to
+    a host file (absolute, and through `..`); `apply --upto 1` brings the
+    file without a set-ID bit and neither link's target's bytes (a link
+    stays a link, or is held back), and no file of the view holds them.
+    Control: the layer holds both links, which the host resolves to its
+    file. (The sandbox refuses the set-ID bit itself: the layer has none.)"""
+    work, host = ws
+    secret = host / "secret.txt"
+    secret.write_text("host secret\n")
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        cmd = f"echo x > s; chmod 4755 s; ln -s {secret} abs; ln -s ../{host.name}/secret.txt rel"
+        await call(c, "run_command", {"command": cmd, "timeout": 20})
+        await call(c, "run_command", {"command": "echo later > later.txt", "timeout": 20})
+    up = os.path.join(layer_dir(env, lid), "upper")
+    assert not os.lstat(os.path.join(up, "s")).st_mode & 0o7000
+    for n in ("abs", "rel"):  # control: the links are there and reach the host's file
+        assert open(os.path.join(work, os.readlink(os.path.join(up, n)))).read() == "host secret\n"
+    r = sandmux(env, "apply", lid, "--upto", "1")
+    assert r.returncode in (0, 3), r
+    assert (work / "s").read_text() == "x\n" and not os.lstat(work / "s").st_mode & 0o7000
+    for n in ("abs", "rel"):
+        p = work / n
+        assert not os.path.lexists(p) or os.path.islink(p), n
+    view = os.path.join(layer_dir(env, lid), "upto-1", "upper")
+    for d, _, files in os.walk(view):
+        for f in files:
+            p = os.path.join(d, f)
+            assert os.path.islink(p) or b"host secret" not in open(p, "rb").read(), p
+    assert not (work / "later.txt").exists() and secret.read_text() == "host secret\n"
