@@ -56,6 +56,16 @@ pub(crate) enum DoorError {
     NotAsReviewed(String),
     #[error("this apply writes {need} bytes (apparent sizes) and the workspace's file system has {free} free: nothing applied; free space, or apply fewer PATHS")]
     NoSpace { need: u64, free: u64 },
+    #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once) and the layer's file system has {free} free: nothing written; free space, or review the whole layer (`sandmux diff ID`)")]
+    ViewNoSpace { n: u64, need: u64, free: u64 },
+    #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once) and the kept layers hold {kept}: past [workspace] kept_bytes = {cap} of {}: nothing written; see them with `sandmux ps --all`, or review the whole layer (`sandmux diff ID`)", config.display())]
+    ViewOverKept {
+        n: u64,
+        need: u64,
+        kept: u64,
+        cap: u64,
+        config: PathBuf,
+    },
     #[error("{0}")]
     Failed(String),
 }
@@ -307,6 +317,17 @@ fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
     };
     // `--upto N`: the same door on a view of checkpoint N (`upto.rs`).
     let (at, action) = match ask.upto {
+        // Nothing to undo in a view never made: none is made for it.
+        Some(n) if ask.undo && upto::existing(&dir, n).is_none() => {
+            let e = DoorError::Failed(format!("no `apply {id} --upto {n}` ran: nothing to undo"));
+            rec.done(
+                &format!("{action} --upto {n}"),
+                &ask.paths,
+                &[format!("failed: {e}")],
+                2,
+            );
+            return Err(e);
+        }
         Some(n) => match upto::view(&dir, &meta, id, n) {
             Ok(v) => (v, format!("{action} --upto {n}")),
             Err(e) => {
@@ -345,6 +366,7 @@ struct Through<'a> {
 fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
     let (id, dir, meta) = (t.id, t.dir.to_path_buf(), t.meta);
     if ask.undo {
+        undo_names_views(&t, ask)?;
         let trees = diff::Trees::open(&dir, &meta.workspace).map_err(DoorError::Layer)?;
         let (n, left) = undo::undo(&trees, &dir).map_err(DoorError::Failed)?;
         let mut lines = vec![format!("undone: {n} steps")];
@@ -457,17 +479,18 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
     );
     door.finish().map_err(DoorError::Failed)?;
     r.set_aside = door.taken.len();
+    let upto = ask.upto.map(|n| format!(" --upto {n}")).unwrap_or_default();
     if moving {
         r.unrecoverable = unrecoverable;
         if r.unrecoverable > 0 {
             r.lines.push(format!(
-                "kept {} of your files, replaced or removed, in the layer (git does not have their bytes): `sandmux apply {id} --undo` puts them back",
+                "kept {} of your files, replaced or removed, in the layer (git does not have their bytes): `sandmux apply {id}{upto} --undo` puts them back",
                 r.unrecoverable
             ));
         }
     } else if r.set_aside > 0 {
         r.lines.push(format!(
-            "kept {} of your files, replaced or removed, in the layer until you discard it: `sandmux apply {id} --undo` puts them back",
+            "kept {} of your files, replaced or removed, in the layer until you discard it: `sandmux apply {id}{upto} --undo` puts them back",
             r.set_aside
         ));
     }
@@ -479,6 +502,28 @@ fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report, DoorError>
         _ => 0,
     };
     Ok(r)
+}
+
+/// A plain `--undo` with no journal of a whole apply, where `apply
+/// --upto N` ran: the error names the `--undo` that puts the human's
+/// files back.
+fn undo_names_views(t: &Through<'_>, ask: &Ask) -> Result<(), DoorError> {
+    if ask.upto.is_some() || t.dir.join("apply.jsonl").exists() {
+        return Ok(());
+    }
+    let ns = crate::supervisor::history::views::journaled(t.top);
+    if ns.is_empty() {
+        return Ok(());
+    }
+    let runs: Vec<String> = ns
+        .iter()
+        .map(|n| format!("`sandmux apply {} --upto {n} --undo`", t.id))
+        .collect();
+    Err(DoorError::Failed(format!(
+        "no whole `apply {}` ran; `apply --upto` did, and its journal is in that checkpoint's view: {}",
+        t.id,
+        runs.join(", ")
+    )))
 }
 
 /// Applied = reviewed: with `--expect`, the plan's digest must be that one;

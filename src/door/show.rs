@@ -59,7 +59,7 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
     let mut text = String::new();
     // `--upto N`: the same review of a view of checkpoint N (`upto.rs`).
     let (dir, upto) = match look.upto {
-        None => (top, String::new()),
+        None => (top.clone(), String::new()),
         Some(_) if running => {
             return Err(DoorError::Layer(format!("instance {id} is still running: `--upto` reviews an ended instance's checkpoints; stop it first (sandmux stop {id}), or follow it with `sandmux log {id}`")))
         }
@@ -120,6 +120,8 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
         digest: digest.clone(),
         manifest,
     };
+    // The last review wins, across views: every other state's is stale.
+    super::upto::forget_others(&top, &dir);
     if let Err(e) = seen.save(&dir) {
         eprintln!(
             "sandmux: {}: a plain `apply` will not check this review; `--expect` does",

@@ -13,13 +13,10 @@
 
 use super::review::REVIEWED;
 use super::DoorError;
-use crate::supervisor::history::views::{self, views};
-use crate::supervisor::history::{materialise::materialise, History, HistoryError};
+use crate::supervisor::history::views::{self, views, MAKING};
+use crate::supervisor::history::{materialise, History, HistoryError};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-
-/// A view being made: renamed to its name once whole.
-const MAKING: &str = ".new-upto-";
 
 /// Checkpoint `n` of the layer at `top` (instance `id`, ended: the caller
 /// holds its lock) as a view the door works on; made once, then reused
@@ -41,14 +38,44 @@ pub(crate) fn view(
         return Ok(dir);
     }
     sweep(top);
+    let failed = |e: HistoryError| DoorError::Layer(format!("checkpoint {n} of layer {id}: {e}"));
+    let target = materialise::target(&history, n).map_err(failed)?;
+    // Bounded before anything is written: each content once, against the
+    // free space of the layer's file system.
+    let need = materialise::need(&target);
+    let free = nix::sys::statvfs::statvfs(top)
+        .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+        .map_err(|e| DoorError::Failed(format!("the layer's free space: {e}")))?;
+    if need > free {
+        return Err(DoorError::ViewNoSpace { n, need, free });
+    }
+    // The view counts with the kept layers (`ps --all`): past `[workspace]
+    // kept_bytes` no instance would start.
+    let cap = crate::profile::user::load()
+        .map_err(DoorError::Layer)?
+        .workspace
+        .kept_bytes
+        .0;
+    let kept = crate::supervisor::kept::list()
+        .iter()
+        .fold(0u64, |t, k| t.saturating_add(k.bytes));
+    if kept.saturating_add(need) > cap {
+        return Err(DoorError::ViewOverKept {
+            n,
+            need,
+            kept,
+            cap,
+            config: crate::profile::user::path(),
+        });
+    }
     let making = top.join(format!("{MAKING}{n}-{}", &crate::nonce::hex()[..12]));
     let made = std::fs::DirBuilder::new()
         .mode(0o700)
         .recursive(true)
         .create(making.join("upper"))
         .map_err(|e| HistoryError::io("creating", &making, e))
-        .and_then(|()| materialise(&history, n, &making.join("upper")))
-        .map_err(|e| DoorError::Layer(format!("checkpoint {n} of layer {id}: {e}")))
+        .and_then(|()| materialise::write(&history, &target, &making.join("upper")))
+        .map_err(failed)
         .and_then(|_| {
             std::fs::rename(&making, &dir)
                 .map_err(|e| DoorError::Layer(format!("{}: {e}", dir.display())))
@@ -56,7 +83,28 @@ pub(crate) fn view(
     if made.is_err() {
         let _ = crate::supervisor::layer::remove_tree(&making);
     }
+    // The layer holds more: measured again when next listed (`ps`,
+    // `kept_bytes`).
+    let _ = std::fs::remove_file(top.join(crate::supervisor::kept::USAGE));
     made.map(|()| dir)
+}
+
+/// The view of checkpoint `n` if one was made (`apply --upto N --undo`
+/// has nothing to undo in a view that does not exist: none is made).
+pub(crate) fn existing(top: &Path, n: u64) -> Option<PathBuf> {
+    let dir = views::dir(top, n);
+    dir.is_dir().then_some(dir)
+}
+
+/// Every other state's review of the layer at `top` is stale once `at`
+/// (the layer's directory or a view) was reviewed: the last review wins,
+/// across views too (a plain `apply` of another state is then refused by
+/// [`reviewed_elsewhere`]).
+pub(crate) fn forget_others(top: &Path, at: &Path) {
+    let others = std::iter::once(top.to_path_buf()).chain(views(top).into_iter().map(|(_, d)| d));
+    for d in others.filter(|d| d != at) {
+        let _ = std::fs::remove_file(d.join(REVIEWED));
+    }
 }
 
 /// Removes views a crash left half made (the caller holds the lock).

@@ -47,7 +47,7 @@ pub(crate) fn list() -> Vec<Kept> {
             let (dir, meta) = layer::find_in(&state, &id).ok()?;
             let running = layer::ended(&dir, &id).is_err();
             let (bytes, files, more) = match running {
-                true => usage(&super::layer::writes(&dir)),
+                true => with_views(&dir, usage(&super::layer::writes(&dir))),
                 false => ended_usage(&dir),
             };
             let applied = dir
@@ -82,11 +82,25 @@ fn ended_usage(dir: &Path) -> (u64, u64, bool) {
     if let Some(u) = cached {
         return u;
     }
-    let u = usage(&super::layer::writes(dir));
+    let u = with_views(dir, usage(&super::layer::writes(dir)));
     if let Ok(t) = serde_json::to_string(&u) {
         let _ = std::fs::write(dir.join(USAGE), t);
     }
     u
+}
+
+/// `upper`'s usage `u` and that of the layer's views of checkpoints
+/// (`door::upto`: `diff`/`apply --upto N` write them in the layer's
+/// directory, and they stay until `discard`), a file with several names
+/// in a view counted once (a view links repeated content).
+fn with_views(dir: &Path, u: (u64, u64, bool)) -> (u64, u64, bool) {
+    let mut once = std::collections::HashSet::new();
+    super::history::views::dirs(dir)
+        .iter()
+        .fold(u, |(b, f, m), v| {
+            let (vb, vf, vm) = measure(v, MEASURE_MAX, Some(&mut once));
+            (b.saturating_add(vb), f.saturating_add(vf), m || vm)
+        })
 }
 
 /// Bytes below `dir` (on disk, or a file's apparent size where that is
@@ -97,6 +111,16 @@ pub(crate) fn usage(dir: &Path) -> (u64, u64, bool) {
 
 /// [`usage`], counting at most `max` entries (`true`: there are more).
 pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
+    measure(dir, max, None)
+}
+
+/// [`usage_upto`]; with `once`, a file of several names counts once (its
+/// device and inode kept there).
+fn measure(
+    dir: &Path,
+    max: u64,
+    mut once: Option<&mut std::collections::HashSet<(u64, u64)>>,
+) -> (u64, u64, bool) {
     let (mut bytes, mut files) = (0u64, 0u64);
     let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -123,6 +147,10 @@ pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
             let Ok(m) = p.symlink_metadata() else {
                 continue;
             };
+            let again = |o: &mut std::collections::HashSet<_>| !o.insert((m.dev(), m.ino()));
+            if m.nlink() > 1 && !m.is_dir() && once.as_deref_mut().is_some_and(again) {
+                continue;
+            }
             // A sparse file costs the layer nothing but a copy of it would
             // cost the host its apparent size: the larger counts.
             bytes += (m.blocks() * 512).max(if m.is_file() { m.len() } else { 0 });
@@ -134,24 +162,24 @@ pub(crate) fn usage_upto(dir: &Path, max: u64) -> (u64, u64, bool) {
     (bytes, files, false)
 }
 
-/// When the layer was made or last applied (its journal, its `taken/`):
+/// When the layer was made or last applied (its journal, its `taken/`, a
+/// view's):
 /// `keep_days` counts from there, so the human's files an `apply` just set
 /// aside get the whole time.
 fn last_used(k: &Kept) -> i128 {
     let Ok((dir, _)) = layer::find(&k.id) else {
         return k.meta.created_ns;
     };
-    ["apply.jsonl", "taken"]
-        .iter()
-        .map(|n| dir.join(n))
-        .chain(super::history::views::journals(&dir))
+    // A view's too: `apply --upto N` keeps its journal and `taken/` there.
+    let at = std::iter::once(dir.clone()).chain(super::history::views::dirs(&dir));
+    at.flat_map(|d| [d.join("apply.jsonl"), d.join("taken")])
         .filter_map(|p| p.symlink_metadata().ok())
         .map(|m| i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()))
         .fold(k.meta.created_ns, i128::max)
 }
 
 /// Whether `apply` kept anything in layer `id`: a journal, or the human's
-/// files in `taken/`.
+/// files in `taken/`, the layer's or a view's (`apply --upto N`).
 fn kept_anything(id: &str) -> bool {
     let Ok((dir, _)) = layer::find(id) else {
         return true;

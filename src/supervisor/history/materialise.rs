@@ -4,17 +4,24 @@
 //! beneath the root, never through a link, whiteouts and opaque marks as
 //! overlayfs keeps them), from the history's own records, never from the
 //! layer the agent wrote.
+//!
+//! Bounded: the history keeps each content once, so a checkpoint can name
+//! one object under many paths (200 names of a 500 MB sparse file). The
+//! view writes each content (with its mode and owner) once and gives its
+//! other paths hard links to it, and writes runs of zeros as holes
+//! ([`super::rewind::put`]); [`need`] is what the caller weighs against
+//! the free space before anything is written.
 
 use super::store;
-use super::walk::Node;
+use super::walk::{self, split, Node};
 use super::{HistoryError, State};
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-/// Writes the state of checkpoint `n` of the history at `history` into
-/// the empty directory `root`; the number of entries written. A
-/// checkpoint holding a file whose content the history could not keep is
-/// refused before anything is written.
-pub(crate) fn materialise(history: &Path, n: u64, root: &Path) -> Result<usize, HistoryError> {
+/// The state of checkpoint `n` of the history at `history`, refused when
+/// the log does not have it or it holds a file whose content the history
+/// could not keep.
+pub(crate) fn target(history: &Path, n: u64) -> Result<State, HistoryError> {
     let last = store::read_lines(history)?.last().map_or(0, |l| l.n);
     if n > last {
         return Err(HistoryError::NoCheckpoint(n));
@@ -26,13 +33,112 @@ pub(crate) fn materialise(history: &Path, n: u64, root: &Path) -> Result<usize, 
     {
         return Err(HistoryError::Unkept { n, path: p.clone() });
     }
+    Ok(target)
+}
+
+/// What a view of `target` holds (apparent sizes, holes too): each
+/// content with its mode and owner once, as [`write`] writes it.
+pub(crate) fn need(target: &State) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    target
+        .values()
+        .filter_map(|n| match n {
+            Node::File { size, .. } if seen.insert(key(n)) => Some(*size),
+            _ => None,
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+/// What files of a view share one inode by: content, mode, owner.
+fn key(n: &Node) -> Option<(String, u32, Option<walk::Owner>)> {
+    match n {
+        Node::File {
+            object,
+            mode,
+            owner,
+            ..
+        } => Some((object.clone(), *mode, *owner)),
+        _ => None,
+    }
+}
+
+/// Writes the state of checkpoint `n` of the history at `history` into
+/// the empty directory `root`; the number of entries written.
+#[cfg(test)]
+pub(crate) fn materialise(history: &Path, n: u64, root: &Path) -> Result<usize, HistoryError> {
+    write(history, &target(history, n)?, root)
+}
+
+/// Writes `target` (a checkpoint's state of the history at `history`)
+/// into the empty directory `root`: a content already written is linked.
+pub(crate) fn write(history: &Path, target: &State, root: &Path) -> Result<usize, HistoryError> {
     let fd = crate::sandbox::beneath::open_root(root)
         .map_err(|e| HistoryError::io("opening", root, e.into()))?;
     let objects = history.join("objects");
+    let mut first: HashMap<_, &PathBuf> = HashMap::new();
     // Parents sort before their children: each parent exists when needed.
-    for (path, node) in &target {
+    for (path, node) in target {
+        let k = key(node);
+        if let Some(to) = k.as_ref().and_then(|k| first.get(k)) {
+            link(&fd, to, path)?;
+            continue;
+        }
         super::rewind::put(&fd, path, node, &objects)?;
+        if let Some(k) = k {
+            first.insert(k, path);
+        }
     }
-    super::rewind::dir_modes(&fd, &target)?;
+    super::rewind::dir_modes(&fd, target)?;
     Ok(target.len())
+}
+
+/// Links `path` to the view's file `to` (both beneath `root`, no link
+/// followed: the view is the human's, written only here).
+fn link(root: &std::os::fd::OwnedFd, to: &Path, path: &Path) -> Result<(), HistoryError> {
+    let (from_dir, from_name) = split(to);
+    let (dir, name) = split(path);
+    let (a, b) = (walk::open_dir(root, from_dir)?, walk::open_dir(root, dir)?);
+    nix::unistd::linkat(&a, from_name, &b, name, nix::fcntl::AtFlags::empty())
+        .map_err(|e| HistoryError::io("linking", path, e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(object: &str, mode: u32, size: u64) -> Node {
+        Node::File {
+            mode,
+            size,
+            object: object.into(),
+            owner: Some((1000, 1000)),
+        }
+    }
+
+    /// 200 names of one 500 MB content weigh 500 MB (written once, linked);
+    /// under three modes, three times that (three inodes); other content
+    /// adds its size. Control: the names' apparent sizes, what a view
+    /// written name by name held, are 200 times it.
+    #[test]
+    fn a_view_weighs_each_content_once_per_mode() {
+        let big = 500 << 20;
+        let mut s = State::new();
+        for i in 0..200 {
+            s.insert(PathBuf::from(format!("f{i}")), file("aa", 0o644, big));
+        }
+        let named: u64 = s
+            .values()
+            .map(|n| match n {
+                Node::File { size, .. } => *size,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(named, 200 * big);
+        assert_eq!(need(&s), big);
+        s.insert("g".into(), file("aa", 0o600, big));
+        s.insert("h".into(), file("aa", 0o640, big));
+        s.insert("i".into(), file("bb", 0o644, 7));
+        s.insert("d".into(), Node::Whiteout);
+        assert_eq!(need(&s), 3 * big + 7);
+    }
 }

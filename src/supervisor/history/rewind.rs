@@ -218,8 +218,7 @@ pub(super) fn put(
             let mut from =
                 std::fs::File::open(&src).map_err(|err| HistoryError::io("reading", &src, err))?;
             let mut f = std::fs::File::from(fd);
-            std::io::copy(&mut from, &mut f)
-                .map_err(|err| HistoryError::io("writing", path, err))?;
+            copy_sparse(&mut from, &mut f).map_err(|err| HistoryError::io("writing", path, err))?;
             fchmod(&f, Mode::from_bits_truncate(mode & 0o777)).map_err(e("writing"))?;
         }
         Node::Link { target, .. } => {
@@ -234,6 +233,31 @@ pub(super) fn put(
     }
     own(&dir, tmp, node).map_err(e("setting the owner of"))?;
     renameat(&dir, tmp, &dir, name).map_err(e("renaming into place"))
+}
+
+/// Copies `from` into the new file `to`, a run of zeros as a hole (a
+/// sparse file stays sparse: a view of 200 of them must not cost their
+/// apparent size on disk).
+fn copy_sparse(from: &mut std::fs::File, to: &mut std::fs::File) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut len = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        match buf[..n].iter().all(|b| *b == 0) {
+            true => {
+                to.seek(SeekFrom::Current(n as i64))?;
+            }
+            false => to.write_all(&buf[..n])?,
+        }
+        len += n as u64;
+    }
+    to.set_len(len)
 }
 
 /// Puts every directory's mode back as the target has it, deepest first.

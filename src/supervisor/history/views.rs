@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 
 /// A view's directory in the layer's: `upto-N`.
 const VIEW: &str = "upto-";
+/// A view being made: `.new-upto-N-NONCE`, renamed to `upto-N` when whole
+/// (a crash leaves one: it is counted in the layer's usage, and swept).
+pub(crate) const MAKING: &str = ".new-upto-";
 
 /// The view of checkpoint `n` of the layer at `top`.
 pub(crate) fn dir(top: &Path, n: u64) -> PathBuf {
@@ -36,16 +39,36 @@ pub(crate) fn views(top: &Path) -> Vec<(u64, PathBuf)> {
 /// human's replaced files are in it (`serve --resume` must not remove
 /// them with the old layer's directory).
 pub(crate) fn applied(top: &Path) -> bool {
-    views(top)
-        .iter()
-        .any(|(_, d)| d.join("apply.jsonl").exists() || d.join("taken").exists())
+    !journaled(top).is_empty()
 }
 
-/// The journals and `taken/` of the views of the layer at `top` (what
-/// `keep_days` counts from, as the layer's own).
-pub(crate) fn journals(top: &Path) -> Vec<PathBuf> {
+/// Every view's directory, those a crash left half made too: what the
+/// layer's usage counts besides `upper/` (`kept.rs`).
+pub(crate) fn dirs(top: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(top) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with(VIEW) || n.starts_with(MAKING)
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The checkpoints whose views an `apply --upto` ran on (a journal, or
+/// the human's files in `taken/`).
+pub(crate) fn journaled(top: &Path) -> Vec<u64> {
+    let kept = |d: &Path| {
+        ["apply.jsonl", "taken"]
+            .iter()
+            .any(|f| d.join(f).symlink_metadata().is_ok())
+    };
     views(top)
         .into_iter()
-        .flat_map(|(_, d)| [d.join("apply.jsonl"), d.join("taken")])
+        .filter(|(_, d)| kept(d))
+        .map(|(n, _)| n)
         .collect()
 }
