@@ -17,12 +17,14 @@
 //! what could not be written is counted in the seal.
 
 mod entry;
+mod file;
 mod paths;
 mod redact;
 pub(crate) mod retention;
 mod verify;
 
 pub(crate) use entry::Entry;
+use file::{hash_line, last_link, room};
 pub(crate) use paths::{default_path, finished, of_instance};
 
 pub(crate) use redact::Secrets;
@@ -31,8 +33,6 @@ pub(crate) use verify::verify;
 use verify::Verified;
 
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -142,12 +142,6 @@ impl Drop for Admission<'_> {
     }
 }
 
-fn hash_line(prev: &str, body: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(prev.as_bytes());
-    h.update(body.as_bytes());
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
 /// What a record is, for the room it may use.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -166,51 +160,6 @@ enum Kind {
     Proxy,
     /// The final record: the room kept since the start.
     Seal,
-}
-
-/// Keeps `need` bytes after `at` allocated to the file (`fallocate` with
-/// KEEP_SIZE), so appends into them cannot fail for want of space; where the
-/// file system cannot preallocate, at least that much must be free.
-fn room(file: &std::fs::File, at: u64, need: u64) -> Result<(), String> {
-    use nix::errno::Errno;
-    use nix::fcntl::{fallocate, FallocateFlags};
-    let (at, need) = (at as i64, need as i64);
-    match fallocate(file.as_fd(), FallocateFlags::FALLOC_FL_KEEP_SIZE, at, need) {
-        Ok(()) => Ok(()),
-        Err(Errno::EOPNOTSUPP | Errno::ENOSYS) => {
-            let s = nix::sys::statvfs::fstatvfs(file.as_fd()).map_err(|e| e.desc().to_string())?;
-            let free = s.blocks_available() as u64 * s.fragment_size() as u64;
-            if free >= need as u64 {
-                Ok(())
-            } else {
-                Err(Errno::ENOSPC.desc().into())
-            }
-        }
-        Err(e) => Err(e.desc().into()),
-    }
-}
-
-/// The last record's seq and hash in an existing log (read through the
-/// descriptor that will append). A torn last line is not continued.
-fn last_link(file: &std::fs::File, path: &Path) -> Result<(u64, String), String> {
-    use std::io::BufRead;
-    let (mut seq, mut prev) = (0u64, GENESIS.to_string());
-    let mut r = std::io::BufReader::new(file);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match r.read_until(b'\n', &mut line) {
-            Ok(0) => return Ok((seq, prev)),
-            Ok(_) if line.last() != Some(&b'\n') => return Err(format!("audit log {}: it ends in a torn record (`sandmux audit verify` says more); move it aside or pass another --audit-log", path.display())),
-            Ok(_) => {
-                if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                    seq = v["seq"].as_u64().unwrap_or(seq);
-                    prev = v["hash"].as_str().unwrap_or(&prev).to_string();
-                }
-            }
-            Err(e) => return Err(format!("audit log {}: {e}", path.display())),
-        }
-    }
 }
 
 /// `serve --http --audit-stdout`: every record also goes to stdout as it

@@ -63,11 +63,7 @@ pub(super) fn run(
         Err(e) => return fail(e.exit_code(), e),
     };
     // Termination signals are forwarded to the sandbox by a helper thread.
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        set.add(s);
-    }
-    let _ = set.thread_block();
+    let set = blocked_signals();
     crate::log::step("run: plan compiled");
     let mut started = match sandbox::start(&plan, Stdio3::Inherit) {
         Ok(s) => s,
@@ -95,6 +91,22 @@ pub(super) fn run(
         eprintln!("{}", crate::proxy::summary(&t));
     }
     run_end(&policy, &id, guard, layer, &over, quiet);
+    exit_of(status)
+}
+
+/// SIGINT, SIGTERM and SIGHUP blocked in this thread (and the threads it
+/// starts after), to be waited for and forwarded to the sandbox.
+fn blocked_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    let _ = set.thread_block();
+    set
+}
+
+/// `run`'s exit status: the command's, or 128 + the signal that ended it.
+fn exit_of(status: std::io::Result<std::process::ExitStatus>) -> ExitCode {
     match status {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;

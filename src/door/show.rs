@@ -72,6 +72,47 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
     if running {
         text.push_str(&format!("# instance {id} is still running: the agent can change what follows until it ends; `sandmux apply {id}` refuses until you `sandmux diff {id}` again after its end\n"));
     }
+    let shown = listed(&plan, look, &mut text);
+    if !look.names_only && !shown.is_empty() {
+        text.push('\n');
+        text.push_str(&diff::unified(&plan.trees, &shown).map_err(DoorError::Layer)?);
+    }
+    let manifest = plan.manifest();
+    let digest = manifest.digest();
+    let seen = Reviewed {
+        paths: look.paths.clone(),
+        running,
+        digest: digest.clone(),
+        manifest,
+    };
+    // The last review wins, across views: every other state's is stale.
+    super::upto::forget_others(&top, &dir);
+    if let Err(e) = seen.save(&dir) {
+        eprintln!(
+            "sandmux: {}: a plain `apply` will not check this review; `--expect` does",
+            crate::term::printable(&e.to_string())
+        );
+    }
+    if running {
+        text.push_str(&format!("# no digest while instance {id} runs: `sandmux diff {id}` again once it has ended gives the one `apply` checks\n"));
+    } else if !plan.items.is_empty() {
+        let sel: String = look
+            .paths
+            .iter()
+            .map(|p| format!(" {}", shown_name(p)))
+            .collect();
+        text.push_str(&format!(
+            "# digest {digest}: `sandmux apply {id}{upto}{sel} --expect {digest}` brings exactly this, or nothing\n"
+        ));
+    }
+    drop(lock);
+    Ok((text, !plan.items.is_empty()))
+}
+
+/// One line per change of the plan into `text` (held-back instructions
+/// for coding agents last, apart; ignored paths summarised); the changes
+/// whose text the diff then shows.
+fn listed<'p>(plan: &'p Plan, look: &Look, text: &mut String) -> Vec<&'p Change> {
     let mut shown = Vec::new();
     let mut apart = Vec::new();
     let mut ignored = ignored_summary::Summary::default();
@@ -108,38 +149,5 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
         text.push_str("# instructions for coding agents, held back (your next agent would obey them; read them before `--include-control`):\n");
         apart.iter().for_each(|l| text.push_str(l));
     }
-    if !look.names_only && !shown.is_empty() {
-        text.push('\n');
-        text.push_str(&diff::unified(&plan.trees, &shown).map_err(DoorError::Layer)?);
-    }
-    let manifest = plan.manifest();
-    let digest = manifest.digest();
-    let seen = Reviewed {
-        paths: look.paths.clone(),
-        running,
-        digest: digest.clone(),
-        manifest,
-    };
-    // The last review wins, across views: every other state's is stale.
-    super::upto::forget_others(&top, &dir);
-    if let Err(e) = seen.save(&dir) {
-        eprintln!(
-            "sandmux: {}: a plain `apply` will not check this review; `--expect` does",
-            crate::term::printable(&e.to_string())
-        );
-    }
-    if running {
-        text.push_str(&format!("# no digest while instance {id} runs: `sandmux diff {id}` again once it has ended gives the one `apply` checks\n"));
-    } else if !plan.items.is_empty() {
-        let sel: String = look
-            .paths
-            .iter()
-            .map(|p| format!(" {}", shown_name(p)))
-            .collect();
-        text.push_str(&format!(
-            "# digest {digest}: `sandmux apply {id}{upto}{sel} --expect {digest}` brings exactly this, or nothing\n"
-        ));
-    }
-    drop(lock);
-    Ok((text, !plan.items.is_empty()))
+    shown
 }

@@ -313,6 +313,13 @@ fn state(out: &mut String, s: &State, m: &Metrics) {
         "1 while audit records can be written (else calls are refused).",
         ok,
     );
+    proxy(out, m);
+    credentials(out, s);
+    rejected(out, s);
+}
+
+/// The allowlist proxy's connections and bytes.
+fn proxy(out: &mut String, m: &Metrics) {
     head(
         out,
         "sandmux_proxy_connections_total",
@@ -340,13 +347,17 @@ fn state(out: &mut String, s: &State, m: &Metrics) {
         );
     }
     let open = m.proxy_open.get().map_or(0, |o| o.load(Relaxed)) as u64;
-    gauge(
+    head(
         out,
         "sandmux_proxy_connections_open",
+        "gauge",
         "Connections the proxy serves now.",
-        open,
     );
-    credentials(out, s);
+    let _ = writeln!(out, "sandmux_proxy_connections_open {open}");
+}
+
+/// `--http`'s refusals before MCP, by reason.
+fn rejected(out: &mut String, s: &State) {
     if let Some(h) = s.http.get() {
         let name = "sandmux_http_rejected_total";
         head(

@@ -352,18 +352,7 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
     // Started after confinement, so it is confined too.
     stop.take_signals();
     if let Some(v) = &pre.vault {
-        // The `from_command` refresher: its commands run in the broker.
-        let (b, audit) = (st.broker.clone(), pre.audit.clone());
-        v.start(
-            Arc::new(move |i| b.credential(i)),
-            Arc::new(move |kind, args| {
-                audit.event(crate::audit::Entry::event(
-                    "(credentials)",
-                    Some(kind),
-                    &args,
-                ));
-            }),
-        );
+        refresh_in_broker(v, &st.broker, &pre.audit);
     }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -390,6 +379,26 @@ pub(crate) fn serve(policy: Policy, opts: Options, stop: &exit::Stop) -> i32 {
         h.flush(&left.audit);
     }
     teardown(left, code)
+}
+
+/// The `from_command` refresher of short-lived credentials: its commands
+/// run in the broker, each refresh recorded.
+fn refresh_in_broker(
+    v: &Arc<crate::proxy::credentials::Vault>,
+    broker: &Arc<crate::supervisor::broker::Broker>,
+    audit: &Arc<audit::Audit>,
+) {
+    let (b, audit) = (broker.clone(), audit.clone());
+    v.start(
+        Arc::new(move |i| b.credential(i)),
+        Arc::new(move |kind, args| {
+            audit.event(crate::audit::Entry::event(
+                "(credentials)",
+                Some(kind),
+                &args,
+            ));
+        }),
+    );
 }
 
 /// The state, made once the hub is connected.

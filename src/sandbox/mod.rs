@@ -25,6 +25,7 @@ mod payload;
 mod pid1;
 pub(crate) mod plan;
 pub(crate) mod procfs;
+mod reap;
 pub(crate) mod report;
 pub(crate) mod seccomp;
 pub(crate) mod syscalls;

@@ -172,18 +172,18 @@ impl Server {
             once,
             progress_from,
         } = chosen;
+        let mut a = Audited {
+            tool: &name,
+            def: None,
+            t0,
+            request_id: rid,
+            client,
+            http: caller(&cx),
+            trace,
+            args: &args,
+            checkpoint: None,
+        };
         let Some(def) = def else {
-            let a = Audited {
-                tool: &name,
-                def: None,
-                t0,
-                request_id: rid,
-                client,
-                http: caller(&cx),
-                trace,
-                args: &args,
-                checkpoint: None,
-            };
             return self.refused(&name, why, &a);
         };
         // Nothing starts while the client leaves too many answers unread.
@@ -206,23 +206,9 @@ impl Server {
             started: t0,
         };
         let r = self.run(def, &call, args.clone(), once).await;
-        let checkpoint = self.checkpoint(def, &name, &rid, &args).await;
-        self.audit_admitted(
-            Some(ticket),
-            &Audited {
-                tool: &name,
-                def: Some(def),
-                t0,
-                request_id: rid,
-                client,
-                http: caller(&cx),
-                trace,
-                args: &args,
-                checkpoint,
-            },
-            r.as_ref().err(),
-            None,
-        );
+        a.def = Some(def);
+        a.checkpoint = self.checkpoint(def, &name, &a.request_id, &args).await;
+        self.audit_admitted(Some(ticket), &a, r.as_ref().err(), None);
         let result = match r {
             Ok(v) => success(v),
             Err(e) => error_result(&e),
