@@ -57,24 +57,7 @@ fn a_placeholder_becomes_the_value_only_where_it_belongs() {
         v.header("authorization", b"Bearer nothing", "api.test"),
         Ok(None)
     );
-    // Only in its headers, and only in the shapes a credential has.
-    for (name, value) in [
-        ("x-request-id", ph.clone()),
-        ("authorization", format!("Bearer {ph} more")),
-        ("authorization", format!("Bearer x{ph}")),
-        ("authorization", format!("https://api.test/?t={ph}")),
-        (
-            "authorization",
-            format!("Basic {}", e.encode(format!("{ph}:x"))),
-        ),
-        (
-            "authorization",
-            format!("Basic {}", e.encode(format!("x:y{ph}"))),
-        ),
-    ] {
-        let r = v.header(name, value.as_bytes(), "api.test").unwrap_err();
-        assert!(r.exfiltration, "{name}: {value}: {r:?}");
-    }
+    only_in_its_shapes(&v, &ph);
     let got = v
         .header("authorization", ph.as_bytes(), "api.test")
         .unwrap();
@@ -110,6 +93,30 @@ fn a_placeholder_becomes_the_value_only_where_it_belongs() {
     assert!(v
         .header("authorization", bearer.as_bytes(), "api.test")
         .is_ok());
+}
+
+/// Only in its headers, and only in the shapes a credential has: anywhere
+/// else the placeholder is an exfiltration.
+fn only_in_its_shapes(v: &Vault, ph: &str) {
+    use base64::Engine;
+    let e = base64::engine::general_purpose::STANDARD;
+    for (name, value) in [
+        ("x-request-id", ph.to_string()),
+        ("authorization", format!("Bearer {ph} more")),
+        ("authorization", format!("Bearer x{ph}")),
+        ("authorization", format!("https://api.test/?t={ph}")),
+        (
+            "authorization",
+            format!("Basic {}", e.encode(format!("{ph}:x"))),
+        ),
+        (
+            "authorization",
+            format!("Basic {}", e.encode(format!("x:y{ph}"))),
+        ),
+    ] {
+        let r = v.header(name, value.as_bytes(), "api.test").unwrap_err();
+        assert!(r.exfiltration, "{name}: {value}: {r:?}");
+    }
 }
 
 /// The value in an answer, as it is, in hex and in base64 at any
