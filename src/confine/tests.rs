@@ -1,4 +1,4 @@
-//! Unit tests of `supervisor.rs`: what the confined proxy still reads.
+//! Unit tests of `confine` (the supervisor's confinement): what the confined proxy still reads.
 use super::*;
 use crate::profile::credentials::Credential;
 use std::os::unix::fs::PermissionsExt;

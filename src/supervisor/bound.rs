@@ -4,7 +4,7 @@
 //! limit, so a thread measures it — as often as once a second, less often
 //! when measuring takes long (at most a twentieth of the time) — and the
 //! first time it is over, calls the caller's action once: `run` and
-//! `shell` end the sandbox, `serve` freezes it (`mcp`). The bound is
+//! `shell` end the sandbox, `serve` freezes it (`runtime::freeze`). The bound is
 //! checked, not kernel-enforced: a burst between two measures (a copy-up of
 //! a big file included) can pass it by what the agent writes in that time.
 //! The last measure is kept ([`last`]): `serve`'s metrics export it, so a
