@@ -390,7 +390,7 @@ fn refresh_in_broker(
 ) {
     let (b, audit) = (broker.clone(), audit.clone());
     v.start(
-        Arc::new(move |i| b.credential(i)),
+        Arc::new(move |i| b.credential(i).map_err(|e| e.to_string())),
         Arc::new(move |kind, args| {
             audit.event(crate::audit::Entry::event(
                 "(credentials)",

@@ -152,7 +152,7 @@ pub(crate) async fn expose(
             ));
         }
     }
-    let fd = tokio::task::spawn_blocking(move || broker.listen(host))
+    let fd = tokio::task::spawn_blocking(move || broker.listen(host).map_err(|e| e.to_string()))
         .await
         .map_err(|e| e.to_string())??;
     let std = std::net::TcpListener::from(fd);
@@ -271,9 +271,11 @@ async fn relay(
 ) -> Result<(), String> {
     let broker = s.broker.clone().ok_or("no broker")?;
     let init = s.info().init_pid;
-    let fd = tokio::task::spawn_blocking(move || broker.connect_inside(init, port))
-        .await
-        .map_err(|e| e.to_string())??;
+    let fd = tokio::task::spawn_blocking(move || {
+        broker.connect_inside(init, port).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut inside = tokio::net::TcpStream::from_std(std).map_err(|e| e.to_string())?;

@@ -66,9 +66,9 @@ pub(crate) fn signals(
     b: &Option<Arc<Broker>>,
     op: mech::Op,
     init_pid: u32,
-) -> Result<usize, String> {
+) -> Result<usize, mech::FreezeError> {
     match b {
-        Some(b) => b.signals(op, init_pid).map_err(|e| e.to_string()),
+        Some(b) => Ok(b.signals(op, init_pid)?),
         None => mech::by_signals(op, init_pid),
     }
 }
@@ -142,9 +142,11 @@ async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, String> {
     // the freeze either: it asks again after the thaw.
     s.rounds.clear();
     let b = s.broker.clone();
-    let r = tokio::task::spawn_blocking(move || mech::freeze(&t, &|op, pid| signals(&b, op, pid)))
-        .await
-        .unwrap_or_else(|e| Err(format!("the freeze task failed: {e}")));
+    let r = tokio::task::spawn_blocking(move || {
+        mech::freeze(&t, &|op, pid| signals(&b, op, pid)).map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the freeze task failed: {e}")));
     match r {
         Ok(d) => f.processes = d.processes,
         Err(e) => f.error = Some(e),
@@ -169,10 +171,12 @@ pub(crate) async fn thaw(s: &Shared) -> Result<Value, String> {
     };
     let t = target(s);
     let b = s.broker.clone();
-    let d = tokio::task::spawn_blocking(move || mech::thaw(&t, &|op, pid| signals(&b, op, pid)))
-        .await
-        .unwrap_or_else(|e| Err(format!("the thaw task failed: {e}")))
-        .map_err(|e| format!("{e}; the instance stays frozen"))?;
+    let d = tokio::task::spawn_blocking(move || {
+        mech::thaw(&t, &|op, pid| signals(&b, op, pid)).map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the thaw task failed: {e}")))
+    .map_err(|e| format!("{e}; the instance stays frozen"))?;
     s.freeze.set(None);
     s.approvals.reopen();
     let hub = s.hub();

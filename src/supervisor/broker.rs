@@ -24,6 +24,7 @@
 //! supervisor sends only the runtime directory, the instance id, the tmux
 //! binary, pids and credential indexes.
 
+use super::freeze::FreezeError;
 use super::generation::{end_init, start_generation, Generation};
 use crate::profile::{Layer, Policy};
 use crate::sandbox::StartError;
@@ -112,7 +113,22 @@ pub(crate) enum BrokerError {
     /// An answer to another request.
     #[error("the broker answered out of turn")]
     OutOfTurn,
-    /// The broker refused, saying why.
+    /// A request or reply that did not (de)serialise on the descriptor
+    /// path (said without the prefix of [`BrokerError::Json`]).
+    #[error("{0}")]
+    Garbled(serde_json::Error),
+    /// No descriptor came with a `Sent` reply.
+    #[error("the broker sent no descriptor")]
+    NoDescriptor,
+    /// The descriptor channel failed.
+    #[error(transparent)]
+    Channel(#[from] super::nsconnect::NsConnectError),
+    /// A process the broker did not start and that is not a sandbox of
+    /// this instance.
+    #[error("process {0} is not a sandbox of this instance")]
+    NotOurs(u32),
+    /// The broker refused, saying why (its reply carries the text: the
+    /// socket between the two processes is an edge).
     #[error("{0}")]
     Refused(String),
 }
@@ -255,42 +271,38 @@ impl Broker {
 
     /// Runs the `from_command` of the profile's credential `index` here,
     /// unconfined (bounded by its time limit; other requests wait for it).
-    pub(crate) fn credential(&self, index: usize) -> Result<Vec<u8>, String> {
-        match self.ask(&Request::Credential(index)) {
-            Ok(Reply::Credential(r)) => r,
-            Ok(_) => Err("the broker answered out of turn".into()),
-            Err(e) => Err(e.to_string()),
+    pub(crate) fn credential(&self, index: usize) -> Result<Vec<u8>, BrokerError> {
+        match self.ask(&Request::Credential(index))? {
+            Reply::Credential(r) => r.map_err(BrokerError::Refused),
+            _ => Err(BrokerError::OutOfTurn),
         }
     }
 
     /// `expose`: a connection to `127.0.0.1:port` inside the sandbox of
     /// `init_pid`.
-    pub(crate) fn connect_inside(&self, init_pid: u32, port: u16) -> Result<OwnedFd, String> {
+    pub(crate) fn connect_inside(&self, init_pid: u32, port: u16) -> Result<OwnedFd, BrokerError> {
         self.ask_fd(&Request::Connect(init_pid, port))
     }
 
     /// `expose`: a listener on the host at `addr`.
-    pub(crate) fn listen(&self, addr: std::net::SocketAddr) -> Result<OwnedFd, String> {
+    pub(crate) fn listen(&self, addr: std::net::SocketAddr) -> Result<OwnedFd, BrokerError> {
         self.ask_fd(&Request::Listen(addr))
     }
 
     /// A request answered by `Sent`: the descriptor from the channel.
-    fn ask_fd(&self, r: &Request) -> Result<OwnedFd, String> {
+    fn ask_fd(&self, r: &Request) -> Result<OwnedFd, BrokerError> {
         let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
-        let mut line = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+        let mut line = serde_json::to_vec(r).map_err(BrokerError::Garbled)?;
         line.push(b'\n');
-        io.1.write_all(&line)
-            .map_err(|e| format!("the broker: {e}"))?;
-        let line = read_line(&mut io.0)
-            .map_err(|e| e.to_string())?
-            .ok_or("the broker ended")?;
-        match serde_json::from_slice(&line).map_err(|e| e.to_string())? {
+        io.1.write_all(&line)?;
+        let line = read_line(&mut io.0)?.ok_or(BrokerError::Ended)?;
+        match serde_json::from_slice(&line).map_err(BrokerError::Garbled)? {
             Reply::Sent(Ok(())) => match crate::supervisor::nsconnect::recv_fd(&io.2)? {
                 (0, _, Some(fd)) => Ok(fd),
-                _ => Err("the broker sent no descriptor".into()),
+                _ => Err(BrokerError::NoDescriptor),
             },
-            Reply::Sent(Err(e)) => Err(e),
-            _ => Err("the broker answered out of turn".into()),
+            Reply::Sent(Err(e)) => Err(BrokerError::Refused(e)),
+            _ => Err(BrokerError::OutOfTurn),
         }
     }
 
@@ -383,11 +395,10 @@ pub(crate) fn main() -> i32 {
 
 /// `Connect`: the connection made inside the sandbox, sent over `fds`.
 fn connect(held: &BTreeMap<u32, Child>, pid: u32, port: u16, fds: &UnixStream) -> Reply {
-    Reply::Sent(
-        sandbox_of_ours(pid, held)
-            .and_then(|()| crate::supervisor::nsconnect::connect_inside(pid, port))
-            .map(|s| send(fds, &s)),
-    )
+    let made = sandbox_of_ours(pid, held)
+        .and_then(|()| Ok(crate::supervisor::nsconnect::connect_inside(pid, port)?));
+    // The reply is the edge between the two processes: text.
+    Reply::Sent(made.map(|s| send(fds, &s)).map_err(|e| e.to_string()))
 }
 
 /// Sends one descriptor over the descriptor channel.
@@ -406,7 +417,7 @@ fn running(c: &mut Child) -> bool {
 
 /// Whether `pid` is a sandbox's `__init` this broker or the supervisor
 /// started: the broker acts on no other process.
-fn sandbox_of_ours(pid: u32, held: &BTreeMap<u32, Child>) -> Result<(), String> {
+fn sandbox_of_ours(pid: u32, held: &BTreeMap<u32, Child>) -> Result<(), BrokerError> {
     if held.contains_key(&pid) {
         return Ok(());
     }
@@ -421,7 +432,7 @@ fn sandbox_of_ours(pid: u32, held: &BTreeMap<u32, Child>) -> Result<(), String> 
     if ppid == Some(nix::unistd::getppid().as_raw()) && argv0 == b"sandmux-init" {
         Ok(())
     } else {
-        Err(format!("process {pid} is not a sandbox of this instance"))
+        Err(BrokerError::NotOurs(pid))
     }
 }
 
@@ -460,7 +471,9 @@ fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mu
         }
         Request::Signals(op, pid) => Reply::Signalled(
             sandbox_of_ours(pid, held)
-                .and_then(|()| crate::supervisor::freeze::by_signals(op, pid)),
+                .map_err(FreezeError::from)
+                .and_then(|()| crate::supervisor::freeze::by_signals(op, pid))
+                .map_err(|e| e.to_string()),
         ),
         Request::End => {
             for ch in held.values_mut() {

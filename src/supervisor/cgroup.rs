@@ -16,6 +16,57 @@
 pub(crate) use crate::sandbox::cgroup::{Cgroup, Placement};
 use std::path::{Path, PathBuf};
 
+/// Why no cgroup could be made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CgroupError {
+    /// No cgroup2 file system mounted.
+    #[error("no cgroup2 mount")]
+    NoV2Mount,
+    /// This process has no v2 cgroup.
+    #[error("no cgroup v2 entry in /proc/self/cgroup")]
+    NoV2Entry,
+    /// The parent does not hand the controllers down.
+    #[error("{} does not delegate the pids and memory controllers", .0.display())]
+    NotDelegated(PathBuf),
+    /// No v1 hierarchy for this controller.
+    #[error("no v1 {0} hierarchy")]
+    NoV1(&'static str),
+    /// A directory could not be made.
+    #[error("create {}: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The instance's directory could not delegate the controllers.
+    #[error("delegate pids and memory below {}: {source}", path.display())]
+    Delegate {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The v2 limits could not be written in this directory.
+    #[error("write limits in {}: {source}", path.display())]
+    Limits {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A v1 limit file could not be written.
+    #[error("write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The systemd user manager gave no delegated scope.
+    #[error("{0}")]
+    Systemd(&'static super::systemd::SystemdError),
+    /// None of the three ways worked; each says why.
+    #[error("no writable cgroup: v2: {v2}; systemd: {systemd}; v1: {v1}")]
+    Nowhere {
+        v2: Box<CgroupError>,
+        systemd: Box<CgroupError>,
+        v1: Box<CgroupError>,
+    },
+}
+
 fn own_path(controller: Option<&str>) -> Option<String> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     for line in text.lines() {
@@ -60,24 +111,34 @@ pub(crate) fn v2_mount() -> Option<PathBuf> {
 
 /// Creates a cgroup with the limits, or says why it cannot: `name` below
 /// the instance's directory `instance` (made when missing).
-pub(crate) fn create(instance: &str, name: &str, pids: u64, memory: u64) -> Result<Cgroup, String> {
+pub(crate) fn create(
+    instance: &str,
+    name: &str,
+    pids: u64,
+    memory: u64,
+) -> Result<Cgroup, CgroupError> {
     let at = Place { instance, name };
     let own = own_v2_dir().and_then(|p| try_v2(&p, &at, pids, memory));
     let Err(own) = own else { return own };
-    let scoped = super::systemd::delegated_scope().and_then(|scope| {
-        let mut cg = try_v2(&scope, &at, pids, memory)?;
-        cg.scope = scope.file_name().map(|n| n.to_string_lossy().into_owned());
-        Ok(cg)
-    });
+    let scoped = super::systemd::delegated_scope()
+        .map_err(CgroupError::Systemd)
+        .and_then(|scope| {
+            let mut cg = try_v2(&scope, &at, pids, memory)?;
+            cg.scope = scope.file_name().map(|n| n.to_string_lossy().into_owned());
+            Ok(cg)
+        });
     let Err(scoped) = scoped else { return scoped };
-    try_v1(&at, pids, memory)
-        .map_err(|v1| format!("no writable cgroup: v2: {own}; systemd: {scoped}; v1: {v1}"))
+    try_v1(&at, pids, memory).map_err(|v1| CgroupError::Nowhere {
+        v2: Box::new(own),
+        systemd: Box::new(scoped),
+        v1: Box::new(v1),
+    })
 }
 
 /// This process's own cgroup v2 directory.
-fn own_v2_dir() -> Result<PathBuf, String> {
-    let mnt = v2_mount().ok_or("no cgroup2 mount")?;
-    let own = own_path(None).ok_or("no cgroup v2 entry in /proc/self/cgroup")?;
+fn own_v2_dir() -> Result<PathBuf, CgroupError> {
+    let mnt = v2_mount().ok_or(CgroupError::NoV2Mount)?;
+    let own = own_path(None).ok_or(CgroupError::NoV2Entry)?;
     Ok(mnt.join(own.trim_start_matches('/')))
 }
 
@@ -89,30 +150,28 @@ struct Place<'a> {
 
 /// Makes `parent/instance` if missing; with `v2`, lets the pids and memory
 /// controllers reach its children (it holds no process itself).
-fn instance_dir(parent: &Path, instance: &str, v2: bool) -> Result<PathBuf, String> {
+fn instance_dir(parent: &Path, instance: &str, v2: bool) -> Result<PathBuf, CgroupError> {
     let dir = parent.join(instance);
     match std::fs::create_dir(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("create {}: {e}", dir.display())),
+        Err(source) => return Err(CgroupError::Create { path: dir, source }),
     }
     if v2 {
-        write(&dir.join("cgroup.subtree_control"), "+pids +memory")
-            .map_err(|e| format!("delegate pids and memory below {}: {e}", dir.display()))?;
+        if let Err(source) = write(&dir.join("cgroup.subtree_control"), "+pids +memory") {
+            return Err(CgroupError::Delegate { path: dir, source });
+        }
     }
     Ok(dir)
 }
 
-fn try_v2(parent: &Path, at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
+fn try_v2(parent: &Path, at: &Place, pids: u64, memory: u64) -> Result<Cgroup, CgroupError> {
     let controllers =
         std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
     if !(controllers.split_whitespace().any(|c| c == "pids")
         && controllers.split_whitespace().any(|c| c == "memory"))
     {
-        return Err(format!(
-            "{} does not delegate the pids and memory controllers",
-            parent.display()
-        ));
+        return Err(CgroupError::NotDelegated(parent.to_path_buf()));
     }
     let inst = instance_dir(parent, at.instance, true)?;
     let dir = inst.join(at.name);
@@ -122,23 +181,23 @@ fn try_v2(parent: &Path, at: &Place, pids: u64, memory: u64) -> Result<Cgroup, S
         scope: None,
         instance: vec![inst],
     };
-    if let Err(e) = std::fs::create_dir(&dir) {
+    if let Err(source) = std::fs::create_dir(&dir) {
         cg.remove_instance();
-        return Err(format!("create {}: {e}", dir.display()));
+        return Err(CgroupError::Create { path: dir, source });
     }
     cg.dirs.push(dir.clone());
     let res = write(&dir.join("pids.max"), &pids.to_string())
         .and_then(|_| write(&dir.join("memory.max"), &memory.to_string()))
         .and_then(|_| write(&dir.join("memory.swap.max"), "0").or(Ok(())));
-    if let Err(e) = res {
+    if let Err(source) = res {
         cg.remove();
         cg.remove_instance();
-        return Err(format!("write limits in {}: {e}", dir.display()));
+        return Err(CgroupError::Limits { path: dir, source });
     }
     Ok(cg)
 }
 
-fn try_v1(at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
+fn try_v1(at: &Place, pids: u64, memory: u64) -> Result<Cgroup, CgroupError> {
     let mut dirs = Vec::new();
     let mut cg = Cgroup {
         dirs: vec![],
@@ -146,7 +205,7 @@ fn try_v1(at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
         scope: None,
         instance: vec![],
     };
-    let fail = |cg: &Cgroup, e: String| {
+    let fail = |cg: &Cgroup, e: CgroupError| {
         cg.remove();
         cg.remove_instance();
         Err(e)
@@ -155,8 +214,7 @@ fn try_v1(at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
         ("pids", "pids.max", pids),
         ("memory", "memory.limit_in_bytes", memory),
     ] {
-        let mnt =
-            mountpoint("cgroup", Some(ctrl)).ok_or_else(|| format!("no v1 {ctrl} hierarchy"))?;
+        let mnt = mountpoint("cgroup", Some(ctrl)).ok_or(CgroupError::NoV1(ctrl))?;
         let own = own_path(Some(ctrl)).unwrap_or_else(|| "/".into());
         let inst = match instance_dir(&mnt.join(own.trim_start_matches('/')), at.instance, false) {
             Ok(i) => i,
@@ -164,13 +222,14 @@ fn try_v1(at: &Place, pids: u64, memory: u64) -> Result<Cgroup, String> {
         };
         cg.instance.push(inst.clone());
         let dir = inst.join(at.name);
-        if let Err(e) = std::fs::create_dir(&dir) {
-            return fail(&cg, format!("create {}: {e}", dir.display()));
+        if let Err(source) = std::fs::create_dir(&dir) {
+            return fail(&cg, CgroupError::Create { path: dir, source });
         }
         dirs.push(dir.clone());
         cg.dirs = dirs.clone();
-        if let Err(e) = write(&dir.join(file), &value.to_string()) {
-            return fail(&cg, format!("write {}: {e}", dir.join(file).display()));
+        if let Err(source) = write(&dir.join(file), &value.to_string()) {
+            let path = dir.join(file);
+            return fail(&cg, CgroupError::Write { path, source });
         }
     }
     // A directory in the freezer hierarchy too, where there is one (for

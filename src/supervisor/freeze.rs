@@ -18,12 +18,36 @@
 //! tasks die only once thawed), so nothing inside runs again.
 
 use super::cgroup::Cgroup;
-use super::nssignal::{members, open_proc, sandbox_ns, send, signal_all};
+use super::nssignal::{members, open_proc, sandbox_ns, send, signal_all, NsSignalError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a freeze may take to settle.
 pub(crate) const SETTLE: Duration = Duration::from_secs(5);
+
+/// Why a freeze or thaw did not complete.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FreezeError {
+    /// A freezer file could not be written.
+    #[error("write {value} to {}: {source}", path.display())]
+    Write {
+        value: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The freezer did not reach the state within [`SETTLE`].
+    #[error("{} did not settle at {value} within {SETTLE:?}", path.display())]
+    Unsettled { value: &'static str, path: PathBuf },
+    /// The signals freezer left processes running.
+    #[error("{running} of {total} processes in the sandbox were still running after {SETTLE:?}")]
+    StillRunning { running: usize, total: usize },
+    /// The sandbox's namespace could not be signalled.
+    #[error(transparent)]
+    Signal(#[from] NsSignalError),
+    /// The broker, which runs the signals freezer for a confined supervisor.
+    #[error(transparent)]
+    Broker(#[from] super::broker::BrokerError),
+}
 
 /// What a sandbox is frozen with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +117,7 @@ pub(crate) enum Op {
 /// The signals freezer (no cgroup): needs `/proc/PID/ns` of the sandbox,
 /// which a Landlock-confined supervisor cannot read, so `serve` has the
 /// broker run it (`supervisor::broker`). Returns how many processes it acted on.
-pub(crate) fn by_signals(op: Op, init_pid: u32) -> Result<usize, String> {
+pub(crate) fn by_signals(op: Op, init_pid: u32) -> Result<usize, FreezeError> {
     match op {
         Op::Freeze => stop_all(init_pid),
         Op::Thaw => {
@@ -102,13 +126,16 @@ pub(crate) fn by_signals(op: Op, init_pid: u32) -> Result<usize, String> {
             Ok(members(&ns, init_pid).len())
         }
         // PID 1's death takes the whole namespace with it.
-        Op::Kill => signal_all(init_pid, libc::SIGKILL).map(|()| 0),
+        Op::Kill => {
+            signal_all(init_pid, libc::SIGKILL)?;
+            Ok(0)
+        }
     }
 }
 
 /// Who runs the signals freezer: [`by_signals`] here, or a helper that may
 /// (the broker, for a confined supervisor).
-pub(crate) type Signals<'a> = &'a dyn Fn(Op, u32) -> Result<usize, String>;
+pub(crate) type Signals<'a> = &'a dyn Fn(Op, u32) -> Result<usize, FreezeError>;
 
 /// What a freeze or thaw did.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -120,7 +147,7 @@ pub(crate) struct Done {
 }
 
 /// Stops every process inside; an error says what is still running.
-pub(crate) fn freeze(t: &Target, signals: Signals) -> Result<Done, String> {
+pub(crate) fn freeze(t: &Target, signals: Signals) -> Result<Done, FreezeError> {
     let f = t.freezer();
     let processes = match &f {
         Freezer::V2(d) => {
@@ -140,7 +167,7 @@ pub(crate) fn freeze(t: &Target, signals: Signals) -> Result<Done, String> {
 }
 
 /// Lets every process inside run again.
-pub(crate) fn thaw(t: &Target, signals: Signals) -> Result<Done, String> {
+pub(crate) fn thaw(t: &Target, signals: Signals) -> Result<Done, FreezeError> {
     let f = t.freezer();
     let processes = match &f {
         Freezer::V2(d) => {
@@ -189,16 +216,24 @@ pub(crate) fn kill_v1(dir: &Path) {
 }
 
 /// Writes `value` to a freezer file and waits until `done` holds.
-fn cgroup_set(dir: &Path, file: &str, value: &str, done: impl Fn() -> bool) -> Result<(), String> {
-    let p = dir.join(file);
-    std::fs::write(&p, value).map_err(|e| format!("write {value} to {}: {e}", p.display()))?;
+fn cgroup_set(
+    dir: &Path,
+    file: &str,
+    value: &'static str,
+    done: impl Fn() -> bool,
+) -> Result<(), FreezeError> {
+    let path = dir.join(file);
+    if let Err(source) = std::fs::write(&path, value) {
+        return Err(FreezeError::Write {
+            value,
+            path,
+            source,
+        });
+    }
     let deadline = Instant::now() + SETTLE;
     while !done() {
         if Instant::now() > deadline {
-            return Err(format!(
-                "{} did not settle at {value} within {SETTLE:?}",
-                p.display()
-            ));
+            return Err(FreezeError::Unsettled { value, path });
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -231,7 +266,7 @@ fn procs(dir: &Path) -> Vec<i32> {
 
 /// SIGSTOPs the whole sandbox until two scans in a row find every process
 /// still; returns how many there are.
-fn stop_all(init_pid: u32) -> Result<usize, String> {
+fn stop_all(init_pid: u32) -> Result<usize, FreezeError> {
     let ns = sandbox_ns(init_pid)?;
     let deadline = Instant::now() + SETTLE;
     let mut clean = 0;
@@ -248,10 +283,10 @@ fn stop_all(init_pid: u32) -> Result<usize, String> {
         }
         clean = 0;
         if Instant::now() > deadline {
-            return Err(format!(
-                "{running} of {} processes in the sandbox were still running after {SETTLE:?}",
-                ms.len()
-            ));
+            return Err(FreezeError::StillRunning {
+                running,
+                total: ms.len(),
+            });
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -9,7 +9,7 @@ use crate::sandbox::report::Message;
 use crate::sandbox::{self, mounts, Payload, Plan, StartError, Stdio3};
 use crate::supervisor::rundir::Rundir;
 use crate::tmux::MINIMAL_CONF;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -74,8 +74,16 @@ pub(crate) fn start_generation(
     Ok((started.child, g))
 }
 
+/// Why a generation cannot start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GenerationError {
+    /// A binary the sandbox runs (tmux) is outside every read-only tree.
+    #[error("{} is not inside a read-only tree of profile '{profile}'; add its directory to [filesystem] read_only", bin.display())]
+    NotVisible { bin: PathBuf, profile: String },
+}
+
 /// Checks that `bin` is visible inside the sandbox through a read-only entry.
-pub(crate) fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
+pub(crate) fn check_visible(policy: &Policy, bin: &Path) -> Result<(), GenerationError> {
     let ok = policy
         .fs
         .iter()
@@ -83,7 +91,10 @@ pub(crate) fn check_visible(policy: &Policy, bin: &Path) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{} is not inside a read-only tree of profile '{}'; add its directory to [filesystem] read_only", bin.display(), policy.name))
+        Err(GenerationError::NotVisible {
+            bin: bin.to_path_buf(),
+            profile: policy.name.clone(),
+        })
     }
 }
 
@@ -107,7 +118,10 @@ pub(crate) fn make_cgroup(
                 why: format!("{reason}. In force instead: {}", without_cgroup(policy)),
             })
         }
-        Err(reason) => Err(StartError::layer(crate::profile::Layer::Cgroup, &reason)),
+        Err(reason) => Err(StartError::layer(
+            crate::profile::Layer::Cgroup,
+            &reason.to_string(),
+        )),
     }
 }
 

@@ -99,7 +99,7 @@ impl Instance {
         // before anything else is reported.
         let probe = version_probe(&tmux).map_err(StartError::internal)?;
         let launched = check_visible(creds.resolved(), &tmux)
-            .map_err(StartError::internal)
+            .map_err(|e| StartError::internal(e.to_string()))
             .and_then(|()| creds.host(id, crate::supervisor::rundir::Serves::Tmux));
         let l = match launched {
             Ok(l) => l,

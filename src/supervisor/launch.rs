@@ -46,8 +46,11 @@ pub(crate) struct Credentialed {
 
 impl Credentialed {
     /// Reads the credentials of `resolved` (step 1).
-    pub(crate) fn open(resolved: Policy, refresh: Refresh) -> Result<Credentialed, String> {
-        let vault = crate::proxy::credentials::open(&resolved).map_err(|e| e.to_string())?;
+    pub(crate) fn open(
+        resolved: Policy,
+        refresh: Refresh,
+    ) -> Result<Credentialed, crate::proxy::credentials::CredError> {
+        let vault = crate::proxy::credentials::open(&resolved)?;
         if let (Some(v), Refresh::Here) = (&vault, refresh) {
             v.start_here(&resolved.credentials);
         }
@@ -88,7 +91,7 @@ impl Credentialed {
     /// Step 2a: the instance's runtime directory (`run` makes its cgroup
     /// there before anything else is made).
     pub(crate) fn placed(self, id: &str, serves: Serves) -> Result<Placed, StartError> {
-        let rundir = Rundir::create(id, serves).map_err(StartError::internal)?;
+        let rundir = Rundir::create(id, serves).map_err(|e| StartError::internal(e.to_string()))?;
         crate::log::step("launch: runtime directory");
         Ok(Placed {
             creds: self,

@@ -80,7 +80,7 @@ pub(crate) enum LayerError {
     },
     /// The overlay probe failed (`possible`): why.
     #[error("{0}")]
-    Probe(String),
+    Probe(crate::supervisor::probe::ProbeError),
     /// A kept layer that `serve --resume` or `--fork` cannot start from.
     #[error("{0}")]
     From(String),

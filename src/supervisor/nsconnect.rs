@@ -25,29 +25,71 @@ const STAGES: [&str; 5] = [
     "connecting",
 ];
 
+/// Why no connection inside the sandbox was made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NsConnectError {
+    /// The sandbox's namespace link is gone.
+    #[error("{path}: {source} (is the sandbox still running?)")]
+    Gone {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The sandbox's namespace could not be opened.
+    #[error("{path}: {source}")]
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The socket pair to the helper.
+    #[error("{0}")]
+    Pair(std::io::Error),
+    /// The helper could not be forked.
+    #[error("fork: {0}")]
+    Fork(std::io::Error),
+    /// A step of the helper failed (connecting included).
+    #[error("{stage} (127.0.0.1:{port} inside the sandbox): {errno}")]
+    Step {
+        stage: &'static str,
+        port: u16,
+        errno: std::io::Error,
+    },
+    /// Nothing usable came back from the helper.
+    #[error("the connecting helper: {0}")]
+    Helper(#[source] Box<NsConnectError>),
+    /// Receiving over the descriptor channel failed.
+    #[error("{0}")]
+    Recv(nix::Error),
+    /// The other end sent no answer.
+    #[error("the helper ended without an answer")]
+    NoAnswer,
+}
+
 /// A connected TCP socket to `127.0.0.1:port` in the network namespace of
 /// the sandbox whose outer `__init` is `init_pid` (the caller checked it is
 /// one of this instance's).
-pub(crate) fn connect_inside(init_pid: u32, port: u16) -> Result<OwnedFd, String> {
-    let ns = |n: &str| -> Result<Option<OwnedFd>, String> {
-        let theirs = std::fs::read_link(format!("/proc/{init_pid}/ns/{n}"))
-            .map_err(|e| format!("/proc/{init_pid}/ns/{n}: {e} (is the sandbox still running?)"))?;
+pub(crate) fn connect_inside(init_pid: u32, port: u16) -> Result<OwnedFd, NsConnectError> {
+    let ns = |n: &str| -> Result<Option<OwnedFd>, NsConnectError> {
+        let path = format!("/proc/{init_pid}/ns/{n}");
+        let theirs = match std::fs::read_link(&path) {
+            Ok(t) => t,
+            Err(source) => return Err(NsConnectError::Gone { path, source }),
+        };
         if std::fs::read_link(format!("/proc/self/ns/{n}")).ok() == Some(theirs) {
             return Ok(None);
         }
-        std::fs::File::open(format!("/proc/{init_pid}/ns/{n}"))
+        std::fs::File::open(&path)
             .map(|f| Some(f.into()))
-            .map_err(|e| format!("/proc/{init_pid}/ns/{n}: {e}"))
+            .map_err(|source| NsConnectError::Open { path, source })
     };
     let (user, net) = (ns("user")?, ns("net")?);
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| e.to_string())?;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(NsConnectError::Pair)?;
     let raw = |f: &Option<OwnedFd>| f.as_ref().map(|f| f.as_raw_fd());
     let (u, n, chan) = (raw(&user), raw(&net), theirs.as_raw_fd());
     // SAFETY: the child makes only async-signal-safe system calls on values
     // prepared before the fork, and `_exit`s.
     let child = unsafe { libc::fork() };
     if child < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        return Err(NsConnectError::Fork(std::io::Error::last_os_error()));
     }
     if child == 0 {
         // SAFETY: in the forked child; `helper` never returns.
@@ -62,12 +104,12 @@ pub(crate) fn connect_inside(init_pid: u32, port: u16) -> Result<OwnedFd, String
     unsafe { libc::waitpid(child, &mut st, 0) };
     match got {
         Ok((0, _, Some(fd))) => Ok(fd),
-        Ok((stage, errno, _)) => Err(format!(
-            "{} (127.0.0.1:{port} inside the sandbox): {}",
-            STAGES.get(stage as usize).copied().unwrap_or("the helper"),
-            std::io::Error::from_raw_os_error(errno)
-        )),
-        Err(e) => Err(format!("the connecting helper: {e}")),
+        Ok((stage, errno, _)) => Err(NsConnectError::Step {
+            stage: STAGES.get(stage as usize).copied().unwrap_or("the helper"),
+            port,
+            errno: std::io::Error::from_raw_os_error(errno),
+        }),
+        Err(e) => Err(NsConnectError::Helper(Box::new(e))),
     }
 }
 
@@ -150,7 +192,7 @@ unsafe fn send_raw(chan: RawFd, stage: u8, errno: i32, fd: Option<RawFd>) {
 /// Receives `[stage, errno]` and the descriptor sent with it, if any.
 pub(crate) fn recv_fd(
     chan: &std::os::unix::net::UnixStream,
-) -> Result<(u8, i32, Option<OwnedFd>), String> {
+) -> Result<(u8, i32, Option<OwnedFd>), NsConnectError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut body = [0u8; 5];
     let mut iov = [std::io::IoSliceMut::new(&mut body)];
@@ -161,9 +203,9 @@ pub(crate) fn recv_fd(
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(NsConnectError::Recv)?;
     let mut fd = None;
-    for c in msg.cmsgs().map_err(|e| e.to_string())? {
+    for c in msg.cmsgs().map_err(NsConnectError::Recv)? {
         if let ControlMessageOwned::ScmRights(fds) = c {
             for f in fds {
                 // SAFETY: the kernel just installed this descriptor for us.
@@ -173,7 +215,7 @@ pub(crate) fn recv_fd(
         }
     }
     if msg.bytes != 5 {
-        return Err("the helper ended without an answer".into());
+        return Err(NsConnectError::NoAnswer);
     }
     let errno = i32::from_le_bytes([body[1], body[2], body[3], body[4]]);
     Ok((body[0], errno, fd))

@@ -15,33 +15,74 @@ use nix::fcntl::{open, openat, readlinkat, OFlag};
 use nix::sys::stat::Mode;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+/// Why the sandbox's namespace could not be signalled.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NsSignalError {
+    /// Its `/proc/PID/ns` link is gone or closed.
+    #[error("{path}: {source} (is the sandbox still running?)")]
+    Gone {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The sandbox shares the supervisor's pid namespace.
+    #[error("the sandbox has no freezer cgroup and no pid namespace of its own (the profile let both go), so its processes cannot be told from the host's; `sandmux stop` ends it")]
+    NoNamespace,
+    /// Signalling PID 1 through its descriptor failed.
+    #[error("signalling the sandbox's PID 1: {0}")]
+    Pid1(std::io::Error),
+    /// PID 1 is gone.
+    #[error("the sandbox has no PID 1 (it is ending)")]
+    NoPid1,
+    /// A namespace of the sandbox could not be opened.
+    #[error("{path}: {source}")]
+    OpenNs { path: String, source: nix::Error },
+    /// `fork` or `waitpid` for the helper.
+    #[error("{what}: {source}")]
+    Sys {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// The helper could not join the user namespace.
+    #[error("joining the sandbox's user namespace failed")]
+    JoinUser,
+    /// The helper could not join the pid namespace.
+    #[error("joining the sandbox's pid namespace failed")]
+    JoinPid,
+    /// The pid namespace's PID 1 is gone.
+    #[error("the sandbox's pid namespace takes no new process (it is ending)")]
+    Ending,
+    /// The helper failed otherwise.
+    #[error("the signalling helper failed (wait status {0})")]
+    Helper(i32),
+}
+
 /// The sandbox's pid namespace (`pid:[N]`), refused when it is the
 /// supervisor's own (a profile that let the pid layer go): signalling
 /// "every process of the namespace" would then reach the host's.
-pub(crate) fn sandbox_ns(init_pid: u32) -> Result<String, String> {
+pub(crate) fn sandbox_ns(init_pid: u32) -> Result<String, NsSignalError> {
     let p = format!("/proc/{init_pid}/ns/pid_for_children");
     let ns = std::fs::read_link(&p)
-        .map_err(|e| format!("{p}: {e} (is the sandbox still running?)"))?
+        .map_err(|source| NsSignalError::Gone { path: p, source })?
         .to_string_lossy()
         .into_owned();
     let own = std::fs::read_link("/proc/self/ns/pid")
         .map(|l| l.to_string_lossy().into_owned())
         .unwrap_or_default();
     if ns == own {
-        return Err("the sandbox has no freezer cgroup and no pid namespace of its own (the profile let both go), so its processes cannot be told from the host's; `sandmux stop` ends it".into());
+        return Err(NsSignalError::NoNamespace);
     }
     Ok(ns)
 }
 
 /// Sends `sig` to every process of the sandbox (the pid namespace the outer
 /// `__init`, `init_pid`, made for its children) and to its PID 1.
-pub(crate) fn signal_all(init_pid: u32, sig: i32) -> Result<(), String> {
+pub(crate) fn signal_all(init_pid: u32, sig: i32) -> Result<(), NsSignalError> {
     let inside = kill_inside(init_pid, sig);
     let one = pid1(init_pid).map(|fd| send(&fd, sig));
     match (inside, one) {
         (Err(e), _) => Err(e),
-        (Ok(()), Some(Err(e))) => Err(format!("signalling the sandbox's PID 1: {e}")),
-        (Ok(()), None) => Err("the sandbox has no PID 1 (it is ending)".into()),
+        (Ok(()), Some(Err(e))) => Err(NsSignalError::Pid1(e)),
+        (Ok(()), None) => Err(NsSignalError::NoPid1),
         (Ok(()), Some(Ok(()))) => Ok(()),
     }
 }
@@ -59,14 +100,15 @@ pub(crate) fn pid1(init_pid: u32) -> Option<OwnedFd> {
 }
 
 /// `kill(-1, sig)` from a helper in the sandbox's user and pid namespaces.
-fn kill_inside(init_pid: u32, sig: i32) -> Result<(), String> {
+fn kill_inside(init_pid: u32, sig: i32) -> Result<(), NsSignalError> {
     let ns = |n: &str| {
+        let path = format!("/proc/{init_pid}/ns/{n}");
         open(
-            format!("/proc/{init_pid}/ns/{n}").as_str(),
+            path.as_str(),
             OFlag::O_RDONLY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| format!("/proc/{init_pid}/ns/{n}: {e}"))
+        .map_err(|source| NsSignalError::OpenNs { path, source })
     };
     let same_user = std::fs::read_link(format!("/proc/{init_pid}/ns/user")).ok()
         == std::fs::read_link("/proc/self/ns/user").ok();
@@ -77,7 +119,10 @@ fn kill_inside(init_pid: u32, sig: i32) -> Result<(), String> {
     // fork, kill, waitpid, _exit) on values prepared before the fork.
     let child = unsafe { libc::fork() };
     if child < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        return Err(NsSignalError::Sys {
+            what: "fork",
+            source: std::io::Error::last_os_error(),
+        });
     }
     if child == 0 {
         // SAFETY: in the forked child; `helper` never returns (it `_exit`s).
@@ -86,14 +131,17 @@ fn kill_inside(init_pid: u32, sig: i32) -> Result<(), String> {
     let mut st = 0;
     // SAFETY: waiting for the child just made.
     if unsafe { libc::waitpid(child, &mut st, 0) } != child {
-        return Err(format!("waitpid: {}", std::io::Error::last_os_error()));
+        return Err(NsSignalError::Sys {
+            what: "waitpid",
+            source: std::io::Error::last_os_error(),
+        });
     }
     match libc::WIFEXITED(st).then(|| libc::WEXITSTATUS(st)) {
         Some(0) => Ok(()),
-        Some(1) => Err("joining the sandbox's user namespace failed".into()),
-        Some(2) => Err("joining the sandbox's pid namespace failed".into()),
-        Some(3) => Err("the sandbox's pid namespace takes no new process (it is ending)".into()),
-        _ => Err(format!("the signalling helper failed (wait status {st})")),
+        Some(1) => Err(NsSignalError::JoinUser),
+        Some(2) => Err(NsSignalError::JoinPid),
+        Some(3) => Err(NsSignalError::Ending),
+        _ => Err(NsSignalError::Helper(st)),
     }
 }
 
@@ -229,7 +277,8 @@ mod tests {
     fn no_namespace_of_its_own_is_refused() {
         // This process's children share its pid namespace.
         let e = sandbox_ns(std::process::id()).unwrap_err();
-        assert!(e.contains("no pid namespace of its own"), "{e}");
+        assert!(matches!(e, NsSignalError::NoNamespace), "{e}");
+        assert!(e.to_string().contains("no pid namespace of its own"), "{e}");
     }
 
     #[test]

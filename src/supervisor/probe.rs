@@ -4,7 +4,37 @@
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-/// Kernel features relevant to the layers.
+/// Why a probe in a short-lived child failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProbeError {
+    /// The child could not be started (or this binary not found).
+    #[error("{0}")]
+    Spawn(std::io::Error),
+    /// The child failed: what it said on stderr.
+    #[error("{0}")]
+    Child(String),
+    /// `__probe-userns --overlay` without its three directories.
+    #[error("three directories")]
+    Usage,
+    /// The user namespace's id maps could not be written.
+    #[error("the user namespace's id maps: {0}")]
+    IdMaps(std::io::Error),
+    /// Neither a user and mount namespace nor a mount namespace alone.
+    #[error("no mount namespace: unshare(CLONE_NEWUSER|CLONE_NEWNS): {user}; unshare(CLONE_NEWNS): {mount}")]
+    NoMountNs { user: nix::Error, mount: nix::Error },
+    /// The mounts could not be made private.
+    #[error("making the mounts private: {0}")]
+    Private(nix::Error),
+    /// A directory could not be opened.
+    #[error("{}: {source}", path.display())]
+    Open { path: PathBuf, source: nix::Error },
+    /// The overlay mount itself.
+    #[error("no overlay of the workspace here: mount(overlay): {0}")]
+    Overlay(nix::Error),
+}
+
+/// Kernel features relevant to the layers (the `Err` texts are the
+/// report's: `sandmux check` prints and serialises them).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Kernel {
     /// `uname -r`.
@@ -34,37 +64,40 @@ pub(crate) fn kernel() -> Kernel {
         cg.place()
     });
     let systemd_user = super::systemd::detect(&super::systemd::Facts::here())
-        .map(|m| format!("user bus {}", m.bus.display()));
+        .map(|m| format!("user bus {}", m.bus.display()))
+        .map_err(|e| e.to_string());
     Kernel {
         release,
         landlock_abi: crate::sandbox::landlock::kernel_abi(),
-        userns: try_userns(),
+        userns: try_userns().map_err(|e| e.to_string()),
         seccomp: crate::sandbox::seccomp::probe().is_ok()
             && std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
                 .map(|s| s.contains("errno"))
                 .unwrap_or(true),
-        cgroup,
+        cgroup: cgroup.map_err(|e| e.to_string()),
         systemd_user,
     }
 }
 
 /// Tries `unshare(CLONE_NEWUSER)` in a short-lived child.
-fn try_userns() -> Result<(), String> {
+fn try_userns() -> Result<(), ProbeError> {
     in_child(&[])
 }
 
 /// Runs `sandmux __probe-userns ARGS` in a short-lived child (a process
 /// of its own, as `unshare` needs): `Err` is what it said on stderr.
-fn in_child(args: &[&std::ffi::OsStr]) -> Result<(), String> {
-    let out = std::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+fn in_child(args: &[&std::ffi::OsStr]) -> Result<(), ProbeError> {
+    let out = std::process::Command::new(std::env::current_exe().map_err(ProbeError::Spawn)?)
         .arg("__probe-userns")
         .args(args)
         .output()
-        .map_err(|e| e.to_string())?;
+        .map_err(ProbeError::Spawn)?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        Err(ProbeError::Child(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
     }
 }
 
@@ -83,7 +116,7 @@ pub(crate) fn userns_child() -> i32 {
 /// copy-on-write workspace's overlay: `lower` (the workspace) under
 /// `upper` and `work` (empty directories of the caller's). Nothing of the
 /// mount outlives the child.
-pub(crate) fn overlay(lower: &Path, upper: &Path, work: &Path) -> Result<(), String> {
+pub(crate) fn overlay(lower: &Path, upper: &Path, work: &Path) -> Result<(), ProbeError> {
     in_child(&[
         "--overlay".as_ref(),
         lower.as_os_str(),
@@ -103,18 +136,18 @@ pub(crate) fn overlay_child(dirs: &[PathBuf]) -> i32 {
     }
 }
 
-fn try_overlay(dirs: &[PathBuf]) -> Result<(), String> {
+fn try_overlay(dirs: &[PathBuf]) -> Result<(), ProbeError> {
     use nix::mount::{mount, MsFlags};
     use nix::sched::{unshare, CloneFlags};
     let [lower, upper, work] = dirs else {
-        return Err("three directories".into());
+        return Err(ProbeError::Usage);
     };
     let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
     match unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS) {
         Ok(()) => crate::sandbox::namespaces::write_id_maps(0, uid.as_raw(), gid.as_raw())
-            .map_err(|e| format!("the user namespace's id maps: {e}"))?,
+            .map_err(ProbeError::IdMaps)?,
         Err(user) => unshare(CloneFlags::CLONE_NEWNS)
-            .map_err(|e| format!("no mount namespace: unshare(CLONE_NEWUSER|CLONE_NEWNS): {user}; unshare(CLONE_NEWNS): {e}"))?,
+            .map_err(|mount| ProbeError::NoMountNs { user, mount })?,
     }
     // Nothing of this namespace's mounts may reach the host's.
     mount(
@@ -124,12 +157,15 @@ fn try_overlay(dirs: &[PathBuf]) -> Result<(), String> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("making the mounts private: {e}"))?;
+    .map_err(ProbeError::Private)?;
     // As the sandbox's PID 1 mounts it (`mounts/exec.rs`): each directory
     // opened first and named by its descriptor, so no path text (a comma,
     // a colon) reaches the options.
     let open = |p: &PathBuf| {
-        crate::sandbox::beneath::open_root(p).map_err(|e| format!("{}: {e}", p.display()))
+        crate::sandbox::beneath::open_root(p).map_err(|source| ProbeError::Open {
+            path: p.clone(),
+            source,
+        })
     };
     let (l, u, w) = (open(lower)?, open(upper)?, open(work)?);
     let fd =
@@ -147,5 +183,5 @@ fn try_overlay(dirs: &[PathBuf]) -> Result<(), String> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(opts.as_str()),
     )
-    .map_err(|e| format!("no overlay of the workspace here: mount(overlay): {e}"))
+    .map_err(ProbeError::Overlay)
 }

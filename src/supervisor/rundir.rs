@@ -83,8 +83,34 @@ pub(crate) struct Rundir {
     pub cgroup: Option<super::cgroup::Cgroup>,
 }
 
+/// Why the runtime directory could not be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RundirError {
+    /// The base directory could not be made.
+    #[error("cannot create {}: {source}", path.display())]
+    CreateBase {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The base directory could not be looked at.
+    #[error("{}: {source}", path.display())]
+    Stat {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The base directory is not this user's private directory.
+    #[error("{} must be a directory owned by uid {uid} with mode 0700 (it is not: refusing to use it)", path.display())]
+    Unsafe { path: PathBuf, uid: u32 },
+    /// The instance's directory could not be filled.
+    #[error("prepare {}: {source}", path.display())]
+    Prepare {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// The base directory for this user's instances, created 0700 and checked.
-pub(crate) fn base() -> Result<PathBuf, String> {
+pub(crate) fn base() -> Result<PathBuf, RundirError> {
     let uid = nix::unistd::geteuid().as_raw();
     let candidate = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
@@ -99,19 +125,31 @@ pub(crate) fn base() -> Result<PathBuf, String> {
     match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create {}: {e}", candidate.display())),
+        Err(source) => {
+            return Err(RundirError::CreateBase {
+                path: candidate,
+                source,
+            })
+        }
     }
-    let m = std::fs::symlink_metadata(&candidate)
-        .map_err(|e| format!("{}: {e}", candidate.display()))?;
+    let m = match std::fs::symlink_metadata(&candidate) {
+        Ok(m) => m,
+        Err(source) => {
+            return Err(RundirError::Stat {
+                path: candidate,
+                source,
+            })
+        }
+    };
     if m.file_type().is_symlink()
         || !m.is_dir()
         || m.uid() != uid
         || m.permissions().mode() & 0o077 != 0
     {
-        return Err(format!(
-            "{} must be a directory owned by uid {uid} with mode 0700 (it is not: refusing to use it)",
-            candidate.display()
-        ));
+        return Err(RundirError::Unsafe {
+            path: candidate,
+            uid,
+        });
     }
     Ok(candidate)
 }
@@ -198,7 +236,7 @@ impl Rundir {
 
     /// Creates instance `id`'s directory (after cleaning stale ones), and
     /// for a tmux server the view directory tmux mode may need.
-    pub(crate) fn create(id: &str, serves: Serves) -> Result<Rundir, String> {
+    pub(crate) fn create(id: &str, serves: Serves) -> Result<Rundir, RundirError> {
         let base = base()?;
         clean_stale(&base);
         let id = id.to_string();
@@ -222,10 +260,10 @@ impl Rundir {
             }
             std::fs::rename(&staging, &path)
         };
-        if let Err(e) = fill() {
+        if let Err(source) = fill() {
             let _ = std::fs::remove_dir_all(&staging);
             remove_view_base(&id);
-            return Err(format!("prepare {}: {e}", path.display()));
+            return Err(RundirError::Prepare { path, source });
         }
         Ok(Rundir {
             path,

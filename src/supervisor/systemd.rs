@@ -22,6 +22,65 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// Why no delegated scope could be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SystemdError {
+    /// Detection found no user manager; every missing piece is named.
+    #[error("no systemd user manager: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    NoManager(Vec<Missing>),
+    /// `busctl` could not be run.
+    #[error("{}: {source}", busctl.display())]
+    Busctl {
+        busctl: PathBuf,
+        source: std::io::Error,
+    },
+    /// The manager refused the transient scope.
+    #[error("StartTransientUnit {unit}: {stderr}")]
+    StartUnit { unit: String, stderr: String },
+    /// The scope was started but this process did not land in it.
+    #[error("{unit} was started, but this process is not in it after 5 s")]
+    NotMoved { unit: String },
+    /// A step inside the scope.
+    #[error("{what} in {}: {source}", scope.display())]
+    Step {
+        what: &'static str,
+        scope: PathBuf,
+        source: std::io::Error,
+    },
+    /// Any of the above past detection, with the bus it was asked on.
+    #[error("systemd user manager at {}: {source}", bus.display())]
+    At {
+        bus: PathBuf,
+        source: Box<SystemdError>,
+    },
+}
+
+/// One piece a systemd user manager needs that is missing here.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Missing {
+    /// `/run/systemd/system` is absent; `pid1` is PID 1's name, escaped.
+    #[error("PID 1 is not systemd{}: {} does not exist", pid1.as_ref().map(|c| format!(" (it is '{c}')")).unwrap_or_default(), marker.display())]
+    NotBooted {
+        marker: PathBuf,
+        pid1: Option<String>,
+    },
+    /// No `$XDG_RUNTIME_DIR`.
+    #[error("XDG_RUNTIME_DIR is not set, so there is no user manager to find")]
+    NoRuntimeDir,
+    /// No `systemd/private` socket.
+    #[error("no user manager socket at {}", .0.display())]
+    ManagerSocket(PathBuf),
+    /// No socket where the user bus should be.
+    #[error("no user bus at {}", .0.display())]
+    BusAt(PathBuf),
+    /// Nowhere to look for the user bus.
+    #[error("no user bus (neither DBUS_SESSION_BUS_ADDRESS nor XDG_RUNTIME_DIR is set)")]
+    Bus,
+    /// No `busctl`.
+    #[error("busctl not found on PATH")]
+    Busctl,
+}
+
 /// What detection looks at (the real machine's in [`Facts::here`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Facts {
@@ -81,32 +140,29 @@ fn bus_path(f: &Facts) -> Option<PathBuf> {
 
 /// Finds the user manager, or says exactly why there is none (every missing
 /// piece, in one line).
-pub(crate) fn detect(f: &Facts) -> Result<UserManager, String> {
+pub(crate) fn detect(f: &Facts) -> Result<UserManager, SystemdError> {
     let mut why = Vec::new();
     if !f.booted_marker.is_dir() {
         let pid1 = std::fs::read_to_string(&f.pid1_comm)
-            .map(|c| format!(" (it is '{}')", crate::term::printable(c.trim())))
-            .unwrap_or_default();
-        why.push(format!(
-            "PID 1 is not systemd{pid1}: {} does not exist",
-            f.booted_marker.display()
-        ));
+            .map(|c| crate::term::printable(c.trim()))
+            .ok();
+        why.push(Missing::NotBooted {
+            marker: f.booted_marker.clone(),
+            pid1,
+        });
     }
     match &f.runtime_dir {
-        None => why.push("XDG_RUNTIME_DIR is not set, so there is no user manager to find".into()),
-        Some(d) if !is_socket(&d.join("systemd/private")) => why.push(format!(
-            "no user manager socket at {}",
-            d.join("systemd/private").display()
-        )),
+        None => why.push(Missing::NoRuntimeDir),
+        Some(d) if !is_socket(&d.join("systemd/private")) => {
+            why.push(Missing::ManagerSocket(d.join("systemd/private")))
+        }
         Some(_) => {}
     }
     let bus = bus_path(f);
     match &bus {
         Some(b) if is_socket(b) => {}
-        Some(b) => why.push(format!("no user bus at {}", b.display())),
-        None => why.push(
-            "no user bus (neither DBUS_SESSION_BUS_ADDRESS nor XDG_RUNTIME_DIR is set)".into(),
-        ),
+        Some(b) => why.push(Missing::BusAt(b.clone())),
+        None => why.push(Missing::Bus),
     }
     let busctl = f.path.as_ref().and_then(|p| {
         std::env::split_paths(p)
@@ -114,31 +170,34 @@ pub(crate) fn detect(f: &Facts) -> Result<UserManager, String> {
             .find(|b| b.is_file())
     });
     if busctl.is_none() {
-        why.push("busctl not found on PATH".into());
+        why.push(Missing::Busctl);
     }
     match (why.is_empty(), bus, busctl) {
         (true, Some(bus), Some(busctl)) => Ok(UserManager { bus, busctl }),
-        _ => Err(format!("no systemd user manager: {}", why.join("; "))),
+        _ => Err(SystemdError::NoManager(why)),
     }
 }
 
 /// The delegated scope's directory to make instance cgroups in, set up on
 /// first use (see the module doc); the same answer for the whole process.
-pub(crate) fn delegated_scope() -> Result<PathBuf, String> {
-    static SCOPE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+pub(crate) fn delegated_scope() -> Result<PathBuf, &'static SystemdError> {
+    static SCOPE: OnceLock<Result<PathBuf, SystemdError>> = OnceLock::new();
     SCOPE
         .get_or_init(|| {
             let m = detect(&Facts::here())?;
             let unit = format!("sandmux-{}.scope", &crate::nonce::hex()[..12]);
-            enter_scope(&m, &unit)
-                .map_err(|e| format!("systemd user manager at {}: {e}", m.bus.display()))
+            enter_scope(&m, &unit).map_err(|e| SystemdError::At {
+                bus: m.bus.clone(),
+                source: Box::new(e),
+            })
         })
-        .clone()
+        .as_ref()
+        .map(|scope| scope.to_path_buf())
 }
 
 /// `StartTransientUnit(name, "fail", [PIDs, Delegate, CollectMode,
 /// Description], [])` on the user bus.
-fn start_scope(m: &UserManager, unit: &str) -> Result<(), String> {
+fn start_scope(m: &UserManager, unit: &str) -> Result<(), SystemdError> {
     let pid = std::process::id().to_string();
     let out = std::process::Command::new(&m.busctl)
         .env(
@@ -172,14 +231,17 @@ fn start_scope(m: &UserManager, unit: &str) -> Result<(), String> {
             "0",
         ])
         .output()
-        .map_err(|e| format!("{}: {e}", m.busctl.display()))?;
+        .map_err(|source| SystemdError::Busctl {
+            busctl: m.busctl.clone(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "StartTransientUnit {unit}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(SystemdError::StartUnit {
+            unit: unit.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -193,23 +255,27 @@ fn own_v2_dir() -> Option<PathBuf> {
 /// Starts the scope, waits (at most 5 s) until the manager has moved this
 /// process into it, moves into its `supervisor` leaf and delegates `pids` and
 /// `memory` to the scope's children. Returns the scope's directory.
-fn enter_scope(m: &UserManager, unit: &str) -> Result<PathBuf, String> {
+fn enter_scope(m: &UserManager, unit: &str) -> Result<PathBuf, SystemdError> {
     start_scope(m, unit)?;
     let deadline = Instant::now() + Duration::from_secs(5);
     let scope = loop {
         match own_v2_dir() {
             Some(d) if d.file_name().is_some_and(|n| n == unit) => break d,
             _ if Instant::now() > deadline => {
-                return Err(format!(
-                    "{unit} was started, but this process is not in it after 5 s"
-                ))
+                return Err(SystemdError::NotMoved {
+                    unit: unit.to_string(),
+                })
             }
             _ => std::thread::sleep(Duration::from_millis(10)),
         }
     };
     let leaf = scope.join("supervisor");
-    let step = |what: &str, r: std::io::Result<()>| {
-        r.map_err(|e| format!("{what} in {}: {e}", scope.display()))
+    let step = |what: &'static str, r: std::io::Result<()>| {
+        r.map_err(|source| SystemdError::Step {
+            what,
+            scope: scope.clone(),
+            source,
+        })
     };
     step("creating the supervisor leaf", std::fs::create_dir(&leaf))?;
     step(
@@ -242,7 +308,9 @@ mod tests {
     fn every_missing_piece_is_named() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("comm"), "process_api\n").unwrap();
-        let e = detect(&facts(d.path(), false, None)).unwrap_err();
+        let e = detect(&facts(d.path(), false, None))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("no systemd user manager: PID 1 is not systemd (it is 'process_api'): "),
             "{e}"
@@ -250,7 +318,9 @@ mod tests {
         assert!(e.contains("XDG_RUNTIME_DIR is not set"), "{e}");
         assert!(e.contains("no user bus (neither"), "{e}");
         assert!(e.contains("busctl not found on PATH"), "{e}");
-        let e = detect(&facts(d.path(), true, None)).unwrap_err();
+        let e = detect(&facts(d.path(), true, None))
+            .unwrap_err()
+            .to_string();
         let user = d.path().join("user");
         assert!(
             e.contains(&format!(
@@ -284,7 +354,9 @@ mod tests {
         // socket there is named.
         let other = r.join("other-bus");
         let addr = format!("unix:path={},guid=0", other.display());
-        let e = detect(&facts(r, true, Some(&addr))).unwrap_err();
+        let e = detect(&facts(r, true, Some(&addr)))
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             format!(
