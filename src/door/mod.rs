@@ -54,8 +54,13 @@ pub(crate) enum DoorError {
     NotAsReviewed(String),
     #[error("this apply writes {need} bytes (apparent sizes) and the workspace's file system has {free} free: nothing applied; free space, or apply fewer PATHS")]
     NoSpace { need: u64, free: u64 },
-    #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once) and the layer's file system has {free} free: nothing written; free space, or review the whole layer (`sandmux diff ID`)")]
-    ViewNoSpace { n: u64, need: u64, free: u64 },
+    #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once, and every name and directory) and {inodes} inodes, and the layer's file system has {free} bytes free or fewer inodes: nothing written; free space, or review the whole layer (`sandmux diff ID`)")]
+    ViewNoSpace {
+        n: u64,
+        need: u64,
+        free: u64,
+        inodes: u64,
+    },
     #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once) and the kept layers hold {kept}: past [workspace] kept_bytes = {cap} of {}: nothing written; see them with `sandmux ps --all`, or review the whole layer (`sandmux diff ID`)", config.display())]
     ViewOverKept {
         n: u64,

@@ -85,13 +85,15 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
         digest: digest.clone(),
         manifest,
     };
-    // The last review wins, across views: every other state's is stale.
-    super::upto::forget_others(&top, &dir);
-    if let Err(e) = seen.save(&dir) {
-        eprintln!(
+    // The last review wins, across views: every other state's is stale,
+    // once this one is saved (a failed save leaves the others, so an apply
+    // of this state still finds a review elsewhere and refuses).
+    match seen.save(&dir) {
+        Ok(()) => super::upto::forget_others(&top, &dir),
+        Err(e) => eprintln!(
             "sandmux: {}: a plain `apply` will not check this review; `--expect` does",
             crate::term::printable(&e.to_string())
-        );
+        ),
     }
     if running {
         text.push_str(&format!("# no digest while instance {id} runs: `sandmux diff {id}` again once it has ended gives the one `apply` checks\n"));

@@ -42,12 +42,19 @@ pub(crate) fn view(
     let target = materialise::target(&history, n).map_err(failed)?;
     // Bounded before anything is written: each content once, against the
     // free space of the layer's file system.
-    let need = materialise::need(&target);
-    let free = nix::sys::statvfs::statvfs(top)
-        .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+    let (need, inodes) = materialise::need(&target);
+    let fs = nix::sys::statvfs::statvfs(top)
         .map_err(|e| DoorError::Failed(format!("the layer's free space: {e}")))?;
-    if need > free {
-        return Err(DoorError::ViewNoSpace { n, need, free });
+    let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+    // A file system that counts no inodes (0 in all) has no such limit.
+    let (files_free, counts) = (fs.files_available(), fs.files() > 0);
+    if need > free || (counts && inodes > files_free) {
+        return Err(DoorError::ViewNoSpace {
+            n,
+            need,
+            free,
+            inodes,
+        });
     }
     // The view counts with the kept layers (`ps --all`): past `[workspace]
     // kept_bytes` no instance would start.

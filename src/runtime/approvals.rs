@@ -12,7 +12,11 @@
 //! for [`DENY_WINDOW`]. A question whose connections all went away is
 //! withdrawn.
 
+mod by;
 pub(crate) mod shown;
+
+pub(crate) use by::By;
+use by::{Asked, Share};
 
 use crate::audit::{Audit, Entry};
 use crate::proxy::ask::{Asker, Verdict};
@@ -51,8 +55,8 @@ pub(crate) enum Answer {
 struct Open {
     /// `https://host:port` or `http://host:port`, or `tool NAME`.
     name: String,
-    /// `network` or `tool`.
-    kind: &'static str,
+    /// A name or a tool.
+    kind: Asked,
     /// Whether the operator may answer it (`[mcp] ask_via`).
     operator: bool,
     /// How long "once" also covers what comes next (none for a tool: the
@@ -64,7 +68,7 @@ struct Open {
     /// agent's words: shown only in their container (`shown`).
     detail: Option<Detail>,
     /// The connections (or the call) waiting on the answer.
-    waiters: Vec<oneshot::Sender<(Answer, String)>>,
+    waiters: Vec<oneshot::Sender<(Answer, By)>>,
 }
 
 #[derive(Default)]
@@ -86,7 +90,7 @@ struct State {
 impl State {
     /// Forgets what expired and withdraws questions nobody waits on any
     /// more; the withdrawn, for the record.
-    fn tidy(&mut self) -> Vec<(u64, String)> {
+    fn tidy(&mut self) -> Vec<(u64, String, Asked)> {
         let now = Instant::now();
         self.once.retain(|_, until| *until > now);
         self.declined.retain(|_, until| *until > now);
@@ -99,7 +103,7 @@ impl State {
             })
             .collect();
         gone.into_iter()
-            .filter_map(|id| self.open.remove(&id).map(|o| (id, o.name)))
+            .filter_map(|id| self.open.remove(&id).map(|o| (id, o.name, o.kind)))
             .collect()
     }
 }
@@ -114,7 +118,7 @@ pub(crate) struct Approvals {
 /// What is asked, and who may answer.
 struct Ask<'a> {
     name: &'a str,
-    kind: &'static str,
+    kind: Asked,
     operator: bool,
     window: Duration,
     /// A tool's question: the call's request id (its audit record has the
@@ -131,7 +135,7 @@ pub(crate) type ClientAnswer =
 /// What a request does about its question.
 enum Step {
     Now(Result<Grant, String>),
-    Wait(u64, Instant, oneshot::Receiver<(Answer, String)>),
+    Wait(u64, Instant, oneshot::Receiver<(Answer, By)>),
 }
 
 impl Approvals {
@@ -154,24 +158,23 @@ impl Approvals {
     /// names cannot spend the budget tool calls need (past the share they
     /// are counted in the seal). A human's answer, and a tool's question
     /// (one per audited call), are events.
-    fn record(&self, kind: &str, args: Value) {
+    fn record(&self, kind: &str, args: Value, share: Share) {
         let e = Entry::event("(approvals)", Some(kind), &args);
-        let from_pane = args["name"]
-            .as_str()
-            .is_some_and(|n| !n.starts_with("tool "))
-            && !args["by"]
-                .as_str()
-                .is_some_and(|b| b.starts_with("operator"));
-        if from_pane {
-            self.audit.proxy(e);
-        } else {
-            self.audit.event(e);
-        }
+        let _ = match share {
+            Share::Pane => self.audit.proxy(e),
+            Share::Event => self.audit.event(e),
+        };
     }
 
-    fn withdrawn(&self, gone: Vec<(u64, String)>) {
-        for (id, name) in gone {
-            self.record("question_answered", json!({"question": id, "name": name, "answer": "deny", "by": "withdrawn: its connections went away"}));
+    fn withdrawn(&self, gone: Vec<(u64, String, Asked)>) {
+        for (id, name, asked) in gone {
+            let by = By::Gone;
+            let share = Share::of(asked, Some(&by));
+            self.record(
+                "question_answered",
+                json!({"question": id, "name": name, "answer": "deny", "by": by.to_string()}),
+                share,
+            );
         }
     }
 
@@ -204,7 +207,7 @@ impl Approvals {
             .open
             .iter_mut()
             // A tool's question is one call's: its once runs that call only.
-            .find(|(_, o)| o.name == name && a.kind == "network")
+            .find(|(_, o)| o.name == name && a.kind == Asked::Network)
         {
             let (tx, rx) = oneshot::channel();
             o.waiters.push(tx);
@@ -234,7 +237,8 @@ impl Approvals {
             drop(s);
             self.record(
                 "question_asked",
-                json!({"question": id, "kind": a.kind, "name": name, "operator": a.operator, "request_id": a.call}),
+                json!({"question": id, "kind": a.kind.word(), "name": name, "operator": a.operator, "request_id": a.call}),
+                Share::of(a.kind, None),
             );
             // Debug only: a pane asking in a loop must not flood the log
             // (`sandmux ps` shows the instance as asking).
@@ -251,7 +255,7 @@ impl Approvals {
     async fn ask_name(&self, name: &str) -> Verdict {
         let a = Ask {
             name,
-            kind: "network",
+            kind: Asked::Network,
             operator: true,
             window: ONCE_WINDOW,
             call: None,
@@ -280,7 +284,7 @@ impl Approvals {
         let name = format!("tool {tool}");
         let a = Ask {
             name: &name,
-            kind: "tool",
+            kind: Asked::Tool,
             operator,
             window: Duration::ZERO,
             call: Some(call),
@@ -305,11 +309,11 @@ impl Approvals {
                 r = &mut wait => match r {
                     // One more answer to the question: the first wins.
                     Ok(Some(ans)) => {
-                        let _ = self.answer_as(id, ans, "client", true);
+                        let _ = self.answer_as(id, ans, By::Client, true);
                     }
                     // The client gave none, and no one else may answer.
                     Ok(None) if !a.operator => {
-                        let _ = self.answer_as(id, Answer::Deny, "the client gave no answer", true);
+                        let _ = self.answer_as(id, Answer::Deny, By::ClientSilent, true);
                     }
                     _ => {}
                 }
@@ -320,9 +324,11 @@ impl Approvals {
             Err(_) => {
                 let timed_out = self.lock().open.remove(&id).is_some();
                 if timed_out {
+                    let by = By::Timeout;
                     self.record(
                         "question_answered",
-                        json!({"question": id, "name": a.name, "answer": "deny", "by": "timeout"}),
+                        json!({"question": id, "name": a.name, "answer": "deny", "by": by.to_string()}),
+                        Share::of(a.kind, Some(&by)),
                     );
                 }
                 // An answer that came as the time ran out still counts.
@@ -332,12 +338,10 @@ impl Approvals {
         self.outcome(got)
     }
 
-    fn outcome(&self, got: Option<(Answer, String)>) -> Result<Grant, String> {
+    fn outcome(&self, got: Option<(Answer, By)>) -> Result<Grant, String> {
         match got {
             Some((Answer::Allow(g), _)) => Ok(g),
-            Some((Answer::Deny, by)) if by.starts_with("operator") || by == "client" => {
-                Err(format!("a human declined ({by})"))
-            }
+            Some((Answer::Deny, by)) if by.human() => Err(format!("a human declined ({by})")),
             Some((Answer::Deny, why)) => Err(format!("the question was withdrawn ({why})")),
             None => Err(format!(
                 "no human answered within {} s (silence denies)",
@@ -348,12 +352,12 @@ impl Approvals {
 
     /// Answers question `id` (the operator); the first answer wins, and it
     /// is recorded once it reached the waiting connections.
-    pub(crate) fn answer(&self, id: u64, a: Answer, by: &str) -> Result<String, String> {
+    pub(crate) fn answer(&self, id: u64, a: Answer, by: By) -> Result<String, String> {
         self.answer_as(id, a, by, false)
     }
 
-    fn answer_as(&self, id: u64, a: Answer, by: &str, client: bool) -> Result<String, String> {
-        let (name, reached) = {
+    fn answer_as(&self, id: u64, a: Answer, by: By, client: bool) -> Result<String, String> {
+        let (name, asked, reached) = {
             let mut s = self.lock();
             match s.open.get(&id) {
                 None => {
@@ -388,17 +392,18 @@ impl Approvals {
             let reached = open
                 .waiters
                 .into_iter()
-                .map(|w| w.send((a.clone(), by.to_string())).is_ok())
+                .map(|w| w.send((a.clone(), by.clone())).is_ok())
                 .filter(|ok| *ok)
                 .count();
-            (open.name, reached)
+            (open.name, open.kind, reached)
         };
         let (word, grant) = match &a {
             Answer::Allow(Grant::Once) => ("approve", "once"),
             Answer::Allow(Grant::Instance) => ("approve", "for the instance"),
             Answer::Deny => ("deny", "nothing"),
         };
-        self.record("question_answered", json!({"question": id, "name": name, "answer": word, "granted": grant, "by": by, "connections": reached}));
+        let share = Share::of(asked, Some(&by));
+        self.record("question_answered", json!({"question": id, "name": name, "answer": word, "granted": grant, "by": by.to_string(), "connections": reached}), share);
         Ok(name)
     }
 
@@ -409,25 +414,26 @@ impl Approvals {
             s.closed = Some(why.to_string());
             std::mem::take(&mut s.open).into_iter().collect()
         };
-        self.deny_all(open, why);
+        self.deny_all(open, &By::Withdrawn(why.to_string()));
     }
 
     /// Denies questions taken out of the open ones, on the record.
-    fn deny_all(&self, open: Vec<(u64, Open)>, why: &str) {
+    fn deny_all(&self, open: Vec<(u64, Open)>, by: &By) {
         for (id, o) in open {
             self.record(
                 "question_answered",
-                json!({"question": id, "name": o.name, "answer": "deny", "by": why}),
+                json!({"question": id, "name": o.name, "answer": "deny", "by": by.to_string()}),
+                Share::of(o.kind, Some(by)),
             );
             for w in o.waiters {
-                let _ = w.send((Answer::Deny, why.to_string()));
+                let _ = w.send((Answer::Deny, by.clone()));
             }
         }
     }
 
     /// Takes back a grant of `name` (`scheme://host:port`), once or for the
     /// instance; false when there is none. Connections already open go on.
-    pub(crate) fn revoke(&self, name: &str, by: &str) -> bool {
+    pub(crate) fn revoke(&self, name: &str, by: &By) -> bool {
         let had = {
             let mut s = self.lock();
             let a = s.instance.remove(name);
@@ -435,14 +441,18 @@ impl Approvals {
             a || b
         };
         if had {
-            self.record("grant_revoked", json!({"name": name, "by": by}));
+            self.record(
+                "grant_revoked",
+                json!({"name": name, "by": by.to_string()}),
+                Share::Event,
+            );
         }
         had
     }
 
     /// The operator revoked `tools` at runtime: their grants are gone and
     /// they are not asked about until granted again (`on`: granted).
-    pub(crate) fn tools_revoked(&self, tools: &[&str], on: bool, by: &str) {
+    pub(crate) fn tools_revoked(&self, tools: &[&str], on: bool, by: &By) {
         for t in tools {
             if on {
                 self.lock().revoked_tools.remove(*t);
@@ -465,7 +475,7 @@ impl Approvals {
                     .filter_map(|id| s.open.remove(&id).map(|o| (id, o)))
                     .collect()
             };
-            self.deny_all(open, &format!("revoked by {by}"));
+            self.deny_all(open, &By::Withdrawn(format!("revoked by {by}")));
         }
     }
 
@@ -475,6 +485,7 @@ impl Approvals {
         self.record(
             "question_redeemed",
             json!({"name": format!("tool {tool}"), "request_id": first, "retry_request_id": retry}),
+            Share::Event,
         );
     }
 
@@ -507,7 +518,7 @@ impl Approvals {
                     let waited = now.duration_since(o.asked).unwrap_or_default().as_secs();
                     let left = o.deadline.saturating_duration_since(Instant::now()).as_secs();
                     let (detail, cut) = o.detail.as_ref().map(|d| (&d.text, d.cut_from)).unzip();
-                    json!({"question": id, "kind": o.kind, "name": o.name, "detail": detail, "detail_cut_from": cut.flatten(), "operator": o.operator, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
+                    json!({"question": id, "kind": o.kind.word(), "name": o.name, "detail": detail, "detail_cut_from": cut.flatten(), "operator": o.operator, "connections": o.waiters.len(), "waiting_s": waited, "deny_in_s": left})
                 })
                 .collect();
             let v = json!({

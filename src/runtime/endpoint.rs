@@ -9,6 +9,7 @@
 //! clients, `--http`'s token, the metrics) goes through [`Protocol`], which
 //! `mcp` implements: this layer never names `mcp`.
 
+use super::approvals::By;
 use super::shared::Shared;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -259,7 +260,7 @@ fn answer(s: &Shared, r: &Request, uid: u32) -> Value {
         (Op::Approve, true) => Answer::Allow(Grant::Instance),
         _ => Answer::Deny,
     };
-    match s.approvals.answer(q, a, &format!("operator uid {uid}")) {
+    match s.approvals.answer(q, a, By::Operator { uid }) {
         Ok(name) => json!({"ok": true, "question": q, "name": name}),
         Err(e) => json!({"ok": false, "error": e}),
     }
@@ -305,7 +306,7 @@ fn approval(s: &Shared, r: &Request, uid: u32) -> Value {
     let name = r.approval.as_deref().unwrap_or_default();
     if r.op == Op::Grant {
         json!({"ok": false, "error": "a name is allowed by answering its question (sandmux approve), not by grant"})
-    } else if s.approvals.revoke(name, &format!("operator uid {uid}")) {
+    } else if s.approvals.revoke(name, &By::Operator { uid }) {
         json!({"ok": true, "revoked": name})
     } else {
         json!({"ok": false, "error": format!("no grant for {:?} (sandmux approvals ID lists them)", crate::term::printable(name))})
@@ -325,7 +326,7 @@ async fn tools(p: &impl Protocol, r: &Request, uid: u32) -> Value {
     // "for this instance" landing meanwhile (checked under the same
     // lock) cannot put it back.
     let list: Vec<&str> = names.iter().copied().collect();
-    let by = format!("operator uid {uid}");
+    let by = By::Operator { uid };
     if r.op == Op::Revoke {
         s.approvals.tools_revoked(&list, false, &by);
     }

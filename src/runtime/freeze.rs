@@ -95,8 +95,9 @@ pub(crate) async fn freeze(s: &Shared) -> Result<Value, String> {
 
 /// The copy-on-write layer went over its bound (`supervisor::bound`):
 /// frozen as by the operator, the reason in the audit log and in every
-/// refused call; the operator decides (`sandmux stop`, or `thaw`, after
-/// which the next measure freezes it again while it is still over).
+/// refused call; the operator decides (`sandmux stop`, or `thaw`: the
+/// bound freezes once per instance, so a thawed instance runs on over it,
+/// which is the operator's choice).
 pub(crate) fn watch_layer(
     s: &std::sync::Arc<Shared>,
 ) -> Option<crate::supervisor::bound::Watching> {

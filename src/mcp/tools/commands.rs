@@ -133,6 +133,8 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     }
     leave_modes(c, &p).await?;
     let nonce = crate::nonce::hex()[..12].to_string();
+    // One hub for the whole command: a server restarted meanwhile ends the
+    // follow on the old stream, never reads or types into the new one.
     let hub = c.s.hub();
     // Follow from before the keys are sent.
     let (start, _) = hub.subscribe(p.num);
@@ -150,7 +152,7 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
         nonce: &nonce,
         posix: wrap_posix(&a.command, &nonce, quiet),
     };
-    let ended = follow_to_end(c, &follow, &typed, timeout, !bash).await?;
+    let ended = follow_to_end(c, &hub, &follow, &typed, (timeout, !bash)).await?;
     let caps = Caps {
         lines: a.max_lines.unwrap_or(MAX_LINES).clamp(2, 100_000),
         bytes: a.max_bytes.unwrap_or(DEFAULT_BYTES).clamp(256, MAX_BYTES),
@@ -160,7 +162,7 @@ pub(crate) async fn run_command(c: &Call<'_>, a: RunCommand) -> Result<RunResult
     let mut r = if ended {
         f.result(f.status(), caps, total)
     } else {
-        not_ended(c, &a, &p.pane_id, f, (caps, total), at_prompt).await?
+        not_ended(c, &hub, &a, &p.pane_id, f, (caps, total), at_prompt).await?
     };
     r.note = notes([fresh, note, refused_since(c, mark)]);
     Ok(r)
@@ -194,18 +196,17 @@ struct Typed<'a> {
 /// it is typed again in its POSIX form, once.
 async fn follow_to_end(
     c: &Call<'_>,
+    hub: &Arc<Hub>,
     follow: &Mutex<Follow>,
     t: &Typed<'_>,
-    timeout: Duration,
-    mut retyped: bool,
+    (timeout, mut retyped): (Duration, bool),
 ) -> Result<bool, ToolError> {
-    let hub = c.s.hub();
     let mut wait = Wait::call(c, timeout)
         .progress("command running")
         .cancel_says("cancelled by the client; the command may still be running");
     loop {
         let every = Duration::from_millis(250);
-        match follow_until(&hub, follow, &mut wait, every).await? {
+        match follow_until(hub, follow, &mut wait, every).await? {
             Until::NoFunction if !retyped => {
                 retyped = true;
                 let (pos, _) = hub.subscribe(t.pane.num);
@@ -225,13 +226,13 @@ async fn follow_to_end(
 /// `when_busy = "type"`, no marker may ever come).
 async fn not_ended(
     c: &Call<'_>,
+    hub: &Arc<Hub>,
     a: &RunCommand,
     pane_id: &str,
     f: Follow,
     (caps, total): (Caps, f64),
     at_prompt: bool,
 ) -> Result<RunResult, ToolError> {
-    let hub = c.s.hub();
     if a.interrupt_on_timeout {
         hub.run(&Cmd::new("send-keys").opt("-t", pane_id).arg("C-c"))
             .await?;
@@ -243,7 +244,9 @@ async fn not_ended(
     };
     let mut r = f.result(status, caps, total);
     if !a.interrupt_on_timeout && at_prompt {
-        r.command_id = c.s.commands.keep(hub, &c.s.info().generation, f, caps);
+        r.command_id =
+            c.s.commands
+                .keep(hub.clone(), &c.s.info().generation, f, caps);
     }
     Ok(r)
 }

@@ -24,17 +24,19 @@ pub(crate) struct Failed {
     pub layer: Layer,
     /// What went wrong.
     pub error: MountError,
-    /// What refused it, where the fix depends on that: the step's
-    /// operation says it ([`refusal_of`]), not the error's text.
+    /// What refused it, where the fix depends on that: the failed
+    /// `mount(2)` says it ([`refused`]), not the error's text.
     pub refused: Option<Refusal>,
 }
 
-/// The refusal a failed step of `op` stands for, if its fix depends on it.
-fn refusal_of(op: &Op) -> Option<Refusal> {
-    match op {
-        Op::Procfs { .. } => Some(Refusal::FreshProcfs),
-        Op::Overlay { .. } => Some(Refusal::Overlay),
-        _ => None,
+/// The kernel's refusal of a mount whose fix depends on what refused it
+/// (a fresh procfs, the overlay): set where `mount(2)` itself failed, so
+/// a step that failed before it (a directory, the layer's `upper/`) gets
+/// no container's hint.
+fn refused(e: MountError, r: Refusal) -> MountError {
+    MountError {
+        refused: Some(r),
+        ..e
     }
 }
 
@@ -112,6 +114,7 @@ pub(crate) fn build_and_pivot(
             what: "the plan has no root",
             path: "/".into(),
             source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            refused: None,
         },
     })?;
     let mut root = make_root(first, src.newroot).map_err(fail(first.layer))?;
@@ -129,10 +132,11 @@ pub(crate) fn build_and_pivot(
                 dropped = true;
             }
             Err(e) => {
+                let refused = e.refused;
                 return Err(Failed {
-                    refused: refusal_of(&s.op),
+                    refused,
                     ..fail(s.layer)(e)
-                })
+                });
             }
         }
         if s.need == Need::IfDropped {
@@ -161,6 +165,7 @@ pub(crate) fn after_ready(steps: &[Step]) -> Result<(), Failed> {
                     what: "only a tmpfs can be mounted in the live view, not at",
                     path: s.path.display().to_string(),
                     source: std::io::Error::from_raw_os_error(libc::EINVAL),
+                    refused: None,
                 },
             });
         };
@@ -188,6 +193,7 @@ fn make_root(s: &Step, newroot: &Path) -> Result<Root, MountError> {
             what: "the plan's first step must be the root tmpfs, not",
             path: s.path.display().to_string(),
             source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            refused: None,
         });
     };
     mount(
@@ -234,6 +240,7 @@ fn run(root: &mut Root, s: &Step, src: &Sources<'_>, built: &mut Built) -> Resul
                 None::<&str>,
             )
             .map_err(merr("mount a fresh procfs on", p))
+            .map_err(|e| refused(e, Refusal::FreshProcfs))
         }
         Op::Devpts { options, attrs } => {
             let dst = root.ensure_dir(p)?;
@@ -292,6 +299,7 @@ fn overlay(root: &Root, p: &Path, layer: &Path) -> Result<(), MountError> {
         Some(opts.as_str()),
     )
     .map_err(merr("mount the copy-on-write layer on", p))
+    .map_err(|e| refused(e, Refusal::Overlay))
 }
 
 /// Writes one of `/run/sandmux`'s files (the plan and the files must agree).
@@ -317,6 +325,7 @@ fn write_run_file(
         what: "the plan lists a file the supervisor did not send:",
         path: p.display().to_string(),
         source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        refused: None,
     })?;
     let parent = p.parent().unwrap_or(Path::new("/"));
     let dir = openat(
@@ -359,6 +368,7 @@ fn open_from(root: &Root, s: &Step, from: &From, src: &Sources<'_>) -> Result<Ow
             what: "a bind of a path onto itself has no separate source:",
             path: p.display().to_string(),
             source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            refused: None,
         }),
     }
 }
@@ -448,6 +458,7 @@ fn symlinked(what: &'static str, p: &Path) -> MountError {
         what,
         path: crate::term::printable(&p.to_string_lossy()),
         source: std::io::Error::from_raw_os_error(libc::ELOOP),
+        refused: None,
     }
 }
 

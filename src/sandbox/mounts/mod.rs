@@ -42,6 +42,10 @@ pub(crate) struct MountError {
     pub path: String,
     /// The OS error.
     pub source: std::io::Error,
+    /// What refused it, where the fix depends on that: set where the
+    /// kernel refused a fresh procfs or the overlay (the `mount(2)` call
+    /// itself), never read from the text.
+    pub refused: Option<crate::sandbox::report::Refusal>,
 }
 
 fn merr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(nix::Error) -> MountError {
@@ -51,12 +55,18 @@ fn merr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(nix::Error) -
         what,
         path,
         source: std::io::Error::from_raw_os_error(e as i32),
+        refused: None,
     }
 }
 
 fn ierr(what: &'static str, path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> MountError {
     let path = crate::term::printable(&path.as_ref().to_string_lossy());
-    move |source| MountError { what, path, source }
+    move |source| MountError {
+        what,
+        path,
+        source,
+        refused: None,
+    }
 }
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
@@ -246,6 +256,7 @@ impl Root {
                         what: "refusing to create a mount point inside a host tree at",
                         path: so_far.display().to_string(),
                         source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                        refused: None,
                     })
                 }
                 Err(e) => return Err(merr("open", &so_far)(e)),

@@ -36,17 +36,33 @@ pub(crate) fn target(history: &Path, n: u64) -> Result<State, HistoryError> {
     Ok(target)
 }
 
-/// What a view of `target` holds (apparent sizes, holes too): each
-/// content with its mode and owner once, as [`write`] writes it.
-pub(crate) fn need(target: &State) -> u64 {
+/// What one entry costs besides its bytes: its name and inode (a file
+/// system's smallest allocations), and a block for a directory or a long
+/// link target. Without it a checkpoint of a million empty directories
+/// would weigh nothing and fill a disk's blocks or inodes.
+const ENTRY: u64 = 256;
+/// A directory's block, and a link target stored out of its inode.
+const BLOCK: u64 = 4096;
+
+/// What a view of `target` holds: each content with its mode and owner
+/// once, as [`write`] writes it (apparent sizes, holes too), every name,
+/// and a block per directory and per long link; and the inodes it takes.
+pub(crate) fn need(target: &State) -> (u64, u64) {
     let mut seen = std::collections::HashSet::new();
-    target
-        .values()
-        .filter_map(|n| match n {
-            Node::File { size, .. } if seen.insert(key(n)) => Some(*size),
-            _ => None,
-        })
-        .fold(0u64, u64::saturating_add)
+    let (mut bytes, mut inodes) = (0u64, 0u64);
+    for n in target.values() {
+        let (b, i) = match n {
+            Node::File { size, .. } if seen.insert(key(n)) => (size.saturating_add(ENTRY), 1),
+            // Another name of a content already written: a hard link.
+            Node::File { .. } => (ENTRY, 0),
+            Node::Dir { .. } => (BLOCK + ENTRY, 1),
+            Node::Link { target, .. } if target.len() / 2 > 60 => (BLOCK + ENTRY, 1),
+            _ => (ENTRY, 1),
+        };
+        bytes = bytes.saturating_add(b);
+        inodes += i;
+    }
+    (bytes, inodes)
 }
 
 /// What files of a view share one inode by: content, mode, owner.
@@ -134,11 +150,49 @@ mod tests {
             })
             .sum();
         assert_eq!(named, 200 * big);
-        assert_eq!(need(&s), big);
+        assert_eq!(need(&s), (big + 200 * ENTRY, 1));
         s.insert("g".into(), file("aa", 0o600, big));
         s.insert("h".into(), file("aa", 0o640, big));
         s.insert("i".into(), file("bb", 0o644, 7));
         s.insert("d".into(), Node::Whiteout);
-        assert_eq!(need(&s), 3 * big + 7);
+        assert_eq!(need(&s), (3 * big + 7 + 204 * ENTRY, 5));
+    }
+
+    /// A million empty directories, or long links, weigh their blocks and
+    /// inodes (second review: they weighed nothing, and a view of them
+    /// filled a disk's blocks or inodes). Control: the file bytes alone
+    /// are 0.
+    #[test]
+    fn directories_and_long_links_weigh_their_blocks_and_inodes() {
+        let mut s = State::new();
+        for i in 0..1_000_000u32 {
+            let n = Node::Dir {
+                mode: 0o755,
+                opaque: false,
+                owner: None,
+            };
+            s.insert(PathBuf::from(format!("d{i}")), n);
+        }
+        let files: u64 = s
+            .values()
+            .map(|n| match n {
+                Node::File { size, .. } => *size,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(files, 0);
+        assert_eq!(need(&s), (1_000_000 * (BLOCK + ENTRY), 1_000_000));
+        let long = Node::Link {
+            target: "61".repeat(100),
+            owner: None,
+        };
+        let short = Node::Link {
+            target: "61".repeat(10),
+            owner: None,
+        };
+        let mut l = State::new();
+        l.insert("a".into(), long);
+        l.insert("b".into(), short);
+        assert_eq!(need(&l), (BLOCK + 2 * ENTRY, 2));
     }
 }
