@@ -43,18 +43,29 @@ pub(crate) fn target(history: &Path, n: u64) -> Result<State, HistoryError> {
 const ENTRY: u64 = 256;
 /// A directory's block, and a link target stored out of its inode.
 const BLOCK: u64 = 4096;
+/// The most names of one inode on ext4 (`EMLINK` past it): a view's
+/// content with more names is written again ([`write`]).
+const LINK_MAX: u64 = 65_000;
 
 /// What a view of `target` holds: each content with its mode and owner
 /// once, as [`write`] writes it (apparent sizes, holes too), every name,
 /// and a block per directory and per long link; and the inodes it takes.
 pub(crate) fn need(target: &State) -> (u64, u64) {
-    let mut seen = std::collections::HashSet::new();
+    let mut names: HashMap<_, u64> = HashMap::new();
     let (mut bytes, mut inodes) = (0u64, 0u64);
     for n in target.values() {
         let (b, i) = match n {
-            Node::File { size, .. } if seen.insert(key(n)) => (size.saturating_add(ENTRY), 1),
-            // Another name of a content already written: a hard link.
-            Node::File { .. } => (ENTRY, 0),
+            Node::File { size, .. } => {
+                let c = names.entry(key(n)).or_insert(0);
+                *c += 1;
+                // Another name of a content already written is a hard
+                // link, up to the most names an inode may have; then a
+                // fresh copy ([`write`]).
+                match (*c - 1) % LINK_MAX {
+                    0 => (size.saturating_add(ENTRY), 1),
+                    _ => (ENTRY, 0),
+                }
+            }
             Node::Dir { .. } => (BLOCK + ENTRY, 1),
             Node::Link { target, .. } if target.len() / 2 > 60 => (BLOCK + ENTRY, 1),
             _ => (ENTRY, 1),
@@ -96,8 +107,18 @@ pub(crate) fn write(history: &Path, target: &State, root: &Path) -> Result<usize
     for (path, node) in target {
         let k = key(node);
         if let Some(to) = k.as_ref().and_then(|k| first.get(k)) {
-            link(&fd, to, path)?;
-            continue;
+            match link(&fd, to, path) {
+                Ok(()) => continue,
+                // The file system's most names of one inode (65,000 on
+                // ext4): a fresh copy, which the names after it link to.
+                Err(LinkError::Link {
+                    errno: nix::errno::Errno::EMLINK,
+                }) => {}
+                Err(LinkError::Link { errno }) => {
+                    return Err(HistoryError::io("linking", path, errno.into()))
+                }
+                Err(LinkError::Open(e)) => return Err(e),
+            }
         }
         super::rewind::put(&fd, path, node, &objects)?;
         if let Some(k) = k {
@@ -110,12 +131,22 @@ pub(crate) fn write(history: &Path, target: &State, root: &Path) -> Result<usize
 
 /// Links `path` to the view's file `to` (both beneath `root`, no link
 /// followed: the view is the human's, written only here).
-fn link(root: &std::os::fd::OwnedFd, to: &Path, path: &Path) -> Result<(), HistoryError> {
+fn link(root: &std::os::fd::OwnedFd, to: &Path, path: &Path) -> Result<(), LinkError> {
     let (from_dir, from_name) = split(to);
     let (dir, name) = split(path);
-    let (a, b) = (walk::open_dir(root, from_dir)?, walk::open_dir(root, dir)?);
+    let at = |d| walk::open_dir(root, d).map_err(LinkError::Open);
+    let (a, b) = (at(from_dir)?, at(dir)?);
     nix::unistd::linkat(&a, from_name, &b, name, nix::fcntl::AtFlags::empty())
-        .map_err(|e| HistoryError::io("linking", path, e.into()))
+        .map_err(|errno| LinkError::Link { errno })
+}
+
+/// Why a second name of a content was not linked.
+#[derive(Debug)]
+enum LinkError {
+    /// A directory on the way could not be opened.
+    Open(HistoryError),
+    /// `linkat` refused (`EMLINK`: the inode has the most names it may).
+    Link { errno: nix::errno::Errno },
 }
 
 #[cfg(test)]
@@ -194,5 +225,11 @@ mod tests {
         l.insert("a".into(), long);
         l.insert("b".into(), short);
         assert_eq!(need(&l), (BLOCK + 2 * ENTRY, 2));
+        // Past the most names of an inode, a content is written again.
+        let mut f = State::new();
+        for i in 0..(2 * LINK_MAX + 1) {
+            f.insert(PathBuf::from(format!("f{i}")), file("aa", 0o644, 10));
+        }
+        assert_eq!(need(&f), (3 * 10 + (2 * LINK_MAX + 1) * ENTRY, 3));
     }
 }
