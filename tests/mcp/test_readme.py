@@ -133,7 +133,7 @@ async def test_the_readme_first_five_minutes_run_as_written():
         assert len(tools) == int(re.search(r"(\d+) tools by default", section()).group(1)), tools
         verify = walk.run(f"sandmux audit verify {log}", iid, ws)
         assert verify.returncode == 0, verify.stdout + verify.stderr
-        core = re.search(r"narrows\s+it to ten tools of daily work \(12 KB\): (.*?);\n", section(), re.S).group(1)
+        core = re.search(r"narrows\s+it to ten tools of daily work \(\d+ KB\): (.*?);\n", section(), re.S).group(1)
         _, _, core_tools = await client_session(walk, ws, 0, "--toolsets", "core")
         assert sorted(core_tools) == sorted(re.findall(r"`(\w+)`", core)), core_tools
         # Step 6's door, line by line: diff, diff, apply, undo, discard.
