@@ -37,7 +37,7 @@ pub(crate) enum TmuxError {
     Frozen,
     /// The freeze landed while tmux had the command: it may have taken
     /// effect (or take effect at the thaw), so it is no refusal.
-    #[error("interrupted: the operator froze the instance while tmux had this command; it may have taken effect, or will when they thaw it (sandmux thaw): look before repeating it")]
+    #[error("interrupted: the instance was frozen while tmux had this command (sandbox_status says why: the operator, or a bound); it may have taken effect, or will when it is thawed (sandmux thaw): look before repeating it")]
     FrozenInFlight,
 }
 
