@@ -107,12 +107,14 @@ fn host_files(
         Some(p) => p,
         None => audit::default_path(id)?,
     };
-    let audit_path = outside_agent_writable(&audit_path, policy, "the audit log", "--audit-log")?;
+    let audit_path = outside_agent_writable(&audit_path, policy, "the audit log", "--audit-log")
+        .map_err(|e| e.to_string())?;
     let record = opts
         .record
         .as_deref()
         .map(|r| outside_agent_writable(r, policy, "the recording", "--record"))
-        .transpose()?;
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let record = record
         .map(|r| record::Recording::open(&r, policy.recording.max_bytes.0))
         .transpose()

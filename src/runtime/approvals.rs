@@ -34,6 +34,41 @@ pub(crate) const ONCE_WINDOW: Duration = Duration::from_secs(10);
 /// How long a declined name is refused without asking again.
 pub(crate) const DENY_WINDOW: Duration = Duration::from_secs(10);
 
+/// Why a question grants nothing, or an answer was not taken.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApprovalError {
+    /// A human declined the name within [`DENY_WINDOW`].
+    #[error("a human declined it a moment ago (asked again in a few seconds)")]
+    DeclinedRecently,
+    /// Questions are closed (a freeze, a stop): why.
+    #[error("no question can be asked now ({0})")]
+    Closed(String),
+    /// [`MAX_OPEN`] questions are open.
+    #[error("{MAX_OPEN} questions are already waiting for a human; this one was not asked")]
+    Full,
+    /// Neither the client nor the operator may answer.
+    #[error("no one can be asked: the client did not declare elicitation, and [mcp] ask_via leaves the operator out")]
+    NoOneToAsk,
+    /// A human said no.
+    #[error("a human declined ({0})")]
+    Declined(By),
+    /// Denied without a human (withdrawn, frozen, stopped).
+    #[error("the question was withdrawn ({0})")]
+    Withdrawn(By),
+    /// No answer within the deadline (its seconds).
+    #[error("no human answered within {0} s (silence denies)")]
+    Silence(u64),
+    /// An answer to a question that is not open.
+    #[error("no open question {0} (answered, timed out, withdrawn, or never asked)")]
+    NotOpen(u64),
+    /// The operator answering a question only the client may answer.
+    #[error("question {0} is the MCP client's to answer ([mcp] ask_via)")]
+    ClientsToAnswer(u64),
+    /// The question went between the check and the answer.
+    #[error("no open question {0}")]
+    Gone(u64),
+}
+
 /// What an answer grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Grant {
@@ -134,7 +169,7 @@ pub(crate) type ClientAnswer =
 
 /// What a request does about its question.
 enum Step {
-    Now(Result<Grant, String>),
+    Now(Result<Grant, ApprovalError>),
     Wait(u64, Instant, oneshot::Receiver<(Answer, By)>),
 }
 
@@ -198,11 +233,9 @@ impl Approvals {
         } else if s.once.contains_key(name) {
             Step::Now(Ok(Grant::Once))
         } else if s.declined.contains_key(name) {
-            Step::Now(Err(
-                "a human declined it a moment ago (asked again in a few seconds)".into(),
-            ))
+            Step::Now(Err(ApprovalError::DeclinedRecently))
         } else if let Some(why) = &s.closed {
-            Step::Now(Err(format!("no question can be asked now ({why})")))
+            Step::Now(Err(ApprovalError::Closed(why.clone())))
         } else if let Some((id, o)) = s
             .open
             .iter_mut()
@@ -215,9 +248,7 @@ impl Approvals {
         } else if s.open.len() >= MAX_OPEN {
             // Counted in the proxy's own (aggregated) record, not one
             // record each: a flood cannot spend the audit budget.
-            Step::Now(Err(format!(
-                "{MAX_OPEN} questions are already waiting for a human; this one was not asked"
-            )))
+            Step::Now(Err(ApprovalError::Full))
         } else {
             s.next += 1;
             let id = s.next;
@@ -263,7 +294,7 @@ impl Approvals {
         };
         match self.ask(&a, None).await {
             Ok(_) => Verdict::Allow,
-            Err(why) => Verdict::Deny(why),
+            Err(why) => Verdict::Deny(why.to_string()),
         }
     }
 
@@ -277,9 +308,9 @@ impl Approvals {
         detail: &Detail,
         client: Option<ClientAnswer>,
         operator: bool,
-    ) -> Result<Grant, String> {
+    ) -> Result<Grant, ApprovalError> {
         if client.is_none() && !operator {
-            return Err("no one can be asked: the client did not declare elicitation, and [mcp] ask_via leaves the operator out".into());
+            return Err(ApprovalError::NoOneToAsk);
         }
         let name = format!("tool {tool}");
         let a = Ask {
@@ -295,7 +326,7 @@ impl Approvals {
 
     /// Asks `a` (or joins its open question) and waits for the first
     /// answer, the client's included; silence past the deadline denies.
-    async fn ask(&self, a: &Ask<'_>, client: Option<ClientAnswer>) -> Result<Grant, String> {
+    async fn ask(&self, a: &Ask<'_>, client: Option<ClientAnswer>) -> Result<Grant, ApprovalError> {
         let (id, deadline, mut rx) = match self.step(a) {
             Step::Now(v) => return v,
             Step::Wait(id, d, rx) => (id, d, rx),
@@ -338,42 +369,33 @@ impl Approvals {
         self.outcome(got)
     }
 
-    fn outcome(&self, got: Option<(Answer, By)>) -> Result<Grant, String> {
+    fn outcome(&self, got: Option<(Answer, By)>) -> Result<Grant, ApprovalError> {
         match got {
             Some((Answer::Allow(g), _)) => Ok(g),
-            Some((Answer::Deny, by)) if by.human() => Err(format!("a human declined ({by})")),
-            Some((Answer::Deny, why)) => Err(format!("the question was withdrawn ({why})")),
-            None => Err(format!(
-                "no human answered within {} s (silence denies)",
-                self.wait.as_secs()
-            )),
+            Some((Answer::Deny, by)) if by.human() => Err(ApprovalError::Declined(by)),
+            Some((Answer::Deny, why)) => Err(ApprovalError::Withdrawn(why)),
+            None => Err(ApprovalError::Silence(self.wait.as_secs())),
         }
     }
 
     /// Answers question `id` (the operator); the first answer wins, and it
     /// is recorded once it reached the waiting connections.
-    pub(crate) fn answer(&self, id: u64, a: Answer, by: By) -> Result<String, String> {
+    pub(crate) fn answer(&self, id: u64, a: Answer, by: By) -> Result<String, ApprovalError> {
         self.answer_as(id, a, by, false)
     }
 
-    fn answer_as(&self, id: u64, a: Answer, by: By, client: bool) -> Result<String, String> {
+    fn answer_as(&self, id: u64, a: Answer, by: By, client: bool) -> Result<String, ApprovalError> {
         let (name, asked, reached) = {
             let mut s = self.lock();
             match s.open.get(&id) {
-                None => {
-                    return Err(format!(
-                        "no open question {id} (answered, timed out, withdrawn, or never asked)"
-                    ))
-                }
+                None => return Err(ApprovalError::NotOpen(id)),
                 Some(o) if !client && !o.operator => {
-                    return Err(format!(
-                        "question {id} is the MCP client's to answer ([mcp] ask_via)"
-                    ))
+                    return Err(ApprovalError::ClientsToAnswer(id))
                 }
                 Some(_) => {}
             }
             let Some(open) = s.open.remove(&id) else {
-                return Err(format!("no open question {id}"));
+                return Err(ApprovalError::Gone(id));
             };
             match a {
                 Answer::Allow(Grant::Instance) => {

@@ -245,7 +245,7 @@ async fn freezing(p: &impl Protocol, thaw: bool) -> Value {
             st["already"] = v["already"].clone();
             st
         }
-        Err(e) => json!({"ok": false, "error": e}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
     }
 }
 
@@ -262,7 +262,7 @@ fn answer(s: &Shared, r: &Request, uid: u32) -> Value {
     };
     match s.approvals.answer(q, a, By::Operator { uid }) {
         Ok(name) => json!({"ok": true, "question": q, "name": name}),
-        Err(e) => json!({"ok": false, "error": e}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
     }
 }
 
@@ -292,7 +292,7 @@ async fn handle(p: &impl Protocol, line: &str, uid: u32) -> Value {
             let port = r.port.unwrap_or_default();
             let by = format!("revoked by operator uid {uid}");
             super::expose::unexpose(s, port, &by)
-                .unwrap_or_else(|e| json!({"ok": false, "error": e}))
+                .unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()}))
         }
         Op::Revoke | Op::Grant if r.credential.is_some() => credential(p, &r),
         Op::Revoke | Op::Grant if r.approval.is_some() => approval(s, &r, uid),
@@ -385,11 +385,13 @@ async fn expose(s: &Arc<Shared>, r: &Request, uid: u32) -> Value {
         return json!({"ok": false, "error": "name the port inside"});
     };
     let by = format!("operator uid {uid}");
-    match super::expose::checked(port, r.host_port, r.address.as_deref()) {
-        Ok(host) => super::expose::expose(s, port, host, &by).await,
-        Err(e) => Err(e),
-    }
-    .unwrap_or_else(|e| json!({"ok": false, "error": e}))
+    let host = match super::expose::checked(port, r.host_port, r.address.as_deref()) {
+        Ok(host) => host,
+        Err(e) => return json!({"ok": false, "error": e}),
+    };
+    super::expose::expose(s, port, host, &by)
+        .await
+        .unwrap_or_else(|e| json!({"ok": false, "error": e.to_string()}))
 }
 
 /// The endpoint is bound before the first sessions exist: `stop`, `status`,

@@ -91,6 +91,51 @@ impl Exposures {
     }
 }
 
+/// Why a port was not exposed, unexposed, or a connection not relayed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExposeError {
+    /// `serve` runs no broker (`expose`).
+    #[error(
+        "this instance has no broker, which makes the connections: expose needs `sandmux serve`"
+    )]
+    NoBroker,
+    /// The inside port is the allowlist proxy's.
+    #[error("port {0} inside is sandmux's own allowlist proxy (network mode proxy): it is never exposed")]
+    Proxy(u16),
+    /// The port is exposed already, at `host`.
+    #[error(
+        "port {port} is already exposed at {host} (sandmux revoke ID --expose {port} ends it)"
+    )]
+    Already { port: u16, host: SocketAddr },
+    /// [`MAX_EXPOSURES`] ports are exposed.
+    #[error("{MAX_EXPOSURES} ports are exposed already; revoke one first")]
+    Full,
+    /// The port was exposed, or the bound reached, while the listener was made.
+    #[error("port {0} was exposed meanwhile, or the bound was reached")]
+    Raced(u16),
+    /// `revoke --expose` of a port that is not exposed.
+    #[error("port {0} is not exposed (sandmux ps lists what is)")]
+    NotExposed(u16),
+    /// The broker refused or failed.
+    #[error(transparent)]
+    Broker(#[from] crate::supervisor::broker::BrokerError),
+    /// The blocking task that asked the broker did not finish.
+    #[error("{0}")]
+    Join(#[from] tokio::task::JoinError),
+    /// A socket operation failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A connection came after the broker went (`relay`).
+    #[error("no broker")]
+    RelayNoBroker,
+    /// The inside port did not accept within [`CONNECT_WITHIN`].
+    #[error("port {0} inside did not accept within 5 s")]
+    NoAccept(u16),
+    /// The connection inside failed.
+    #[error("port {port} inside: {source}")]
+    Inside { port: u16, source: std::io::Error },
+}
+
 /// What an `expose` request asks, checked: the inside port, and the host
 /// address to listen on.
 pub(crate) fn checked(
@@ -127,46 +172,35 @@ pub(crate) async fn expose(
     port: u16,
     host: SocketAddr,
     by: &str,
-) -> Result<Value, String> {
-    let broker = s.broker.clone().ok_or(
-        "this instance has no broker, which makes the connections: expose needs `sandmux serve`",
-    )?;
+) -> Result<Value, ExposeError> {
+    let broker = s.broker.clone().ok_or(ExposeError::NoBroker)?;
     // The allowlist proxy listens inside on this port: exposed, anyone who
     // reaches the host port would send requests through it, with the
     // instance's credentials put in, on the agent's record.
     let proxy = crate::profile::allow::LISTEN.port();
     if port == proxy && s.policy.network.mode == crate::profile::NetMode::Proxy {
-        return Err(format!("port {port} inside is sandmux's own allowlist proxy (network mode proxy): it is never exposed"));
+        return Err(ExposeError::Proxy(port));
     }
     {
         let all = s.exposures.lock();
         if let Some(e) = all.get(&port) {
-            return Err(format!(
-                "port {port} is already exposed at {} (sandmux revoke ID --expose {port} ends it)",
-                e.host
-            ));
+            return Err(ExposeError::Already { port, host: e.host });
         }
         if all.len() >= MAX_EXPOSURES {
-            return Err(format!(
-                "{MAX_EXPOSURES} ports are exposed already; revoke one first"
-            ));
+            return Err(ExposeError::Full);
         }
     }
-    let fd = tokio::task::spawn_blocking(move || broker.listen(host).map_err(|e| e.to_string()))
-        .await
-        .map_err(|e| e.to_string())??;
+    let fd = tokio::task::spawn_blocking(move || broker.listen(host)).await??;
     let std = std::net::TcpListener::from(fd);
-    std.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::from_std(std).map_err(|e| e.to_string())?;
-    let host = listener.local_addr().map_err(|e| e.to_string())?;
+    std.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(std)?;
+    let host = listener.local_addr()?;
     let stop = s.shutdown.child_token();
     let tally = Arc::new(Tally::default());
     {
         let mut all = s.exposures.lock();
         if all.contains_key(&port) || all.len() >= MAX_EXPOSURES {
-            return Err(format!(
-                "port {port} was exposed meanwhile, or the bound was reached"
-            ));
+            return Err(ExposeError::Raced(port));
         }
         let by = by.to_string();
         let (stop, tally) = (stop.clone(), tally.clone());
@@ -193,12 +227,12 @@ pub(crate) async fn expose(
 }
 
 /// Ends the exposure of `port`: its listener closes, its connections drop.
-pub(crate) fn unexpose(s: &Shared, port: u16, why: &str) -> Result<Value, String> {
+pub(crate) fn unexpose(s: &Shared, port: u16, why: &str) -> Result<Value, ExposeError> {
     let e = s
         .exposures
         .lock()
         .remove(&port)
-        .ok_or_else(|| format!("port {port} is not exposed (sandmux ps lists what is)"))?;
+        .ok_or(ExposeError::NotExposed(port))?;
     e.stop.cancel();
     let args =
         json!({"port": port, "host": e.host.to_string(), "why": why, "tally": e.tally.json()});
@@ -268,30 +302,26 @@ async fn relay(
     mut host: tokio::net::TcpStream,
     stop: &CancellationToken,
     tally: &Tally,
-) -> Result<(), String> {
-    let broker = s.broker.clone().ok_or("no broker")?;
+) -> Result<(), ExposeError> {
+    let broker = s.broker.clone().ok_or(ExposeError::RelayNoBroker)?;
     let init = s.info().init_pid;
-    let fd = tokio::task::spawn_blocking(move || {
-        broker.connect_inside(init, port).map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| e.to_string())??;
+    let fd = tokio::task::spawn_blocking(move || broker.connect_inside(init, port)).await??;
     let std = std::net::TcpStream::from(fd);
-    std.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let mut inside = tokio::net::TcpStream::from_std(std).map_err(|e| e.to_string())?;
+    std.set_nonblocking(true)?;
+    let mut inside = tokio::net::TcpStream::from_std(std)?;
     // The connect was only started inside: it completes here, or not.
     match tokio::time::timeout(CONNECT_WITHIN, inside.writable()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err(format!("port {port} inside did not accept within 5 s")),
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => return Err(ExposeError::NoAccept(port)),
     }
-    if let Some(e) = inside.take_error().map_err(|e| e.to_string())? {
-        return Err(format!("port {port} inside: {e}"));
+    if let Some(source) = inside.take_error()? {
+        return Err(ExposeError::Inside { port, source });
     }
     tokio::select! {
         _ = stop.cancelled() => Ok(()),
         r = tokio::io::copy_bidirectional(&mut host, &mut inside) => {
-            let (up, down) = r.map_err(|e| e.to_string())?;
+            let (up, down) = r?;
             tally.to_sandbox.fetch_add(up, Ordering::Relaxed);
             tally.to_host.fetch_add(down, Ordering::Relaxed);
             Ok(())

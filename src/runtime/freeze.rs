@@ -18,6 +18,21 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+/// Why a freeze or thaw the operator asked for did not complete (the
+/// mechanism's own error is [`mech::FreezeError`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FreezeError {
+    /// Not everything inside stopped (why, as [`Frozen::error`] says it).
+    #[error("{0}; the instance stays frozen (tool calls are refused): `sandmux thaw` resumes it, `sandmux stop` ends it")]
+    StaysFrozen(String),
+    /// The thaw failed.
+    #[error("{0}; the instance stays frozen")]
+    Thaw(mech::FreezeError),
+    /// The thaw's blocking task did not finish.
+    #[error("the thaw task failed: {0}; the instance stays frozen")]
+    ThawTask(tokio::task::JoinError),
+}
+
 /// A freeze in force.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct Frozen {
@@ -89,7 +104,7 @@ fn event(s: &Shared, tool: &str, args: &Value) {
 /// Freezes the instance: calls are refused from the first moment, then
 /// everything inside is stopped. A freeze that cannot stop everything stays
 /// in force (fail closed) and says why.
-pub(crate) async fn freeze(s: &Shared) -> Result<Value, String> {
+pub(crate) async fn freeze(s: &Shared) -> Result<Value, FreezeError> {
     freeze_for(s, None).await
 }
 
@@ -117,7 +132,7 @@ pub(crate) fn watch_layer(
     ))
 }
 
-async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, String> {
+async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, FreezeError> {
     let _one = s.freeze.one.lock().await;
     if let Some(f) = s.freeze.get() {
         return Ok(json!({"already": true, "frozen": f}));
@@ -160,24 +175,24 @@ async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, String> {
     );
     match &f.error {
         None => Ok(json!({"frozen": f})),
-        Some(e) => Err(format!("{e}; the instance stays frozen (tool calls are refused): `sandmux thaw` resumes it, `sandmux stop` ends it")),
+        Some(e) => Err(FreezeError::StaysFrozen(e.clone())),
     }
 }
 
 /// Thaws the instance: everything inside runs again, then calls are served.
-pub(crate) async fn thaw(s: &Shared) -> Result<Value, String> {
+pub(crate) async fn thaw(s: &Shared) -> Result<Value, FreezeError> {
     let _one = s.freeze.one.lock().await;
     let Some(f) = s.freeze.get() else {
         return Ok(json!({"already": true, "frozen": null}));
     };
     let t = target(s);
     let b = s.broker.clone();
-    let d = tokio::task::spawn_blocking(move || {
-        mech::thaw(&t, &|op, pid| signals(&b, op, pid)).map_err(|e| e.to_string())
-    })
-    .await
-    .unwrap_or_else(|e| Err(format!("the thaw task failed: {e}")))
-    .map_err(|e| format!("{e}; the instance stays frozen"))?;
+    let thawed =
+        tokio::task::spawn_blocking(move || mech::thaw(&t, &|op, pid| signals(&b, op, pid))).await;
+    let d = match thawed {
+        Ok(r) => r.map_err(FreezeError::Thaw)?,
+        Err(e) => return Err(FreezeError::ThawTask(e)),
+    };
     s.freeze.set(None);
     s.approvals.reopen();
     let hub = s.hub();

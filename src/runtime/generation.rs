@@ -8,6 +8,23 @@ use crate::supervisor::{Instance, Proof};
 use crate::tmux::hub::Hub;
 use std::sync::Arc;
 
+/// Why a dead server was not replaced.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GenerationError {
+    /// The instance is being ended.
+    #[error("the instance is ending")]
+    Ending,
+    /// The new sandbox did not start.
+    #[error("{0}")]
+    Restart(crate::sandbox::StartError),
+    /// The new hub did not start.
+    #[error(transparent)]
+    Hub(#[from] crate::tmux::hub::HubError),
+    /// Its sessions, or the drift baseline, were not made (the message).
+    #[error("{0}")]
+    NotReady(String),
+}
+
 /// The facts tools report about the current server generation.
 pub(crate) fn info_of(inst: &Instance, tmux_version: String) -> InstanceInfo {
     InstanceInfo {
@@ -64,15 +81,15 @@ pub(crate) async fn restart(
     why: &str,
     n: u32,
     baseline: impl AsyncFnOnce(&Hub) -> Result<(), String>,
-) -> Result<(), String> {
+) -> Result<(), GenerationError> {
     state.hub().shutdown();
     if let Some(w) = oom {
         w.check();
     }
     let (tmux, socket, genesis, info) = {
         let mut g = inst.lock().unwrap_or_else(|p| p.into_inner());
-        let i = g.as_mut().ok_or("the instance is ending")?;
-        i.restart(Proof::Hub).map_err(|e| e.to_string())?;
+        let i = g.as_mut().ok_or(GenerationError::Ending)?;
+        i.restart(Proof::Hub).map_err(GenerationError::Restart)?;
         (
             i.tmux.clone(),
             i.socket(),
@@ -88,7 +105,7 @@ pub(crate) async fn restart(
     };
     if let Err(e) = ready {
         hub.shutdown();
-        return Err(e);
+        return Err(GenerationError::NotReady(e));
     }
     if let (Some(w), Some(cg)) = (oom, info.cgroup.clone()) {
         w.replace(cg);

@@ -6,6 +6,39 @@ use crate::audit;
 use crate::profile::Policy;
 use std::path::PathBuf;
 
+/// Why a host-side file is refused, or the retention failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HostFileError {
+    /// A relative path with no current directory to resolve it against.
+    #[error("{what}: no current directory to resolve {}: {source}", path.display())]
+    NoCwd {
+        what: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A `..` below a directory that does not exist.
+    #[error("{what} {} cannot be resolved (`..` below a directory that does not exist); give a plain path to {flag}", path.display())]
+    Unresolvable {
+        what: String,
+        path: PathBuf,
+        flag: String,
+    },
+    /// Inside a tree the agent can write (`within` names it).
+    #[error("{what} {} is inside {within}, which the agent can write; choose another {flag}", path.display())]
+    AgentWritable {
+        what: String,
+        path: PathBuf,
+        within: String,
+        flag: String,
+    },
+    /// The user's configuration could not be loaded.
+    #[error("{0}")]
+    Config(String),
+    /// The retention could not be applied.
+    #[error("{0}")]
+    Retention(String),
+}
+
 /// The path to open for a host-side file sandmux writes (audit log,
 /// recording), refused when the agent could rewrite it: inside the workspace
 /// or another read-write tree of the profile. The longest existing ancestor
@@ -17,16 +50,15 @@ pub(crate) fn outside_agent_writable(
     policy: &Policy,
     what: &str,
     flag: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, HostFileError> {
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
         std::env::current_dir()
-            .map_err(|e| {
-                format!(
-                    "{what}: no current directory to resolve {}: {e}",
-                    path.display()
-                )
+            .map_err(|source| HostFileError::NoCwd {
+                what: what.to_string(),
+                path: path.to_path_buf(),
+                source,
             })?
             .join(path)
     };
@@ -42,10 +74,11 @@ pub(crate) fn outside_agent_writable(
                 existing = parent;
             }
             _ => {
-                return Err(format!(
-                    "{what} {} cannot be resolved (`..` below a directory that does not exist); give a plain path to {flag}",
-                    abs.display()
-                ))
+                return Err(HostFileError::Unresolvable {
+                    what: what.to_string(),
+                    path: abs.clone(),
+                    flag: flag.to_string(),
+                })
             }
         }
     };
@@ -58,15 +91,16 @@ pub(crate) fn outside_agent_writable(
     );
     for root in writable {
         if resolved.starts_with(&root) {
-            return Err(format!(
-                "{what} {} is inside {}, which the agent can write; choose another {flag}",
-                abs.display(),
-                if root == policy.workspace {
+            return Err(HostFileError::AgentWritable {
+                what: what.to_string(),
+                path: abs.clone(),
+                within: if root == policy.workspace {
                     "the workspace".to_string()
                 } else {
                     format!("the read-write tree {}", root.display())
-                }
-            ));
+                },
+                flag: flag.to_string(),
+            });
         }
     }
     Ok(resolved)
@@ -74,12 +108,16 @@ pub(crate) fn outside_agent_writable(
 
 /// Applies the user's retention to the default audit directory (where
 /// `audit` was opened), and records what it removed.
-pub(crate) fn retain(audit: &audit::Audit) -> Result<(), String> {
-    let keep = crate::profile::user::load()?.audit.keep_days;
+pub(crate) fn retain(audit: &audit::Audit) -> Result<(), HostFileError> {
+    let keep = crate::profile::user::load()
+        .map_err(HostFileError::Config)?
+        .audit
+        .keep_days;
     let Some(dir) = audit.path().parent() else {
         return Ok(());
     };
-    let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())?;
+    let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())
+        .map_err(HostFileError::Retention)?;
     if n > 0 {
         audit.event(audit::Entry::event("(audit-retention)", Some("retention"), &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()})));
     }

@@ -11,6 +11,7 @@
 //! in the cap, and nothing more is written.
 
 use super::replay_filter::Filter;
+use crate::tmux::client::TmuxError;
 use crate::tmux::hub::{Cmd, Hub};
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -62,9 +63,26 @@ fn closing(t: f64, max: u64) -> String {
     event_line(t, "o", &notice) + &event_line(t, "m", CUT_MARKER)
 }
 
+/// Why a pane could not be recorded or snapshot.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RecordError {
+    /// A tmux command failed.
+    #[error(transparent)]
+    Tmux(#[from] TmuxError),
+    /// tmux's answer named no size and cursor.
+    #[error("cannot read the pane size")]
+    PaneSize,
+    /// The pane's id is not `%N`.
+    #[error("bad pane id")]
+    BadPane,
+    /// Every session is the control session's.
+    #[error("no session to record (serve was started with --no-session)")]
+    NoSession,
+}
+
 /// A pane's screen as terminal output: clear, the lines with their colours,
 /// the cursor. Unfiltered; returns the text, width and height.
-async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), String> {
+async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), RecordError> {
     let info = hub
         .run(
             &Cmd::new("display-message")
@@ -72,8 +90,7 @@ async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), String> {
                 .opt("-t", pane)
                 .arg("#{pane_width} #{pane_height} #{cursor_x} #{cursor_y}"),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let nums: Vec<u32> = info
         .first()
         .map(|l| {
@@ -84,7 +101,7 @@ async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), String> {
         })
         .unwrap_or_default();
     let [w, h, x, y] = nums[..] else {
-        return Err("cannot read the pane size".into());
+        return Err(RecordError::PaneSize);
     };
     let lines = hub
         .run_checked(
@@ -93,8 +110,7 @@ async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), String> {
                 .flag("-e")
                 .opt("-t", pane),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut out = b"\x1b[H\x1b[2J".to_vec();
     for (i, l) in lines.iter().take(h as usize).enumerate() {
         if i > 0 {
@@ -107,7 +123,7 @@ async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), String> {
 }
 
 /// A pane's screen now as a whole asciicast (header and filtered events).
-pub(crate) async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, String> {
+pub(crate) async fn snapshot_cast(hub: &Hub, pane: &str) -> Result<String, RecordError> {
     let (text, w, h) = screen(hub, pane).await?;
     let mut cast = header(w, h) + "\n";
     let (mut filter, mut out) = (Filter::new(), String::new());
@@ -210,9 +226,9 @@ impl Recording {
         self: &Arc<Self>,
         hub: &Arc<Hub>,
         control_id: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), RecordError> {
         let pane = first_pane(hub, control_id).await?;
-        let num = pane_num(&pane).ok_or("bad pane id")?;
+        let num = pane_num(&pane).ok_or(RecordError::BadPane)?;
         let me = self.clone();
         hub.set_tap(num, Box::new(move |data: &[u8]| me.tapped(data)));
         let (text, w, h) = screen(hub, &pane).await?;
@@ -286,20 +302,19 @@ impl Inner {
 }
 
 /// The first pane of the first session other than `control_id`.
-async fn first_pane(hub: &Hub, control_id: &str) -> Result<String, String> {
+async fn first_pane(hub: &Hub, control_id: &str) -> Result<String, RecordError> {
     let rows = hub
         .run(
             &Cmd::new("list-panes")
                 .flag("-a")
                 .opt("-F", "#{session_id} #{pane_id}"),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     rows.iter()
         .map(|l| String::from_utf8_lossy(l).into_owned())
         .find(|l| !l.starts_with(&format!("{control_id} ")))
         .and_then(|l| l.split(' ').nth(1).map(str::to_string))
-        .ok_or_else(|| "no session to record (serve was started with --no-session)".into())
+        .ok_or(RecordError::NoSession)
 }
 
 /// Part of a recording: whole lines from `offset`, at most `max` bytes.

@@ -11,7 +11,7 @@
 //! its task ends by `[mcp] ask_seconds` and a held entry no one came back
 //! for is dropped after it.
 
-use super::approvals::{Answer, Grant};
+use super::approvals::{Answer, ApprovalError, Grant};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,7 +27,27 @@ const MAX_WAITING: usize = 64;
 const MAX_HELD: usize = 256;
 
 /// The question's outcome, as `approvals` gives it.
-pub(crate) type Outcome = Result<Grant, String>;
+pub(crate) type Outcome = Result<Grant, RoundsError>;
+
+/// Why a call asked in rounds does not run.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RoundsError {
+    /// The question's own outcome.
+    #[error(transparent)]
+    Approval(#[from] ApprovalError),
+    /// [`MAX_WAITING`] questions wait for a client's answer.
+    #[error("{MAX_WAITING} questions already wait for a client's answer")]
+    Waiting,
+    /// [`MAX_HELD`] questions are held, none of them over.
+    #[error("{MAX_HELD} questions are held")]
+    Held,
+    /// The retry names no question open here for this call.
+    #[error("the question this call answers is not open here (answered, timed out, or asked for another call); call again without requestState to be asked")]
+    NotOpen,
+    /// The question's task ended without an outcome.
+    #[error("the question ended without an answer")]
+    Ended,
+}
 
 /// A question asked in an earlier round.
 struct Held {
@@ -127,12 +147,10 @@ impl Rounds {
 
     /// Whether one more question may be held: at most [`MAX_WAITING`]
     /// still waiting, and room among all (the oldest ended dropped first).
-    fn room(&self) -> Result<(), String> {
+    fn room(&self) -> Result<(), RoundsError> {
         let mut m = self.lock();
         if m.values().filter(|h| !h.outcome.0.is_finished()).count() >= MAX_WAITING {
-            return Err(format!(
-                "{MAX_WAITING} questions already wait for a client's answer"
-            ));
+            return Err(RoundsError::Waiting);
         }
         while m.len() >= MAX_HELD {
             let oldest = m
@@ -142,7 +160,7 @@ impl Rounds {
                 .map(|(k, _)| k.clone());
             match oldest {
                 Some(k) => m.remove(&k),
-                None => return Err(format!("{MAX_HELD} questions are held")),
+                None => return Err(RoundsError::Held),
             };
         }
         Ok(())
@@ -173,13 +191,11 @@ impl Rounds {
             }
         };
         let Some(mut h) = held else {
-            return (Err("the question this call answers is not open here (answered, timed out, or asked for another call); call again without requestState to be asked".into()), None);
+            return (Err(RoundsError::NotOpen), None);
         };
         let _ = h.answer.send(answer);
         // Dropped with this future (a cancelled retry), `h` stops the task.
-        let outcome = (&mut h.outcome.0)
-            .await
-            .unwrap_or_else(|_| Err("the question ended without an answer".into()));
+        let outcome = (&mut h.outcome.0).await.unwrap_or(Err(RoundsError::Ended));
         (outcome, Some(std::mem::take(&mut h.asked_by)))
     }
 }

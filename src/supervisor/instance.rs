@@ -94,10 +94,10 @@ impl Instance {
         proof: Proof,
         id: &str,
     ) -> Result<Instance, StartError> {
-        let tmux = locate_tmux().map_err(StartError::internal)?;
+        let tmux = locate_tmux().map_err(|e| StartError::internal(e.to_string()))?;
         // `tmux -V` runs while the sandbox starts; an old tmux is refused
         // before anything else is reported.
-        let probe = version_probe(&tmux).map_err(StartError::internal)?;
+        let probe = version_probe(&tmux).map_err(|e| StartError::internal(e.to_string()))?;
         let launched = check_visible(creds.resolved(), &tmux)
             .map_err(|e| StartError::internal(e.to_string()))
             .and_then(|()| creds.host(id, crate::supervisor::rundir::Serves::Tmux));
@@ -125,7 +125,8 @@ impl Instance {
             proxy: None,
         };
         let launched = inst.launch(true, proof);
-        inst.tmux_version = read_version(&inst.tmux, probe).map_err(StartError::internal)?;
+        inst.tmux_version =
+            read_version(&inst.tmux, probe).map_err(|e| StartError::internal(e.to_string()))?;
         launched?;
         Ok(inst)
     }

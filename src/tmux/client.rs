@@ -60,6 +60,23 @@ pub(crate) trait Sink: Send + Sync + 'static {
     fn closed(&self, client: &str, reason: &str);
 }
 
+/// Why the reader of a client ended (the connection's closing reason).
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    /// tmux's output ended.
+    #[error("end of output")]
+    Eof,
+    /// Reading tmux's output failed.
+    #[error("{0}")]
+    Read(std::io::Error),
+    /// A forged guard or block (see [`FORGED`]).
+    #[error("{FORGED}")]
+    Forged,
+    /// tmux said `%exit`, with its reason if any.
+    #[error("{}", .0.as_deref().unwrap_or("exit"))]
+    Exit(Option<String>),
+}
+
 type Reply = Result<Vec<Vec<u8>>, TmuxError>;
 
 struct Waiter {
@@ -404,9 +421,9 @@ impl Reader {
         let mut buf = vec![0u8; 64 * 1024];
         let reason = 'outer: loop {
             let n = match stdout.read(&mut buf).await {
-                Ok(0) => break "end of output".to_string(),
+                Ok(0) => break Ended::Eof,
                 Ok(n) => n,
-                Err(e) => break e.to_string(),
+                Err(e) => break Ended::Read(e),
             };
             for ev in parser.feed(&buf[..n]) {
                 if let Err(reason) = self.event(ev) {
@@ -418,7 +435,7 @@ impl Reader {
     }
 
     /// Handles one event; `Err` ends the connection with that reason.
-    fn event(&mut self, ev: Event) -> Result<(), String> {
+    fn event(&mut self, ev: Event) -> Result<(), Ended> {
         let Some(h) = self.held.take() else {
             return self.unheld(ev);
         };
@@ -440,12 +457,12 @@ impl Reader {
             }
             _ => {
                 let _ = h.tx.send(Err(TmuxError::Closed(FORGED.into())));
-                Err(FORGED.to_string())
+                Err(Ended::Forged)
             }
         }
     }
 
-    fn unheld(&mut self, ev: Event) -> Result<(), String> {
+    fn unheld(&mut self, ev: Event) -> Result<(), Ended> {
         match ev {
             Event::Reply {
                 flags,
@@ -468,9 +485,9 @@ impl Reader {
                 }
                 Ok(())
             }
-            Event::Exit(r) => Err(r.unwrap_or_else(|| "exit".into())),
+            Event::Exit(r) => Err(Ended::Exit(r)),
             // A guard outside any block: a block ended early.
-            Event::Notification(ref line) if is_guard(line) => Err(FORGED.to_string()),
+            Event::Notification(ref line) if is_guard(line) => Err(Ended::Forged),
             Event::Notification(ref line) if line.starts_with(b"%session-changed ") => {
                 let id = line.split(|b| *b == b' ').nth(1).unwrap_or_default();
                 let id = String::from_utf8_lossy(id).into_owned();
@@ -515,7 +532,9 @@ impl Reader {
         }
     }
 
-    fn end(mut self, reason: String) {
+    fn end(mut self, ended: Ended) {
+        let forged = matches!(ended, Ended::Forged);
+        let reason = ended.to_string();
         if let Some(h) = self.held.take() {
             let _ = h.tx.send(Err(TmuxError::Closed(reason.clone())));
         }
@@ -523,7 +542,7 @@ impl Reader {
         // write) ends with that reason, not with its EOF.
         let reason = {
             let q = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
-            let own = self.own_error.take().filter(|_| reason != FORGED);
+            let own = self.own_error.take().filter(|_| !forged);
             q.closed.clone().or(own).unwrap_or(reason)
         };
         self.shared.fail_all(&reason);

@@ -98,24 +98,51 @@ fn if_shell(cond: &str, cmds: &[Cmd]) -> Vec<String> {
 }
 
 /// Why [`make`] failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum Failed {
     /// The command client ended unattached: not listening yet (tmux binds
     /// its socket before it listens), or not the server this run started.
     /// [`prove`] tells which.
+    #[error("the command client ended: {0}")]
     Unattached(String),
     /// Anything else.
-    Other(String),
+    #[error(transparent)]
+    Other(#[from] GenesisError),
 }
 
-impl Failed {
-    /// The message.
-    pub(crate) fn into_message(self) -> String {
-        match self {
-            Failed::Unattached(why) => format!("the command client ended: {why}"),
-            Failed::Other(m) => m,
-        }
-    }
+/// Why a fresh server's sessions were not made or its identity not proven.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GenesisError {
+    /// No plain client answered within the deadline.
+    #[error("cannot reach the sandboxed tmux server: no answer")]
+    NoAnswer,
+    /// A plain tmux client could not be run.
+    #[error("tmux: {0}")]
+    Spawn(std::io::Error),
+    /// The server at the socket has another generation id or pid.
+    #[error("{0}")]
+    Foreign(String),
+    /// The server did not prove itself before the deadline: the last why.
+    #[error("cannot reach the sandboxed tmux server: {0}")]
+    Unreachable(String),
+    /// tmux refused to make the control session.
+    #[error("creating the control session: {0}")]
+    ControlSession(String),
+    /// The command client failed.
+    #[error("control client: {0}")]
+    Control(TmuxError),
+    /// The command client named no control pane.
+    #[error("control client: no control pane ({0:?})")]
+    NoControlPane(Vec<Vec<u8>>),
+    /// Ending the control pane's `cat` failed.
+    #[error("the control pane ({line}): {source}")]
+    ControlPane { line: String, source: TmuxError },
+    /// The first session's watcher could not be started.
+    #[error("making the first session: {0}")]
+    FirstWatcher(std::io::Error),
+    /// The first session could not be made or set up.
+    #[error("making the first session: {0}")]
+    FirstSession(TmuxError),
 }
 
 /// What a server's answer to [`IDENTITY`] says of it.
@@ -151,7 +178,11 @@ pub(crate) fn identity(answer: &str, generation: &str, pid: i32) -> Identity {
 /// Proves with plain tmux clients, retried for 3 s, that the server at
 /// `socket` listens and has this generation id and pid (the slow path,
 /// after [`Failed::Unattached`]).
-pub(crate) async fn prove(tmux: &Path, socket: &Path, genesis: &Genesis) -> Result<(), String> {
+pub(crate) async fn prove(
+    tmux: &Path,
+    socket: &Path,
+    genesis: &Genesis,
+) -> Result<(), GenesisError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     loop {
         let ask = tokio::process::Command::new(tmux)
@@ -165,19 +196,19 @@ pub(crate) async fn prove(tmux: &Path, socket: &Path, genesis: &Genesis) -> Resu
             .output();
         let out = tokio::time::timeout_at(deadline + Duration::from_secs(1), ask)
             .await
-            .map_err(|_| "cannot reach the sandboxed tmux server: no answer".to_string())?
-            .map_err(|e| format!("tmux: {e}"))?;
+            .map_err(|_| GenesisError::NoAnswer)?
+            .map_err(GenesisError::Spawn)?;
         let got = String::from_utf8_lossy(&out.stdout);
         let why = match out.status.success() {
             true => match identity(&got, &genesis.generation, genesis.server_pid) {
                 Identity::Ours => return Ok(()),
-                Identity::Foreign(why) => return Err(why),
+                Identity::Foreign(why) => return Err(GenesisError::Foreign(why)),
                 Identity::Unset => "the configuration is not applied".to_string(),
             },
             false => String::from_utf8_lossy(&out.stderr).trim().to_string(),
         };
         if tokio::time::Instant::now() > deadline {
-            return Err(format!("cannot reach the sandboxed tmux server: {why}"));
+            return Err(GenesisError::Unreachable(why));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -204,12 +235,10 @@ pub(crate) async fn make(
     let control = match cmd.attached(DEADLINE).await {
         Ok(id) => String::from_utf8_lossy(&id.concat()).into_owned(),
         Err(TmuxError::Closed(why)) if why.starts_with("tmux:") => {
-            return Err(Failed::Other(format!(
-                "creating the control session: {why}"
-            )))
+            return Err(GenesisError::ControlSession(why).into())
         }
         Err(TmuxError::Closed(why)) => return Err(Failed::Unattached(why)),
-        Err(e) => return Err(Failed::Other(format!("control client: {e}"))),
+        Err(e) => return Err(GenesisError::Control(e).into()),
     };
     made(cmd, genesis, control, tmux, socket, sink)
         .await
@@ -224,16 +253,16 @@ async fn made(
     tmux: &Path,
     socket: &Path,
     sink: Arc<dyn Sink>,
-) -> Result<Made, String> {
+) -> Result<Made, GenesisError> {
     let pane = cmd
         .run(&Genesis::control_pane(&control).line(), DEADLINE)
         .await
-        .map_err(|e| format!("control client: {e}"))?;
+        .map_err(GenesisError::Control)?;
     let pane = match pane.as_slice() {
         [id] if id.starts_with(b"%") && control.starts_with('$') => {
             String::from_utf8_lossy(id).into_owned()
         }
-        _ => return Err(format!("control client: no control pane ({pane:?})")),
+        _ => return Err(GenesisError::NoControlPane(pane.clone())),
     };
     let first = match genesis.first_session {
         true => Some(first_session(cmd, genesis, tmux, socket, sink).await?),
@@ -244,7 +273,10 @@ async fn made(
     let end_cat = Cmd::new("send-keys").opt("-t", &control).arg("C-d");
     cmd.run(&end_cat.line(), DEADLINE)
         .await
-        .map_err(|e| format!("the control pane ({}): {e}", end_cat.line()))?;
+        .map_err(|source| GenesisError::ControlPane {
+            line: end_cat.line(),
+            source,
+        })?;
     Ok(Made {
         control: (control, pane),
         first,
@@ -258,12 +290,14 @@ async fn first_session(
     tmux: &Path,
     socket: &Path,
     sink: Arc<dyn Sink>,
-) -> Result<(String, Client), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("making the first session: {e}");
+) -> Result<(String, Client), GenesisError> {
     let w = Client::start("watch-first", tmux, socket, &genesis.first_argv(), sink)
         .await
-        .map_err(|e| fail(&e))?;
-    let id = w.attached(DEADLINE).await.map_err(|e| fail(&e))?;
+        .map_err(GenesisError::FirstWatcher)?;
+    let id = w
+        .attached(DEADLINE)
+        .await
+        .map_err(GenesisError::FirstSession)?;
     let id = String::from_utf8_lossy(&id.concat()).into_owned();
     // Its window keeps this size (see tools::spawn::fixed_size).
     let manual = Cmd::new("set-option")
@@ -273,7 +307,7 @@ async fn first_session(
         .arg("manual");
     cmd.run(&manual.line(), DEADLINE)
         .await
-        .map_err(|e| fail(&e))?;
+        .map_err(GenesisError::FirstSession)?;
     Ok((id, w))
 }
 

@@ -48,6 +48,32 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 /// How long a client that was let go is waited for before the next attach.
 const ENDED_WAIT: Duration = Duration::from_secs(2);
 
+/// Why the hub could not start, make its sessions or watch them.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HubError {
+    /// The hub was shut down ([`ENDED`]).
+    #[error("{ENDED}")]
+    Ended,
+    /// The command client could not be started.
+    #[error("starting the control client: {0}")]
+    Start(std::io::Error),
+    /// The fresh quiet lock was taken.
+    #[error("the hub: {0}")]
+    Quiet(tokio::sync::TryLockError),
+    /// Making the sessions failed.
+    #[error(transparent)]
+    Make(#[from] genesis::Failed),
+    /// The server did not prove itself.
+    #[error(transparent)]
+    Genesis(#[from] genesis::GenesisError),
+    /// A session's watcher could not be started.
+    #[error("watching session {id}: {source}")]
+    Watch { id: String, source: std::io::Error },
+    /// A command failed.
+    #[error(transparent)]
+    Tmux(#[from] TmuxError),
+}
+
 /// Something every tool may want to know about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HubEvent {
@@ -103,13 +129,13 @@ impl Hub {
         socket: &Path,
         genesis: Genesis,
         max_watchers: usize,
-    ) -> Result<Arc<Hub>, String> {
+    ) -> Result<Arc<Hub>, HubError> {
         let (events, _) = broadcast::channel(64);
         let (ptx, prx) = tokio::sync::mpsc::unbounded_channel();
         let streams = Arc::new(Streams::new(events.clone(), ptx, "command"));
         let cmd = Client::start("command", tmux, socket, &genesis.argv(), streams.clone())
             .await
-            .map_err(|e| format!("starting the control client: {e}"))?;
+            .map_err(HubError::Start)?;
         let hub = Arc::new(Hub {
             tmux: tmux.to_path_buf(),
             socket: socket.to_path_buf(),
@@ -132,7 +158,7 @@ impl Hub {
             .quiet
             .clone()
             .try_write_owned()
-            .map_err(|e| format!("the hub: {e}"))?;
+            .map_err(HubError::Quiet)?;
         tokio::spawn(Hub::create(hub.clone(), quiet, genesis, prx));
         Ok(hub)
     }
@@ -180,31 +206,29 @@ impl Hub {
         if r.is_err() {
             hub.shutdown();
         }
-        hub.created.send_replace(Some(r));
+        hub.created.send_replace(Some(r.map_err(|e| e.to_string())));
     }
 
     /// The sessions, through the command client; once more through a fresh
     /// one when the first ended unattached and the server proves ours.
-    async fn make(&self, genesis: &Genesis) -> Result<genesis::Made, String> {
+    async fn make(&self, genesis: &Genesis) -> Result<genesis::Made, HubError> {
         let cmd = self.cmd.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let (tmux, socket) = (&self.tmux, &self.socket);
         match genesis::make(&cmd, genesis, tmux, socket, self.streams.clone()).await {
             Err(genesis::Failed::Unattached(_)) => {}
-            r => return r.map_err(genesis::Failed::into_message),
+            r => return Ok(r?),
         }
         genesis::prove(tmux, socket, genesis).await?;
         if self.is_ended() {
-            return Err(ENDED.into());
+            return Err(HubError::Ended);
         }
         let argv = genesis.argv();
         let fresh = Client::start("command", tmux, socket, &argv, self.streams.clone())
             .await
-            .map_err(|e| format!("starting the control client: {e}"))?;
+            .map_err(HubError::Start)?;
         let fresh = Arc::new(fresh);
         *self.cmd.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
-        genesis::make(&fresh, genesis, tmux, socket, self.streams.clone())
-            .await
-            .map_err(genesis::Failed::into_message)
+        Ok(genesis::make(&fresh, genesis, tmux, socket, self.streams.clone()).await?)
     }
 
     /// Waits until the sessions are made and watched ([`Hub::spawn`]).
@@ -395,15 +419,14 @@ impl Hub {
     /// Sessions beyond `max_watchers` (only a human's host-side client can
     /// make them: tools refuse at the limit) get none, so the host's tmux
     /// clients stay at most `1 + max_watchers`; their output is not followed.
-    pub(crate) async fn sync_watchers(&self) -> Result<(), String> {
+    pub(crate) async fn sync_watchers(&self) -> Result<(), HubError> {
         let _one = self.syncing.lock().await;
         if self.is_ended() {
-            return Err(ENDED.into());
+            return Err(HubError::Ended);
         }
         let rows = self
             .run(&Cmd::new("list-sessions").opt("-F", "#{session_id}"))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let ids: Vec<String> = rows
             .iter()
             .map(|l| String::from_utf8_lossy(l).into_owned())
@@ -442,7 +465,7 @@ impl Hub {
     /// Attaches one watcher to session `id`, in quiet: no command runs until
     /// it is attached (its identification is over, and no output of the
     /// session after that is missed).
-    async fn attach_watcher(&self, id: &str) -> Result<Arc<Client>, String> {
+    async fn attach_watcher(&self, id: &str) -> Result<Arc<Client>, HubError> {
         let _quiet = self.quiet.write().await;
         // One round trip first: the server has handled every connection that
         // closed before it (a watcher let go, a command client replaced).
@@ -450,7 +473,7 @@ impl Hub {
         let ok = Cmd::new("display-message").flag("-p").arg("ok").line();
         let _ = cmd.run(&ok, DEADLINE).await;
         if self.is_ended() {
-            return Err(ENDED.into());
+            return Err(HubError::Ended);
         }
         let c = Client::attach(
             &format!("watch{id}"),
@@ -461,7 +484,10 @@ impl Hub {
             self.streams.clone(),
         )
         .await
-        .map_err(|e| format!("watching session {id}: {e}"))?;
+        .map_err(|source| HubError::Watch {
+            id: id.to_string(),
+            source,
+        })?;
         let c = Arc::new(c);
         // Held where a shutdown meanwhile ends it too.
         self.attaching(|a| a.push(c.clone()));
@@ -469,7 +495,7 @@ impl Hub {
         self.attaching(|a| a.retain(|x| !Arc::ptr_eq(x, &c)));
         if self.is_ended() {
             c.kill();
-            return Err(ENDED.into());
+            return Err(HubError::Ended);
         }
         Ok(c)
     }

@@ -129,7 +129,8 @@ impl Server {
             .s
             .approvals
             .ask_tool(def.name, &call, &detail, client, operator);
-        self.waiting(asked, cx).await
+        self.waiting(async move { asked.await.map_err(|e| e.to_string()) }, cx)
+            .await
     }
 
     /// Waits for `asked`, telling the client so; a call the client cancels
@@ -177,7 +178,7 @@ impl Server {
                     let retry = super::request_id_text(&cx.id);
                     self.s.approvals.redeemed(def.name, &first, &retry);
                 }
-                g
+                g.map_err(|e| e.to_string())
             };
             return self.waiting(waited, cx).await.map(Asked::Run);
         }
@@ -192,6 +193,7 @@ impl Server {
             .open(def.name, digest, &call.clone(), move |client| async move {
                 ap.ask_tool(def.name, &call, &detail, Some(client), operator)
                     .await
+                    .map_err(rounds::RoundsError::from)
             })
             .await;
         match opened {
@@ -200,7 +202,7 @@ impl Server {
                 ask.request_state = Some(handle);
                 Ok(Asked::Input(ask))
             }
-            Err(outcome) => outcome.map(Asked::Run),
+            Err(outcome) => outcome.map(Asked::Run).map_err(|e| e.to_string()),
         }
     }
 

@@ -213,7 +213,7 @@ pub(crate) async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResul
     let p = targets::pane(c, &a.p).await?;
     let cast = crate::runtime::record::snapshot_cast(&c.s.hub(), &p.pane_id)
         .await
-        .map_err(ToolError::Internal)?;
+        .map_err(|e| ToolError::Internal(e.to_string()))?;
     let size = cast.len() as u64;
     let (cast, truncated) = crate::runtime::record::cut_lines(cast, max);
     Ok(ReplayResult {

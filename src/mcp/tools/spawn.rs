@@ -128,7 +128,7 @@ async fn created(c: &Call<'_>, reply: Vec<Vec<u8>>) -> Result<Created, ToolError
     c.s.hub()
         .sync_watchers()
         .await
-        .map_err(ToolError::Internal)?;
+        .map_err(|e| ToolError::Internal(e.to_string()))?;
     Ok(Created {
         session_id,
         session_name: String::from_utf8_lossy(&crate::tmux::control::unquote_q(name.as_bytes()))
