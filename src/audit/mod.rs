@@ -197,7 +197,7 @@ impl Audit {
             .map_err(|e| format!("audit log {}: {e}", path.display()))?;
         let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| format!("audit log {}: another running instance writes it ({e}); give each instance its own --audit-log", path.display()))?;
-        let (seq, prev) = last_link(&file, path)?;
+        let (seq, prev) = last_link(&file, path).map_err(|e| e.to_string())?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         room(&file, len, 2 * RECORD_MAX as u64)
             .map_err(|e| format!("audit log {}: no room for records ({e})", path.display()))?;
@@ -252,7 +252,7 @@ impl Audit {
             if st.len + need > self.limit {
                 self.set(&mut st, Health::Full);
             } else if let Err(e) = room(&st.file, st.len, need) {
-                self.set(&mut st, Health::Failing(e));
+                self.set(&mut st, Health::Failing(e.to_string()));
             }
         }
         if st.health != Health::Ok || st.sealed {

@@ -62,7 +62,7 @@ fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
     assert!(!text.contains("secret-"), "secret in the log: {text}");
     let lines: Vec<&str> = text.lines().collect();
     std::fs::write(&p, text.replace("%1", "%2")).unwrap();
-    assert!(verify(&p).unwrap_err().contains("edited"));
+    assert!(verify(&p).unwrap_err().to_string().contains("edited"));
     std::fs::write(&p, format!("{}\n{}\n{}\n", lines[0], lines[2], lines[3])).unwrap();
     assert!(verify(&p).is_err());
     let swapped = format!("{}\n{}\n{}\n{}\n", lines[0], lines[2], lines[1], lines[3]);
@@ -77,7 +77,7 @@ fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
         format!("{}\n{}", lines[..3].join("\n"), &lines[3][..40]),
     )
     .unwrap();
-    let e = verify(&p).unwrap_err();
+    let e = verify(&p).unwrap_err().to_string();
     assert!(
         e.starts_with("line 4: torn") && e.contains("3 records before it"),
         "{e}"

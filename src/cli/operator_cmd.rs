@@ -238,9 +238,9 @@ fn journal(id: &str, follow: bool, json: bool) -> Result<(), String> {
     let out = &mut std::io::stdout();
     match crate::operator::find(id) {
         Ok(f) => crate::operator::journal(&f, follow, json, out),
-        Err(_) if !follow => {
-            crate::audit::finished(id).and_then(|p| crate::operator::journal_of_log(&p, json, out))
-        }
+        Err(_) if !follow => crate::audit::finished(id)
+            .map_err(|e| e.to_string())
+            .and_then(|p| crate::operator::journal_of_log(&p, json, out)),
         Err(e) => Err(e),
     }
 }

@@ -48,6 +48,9 @@ use landlock::{
 };
 use std::path::{Path, PathBuf};
 
+mod error;
+pub(crate) use error::ConfineError;
+
 /// How the supervisor may use a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Right {
@@ -325,13 +328,13 @@ pub(crate) fn proxy_thread_needs(policy: &Policy, dials: Dials) -> Needs {
 /// `shell`): `no_new_privs`, the Landlock ruleset `prepared` for
 /// [`proxy_thread_needs`], and the supervisor's seccomp filter for this
 /// thread (no `TSYNC`). Threads it starts later inherit all three.
-pub(crate) fn confine_this_thread(prepared: Prepared, inet: Inet) -> Result<String, String> {
+pub(crate) fn confine_this_thread(prepared: Prepared, inet: Inet) -> Result<String, ConfineError> {
     crate::sandbox::caps::set_no_new_privs()?;
     let ll = prepared.restrict()?;
-    let progs =
-        crate::sandbox::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
+    let progs = crate::sandbox::seccomp::supervisor_programs(&denied(), inet)
+        .map_err(ConfineError::Programs)?;
     for p in &progs {
-        seccompiler::apply_filter(p).map_err(|e| format!("seccomp: {e}"))?;
+        seccompiler::apply_filter(p).map_err(ConfineError::ThreadFilter)?;
     }
     Ok(ll)
 }
@@ -346,21 +349,25 @@ pub(crate) struct Prepared {
 }
 
 /// Builds the ruleset for `needs` at the profile's Landlock ABI.
-pub(crate) fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String> {
+pub(crate) fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, ConfineError> {
     let (kernel, eff) = effective_abi(policy.landlock_abi);
     if eff == 0 {
-        return Err("Landlock is not available in this kernel".into());
+        return Err(ConfineError::NoLandlock);
     }
     if eff < 4 && !needs.connect_tcp.is_empty() {
         // seccomp lets the supervisor make TCP sockets in proxy mode; only
         // Landlock's port rules (ABI 4) keep them to the allow list's ports.
-        return Err(format!(
-            "network mode proxy needs Landlock ABI 4 for the supervisor's TCP port rules (ABI {eff} here{}); without them its connections would reach every port",
-            if kernel > eff { ", capped by [enforcement] landlock_abi" } else { "" }
-        ));
+        return Err(ConfineError::NoPortRules {
+            abi: eff,
+            capped: if kernel > eff {
+                ", capped by [enforcement] landlock_abi"
+            } else {
+                ""
+            },
+        });
     }
     let abi = abi_of(eff);
-    let e = |e: landlock::RulesetError| e.to_string();
+    let e = ConfineError::Ruleset;
     let mut rs = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(abi))
@@ -378,17 +385,23 @@ pub(crate) fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String
             continue;
         };
         let access = right.access(abi, meta.is_dir());
-        let fd = PathFd::new(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let fd = PathFd::new(path).map_err(|source| ConfineError::Path {
+            path: path.clone(),
+            source,
+        })?;
         ruleset = ruleset
             .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| format!("rule for {}: {e}", path.display()))?;
+            .map_err(|source| ConfineError::Rule {
+                path: path.clone(),
+                source,
+            })?;
         rules += 1;
     }
     if eff >= 4 {
         for &port in &needs.connect_tcp {
             ruleset = ruleset
                 .add_rule(landlock::NetPort::new(port, AccessNet::ConnectTcp))
-                .map_err(|e| format!("rule for TCP port {port}: {e}"))?;
+                .map_err(|source| ConfineError::Port { port, source })?;
         }
     }
     let ports = needs.connect_tcp.clone();
@@ -403,7 +416,7 @@ pub(crate) fn prepare(policy: &Policy, needs: &Needs) -> Result<Prepared, String
 
 impl Prepared {
     /// Restricts the calling thread (and what it starts from now on).
-    pub(crate) fn restrict(self) -> Result<String, String> {
+    pub(crate) fn restrict(self) -> Result<String, ConfineError> {
         let (abi, kernel, rules) = (self.abi, self.kernel, self.rules);
         let tcp = match (abi >= 4, self.ports.is_empty()) {
             (false, _) => String::new(),
@@ -413,9 +426,12 @@ impl Prepared {
                 self.ports
             ),
         };
-        let status = self.ruleset.restrict_self().map_err(|e| e.to_string())?;
+        let status = self
+            .ruleset
+            .restrict_self()
+            .map_err(ConfineError::Ruleset)?;
         if status.ruleset != RulesetStatus::FullyEnforced {
-            return Err(format!("ruleset not fully enforced: {:?}", status.ruleset));
+            return Err(ConfineError::NotEnforced(status.ruleset));
         }
         Ok(format!(
             "Landlock ABI {abi} (the kernel has {kernel}): {rules} path rules{tcp}"
@@ -449,19 +465,19 @@ pub(crate) fn denied() -> Vec<(&'static str, i64)> {
 /// Installs the supervisor's seccomp filter on every thread (TSYNC); returns
 /// how many calls it denies. `inet`: which inet and inet6 sockets stay
 /// allowed (network mode `proxy`).
-pub(crate) fn seccomp_all_threads(inet: Inet) -> Result<usize, String> {
-    let progs =
-        crate::sandbox::seccomp::supervisor_programs(&denied(), inet).map_err(|e| e.to_string())?;
+pub(crate) fn seccomp_all_threads(inet: Inet) -> Result<usize, ConfineError> {
+    let progs = crate::sandbox::seccomp::supervisor_programs(&denied(), inet)
+        .map_err(ConfineError::Programs)?;
     for p in &progs {
-        seccompiler::apply_filter_all_threads(p).map_err(|e| e.to_string())?;
+        seccompiler::apply_filter_all_threads(p).map_err(ConfineError::AllThreads)?;
     }
     Ok(denied().len())
 }
 
 /// No core dumps, ever (soft and hard limit 0).
-pub(crate) fn no_core() -> Result<(), String> {
+pub(crate) fn no_core() -> Result<(), ConfineError> {
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
-        .map_err(|e| format!("setrlimit(RLIMIT_CORE, 0): {e}"))
+        .map_err(ConfineError::NoCore)
 }
 
 /// Confines the calling (main) thread with `needs` and every thread with the
@@ -488,7 +504,7 @@ pub(crate) fn confine(policy: &Policy, needs: &Needs) -> Result<LayerStatus, Sta
     }
     match no_core() {
         Ok(()) => done.push("RLIMIT_CORE=0".to_string()),
-        Err(e) => failed.push(e),
+        Err(e) => failed.push(e.to_string()),
     }
     status(policy, done, failed)
 }

@@ -102,7 +102,8 @@ impl Watch {
             armed.arm_all();
             let restore_mode = armed.restore_mode.clone();
             use crate::confine::{prepare, Needs};
-            let rules = confine.map(|p| prepare(p, &Needs::guard(&roots, &state)));
+            let rules = confine
+                .map(|p| prepare(p, &Needs::guard(&roots, &state)).map_err(|e| e.to_string()));
             let (thread, stop, confined) = spawn(armed, rules)?;
             (Some(thread), Some(stop), restore_mode, confined)
         } else {
@@ -201,14 +202,14 @@ fn spawn(
     ),
     GuardError,
 > {
-    use crate::confine::Prepared;
     let (stop_r, stop_w) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| GuardError::Thread(e.into()))?;
     let (said, heard) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("sandmux-guard".into())
         .spawn(move || {
-            let _ = said.send(rules.map(|r| r.and_then(Prepared::restrict)));
+            let _ =
+                said.send(rules.map(|r| r.and_then(|p| p.restrict().map_err(|e| e.to_string()))));
             armed.run(stop_r);
             armed
         })

@@ -5,8 +5,25 @@
 //! open descriptor is marked with `fcntl`. A descriptor that cannot be marked
 //! ends the start-up: nothing runs with a host descriptor open.
 
+/// A descriptor that could not be marked close-on-exec.
+#[derive(Debug, thiserror::Error)]
+#[error("fd {fd}: {source}")]
+pub(crate) struct FdError {
+    fd: i32,
+    source: std::io::Error,
+}
+
+/// Why the descriptors were not all marked: `close_range` was refused, and
+/// then one descriptor could not be marked.
+#[derive(Debug, thiserror::Error)]
+#[error("close_range: {refused}; marking one by one: {one}")]
+pub(crate) struct CloexecError {
+    refused: std::io::Error,
+    one: FdError,
+}
+
 /// Marks every descriptor above 2 close-on-exec; says how.
-pub(crate) fn cloexec_above_stderr() -> Result<&'static str, String> {
+pub(crate) fn cloexec_above_stderr() -> Result<&'static str, CloexecError> {
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors.
     let r = unsafe {
         libc::syscall(
@@ -22,7 +39,7 @@ pub(crate) fn cloexec_above_stderr() -> Result<&'static str, String> {
     let refused = std::io::Error::last_os_error();
     one_by_one()
         .map(|()| "fcntl, one by one (close_range was refused)")
-        .map_err(|e| format!("close_range: {refused}; marking one by one: {e}"))
+        .map_err(|one| CloexecError { refused, one })
 }
 
 /// The descriptors to mark: those `/proc/self/fd` lists, or every number
@@ -40,19 +57,27 @@ fn open_fds() -> Vec<i32> {
     (0..hard.min(1 << 20) as i32).collect()
 }
 
-fn one_by_one() -> Result<(), String> {
+fn one_by_one() -> Result<(), FdError> {
     for fd in open_fds().into_iter().filter(|&fd| fd > 2) {
         // SAFETY: F_GETFD/F_SETFD on a descriptor number touch only its flags.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
         if flags < 0 {
             match std::io::Error::last_os_error().raw_os_error() {
                 Some(libc::EBADF) => continue,
-                _ => return Err(format!("fd {fd}: {}", std::io::Error::last_os_error())),
+                _ => {
+                    return Err(FdError {
+                        fd,
+                        source: std::io::Error::last_os_error(),
+                    })
+                }
             }
         }
         // SAFETY: as above.
         if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
-            return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
+            return Err(FdError {
+                fd,
+                source: std::io::Error::last_os_error(),
+            });
         }
     }
     Ok(())

@@ -27,6 +27,7 @@ use crate::profile::{Layer, NetMode};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
+use std::fmt::Display;
 use std::io::Read;
 use std::os::fd::FromRawFd;
 
@@ -34,6 +35,23 @@ use std::os::fd::FromRawFd;
 pub(crate) const PLAN_FD: i32 = 3;
 /// File descriptor reports leave on.
 pub(crate) const REPORT_FD: i32 = 4;
+
+/// Why `__init` could not begin: its signal state, or the plan.
+#[derive(Debug, thiserror::Error)]
+enum BeginError {
+    /// Signals could not be unblocked.
+    #[error("unblocking signals: {0}")]
+    Unblock(nix::Error),
+    /// A signal's disposition could not be reset.
+    #[error("resetting {signal}: {source}")]
+    Reset { signal: Signal, source: nix::Error },
+    /// The plan could not be read.
+    #[error("reading the plan: {0}")]
+    Read(std::io::Error),
+    /// The plan could not be parsed.
+    #[error("reading the plan: {0}")]
+    Parse(serde_json::Error),
+}
 
 /// Why start-up stopped.
 pub(super) struct Stop {
@@ -123,10 +141,10 @@ impl Layers<'_> {
     /// A best-effort step of `layer`: on failure the layer is reported
     /// dropped (the error, then `note`: what that leaves) when the profile
     /// lets it go; otherwise start-up ends with the layer failing to apply.
-    pub(super) fn step(
+    pub(super) fn step<E: Display>(
         &mut self,
         layer: Layer,
-        r: Result<(), String>,
+        r: Result<(), E>,
         note: &str,
     ) -> Result<(), Stop> {
         match r {
@@ -136,17 +154,23 @@ impl Layers<'_> {
                 self.rep.send(&Message::Dropped { layer, reason });
                 Ok(())
             }
-            Err(e) => Err(Stop::applying(layer, e)),
+            Err(e) => Err(Stop::applying(layer, e.to_string())),
         }
     }
 
-    pub(super) fn result(&mut self, layer: Layer, r: Result<String, String>) -> Result<(), Stop> {
+    /// A layer's outcome: enforced with what to report, or missing
+    /// (dropped or fatal, as [`Self::missing`]) with the error's text.
+    pub(super) fn result<E: Display>(
+        &mut self,
+        layer: Layer,
+        r: Result<String, E>,
+    ) -> Result<(), Stop> {
         match r {
             Ok(d) => {
                 self.ok(layer, d);
                 Ok(())
             }
-            Err(e) => self.missing(layer, e),
+            Err(e) => self.missing(layer, e.to_string()),
         }
     }
 }
@@ -166,15 +190,14 @@ pub(crate) fn main() -> ! {
     let plan: Plan = match clean.and_then(|_| {
         plan_in
             .read_to_end(&mut buf)
-            .map_err(|e| e.to_string())
-            .and_then(|_| serde_json::from_slice(&buf).map_err(|e| e.to_string()))
-            .map_err(|e| format!("reading the plan: {e}"))
+            .map_err(BeginError::Read)
+            .and_then(|_| serde_json::from_slice(&buf).map_err(BeginError::Parse))
     }) {
         Ok(p) => p,
         Err(e) => {
             rep.send(&Message::Fatal {
                 layer: None,
-                message: e,
+                message: e.to_string(),
                 unavailable: false,
                 refused: None,
             });
@@ -192,7 +215,7 @@ pub(crate) fn main() -> ! {
     }
 }
 
-pub(super) fn internal(what: &str) -> impl FnOnce(String) -> Stop + '_ {
+pub(super) fn internal<E: Display>(what: &str) -> impl FnOnce(E) -> Stop + '_ {
     move |e| Stop {
         unavailable: false,
         refused: None,
@@ -205,7 +228,7 @@ fn outer(plan: &Plan, bp: &Blueprint, rep: &mut Reporter) -> Result<i32, Stop> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
     if nix::unistd::getppid().as_raw() != plan.supervisor_pid {
-        return Err(internal("start-up")("the supervisor exited".into()));
+        return Err(internal("start-up")("the supervisor exited"));
     }
     let best_effort = bp.best_effort();
     let mut layers = Layers {
@@ -362,7 +385,7 @@ fn fork_pid1(
 /// it becomes the uid PID 1 drops to, so it can still pass signals on (no
 /// capability to signal another uid is kept); where that drop cannot be
 /// made, PID 1 keeps uid 0 too and the capabilities go.
-fn relay_privileges(plan: &Plan, ns: &namespaces::Created) -> Result<(), String> {
+fn relay_privileges(plan: &Plan, ns: &namespaces::Created) -> Result<(), caps::CapsError> {
     if !ns.has(Layer::Userns)
         && nix::unistd::geteuid().is_root()
         && super::uid::drop_uid(super::uid::target(&plan.blueprint)).is_ok()
@@ -374,15 +397,16 @@ fn relay_privileges(plan: &Plan, ns: &namespaces::Created) -> Result<(), String>
 
 /// Starts from a clean signal state: nothing blocked, every disposition default
 /// (the supervisor may block or ignore signals, and both survive exec).
-fn reset_signals() -> Result<(), String> {
+fn reset_signals() -> Result<(), BeginError> {
     use nix::sys::signal::{signal, SigHandler};
     SigSet::all()
         .thread_unblock()
-        .map_err(|e| format!("unblocking signals: {e}"))?;
+        .map_err(BeginError::Unblock)?;
     for s in Signal::iterator() {
         if s != Signal::SIGKILL && s != Signal::SIGSTOP {
             // SAFETY: installing SIG_DFL runs no handler code.
-            unsafe { signal(s, SigHandler::SigDfl) }.map_err(|e| format!("resetting {s}: {e}"))?;
+            unsafe { signal(s, SigHandler::SigDfl) }
+                .map_err(|source| BeginError::Reset { signal: s, source })?;
         }
     }
     Ok(())

@@ -5,8 +5,16 @@
 //! where the profile allows it (the `container` built-in does) and refused
 //! otherwise.
 
+/// Why no fresh session keyring was joined.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KeyringError {
+    /// `keyctl(KEYCTL_JOIN_SESSION_KEYRING)` failed.
+    #[error("keyctl(KEYCTL_JOIN_SESSION_KEYRING): {0}")]
+    Join(std::io::Error),
+}
+
 /// Joins a new anonymous session keyring; says which.
-pub(crate) fn fresh_session() -> Result<String, String> {
+pub(crate) fn fresh_session() -> Result<String, KeyringError> {
     // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) passes no pointers we own.
     let r = unsafe {
         libc::syscall(
@@ -16,10 +24,7 @@ pub(crate) fn fresh_session() -> Result<String, String> {
         )
     };
     if r < 0 {
-        Err(format!(
-            "keyctl(KEYCTL_JOIN_SESSION_KEYRING): {}",
-            std::io::Error::last_os_error()
-        ))
+        Err(KeyringError::Join(std::io::Error::last_os_error()))
     } else {
         Ok(format!("a new, empty session keyring (serial {r})"))
     }

@@ -8,14 +8,36 @@
 use crate::profile::Limits;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
+/// Why a limit could not be set.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LimitsError {
+    /// The current limit could not be read.
+    #[error("getrlimit({name}): {source}")]
+    Get {
+        name: &'static str,
+        source: nix::Error,
+    },
+    /// The limit could not be set.
+    #[error("setrlimit({name}, {value}): {source}")]
+    Set {
+        name: &'static str,
+        value: u64,
+        source: nix::Error,
+    },
+}
+
 /// What was set, for the report.
-pub(crate) fn apply(l: &Limits) -> Result<String, String> {
+pub(crate) fn apply(l: &Limits) -> Result<String, LimitsError> {
     // A limit above the caller's hard limit cannot be raised without privilege
     // over the host: it is clamped (only ever lowered), and the report shows it.
-    let set = |r: Resource, v: u64, name: &str| -> Result<u64, String> {
-        let (_, hard) = getrlimit(r).map_err(|e| format!("getrlimit({name}): {e}"))?;
+    let set = |r: Resource, v: u64, name: &'static str| -> Result<u64, LimitsError> {
+        let (_, hard) = getrlimit(r).map_err(|source| LimitsError::Get { name, source })?;
         let v = v.min(hard);
-        setrlimit(r, v, v).map_err(|e| format!("setrlimit({name}, {v}): {e}"))?;
+        setrlimit(r, v, v).map_err(|source| LimitsError::Set {
+            name,
+            value: v,
+            source,
+        })?;
         Ok(v)
     };
     let nofile = set(Resource::RLIMIT_NOFILE, l.nofile, "NOFILE")?;

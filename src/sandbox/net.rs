@@ -26,13 +26,39 @@ pub(crate) struct Net {
 /// The descriptor `__init` gets in proxy mode: a Unix socket to the supervisor.
 pub(crate) const PROXY_FD: i32 = 5;
 
+/// Why proxy mode's listener was not handed over.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NetError {
+    /// `lo` could not be brought up.
+    #[error("bringing lo up: {0}")]
+    LoopbackUp(std::io::Error),
+    /// The listener could not be bound.
+    #[error("binding {listen}: {0}", listen = LISTEN)]
+    Bind(std::io::Error),
+    /// The listener could not be sent.
+    #[error("handing the listener to the supervisor: {0}")]
+    Send(nix::Error),
+    /// Nothing could be received.
+    #[error("the sandbox sent no proxy listener: {0}")]
+    Receive(nix::Error),
+    /// The control messages could not be read.
+    #[error("{0}")]
+    Control(nix::Error),
+    /// The listener could not be made non-blocking.
+    #[error("{0}")]
+    Nonblocking(std::io::Error),
+    /// A message came without a listener.
+    #[error("the sandbox sent no proxy listener")]
+    NoListener,
+}
+
 /// In the sandbox's network namespace: `lo` up, the proxy's listener bound
 /// there and sent over [`PROXY_FD`], which is then closed (nothing below
 /// the outer process inherits it, nor the listener).
-pub(crate) fn send_listener() -> Result<(), String> {
+pub(crate) fn send_listener() -> Result<(), NetError> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-    loopback_up().map_err(|e| format!("bringing lo up: {e}"))?;
-    let l = std::net::TcpListener::bind(LISTEN).map_err(|e| format!("binding {}: {e}", LISTEN))?;
+    loopback_up().map_err(NetError::LoopbackUp)?;
+    let l = std::net::TcpListener::bind(LISTEN).map_err(NetError::Bind)?;
     // SAFETY: the supervisor passes PROXY_FD in proxy mode; owned from here on.
     let chan = unsafe { OwnedFd::from_raw_fd(PROXY_FD) };
     let fds = [l.as_raw_fd()];
@@ -44,7 +70,7 @@ pub(crate) fn send_listener() -> Result<(), String> {
         MsgFlags::empty(),
         None,
     )
-    .map_err(|e| format!("handing the listener to the supervisor: {e}"))?;
+    .map_err(NetError::Send)?;
     Ok(())
 }
 
@@ -52,7 +78,7 @@ pub(crate) fn send_listener() -> Result<(), String> {
 /// once the sandbox reported start-up done.
 pub(crate) fn recv_listener(
     chan: &std::os::unix::net::UnixStream,
-) -> Result<std::net::TcpListener, String> {
+) -> Result<std::net::TcpListener, NetError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut byte = [0u8; 1];
     let mut iov = [std::io::IoSliceMut::new(&mut byte)];
@@ -63,18 +89,18 @@ pub(crate) fn recv_listener(
         Some(&mut space),
         MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| format!("the sandbox sent no proxy listener: {e}"))?;
-    for c in msg.cmsgs().map_err(|e| e.to_string())? {
+    .map_err(NetError::Receive)?;
+    for c in msg.cmsgs().map_err(NetError::Control)? {
         if let ControlMessageOwned::ScmRights(fds) = c {
             if let [fd] = fds.as_slice() {
                 // SAFETY: the kernel just installed this descriptor for us.
                 let l = unsafe { std::net::TcpListener::from_raw_fd(*fd) };
-                l.set_nonblocking(true).map_err(|e| e.to_string())?;
+                l.set_nonblocking(true).map_err(NetError::Nonblocking)?;
                 return Ok(l);
             }
         }
     }
-    Err("the sandbox sent no proxy listener".into())
+    Err(NetError::NoListener)
 }
 
 /// Brings the loopback interface up (needs CAP_NET_ADMIN in the namespace).

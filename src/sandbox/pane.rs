@@ -118,8 +118,13 @@ pub(crate) enum Request {
     Probe,
 }
 
+/// The gate was called with arguments it does not take.
+#[derive(Debug, thiserror::Error)]
+#[error("usage: sandmux-pane [-c COMMAND | --exec -- ARGV... | --probe]")]
+pub(crate) struct UsageError;
+
 /// Parses the gate's argv (including argv[0]).
-pub(crate) fn parse(args: &[OsString]) -> Result<Request, String> {
+pub(crate) fn parse(args: &[OsString]) -> Result<Request, UsageError> {
     let rest = &args[1.min(args.len())..];
     match rest.first().map(|a| a.as_bytes()) {
         None => Ok(Request::Interactive),
@@ -128,7 +133,7 @@ pub(crate) fn parse(args: &[OsString]) -> Result<Request, String> {
             Ok(Request::Exec(rest[2..].to_vec()))
         }
         Some(b"--probe") if rest.len() == 1 => Ok(Request::Probe),
-        _ => Err("usage: sandmux-pane [-c COMMAND | --exec -- ARGV... | --probe]".into()),
+        _ => Err(UsageError),
     }
 }
 
@@ -142,7 +147,7 @@ type Env = [(OsString, OsString)];
 
 /// Entry point when the binary runs as the gate. Never returns.
 pub(crate) fn main(args: Vec<OsString>) -> ! {
-    let req = parse(&args).unwrap_or_else(|e| fail(&e));
+    let req = parse(&args).unwrap_or_else(|e| fail(&e.to_string()));
     let cfg = read_config();
     let mut env = env::gate(&cfg.environment, std::env::vars_os());
     if !matches!(req, Request::Probe) {

@@ -91,7 +91,7 @@ pub(super) fn drop_privileges(layers: &mut Layers<'_>) -> Result<(), Stop> {
     layers.result(Layer::Caps, caps::drop_all())?;
     match caps::set_no_new_privs() {
         Ok(()) => layers.ok(Layer::NoNewPrivs, "set"),
-        Err(e) => layers.missing(Layer::NoNewPrivs, e)?,
+        Err(e) => layers.missing(Layer::NoNewPrivs, e.to_string())?,
     }
     Ok(())
 }
@@ -128,7 +128,7 @@ pub(super) fn confine_and_exec(
     set.thread_unblock().map_err(setup("unblocking SIGCHLD"))?;
 
     if let Some(t) = x.job.drop_to {
-        super::uid::drop_uid(t).map_err(|e| Stop::applying(Layer::Caps, e))?;
+        super::uid::drop_uid(t).map_err(|e| Stop::applying(Layer::Caps, e.to_string()))?;
     }
     if let Some(h) = x.job.host_view {
         super::hostview::check_reach(h).map_err(|e| Stop::applying(Layer::Mount, e.to_string()))?;

@@ -69,7 +69,7 @@ fn parent_death(ns: &namespaces::Created) -> Result<Option<Pid>, Stop> {
     nix::sys::prctl::set_pdeathsig(death)
         .map_err(|e| internal("PR_SET_PDEATHSIG")(e.to_string()))?;
     if relay.is_some_and(|r| r != nix::unistd::getppid()) {
-        return Err(internal("start-up")("the relay exited".into()));
+        return Err(internal("start-up")("the relay exited"));
     }
     Ok(relay)
 }
@@ -370,14 +370,14 @@ fn drop_uid(plan: &Plan, job: &mut payload::Job<'_>) -> Result<String, Stop> {
     };
     let said = match r {
         // Without a mount view, tmux's socket is kept by permissions alone.
-        Err(e) if job.host_view.is_some() => return Err(Stop::applying(Layer::Caps, e)),
+        Err(e) if job.host_view.is_some() => return Err(Stop::applying(Layer::Caps, e.to_string())),
         Err(e) if !super::uid::host_root() => {
             return Ok(format!(
                 "confined processes keep uid 0, this user namespace's root, not the host's (the drop to uid {} failed: {e})",
                 t.uid
             ))
         }
-        Err(e) => return Err(Stop::applying(Layer::Caps, e)),
+        Err(e) => return Err(Stop::applying(Layer::Caps, e.to_string())),
         Ok(d) => d,
     };
     if !now {
@@ -474,26 +474,30 @@ fn confine_self(
             message: format!("confining PID 1: {e}"),
         })?;
     }
-    let optional = |l: Layer, r: Result<(), String>| match r {
-        Err(_) if layers.best_effort.contains(&l) => Ok(()),
-        Err(e) => Err((l, e)),
-        Ok(()) => Ok(()),
-    };
-    optional(Layer::Caps, caps::drop_all().map(drop))
-        .and_then(|_| optional(Layer::NoNewPrivs, caps::set_no_new_privs()))
-        .and_then(|_| caps::set_nondumpable().map_err(|e| (Layer::Caps, e)))
-        .and_then(|_| {
-            optional(
-                Layer::Seccomp,
-                seccomp::install(filters).map_err(|e| e.to_string()),
-            )
-        })
+    optional(layers, Layer::Caps, caps::drop_all().map(drop))
+        .and_then(|_| optional(layers, Layer::NoNewPrivs, caps::set_no_new_privs()))
+        .and_then(|_| caps::set_nondumpable().map_err(|e| (Layer::Caps, e.to_string())))
+        .and_then(|_| optional(layers, Layer::Seccomp, seccomp::install(filters)))
         .map_err(|(layer, e)| Stop {
             unavailable: true,
             refused: None,
             layer: Some(layer),
             message: format!("confining PID 1: {e}"),
         })
+}
+
+/// A step of [`confine_self`]: the failure of a layer the profile lets go
+/// is passed over; any other names its layer.
+fn optional<E: std::fmt::Display>(
+    layers: &Layers<'_>,
+    l: Layer,
+    r: Result<(), E>,
+) -> Result<(), (Layer, String)> {
+    match r {
+        Err(_) if layers.best_effort.contains(&l) => Ok(()),
+        Err(e) => Err((l, e.to_string())),
+        Ok(()) => Ok(()),
+    }
 }
 
 /// Why the tmux server's socket did not appear.

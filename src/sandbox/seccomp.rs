@@ -55,6 +55,12 @@ pub(crate) enum SeccompError {
     /// This architecture has no filter yet.
     #[error("seccomp: architecture {0} is not supported by sandmux's filter")]
     Arch(&'static str),
+    /// The probe's allow-all filter was refused.
+    #[error("{0}")]
+    Probe(seccompiler::Error),
+    /// The probe's thread panicked.
+    #[error("the probe thread panicked")]
+    ProbePanicked,
 }
 
 /// `TIOCSTI`: push a byte into a terminal's input queue (E1).
@@ -114,7 +120,7 @@ fn compile(filter: SeccompFilter) -> Result<BpfProgram, SeccompError> {
 /// Whether this kernel lets a process install a filter: tried for real, on a
 /// short-lived thread (a filter and `no_new_privs` set without TSYNC bind only
 /// the calling thread), with a one-instruction program that allows everything.
-pub(crate) fn probe() -> Result<(), String> {
+pub(crate) fn probe() -> Result<(), SeccompError> {
     std::thread::spawn(|| {
         let allow: BpfProgram = vec![seccompiler::sock_filter {
             code: 0x06, // BPF_RET | BPF_K
@@ -122,10 +128,10 @@ pub(crate) fn probe() -> Result<(), String> {
             jf: 0,
             k: 0x7fff_0000, // SECCOMP_RET_ALLOW
         }];
-        apply_filter(&allow).map_err(|e| e.to_string())
+        apply_filter(&allow).map_err(SeccompError::Probe)
     })
     .join()
-    .map_err(|_| "the probe thread panicked".to_string())?
+    .map_err(|_| SeccompError::ProbePanicked)?
 }
 
 /// The x32 guard: kill on any syscall number with bit 30 set.

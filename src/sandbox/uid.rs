@@ -41,22 +41,62 @@ pub(crate) fn target(bp: &Blueprint) -> Target {
     }
 }
 
+/// Why the uid could not be dropped to.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UidError {
+    /// The dedicated uid is a user's.
+    #[error("the sandbox uid {uid} is the user {name:?} on this system; set [sandbox] uid in the profile to a uid no user has")]
+    TakenByUser { uid: u32, name: String },
+    /// The ids are not mapped in this user namespace.
+    #[error("uid {uid} gid {gid} are not mapped in this user namespace")]
+    Unmapped { uid: u32, gid: u32 },
+    /// The parent-death signal could not be read or armed again.
+    #[error("{call}: {source}")]
+    Prctl {
+        call: &'static str,
+        source: nix::Error,
+    },
+    /// The supplementary groups could not be emptied.
+    #[error("setgroups([]): {0}")]
+    Setgroups(nix::Error),
+    /// The gids could not be changed.
+    #[error("setresgid({gid}): {source}")]
+    SetGid { gid: u32, source: nix::Error },
+    /// The uids could not be changed.
+    #[error("setresuid({uid}): {source}")]
+    SetUid { uid: u32, source: nix::Error },
+    /// A capability could not be dropped from the bounding set.
+    #[error("drop {cap} from the bounding set: {source}")]
+    Bounding {
+        cap: caps::Capability,
+        source: caps::errors::CapsError,
+    },
+    /// uid 0 came back after the drop.
+    #[error("uid 0 could be regained after the drop")]
+    Regained,
+    /// The parent exited while the ids changed.
+    #[error("the parent exited during the drop")]
+    ParentExited,
+}
+
+/// The error of the `prctl` `call`.
+fn prctl(call: &'static str) -> impl FnOnce(nix::Error) -> UidError {
+    move |source| UidError::Prctl { call, source }
+}
+
 /// Whether `t` may be dropped to; returns what to report.
-pub(crate) fn check(t: Target) -> Result<String, String> {
+pub(crate) fn check(t: Target) -> Result<String, UidError> {
     // A dedicated uid must be nobody's: a user's uid would hand the sandbox
     // that user's processes and pathname sockets (an ssh-agent under
     // /run/user/N), which nothing else here mediates.
     if let (false, Some(name)) = (t.owner, user_of(t.uid)) {
-        return Err(format!(
-            "the sandbox uid {} is the user {name:?} on this system; set [sandbox] uid in the profile to a uid no user has",
-            t.uid
-        ));
+        return Err(UidError::TakenByUser { uid: t.uid, name });
     }
     if !mapped(t.uid) || !mapped_in("/proc/self/gid_map", t.gid) {
-        return Err(format!(
-            "uid {} gid {} are not mapped in this user namespace",
-            t.uid, t.gid
-        ));
+        return Err(UidError::Unmapped {
+            uid: t.uid,
+            gid: t.gid,
+        });
     }
     let who = if t.owner {
         "the workspace's owner"
@@ -89,29 +129,29 @@ fn mapped_in(map: &str, id: u32) -> bool {
 /// ids all changed (which also empties the capability sets). The kernel
 /// clears the parent-death signal on a change of ids: it is armed again, and
 /// the parent checked to be the same. Returns what to report.
-pub(crate) fn drop_uid(t: Target) -> Result<String, String> {
+pub(crate) fn drop_uid(t: Target) -> Result<String, UidError> {
     let said = check(t)?;
-    let death = nix::sys::prctl::get_pdeathsig().map_err(|e| format!("PR_GET_PDEATHSIG: {e}"))?;
+    let death = nix::sys::prctl::get_pdeathsig().map_err(prctl("PR_GET_PDEATHSIG"))?;
     let parent = nix::unistd::getppid();
     // The bounding set first, while CAP_SETPCAP is still there.
     if caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SETPCAP).unwrap_or(false)
     {
         for cap in caps::all() {
             caps::drop(None, caps::CapSet::Bounding, cap)
-                .map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
+                .map_err(|source| UidError::Bounding { cap, source })?;
         }
     }
-    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups([]): {e}"))?;
+    nix::unistd::setgroups(&[]).map_err(UidError::Setgroups)?;
     let (g, u) = (Gid::from_raw(t.gid), Uid::from_raw(t.uid));
-    nix::unistd::setresgid(g, g, g).map_err(|e| format!("setresgid({}): {e}", t.gid))?;
-    nix::unistd::setresuid(u, u, u).map_err(|e| format!("setresuid({}): {e}", t.uid))?;
+    nix::unistd::setresgid(g, g, g).map_err(|source| UidError::SetGid { gid: t.gid, source })?;
+    nix::unistd::setresuid(u, u, u).map_err(|source| UidError::SetUid { uid: t.uid, source })?;
     if nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).is_ok() {
-        return Err("uid 0 could be regained after the drop".into());
+        return Err(UidError::Regained);
     }
     if let Some(sig) = death {
-        nix::sys::prctl::set_pdeathsig(sig).map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
+        nix::sys::prctl::set_pdeathsig(sig).map_err(prctl("PR_SET_PDEATHSIG"))?;
         if nix::unistd::getppid() != parent {
-            return Err("the parent exited during the drop".into());
+            return Err(UidError::ParentExited);
         }
     }
     Ok(said)
@@ -191,6 +231,11 @@ mod tests {
             owner: false,
         };
         let e = drop_uid(t).unwrap_err();
+        assert!(
+            matches!(&e, UidError::TakenByUser { uid: 0, name } if name == "root"),
+            "{e}"
+        );
+        let e = e.to_string();
         assert!(e.contains("\"root\"") && e.contains("[sandbox] uid"), "{e}");
         assert_eq!(nix::unistd::getuid(), me);
         // The control: a uid no user has is not refused by this rule.

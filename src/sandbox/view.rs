@@ -16,26 +16,43 @@ struct Resolved<'a> {
     plan: Blueprint,
 }
 
+/// Why the resolved profile cannot be shown.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ViewError {
+    /// JSON serialization failed.
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    /// TOML serialization failed.
+    #[error("{0}")]
+    Toml(#[from] toml::ser::Error),
+    /// A value TOML cannot carry safely.
+    #[error("a value holds control or reordering characters, which TOML's literal strings cannot escape; use --format json")]
+    Unescapable,
+    /// A format other than json or toml.
+    #[error("unknown format {0:?}: use json or toml")]
+    Format(String),
+}
+
 /// `profile show --resolved` in `format` (`json` or `toml`).
-pub(crate) fn resolved(policy: &Policy, format: &str) -> Result<String, String> {
+pub(crate) fn resolved(policy: &Policy, format: &str) -> Result<String, ViewError> {
     let r = Resolved {
         policy,
         plan: plan::compile(policy, Mode::Tmux),
     };
     match format {
-        "json" => serde_json::to_string_pretty(&r).map_err(|e| e.to_string()),
+        "json" => Ok(serde_json::to_string_pretty(&r)?),
         "toml" => {
-            let text = toml::to_string(&r).map_err(|e| e.to_string())?;
+            let text = toml::to_string(&r)?;
             // TOML's literal strings cannot escape: refuse what a terminal acts on.
             if text
                 .split('\n')
                 .any(|l| crate::term::printable(l) != l.replace('\\', "\\\\"))
             {
-                return Err("a value holds control or reordering characters, which TOML's literal strings cannot escape; use --format json".into());
+                return Err(ViewError::Unescapable);
             }
             Ok(text)
         }
-        other => Err(format!("unknown format {other:?}: use json or toml")),
+        other => Err(ViewError::Format(other.to_string())),
     }
 }
 

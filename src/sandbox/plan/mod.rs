@@ -391,9 +391,15 @@ impl std::convert::From<Attrs> for String {
     }
 }
 
+/// A mount attribute the plan does not know (`pub`: the error of
+/// `Attrs`'s `TryFrom`).
+#[derive(Debug, thiserror::Error)]
+#[error("unknown mount attribute {0:?}")]
+pub struct UnknownAttr(String);
+
 impl TryFrom<String> for Attrs {
-    type Error = String;
-    fn try_from(s: String) -> Result<Attrs, String> {
+    type Error = UnknownAttr;
+    fn try_from(s: String) -> Result<Attrs, UnknownAttr> {
         let mut a = Attrs::new(false, false, false, false);
         for w in s.split(',') {
             match w {
@@ -402,7 +408,7 @@ impl TryFrom<String> for Attrs {
                 "nodev" => a.nodev = true,
                 "noexec" => a.noexec = true,
                 "rw" => {}
-                _ => return Err(format!("unknown mount attribute {w:?}")),
+                _ => return Err(UnknownAttr(w.to_string())),
             }
         }
         Ok(a)
