@@ -110,6 +110,8 @@ class Standins:
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(cert, key)
         self.accepted = 0
+        # What went wrong in a request's thread (a failed handshake, …).
+        self.errors = []
         self.requests = []
         (self.dir / "www").mkdir()
         (self.dir / "www" / "hello.txt").write_text("hello through the proxy\n")
@@ -136,7 +138,19 @@ class Standins:
             def get_request(self):
                 s, a = self.socket.accept()
                 outer.accepted += 1
-                return outer.ctx.wrap_socket(s, server_side=True), a
+                return s, a
+
+            def finish_request(self, request, client_address):
+                # The handshake runs in the request's thread: one slow or
+                # broken client never holds up the accept loop.
+                tls = outer.ctx.wrap_socket(request, server_side=True)
+                try:
+                    super().finish_request(tls, client_address)
+                finally:
+                    tls.close()
+
+            def handle_error(self, request, client_address):
+                outer.errors.append(repr(__import__("sys").exc_info()[1]))
 
         self.srv = S(("127.0.0.1", 0), H)
         self.port = self.srv.server_address[1]

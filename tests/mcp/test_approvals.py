@@ -53,6 +53,11 @@ async def open_question(iid, name, timeout=10):
     raise AssertionError(f"no question about {name}: {v}")
 
 
+def proxy_records(ws):
+    """The proxy's and the approvals' records (for a failure's message)."""
+    return [r for r in audit_records(ws) if r["tool"] in ("(proxy)", "(approvals)")]
+
+
 async def test_a_name_off_the_list_asks_the_operator(ws, standins):
     (ws[0] / "ca.pem").write_bytes(standins.ca.read_bytes())
     port = standins.port
@@ -73,7 +78,7 @@ async def test_a_name_off_the_list_asks_the_operator(ws, standins):
         r = sm("approve", iid, str(q))
         assert r.returncode == 0 and "allowed once" in r.stdout, r
         r = await sh(c, "while ! grep -q END o1; do sleep 0.1; done; cat o1; " + curl)
-        assert r["output"].count("<a href") == 2, r
+        assert r["output"].count("<a href") == 2, (r, proxy_records(ws), standins.accepted, standins.errors)
         # A second answer to the same question: refused, nothing changes.
         assert sm("deny", iid, str(q)).returncode != 0
         # Deny: the reason reaches the agent.
