@@ -1,16 +1,16 @@
-//! No decision reads message text (issue 42): what the sandbox, the host's
-//! side of an instance and the supervisor's confinement decide is decided
-//! on types, and a message is rendered from the type, never searched.
+//! No decision reads message text (issue 42): what sandmux decides is
+//! decided on types, and a message is rendered from the type, never
+//! searched.
 //!
 //! The scan lists every `.contains("…")`, `.starts_with("…")` and
 //! `.ends_with("…")` with a string literal in the code (not the tests) of
-//! `src/sandbox/`, `src/supervisor/`, `src/confine/` and `src/runtime/`
-//! (approvals decide on `By` and `Asked`); each one found
-//! must be on [`DATA`], with why what it reads is data (a path, a kernel
-//! file, a protocol word), not a message. A new one fails the test until
-//! it is made typed or listed. What it cannot see: a pattern that is not a
-//! literal (a constant, a `format!`), and `==` on a rendered string; and
-//! `src/supervisor/history/` is left to its own issue.
+//! every file under `src/`; each one found must be on [`DATA`], with why
+//! what it reads is data (a path, a kernel file, a protocol word, a name),
+//! not a message. A new one fails the test until it is made typed or
+//! listed. What it cannot see: a pattern that is not a literal (a
+//! constant, a `format!`), and `==` on a rendered string (the tmux
+//! client's closing reasons were such constants: they are
+//! `tmux::closing::Closing` now).
 
 use std::path::Path;
 
@@ -70,6 +70,44 @@ const DATA: &[(&str, &str, &str, &str)] = &[
         "errno",
         "the kernel's seccomp actions",
     ),
+    ("check/mirror_profile.rs", "ends_with", "-mirror", "a profile's name"),
+    ("cli/approvals_cmd.rs", "contains", "  ", "how a detail is shown (quoted or not)"),
+    ("door/named.rs", "starts_with", "includeif.", "a git config key"),
+    ("door/named.rs", "ends_with", ".path", "a git config key"),
+    ("door/named.rs", "starts_with", "~/", "a path in git config"),
+    ("door/refs.rs", "contains", "..", "a ref's name (git's rules)"),
+    ("door/refs.rs", "contains", "//", "a ref's name (git's rules)"),
+    ("door/refs.rs", "ends_with", ".lock", "a ref's name (git's rules)"),
+    ("guard/commit.rs", "ends_with", ".lock", "a git file's name"),
+    ("log.rs", "starts_with", "sandmux::", "a tracing target"),
+    ("mcp/catalog.rs", "starts_with", "socket", "a schema property's name"),
+    ("mcp/http/router.rs", "starts_with", "x-forwarded-", "an HTTP header's name"),
+    ("mcp/http/router.rs", "starts_with", "mcp-", "an HTTP header's name"),
+    ("mcp/metrics.rs", "starts_with", "resource:", "a metric's key"),
+    ("mcp/metrics.rs", "starts_with", "prompt:", "a metric's key"),
+    ("mcp/schema.rs", "contains", "\\", "a JSON schema (a `$ref` in it)"),
+    (
+        "mcp/targets.rs",
+        "contains",
+        "can't find pane",
+        "tmux's %error reply (tmux 3.3 has no error codes): only the hint of a not-found pane depends on it",
+    ),
+    ("mcp/text.rs", "starts_with", "'\\\\''", "shell quoting of a command"),
+    ("mcp/tools/read.rs", "ends_with", "\\n\\n", "a pane's captured text"),
+    ("mcp/tools/spawn.rs", "starts_with", "/tmp", "a path"),
+    ("mcp/toolsets.rs", "starts_with", "SANDMUX_", "an environment variable's name"),
+    ("otlp/mod.rs", "starts_with", "resource:", "a call's key"),
+    ("otlp/mod.rs", "starts_with", "prompt:", "a call's key"),
+    ("profile/credentials.rs", "starts_with", "proxy-", "an HTTP header's name"),
+    ("profile/schema.rs", "starts_with", "TMUX", "an environment variable's name"),
+    ("profile/schema.rs", "starts_with", "SANDMUX", "an environment variable's name"),
+    ("profile/schema.rs", "starts_with", "LD_", "an environment variable's name"),
+    ("profile/schema.rs", "starts_with", "DBUS_", "an environment variable's name"),
+    ("profile/schema.rs", "starts_with", "SSH_", "an environment variable's name"),
+    ("profile/schema.rs", "starts_with", "TERM_PROGRAM", "an environment variable's name"),
+    ("profile/toolchains/find.rs", "starts_with", "/usr/", "a path"),
+    ("profile/toolchains/find.rs", "starts_with", "/opt/", "a path"),
+    ("proxy/intercept.rs", "starts_with", "proxy-", "an HTTP header's name"),
 ];
 
 /// Every (file, method, literal) in the code of `dir`.
@@ -79,9 +117,7 @@ fn found(src: &Path, dir: &str, out: &mut Vec<(String, String, String)>) {
         let rel = p.strip_prefix(src).unwrap().display().to_string();
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
         if p.is_dir() {
-            if rel != "supervisor/history" {
-                found(src, &rel, out);
-            }
+            found(src, &rel, out);
             continue;
         }
         if !name.ends_with(".rs") || name == "tests.rs" || name.ends_with("_tests.rs") {
@@ -106,9 +142,7 @@ fn found(src: &Path, dir: &str, out: &mut Vec<(String, String, String)>) {
 fn no_decision_reads_message_text() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut all = Vec::new();
-    for dir in ["sandbox", "supervisor", "confine", "runtime"] {
-        found(&src, dir, &mut all);
-    }
+    found(&src, "", &mut all);
     let listed = |f: &str, m: &str, l: &str| {
         DATA.iter()
             .any(|(df, dm, dl, _)| *df == f && *dm == m && *dl == l)

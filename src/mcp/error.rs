@@ -54,7 +54,7 @@ impl ToolError {
     /// A pane's output stream closed under a wait: that server generation is gone.
     pub(crate) fn stream_closed() -> ToolError {
         ToolError::Tmux(TmuxError::Closed(
-            "the tmux server is gone (the pane's output stream closed)".into(),
+            crate::tmux::closing::Closing::StreamClosed,
         ))
     }
 

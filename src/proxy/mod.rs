@@ -50,6 +50,9 @@ pub(crate) struct Event {
     pub denied: Option<String>,
     /// The profile key that decides a refusal the profile could lift.
     pub decides: Option<&'static str>,
+    /// The reason already names the key that decides (its words say so):
+    /// it is not named twice.
+    pub decides_said: bool,
     /// The reason is sandmux's words, the canonical name and addresses
     /// only: nothing the client sent (a malformed head is quoted in the
     /// audit log, never in what the agent is told).

@@ -41,7 +41,7 @@ impl Refusals {
             "the request or its TLS hello was not one the proxy accepts (the audit log has the detail)"
         };
         let mut line = format!("{}: {why}", super::tally::label(ev));
-        if let Some(key) = ev.decides.filter(|_| !why.contains("decides")) {
+        if let Some(key) = ev.decides.filter(|_| !ev.decides_said) {
             line.push_str(&format!(" (the profile's {key} decides)"));
         }
         let line = crate::term::printable(&line);
@@ -121,6 +121,7 @@ mod tests {
             address: None,
             denied: Some(why.into()),
             decides: Some("network.allow"),
+            decides_said: false,
             ours: true,
             bytes_up: 0,
             bytes_down: 0,

@@ -69,6 +69,7 @@ pub(crate) async fn serve(
                         cfg.max_connections
                     )),
                     decides: Some(DECIDES_CAP),
+                    decides_said: false,
                     ours: true,
                     bytes_up: 0,
                     bytes_down: 0,
@@ -108,6 +109,7 @@ async fn connection(mut s: TcpStream, cfg: &Config, hooks: &Hooks) -> Event {
         address: None,
         denied: None,
         decides: None,
+        decides_said: false,
         ours: false,
         bytes_up: 0,
         bytes_down: 0,
@@ -170,7 +172,9 @@ async fn decide_and_pass(
         .inspect_err(|(code, _)| {
             ev.ours = true;
             if *code == 403 {
+                // `addr::check`'s reason names the allow entry's range.
                 ev.decides = Some(DECIDES_RANGE);
+                ev.decides_said = true;
             }
         })?;
     ev.address = Some(to);
@@ -202,6 +206,7 @@ async fn ask(
         req.host, req.port
     );
     let Some(asker) = &hooks.ask else {
+        ev.decides_said = true;
         return Err((
             403,
             format!("{off}; the profile decides (sandmux profile show)"),

@@ -91,7 +91,7 @@ impl Shared {
             Ok(r) => r.clone().unwrap_or(Ok(())),
             Err(_) => Err("the instance is ending".into()),
         };
-        r.map_err(|why| TmuxError::Closed(format!("the sandbox did not start: {why}")))
+        r.map_err(|why| TmuxError::Closed(crate::tmux::closing::Closing::NotStarted(why)))
     }
 
     /// Switches to a new server generation.

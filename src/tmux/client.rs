@@ -11,6 +11,7 @@
 //! capture short (T7) leaves a stray guard or an extra block behind; the call
 //! then fails, and the client is closed, never left desynchronised.
 
+pub(crate) use super::closing::Closing;
 use super::control::{Event, Parser};
 use std::collections::VecDeque;
 use std::path::Path;
@@ -28,7 +29,7 @@ pub(crate) enum TmuxError {
     Command(String),
     /// The connection to the server is gone (server died or was stopped).
     #[error("the tmux server connection is closed ({0})")]
-    Closed(String),
+    Closed(Closing),
     /// No answer within the deadline (a stopped or wedged server).
     #[error("tmux did not answer within {0:?} (the server may be stopped or wedged)")]
     Timeout(Duration),
@@ -57,24 +58,7 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// tmux paused a pane for this client.
     fn paused(&self, client: &str, pane: u32);
     /// The client ended.
-    fn closed(&self, client: &str, reason: &str);
-}
-
-/// Why the reader of a client ended (the connection's closing reason).
-#[derive(Debug, thiserror::Error)]
-enum Ended {
-    /// tmux's output ended.
-    #[error("end of output")]
-    Eof,
-    /// Reading tmux's output failed.
-    #[error("{0}")]
-    Read(std::io::Error),
-    /// A forged guard or block (see [`FORGED`]).
-    #[error("{FORGED}")]
-    Forged,
-    /// tmux said `%exit`, with its reason if any.
-    #[error("{}", .0.as_deref().unwrap_or("exit"))]
-    Exit(Option<String>),
+    fn closed(&self, client: &str, reason: &Closing);
 }
 
 type Reply = Result<Vec<Vec<u8>>, TmuxError>;
@@ -88,7 +72,7 @@ struct Waiter {
 #[derive(Default)]
 struct Queue {
     waiters: VecDeque<Waiter>,
-    closed: Option<String>,
+    closed: Option<Closing>,
 }
 
 struct Shared {
@@ -100,11 +84,11 @@ struct Shared {
 }
 
 impl Shared {
-    fn fail_all(&self, reason: &str) {
+    fn fail_all(&self, reason: &Closing) {
         let mut g = self.q.lock().unwrap_or_else(|p| p.into_inner());
-        g.closed = Some(reason.to_string());
+        g.closed = Some(reason.clone());
         for w in g.waiters.drain(..) {
-            let _ = w.tx.send(Err(TmuxError::Closed(reason.to_string())));
+            let _ = w.tx.send(Err(TmuxError::Closed(reason.clone())));
         }
     }
 }
@@ -116,19 +100,6 @@ struct Held {
     error: bool,
     sentinel: Vec<u8>,
 }
-
-/// Why a client was closed after detecting forged framing.
-pub(crate) const FORGED: &str =
-    "pane output tried to forge control-mode framing; the connection was reset";
-
-/// Why a client was closed after a command outlived its deadline: whatever
-/// held it (a stopped server, or a prompt a key binding opened on this
-/// client, which blocks its command queue) goes with the connection, and the
-/// next command gets a fresh one.
-pub(crate) const WEDGED: &str = "tmux did not answer in time; the connection was replaced";
-
-/// Why a client sandmux itself let go of (replaced or dropped) was closed.
-pub(crate) const DROPPED: &str = "the connection was closed by sandmux";
 
 /// A running control-mode client.
 pub(crate) struct Client {
@@ -251,13 +222,14 @@ impl Client {
             let mut bytes = line.as_bytes().to_vec();
             bytes.push(b'\n');
             if let Err(e) = stdin.write_all(&bytes).await {
-                self.shared.fail_all(&e.to_string());
-                return Err(TmuxError::Closed(e.to_string()));
+                let why = Closing::Io(e.to_string());
+                self.shared.fail_all(&why);
+                return Err(TmuxError::Closed(why));
             }
         }
         match tokio::time::timeout(deadline, rx).await {
             Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(TmuxError::Closed("reader ended".into())),
+            Ok(Err(_)) => Err(TmuxError::Closed(Closing::ReaderEnded)),
             Err(_) => {
                 self.abandon();
                 Err(TmuxError::Timeout(deadline))
@@ -268,7 +240,7 @@ impl Client {
     /// Gives the connection up after a deadline passed: every waiter fails
     /// and the process ends, so the next command starts a fresh client.
     fn abandon(&self) {
-        self.shared.fail_all(WEDGED);
+        self.shared.fail_all(&Closing::Wedged);
         self.kill();
     }
 
@@ -297,10 +269,11 @@ impl Client {
                 }
             }
             if let Err(e) = stdin.write_all(&bytes).await {
-                self.shared.fail_all(&e.to_string());
+                let why = Closing::Io(e.to_string());
+                self.shared.fail_all(&why);
                 return lines
                     .iter()
-                    .map(|_| Err(TmuxError::Closed(e.to_string())))
+                    .map(|_| Err(TmuxError::Closed(why.clone())))
                     .collect();
             }
         }
@@ -309,7 +282,7 @@ impl Client {
         for rx in rxs {
             out.push(match tokio::time::timeout_at(end, rx).await {
                 Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(TmuxError::Closed("reader ended".into())),
+                Ok(Err(_)) => Err(TmuxError::Closed(Closing::ReaderEnded)),
                 Err(_) => {
                     self.abandon();
                     Err(TmuxError::Timeout(deadline))
@@ -353,11 +326,11 @@ impl Client {
             tokio::select! {
                 s = session.wait_for(|s| s.is_some()) => match s {
                     Ok(s) => Ok(vec![s.clone().unwrap_or_default().into_bytes()]),
-                    Err(_) => Err(TmuxError::Closed("reader ended".into())),
+                    Err(_) => Err(TmuxError::Closed(Closing::ReaderEnded)),
                 },
                 _ = ended.wait_for(|e| *e) => {
                     let q = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
-                    Err(TmuxError::Closed(q.closed.clone().unwrap_or_else(|| "ended".into())))
+                    Err(TmuxError::Closed(q.closed.clone().unwrap_or(Closing::Ended)))
                 }
             }
         };
@@ -388,7 +361,7 @@ impl Client {
             .closed
             .is_none();
         if open {
-            self.shared.fail_all(DROPPED);
+            self.shared.fail_all(&Closing::Dropped);
         }
         if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = c.start_kill();
@@ -412,7 +385,7 @@ struct Reader {
     /// Pane output that arrived between a checked reply and its sentinel.
     held_events: Vec<Event>,
     /// The client's own command failed: why (its end's reason).
-    own_error: Option<String>,
+    own_error: Option<Closing>,
 }
 
 impl Reader {
@@ -421,9 +394,9 @@ impl Reader {
         let mut buf = vec![0u8; 64 * 1024];
         let reason = 'outer: loop {
             let n = match stdout.read(&mut buf).await {
-                Ok(0) => break Ended::Eof,
+                Ok(0) => break Closing::Eof,
                 Ok(n) => n,
-                Err(e) => break Ended::Read(e),
+                Err(e) => break Closing::Io(e.to_string()),
             };
             for ev in parser.feed(&buf[..n]) {
                 if let Err(reason) = self.event(ev) {
@@ -435,7 +408,7 @@ impl Reader {
     }
 
     /// Handles one event; `Err` ends the connection with that reason.
-    fn event(&mut self, ev: Event) -> Result<(), Ended> {
+    fn event(&mut self, ev: Event) -> Result<(), Closing> {
         let Some(h) = self.held.take() else {
             return self.unheld(ev);
         };
@@ -456,13 +429,13 @@ impl Reader {
                 Ok(())
             }
             _ => {
-                let _ = h.tx.send(Err(TmuxError::Closed(FORGED.into())));
-                Err(Ended::Forged)
+                let _ = h.tx.send(Err(TmuxError::Closed(Closing::Forged)));
+                Err(Closing::Forged)
             }
         }
     }
 
-    fn unheld(&mut self, ev: Event) -> Result<(), Ended> {
+    fn unheld(&mut self, ev: Event) -> Result<(), Closing> {
         match ev {
             Event::Reply {
                 flags,
@@ -481,13 +454,13 @@ impl Reader {
                         .iter()
                         .map(|l| String::from_utf8_lossy(l))
                         .collect::<Vec<_>>();
-                    self.own_error = Some(format!("tmux: {}", text.join("; ")));
+                    self.own_error = Some(Closing::OwnCommand(text.join("; ")));
                 }
                 Ok(())
             }
-            Event::Exit(r) => Err(Ended::Exit(r)),
+            Event::Exit(r) => Err(Closing::Exit(r)),
             // A guard outside any block: a block ended early.
-            Event::Notification(ref line) if is_guard(line) => Err(Ended::Forged),
+            Event::Notification(ref line) if is_guard(line) => Err(Closing::Forged),
             Event::Notification(ref line) if line.starts_with(b"%session-changed ") => {
                 let id = line.split(|b| *b == b' ').nth(1).unwrap_or_default();
                 let id = String::from_utf8_lossy(id).into_owned();
@@ -532,18 +505,17 @@ impl Reader {
         }
     }
 
-    fn end(mut self, ended: Ended) {
-        let forged = matches!(ended, Ended::Forged);
-        let reason = ended.to_string();
+    fn end(mut self, ended: Closing) {
+        let forged = ended == Closing::Forged;
         if let Some(h) = self.held.take() {
-            let _ = h.tx.send(Err(TmuxError::Closed(reason.clone())));
+            let _ = h.tx.send(Err(TmuxError::Closed(ended.clone())));
         }
         // A connection already closed (given up on, dropped, or failed on a
         // write) ends with that reason, not with its EOF.
         let reason = {
             let q = self.shared.q.lock().unwrap_or_else(|p| p.into_inner());
             let own = self.own_error.take().filter(|_| !forged);
-            q.closed.clone().or(own).unwrap_or(reason)
+            q.closed.clone().or(own).unwrap_or(ended)
         };
         self.shared.fail_all(&reason);
         self.sink.closed(&self.name, &reason);

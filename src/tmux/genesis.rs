@@ -8,7 +8,7 @@
 //! dead and, unless `--no-session`, the first session is made by the
 //! client that will watch it (its own command is `new-session`).
 
-use super::client::{Client, Sink, TmuxError};
+use super::client::{Client, Closing, Sink, TmuxError};
 use super::cmd::Cmd;
 use super::hub::{CONTROL_SESSION, DEADLINE, WATCH_FLAGS};
 use std::path::Path;
@@ -234,10 +234,10 @@ pub(crate) async fn make(
 ) -> Result<Made, Failed> {
     let control = match cmd.attached(DEADLINE).await {
         Ok(id) => String::from_utf8_lossy(&id.concat()).into_owned(),
-        Err(TmuxError::Closed(why)) if why.starts_with("tmux:") => {
-            return Err(GenesisError::ControlSession(why).into())
+        Err(TmuxError::Closed(why @ Closing::OwnCommand(_))) => {
+            return Err(GenesisError::ControlSession(why.to_string()).into())
         }
-        Err(TmuxError::Closed(why)) => return Err(Failed::Unattached(why)),
+        Err(TmuxError::Closed(why)) => return Err(Failed::Unattached(why.to_string())),
         Err(e) => return Err(GenesisError::Control(e).into()),
     };
     made(cmd, genesis, control, tmux, socket, sink)

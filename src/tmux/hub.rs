@@ -23,7 +23,7 @@
 //! hold still is the panes' own life (a pane that exits at that very moment)
 //! and a human's terminal detaching: see `docs/architecture.md`.
 
-use super::client::{Client, TmuxError};
+use super::client::{Client, Closing, TmuxError};
 pub(crate) use super::cmd::Cmd;
 use super::genesis::{self, Genesis};
 use super::streams::Streams;
@@ -380,7 +380,7 @@ impl Hub {
         c.ended(ENDED_WAIT).await;
         // Checked with no await before the attach (`shutdown` is sync).
         if self.is_ended() {
-            return Err(TmuxError::Closed(ENDED.into()));
+            return Err(TmuxError::Closed(Closing::GenerationEnded));
         }
         let fresh = Client::attach(
             "command",
@@ -391,7 +391,7 @@ impl Hub {
             self.streams.clone(),
         )
         .await
-        .map_err(|e| TmuxError::Closed(format!("reconnecting: {e}")))?;
+        .map_err(|e| TmuxError::Closed(Closing::Reconnecting(e.to_string())))?;
         let fresh = Arc::new(fresh);
         // Kept at once, so a shutdown meanwhile ends it too.
         *self.cmd.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();

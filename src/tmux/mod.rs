@@ -4,6 +4,7 @@
 //! instance's server is the host side's (`crate::supervisor`).
 
 pub(crate) mod client;
+pub(crate) mod closing;
 pub(crate) mod cmd;
 pub mod control;
 pub(crate) mod genesis;

@@ -147,12 +147,8 @@ impl Sink for Streams {
         let _ = self.paused_tx.send((client.to_string(), pane));
     }
 
-    fn closed(&self, client: &str, reason: &str) {
-        if client == self.command_client
-            && reason != super::client::FORGED
-            && reason != super::client::WEDGED
-            && reason != super::client::DROPPED
-        {
+    fn closed(&self, client: &str, reason: &super::closing::Closing) {
+        if client == self.command_client && !reason.by_sandmux() {
             let _ = self.events.send(HubEvent::ServerGone(reason.to_string()));
         }
     }

@@ -32,7 +32,7 @@ pub(crate) struct Wait<'a> {
 /// The error of a wait the instance's end interrupted.
 fn ending() -> ToolError {
     ToolError::Tmux(TmuxError::Closed(
-        "the instance is ending (the tmux server is gone or sandmux was told to stop)".into(),
+        crate::tmux::closing::Closing::InstanceEnding,
     ))
 }
 
