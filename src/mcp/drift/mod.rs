@@ -162,14 +162,6 @@ impl Owed {
     }
 }
 
-/// How a mark was settled.
-enum Settled {
-    /// Clean, nothing owed: a read beside it stands.
-    Clean,
-    /// Checks ran (and passed): a read beside it runs again.
-    Checked,
-}
-
 /// The option or hook name a `show-options` line is about (`name[3] value`).
 fn key_of(line: &str) -> &str {
     line.split([' ', '[']).next().unwrap_or_default()
@@ -284,42 +276,6 @@ impl Drift {
     /// then reads tmux's message log; the full scan runs when the log shows
     /// any command but this connection's own since the previous check.
     pub(crate) async fn before_call(&self, hub: &Hub) -> Result<(), ToolError> {
-        self.ready().await?;
-        let mut owed = self.owed.lock().await;
-        let since = mark(hub).await?;
-        self.settle(hub, &mut owed, since).await.map(|_| ())
-    }
-
-    /// Before a call that only reads: its read runs beside the mark, so the
-    /// two share one round trip. The read stands only when the mark was
-    /// clean and nothing was owed (the configuration was the recorded one
-    /// from the previous mark on: whether its commands reached tmux before
-    /// or after this mark, nothing but this connection's reads and typing
-    /// ran meanwhile); otherwise it is thrown away and runs again after the
-    /// checks, as any call's does. A read changes nothing, so running it
-    /// once more (or on a configuration the checks then find drifted: the
-    /// call is refused, its read unused) has no effect.
-    pub(crate) async fn beside_mark<'a, F, Fut, T>(&self, hub: &Hub, read: F) -> Result<T, ToolError>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<T, ToolError>> + 'a,
-    {
-        self.ready().await?;
-        let marked = async {
-            let mut owed = self.owed.lock().await;
-            let since = mark(hub).await?;
-            self.settle(hub, &mut owed, since).await
-        };
-        let (clean, r) = tokio::join!(marked, read());
-        match clean? {
-            Settled::Clean => r,
-            Settled::Checked => read().await,
-        }
-    }
-
-    /// Waits for the full scan the previous call asked for; refuses once
-    /// drift was seen.
-    async fn ready(&self) -> Result<(), ToolError> {
         let want = *self.asked.borrow();
         let mut done = self.scanned.subscribe();
         if tokio::time::timeout(SCAN_WAIT, done.wait_for(|d| *d >= want))
@@ -334,21 +290,10 @@ impl Drift {
         if let Some(why) = self.tripped() {
             return Err(ToolError::Drift(why));
         }
-        Ok(())
-    }
-
-    /// What a mark owes (with what an earlier one left owed), paid: the
-    /// global check or the full scan, then a second mark. Held under the
-    /// `owed` lock: marks are taken one check at a time (see [`log`]).
-    async fn settle(
-        &self,
-        hub: &Hub,
-        owed: &mut Owed,
-        since: Since,
-    ) -> Result<Settled, ToolError> {
-        let need = (*owed).max(Owed::of(since));
+        let mut owed = self.owed.lock().await;
+        let need = (*owed).max(Owed::of(mark(hub).await?));
         if need == Owed::Nothing {
-            return Ok(Settled::Clean);
+            return Ok(());
         }
         // Owed until paid: a failed check leaves it owed.
         *owed = need;
@@ -359,7 +304,7 @@ impl Drift {
         // The configuration was as recorded after the first mark; what the
         // second one owes depends on what ran in between.
         *owed = Owed::of(mark(hub).await?);
-        Ok(Settled::Checked)
+        Ok(())
     }
 
     /// After a call: asks the background scanner for a full scan.

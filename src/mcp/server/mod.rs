@@ -112,17 +112,10 @@ impl Server {
             return Err(ToolError::Tmux(TmuxError::Frozen));
         }
         // Ending the instance stays possible whatever happened to the server.
-        let r = if def.props.ends_instance || frozen {
-            (def.handler)(call, args).await
-        } else if def.class == Class::MetadataRead {
-            // A read shares the drift mark's round trip (`beside_mark`).
-            let hub = self.s.hub();
-            let read = || (def.handler)(call, args.clone());
-            self.s.drift.beside_mark(&hub, read).await
-        } else {
+        if !def.props.ends_instance && !frozen {
             self.s.drift.before_call(&self.s.hub()).await?;
-            (def.handler)(call, args).await
-        };
+        }
+        let r = (def.handler)(call, args).await;
         // A freeze that lands while a call that changes things runs is no
         // refusal (what it did before the freeze stays done, and a command
         // tmux had may still take effect); one that only reads changed
