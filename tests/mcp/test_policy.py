@@ -234,6 +234,26 @@ async def test_local_drift_is_caught_while_the_agent_only_reads(ws):
         assert "drift" in err and "pane-focus-in" in err, err
 
 
+async def test_a_drifted_hook_never_runs_on_the_agents_read(ws):
+    """A hook another client set on a read command (`after-list-panes`)
+    must not run on the agent's read: the call is refused before tmux
+    sees the read. (A read sent beside the drift mark, to save its round
+    trip, would run it once before the refusal.)"""
+    async with connect(ws) as c:
+        await call(c, "list_panes")
+        sock = runtime_dir_of(serve_pids(ws[0])[0]) / "sock" / "tmux.sock"
+        hook = "set-option -g @sandmux_hook_ran yes"
+        assert tmux_host(sock, "set-hook", "-g", "after-list-panes", hook).returncode == 0
+        err = await call(c, "list_panes", ok=False)
+        assert "drift" in err and "after-list-panes" in err, err
+        ran = tmux_host(sock, "show-options", "-gqv", "@sandmux_hook_ran")
+        assert ran.stdout.strip() == "", "the drifted hook ran on the agent's read"
+        # Positive control: the hook runs on a list-panes.
+        assert tmux_host(sock, "list-panes").returncode == 0
+        ran = tmux_host(sock, "show-options", "-gqv", "@sandmux_hook_ran")
+        assert ran.stdout.strip() == "yes", ran
+
+
 async def test_audit_log_chain_and_tamper_detection(ws):
     secret = "hunter2-very-secret"
     async with connect(ws) as c:
