@@ -19,6 +19,7 @@
 //! below it.
 
 use super::diff::{Change, Trees};
+use super::error::{ApplyError, JournalError};
 use super::journal::{create_new, journaled, restored, Restored, Step};
 use crate::sandbox::beneath::beneath;
 use nix::fcntl::{renameat, renameat2, AtFlags, OFlag, RenameFlags};
@@ -72,25 +73,29 @@ impl<'a> Door<'a> {
         trees: &'a Trees,
         layer: &'a Path,
         since_ns: i128,
-    ) -> Result<Door<'a>, String> {
+    ) -> Result<Door<'a>, JournalError> {
         let journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(layer.join("apply.jsonl"))
-            .map_err(|e| format!("the journal in {}: {e}", layer.display()))?;
+            .map_err(|source| JournalError::Open {
+                layer: layer.to_path_buf(),
+                source,
+            })?;
         // A torn last line (a crash, a full disk while it was written) is a
         // step never made: cut, so the next line does not join it.
         let text = std::fs::read(layer.join("apply.jsonl")).unwrap_or_default();
         let whole = text.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
         if whole < text.len() {
-            journal
-                .set_len(whole as u64)
-                .map_err(|e| format!("cutting the journal's torn line: {e}"))?;
+            journal.set_len(whole as u64).map_err(JournalError::Cut)?;
         }
         let taken = layer.join("taken");
-        std::fs::create_dir_all(&taken).map_err(|e| format!("{}: {e}", taken.display()))?;
-        let taken_dir = crate::sandbox::beneath::open_root(&taken)
-            .map_err(|e| format!("the layer's taken/: {e}"))?;
+        std::fs::create_dir_all(&taken).map_err(|source| JournalError::Taken {
+            path: taken.clone(),
+            source,
+        })?;
+        let taken_dir =
+            crate::sandbox::beneath::open_root(&taken).map_err(JournalError::TakenDir)?;
         let mut earlier: HashMap<PathBuf, Vec<Step>> = Default::default();
         let mut kept_names = HashSet::new();
         for step in journaled(layer)? {
@@ -129,18 +134,16 @@ impl<'a> Door<'a> {
     /// instead of an fsync per file and per step: a power loss in the
     /// middle can leave steps the journal does not know, never a file of
     /// the human's anywhere but in place or in `taken/`).
-    pub(crate) fn finish(&mut self) -> Result<(), String> {
-        self.journal
-            .sync_data()
-            .map_err(|e| format!("syncing the journal: {e}"))?;
+    pub(crate) fn finish(&mut self) -> Result<(), JournalError> {
+        self.journal.sync_data().map_err(JournalError::Sync)?;
         for fd in [&self.trees.lower, &self.trees.upper] {
-            nix::unistd::syncfs(fd).map_err(|e| format!("syncing the file system: {e}"))?;
+            nix::unistd::syncfs(fd).map_err(JournalError::SyncFs)?;
         }
         Ok(())
     }
 
-    pub(super) fn record(&mut self, step: &Step) -> Result<(), String> {
-        let mut line = serde_json::to_vec(step).map_err(|e| e.to_string())?;
+    pub(super) fn record(&mut self, step: &Step) -> Result<(), JournalError> {
+        let mut line = serde_json::to_vec(step).map_err(JournalError::Encode)?;
         line.push(b'\n');
         // Written before the step is made (another process sees it at
         // once: a killed apply is finished or undone from it); made
@@ -148,7 +151,7 @@ impl<'a> Door<'a> {
         if let Err(e) = self.journal.write_all(&line) {
             // No part of a line stays to join the next one.
             let _ = self.journal.set_len(self.journal_len);
-            return Err(format!("writing the journal: {e}"));
+            return Err(JournalError::Write(e));
         }
         self.journal_len += line.len() as u64;
         Ok(())
@@ -196,40 +199,37 @@ impl<'a> Door<'a> {
     }
 
     /// Applies one change; `Ok(false)`: nothing to do (already applied).
-    pub(crate) fn apply(&mut self, c: &Change) -> Result<bool, String> {
+    pub(crate) fn apply(&mut self, c: &Change) -> Result<bool, ApplyError> {
         match c {
             Change::Added {
                 rel,
                 what: "directory",
             } => self.mkdir(rel),
             Change::Added { rel, what: "file" } => self.write(rel, false),
-            Change::Added { what, .. } => Err(format!("a {what} is never applied")),
+            Change::Added { what, .. } => Err(ApplyError::Never { what }),
             Change::Modified { rel, .. } => self.write(rel, true),
             Change::Removed { rel } => self.remove(rel),
-            Change::Unreadable { why, .. } => Err(format!("unreadable in the layer: {why}")),
+            Change::Unreadable { why, .. } => Err(ApplyError::Unreadable(why.clone())),
         }
     }
 
     /// The directory `rel` is in (opened once) and its name there.
-    pub(super) fn parent(&self, rel: &Path) -> Result<(Rc<OwnedFd>, PathBuf), String> {
+    pub(super) fn parent(&self, rel: &Path) -> Result<(Rc<OwnedFd>, PathBuf), ApplyError> {
         let parent = rel.parent().unwrap_or(Path::new(""));
-        let name = rel.file_name().ok_or("no name")?;
-        let fd = self
-            .dir(parent)
-            .map_err(|e| format!("its directory in the workspace: {e}"))?;
+        let name = rel.file_name().ok_or(ApplyError::NoName)?;
+        let fd = self.dir(parent).map_err(ApplyError::Parent)?;
         Ok((fd, PathBuf::from(name)))
     }
 
-    fn mkdir(&mut self, rel: &Path) -> Result<bool, String> {
+    fn mkdir(&mut self, rel: &Path) -> Result<bool, ApplyError> {
         match self.host(rel) {
             Some(s) if s.st_mode & libc::S_IFMT == libc::S_IFDIR => return Ok(false),
-            Some(_) => return Err("something else is there now".into()),
+            Some(_) => return Err(ApplyError::SomethingElse),
             None => {}
         }
         let (dir, name) = self.parent(rel)?;
         self.record(&Step::Mkdir { rel: rel.into() })?;
-        mkdirat(&*dir, &name, Mode::from_bits_truncate(0o755))
-            .map_err(|e| format!("mkdir: {e}"))?;
+        mkdirat(&*dir, &name, Mode::from_bits_truncate(0o755)).map_err(ApplyError::Mkdir)?;
         Ok(true)
     }
 
@@ -245,7 +245,7 @@ impl<'a> Door<'a> {
     }
 
     /// A file from the layer, written beside its place and renamed over it.
-    fn write(&mut self, rel: &Path, replace: bool) -> Result<bool, String> {
+    fn write(&mut self, rel: &Path, replace: bool) -> Result<bool, ApplyError> {
         let host = self.host(rel);
         let mut kept = None;
         if let Some(h) = &host {
@@ -254,17 +254,15 @@ impl<'a> Door<'a> {
             }
             kept = replace.then(|| self.kept_before(rel, h)).flatten();
             if !replace || (kept.is_none() && self.changed(rel, h)) {
-                return Err("changed on the host since the instance started".into());
+                return Err(ApplyError::ChangedOnHost);
             }
         } else if replace {
-            return Err("removed on the host since the instance started".into());
+            return Err(ApplyError::RemovedOnHost);
         }
-        let mut src = self
-            .layer_file(rel)
-            .map_err(|e| format!("the layer's file: {e}"))?;
-        let meta = src.metadata().map_err(|e| e.to_string())?;
+        let mut src = self.layer_file(rel).map_err(ApplyError::LayerFile)?;
+        let meta = src.metadata().map_err(ApplyError::Io)?;
         if !meta.is_file() {
-            return Err("not a regular file in the layer".into());
+            return Err(ApplyError::NotRegular);
         }
         self.trees.check_end(rel, &src)?;
         let mode = match &host {
@@ -299,7 +297,7 @@ impl<'a> Door<'a> {
         (src, meta): (&mut std::fs::File, &std::fs::Metadata),
         (dir, name): (&OwnedFd, &Path),
         mode: u32,
-    ) -> Result<PathBuf, String> {
+    ) -> Result<PathBuf, ApplyError> {
         let tmp = self.temp_name(name);
         let create = || create_new(dir, &tmp, mode);
         // One a crashed apply of this layer left (never renamed into
@@ -310,12 +308,12 @@ impl<'a> Door<'a> {
             }
             r => r,
         }
-        .map_err(|e| format!("a temporary file beside it: {e}"))?;
+        .map_err(ApplyError::Temp)?;
         let mut out = std::fs::File::from(fd);
         let copied = super::sparse::copy_of(src, meta, &mut out)
             .and_then(|()| out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)))
-            .map_err(|e| format!("copying: {e}"))
-            .and_then(|()| self.trees.check_end(rel, src));
+            .map_err(ApplyError::Copying)
+            .and_then(|()| Ok(self.trees.check_end(rel, src)?));
         if let Err(e) = copied {
             let _ = unlinkat(dir, &tmp, UnlinkatFlags::NoRemoveDir);
             return Err(e);
@@ -332,7 +330,7 @@ impl<'a> Door<'a> {
         (dir, name, tmp): (&OwnedFd, &Path, &Path),
         replace: bool,
         kept: Option<(PathBuf, Option<super::journal::Placed>)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyError> {
         let placed = if replace {
             match kept {
                 None => self.set_aside(rel, dir, name, super::aside::Aside::Replace(None))?,
@@ -357,7 +355,7 @@ impl<'a> Door<'a> {
         };
         placed.map_err(|e| {
             let _ = unlinkat(dir, tmp, UnlinkatFlags::NoRemoveDir);
-            format!("putting it in place: {e}")
+            ApplyError::Placing(e)
         })
     }
 

@@ -6,6 +6,7 @@
 //! nothing below it changed on the host and it holds no repository.
 
 use super::apply::Door;
+use super::error::ApplyError;
 use super::journal::{taken_name, Placed, Step};
 use crate::sandbox::beneath::beneath;
 use nix::fcntl::{renameat, AtFlags, OFlag};
@@ -25,12 +26,12 @@ pub(super) enum Aside {
 }
 
 impl Door<'_> {
-    pub(super) fn remove(&mut self, rel: &Path) -> Result<bool, String> {
+    pub(super) fn remove(&mut self, rel: &Path) -> Result<bool, ApplyError> {
         let Some(st) = self.host(rel) else {
             return Ok(false);
         };
         if self.changed(rel, &st) {
-            return Err("changed on the host since the instance started".into());
+            return Err(ApplyError::ChangedOnHost);
         }
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             self.removable_dir(rel)?;
@@ -50,7 +51,7 @@ impl Door<'_> {
         dir: &OwnedFd,
         name: &Path,
         aside: Aside,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyError> {
         self.taken_count += 1;
         let tname = taken_name(&self.taken_prefix, self.taken_count, name);
         let taken = self.layer.join("taken").join(&tname);
@@ -87,13 +88,17 @@ impl Door<'_> {
     /// changed on the host since the instance started and it holds no
     /// repository (the human's unpushed work); at most 100,000 entries are
     /// looked at, and a larger one is left.
-    fn removable_dir(&self, rel: &Path) -> Result<(), String> {
+    fn removable_dir(&self, rel: &Path) -> Result<(), ApplyError> {
         let mut stack = vec![rel.to_path_buf()];
         let mut seen = 0usize;
         while let Some(d) = stack.pop() {
-            let fd = beneath(&self.trees.lower, &d, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
-                .map_err(|e| format!("{} could not be read ({e}): left", d.display()))?;
-            let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| e.to_string())?;
+            let fd = beneath(&self.trees.lower, &d, OFlag::O_RDONLY | OFlag::O_DIRECTORY).map_err(
+                |source| ApplyError::Unlisted {
+                    dir: d.clone(),
+                    source,
+                },
+            )?;
+            let mut dir = nix::dir::Dir::from_fd(fd).map_err(ApplyError::Sys)?;
             for e in dir.iter().flatten() {
                 let n = e.file_name().to_bytes();
                 if n == b"." || n == b".." {
@@ -101,24 +106,16 @@ impl Door<'_> {
                 }
                 seen += 1;
                 if seen > 100_000 {
-                    return Err(
-                        "more than 100,000 entries to check: left, remove it yourself".into(),
-                    );
+                    return Err(ApplyError::TooManyBelow);
                 }
                 let child = d.join(std::ffi::OsStr::from_bytes(n));
                 if super::hold::is_vcs_name(std::ffi::OsStr::from_bytes(n))
                     || self.trees.bare_shape(&child)
                 {
-                    return Err(format!(
-                        "it holds a repository ({}): left, remove it yourself",
-                        child.display()
-                    ));
+                    return Err(ApplyError::HoldsRepo(child));
                 }
                 if self.changed_on_host(&child) {
-                    return Err(format!(
-                        "{} changed on the host since the instance started",
-                        child.display()
-                    ));
+                    return Err(ApplyError::BelowChanged(child));
                 }
                 if e.file_type() == Some(nix::dir::Type::Directory) {
                     stack.push(child);
@@ -139,7 +136,7 @@ impl Door<'_> {
         name: &Path,
         tname: &Path,
         keep: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyError> {
         let moved = if keep {
             nix::unistd::linkat(dir, name, &self.taken_dir, tname, AtFlags::empty())
         } else {
@@ -148,7 +145,7 @@ impl Door<'_> {
         match moved {
             Ok(()) => Ok(()),
             Err(nix::Error::EXDEV) => self.take_copy(rel, (dir, name), tname, keep),
-            Err(e) => Err(format!("keeping it aside: {e}")),
+            Err(e) => Err(ApplyError::KeepAside(e)),
         }
     }
 
@@ -160,7 +157,7 @@ impl Door<'_> {
         (dir, name): (&OwnedFd, &Path),
         tname: &Path,
         keep: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyError> {
         let taken: PathBuf = self.layer.join("taken").join(tname);
         let src = beneath(
             &self.trees.lower,
@@ -170,25 +167,28 @@ impl Door<'_> {
         .map(std::fs::File::from)
         .ok()
         .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
-        .ok_or("on another file system and not a regular file: left in place")?;
+        .ok_or(ApplyError::OtherFs)?;
+        let in_taken = |source| ApplyError::Taken {
+            path: taken.clone(),
+            source,
+        };
         let mut dst = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&taken)
-            .map_err(|e| format!("{}: {e}", taken.display()))?;
+            .map_err(in_taken)?;
         // Its mode kept, and on disk before the original goes: the end's
         // syncfs is of the workspace's file system, not this one.
         let mode = src
             .metadata()
             .map(|m| m.permissions())
-            .map_err(|e| e.to_string())?;
+            .map_err(ApplyError::Io)?;
         std::io::copy(&mut &src, &mut dst)
             .and_then(|_| dst.set_permissions(mode))
             .and_then(|()| dst.sync_all())
-            .map_err(|e| format!("{}: {e}", taken.display()))?;
+            .map_err(in_taken)?;
         if !keep {
-            unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)
-                .map_err(|e| format!("removing it: {e}"))?;
+            unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).map_err(ApplyError::Removing)?;
         }
         Ok(())
     }

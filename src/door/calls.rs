@@ -4,6 +4,7 @@
 //! changed after it. Read-only; on a running instance too. Names and
 //! contents are the agent's: a terminal gets them escaped.
 
+use super::error::CallsError;
 use crate::supervisor::history::{self, HistoryError, Line, Node};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -11,23 +12,21 @@ use std::path::{Path, PathBuf};
 /// Longest file shown as text, in bytes.
 const TEXT_MAX: u64 = 1 << 20;
 
-fn history_dir(id: &str) -> Result<(PathBuf, PathBuf), String> {
-    let (dir, meta) = crate::supervisor::layer::find(id).map_err(|e| e.to_string())?;
+fn history_dir(id: &str) -> Result<(PathBuf, PathBuf), CallsError> {
+    let (dir, meta) = crate::supervisor::layer::find(id)?;
     let h = history::History::dir_of(&dir);
     if !h.join("log.jsonl").exists() {
-        return Err(HistoryError::None(id.to_string()).to_string());
+        return Err(HistoryError::None(id.to_string()).into());
     }
     Ok((h, meta.workspace))
 }
 
 /// `sandmux log ID [--json]`.
 pub(crate) fn log(id: &str, json: bool) -> i32 {
-    let lines = match history_dir(id)
-        .and_then(|(h, _)| history::store::read_lines(&h).map_err(|e| e.to_string()))
-    {
+    let lines = match history_dir(id).and_then(|(h, _)| Ok(history::store::read_lines(&h)?)) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e));
+            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
             return 2;
         }
     };
@@ -108,33 +107,27 @@ pub(crate) fn diff(id: &str, n: u64, since: bool) -> i32 {
             i32::from(changed)
         }
         Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e));
+            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
             2
         }
     }
 }
 
-fn render(id: &str, n: u64, since: bool) -> Result<(String, bool), String> {
+fn render(id: &str, n: u64, since: bool) -> Result<(String, bool), CallsError> {
     let (h, workspace) = history_dir(id)?;
-    let e = |e: HistoryError| e.to_string();
-    let last = history::store::read_lines(&h)
-        .map_err(e)?
+    let last = history::store::read_lines(&h)?
         .last()
         .map(|l| l.n)
         .unwrap_or(0);
     let (from, to) = match since {
         true => (n, last),
-        false => (
-            n.checked_sub(1)
-                .ok_or("call 0 is the layer at the start: nothing before it")?,
-            n,
-        ),
+        false => (n.checked_sub(1).ok_or(CallsError::CallZero)?, n),
     };
     if to > last {
-        return Err(HistoryError::NoCheckpoint(to).to_string());
+        return Err(HistoryError::NoCheckpoint(to).into());
     }
-    let old = history::store::state_at(&h, from).map_err(e)?;
-    let new = history::store::state_at(&h, to).map_err(e)?;
+    let old = history::store::state_at(&h, from)?;
+    let new = history::store::state_at(&h, to)?;
     let mut out = String::new();
     let mut changed = false;
     let paths: std::collections::BTreeSet<&PathBuf> = old.keys().chain(new.keys()).collect();

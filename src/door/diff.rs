@@ -8,6 +8,7 @@
 //! since the copy was made is read as `upper/`'s, one the snapshot has
 //! and the copy lacks as a whiteout.
 
+use super::error::DiffError;
 use crate::sandbox::beneath::{beneath, open_root};
 use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag};
@@ -68,17 +69,25 @@ pub(crate) struct Trees {
 impl Trees {
     /// Opens the layer at `dir` and the workspace it overlays (a copy
     /// workspace's layer: its copy, and its snapshot).
-    pub(crate) fn open(dir: &Path, workspace: &Path) -> Result<Trees, String> {
-        let open = |p: &Path| open_root(p).map_err(|e| format!("opening {}: {e}", p.display()));
+    pub(crate) fn open(dir: &Path, workspace: &Path) -> Result<Trees, DiffError> {
+        let open = |p: &Path| {
+            open_root(p).map_err(|source| DiffError::Open {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
         let top = crate::supervisor::layer::writes(dir);
         let snapshot = crate::supervisor::layer::is_copy(dir)
             .then(|| crate::supervisor::copy::Snapshot::load(dir, &top))
             .transpose()
-            .map_err(|e| format!("the copy's snapshot in {}: {e}", dir.display()))?;
+            .map_err(|source| DiffError::Snapshot {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         let upper = open(&top)?;
         if let Some(s) = &snapshot {
-            let st = nix::sys::stat::fstat(&upper).map_err(|e| e.to_string())?;
-            s.check_end(Path::new(""), &st)?;
+            let st = nix::sys::stat::fstat(&upper).map_err(DiffError::Stat)?;
+            s.check_end(Path::new(""), &st).map_err(DiffError::Ended)?;
         }
         Ok(Trees {
             upper,
@@ -91,9 +100,12 @@ impl Trees {
 
     /// A copy's file as opened for an apply, refused when it changed after
     /// the instance ended (before or while it is copied).
-    pub(crate) fn check_end(&self, rel: &Path, f: &std::fs::File) -> Result<(), String> {
+    pub(crate) fn check_end(&self, rel: &Path, f: &std::fs::File) -> Result<(), DiffError> {
         match &self.snapshot {
-            Some(s) => s.check_end(rel, &nix::sys::stat::fstat(f).map_err(|e| e.to_string())?),
+            Some(s) => {
+                let st = nix::sys::stat::fstat(f).map_err(DiffError::Stat)?;
+                s.check_end(rel, &st).map_err(DiffError::Ended)
+            }
             None => Ok(()),
         }
     }
@@ -148,7 +160,7 @@ impl Trees {
 }
 
 /// Every change of the layer at `dir` over `workspace`, in path order.
-pub(crate) fn changes(t: &Trees) -> Result<Vec<Change>, String> {
+pub(crate) fn changes(t: &Trees) -> Result<Vec<Change>, DiffError> {
     let mut out = Vec::new();
     t.walk(Path::new(""), true, &mut out)?;
     out.sort_by(|a, b| a.rel().cmp(b.rel()));
@@ -174,7 +186,7 @@ fn kind(mode: u32) -> u32 {
 impl Trees {
     /// The changes below `rel`; `lower_there`: the workspace has a
     /// directory at `rel` (else everything below is new).
-    fn walk(&self, rel: &Path, lower_there: bool, out: &mut Vec<Change>) -> Result<(), String> {
+    fn walk(&self, rel: &Path, lower_there: bool, out: &mut Vec<Change>) -> Result<(), DiffError> {
         let opened =
             beneath(&self.upper, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY).and_then(Dir::from_fd);
         let mut d = match opened {
@@ -226,7 +238,7 @@ impl Trees {
                         continue;
                     }
                 };
-                s.check_end(&child, &u)?;
+                s.check_end(&child, &u).map_err(DiffError::Ended)?;
                 if s.untouched(rel, name, &u) {
                     // The copy's own: only what is below it can be the agent's.
                     if kind(u.st_mode) == libc::S_IFDIR {
@@ -255,7 +267,7 @@ impl Trees {
         rel: &Path,
         (up, low): (Option<FileStat>, Option<FileStat>),
         out: &mut Vec<Change>,
-    ) -> Result<(), String> {
+    ) -> Result<(), DiffError> {
         let Some(up) = up else {
             return Ok(()); // gone while we looked
         };
@@ -427,7 +439,7 @@ pub(crate) fn read(dir: &OwnedFd, rel: &Path, cap: u64) -> Option<Vec<u8>> {
 
 /// The unified diff of every change that has text (`patch -p1` in the
 /// workspace applies it); binary or large files get one line saying so.
-pub(crate) fn unified(t: &Trees, changes: &[&Change]) -> Result<String, String> {
+pub(crate) fn unified(t: &Trees, changes: &[&Change]) -> String {
     let mut out = String::new();
     for c in changes.iter().copied() {
         let (old, new) = match c {
@@ -503,5 +515,5 @@ pub(crate) fn unified(t: &Trees, changes: &[&Change]) -> Result<String, String> 
             out.push('\n');
         }
     }
-    Ok(out)
+    out
 }

@@ -7,6 +7,7 @@
 //! repository's configuration names — is not fetched: checking it out
 //! would bring what `apply` held back.
 
+use super::error::RefsError;
 use std::path::{Path, PathBuf};
 
 /// New commits looked at per branch; a branch with more is not fetched.
@@ -22,7 +23,7 @@ pub(crate) fn refuse_held(
     tips: &[&str],
     root: &Path,
     check: super::refs::Check<'_>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, RefsError> {
     let mut refused = Vec::new();
     let mut keep = Vec::new();
     for (name, sha) in refs.drain(..) {
@@ -32,7 +33,7 @@ pub(crate) fn refuse_held(
                 continue;
             }
             Ok(Some(why)) => why,
-            Err(e) => e,
+            Err(e) => e.to_string(),
         };
         // Out of the staging repository, or nothing is fetched at all.
         super::refs::git_out(repo, &["update-ref", "-d", &format!("refs/heads/{name}")])?;
@@ -48,7 +49,7 @@ fn first_held(
     tips: &[&str],
     root: &Path,
     check: super::refs::Check<'_>,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, RefsError> {
     let mut args = vec!["rev-list", sha];
     if !tips.is_empty() {
         args.push("--not");

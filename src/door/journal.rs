@@ -4,6 +4,7 @@
 //! layer applies again cleanly.
 
 use super::diff::stat_at;
+use super::error::JournalError;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
@@ -84,12 +85,12 @@ pub(super) fn taken_name(prefix: &str, n: u64, name: &Path) -> PathBuf {
 /// has none). A line that cannot be read is an error: dropped, a rewrite
 /// of the journal would lose the step it records. A torn last line (no
 /// newline: a crash while it was written) recorded a step never made.
-pub(super) fn journaled(layer: &Path) -> Result<Vec<Step>, String> {
+pub(super) fn journaled(layer: &Path) -> Result<Vec<Step>, JournalError> {
     let path = layer.join("apply.jsonl");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("the journal {}: {e}", path.display())),
+        Err(source) => return Err(JournalError::Read { path, source }),
     };
     let complete = match text.rfind('\n') {
         Some(end) => &text[..=end],
@@ -99,7 +100,11 @@ pub(super) fn journaled(layer: &Path) -> Result<Vec<Step>, String> {
         .lines()
         .enumerate()
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| format!("{}: line {}: {e}", path.display(), i + 1))
+            serde_json::from_str(l).map_err(|source| JournalError::Line {
+                path: path.clone(),
+                line: i + 1,
+                source,
+            })
         })
         .collect()
 }

@@ -11,6 +11,8 @@ pub(crate) mod apply;
 mod aside;
 pub(crate) mod calls;
 pub(crate) mod diff;
+mod error;
+pub(crate) use error::DoorError;
 mod gitask;
 pub(crate) mod history;
 pub(crate) mod hold;
@@ -39,40 +41,6 @@ pub(crate) use show::{show, Look};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-/// What keeps the door from doing what it was asked: nothing was applied.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum DoorError {
-    #[error("{0}")]
-    Find(#[from] crate::supervisor::layer::LayerError),
-    #[error("the layer: {0}")]
-    Layer(String),
-    #[error("{0}: paths are relative to the workspace, without '..'")]
-    BadPath(String),
-    #[error("the last review: {0}")]
-    Review(String),
-    #[error("{0}")]
-    NotAsReviewed(String),
-    #[error("this apply writes {need} bytes (apparent sizes) and the workspace's file system has {free} free: nothing applied; free space, or apply fewer PATHS")]
-    NoSpace { need: u64, free: u64 },
-    #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once, and every name and directory) and {inodes} inodes, and the layer's file system has {free} bytes free or fewer inodes: nothing written; free space, or review the whole layer (`sandmux diff ID`)")]
-    ViewNoSpace {
-        n: u64,
-        need: u64,
-        free: u64,
-        inodes: u64,
-    },
-    #[error("checkpoint {n} written out as a view needs {need} bytes (apparent sizes, each content once) and the kept layers hold {kept}: past [workspace] kept_bytes = {cap} of {}: nothing written; see them with `sandmux ps --all`, or review the whole layer (`sandmux diff ID`)", config.display())]
-    ViewOverKept {
-        n: u64,
-        need: u64,
-        kept: u64,
-        cap: u64,
-        config: PathBuf,
-    },
-    #[error("{0}")]
-    Failed(String),
-}
-
 /// `sandmux discard ID`: removes the layer; 0, or 2 with the reason.
 /// The record is written after the removal: a disk the agent filled must
 /// not keep the human from freeing it (a record that cannot be written
@@ -92,7 +60,10 @@ pub(crate) fn discard(id: &str) -> i32 {
     eprintln!("sandmux: {}", crate::term::printable(&line));
     match record::Record::open(id, &dir) {
         Ok(rec) => rec.done("discard", &[], &[line], code),
-        Err(e) => eprintln!("sandmux: not recorded: {}", crate::term::printable(&e)),
+        Err(e) => eprintln!(
+            "sandmux: not recorded: {}",
+            crate::term::printable(&e.to_string())
+        ),
     }
     code
 }
@@ -235,7 +206,7 @@ fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
     let (dir, meta) = crate::supervisor::layer::find(id)?;
     let _ended = crate::supervisor::layer::ended(&dir, id)?;
     crate::supervisor::layer::mark_ended(&dir);
-    let rec = record::Record::open(id, &dir).map_err(DoorError::Failed)?;
+    let rec = record::Record::open(id, &dir)?;
     // What the layer holds changes: measured again when next listed.
     let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));
     let action = match (ask.undo, moving) {
@@ -247,7 +218,10 @@ fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
     let (at, action) = match ask.upto {
         // Nothing to undo in a view never made: none is made for it.
         Some(n) if ask.undo && upto::existing(&dir, n).is_none() => {
-            let e = DoorError::Failed(format!("no `apply {id} --upto {n}` ran: nothing to undo"));
+            let e = DoorError::NothingToUndo {
+                id: id.to_string(),
+                n,
+            };
             rec.done(
                 &format!("{action} --upto {n}"),
                 &ask.paths,

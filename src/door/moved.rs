@@ -71,7 +71,7 @@ impl Door<'_> {
         (dir, name): (&OwnedFd, &Path),
         mode: u32,
         replace: bool,
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), super::error::ApplyError>> {
         use std::os::unix::fs::MetadataExt;
         let meta = src.metadata().ok()?;
         let here = nix::sys::stat::fstat(dir).ok()?;
@@ -103,11 +103,11 @@ impl Door<'_> {
                 rel: rel.into(),
                 placed,
             }) {
-                return Some(Err(e));
+                return Some(Err(e.into()));
             }
             renameat2(&udir, name, dir, name, RenameFlags::RENAME_NOREPLACE)
         };
-        Some(placed.map_err(|e| format!("moving it into place: {e}")))
+        Some(placed.map_err(super::error::ApplyError::Moving))
     }
 }
 

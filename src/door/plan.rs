@@ -40,12 +40,12 @@ impl Plan {
             .iter()
             .find(|p| p.is_absolute() || p.components().any(|c| c.as_os_str() == ".."))
         {
-            return Err(DoorError::BadPath(p.display().to_string()));
+            return Err(DoorError::BadPath(p.clone()));
         }
-        let trees = Trees::open(dir, &meta.workspace).map_err(DoorError::Layer)?;
+        let trees = Trees::open(dir, &meta.workspace)?;
         // Git is asked while the layer is walked.
         let asking = super::gitask::Asking::start(&meta.workspace);
-        let changes = diff::changes(&trees).map_err(DoorError::Layer)?;
+        let changes = diff::changes(&trees)?;
         let facts = asking.answers();
         // Verdicts come from every change, then PATHS choose among them:
         // naming a path never changes what is held or ignored.

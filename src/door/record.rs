@@ -6,6 +6,7 @@
 //! opened before the door does anything: a door that cannot record does
 //! not open.
 
+use super::error::RecordError;
 use crate::audit::{Audit, Entry, Secrets};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -16,10 +17,6 @@ const BUDGET: u64 = 1 << 20;
 const LISTED: usize = 5;
 /// Longest name listed, in bytes (a record stays under its bound).
 const NAME_MAX: usize = 200;
-
-fn refused(e: String) -> String {
-    format!("{e}: the door records what it does, and does nothing it cannot record")
-}
 
 /// Nothing in the door's arguments is secret: names are the agent's.
 static NONE: Secrets = (Vec::new(), Vec::new());
@@ -34,18 +31,18 @@ pub(super) struct Record {
 impl Record {
     /// Opens instance `id`'s log: its `serve` log at the default place,
     /// else a new one in the state directory that holds `layer_dir`.
-    pub(super) fn open(id: &str, layer_dir: &Path) -> Result<Record, String> {
+    pub(super) fn open(id: &str, layer_dir: &Path) -> Result<Record, RecordError> {
         let path = match crate::audit::of_instance(id) {
             Some(p) => p,
             None => {
                 let state = layer_dir
                     .parent()
                     .and_then(Path::parent)
-                    .ok_or("the layer has no state directory")?;
+                    .ok_or(RecordError::NoStateDir)?;
                 let name = crate::audit::default_path(id)
                     .ok()
                     .and_then(|p| p.file_name().map(|n| n.to_owned()))
-                    .ok_or("no name for the audit log")?;
+                    .ok_or(RecordError::NoName)?;
                 state.join("audit").join(name)
             }
         };
@@ -64,7 +61,7 @@ impl Record {
                 } else {
                     name(secs)
                 };
-                let a = Audit::open(&fresh, BUDGET, &NONE).map_err(refused)?;
+                let a = Audit::open(&fresh, BUDGET, &NONE).map_err(RecordError::Refused)?;
                 eprintln!(
                     "sandmux: {}; the door's record goes to {}",
                     crate::term::printable(&e),
@@ -72,7 +69,7 @@ impl Record {
                 );
                 a
             }
-            Err(e) => return Err(refused(e)),
+            Err(e) => return Err(RecordError::Refused(e)),
         };
         Ok(Record {
             audit,

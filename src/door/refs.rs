@@ -14,6 +14,7 @@
 //! (`git init`), and gets the branches as its own, `HEAD` and the index at
 //! the agent's `HEAD`: `git status` there shows what was not committed.
 
+use super::error::RefsError;
 use crate::sandbox::beneath::{beneath, entries};
 use nix::fcntl::OFlag;
 use std::ffi::OsStr;
@@ -72,7 +73,7 @@ pub(crate) fn fetch(
     root: &Path,
     id: &str,
     (check, made): (Check<'_>, bool),
-) -> Result<Fetched, String> {
+) -> Result<Fetched, RefsError> {
     let top = crate::supervisor::layer::writes(layer);
     let upper_git = top.join(root).join(".git");
     plain_on_both_sides(&trees.lower, &top, root)?;
@@ -114,16 +115,15 @@ pub(crate) fn fetch(
 /// Every directory on the way to the agent's `.git` is the layer's own,
 /// never a link; and the host's, the workspace's own directories (a link
 /// there is the human's, to anywhere: git never runs through it).
-fn plain_on_both_sides(lower: &OwnedFd, top: &Path, root: &Path) -> Result<(), String> {
+fn plain_on_both_sides(lower: &OwnedFd, top: &Path, root: &Path) -> Result<(), RefsError> {
     let mut at = top.to_path_buf();
     for c in root.join(".git").components() {
         at.push(c);
         if !real_dir(&at) {
-            return Err(format!("{}: not a directory of the layer", at.display()));
+            return Err(RefsError::NotLayerDir(at));
         }
     }
-    beneath(lower, root, OFlag::O_PATH | OFlag::O_DIRECTORY)
-        .map_err(|e| format!("not a plain directory of the workspace ({e})"))?;
+    beneath(lower, root, OFlag::O_PATH | OFlag::O_DIRECTORY).map_err(RefsError::NotPlain)?;
     Ok(())
 }
 
@@ -135,20 +135,14 @@ fn host_refs(
     host_dir: &Path,
     host_git: &Path,
     made: bool,
-) -> Result<(bool, Vec<(String, String)>), String> {
+) -> Result<(bool, Vec<(String, String)>), RefsError> {
     match std::fs::symlink_metadata(host_git) {
         Ok(m) if m.is_dir() => Ok((false, read_refs(host_git, host_git)?)),
-        Ok(_) => Err(format!(
-            "{}: not a directory on the host",
-            host_git.display()
-        )),
+        Ok(_) => Err(RefsError::NotHostDir(host_git.to_path_buf())),
         Err(_) => {
             let inside = git_out(host_dir, &["rev-parse", "--show-toplevel"]);
             if let (Ok(top), false) = (inside, made) {
-                return Err(format!(
-                    "it lies inside the repository at {}: its commits stay in the layer",
-                    top.trim()
-                ));
+                return Err(RefsError::InsideRepo(PathBuf::from(top.trim())));
             }
             Ok((true, Vec::new()))
         }
@@ -158,7 +152,7 @@ fn host_refs(
 /// The host's git fetches the staged branches: into `refs/heads` of a
 /// repository it makes (`fresh`), else under `refs/sandmux/ID`. Returns
 /// where they went.
-fn fetch_staged(tmp: &Path, host_dir: &Path, fresh: bool, id: &str) -> Result<String, String> {
+fn fetch_staged(tmp: &Path, host_dir: &Path, fresh: bool, id: &str) -> Result<String, RefsError> {
     let to = match fresh {
         true => "refs/heads".to_string(),
         false => format!("refs/sandmux/{id}"),
@@ -193,7 +187,7 @@ fn told(
     root: &Path,
     fresh: bool,
     id: &str,
-) -> Result<Fetched, String> {
+) -> Result<Fetched, RefsError> {
     let shown = if root.as_os_str().is_empty() {
         ".".into()
     } else {
@@ -244,18 +238,16 @@ fn stage(
     (upper_git, copied): (&Path, &dyn Fn(&Path) -> bool),
     host_git: Option<&PathBuf>,
     refs: &mut Vec<(String, String)>,
-) -> Result<(), String> {
-    std::fs::create_dir(tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+) -> Result<(), RefsError> {
+    std::fs::create_dir(tmp).map_err(|source| RefsError::Path {
+        path: tmp.to_path_buf(),
+        source,
+    })?;
     git(tmp, &["init", "-q", "--bare", "--template="])?;
     let objects = upper_git.join("objects");
     match std::fs::symlink_metadata(&objects) {
         Ok(m) if m.is_dir() => copy_objects(&objects, &tmp.join("objects"), copied)?,
-        Ok(_) => {
-            return Err(format!(
-                "{}: not a directory of the layer",
-                objects.display()
-            ))
-        }
+        Ok(_) => return Err(RefsError::NotLayerDir(objects)),
         Err(_) => {} // no object of the agent's: its refs name the host's
     }
     if let Some(h) = host_git {
@@ -264,7 +256,7 @@ fn stage(
             tmp.join("objects/info/alternates"),
             format!("{}\n", alt.display()),
         )
-        .map_err(|e| format!("alternates: {e}"))?;
+        .map_err(RefsError::Alternates)?;
     }
     refs.retain(|(name, sha)| {
         git(tmp, &["update-ref", &format!("refs/heads/{name}"), sha]).is_ok()
@@ -273,18 +265,15 @@ fn stage(
 }
 
 /// [`git`], returning its standard output.
-pub(crate) fn git_out(dir: &Path, args: &[&str]) -> Result<String, String> {
-    let out = command(dir, args)
-        .output()
-        .map_err(|e| format!("git: {e}"))?;
+pub(crate) fn git_out(dir: &Path, args: &[&str]) -> Result<String, RefsError> {
+    let out = command(dir, args).output().map_err(RefsError::Spawn)?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "git {}: {}",
-            args.first().copied().unwrap_or(""),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(RefsError::Git {
+            cmd: args.first().copied().unwrap_or("").to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -305,7 +294,7 @@ fn command(dir: &Path, args: &[&str]) -> Command {
 
 /// Runs the host's git in `dir` (`-C`), with none of the caller's git
 /// variables; `Err` carries its stderr.
-fn git(dir: &Path, args: &[&str]) -> Result<(), String> {
+fn git(dir: &Path, args: &[&str]) -> Result<(), RefsError> {
     git_out(dir, args).map(drop)
 }
 
@@ -341,7 +330,7 @@ fn read_small(p: &Path, max: u64) -> Option<String> {
 
 /// The agent's branches: `packed-refs` (the layer's, else the host's) then
 /// the loose refs of the layer (which win), names and values checked.
-fn read_refs(upper_git: &Path, host_git: &Path) -> Result<Vec<(String, String)>, String> {
+fn read_refs(upper_git: &Path, host_git: &Path) -> Result<Vec<(String, String)>, RefsError> {
     let mut refs: Vec<(String, String)> = Vec::new();
     let mut put = |name: String, value: &str| {
         if plain_ref(&name) && sha(value) && refs.len() < MAX_REFS {
@@ -395,7 +384,7 @@ fn agent_head(upper_git: &Path) -> Option<String> {
 /// Copies the layer's object files into `to`: loose objects and packs by
 /// their names only, regular files with one link, at most
 /// [`MAX_OBJECT_BYTES`] in all.
-fn copy_objects(from: &Path, to: &Path, copied: &dyn Fn(&Path) -> bool) -> Result<(), String> {
+fn copy_objects(from: &Path, to: &Path, copied: &dyn Fn(&Path) -> bool) -> Result<(), RefsError> {
     let mut total = 0u64;
     let hex = |s: &OsStr, n: &[usize]| {
         s.to_str().is_some_and(|t| {
@@ -430,12 +419,13 @@ fn copy_objects(from: &Path, to: &Path, copied: &dyn Fn(&Path) -> bool) -> Resul
             }
             total += m.len();
             if total > MAX_OBJECT_BYTES {
-                return Err(format!(
-                    "more than {MAX_OBJECT_BYTES} bytes of objects: not fetched"
-                ));
+                return Err(RefsError::TooLarge(MAX_OBJECT_BYTES));
             }
             let dest = to.join(&name);
-            std::fs::create_dir_all(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+            std::fs::create_dir_all(&dest).map_err(|source| RefsError::Path {
+                path: dest.clone(),
+                source,
+            })?;
             copy_nofollow(&fpath, &dest.join(&fname))?;
         }
     }
@@ -443,14 +433,18 @@ fn copy_objects(from: &Path, to: &Path, copied: &dyn Fn(&Path) -> bool) -> Resul
 }
 
 /// Copies a regular file, its last component not followed.
-fn copy_nofollow(src: &Path, dst: &Path) -> Result<(), String> {
+fn copy_nofollow(src: &Path, dst: &Path) -> Result<(), RefsError> {
     use std::os::unix::fs::OpenOptionsExt;
+    let at = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| RefsError::Path { path, source }
+    };
     let mut s = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(src)
-        .map_err(|e| format!("{}: {e}", src.display()))?;
-    let mut d = std::fs::File::create_new(dst).map_err(|e| format!("{}: {e}", dst.display()))?;
-    std::io::copy(&mut s, &mut d).map_err(|e| format!("{}: {e}", dst.display()))?;
+        .map_err(at(src))?;
+    let mut d = std::fs::File::create_new(dst).map_err(at(dst))?;
+    std::io::copy(&mut s, &mut d).map_err(at(dst))?;
     Ok(())
 }

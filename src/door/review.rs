@@ -9,6 +9,7 @@
 //! digest of what it brought.
 
 use super::diff::{Change, Trees};
+use super::error::ReviewError;
 use super::DoorError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -130,24 +131,27 @@ impl Reviewed {
     /// Keeps this review in the layer's directory `dir` (replacing one
     /// before it, atomically).
     pub(crate) fn save(&self, dir: &Path) -> Result<(), DoorError> {
-        let text = serde_json::to_vec(self).map_err(|e| DoorError::Review(e.to_string()))?;
+        let text = serde_json::to_vec(self).map_err(ReviewError::Encode)?;
         let tmp = dir.join(format!("{REVIEWED}.tmp"));
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, dir.join(REVIEWED)))
-            .map_err(|e| DoorError::Review(format!("{}: {e}", dir.join(REVIEWED).display())))
+            .map_err(|source| ReviewError::File {
+                path: dir.join(REVIEWED),
+                source,
+            })?;
+        Ok(())
     }
 
     /// The last review of the layer at `dir`, if there was one.
     pub(crate) fn load(dir: &Path) -> Result<Option<Reviewed>, DoorError> {
-        match std::fs::read(dir.join(REVIEWED)) {
+        let path = dir.join(REVIEWED);
+        let read = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b)
                 .map(Some)
-                .map_err(|e| DoorError::Review(format!("{}: {e}", dir.join(REVIEWED).display()))),
+                .map_err(|source| ReviewError::Parse { path, source }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(DoorError::Review(format!(
-                "{}: {e}",
-                dir.join(REVIEWED).display()
-            ))),
-        }
+            Err(source) => Err(ReviewError::File { path, source }),
+        };
+        Ok(read?)
     }
 }

@@ -4,6 +4,7 @@
 //! the checkpoint it names. The workspace itself is not touched: `diff`
 //! and `apply` then show and bring what the layer holds.
 
+use super::error::RewindError;
 use super::record::Record;
 use crate::supervisor::history::{rewind, History};
 use crate::supervisor::layer;
@@ -20,28 +21,27 @@ pub(crate) fn rewind_layer(id: &str, n: u64) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e));
+            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
             2
         }
     }
 }
 
-fn run(id: &str, n: u64) -> Result<Vec<String>, String> {
-    let (dir, _) = layer::find(id).map_err(|e| e.to_string())?;
+fn run(id: &str, n: u64) -> Result<Vec<String>, RewindError> {
+    let (dir, _) = layer::find(id)?;
     // Held while the layer is written: no instance starts on it meanwhile.
-    let _lock = layer::ended(&dir, id).map_err(|e| {
-        format!(
-            "{e}; rewinding a running instance is not built yet: stop it first (sandmux stop {id})"
-        )
+    let _lock = layer::ended(&dir, id).map_err(|source| RewindError::Running {
+        id: id.to_string(),
+        source,
     })?;
     if !History::dir_of(&dir).join("log.jsonl").exists() {
-        return Err(crate::supervisor::history::HistoryError::None(id.to_string()).to_string());
+        return Err(crate::supervisor::history::HistoryError::None(id.to_string()).into());
     }
     // The door records what it does, and does nothing it cannot record.
     let rec = Record::open(id, &dir)?;
     // What the layer holds changes: measured again when next listed.
     let _ = std::fs::remove_file(dir.join(crate::supervisor::kept::USAGE));
-    let mut h = History::open(&dir, &layer::writes(&dir), u64::MAX).map_err(|e| e.to_string())?;
+    let mut h = History::open(&dir, &layer::writes(&dir), u64::MAX)?;
     match rewind::rewind(&mut h, n) {
         Ok((before, after)) => {
             let lines = vec![format!(
@@ -51,10 +51,14 @@ fn run(id: &str, n: u64) -> Result<Vec<String>, String> {
             rec.done("rewind", &[], &lines, 0);
             Ok(lines)
         }
-        Err(e) => {
-            let line = format!("failed: rewinding layer {id} to checkpoint {n}: {e}");
-            rec.done("rewind", &[], std::slice::from_ref(&line), 2);
-            Err(line)
+        Err(source) => {
+            let e = RewindError::Failed {
+                id: id.to_string(),
+                n,
+                source,
+            };
+            rec.done("rewind", &[], &[e.to_string()], 2);
+            Err(e)
         }
     }
 }

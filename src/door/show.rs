@@ -60,12 +60,13 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
     // `--upto N`: the same review of a view of checkpoint N (`upto.rs`).
     let (dir, upto) = match look.upto {
         None => (top.clone(), String::new()),
-        Some(_) if running => {
-            return Err(DoorError::Layer(format!("instance {id} is still running: `--upto` reviews an ended instance's checkpoints; stop it first (sandmux stop {id}), or follow it with `sandmux log {id}`")))
-        }
+        Some(_) if running => return Err(DoorError::Running(id.to_string())),
         Some(n) => {
             text.push_str(&format!("# the work up to tool call {n} of instance {id} (checkpoint {n}, `sandmux log {id}`), not what came after it\n"));
-            (super::upto::view(&top, &meta, id, n)?, format!(" --upto {n}"))
+            (
+                super::upto::view(&top, &meta, id, n)?,
+                format!(" --upto {n}"),
+            )
         }
     };
     let plan = Plan::open(&dir, &meta, &look.paths)?;
@@ -75,7 +76,7 @@ fn render(id: &str, look: &Look) -> Result<(String, bool), DoorError> {
     let shown = listed(&plan, look, &mut text);
     if !look.names_only && !shown.is_empty() {
         text.push('\n');
-        text.push_str(&diff::unified(&plan.trees, &shown).map_err(DoorError::Layer)?);
+        text.push_str(&diff::unified(&plan.trees, &shown));
     }
     let manifest = plan.manifest();
     let digest = manifest.digest();

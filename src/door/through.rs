@@ -35,7 +35,10 @@ fn commits(
         .filter(|a| !a.as_os_str().is_empty())
         .find_map(|a| check(a, "directory").map(|why| (a.to_path_buf(), why)));
     let fetched = match at {
-        Some((a, why)) => Err(format!("{} is held back: {why}", shown_name(&a))),
+        Some((a, why)) => Err(super::error::RefsError::HeldBack {
+            name: shown_name(&a),
+            why,
+        }),
         None => refs::fetch(trees, (layer, ws), &root, id, (check, made(&root))),
     };
     match fetched {
@@ -119,8 +122,7 @@ pub(super) fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report,
         .collect();
     fits(&plan, &brought)?;
     let digest = as_reviewed(&plan, (&dir, t.top, id), ask, &brought)?;
-    let mut door =
-        apply::Door::open(&plan.trees, &dir, meta.created_ns).map_err(DoorError::Failed)?;
+    let mut door = apply::Door::open(&plan.trees, &dir, meta.created_ns)?;
     door.moving = moving;
     let (mut r, vcs, ignored) = each_item(&plan, &mut door, ask, &brings);
     // Before any of the agent's commits are fetched: a repository host git
@@ -138,7 +140,7 @@ pub(super) fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report,
             .lines()
             .map(|l| format!("left {}", l.trim_start_matches("I "))),
     );
-    door.finish().map_err(DoorError::Failed)?;
+    door.finish()?;
     r.set_aside = door.taken.len();
     r.unrecoverable = if moving { unrecoverable } else { 0 };
     Ok(ended(r, (id, ask.upto), moving, &digest))
@@ -147,8 +149,8 @@ pub(super) fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report,
 /// `apply --undo`: the journal played back.
 fn undone(t: &Through<'_>, ask: &Ask) -> Result<Report, DoorError> {
     undo_names_views(t, ask)?;
-    let trees = diff::Trees::open(t.dir, &t.meta.workspace).map_err(DoorError::Layer)?;
-    let (n, left) = undo::undo(&trees, t.dir).map_err(DoorError::Failed)?;
+    let trees = diff::Trees::open(t.dir, &t.meta.workspace)?;
+    let (n, left) = undo::undo(&trees, t.dir)?;
     let mut lines = vec![format!("undone: {n} steps")];
     lines.extend(left.iter().map(|l| format!("not undone: {l}")));
     let code = if left.is_empty() { 0 } else { 3 };
@@ -164,7 +166,10 @@ fn fits(plan: &Plan, brought: &[&Change]) -> Result<(), DoorError> {
     let need = plan.bytes(brought);
     let free = nix::sys::statvfs::fstatvfs(&plan.trees.lower)
         .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
-        .map_err(|e| DoorError::Failed(format!("the workspace's free space: {e}")))?;
+        .map_err(|source| DoorError::FreeSpace {
+            of: "the workspace's",
+            source,
+        })?;
     match need > free {
         true => Err(DoorError::NoSpace { need, free }),
         false => Ok(()),
@@ -290,15 +295,10 @@ fn undo_names_views(t: &Through<'_>, ask: &Ask) -> Result<(), DoorError> {
     if ns.is_empty() {
         return Ok(());
     }
-    let runs: Vec<String> = ns
-        .iter()
-        .map(|n| format!("`sandmux apply {} --upto {n} --undo`", t.id))
-        .collect();
-    Err(DoorError::Failed(format!(
-        "no whole `apply {}` ran; `apply --upto` did, and its journal is in that checkpoint's view: {}",
-        t.id,
-        runs.join(", ")
-    )))
+    Err(DoorError::UndoInView {
+        id: t.id.to_string(),
+        views: ns,
+    })
 }
 
 /// Applied = reviewed: with `--expect`, the plan's digest must be that one;
@@ -325,37 +325,34 @@ fn as_reviewed(
         if *want == digest {
             return Ok(digest);
         }
-        let what = match seen.filter(|s| s.digest == *want && !s.running) {
-            Some(s) => format!(
-                "changed since that diff: {}",
-                names(now.differing(&s.manifest, None))
-            ),
-            None => "no `sandmux diff` of this layer showed it".to_string(),
-        };
-        return Err(DoorError::NotAsReviewed(format!(
-            "the layer's changes are digest {digest}, not {want} ({what}): nothing applied; run `sandmux diff` again"
-        )));
+        let want = want.clone();
+        return Err(match seen.filter(|s| s.digest == want && !s.running) {
+            Some(s) => DoorError::ExpectChanged {
+                names: names(now.differing(&s.manifest, None)),
+                digest,
+                want,
+            },
+            None => DoorError::ExpectUnseen { digest, want },
+        });
     }
     let Some(seen) = seen else {
         // No review of this, but one of another state of the layer (the
         // whole layer, or another `--upto`): not what the human saw.
         return match upto::reviewed_elsewhere(top, dir, id) {
-            Some(why) => Err(DoorError::NotAsReviewed(why)),
+            Some(e) => Err(e),
             None => Ok(digest),
         };
     };
     if seen.running {
-        return Err(DoorError::NotAsReviewed(
-            "your last `sandmux diff` was of the instance while it ran, when the agent could change what it showed: nothing applied; run `sandmux diff` again now that it has ended".into(),
-        ));
+        return Err(DoorError::ReviewedRunning);
     }
     let only: Vec<PathBuf> = brought.iter().map(|c| c.rel().to_path_buf()).collect();
     let differ = now.differing(&seen.manifest, Some(&only));
     if differ.is_empty() {
         return Ok(digest);
     }
-    Err(DoorError::NotAsReviewed(format!(
-        "not as your last `sandmux diff` showed it: {}: nothing applied; run `sandmux diff` again, or `--expect {digest}` to take the layer as it is now",
-        names(differ)
-    )))
+    Err(DoorError::NotAsShown {
+        names: names(differ),
+        digest,
+    })
 }

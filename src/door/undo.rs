@@ -8,6 +8,7 @@
 //! that for the human's change.
 
 use super::diff::{stat_at, Trees};
+use super::error::UndoError;
 use super::journal::Step;
 use super::journal::{create_new, journaled, note_restored, taken_stat};
 use crate::sandbox::beneath::beneath;
@@ -21,10 +22,10 @@ use std::path::{Path, PathBuf};
 /// has changed since (a file no longer equal to the layer's, a directory no
 /// longer empty, a path taken again) is left, and stays in the journal.
 /// Returns how many steps were undone and what was left.
-pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), String> {
+pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), UndoError> {
     let path = layer.join("apply.jsonl");
     if !path.exists() {
-        return Err(format!("no journal: {} is not there", path.display()));
+        return Err(UndoError::NoJournal(path));
     }
     let steps = journaled(layer)?;
     let (mut done, mut left, mut kept) = (0, Vec::new(), Vec::new());
@@ -50,7 +51,7 @@ pub(crate) fn undo(trees: &Trees, layer: &Path) -> Result<(usize, Vec<String>), 
     if rest.is_empty() {
         let _ = std::fs::remove_file(&path);
     } else {
-        std::fs::write(&path, rest).map_err(|e| format!("rewriting the journal: {e}"))?;
+        std::fs::write(&path, rest).map_err(UndoError::Rewrite)?;
     }
     Ok((done, left))
 }
@@ -76,7 +77,7 @@ enum Undone {
     Stays,
 }
 
-fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<Undone, String> {
+fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<Undone, UndoError> {
     match s {
         Step::Kept { .. } => return Ok(Undone::Stays),
         Step::Replace { taken, .. } if still_there(t, layer, s.rel(), taken) => {
@@ -87,12 +88,12 @@ fn undo_step(t: &Trees, layer: &Path, s: &Step) -> Result<Undone, String> {
     reverse(t, layer, s).map(|()| Undone::Done)
 }
 
-fn reverse(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
+fn reverse(t: &Trees, layer: &Path, s: &Step) -> Result<(), UndoError> {
     let rel = s.rel();
     let parent = rel.parent().unwrap_or(Path::new(""));
-    let name = rel.file_name().ok_or("no name")?;
-    let dir = beneath(&t.lower, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
-        .map_err(|e| format!("its directory: {e}"))?;
+    let name = rel.file_name().ok_or(UndoError::NoName)?;
+    let dir =
+        beneath(&t.lower, parent, OFlag::O_PATH | OFlag::O_DIRECTORY).map_err(UndoError::Dir)?;
     // The file the apply placed is still there: the very file it moved out
     // of the layer, unedited, or the same bytes as the layer's.
     let placed = match s {
@@ -104,8 +105,9 @@ fn reverse(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
         None => t.same_content(rel),
     };
     match s {
-        Step::Mkdir { .. } => unlinkat(&dir, name, UnlinkatFlags::RemoveDir)
-            .map_err(|e| format!("not removed ({e}): it holds something now")),
+        Step::Mkdir { .. } => {
+            unlinkat(&dir, name, UnlinkatFlags::RemoveDir).map_err(UndoError::NotEmpty)
+        }
         // A step journaled by an apply that crashed before making it.
         Step::Create { .. } if stat_at(&t.lower, rel).is_none() => Ok(()),
         // Journaled, then killed before the host's entry was set aside:
@@ -115,17 +117,15 @@ fn reverse(t: &Trees, layer: &Path, s: &Step) -> Result<(), String> {
         {
             Ok(())
         }
-        Step::Create { .. } if !ours() => Err("changed since apply: left".into()),
+        Step::Create { .. } if !ours() => Err(UndoError::Changed),
         Step::Create { .. } => {
-            unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(|e| e.to_string())
+            unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir).map_err(UndoError::Sys)
         }
-        Step::Replace { .. } if !ours() => Err("changed since apply: left".into()),
+        Step::Replace { .. } if !ours() => Err(UndoError::Changed),
         Step::Replace { taken, .. } => {
             restore(layer, taken, &dir, name.as_ref(), true).map(|()| noted(t, layer, rel))
         }
-        Step::Remove { .. } if stat_at(&t.lower, rel).is_some() => {
-            Err("something is there again: left".into())
-        }
+        Step::Remove { .. } if stat_at(&t.lower, rel).is_some() => Err(UndoError::ThereAgain),
         Step::Remove { taken, .. } => {
             restore(layer, taken, &dir, name.as_ref(), false).map(|()| noted(t, layer, rel))
         }
@@ -164,10 +164,9 @@ fn restore(
     dir: &OwnedFd,
     name: &Path,
     replace: bool,
-) -> Result<(), String> {
-    let tdir =
-        crate::sandbox::beneath::open_root(&layer.join("taken")).map_err(|e| e.to_string())?;
-    let tname = taken.file_name().ok_or("no name")?;
+) -> Result<(), UndoError> {
+    let tdir = crate::sandbox::beneath::open_root(&layer.join("taken")).map_err(UndoError::Sys)?;
+    let tname = taken.file_name().ok_or(UndoError::NoName)?;
     let flags = if replace {
         RenameFlags::empty()
     } else {
@@ -178,25 +177,23 @@ fn restore(
         Err(nix::Error::EXDEV) => {
             let src = beneath(&tdir, Path::new(tname), OFlag::O_RDONLY | OFlag::O_NOFOLLOW)
                 .map(std::fs::File::from)
-                .map_err(|e| e.to_string())?;
-            let meta = src.metadata().map_err(|e| e.to_string())?;
+                .map_err(UndoError::Sys)?;
+            let meta = src.metadata().map_err(UndoError::Io)?;
             if !meta.is_file() {
-                return Err(
-                    "a directory on another file system: left in the layer's taken/".into(),
-                );
+                return Err(UndoError::DirAcross);
             }
             let tmp = PathBuf::from(format!(".sandmux-undo-{}", crate::nonce::hex()));
             let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
-            let fd = create_new(dir, &tmp, mode & 0o777).map_err(|e| e.to_string())?;
+            let fd = create_new(dir, &tmp, mode & 0o777).map_err(UndoError::Sys)?;
             let mut out = std::fs::File::from(fd);
             std::io::copy(&mut &src, &mut out)
                 .and_then(|_| out.sync_all())
-                .map_err(|e| e.to_string())?;
+                .map_err(UndoError::Io)?;
             renameat2(dir, &tmp, dir, name, flags).map_err(|e| {
                 let _ = unlinkat(dir, &tmp, UnlinkatFlags::NoRemoveDir);
-                e.to_string()
+                UndoError::Sys(e)
             })
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(UndoError::Sys(e)),
     }
 }

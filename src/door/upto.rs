@@ -29,22 +29,26 @@ pub(crate) fn view(
 ) -> Result<PathBuf, DoorError> {
     let history = History::dir_of(top);
     if meta.copy.is_some() || !history.join("log.jsonl").exists() {
-        return Err(DoorError::Layer(
-            HistoryError::None(id.to_string()).to_string(),
-        ));
+        return Err(DoorError::History(HistoryError::None(id.to_string())));
     }
     let dir = views::dir(top, n);
     if dir.is_dir() {
         return Ok(dir);
     }
     sweep(top);
-    let failed = |e: HistoryError| DoorError::Layer(format!("checkpoint {n} of layer {id}: {e}"));
+    let failed = |source: HistoryError| DoorError::Checkpoint {
+        n,
+        id: id.to_string(),
+        source,
+    };
     let target = materialise::target(&history, n).map_err(failed)?;
     // Bounded before anything is written: each content once, against the
     // free space of the layer's file system.
     let (need, inodes) = materialise::need(&target);
-    let fs = nix::sys::statvfs::statvfs(top)
-        .map_err(|e| DoorError::Failed(format!("the layer's free space: {e}")))?;
+    let fs = nix::sys::statvfs::statvfs(top).map_err(|source| DoorError::FreeSpace {
+        of: "the layer's",
+        source,
+    })?;
     let free = fs.blocks_available().saturating_mul(fs.fragment_size());
     // A file system that counts no inodes (0 in all) has no such limit.
     let (files_free, counts) = (fs.files_available(), fs.files() > 0);
@@ -59,7 +63,7 @@ pub(crate) fn view(
     // The view counts with the kept layers (`ps --all`): past `[workspace]
     // kept_bytes` no instance would start.
     let cap = crate::profile::user::load()
-        .map_err(DoorError::Layer)?
+        .map_err(DoorError::Config)?
         .workspace
         .kept_bytes
         .0;
@@ -84,8 +88,10 @@ pub(crate) fn view(
         .and_then(|()| materialise::write(&history, &target, &making.join("upper")))
         .map_err(failed)
         .and_then(|_| {
-            std::fs::rename(&making, &dir)
-                .map_err(|e| DoorError::Layer(format!("{}: {e}", dir.display())))
+            std::fs::rename(&making, &dir).map_err(|source| DoorError::View {
+                dir: dir.clone(),
+                source,
+            })
         });
     if made.is_err() {
         let _ = crate::supervisor::layer::remove_tree(&making);
@@ -131,7 +137,7 @@ fn sweep(top: &Path) {
 /// of the same layer does, the human reviewed something else than what
 /// would be applied: the `diff` that would have shown it. None: no such
 /// review.
-pub(crate) fn reviewed_elsewhere(top: &Path, at: &Path, id: &str) -> Option<String> {
+pub(crate) fn reviewed_elsewhere(top: &Path, at: &Path, id: &str) -> Option<DoorError> {
     if at.join(REVIEWED).exists() {
         return None;
     }
@@ -140,17 +146,13 @@ pub(crate) fn reviewed_elsewhere(top: &Path, at: &Path, id: &str) -> Option<Stri
     let (n, _) = others
         .into_iter()
         .find(|(_, d)| d != at && d.join(REVIEWED).exists())?;
-    let was = |n: Option<u64>| match n {
-        Some(n) => format!("`sandmux diff {id} --upto {n}`"),
-        None => format!("`sandmux diff {id}`"),
-    };
     let this = views(top)
         .into_iter()
         .find(|(_, d)| d == at)
         .map(|(n, _)| n);
-    Some(format!(
-        "your last review of layer {id} was {}, not of what this apply brings: nothing applied; run {} first",
-        was(n),
-        was(this)
-    ))
+    Some(DoorError::ReviewedElsewhere {
+        id: id.to_string(),
+        was: n,
+        this,
+    })
 }
