@@ -83,11 +83,7 @@ pub(crate) fn run(policy: Policy) -> Report {
         Ok(inst) => {
             let mut layers = inst.layers();
             let needs = inst.supervisor_needs(Path::new("/dev/null"), None);
-            let client = || {
-                inst.cmd(&["display-message", "-p", "ok"])
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            };
+            let client = || inst.cmd(&["display-message", "-p", "ok"]).map(|_| ());
             let supervisor = crate::confine::probe(&inst.policy, &needs, &client);
             layers.push(match &supervisor {
                 Ok(s) => s.clone(),

@@ -392,7 +392,10 @@ fn refresh_in_broker(
 ) {
     let (b, audit) = (broker.clone(), audit.clone());
     v.start(
-        Arc::new(move |i| b.credential(i).map_err(|e| e.to_string())),
+        Arc::new(move |i| {
+            b.credential(i)
+                .map_err(|e| crate::proxy::credentials::FetchError::Elsewhere(Box::new(e)))
+        }),
         Arc::new(move |kind, args| {
             audit.event(crate::audit::Entry::event(
                 "(credentials)",
