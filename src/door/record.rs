@@ -64,15 +64,15 @@ impl Record {
                 } else {
                     name(secs)
                 };
-                let a = Audit::open(&fresh, BUDGET, &NONE).map_err(refused)?;
+                let a = Audit::open(&fresh, BUDGET, &NONE).map_err(|e| refused(e.to_string()))?;
                 eprintln!(
                     "sandmux: {}; the door's record goes to {}",
-                    crate::term::printable(&e),
+                    crate::term::printable(&e.to_string()),
                     fresh.display()
                 );
                 a
             }
-            Err(e) => return Err(refused(e)),
+            Err(e) => return Err(refused(e.to_string())),
         };
         Ok(Record {
             audit,

@@ -59,7 +59,7 @@ pub(crate) fn view(
     // The view counts with the kept layers (`ps --all`): past `[workspace]
     // kept_bytes` no instance would start.
     let cap = crate::profile::user::load()
-        .map_err(DoorError::Layer)?
+        .map_err(|e| DoorError::Layer(e.to_string()))?
         .workspace
         .kept_bytes
         .0;

@@ -98,7 +98,7 @@ impl Loaded {
             p.workspace.git,
             p.workspace.new_repositories,
         )
-        .map_err(|reason| self.invalid("workspace.git", reason))
+        .map_err(|reason| self.invalid("workspace.git", reason.to_string()))
     }
 
     /// `[environment]` with its values' placeholders filled in, and the

@@ -192,7 +192,7 @@ impl Server {
         let ticket = match self.s.audit.admit(&name) {
             Ok(t) => t,
             Err(why) => {
-                let e = ToolError::Unaudited(why);
+                let e = ToolError::Unaudited(why.to_string());
                 metrics::get().call(Some(def), &name, "refused", Some(e.kind()), t0.elapsed());
                 return Ok(error_result(&e).into());
             }
@@ -478,7 +478,7 @@ impl ServerHandler for Server {
         );
         let ticket =
             self.s.audit.admit(&tool).map_err(|why| {
-                McpError::invalid_params(ToolError::Unaudited(why).to_string(), None)
+                McpError::invalid_params(ToolError::Unaudited(why.to_string()).to_string(), None)
             })?;
         let call = Call {
             s: &self.s,
@@ -546,7 +546,7 @@ impl ServerHandler for Server {
         let tool = format!("prompt:{}", req.name);
         let ticket =
             self.s.audit.admit(&tool).map_err(|why| {
-                McpError::invalid_params(ToolError::Unaudited(why).to_string(), None)
+                McpError::invalid_params(ToolError::Unaudited(why.to_string()).to_string(), None)
             })?;
         let r = super::prompts::get(
             &req.name,
