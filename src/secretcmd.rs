@@ -244,8 +244,8 @@ mod tests {
         let out = run(&argv, &env, Duration::from_secs(5)).unwrap();
         assert!(out.starts_with(b"y\n"), "{out:?}");
         let argv = ["/bin/sh", "-c", "exit 3"].map(String::from);
-        assert!(run(&argv, &env, Duration::from_secs(5))
-            .unwrap_err()
-            .contains("failed"));
+        let e = run(&argv, &env, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, SecretCmdError::Failed { .. }), "{e}");
+        assert!(e.to_string().contains("failed"), "{e}");
     }
 }

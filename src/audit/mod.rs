@@ -186,11 +186,10 @@ impl Audit {
     ) -> Result<Audit, OpenError> {
         use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|source| OpenError::Dir {
-                    dir: dir.to_path_buf(),
-                    source,
-                })?;
+            std::fs::create_dir_all(dir).map_err(|source| OpenError::Dir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         }
         let file = std::fs::OpenOptions::new()
             .create(true)

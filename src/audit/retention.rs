@@ -32,7 +32,11 @@ fn held(d: &nix::dir::Dir, name: &str) -> bool {
 
 /// Removes the finished logs in `dir` whose last write is older than
 /// `keep_days`. Returns how many it removed.
-pub(crate) fn apply(dir: &Path, keep_days: u32, now: SystemTime) -> Result<usize, super::RetentionError> {
+pub(crate) fn apply(
+    dir: &Path,
+    keep_days: u32,
+    now: SystemTime,
+) -> Result<usize, super::RetentionError> {
     if keep_days == 0 {
         return Ok(0);
     }

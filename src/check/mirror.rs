@@ -122,10 +122,20 @@ fn resolve_all(cfg: &Config, keys: &[(String, u16)]) -> Vec<Result<Vec<IpAddr>, 
 }
 
 fn judge(cfg: &Config, host: &str, port: u16, ips: Result<Vec<IpAddr>, Unresolved>) -> Verdict {
-    let ips = match ips.and_then(|v| if v.is_empty() { Err(Unresolved::NoAddress) } else { Ok(v) }) {
+    let ips = match ips.and_then(|v| {
+        if v.is_empty() {
+            Err(Unresolved::NoAddress)
+        } else {
+            Ok(v)
+        }
+    }) {
         Ok(v) => v,
         // The report's words.
-        Err(why) => return Verdict::Unresolved { why: why.to_string() },
+        Err(why) => {
+            return Verdict::Unresolved {
+                why: why.to_string(),
+            }
+        }
     };
     let mut open = cfg.allow_private.clone();
     let ranges = name::allowed(&cfg.allow, host, port, name::CONNECT_PORT).unwrap_or_default();

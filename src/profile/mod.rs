@@ -372,16 +372,21 @@ impl From<FsEntry> for FsEntryRepr {
     }
 }
 
+/// A filesystem entry of a kind sandmux does not write (a policy read back).
+#[derive(Debug, thiserror::Error)]
+#[error("filesystem entry kind {0:?} (or its target)")]
+pub(crate) struct FsKindError(String);
+
 impl TryFrom<FsEntryRepr> for FsEntry {
-    type Error = String;
-    fn try_from(r: FsEntryRepr) -> Result<FsEntry, String> {
+    type Error = FsKindError;
+    fn try_from(r: FsEntryRepr) -> Result<FsEntry, FsKindError> {
         let kind = match (r.kind.as_str(), r.target) {
             ("read-only", None) => MountKind::ReadOnly,
             ("read-write", None) => MountKind::ReadWrite,
             ("tmpfs", None) => MountKind::Tmpfs,
             ("masked", None) => MountKind::Masked,
             ("symlink", Some(t)) => MountKind::Symlink(t),
-            (k, _) => return Err(format!("filesystem entry kind {k:?} (or its target)")),
+            (k, _) => return Err(FsKindError(k.to_string())),
         };
         Ok(FsEntry { path: r.path, kind })
     }

@@ -158,7 +158,10 @@ fn symlinked_workspace_refused() {
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let err = check_workspace(&link).unwrap_err();
-    assert!(matches!(err, workspace::WorkspaceError::Symlink { .. }), "{err}");
+    assert!(
+        matches!(err, workspace::WorkspaceError::Symlink { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("symlink"), "{err}");
     assert!(check_workspace(&link.join(".")).is_err());
 }
