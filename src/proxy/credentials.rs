@@ -56,20 +56,16 @@ pub(crate) enum CredError {
         /// Why.
         why: String,
     },
-    /// Its `from_file` was refused.
+    /// The credential `name`'s `from_file` was refused.
     #[error("credential {name}: {source}")]
     File {
-        /// The credential.
         name: String,
-        /// Why.
         source: secretfile::SecretFileError,
     },
-    /// Its `from_command` gave no value.
+    /// The credential `name`'s `from_command` gave no value.
     #[error("credential {name}: from_command: {source}")]
     Command {
-        /// The credential.
         name: String,
-        /// Why.
         source: refresh::FetchError,
     },
     /// Its source is where the sandbox could reach it.
