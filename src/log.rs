@@ -73,22 +73,42 @@ pub(crate) fn set_instance(id: &str) {
     let _ = INSTANCE.set(id.to_string());
 }
 
+/// Why the log could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LogError {
+    /// `SANDMUX_LOG` does not parse; `shown` is its value, escaped.
+    #[error("{ENV}={shown}: {source}")]
+    Filter {
+        shown: String,
+        source: tracing_subscriber::filter::ParseError,
+    },
+    /// `SANDMUX_LOG` is not Unicode.
+    #[error("{ENV}: {0}")]
+    Var(#[source] std::env::VarError),
+    /// A subscriber was installed already.
+    #[error("{0}")]
+    Installed(#[source] tracing_subscriber::util::TryInitError),
+}
+
 /// Installs the subscriber: levels from `SANDMUX_LOG`, writing to stderr.
 /// An unparseable `SANDMUX_LOG` is an error (nothing is guessed).
-pub(crate) fn init(format: Format) -> Result<(), String> {
+pub(crate) fn init(format: Format) -> Result<(), LogError> {
     let filter = match std::env::var(ENV) {
         Ok(s) => EnvFilter::builder()
             .parse(&s)
-            .map_err(|e| format!("{ENV}={}: {e}", crate::term::printable(&s)))?,
+            .map_err(|source| LogError::Filter {
+                shown: crate::term::printable(&s),
+                source,
+            })?,
         Err(std::env::VarError::NotPresent) => EnvFilter::new(DEFAULT),
-        Err(e) => return Err(format!("{ENV}: {e}")),
+        Err(e) => return Err(LogError::Var(e)),
     };
     let _ = FORMAT.set(format);
     tracing_subscriber::registry()
         .with(filter)
         .with(Stderr { format })
         .try_init()
-        .map_err(|e| e.to_string())
+        .map_err(LogError::Installed)
 }
 
 /// The most verbose level enabled for `__init`'s notes, for the plan.

@@ -23,14 +23,58 @@ pub(crate) const LIFETIME: (u64, u64) = (10, 366 * 24 * 3600);
 /// Most bytes of a command's output read.
 pub(crate) const MAX_OUT: usize = 64 << 10;
 
+/// Why a command gave no value. Never quotes the output.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SecretCmdError {
+    /// The profile's argv is empty.
+    #[error("from_command is empty")]
+    Empty,
+    /// The program could not be started.
+    #[error("{prog}: {source}")]
+    Spawn {
+        prog: String,
+        source: std::io::Error,
+    },
+    /// Its stdout was not kept (it always is).
+    #[error("no stdout")]
+    NoStdout,
+    /// It ran past the time limit.
+    #[error("{prog} did not finish within {secs} s (its process group was killed)")]
+    Timeout { prog: String, secs: u64 },
+    /// It exited with another status than 0.
+    #[error("{prog} failed ({status})")]
+    Failed {
+        prog: String,
+        status: std::process::ExitStatus,
+    },
+    /// Its stdout stayed open past the time limit.
+    #[error("the output did not end in time")]
+    OutputLate,
+    /// It printed more than [`MAX_OUT`] bytes.
+    #[error("the output is over {MAX_OUT} bytes")]
+    OutputLarge,
+    /// Its stdout could not be read.
+    #[error("{0}")]
+    Read(#[source] std::io::Error),
+    /// Output starting with `{` that is no JSON.
+    #[error("the output is not a JSON object")]
+    NotJson,
+    /// JSON without a value.
+    #[error("the JSON output has no \"access_token\" or \"value\" string")]
+    NoValue,
+    /// An `expires_in` that is no lifetime.
+    #[error("\"expires_in\" is not a number of seconds (at least 1)")]
+    ExpiresIn,
+}
+
 /// Runs `argv` with `env` (over `PATH` and `HOME`), for at most `limit`;
 /// returns its stdout when it exits 0.
 pub(crate) fn run(
     argv: &[String],
     env: &BTreeMap<String, String>,
     limit: Duration,
-) -> Result<Vec<u8>, String> {
-    let (prog, args) = argv.split_first().ok_or("from_command is empty")?;
+) -> Result<Vec<u8>, SecretCmdError> {
+    let (prog, args) = argv.split_first().ok_or(SecretCmdError::Empty)?;
     let mut cmd = std::process::Command::new(prog);
     cmd.args(args).env_clear().current_dir("/").process_group(0);
     // A fixed PATH, not sandmux's own (which may name a venv or
@@ -43,10 +87,13 @@ pub(crate) fn run(
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| format!("{prog}: {e}"))?;
+    let mut child = cmd.spawn().map_err(|source| SecretCmdError::Spawn {
+        prog: prog.clone(),
+        source,
+    })?;
     let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
     let deadline = Instant::now() + limit;
-    let mut out = child.stdout.take().ok_or("no stdout")?;
+    let mut out = child.stdout.take().ok_or(SecretCmdError::NoStdout)?;
     let read = read_until(&mut out, deadline);
     // Waited for without reaping it: its pid (the group's id) stays its own
     // until the group is killed, so the kill cannot reach a new process.
@@ -65,20 +112,26 @@ pub(crate) fn run(
     let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
     let status = child.wait().ok().filter(|_| exited);
     let Some(status) = status else {
-        return Err(format!(
-            "{prog} did not finish within {} s (its process group was killed)",
-            limit.as_secs()
-        ));
+        return Err(SecretCmdError::Timeout {
+            prog: prog.clone(),
+            secs: limit.as_secs(),
+        });
     };
     let buf = read?;
     if !status.success() {
-        return Err(format!("{prog} failed ({status})"));
+        return Err(SecretCmdError::Failed {
+            prog: prog.clone(),
+            status,
+        });
     }
     Ok(buf)
 }
 
 /// Reads `r` to its end, until `deadline`, at most [`MAX_OUT`] bytes.
-fn read_until(r: &mut std::process::ChildStdout, deadline: Instant) -> Result<Vec<u8>, String> {
+fn read_until(
+    r: &mut std::process::ChildStdout,
+    deadline: Instant,
+) -> Result<Vec<u8>, SecretCmdError> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
@@ -92,19 +145,17 @@ fn read_until(r: &mut std::process::ChildStdout, deadline: Instant) -> Result<Ve
         // SAFETY: one valid pollfd for the duration of the call.
         let n = unsafe { nix::libc::poll(fds.as_mut_ptr(), 1, ms) };
         if n == 0 {
-            return Err("the output did not end in time".into());
+            return Err(SecretCmdError::OutputLate);
         }
         if n < 0 {
             continue;
         }
         match r.read(&mut chunk) {
             Ok(0) => return Ok(buf),
-            Ok(k) if buf.len() + k > MAX_OUT => {
-                return Err(format!("the output is over {MAX_OUT} bytes"))
-            }
+            Ok(k) if buf.len() + k > MAX_OUT => return Err(SecretCmdError::OutputLarge),
             Ok(k) => buf.extend_from_slice(&chunk[..k]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(SecretCmdError::Read(e)),
         }
     }
 }
@@ -116,22 +167,22 @@ fn read_until(r: &mut std::process::ChildStdout, deadline: Instant) -> Result<Ve
 pub(crate) fn parse(
     out: &[u8],
     lifetime: Option<u64>,
-) -> Result<(Vec<u8>, Option<Duration>), String> {
+) -> Result<(Vec<u8>, Option<Duration>), SecretCmdError> {
     let t = out.trim_ascii();
     if t.starts_with(b"{") {
         let v: serde_json::Value =
-            serde_json::from_slice(t).map_err(|_| "the output is not a JSON object".to_string())?;
+            serde_json::from_slice(t).map_err(|_| SecretCmdError::NotJson)?;
         let value = ["access_token", "value"]
             .iter()
             .find_map(|k| v.get(k).and_then(|x| x.as_str()))
-            .ok_or("the JSON output has no \"access_token\" or \"value\" string")?;
+            .ok_or(SecretCmdError::NoValue)?;
         let life = match v.get("expires_in") {
             None => lifetime,
             Some(e) => Some(
                 e.as_f64()
                     .filter(|s| *s >= 1.0)
                     .map(|s| s as u64)
-                    .ok_or("\"expires_in\" is not a number of seconds (at least 1)")?,
+                    .ok_or(SecretCmdError::ExpiresIn)?,
             ),
         };
         return Ok((value.as_bytes().to_vec(), life.map(bounded)));
@@ -174,7 +225,8 @@ mod tests {
         let argv = ["/bin/sh", "-c", &script].map(String::from);
         let t = Instant::now();
         let e = run(&argv, &BTreeMap::new(), Duration::from_secs(1)).unwrap_err();
-        assert!(e.contains("did not finish within 1 s"), "{e}");
+        assert!(matches!(e, SecretCmdError::Timeout { secs: 1, .. }), "{e}");
+        assert!(e.to_string().contains("did not finish within 1 s"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(3));
         let p: i32 = std::fs::read_to_string(&pid)
             .unwrap()
@@ -192,8 +244,8 @@ mod tests {
         let out = run(&argv, &env, Duration::from_secs(5)).unwrap();
         assert!(out.starts_with(b"y\n"), "{out:?}");
         let argv = ["/bin/sh", "-c", "exit 3"].map(String::from);
-        assert!(run(&argv, &env, Duration::from_secs(5))
-            .unwrap_err()
-            .contains("failed"));
+        let e = run(&argv, &env, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, SecretCmdError::Failed { .. }), "{e}");
+        assert!(e.to_string().contains("failed"), "{e}");
     }
 }

@@ -14,6 +14,38 @@ use std::path::{Path, PathBuf};
 /// times.
 pub(crate) type Stamp = (u64, u64, u64, i64, i64, i64, i64);
 
+/// Why a secret file was refused; every message starts with the caller's
+/// `what` (e.g. `--token-file /run/t`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SecretFileError {
+    /// It could not be opened, looked at or read.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// A directory, FIFO, device.
+    #[error("{what}: not a regular file")]
+    NotRegular { what: String },
+    /// Owned by someone else than this user or root.
+    #[error("{what}: owned by uid {uid}, not by this user ({me}) or root")]
+    Owner { what: String, uid: u32, me: u32 },
+    /// Group or others may read or write it.
+    #[error("{what}: mode {mode:04o} lets group or others read or write it; chmod 0400 (Kubernetes: the Secret volume's defaultMode: 0400)")]
+    Mode { what: String, mode: u32 },
+    /// Too short or too long.
+    #[error("{what}: the secret must be {min}-{max} bytes (it has {len})")]
+    Length {
+        what: String,
+        min: usize,
+        max: usize,
+        len: usize,
+    },
+    /// Spaces, control characters or non-ASCII.
+    #[error("{what}: the secret must be one line of printable ASCII without spaces")]
+    NotOneLine { what: String },
+}
+
 /// The stamp of what `path` leads to now (None: it cannot be looked at).
 pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
     std::fs::metadata(path).ok().map(|m| stamp_of(&m))
@@ -67,44 +99,47 @@ pub(crate) fn read(
     path: &Path,
     what: &str,
     (min, max): (usize, usize),
-) -> Result<(Vec<u8>, Stamp), String> {
+) -> Result<(Vec<u8>, Stamp), SecretFileError> {
+    let what = what.to_string();
+    let io = |source| SecretFileError::Io {
+        what: what.clone(),
+        source,
+    };
     // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
     // waiting for a writer. Links are followed: Secret files are symlinks.
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("{what}: {e}"))?;
-    let m = f.metadata().map_err(|e| format!("{what}: {e}"))?;
+        .map_err(io)?;
+    let m = f.metadata().map_err(io)?;
     if !m.is_file() {
-        return Err(format!("{what}: not a regular file"));
+        return Err(SecretFileError::NotRegular { what });
     }
     let me = nix::unistd::geteuid().as_raw();
     if m.uid() != me && m.uid() != 0 {
-        return Err(format!(
-            "{what}: owned by uid {}, not by this user ({me}) or root",
-            m.uid()
-        ));
+        let uid = m.uid();
+        return Err(SecretFileError::Owner { what, uid, me });
     }
     if m.mode() & 0o077 != 0 {
-        return Err(format!("{what}: mode {:04o} lets group or others read or write it; chmod 0400 (Kubernetes: the Secret volume's defaultMode: 0400)", m.mode() & 0o7777));
+        let mode = m.mode() & 0o7777;
+        return Err(SecretFileError::Mode { what, mode });
     }
     let mut buf = Vec::new();
     use std::io::Read;
-    f.take(max as u64 + 2)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("{what}: {e}"))?;
+    f.take(max as u64 + 2).read_to_end(&mut buf).map_err(io)?;
     let t = buf.trim_ascii();
     if t.len() < min || t.len() > max {
-        return Err(format!(
-            "{what}: the secret must be {min}-{max} bytes (it has {})",
-            t.len()
-        ));
+        let len = t.len();
+        return Err(SecretFileError::Length {
+            what,
+            min,
+            max,
+            len,
+        });
     }
     if !t.iter().all(|b| b.is_ascii_graphic()) {
-        return Err(format!(
-            "{what}: the secret must be one line of printable ASCII without spaces"
-        ));
+        return Err(SecretFileError::NotOneLine { what });
     }
     Ok((t.to_vec(), stamp_of(&m)))
 }

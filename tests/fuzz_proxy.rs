@@ -176,7 +176,7 @@ fn matcher_agrees_with_the_model_in_any_case_and_spelling() {
                 if suffix { "*." } else { "" },
                 port.map(|p| format!(":{p}")).unwrap_or_default()
             );
-            let rule = Rule::parse(&e).map_err(TestCaseError::fail)?;
+            let rule = Rule::parse(&e).map_err(|e| TestCaseError::fail(e.to_string()))?;
             let mut asked = format!("{host}.x");
             if upper {
                 asked = asked.to_ascii_uppercase();
@@ -184,7 +184,7 @@ fn matcher_agrees_with_the_model_in_any_case_and_spelling() {
             if dot {
                 asked.push('.');
             }
-            let canon = canonical(&asked).map_err(TestCaseError::fail)?;
+            let canon = canonical(&asked).map_err(|e| TestCaseError::fail(e.to_string()))?;
             let want = model(&format!("{entry}.x"), suffix, &format!("{host}.x"));
             prop_assert_eq!(rule.matches(&canon, port.unwrap_or(443), 443), want);
             // Another port never matches.
@@ -253,8 +253,8 @@ fn classifier_refuses_what_the_standard_library_calls_special() {
             }
             IpAddr::V4(_) => false,
         };
-        let all4 = Cidr::parse("0.0.0.0/0").map_err(TestCaseError::fail)?;
-        let all6 = Cidr::parse("::/0").map_err(TestCaseError::fail)?;
+        let all4 = Cidr::parse("0.0.0.0/0").map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let all6 = Cidr::parse("::/0").map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (opens, not) = match (ip.is_ipv4(), embeds) {
             (true, _) | (false, true) => (all4, all6),
             (false, false) => (all6, all4),

@@ -13,7 +13,11 @@ use serde_json::Value;
 
 /// The line for an instance: `approvals` is the endpoint's answer (`None`
 /// for an instance without one, `sandmux run`).
-pub(crate) fn text(id: &str, read_write: bool, approvals: Option<Result<Value, String>>) -> String {
+pub(crate) fn text(
+    id: &str,
+    read_write: bool,
+    approvals: Option<Result<Value, super::AttachError>>,
+) -> String {
     let mode = if read_write {
         "read-write"
     } else {
@@ -22,7 +26,7 @@ pub(crate) fn text(id: &str, read_write: bool, approvals: Option<Result<Value, S
     let head = format!("sandmux {} {mode}", ascii(id));
     let v = match approvals {
         None => return head,
-        Some(Err(e)) => return format!("{head}: questions unknown: {}", ascii(&e)),
+        Some(Err(e)) => return format!("{head}: questions unknown: {}", ascii(&e.to_string())),
         Some(Ok(v)) => v,
     };
     let open = v["approvals"]["open"]
@@ -210,6 +214,7 @@ impl Boundary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attach::AttachError::Endpoint;
     use serde_json::json;
 
     #[test]
@@ -237,7 +242,7 @@ mod tests {
             shown(&t, 79),
             "sandmux 5f2867f6ee69 read-only: 1 question: #1 http://a.test:80 7s"
         );
-        let e = text("3f2a", false, Some(Err("refused\x1b[2J".into())));
+        let e = text("3f2a", false, Some(Err(Endpoint("refused\x1b[2J".into()))));
         assert_eq!(
             e,
             "sandmux 3f2a read-only: questions unknown: refused\\x1b[2J"

@@ -5,6 +5,7 @@
 //! addresses, carries the notice (`notice`).
 
 use super::notice::{self, Boundary};
+use super::AttachError;
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -36,12 +37,13 @@ const SIGNALS: [Signal; 5] = [
 pub(super) fn run(
     cmd: Command,
     poller: impl FnOnce(UnixStream) + Send + 'static,
-) -> Result<i32, String> {
-    let saved = termios::tcgetattr(std::io::stdin()).map_err(|e| format!("the terminal: {e}"))?;
+) -> Result<i32, AttachError> {
+    let saved =
+        termios::tcgetattr(std::io::stdin()).map_err(|e| AttachError::Terminal(e.into()))?;
     let (rows, cols) = size();
-    let pty = openpty(&winsize(inner(rows), cols), &saved).map_err(|e| format!("a pty: {e}"))?;
+    let pty = openpty(&winsize(inner(rows), cols), &saved).map_err(AttachError::Pty)?;
     for fd in [&pty.master, &pty.slave] {
-        fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(|e| format!("a pty: {e}"))?;
+        fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(AttachError::Pty)?;
     }
     let mut child = spawn(cmd, pty.slave)?;
     let pid = Pid::from_raw(child.id() as i32);
@@ -49,7 +51,7 @@ pub(super) fn run(
     if relayed.is_err() {
         let _ = kill(pid, Signal::SIGHUP);
     }
-    let status = child.wait().map_err(|e| e.to_string())?;
+    let status = child.wait().map_err(AttachError::Run)?;
     relayed?;
     Ok(status.code().unwrap_or(1))
 }
@@ -61,12 +63,14 @@ fn relay(
     (rows, cols): (u16, u16),
     saved: &Termios,
     poller: impl FnOnce(UnixStream) + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), AttachError> {
     let signals: SigSet = SIGNALS.into_iter().collect();
-    signals.thread_block().map_err(|e| e.to_string())?;
-    let sigfd = SignalFd::new(&signals).map_err(|e| format!("signalfd: {e}"))?;
+    signals
+        .thread_block()
+        .map_err(|e| AttachError::Setup(e.into()))?;
+    let sigfd = SignalFd::new(&signals).map_err(AttachError::Signalfd)?;
     // The poller thread is started with the signals blocked, so they reach `sigfd`.
-    let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let (ours, theirs) = UnixStream::pair().map_err(AttachError::Setup)?;
     std::thread::spawn(move || poller(theirs));
     let _raw = Raw::enter(saved)?;
     Relay {
@@ -84,11 +88,11 @@ fn relay(
 struct Raw(Termios);
 
 impl Raw {
-    fn enter(saved: &Termios) -> Result<Self, String> {
+    fn enter(saved: &Termios) -> Result<Self, AttachError> {
         let mut raw = saved.clone();
         termios::cfmakeraw(&mut raw);
         termios::tcsetattr(std::io::stdin(), SetArg::TCSANOW, &raw)
-            .map_err(|e| format!("the terminal: {e}"))?;
+            .map_err(|e| AttachError::Terminal(e.into()))?;
         Ok(Self(saved.clone()))
     }
 }
@@ -100,8 +104,8 @@ impl Drop for Raw {
 }
 
 /// The tmux client with the pty's other end as its controlling terminal.
-fn spawn(mut cmd: Command, slave: OwnedFd) -> Result<std::process::Child, String> {
-    let e = |e: std::io::Error| format!("the tmux client: {e}");
+fn spawn(mut cmd: Command, slave: OwnedFd) -> Result<std::process::Child, AttachError> {
+    let e = AttachError::Client;
     let (i, o) = (slave.try_clone().map_err(e)?, slave.try_clone().map_err(e)?);
     cmd.stdin(Stdio::from(i))
         .stdout(Stdio::from(o))
@@ -196,7 +200,7 @@ struct Relay {
 
 impl Relay {
     /// Until the client's end of the pty closes (it exited).
-    fn relay(&mut self) -> Result<(), String> {
+    fn relay(&mut self) -> Result<(), AttachError> {
         let (mut keys_open, mut notices_open) = (true, true);
         let mut pending = Vec::new();
         let stdin = std::io::stdin();
@@ -217,7 +221,7 @@ impl Relay {
                 .collect();
             match poll(&mut fds, PollTimeout::NONE) {
                 Err(Errno::EINTR) => continue,
-                Err(e) => return Err(format!("poll: {e}")),
+                Err(e) => return Err(AttachError::Poll(e)),
                 Ok(_) => {}
             }
             let ready: Vec<Src> = set
@@ -241,7 +245,7 @@ impl Relay {
 
     /// The client's output, verbatim, then the line if it may go in; false
     /// once the client is gone.
-    fn output(&mut self) -> Result<bool, String> {
+    fn output(&mut self) -> Result<bool, AttachError> {
         let mut buf = [0u8; 16384];
         let n = match self.master.read(&mut buf) {
             Ok(0) => return Ok(false),
@@ -259,7 +263,7 @@ impl Relay {
     }
 
     /// `bytes` and, when due, the line, in one write to the terminal.
-    fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), AttachError> {
         let mut out = bytes.to_vec();
         out.extend(self.screen.redraw());
         if out.is_empty() {
@@ -268,7 +272,7 @@ impl Relay {
         let mut o = std::io::stdout().lock();
         o.write_all(&out)
             .and_then(|()| o.flush())
-            .map_err(|e| format!("the terminal: {e}"))
+            .map_err(AttachError::Terminal)
     }
 
     /// A resize: the client's pty follows (one row shorter); any other
@@ -294,14 +298,14 @@ impl Relay {
     }
 
     /// Keys to the client; false once the terminal's input ended.
-    fn keys(&mut self) -> Result<bool, String> {
+    fn keys(&mut self) -> Result<bool, AttachError> {
         let mut buf = [0u8; 4096];
         match nix::unistd::read(std::io::stdin().as_fd(), &mut buf) {
             Ok(0) => Ok(false),
             Ok(n) => {
                 self.master
                     .write_all(&buf[..n])
-                    .map_err(|e| format!("the pty: {e}"))?;
+                    .map_err(AttachError::PtyWrite)?;
                 Ok(true)
             }
             Err(Errno::EINTR | Errno::EAGAIN) => Ok(true),

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 /// it cannot preallocate and too little is free.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .0.desc())]
-pub(super) struct NoRoom(nix::errno::Errno);
+pub(crate) struct NoRoom(nix::errno::Errno);
 
 /// Why an existing log cannot be continued.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum LastLinkError {
+pub(crate) enum LastLinkError {
     /// Its last record is torn.
     #[error("audit log {}: it ends in a torn record (`sandmux audit verify` says more); move it aside or pass another --audit-log", path.display())]
     Torn { path: PathBuf },

@@ -17,6 +17,7 @@
 //! what could not be written is counted in the seal.
 
 mod entry;
+mod error;
 mod file;
 mod paths;
 mod redact;
@@ -24,6 +25,7 @@ pub(crate) mod retention;
 mod verify;
 
 pub(crate) use entry::Entry;
+pub(crate) use error::{OpenError, RetentionError, Unadmitted};
 use file::{hash_line, last_link, room};
 pub(crate) use paths::{default_path, finished, of_instance};
 
@@ -181,11 +183,13 @@ impl Audit {
         path: &Path,
         budget: u64,
         secrets: &'static Secrets,
-    ) -> Result<Audit, String> {
+    ) -> Result<Audit, OpenError> {
         use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("audit log directory {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| OpenError::Dir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -194,13 +198,21 @@ impl Audit {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)
-            .map_err(|e| format!("audit log {}: {e}", path.display()))?;
+            .map_err(|source| OpenError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, e)| format!("audit log {}: another running instance writes it ({e}); give each instance its own --audit-log", path.display()))?;
-        let (seq, prev) = last_link(&file, path).map_err(|e| e.to_string())?;
+            .map_err(|(_, source)| OpenError::Held {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let (seq, prev) = last_link(&file, path)?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        room(&file, len, 2 * RECORD_MAX as u64)
-            .map_err(|e| format!("audit log {}: no room for records ({e})", path.display()))?;
+        room(&file, len, 2 * RECORD_MAX as u64).map_err(|source| OpenError::NoRoom {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let key = crate::nonce::bytes::<16>();
         let st = State {
             file,
@@ -241,7 +253,7 @@ impl Audit {
 
     /// Room for one tool call's record, or why there is none: the call must
     /// then be refused (it is counted, and the seal reports the count).
-    pub(crate) fn admit(&self, tool: &str) -> Result<Admission<'_>, String> {
+    pub(crate) fn admit(&self, tool: &str) -> Result<Admission<'_>, Unadmitted> {
         let mut st = self.lock();
         if matches!(st.health, Health::Failing(_)) {
             self.recover(&mut st);
@@ -266,11 +278,13 @@ impl Audit {
         })
     }
 
-    fn why(&self, st: &State) -> String {
+    fn why(&self, st: &State) -> Unadmitted {
         match &st.health {
-            Health::Full => format!("the audit log reached this instance's budget ({} bytes: the profile's [mcp] audit_max_bytes); sandmux refuses calls rather than run them unaudited. A human can end this instance and start a new one", self.budget),
-            Health::Failing(e) => format!("the audit log cannot be written ({e}); sandmux refuses calls rather than run them unaudited, until it can be written again (the human sees this in `sandmux ps`)"),
-            Health::Ok => "the instance is ending".into(),
+            Health::Full => Unadmitted::Full {
+                budget: self.budget,
+            },
+            Health::Failing(e) => Unadmitted::Failing { why: e.clone() },
+            Health::Ok => Unadmitted::Ending,
         }
     }
 
@@ -521,7 +535,7 @@ impl Audit {
             (Health::Full, _) => "full",
             (Health::Failing(_), _) => "failing",
         };
-        let reason = (st.health != Health::Ok).then(|| self.why(&st));
+        let reason = (st.health != Health::Ok).then(|| self.why(&st).to_string());
         json!({"path": self.path, "state": state, "reason": reason, "bytes": st.len, "budget": self.budget, "refused_calls": st.refused, "unrecorded": st.unrecorded})
     }
 

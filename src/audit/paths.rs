@@ -36,13 +36,12 @@ pub(crate) fn default_dir() -> Result<PathBuf, PathsError> {
 }
 
 /// A new log for instance `id` in [`default_dir`]: `<unix time>-<id>.jsonl`.
-pub(crate) fn default_path(id: &str) -> Result<PathBuf, String> {
+pub(crate) fn default_path(id: &str) -> Result<PathBuf, PathsError> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    // Its callers (`serve`'s start-up, the door's record) report text.
-    let dir = default_dir().map_err(|e| e.to_string())?;
+    let dir = default_dir()?;
     Ok(dir.join(format!("{secs}-{id}.jsonl")))
 }
 

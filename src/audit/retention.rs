@@ -32,7 +32,11 @@ fn held(d: &nix::dir::Dir, name: &str) -> bool {
 
 /// Removes the finished logs in `dir` whose last write is older than
 /// `keep_days`. Returns how many it removed.
-pub(crate) fn apply(dir: &Path, keep_days: u32, now: SystemTime) -> Result<usize, String> {
+pub(crate) fn apply(
+    dir: &Path,
+    keep_days: u32,
+    now: SystemTime,
+) -> Result<usize, super::RetentionError> {
     if keep_days == 0 {
         return Ok(0);
     }
@@ -41,7 +45,10 @@ pub(crate) fn apply(dir: &Path, keep_days: u32, now: SystemTime) -> Result<usize
     let d = match nix::dir::Dir::open(dir, flags, Mode::empty()) {
         Ok(d) => d,
         Err(nix::errno::Errno::ENOENT) => return Ok(0),
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Err(source) => {
+            let dir = dir.to_path_buf();
+            return Err(super::RetentionError { dir, source });
+        }
     };
     let me = nix::unistd::geteuid().as_raw();
     let mut d = d;

@@ -22,7 +22,7 @@ fn entry<'a>(tool: &'a str, args: &'a Value) -> Entry<'a> {
     }
 }
 
-fn call(a: &Audit, tool: &str, args: &Value) -> Result<(), String> {
+fn call(a: &Audit, tool: &str, args: &Value) -> Result<(), Unadmitted> {
     a.admit(tool).map(|t| t.record(entry(tool, args)))
 }
 
@@ -56,7 +56,8 @@ fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
     );
     // One writer at a time.
     let e = Audit::open(&p, 1 << 20, &SECRETS).err().unwrap();
-    assert!(e.contains("another running instance"), "{e}");
+    assert!(matches!(e, OpenError::Held { .. }), "{e}");
+    assert!(e.to_string().contains("another running instance"), "{e}");
     drop(a);
     let text = std::fs::read_to_string(&p).unwrap();
     assert!(!text.contains("secret-"), "secret in the log: {text}");
@@ -83,7 +84,11 @@ fn chain_detects_edit_removal_reorder_torn_and_unsealed() {
         "{e}"
     );
     let e = Audit::open(&p, 1 << 20, &SECRETS).err().unwrap();
-    assert!(e.contains("torn"), "{e}");
+    assert!(
+        matches!(e, OpenError::LastLink(file::LastLinkError::Torn { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("torn"), "{e}");
     // Reopening continues the chain.
     std::fs::write(&p, format!("{}\n", lines.join("\n"))).unwrap();
     let b = Audit::open(&p, 1 << 20, &SECRETS).unwrap();
@@ -131,6 +136,8 @@ fn the_budget_refuses_calls_and_keeps_room_for_the_seal() {
         assert!(ran < 1000, "the budget never refused");
     }
     let e = call(&a, "capture_pane", &big).unwrap_err();
+    assert!(matches!(e, Unadmitted::Full { .. }), "{e}");
+    let e = e.to_string();
     assert!(e.contains("budget") && e.contains("audit_max_bytes"), "{e}");
     assert_eq!(a.status()["state"], "full");
     assert_eq!(a.status()["refused_calls"], 2);

@@ -74,11 +74,26 @@ pub(crate) fn survey(cfg: &Config) -> Vec<Seen> {
         .collect()
 }
 
+/// Why a name has no addresses here.
+#[derive(Debug, thiserror::Error)]
+enum Unresolved {
+    /// The host's resolver said no.
+    #[error("does not resolve on the host: {0}")]
+    Lookup(#[source] std::io::Error),
+    /// It did not answer by [`AT_MOST`].
+    #[error("resolving timed out ({AT_MOST:?})")]
+    Timeout,
+    /// It answered with no address.
+    #[error("has no address")]
+    NoAddress,
+}
+
 /// Each key's addresses, or why none, in order; a resolver that has not
 /// answered by [`AT_MOST`] is a timeout (its thread is left to end alone).
-fn resolve_all(cfg: &Config, keys: &[(String, u16)]) -> Vec<Result<Vec<IpAddr>, String>> {
+fn resolve_all(cfg: &Config, keys: &[(String, u16)]) -> Vec<Result<Vec<IpAddr>, Unresolved>> {
     let (tx, rx) = mpsc::channel();
-    let mut out: Vec<Option<Result<Vec<IpAddr>, String>>> = vec![None; keys.len()];
+    let mut out: Vec<Option<Result<Vec<IpAddr>, Unresolved>>> =
+        (0..keys.len()).map(|_| None).collect();
     for (i, (host, port)) in keys.iter().enumerate() {
         if let Some(ip) = cfg.hosts.get(host) {
             out[i] = Some(Ok(vec![*ip]));
@@ -89,7 +104,7 @@ fn resolve_all(cfg: &Config, keys: &[(String, u16)]) -> Vec<Result<Vec<IpAddr>, 
             let r = (fqdn.as_str(), port)
                 .to_socket_addrs()
                 .map(|it| it.map(|a| a.ip()).collect::<Vec<_>>())
-                .map_err(|e| format!("does not resolve on the host: {e}"));
+                .map_err(Unresolved::Lookup);
             let _ = tx.send((i, r));
         });
     }
@@ -102,19 +117,25 @@ fn resolve_all(cfg: &Config, keys: &[(String, u16)]) -> Vec<Result<Vec<IpAddr>, 
         }
     }
     out.into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(format!("resolving timed out ({AT_MOST:?})"))))
+        .map(|r| r.unwrap_or(Err(Unresolved::Timeout)))
         .collect()
 }
 
-fn judge(cfg: &Config, host: &str, port: u16, ips: Result<Vec<IpAddr>, String>) -> Verdict {
-    let ips = match ips {
-        Ok(v) if v.is_empty() => {
+fn judge(cfg: &Config, host: &str, port: u16, ips: Result<Vec<IpAddr>, Unresolved>) -> Verdict {
+    let ips = match ips.and_then(|v| {
+        if v.is_empty() {
+            Err(Unresolved::NoAddress)
+        } else {
+            Ok(v)
+        }
+    }) {
+        Ok(v) => v,
+        // The report's words.
+        Err(why) => {
             return Verdict::Unresolved {
-                why: "has no address".into(),
+                why: why.to_string(),
             }
         }
-        Ok(v) => v,
-        Err(why) => return Verdict::Unresolved { why },
     };
     let mut open = cfg.allow_private.clone();
     let ranges = name::allowed(&cfg.allow, host, port, name::CONNECT_PORT).unwrap_or_default();

@@ -83,11 +83,7 @@ pub(crate) fn run(policy: Policy) -> Report {
         Ok(inst) => {
             let mut layers = inst.layers();
             let needs = inst.supervisor_needs(Path::new("/dev/null"), None);
-            let client = || {
-                inst.cmd(&["display-message", "-p", "ok"])
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            };
+            let client = || inst.cmd(&["display-message", "-p", "ok"]).map(|_| ());
             let supervisor = crate::confine::probe(&inst.policy, &needs, &client);
             layers.push(match &supervisor {
                 Ok(s) => s.clone(),
@@ -99,7 +95,7 @@ pub(crate) fn run(policy: Policy) -> Report {
             });
             let (observations, error) = match live_probe(&inst) {
                 Ok(o) => (judge_dropped(o, &layers), None),
-                Err(e) => (vec![], Some(e)),
+                Err(e) => (vec![], Some(e.to_string())),
             };
             inst.stop();
             let enforceable = supervisor.is_ok();
@@ -179,9 +175,26 @@ fn judge_dropped(mut obs: Vec<Observation>, layers: &[LayerStatus]) -> Vec<Obser
     obs
 }
 
+/// Why the probe pane gave no report.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProbeError {
+    /// The control-mode client could not be started.
+    #[error("starting a control client: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// Its stdout was not kept (it always is).
+    #[error("no stdout")]
+    NoStdout,
+    /// No report in time; the ends of what the pane and the client printed.
+    #[error("the probe pane produced no report within 20 s; its last output: {tail:?}; control client: {raw:?}")]
+    Silent { tail: String, raw: String },
+    /// A report that is not the probe's JSON.
+    #[error("probe output did not parse: {0}")]
+    Parse(#[source] serde_json::Error),
+}
+
 /// Starts a pane running the probe, through a control-mode client attached
 /// from the session's creation, and collects its output from `%output`.
-pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
+pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, ProbeError> {
     let ws = inst.policy.workspace.display().to_string();
     let gate = inst.gate().display().to_string();
     let mut child = inst
@@ -204,8 +217,8 @@ pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("starting a control client: {e}"))?;
-    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+        .map_err(ProbeError::Spawn)?;
+    let mut stdout = child.stdout.take().ok_or(ProbeError::NoStdout)?;
     let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
     std::thread::spawn(move || {
         let mut buf = [0u8; 65536];
@@ -226,9 +239,9 @@ pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
             Err(_) => {
                 let tail =
                     String::from_utf8_lossy(&text[text.len().saturating_sub(600)..]).into_owned();
-                let rawtail =
+                let raw =
                     String::from_utf8_lossy(&raw[raw.len().saturating_sub(600)..]).into_owned();
-                break Err(format!("the probe pane produced no report within 20 s; its last output: {tail:?}; control client: {rawtail:?}"));
+                break Err(ProbeError::Silent { tail, raw });
             }
         };
         raw.extend_from_slice(&chunk[..chunk.len().min(4096)]);
@@ -244,8 +257,7 @@ pub(crate) fn live_probe(inst: &Instance) -> Result<Vec<Observation>, String> {
                     .chars()
                     .filter(|c| *c != '\r' && *c != '\n')
                     .collect();
-                break serde_json::from_str(&body)
-                    .map_err(|e| format!("probe output did not parse: {e}"));
+                break serde_json::from_str(&body).map_err(ProbeError::Parse);
             }
         }
     };

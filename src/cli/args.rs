@@ -42,7 +42,7 @@ pub(super) struct Target {
 }
 
 /// A `--toolchain` name; an unknown one lists the known.
-fn parse_toolchain(s: &str) -> Result<crate::profile::Toolchain, String> {
+fn parse_toolchain(s: &str) -> Result<crate::profile::Toolchain, crate::profile::ToolchainError> {
     s.parse()
 }
 

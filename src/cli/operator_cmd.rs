@@ -17,7 +17,9 @@ pub(super) fn operator(cmd: Cmd) -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Attach { id, read_write, .. } => {
-            match crate::operator::find(&id).and_then(|f| crate::attach::attach(&f, read_write)) {
+            let attached = crate::operator::find(&id)
+                .and_then(|f| crate::attach::attach(&f, read_write).map_err(|e| e.to_string()));
+            match attached {
                 Ok(c) => ExitCode::from(c as u8),
                 Err(e) => fail(1, e),
             }

@@ -542,10 +542,10 @@ pub(crate) fn status(
 /// rules and seccomp programs, tried for real on a short-lived thread (both
 /// bind only that thread without `TSYNC`), and `client` (a tmux client of
 /// the instance) run under them.
-pub(crate) fn probe(
+pub(crate) fn probe<E: std::fmt::Display>(
     policy: &Policy,
     needs: &Needs,
-    client: &(dyn Fn() -> Result<(), String> + Sync),
+    client: &(dyn Fn() -> Result<(), E> + Sync),
 ) -> Result<LayerStatus, StartError> {
     let (done, failed) = std::thread::scope(|s| {
         s.spawn(|| {

@@ -30,9 +30,9 @@ pub(crate) enum DoorError {
         id: String,
         source: HistoryError,
     },
-    /// The user's configuration (its loader's message).
+    /// The user's configuration could not be loaded.
     #[error("the layer: {0}")]
-    Config(String),
+    Config(crate::profile::user::UserConfigError),
     /// The view made could not take its place.
     #[error("the layer: {}: {source}", dir.display())]
     View {
@@ -313,9 +313,9 @@ pub(crate) enum RecordError {
     NoStateDir,
     #[error("no name for the audit log")]
     NoName,
-    /// The audit log's own message.
+    /// The audit log could not be opened.
     #[error("{0}: the door records what it does, and does nothing it cannot record")]
-    Refused(String),
+    Refused(crate::audit::OpenError),
 }
 
 /// The last review (`reviewed.json`).

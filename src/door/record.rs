@@ -64,7 +64,7 @@ impl Record {
                 let a = Audit::open(&fresh, BUDGET, &NONE).map_err(RecordError::Refused)?;
                 eprintln!(
                     "sandmux: {}; the door's record goes to {}",
-                    crate::term::printable(&e),
+                    crate::term::printable(&e.to_string()),
                     fresh.display()
                 );
                 a

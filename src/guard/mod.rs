@@ -100,6 +100,17 @@ pub(crate) enum GuardError {
     },
 }
 
+/// Why the guard's watching thread runs without its own confinement.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum ThreadConfineError {
+    /// The rules could not be made or applied.
+    #[error("{0}")]
+    Confine(std::sync::Arc<crate::confine::ConfineError>),
+    /// The thread ended before it said.
+    #[error("the guard thread ended")]
+    Ended,
+}
+
 /// Plans the guard for the read-write trees `roots`.
 pub(crate) fn plan(
     roots: &[PathBuf],
@@ -142,15 +153,15 @@ pub(crate) fn plan(
 }
 
 /// [`plan`] as the profile's resolution calls it
-/// (`profile::GuardPlanner`): the profile, a layer below, takes the error
-/// as text into its own.
+/// (`profile::GuardPlanner`): the profile, a layer below, cannot name
+/// [`GuardError`] and takes it as an error of any kind.
 pub(crate) fn planner(
     roots: &[PathBuf],
     names: &[PathBuf],
     git: GitMode,
     new_repositories: NewRepos,
-) -> Result<(Guard, ReadOnly), String> {
-    plan(roots, names, git, new_repositories).map_err(|e| e.to_string())
+) -> Result<(Guard, ReadOnly), crate::profile::PlanError> {
+    plan(roots, names, git, new_repositories).map_err(Into::into)
 }
 
 /// What [`plan`] gathers across the trees.

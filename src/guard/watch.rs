@@ -39,7 +39,7 @@ pub(crate) struct Watch {
     restore_mode: Arc<std::sync::atomic::AtomicU8>,
     unlisted: Arc<AtomicUsize>,
     /// How the watching thread confined itself, when it was asked to.
-    pub confined: Option<Result<String, String>>,
+    pub confined: Option<Result<String, super::ThreadConfineError>>,
     /// The guard's state directory (quarantine, manifests).
     pub state: PathBuf,
 }
@@ -102,8 +102,7 @@ impl Watch {
             armed.arm_all();
             let restore_mode = armed.restore_mode.clone();
             use crate::confine::{prepare, Needs};
-            let rules = confine
-                .map(|p| prepare(p, &Needs::guard(&roots, &state)).map_err(|e| e.to_string()));
+            let rules = confine.map(|p| prepare(p, &Needs::guard(&roots, &state)));
             let (thread, stop, confined) = spawn(armed, rules)?;
             (Some(thread), Some(stop), restore_mode, confined)
         } else {
@@ -193,12 +192,12 @@ impl Drop for Watch {
 #[allow(clippy::type_complexity)]
 fn spawn(
     mut armed: Armed,
-    rules: Option<Result<crate::confine::Prepared, String>>,
+    rules: Option<Result<crate::confine::Prepared, crate::confine::ConfineError>>,
 ) -> Result<
     (
         std::thread::JoinHandle<Armed>,
         OwnedFd,
-        Option<Result<String, String>>,
+        Option<Result<String, super::ThreadConfineError>>,
     ),
     GuardError,
 > {
@@ -208,15 +207,18 @@ fn spawn(
     let thread = std::thread::Builder::new()
         .name("sandmux-guard".into())
         .spawn(move || {
-            let _ =
-                said.send(rules.map(|r| r.and_then(|p| p.restrict().map_err(|e| e.to_string()))));
+            let confined = rules.map(|r| {
+                r.and_then(|p| p.restrict())
+                    .map_err(|e| super::ThreadConfineError::Confine(Arc::new(e)))
+            });
+            let _ = said.send(confined);
             armed.run(stop_r);
             armed
         })
         .map_err(GuardError::Thread)?;
     let confined = heard
         .recv()
-        .unwrap_or_else(|_| Some(Err("the guard thread ended".into())));
+        .unwrap_or(Some(Err(super::ThreadConfineError::Ended)));
     Ok((thread, stop_w, confined))
 }
 

@@ -105,7 +105,7 @@ fn host_files(
 ) -> Result<(Arc<audit::Audit>, Option<Arc<record::Recording>>), String> {
     let audit_path = match opts.audit_log.clone() {
         Some(p) => p,
-        None => audit::default_path(id)?,
+        None => audit::default_path(id).map_err(|e| e.to_string())?,
     };
     let audit_path = outside_agent_writable(&audit_path, policy, "the audit log", "--audit-log")
         .map_err(|e| e.to_string())?;
@@ -392,7 +392,10 @@ fn refresh_in_broker(
 ) {
     let (b, audit) = (broker.clone(), audit.clone());
     v.start(
-        Arc::new(move |i| b.credential(i).map_err(|e| e.to_string())),
+        Arc::new(move |i| {
+            b.credential(i)
+                .map_err(|e| crate::proxy::credentials::FetchError::Elsewhere(Box::new(e)))
+        }),
         Arc::new(move |kind, args| {
             audit.event(crate::audit::Entry::event(
                 "(credentials)",

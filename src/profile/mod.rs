@@ -27,6 +27,7 @@ pub(crate) use schema::{
     Via, MAX_RESTARTS,
 };
 pub(crate) use toolchains::{Lent, Toolchain, ToolchainError, Toolchains};
+pub(crate) use workspace::check_workspace;
 pub(crate) use workspace::{GitMode, NewRepos, OnEnd, WorkspaceMode, WorkspaceSettings};
 
 use std::collections::BTreeSet;
@@ -299,7 +300,11 @@ pub(crate) type GuardPlanner = fn(
     names: &[PathBuf],
     git: GitMode,
     new_repositories: NewRepos,
-) -> Result<(guard::Guard, guard::ReadOnly), String>;
+) -> Result<(guard::Guard, guard::ReadOnly), PlanError>;
+
+/// Why the guard could not be planned: the planner's own error (the guard,
+/// a layer above, is not named here).
+pub(crate) type PlanError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Context {
     /// A workspace, with the profile's mode, its guard planned by `plan_guard`.
@@ -367,16 +372,21 @@ impl From<FsEntry> for FsEntryRepr {
     }
 }
 
+/// A filesystem entry of a kind sandmux does not write (a policy read back).
+#[derive(Debug, thiserror::Error)]
+#[error("filesystem entry kind {0:?} (or its target)")]
+pub(crate) struct FsKindError(String);
+
 impl TryFrom<FsEntryRepr> for FsEntry {
-    type Error = String;
-    fn try_from(r: FsEntryRepr) -> Result<FsEntry, String> {
+    type Error = FsKindError;
+    fn try_from(r: FsEntryRepr) -> Result<FsEntry, FsKindError> {
         let kind = match (r.kind.as_str(), r.target) {
             ("read-only", None) => MountKind::ReadOnly,
             ("read-write", None) => MountKind::ReadWrite,
             ("tmpfs", None) => MountKind::Tmpfs,
             ("masked", None) => MountKind::Masked,
             ("symlink", Some(t)) => MountKind::Symlink(t),
-            (k, _) => return Err(format!("filesystem entry kind {k:?} (or its target)")),
+            (k, _) => return Err(FsKindError(k.to_string())),
         };
         Ok(FsEntry { path: r.path, kind })
     }
@@ -481,52 +491,6 @@ pub(crate) fn links_said(p: &Policy) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// Checks a workspace argument: it must exist, be a directory, and contain no
-/// symlink anywhere in its path (setup must never follow a planted link).
-pub(crate) fn check_workspace(arg: &Path) -> Result<PathBuf, String> {
-    let abs = if arg.is_absolute() {
-        arg.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map_err(|e| format!("cannot read the current directory: {e}"))?
-            .join(arg)
-    };
-    let meta =
-        std::fs::symlink_metadata(&abs).map_err(|e| format!("workspace {}: {e}", abs.display()))?;
-    if meta.file_type().is_symlink() {
-        return Err(format!(
-            "workspace {} is a symlink; pass the real directory ({})",
-            abs.display(),
-            std::fs::canonicalize(&abs)
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| "dangling".into())
-        ));
-    }
-    if !meta.is_dir() {
-        return Err(format!("workspace {} is not a directory", abs.display()));
-    }
-    let canon =
-        std::fs::canonicalize(&abs).map_err(|e| format!("workspace {}: {e}", abs.display()))?;
-    let normal: PathBuf = abs.components().collect();
-    if canon != normal {
-        return Err(format!(
-            "workspace {} goes through a symlink (it resolves to {}); pass the resolved path",
-            abs.display(),
-            canon.display()
-        ));
-    }
-    if canon == Path::new("/") {
-        return Err("the workspace cannot be /".into());
-    }
-    // The sandbox mounts its own /dev, /proc and /run/sandmux over these.
-    for inner in ["/dev", "/proc", "/sys", "/run/sandmux"] {
-        if canon.starts_with(inner) {
-            return Err(format!("workspace {} is under {inner}, which the sandbox replaces with its own; use a directory elsewhere", canon.display()));
-        }
-    }
-    Ok(canon)
 }
 
 #[cfg(test)]

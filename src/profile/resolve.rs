@@ -72,7 +72,7 @@ impl Loaded {
         let p = &self.profile;
         let cow = mode.has_door();
         if mode == WorkspaceMode::CopyOnWrite {
-            check_layer_path(&ctx.workspace).map_err(|r| self.invalid("workspace.mode", r))?;
+            self.check_layer_path(&ctx.workspace)?;
         }
         // A copy-on-write or copy workspace is not the host's tree inside:
         // nothing to guard there.
@@ -98,7 +98,7 @@ impl Loaded {
             p.workspace.git,
             p.workspace.new_repositories,
         )
-        .map_err(|reason| self.invalid("workspace.git", reason))
+        .map_err(|reason| self.invalid("workspace.git", reason.to_string()))
     }
 
     /// `[environment]` with its values' placeholders filled in, and the
@@ -370,15 +370,20 @@ fn with_config_dir(mut names: Vec<PathBuf>, roots: &[PathBuf]) -> Vec<PathBuf> {
     names
 }
 
-/// A copy-on-write workspace's path goes into overlayfs's mount options,
-/// where `,` `:` and `\` are separators or escapes.
-fn check_layer_path(ws: &Path) -> Result<(), String> {
-    match ws.to_str() {
-        Some(s) if !s.contains([',', ':', '\\']) => Ok(()),
-        _ => Err(format!(
-            "a copy-on-write workspace's path must be UTF-8 without ',', ':' or '\\' (overlayfs options): {}",
-            ws.display()
-        )),
+impl Loaded {
+    /// A copy-on-write workspace's path goes into overlayfs's mount options,
+    /// where `,` `:` and `\` are separators or escapes.
+    fn check_layer_path(&self, ws: &Path) -> Result<(), ProfileError> {
+        match ws.to_str() {
+            Some(s) if !s.contains([',', ':', '\\']) => Ok(()),
+            _ => Err(self.invalid(
+                "workspace.mode",
+                format!(
+                    "a copy-on-write workspace's path must be UTF-8 without ',', ':' or '\\' (overlayfs options): {}",
+                    ws.display()
+                ),
+            )),
+        }
     }
 }
 

@@ -307,14 +307,30 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+/// Why a size does not parse; each message quotes it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SizeError {
+    /// No number in front.
+    #[error(
+        "invalid size {0:?}: expected a number followed by B, KiB, MiB, GiB, TiB (or kB, MB, GB)"
+    )]
+    NotNumber(String),
+    /// A unit sandmux does not know.
+    #[error(
+        "invalid size {size:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB, TiB, kB, MB or GB)"
+    )]
+    Unit { size: String, unit: String },
+    /// More than 64 bits of bytes.
+    #[error("size {0:?} is too large")]
+    TooLarge(String),
+}
+
 /// Parses "4GiB", "512 MiB", "100kB", "123".
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number followed by B, KiB, MiB, GiB, TiB (or kB, MB, GB)"))?;
+    let n: u64 = num.parse().map_err(|_| SizeError::NotNumber(s.into()))?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "K" => 1 << 10,
@@ -325,13 +341,14 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         other => {
-            return Err(format!(
-            "invalid size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, kB, MB or GB)"
-        ))
+            return Err(SizeError::Unit {
+                size: s.into(),
+                unit: other.into(),
+            })
         }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+        .ok_or_else(|| SizeError::TooLarge(s.into()))
 }
 
 /// `[environment]`: what every process inside sees.

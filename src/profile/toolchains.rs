@@ -61,19 +61,19 @@ impl std::fmt::Display for Toolchain {
 }
 
 impl std::str::FromStr for Toolchain {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Toolchain, String> {
+    type Err = ToolchainError;
+    fn from_str(s: &str) -> Result<Toolchain, ToolchainError> {
         Toolchain::ALL
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Toolchain::ALL.iter().map(|t| t.name()).collect();
-                format!(
-                    "unknown toolchain {s:?}: sandmux lends {}",
-                    known.join(", ")
-                )
-            })
+            .ok_or_else(|| ToolchainError::Unknown { name: s.into() })
     }
+}
+
+/// The toolchains sandmux lends, listed: `rust, python, node, go`.
+fn known() -> String {
+    let known: Vec<&str> = Toolchain::ALL.iter().map(|t| t.name()).collect();
+    known.join(", ")
 }
 
 /// `[toolchains]`: what the host lends the sandbox (nothing by default).
@@ -89,6 +89,12 @@ pub(crate) struct Toolchains {
 /// A toolchain that cannot be lent: start-up stops (P5).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ToolchainError {
+    /// A name sandmux does not know (`--toolchain`).
+    #[error("unknown toolchain {name:?}: sandmux lends {}", known())]
+    Unknown {
+        /// The name given.
+        name: String,
+    },
     /// Asked for, found nowhere.
     #[error("toolchain '{name}' not found: {searched}; {fix}")]
     NotFound {

@@ -71,10 +71,27 @@ pub(crate) fn path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/nonexistent/config.toml"))
 }
 
+/// Why the user's file cannot be used (sandmux does not start: P5).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UserConfigError {
+    /// TOML syntax, an unknown key, a wrong type: the parser's words with
+    /// line and key.
+    #[error("{}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    /// A `keep_days` past 100 years.
+    #[error("{}: {key}.keep_days: {days} is more than 36500 (use 0 to keep every {what})", path.display())]
+    KeepDays {
+        path: PathBuf,
+        key: &'static str,
+        days: u32,
+        what: &'static str,
+    },
+}
+
 /// Reads the file; none, or one that cannot be read (a `HOME` that is not
 /// this user's), means every default (the latter said once, with the fix).
 /// An error names the file, the line and key, and what is wrong.
-pub(crate) fn load() -> Result<UserConfig, String> {
+pub(crate) fn load() -> Result<UserConfig, UserConfigError> {
     let p = path();
     let text = match std::fs::read_to_string(&p) {
         Ok(t) => t,
@@ -91,21 +108,21 @@ pub(crate) fn load() -> Result<UserConfig, String> {
             return Ok(UserConfig::default());
         }
     };
-    let c: UserConfig = toml::from_str(&text)
-        .map_err(|e| format!("{}: {}", p.display(), super::describe_toml_error(&text, &e)))?;
-    if c.workspace.keep_days > 36_500 {
-        return Err(format!(
-            "{}: workspace.keep_days: {} is more than 36500 (use 0 to keep every layer)",
-            p.display(),
-            c.workspace.keep_days
-        ));
-    }
-    if c.audit.keep_days > 36_500 {
-        return Err(format!(
-            "{}: audit.keep_days: {} is more than 36500 (use 0 to keep every log)",
-            p.display(),
-            c.audit.keep_days
-        ));
+    let c: UserConfig = toml::from_str(&text).map_err(|e| UserConfigError::Parse {
+        message: super::describe_toml_error(&text, &e),
+        path: p.clone(),
+    })?;
+    let days = [
+        ("workspace", c.workspace.keep_days, "layer"),
+        ("audit", c.audit.keep_days, "log"),
+    ];
+    if let Some(&(key, days, what)) = days.iter().find(|(_, d, _)| *d > 36_500) {
+        return Err(UserConfigError::KeepDays {
+            path: p,
+            key,
+            days,
+            what,
+        });
     }
     Ok(c)
 }

@@ -2,6 +2,7 @@
 //! types (the guard itself is `crate::guard`).
 
 use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 
 /// `[workspace]`: the workspace guard (P8).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -159,4 +160,77 @@ pub(crate) enum NewRepos {
     Quarantine,
     /// Left where they are, and listed when the instance ends.
     Allow,
+}
+
+/// Why a workspace argument was refused (the fix is in the message).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WorkspaceError {
+    /// A relative path, and no current directory to resolve it against.
+    #[error("cannot read the current directory: {0}")]
+    Cwd(#[source] std::io::Error),
+    /// It cannot be looked at.
+    #[error("workspace {}: {source}", path.display())]
+    Stat {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// It is a link; `target` is where it leads, or "dangling".
+    #[error("workspace {} is a symlink; pass the real directory ({target})", path.display())]
+    Symlink { path: PathBuf, target: String },
+    /// A file, a device.
+    #[error("workspace {} is not a directory", path.display())]
+    NotDirectory { path: PathBuf },
+    /// A link on the way to it.
+    #[error("workspace {} goes through a symlink (it resolves to {}); pass the resolved path", path.display(), resolved.display())]
+    ThroughLink { path: PathBuf, resolved: PathBuf },
+    /// The whole file system.
+    #[error("the workspace cannot be /")]
+    Root,
+    /// Under a directory the sandbox mounts its own over.
+    #[error("workspace {} is under {inner}, which the sandbox replaces with its own; use a directory elsewhere", path.display())]
+    Replaced { path: PathBuf, inner: &'static str },
+}
+
+/// Checks a workspace argument: it must exist, be a directory, and contain no
+/// symlink anywhere in its path (setup must never follow a planted link).
+pub(crate) fn check_workspace(arg: &Path) -> Result<PathBuf, WorkspaceError> {
+    let abs = if arg.is_absolute() {
+        arg.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(WorkspaceError::Cwd)?
+            .join(arg)
+    };
+    let stat = |source| WorkspaceError::Stat {
+        path: abs.clone(),
+        source,
+    };
+    let meta = std::fs::symlink_metadata(&abs).map_err(stat)?;
+    if meta.file_type().is_symlink() {
+        let target = std::fs::canonicalize(&abs)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "dangling".into());
+        return Err(WorkspaceError::Symlink { path: abs, target });
+    }
+    if !meta.is_dir() {
+        return Err(WorkspaceError::NotDirectory { path: abs });
+    }
+    let canon = std::fs::canonicalize(&abs).map_err(stat)?;
+    let normal: PathBuf = abs.components().collect();
+    if canon != normal {
+        return Err(WorkspaceError::ThroughLink {
+            path: abs,
+            resolved: canon,
+        });
+    }
+    if canon == Path::new("/") {
+        return Err(WorkspaceError::Root);
+    }
+    // The sandbox mounts its own /dev, /proc and /run/sandmux over these.
+    for inner in ["/dev", "/proc", "/sys", "/run/sandmux"] {
+        if canon.starts_with(inner) {
+            return Err(WorkspaceError::Replaced { path: canon, inner });
+        }
+    }
+    Ok(canon)
 }

@@ -23,6 +23,7 @@ mod place;
 mod refresh;
 use super::shape::{basic, Shape};
 use place::{runnable, visible};
+pub(crate) use refresh::FetchError;
 
 /// What every placeholder starts with.
 pub(crate) const PREFIX: &str = "sandmux-cred-";
@@ -54,6 +55,18 @@ pub(crate) enum CredError {
         name: String,
         /// Why.
         why: String,
+    },
+    /// The credential `name`'s `from_file` was refused.
+    #[error("credential {name}: {source}")]
+    File {
+        name: String,
+        source: secretfile::SecretFileError,
+    },
+    /// The credential `name`'s `from_command` gave no value.
+    #[error("credential {name}: from_command: {source}")]
+    Command {
+        name: String,
+        source: refresh::FetchError,
     },
     /// Its source is where the sandbox could reach it.
     #[error("credential {name}: {source}")]
@@ -175,7 +188,7 @@ fn check_value(name: &str, v: &[u8]) -> Result<(), CredError> {
     Ok(())
 }
 
-fn read_file(path: &std::path::Path) -> Result<(Vec<u8>, Stamp), String> {
+fn read_file(path: &std::path::Path) -> Result<(Vec<u8>, Stamp), secretfile::SecretFileError> {
     let what = format!("from_file {}", path.display());
     secretfile::read(path, &what, (MIN_VALUE, MAX_VALUE))
 }
@@ -277,7 +290,9 @@ impl Vault {
                 continue;
             }
             let mut v = h.value.write().unwrap_or_else(|p| p.into_inner());
-            match read_file(path).and_then(|(b, s)| {
+            // What the value's users are told (a message, kept as shown).
+            let read = read_file(path).map_err(|e| e.to_string());
+            match read.and_then(|(b, s)| {
                 check_value(&h.name, &b).map_err(|e| e.to_string())?;
                 Ok((b, s))
             }) {
@@ -503,10 +518,6 @@ pub(crate) fn open(policy: &Policy) -> Result<Option<Arc<Vault>>, CredError> {
 
 fn read_one(index: usize, c: &Credential) -> Result<Held, CredError> {
     let name = c.name.clone();
-    let unusable = |why| CredError::Unusable {
-        name: name.clone(),
-        why,
-    };
     let (mut life, mut command) = (None, None);
     let (bytes, stamp, file) = match c.from() {
         From::Env(var) => {
@@ -517,12 +528,19 @@ fn read_one(index: usize, c: &Credential) -> Result<Held, CredError> {
             (v.into_encoded_bytes(), None, None)
         }
         From::File(path) => {
-            let (b, s) = read_file(path).map_err(unusable)?;
+            let (b, s) = read_file(path).map_err(|source| CredError::File {
+                name: name.clone(),
+                source,
+            })?;
             (b, Some(s), Some(path.to_path_buf()))
         }
         From::Command(_) => {
-            let (b, l) = refresh::fetch(c, &refresh::here(std::slice::from_ref(c)), 0)
-                .map_err(|e| unusable(format!("from_command: {e}")))?;
+            let (b, l) = refresh::fetch(c, &refresh::here(std::slice::from_ref(c)), 0).map_err(
+                |source| CredError::Command {
+                    name: name.clone(),
+                    source,
+                },
+            )?;
             (life, command) = (l, Some((index, c.clone())));
             (b, None, None)
         }

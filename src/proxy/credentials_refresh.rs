@@ -18,7 +18,24 @@ use std::time::{Duration, Instant};
 
 /// Runs credential N's command (N: its index in the profile), returning its
 /// output.
-pub(crate) type Runner = Arc<dyn Fn(usize) -> Result<Vec<u8>, String> + Send + Sync>;
+pub(crate) type Runner = Arc<dyn Fn(usize) -> Result<Vec<u8>, FetchError> + Send + Sync>;
+
+/// Why a `from_command` credential has no new value.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    /// The command, run here, failed or printed no value.
+    #[error(transparent)]
+    Command(#[from] crate::secretcmd::SecretCmdError),
+    /// The credential has no command.
+    #[error("credential {0} has no from_command")]
+    NoCommand(usize),
+    /// Whoever runs the command elsewhere (`serve`'s broker) failed.
+    #[error(transparent)]
+    Elsewhere(Box<dyn std::error::Error + Send + Sync>),
+    /// The value it printed cannot be used: why.
+    #[error("{0}")]
+    Unusable(String),
+}
 /// Where refresh events go: the kind and its arguments (names only).
 pub(crate) type Events = Arc<dyn Fn(&str, serde_json::Value) + Send + Sync>;
 
@@ -46,10 +63,12 @@ pub(super) struct Wake {
 pub(super) fn here(creds: &[Credential]) -> Runner {
     let creds = creds.to_vec();
     Arc::new(move |i| match creds.get(i).map(|c| (c, c.from())) {
-        Some((c, From::Command(argv))) => {
-            crate::secretcmd::run(argv, &c.command_env, c.command_timeout())
-        }
-        _ => Err(format!("credential {i} has no from_command")),
+        Some((c, From::Command(argv))) => Ok(crate::secretcmd::run(
+            argv,
+            &c.command_env,
+            c.command_timeout(),
+        )?),
+        _ => Err(FetchError::NoCommand(i)),
     })
 }
 
@@ -63,12 +82,12 @@ pub(super) fn fetch(
     c: &Credential,
     run: &Runner,
     i: usize,
-) -> Result<(Vec<u8>, Option<Duration>), String> {
+) -> Result<(Vec<u8>, Option<Duration>), FetchError> {
     let out = run(i)?;
     let (v, life) = crate::secretcmd::parse(&out, c.lifetime_seconds)?;
     check_value(&c.name, &v).map_err(|e| match e {
-        super::CredError::Unusable { why, .. } => why,
-        e => e.to_string(),
+        super::CredError::Unusable { why, .. } => FetchError::Unusable(why),
+        e => FetchError::Unusable(e.to_string()),
     })?;
     Ok((v, life))
 }
@@ -221,7 +240,7 @@ impl Vault {
                 ));
                 v.retry_at = Some(Instant::now() + Duration::from_secs(wait));
                 tracing::warn!(credential = %h.name, "credential: from_command failed ({why}): {e}; nothing is sent until a refresh succeeds");
-                let args = serde_json::json!({"name": h.name, "why": why, "error": e});
+                let args = serde_json::json!({"name": h.name, "why": why, "error": e.to_string()});
                 events("credential_refresh_failed", args);
             }
         }

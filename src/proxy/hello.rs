@@ -105,7 +105,7 @@ pub enum BodyError {
     NotText,
     /// The name is not one the allowlist could hold.
     #[error("server name: {0}")]
-    Name(String),
+    Name(super::name::NameError),
     /// The extension holds no host name.
     #[error("server_name without a host name")]
     NoName,

@@ -110,14 +110,14 @@ pub(crate) fn outside_agent_writable(
 /// `audit` was opened), and records what it removed.
 pub(crate) fn retain(audit: &audit::Audit) -> Result<(), HostFileError> {
     let keep = crate::profile::user::load()
-        .map_err(HostFileError::Config)?
+        .map_err(|e| HostFileError::Config(e.to_string()))?
         .audit
         .keep_days;
     let Some(dir) = audit.path().parent() else {
         return Ok(());
     };
     let n = audit::retention::apply(dir, keep, std::time::SystemTime::now())
-        .map_err(HostFileError::Retention)?;
+        .map_err(|e| HostFileError::Retention(e.to_string()))?;
     if n > 0 {
         audit.event(audit::Entry::event("(audit-retention)", Some("retention"), &serde_json::json!({"removed_logs": n, "keep_days": keep, "config": crate::profile::user::path()})));
     }

@@ -490,6 +490,7 @@ fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mu
             Reply::Credential(match c.policy.credentials.get(i).map(|x| (x, x.from())) {
                 Some((x, From::Command(argv))) => {
                     crate::secretcmd::run(argv, &x.command_env, x.command_timeout())
+                        .map_err(|e| e.to_string())
                 }
                 _ => Err(format!("the profile's credential {i} has no from_command")),
             })

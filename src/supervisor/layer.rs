@@ -287,7 +287,7 @@ pub(crate) fn create(
         Some(f) => Some((f, super::layer_from::source(f, &policy.workspace)?)),
         None => None,
     };
-    let user = crate::profile::user::load().map_err(LayerError::User)?;
+    let user = crate::profile::user::load().map_err(|e| LayerError::User(e.to_string()))?;
     let kept = &user.workspace;
     for line in super::kept::make_room(kept.keep_days, kept.kept_bytes.0)? {
         tracing::info!("{line}");

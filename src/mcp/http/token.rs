@@ -63,7 +63,8 @@ pub(crate) fn ct_eq(given: &[u8], want: &[u8]) -> bool {
 /// root, mode 0400 or stricter, one line of 16–4096 printable bytes).
 pub(crate) fn read(path: &Path) -> Result<Token, String> {
     let what = format!("--token-file {}", path.display());
-    let (secret, stamp) = crate::secretfile::read(path, &what, (MIN_LEN, MAX_LEN))?;
+    let (secret, stamp) =
+        crate::secretfile::read(path, &what, (MIN_LEN, MAX_LEN)).map_err(|e| e.to_string())?;
     let mut token = Token::new(secret);
     token.stamp = Some(stamp);
     Ok(token)

@@ -230,7 +230,10 @@ pub(crate) async fn dispatch_nested(
 ) -> Result<Value, ToolError> {
     let t0 = Instant::now();
     let trace = crate::tracectx::current().map(|t| t.child());
-    let ticket = c.s.audit.admit(name).map_err(ToolError::Unaudited)?;
+    let ticket =
+        c.s.audit
+            .admit(name)
+            .map_err(|e| ToolError::Unaudited(e.to_string()))?;
     let def = catalog::find(name).filter(|d| {
         c.s.enabled
             .read()

@@ -192,7 +192,7 @@ impl Server {
         let ticket = match self.s.audit.admit(&name) {
             Ok(t) => t,
             Err(why) => {
-                let e = ToolError::Unaudited(why);
+                let e = ToolError::Unaudited(why.to_string());
                 metrics::get().call(Some(def), &name, "refused", Some(e.kind()), t0.elapsed());
                 return Ok(error_result(&e).into());
             }
@@ -476,10 +476,9 @@ impl ServerHandler for Server {
             "resource:{}",
             uri.split('/').take(3).collect::<Vec<_>>().join("/")
         );
-        let ticket =
-            self.s.audit.admit(&tool).map_err(|why| {
-                McpError::invalid_params(ToolError::Unaudited(why).to_string(), None)
-            })?;
+        let ticket = self.s.audit.admit(&tool).map_err(|why| {
+            McpError::invalid_params(ToolError::Unaudited(why.to_string()).to_string(), None)
+        })?;
         let call = Call {
             s: &self.s,
             progress: None,
@@ -544,10 +543,9 @@ impl ServerHandler for Server {
         self.s.backlog.room().await;
         let t0 = Instant::now();
         let tool = format!("prompt:{}", req.name);
-        let ticket =
-            self.s.audit.admit(&tool).map_err(|why| {
-                McpError::invalid_params(ToolError::Unaudited(why).to_string(), None)
-            })?;
+        let ticket = self.s.audit.admit(&tool).map_err(|why| {
+            McpError::invalid_params(ToolError::Unaudited(why.to_string()).to_string(), None)
+        })?;
         let r = super::prompts::get(
             &req.name,
             req.arguments.as_ref(),

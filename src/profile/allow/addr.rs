@@ -5,6 +5,43 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// Why a range was refused; each message starts with the range as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    /// The part before `/` is no address.
+    #[error("{range:?}: {addr:?} is not an IP address")]
+    Address {
+        /// The range as written.
+        range: String,
+        /// Its address part.
+        addr: String,
+    },
+    /// The length is no number, or past the family's bits.
+    #[error("{range:?}: prefix length must be 0-{max}")]
+    Length {
+        /// The range as written.
+        range: String,
+        /// The family's bits.
+        max: u8,
+    },
+    /// Bits set below the prefix length.
+    #[error("{range:?}: bits set below the prefix length")]
+    HostBits {
+        /// The range as written.
+        range: String,
+    },
+}
+
+/// An address the proxy does not dial, and why (a class of the table).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{ip} is {why}; a range on the name's [network] allow entry (or allow_private) decides")]
+pub struct Refused {
+    /// The address.
+    pub ip: IpAddr,
+    /// Its class, e.g. `loopback (127.0.0.0/8)`.
+    pub why: &'static str,
+}
+
 /// An address range, `addr/len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
@@ -15,11 +52,13 @@ pub struct Cidr {
 impl Cidr {
     /// Parses `a.b.c.d/n` or `v6/n` (host bits must be zero); a bare
     /// address is the range of that one address.
-    pub fn parse(s: &str) -> Result<Cidr, String> {
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
         let (a, l) = s.split_once('/').unwrap_or((s, ""));
-        let net: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
+        let range = || s.to_string();
+        let net: IpAddr = a.parse().map_err(|_| CidrError::Address {
+            range: range(),
+            addr: a.to_string(),
+        })?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let len = if l.is_empty() {
             max
@@ -27,11 +66,14 @@ impl Cidr {
             l.parse::<u8>()
                 .ok()
                 .filter(|n| *n <= max)
-                .ok_or_else(|| format!("{s:?}: prefix length must be 0-{max}"))?
+                .ok_or_else(|| CidrError::Length {
+                    range: range(),
+                    max,
+                })?
         };
         let c = Cidr { net, len };
         if !c.contains(net) || masked(net, len) != bits(net) {
-            return Err(format!("{s:?}: bits set below the prefix length"));
+            return Err(CidrError::HostBits { range: range() });
         }
         Ok(c)
     }
@@ -133,7 +175,7 @@ pub fn class(ip: IpAddr) -> Option<&'static str> {
 }
 
 /// Whether the proxy may dial `ip`: public, or covered by `allow_private`.
-pub fn check(ip: IpAddr, allow_private: &[Cidr]) -> Result<(), String> {
+pub fn check(ip: IpAddr, allow_private: &[Cidr]) -> Result<(), Refused> {
     // An address that embeds an IPv4 one reaches that one: only a range
     // of IPv4 addresses opens it (an IPv6 range such as `::/0` never opens
     // `::ffff:127.0.0.1`).
@@ -141,9 +183,7 @@ pub fn check(ip: IpAddr, allow_private: &[Cidr]) -> Result<(), String> {
     match class(ip) {
         None => Ok(()),
         Some(_) if allow_private.iter().any(|c| c.contains(judged)) => Ok(()),
-        Some(why) => Err(format!(
-            "{ip} is {why}; a range on the name's [network] allow entry (or allow_private) decides"
-        )),
+        Some(why) => Err(Refused { ip, why }),
     }
 }
 

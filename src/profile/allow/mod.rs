@@ -76,13 +76,13 @@ impl Config {
             .iter()
             .map(name::Rule::of)
             .collect::<Result<_, _>>()
-            .map_err(|e| ("network.allow", e))?;
+            .map_err(|e: name::RuleError| ("network.allow", e.to_string()))?;
         let allow_private = n
             .allow_private
             .iter()
             .map(|c| addr::Cidr::parse(c))
             .collect::<Result<_, _>>()
-            .map_err(|e| ("network.allow_private", e))?;
+            .map_err(|e: addr::CidrError| ("network.allow_private", e.to_string()))?;
         let mut hosts = BTreeMap::new();
         for (k, v) in &n.hosts {
             let key = name::canonical(k).map_err(|e| ("network.hosts", format!("{k:?}: {e}")))?;

@@ -15,17 +15,98 @@ pub const CONNECT_PORT: u16 = 443;
 /// The port plain HTTP goes to when the allowlist entry names none.
 pub const HTTP_PORT: u16 = 80;
 
+/// Why a string is not a host name in the canonical form (a profile's
+/// entry, a client's target or server name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// Empty, or longer than DNS allows.
+    #[error("not a host name (empty or over 253 bytes)")]
+    Length,
+    /// Unicode or other non-ASCII bytes.
+    #[error("not an ASCII name (write internationalized names in punycode, xn--…)")]
+    NotAscii,
+    /// An IP address, in any spelling Rust parses, or bracketed.
+    #[error("an IP address: the allowlist names hosts, never addresses")]
+    Address,
+    /// A label that is no DNS label (lowercased).
+    #[error("label {0:?} is not a DNS label")]
+    Label(String),
+    /// A numeric last label.
+    #[error("the last label must start with a letter (numeric names are addresses)")]
+    Numeric,
+}
+
+/// Why `host:port` does not split.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// `[v6]` followed by something other than `:port`.
+    #[error("junk after ']'")]
+    Junk,
+    /// `[` without its `]`.
+    #[error("unclosed '['")]
+    Unclosed,
+    /// 0, or over 65535.
+    #[error("port {0:?} is out of range")]
+    Range(String),
+    /// Not digits.
+    #[error("port {0:?} is not a number")]
+    NotNumber(String),
+}
+
+/// Why an allowlist entry was refused; each message starts with the entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// Its port.
+    #[error("{entry:?}: {source}")]
+    Port {
+        /// The entry as written.
+        entry: String,
+        /// Why.
+        source: PortError,
+    },
+    /// A `*` anywhere but a leading `*.`.
+    #[error("{entry:?}: '*' is allowed only as a leading \"*.\"")]
+    Wildcard {
+        /// The entry as written.
+        entry: String,
+    },
+    /// Its name.
+    #[error("{entry:?}: {source}")]
+    Name {
+        /// The entry as written.
+        entry: String,
+        /// Why.
+        source: NameError,
+    },
+    /// One of its ranges.
+    #[error("{entry:?}: range {range:?}: {source}")]
+    Range {
+        /// The entry as written.
+        entry: String,
+        /// The range as written.
+        range: String,
+        /// Why.
+        source: super::addr::CidrError,
+    },
+    /// A table entry without ranges.
+    #[error("{entry:?}: a table entry needs at least one range (write the name alone otherwise)")]
+    NoRange {
+        /// The entry as written.
+        entry: String,
+    },
+}
+
 /// The canonical form of `raw`, or why it is not a host name.
-pub fn canonical(raw: &str) -> Result<String, String> {
+pub fn canonical(raw: &str) -> Result<String, NameError> {
     let name = raw.strip_suffix('.').unwrap_or(raw);
     if name.is_empty() || name.len() > 253 {
-        return Err("not a host name (empty or over 253 bytes)".into());
+        return Err(NameError::Length);
     }
     if !name.is_ascii() {
-        return Err("not an ASCII name (write internationalized names in punycode, xn--…)".into());
+        return Err(NameError::NotAscii);
     }
     if name.parse::<std::net::IpAddr>().is_ok() || name.starts_with('[') {
-        return Err("an IP address: the allowlist names hosts, never addresses".into());
+        return Err(NameError::Address);
     }
     let lower = name.to_ascii_lowercase();
     for label in lower.split('.') {
@@ -34,24 +115,24 @@ pub fn canonical(raw: &str) -> Result<String, String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !ok {
-            return Err(format!("label {label:?} is not a DNS label"));
+            return Err(NameError::Label(label.to_string()));
         }
     }
     let last = lower.rsplit('.').next().unwrap_or("");
     if !last.starts_with(|c: char| c.is_ascii_alphabetic()) {
-        return Err("the last label must start with a letter (numeric names are addresses)".into());
+        return Err(NameError::Numeric);
     }
     Ok(lower)
 }
 
 /// Splits `host:port` (a port is optional); `[v6]:port` is split too, so
 /// that [`canonical`] can refuse the address by name.
-pub fn split_port(s: &str) -> Result<(&str, Option<u16>), String> {
+pub fn split_port(s: &str) -> Result<(&str, Option<u16>), PortError> {
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
         match rest.split_once(']') {
             Some((h, "")) => (h, None),
-            Some((h, p)) => (h, Some(p.strip_prefix(':').ok_or("junk after ']'")?)),
-            None => return Err("unclosed '['".into()),
+            Some((h, p)) => (h, Some(p.strip_prefix(':').ok_or(PortError::Junk)?)),
+            None => return Err(PortError::Unclosed),
         }
     } else {
         match s.rsplit_once(':') {
@@ -64,11 +145,11 @@ pub fn split_port(s: &str) -> Result<(&str, Option<u16>), String> {
         None => None,
         Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() <= 5 => {
             match p.parse::<u16>() {
-                Ok(0) | Err(_) => return Err(format!("port {p:?} is out of range")),
+                Ok(0) | Err(_) => return Err(PortError::Range(p.to_string())),
                 Ok(n) => Some(n),
             }
         }
-        Some(p) => return Err(format!("port {p:?} is not a number")),
+        Some(p) => return Err(PortError::NotNumber(p.to_string())),
     };
     Ok((host, port))
 }
@@ -89,34 +170,41 @@ pub struct Rule {
 
 impl Rule {
     /// Parses a profile's allowlist entry, its ranges included.
-    pub(crate) fn of(entry: &AllowEntry) -> Result<Rule, String> {
+    pub(crate) fn of(entry: &AllowEntry) -> Result<Rule, RuleError> {
         let mut r = Rule::parse(entry.name())?;
         for c in entry.ranges() {
             r.ranges
-                .push(Cidr::parse(c).map_err(|e| format!("{:?}: range {c:?}: {e}", entry.name()))?);
+                .push(Cidr::parse(c).map_err(|source| RuleError::Range {
+                    entry: entry.name().to_string(),
+                    range: c.to_string(),
+                    source,
+                })?);
         }
         if matches!(entry, AllowEntry::Ranged(_)) && r.ranges.is_empty() {
-            return Err(format!(
-                "{:?}: a table entry needs at least one range (write the name alone otherwise)",
-                entry.name()
-            ));
+            let entry = entry.name().to_string();
+            return Err(RuleError::NoRange { entry });
         }
         Ok(r)
     }
 
     /// Parses an allowlist entry.
-    pub fn parse(entry: &str) -> Result<Rule, String> {
-        let (host, port) = split_port(entry).map_err(|e| format!("{entry:?}: {e}"))?;
+    pub fn parse(entry: &str) -> Result<Rule, RuleError> {
+        let (host, port) = split_port(entry).map_err(|source| RuleError::Port {
+            entry: entry.to_string(),
+            source,
+        })?;
         let (suffix, host) = match host.strip_prefix("*.") {
             Some(h) => (true, h),
             None => (false, host),
         };
         if host.contains('*') {
-            return Err(format!(
-                "{entry:?}: '*' is allowed only as a leading \"*.\""
-            ));
+            let entry = entry.to_string();
+            return Err(RuleError::Wildcard { entry });
         }
-        let name = canonical(host).map_err(|e| format!("{entry:?}: {e}"))?;
+        let name = canonical(host).map_err(|source| RuleError::Name {
+            entry: entry.to_string(),
+            source,
+        })?;
         Ok(Rule {
             suffix,
             name,
@@ -229,6 +317,8 @@ mod tests {
             name: "m.test".into(),
             ranges: vec![],
         });
-        assert!(Rule::of(&empty).unwrap_err().contains("at least one range"));
+        let e = Rule::of(&empty).unwrap_err();
+        assert!(matches!(e, RuleError::NoRange { .. }), "{e}");
+        assert!(e.to_string().contains("at least one range"));
     }
 }
