@@ -26,6 +26,8 @@ pub(crate) mod plan;
 pub(crate) mod precious;
 pub(crate) mod record;
 pub(crate) mod refs;
+pub(crate) mod report;
+use report::{Kind, Line};
 pub(crate) mod review;
 pub(crate) mod rewind;
 mod show;
@@ -54,10 +56,13 @@ pub(crate) fn discard(id: &str) -> i32 {
         }
     };
     let (line, code) = match crate::supervisor::layer::discard(id) {
-        Ok(dir) => (format!("removed {}", dir.display()), 0),
-        Err(e) => (format!("failed: {e}"), 2),
+        Ok(dir) => (
+            Line::new(Kind::Removed, format!("removed {}", dir.display())),
+            0,
+        ),
+        Err(e) => (Line::failed(e), 2),
     };
-    eprintln!("sandmux: {}", crate::term::printable(&line));
+    eprintln!("sandmux: {}", crate::term::printable(&line.text));
     match record::Record::open(id, &dir) {
         Ok(rec) => rec.done("discard", &[], &[line], code),
         Err(e) => eprintln!(
@@ -73,10 +78,12 @@ pub(crate) fn discard(id: &str) -> i32 {
 /// discard`) as a `discard` in its audit log, like `sandmux discard ID`;
 /// written after the removal. A line to say when it could not be written.
 pub(crate) fn record_end(id: &str, dir: &Path, line: &str, removed: bool) -> Option<String> {
-    // The record's summary keeps lines by their first word.
     let said = match removed {
-        true => format!("removed layer {id} at the end: {line}"),
-        false => format!("failed: {line}"),
+        true => Line::new(
+            Kind::Removed,
+            format!("removed layer {id} at the end: {line}"),
+        ),
+        false => Line::failed(line),
     };
     match record::Record::open(id, dir) {
         Ok(rec) => {
@@ -110,7 +117,7 @@ pub(crate) fn apply(id: &str, ask: &Ask) -> i32 {
             let term = std::io::stdout().is_terminal();
             // One write per buffer, not per line (30,000 paths: 30,000 lines).
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            for l in r.lines {
+            for Line { text: l, .. } in r.lines {
                 let l = if term { crate::term::printable(&l) } else { l };
                 let _ = writeln!(out, "{l}");
             }
@@ -127,10 +134,9 @@ pub(crate) fn apply(id: &str, ask: &Ask) -> i32 {
 /// What one `apply` did, in types (the lines are rendered from it).
 #[derive(Debug, Default)]
 pub(crate) struct Report {
-    pub(crate) lines: Vec<String>,
-    /// Which of `lines` say a path was applied (`--on-end apply` leaves
-    /// them out of stderr: a CI log names only what needs the human).
-    pub(crate) applied_lines: std::collections::BTreeSet<usize>,
+    /// What it says, line by line (`--on-end apply` leaves the applied
+    /// ones out of stderr: a CI log names only what needs the human).
+    pub(crate) lines: Vec<Line>,
     pub(crate) code: i32,
     pub(crate) applied: usize,
     pub(crate) conflicts: usize,
@@ -178,9 +184,8 @@ pub(crate) fn on_end(id: &str) -> (Vec<String>, bool) {
     let mut lines: Vec<String> = r
         .lines
         .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !r.applied_lines.contains(i))
-        .map(|(_, l)| l)
+        .filter(|l| l.kind != Kind::Applied)
+        .map(|l| l.text)
         .collect();
     if !left {
         let dir = crate::supervisor::layer::find(id).map(|(d, _)| d);
@@ -225,7 +230,7 @@ fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
             rec.done(
                 &format!("{action} --upto {n}"),
                 &ask.paths,
-                &[format!("failed: {e}")],
+                &[Line::failed(&e)],
                 2,
             );
             return Err(e);
@@ -233,7 +238,7 @@ fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
         Some(n) => match upto::view(&dir, &meta, id, n) {
             Ok(v) => (v, format!("{action} --upto {n}")),
             Err(e) => {
-                rec.done(action, &ask.paths, &[format!("failed: {e}")], 2);
+                rec.done(action, &ask.paths, &[Line::failed(&e)], 2);
                 return Err(e);
             }
         },
@@ -248,7 +253,7 @@ fn apply_all(id: &str, ask: &Ask, moving: bool) -> Result<Report, DoorError> {
     let done = through(ctx, ask, moving);
     match &done {
         Ok(r) => rec.done(&action, &ask.paths, &r.lines, r.code),
-        Err(e) => rec.done(&action, &ask.paths, &[format!("failed: {e}")], 2),
+        Err(e) => rec.done(&action, &ask.paths, &[Line::failed(e)], 2),
     }
     done
 }

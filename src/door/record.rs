@@ -7,6 +7,7 @@
 //! not open.
 
 use super::error::RecordError;
+use super::report::{Kind, Line};
 use crate::audit::{Audit, Entry, Secrets};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -84,7 +85,7 @@ impl Record {
         self,
         action: &str,
         paths: &[std::path::PathBuf],
-        lines: &[String],
+        lines: &[Line],
         code: i32,
     ) {
         let args = summary(&self.id, paths, lines, code);
@@ -104,29 +105,22 @@ impl Record {
 
 /// The record's arguments: counts of each kind of line, the first few
 /// names of each, and the paths asked for.
-fn summary(id: &str, paths: &[std::path::PathBuf], lines: &[String], code: i32) -> Value {
-    let kinds = [
-        "applied ",
-        "conflict ",
-        "held back ",
-        "kept ",
-        "undone",
-        "not undone",
-        "removed ",
-        "failed",
-    ];
+fn summary(id: &str, paths: &[std::path::PathBuf], lines: &[Line], code: i32) -> Value {
     let mut out = json!({
         "instance": id,
         "exit_status": code,
         "by_uid": nix::unistd::geteuid().as_raw(),
         "paths": paths.iter().take(LISTED).map(|p| cut(&p.to_string_lossy())).collect::<Vec<_>>(),
     });
-    for k in kinds {
-        let of: Vec<&String> = lines.iter().filter(|l| l.starts_with(k)).collect();
-        if of.is_empty() {
+    for k in Kind::COUNTED {
+        let of: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.kind == k)
+            .map(|l| l.text.as_str())
+            .collect();
+        let Some(key) = k.key().filter(|_| !of.is_empty()) else {
             continue;
-        }
-        let key = k.trim().replace(' ', "_");
+        };
         out[format!("{key}_count")] = json!(of.len());
         out[key] = json!(of.iter().take(LISTED).map(|l| cut(l)).collect::<Vec<_>>());
     }

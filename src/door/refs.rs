@@ -15,6 +15,7 @@
 //! the agent's `HEAD`: `git status` there shows what was not committed.
 
 use super::error::RefsError;
+use super::report::{Kind, Line};
 use crate::sandbox::beneath::{beneath, entries};
 use nix::fcntl::OFlag;
 use std::ffi::OsStr;
@@ -54,7 +55,7 @@ pub(crate) type Check<'a> = &'a dyn Fn(&Path, &'static str) -> Option<String>;
 /// decides on (never the lines).
 #[derive(Debug, Default)]
 pub(crate) struct Fetched {
-    pub(crate) lines: Vec<String>,
+    pub(crate) lines: Vec<super::report::Line>,
     /// Branches fetched.
     pub(crate) fetched: usize,
     /// Branches not fetched (they carry what the door holds back).
@@ -193,9 +194,14 @@ fn told(
     } else {
         root.display().to_string()
     };
-    let mut lines: Vec<String> = refused
+    let mut lines: Vec<Line> = refused
         .iter()
-        .map(|r| format!("conflict {shown}: a branch of the agent's was not fetched ({r})"))
+        .map(|r| {
+            Line::new(
+                Kind::Conflict,
+                format!("conflict {shown}: a branch of the agent's was not fetched ({r})"),
+            )
+        })
         .collect();
     let counts = (refs.len(), refused.len());
     if refs.is_empty() {
@@ -206,10 +212,10 @@ fn told(
         });
     }
     let names: Vec<String> = refs.iter().map(|(n, _)| format!("{to}/{n}")).collect();
-    lines.push(format!(
+    lines.push(Line::note(format!(
         "fetched the agent's commits in {shown}: {}",
         names.join(", ")
-    ));
+    )));
     if fresh {
         if let Some(head) = agent_head(upper_git).filter(|h| refs.iter().any(|(n, _)| n == h)) {
             git(
@@ -218,9 +224,9 @@ fn told(
             )?;
             git(host_dir, &["reset", "-q"])?;
         }
-        lines.push(format!("{shown}: a repository the host's git made, at the agent's HEAD (`git status` there shows what was not committed)"));
+        lines.push(Line::note(format!("{shown}: a repository the host's git made, at the agent's HEAD (`git status` there shows what was not committed)")));
     } else {
-        lines.push(format!("{shown}: the files are applied as files; to make the agent's commits your branch's history too: `git reset refs/sandmux/{id}/BRANCH` (moves HEAD and the index, never the files; check `git log HEAD..refs/sandmux/{id}/BRANCH` first)"));
+        lines.push(Line::note(format!("{shown}: the files are applied as files; to make the agent's commits your branch's history too: `git reset refs/sandmux/{id}/BRANCH` (moves HEAD and the index, never the files; check `git log HEAD..refs/sandmux/{id}/BRANCH` first)")));
     }
     Ok(Fetched {
         lines,

@@ -6,6 +6,7 @@
 
 use super::error::RewindError;
 use super::record::Record;
+use super::report::{Kind, Line};
 use crate::supervisor::history::{rewind, History};
 use crate::supervisor::layer;
 
@@ -48,7 +49,8 @@ fn run(id: &str, n: u64) -> Result<Vec<String>, RewindError> {
                 "rewound layer {id} to checkpoint {n} (now checkpoint {}; {} entries written or removed); `sandmux rewind {id} {}` undoes it",
                 after.n, after.changed + after.removed, before.n
             )];
-            rec.done("rewind", &[], &lines, 0);
+            let said: Vec<Line> = lines.iter().map(Line::note).collect();
+            rec.done("rewind", &[], &said, 0);
             Ok(lines)
         }
         Err(source) => {
@@ -57,7 +59,7 @@ fn run(id: &str, n: u64) -> Result<Vec<String>, RewindError> {
                 n,
                 source,
             };
-            rec.done("rewind", &[], &[e.to_string()], 2);
+            rec.done("rewind", &[], &[Line::new(Kind::Failed, e.to_string())], 2);
             Err(e)
         }
     }

@@ -6,6 +6,7 @@
 use super::diff::{self, Change};
 use super::hold::{self, shown_name, Why};
 use super::plan::{self, Plan};
+use super::report::{Kind, Line};
 use super::review::Reviewed;
 use super::{apply, ignored_summary, precious, refs, undo, upto, Ask, DoorError, Report};
 use std::path::{Path, PathBuf};
@@ -23,7 +24,10 @@ fn commits(
     made: &dyn Fn(&Path) -> bool,
 ) -> Repo {
     let name = shown_name(vcs);
-    let plain = format!("held back {name}/ (version-control data, {n} entries)");
+    let plain = Line::new(
+        Kind::HeldBack,
+        format!("held back {name}/ (version-control data, {n} entries)"),
+    );
     let Some(root) = refs::repositories(std::iter::once(vcs))
         .pop()
         .filter(|_| whole)
@@ -48,8 +52,9 @@ fn commits(
                 (m, _) if m > 0 => "its branches fetched",
                 _ => "no new commits",
             };
-            let mut lines = vec![format!(
-                "held back {name}/ (version-control data, {n} entries; {what})"
+            let mut lines = vec![Line::new(
+                Kind::HeldBack,
+                format!("held back {name}/ (version-control data, {n} entries; {what})"),
             )];
             lines.extend(f.lines);
             Repo {
@@ -61,7 +66,10 @@ fn commits(
         Err(e) => Repo {
             lines: vec![
                 plain,
-                format!("conflict {name}: the agent's commits were not fetched ({e})"),
+                Line::new(
+                    Kind::Conflict,
+                    format!("conflict {name}: the agent's commits were not fetched ({e})"),
+                ),
             ],
             conflicts: 1,
             handled: false,
@@ -71,7 +79,7 @@ fn commits(
 
 /// What became of one held-back control directory.
 struct Repo {
-    lines: Vec<String>,
+    lines: Vec<Line>,
     conflicts: usize,
     /// Its commits came in (or there were none): nothing of it is left
     /// for the human.
@@ -79,7 +87,7 @@ struct Repo {
 }
 
 impl Repo {
-    fn left(lines: Vec<String>) -> Repo {
+    fn left(lines: Vec<Line>) -> Repo {
         Repo {
             lines,
             conflicts: 0,
@@ -138,7 +146,7 @@ pub(super) fn through(t: Through<'_>, ask: &Ask, moving: bool) -> Result<Report,
         ignored
             .lines()
             .lines()
-            .map(|l| format!("left {}", l.trim_start_matches("I "))),
+            .map(|l| Line::note(format!("left {}", l.trim_start_matches("I ")))),
     );
     door.finish()?;
     r.set_aside = door.taken.len();
@@ -151,8 +159,11 @@ fn undone(t: &Through<'_>, ask: &Ask) -> Result<Report, DoorError> {
     undo_names_views(t, ask)?;
     let trees = diff::Trees::open(t.dir, &t.meta.workspace)?;
     let (n, left) = undo::undo(&trees, t.dir)?;
-    let mut lines = vec![format!("undone: {n} steps")];
-    lines.extend(left.iter().map(|l| format!("not undone: {l}")));
+    let mut lines = vec![Line::new(Kind::Undone, format!("undone: {n} steps"))];
+    lines.extend(
+        left.iter()
+            .map(|l| Line::new(Kind::NotUndone, format!("not undone: {l}"))),
+    );
     let code = if left.is_empty() { 0 } else { 3 };
     Ok(Report {
         lines,
@@ -204,7 +215,10 @@ fn each_item(
                 },
                 _ => {
                     r.held_left += 1;
-                    r.lines.push(format!("held back {name} ({why})"));
+                    r.lines.push(Line::new(
+                        Kind::HeldBack,
+                        format!("held back {name} ({why})"),
+                    ));
                 }
             }
             continue;
@@ -212,13 +226,16 @@ fn each_item(
         match door.apply(c) {
             Ok(true) => {
                 r.applied += 1;
-                r.applied_lines.insert(r.lines.len());
-                r.lines.push(format!("applied {name}"));
+                r.lines
+                    .push(Line::new(Kind::Applied, format!("applied {name}")));
             }
             Ok(false) => {}
             Err(why) => {
                 r.conflicts += 1;
-                r.lines.push(format!("conflict {name} ({why})"));
+                r.lines.push(Line::new(
+                    Kind::Conflict,
+                    format!("conflict {name} ({why})"),
+                ));
             }
         }
     }
@@ -263,19 +280,20 @@ fn ended(mut r: Report, (id, upto): (&str, Option<u64>), moving: bool, digest: &
     let upto = upto.map(|n| format!(" --upto {n}")).unwrap_or_default();
     if moving {
         if r.unrecoverable > 0 {
-            r.lines.push(format!(
+            r.lines.push(Line::new(Kind::Kept, format!(
                 "kept {} of your files, replaced or removed, in the layer (git does not have their bytes): `sandmux apply {id}{upto} --undo` puts them back",
                 r.unrecoverable
-            ));
+            )));
         }
     } else if r.set_aside > 0 {
-        r.lines.push(format!(
+        r.lines.push(Line::new(Kind::Kept, format!(
             "kept {} of your files, replaced or removed, in the layer until you discard it: `sandmux apply {id}{upto} --undo` puts them back",
             r.set_aside
-        ));
+        )));
     }
-    r.lines
-        .push(format!("digest {digest} (what this apply weighed)"));
+    r.lines.push(Line::note(format!(
+        "digest {digest} (what this apply weighed)"
+    )));
     r.code = match (r.applied, r.conflicts) {
         (_, c) if c > 0 => 3,
         (0, _) => 1,
