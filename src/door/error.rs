@@ -242,7 +242,7 @@ pub(crate) enum DiffError {
     /// A copy's entry changed after the instance ended (the snapshot's
     /// refusal, as `supervisor::copy` says it).
     #[error("{0}")]
-    Ended(String),
+    Ended(crate::supervisor::copy::ChangedAfterEnd),
 }
 
 /// `apply --undo`: why it did not run, or why one step was left.

@@ -80,6 +80,32 @@ pub(crate) enum RecordError {
     NoSession,
 }
 
+/// Why the recording's file could not be made or read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RecordFileError {
+    /// The file could not be opened.
+    #[error("{}: {source}", path.display())]
+    Open {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// Reading it failed.
+    #[error("{0}")]
+    Read(std::io::Error),
+    /// The offset asked for is past the end.
+    #[error("offset {offset} is past the end ({size} bytes)")]
+    PastEnd { offset: u64, size: u64 },
+    /// The offset asked for is inside a line.
+    #[error("offset {0} is not the start of a line")]
+    NotALineStart(u64),
+    /// One line is longer than the window.
+    #[error("the line at {offset} is longer than {max} bytes")]
+    LongLine { offset: u64, max: usize },
+    /// The lines are not UTF-8.
+    #[error("not UTF-8: {0}")]
+    NotUtf8(std::string::FromUtf8Error),
+}
+
 /// A pane's screen as terminal output: clear, the lines with their colours,
 /// the cursor. Unfiltered; returns the text, width and height.
 async fn screen(hub: &Hub, pane: &str) -> Result<(Vec<u8>, u32, u32), RecordError> {
@@ -172,7 +198,7 @@ struct Inner {
 
 impl Recording {
     /// Creates (or empties) the file, mode 0600, never through a symlink.
-    pub(crate) fn open(path: &Path, max_bytes: u64) -> Result<Arc<Recording>, String> {
+    pub(crate) fn open(path: &Path, max_bytes: u64) -> Result<Arc<Recording>, RecordFileError> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -181,7 +207,10 @@ impl Recording {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|source| RecordFileError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Ok(Arc::new(Recording {
             path: path.to_path_buf(),
             max: max_bytes,
@@ -330,32 +359,36 @@ pub(crate) struct Window {
 
 /// Reads whole lines of the file from `offset` (0 or the start of a line),
 /// at most `max` bytes: never more of the file than that.
-pub(crate) fn read_window(path: &Path, offset: u64, max: usize) -> Result<Window, String> {
+pub(crate) fn read_window(path: &Path, offset: u64, max: usize) -> Result<Window, RecordFileError> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut f = std::fs::File::open(path).map_err(|source| RecordFileError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let size = f.metadata().map_err(RecordFileError::Read)?.len();
     if offset > size {
-        return Err(format!("offset {offset} is past the end ({size} bytes)"));
+        return Err(RecordFileError::PastEnd { offset, size });
     }
     let start = offset.saturating_sub(1);
-    f.seek(SeekFrom::Start(start)).map_err(|e| e.to_string())?;
+    f.seek(SeekFrom::Start(start))
+        .map_err(RecordFileError::Read)?;
     let mut buf = Vec::with_capacity(max.min(1 << 20) + 1);
     f.take(max as u64 + (offset - start))
         .read_to_end(&mut buf)
-        .map_err(|e| e.to_string())?;
+        .map_err(RecordFileError::Read)?;
     if offset > 0 {
         if buf.first() != Some(&b'\n') {
-            return Err(format!("offset {offset} is not the start of a line"));
+            return Err(RecordFileError::NotALineStart(offset));
         }
         buf.remove(0);
     }
     let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     if end == 0 && !buf.is_empty() && offset + (buf.len() as u64) < size {
-        return Err(format!("the line at {offset} is longer than {max} bytes"));
+        return Err(RecordFileError::LongLine { offset, max });
     }
     buf.truncate(end);
     let after = offset + end as u64;
-    let text = String::from_utf8(buf).map_err(|e| format!("not UTF-8: {e}"))?;
+    let text = String::from_utf8(buf).map_err(RecordFileError::NotUtf8)?;
     Ok(Window {
         text,
         size,
@@ -432,12 +465,15 @@ mod tests {
             }
         }
         assert_eq!(got, lines.concat());
-        assert!(read_window(&p, 3, 1000)
-            .unwrap_err()
-            .contains("start of a line"));
-        assert!(read_window(&p, 1 << 40, 1000)
-            .unwrap_err()
-            .contains("past the end"));
-        assert!(read_window(&p, 0, 5).unwrap_err().contains("longer than"));
+        assert!(matches!(
+            read_window(&p, 3, 1000),
+            Err(RecordFileError::NotALineStart(3))
+        ));
+        assert!(matches!(
+            read_window(&p, 1 << 40, 1000),
+            Err(RecordFileError::PastEnd { .. })
+        ));
+        let e = read_window(&p, 0, 5).unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
     }
 }

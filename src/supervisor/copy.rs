@@ -387,6 +387,23 @@ pub(crate) struct Snapshot {
     by_dir: HashMap<PathBuf, HashMap<OsString, u64>>,
 }
 
+/// A copy's entry changed after the instance ended.
+#[derive(Debug, thiserror::Error)]
+#[error("{} changed after the instance ended (a process that outlived it, or the system's clean-up of old files): nothing is read from this copy; `sandmux discard` it", shown(rel))]
+pub(crate) struct ChangedAfterEnd {
+    rel: PathBuf,
+}
+
+/// The agent's name: never raw on a terminal.
+fn shown(rel: &Path) -> String {
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    crate::term::printable(&rel.to_string_lossy())
+}
+
 impl Snapshot {
     /// Reads the snapshot of the layer at `layer`, whose copy is `copy`.
     pub(crate) fn load(layer: &Path, copy: &Path) -> std::io::Result<Snapshot> {
@@ -418,18 +435,11 @@ impl Snapshot {
 
     /// Refuses an entry (`rel`, as `st` says it is now) changed after
     /// the instance ended: not the agent's, and not reviewable.
-    pub(crate) fn check_end(&self, rel: &Path, st: &FileStat) -> Result<(), String> {
+    pub(crate) fn check_end(&self, rel: &Path, st: &FileStat) -> Result<(), ChangedAfterEnd> {
         match self.ended_ns {
-            Some(end) if ctime(st) > end => Err(format!(
-                "{} changed after the instance ended (a process that outlived it, or the system's clean-up of old files): nothing is read from this copy; `sandmux discard` it",
-                // The agent's name: never raw on a terminal.
-                crate::term::printable(&if rel.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    rel
-                }
-                .to_string_lossy())
-            )),
+            Some(end) if ctime(st) > end => Err(ChangedAfterEnd {
+                rel: rel.to_path_buf(),
+            }),
             _ => Ok(()),
         }
     }

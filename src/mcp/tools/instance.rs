@@ -191,7 +191,11 @@ pub(crate) async fn export_replay(c: &Call<'_>, a: Replay) -> Result<ReplayResul
     let offset = a.offset.unwrap_or(0);
     if let Some(rec) = &c.s.record {
         let w = crate::runtime::record::read_window(rec.path(), offset, max).map_err(|e| {
-            ToolError::invalid("offset", &e, "use 0 or the next_offset of the last answer")
+            ToolError::invalid(
+                "offset",
+                &e.to_string(),
+                "use 0 or the next_offset of the last answer",
+            )
         })?;
         return Ok(ReplayResult {
             mode: "recording".into(),
