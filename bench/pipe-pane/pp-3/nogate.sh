@@ -1,0 +1,3 @@
+#!/bin/sh
+# positive control: same uid, no Landlock layer
+exec /bin/sh "$@"
