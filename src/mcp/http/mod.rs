@@ -126,7 +126,11 @@ pub(crate) fn plan(f: &Flags) -> Result<Plan, String> {
             .transpose()?,
     };
     let token_file = f.token_file.as_deref().map(own_directory).transpose()?;
-    let token = token_file.as_deref().map(token::read).transpose()?;
+    let token = token_file
+        .as_deref()
+        .map(token::read)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let mut hosts: Vec<String> = LOOPBACK_NAMES.iter().map(|s| s.to_string()).collect();
     for h in &f.allowed_hosts {
         let n = h.trim().to_ascii_lowercase();
@@ -186,7 +190,8 @@ pub(crate) fn open(plan: Plan, rundir: &Path, writable: &[PathBuf]) -> Result<Li
         ),
         _ => {
             let p = rundir.join("http-token");
-            (token::Current::fixed(token::generate(&p)?), p, vec![])
+            let t = token::generate(&p).map_err(|e| e.to_string())?;
+            (token::Current::fixed(t), p, vec![])
         }
     };
     Ok(Listening {

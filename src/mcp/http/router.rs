@@ -122,12 +122,12 @@ pub(crate) fn set_token(s: &crate::mcp::ctx::State, secret: &[u8], uid: u32) -> 
     };
     let t: Token = match super::token::given(secret) {
         Ok(t) => t,
-        Err(e) => return refused(e),
+        Err(e) => return refused(e.to_string()),
     };
     let first = info.token.waiting();
     let id = t.id.clone();
     match info.token.set(t) {
-        Err(e) => refused(e),
+        Err(e) => refused(e.to_string()),
         Ok(change) => {
             if first {
                 info.activity.touch();

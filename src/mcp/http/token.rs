@@ -59,12 +59,34 @@ pub(crate) fn ct_eq(given: &[u8], want: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// Why a token could not be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TokenError {
+    /// The token file (its checks and reading).
+    #[error(transparent)]
+    File(#[from] crate::secretfile::SecretFileError),
+    /// A given token's length (the bytes it has).
+    #[error("the token must be {MIN_LEN}-{MAX_LEN} bytes (it has {0})")]
+    Length(usize),
+    /// A given token with other than printable ASCII.
+    #[error("the token must be one line of printable ASCII without spaces")]
+    NotPrintable,
+    /// The generated token could not be written.
+    #[error("writing the token to {}: {source}", path.display())]
+    Write {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// `sandmux token set` on an instance not started `--unclaimed`.
+    #[error("this instance was not started --unclaimed: its token comes from --token-file (replace that file) or was generated")]
+    NotSettable,
+}
+
 /// Reads `--token-file` (see `crate::secretfile`: owned by this user or
 /// root, mode 0400 or stricter, one line of 16–4096 printable bytes).
-pub(crate) fn read(path: &Path) -> Result<Token, String> {
+pub(crate) fn read(path: &Path) -> Result<Token, TokenError> {
     let what = format!("--token-file {}", path.display());
-    let (secret, stamp) =
-        crate::secretfile::read(path, &what, (MIN_LEN, MAX_LEN)).map_err(|e| e.to_string())?;
+    let (secret, stamp) = crate::secretfile::read(path, &what, (MIN_LEN, MAX_LEN))?;
     let mut token = Token::new(secret);
     token.stamp = Some(stamp);
     Ok(token)
@@ -73,32 +95,35 @@ pub(crate) fn read(path: &Path) -> Result<Token, String> {
 /// A token the operator gave (`sandmux token set`, read from its stdin):
 /// the same rules as a token file's line (16–4096 printable bytes, no
 /// spaces; surrounding white space trimmed).
-pub(crate) fn given(secret: &[u8]) -> Result<Token, String> {
+pub(crate) fn given(secret: &[u8]) -> Result<Token, TokenError> {
     let t = secret.trim_ascii();
     if t.len() < MIN_LEN || t.len() > MAX_LEN {
-        return Err(format!(
-            "the token must be {MIN_LEN}-{MAX_LEN} bytes (it has {})",
-            t.len()
-        ));
+        return Err(TokenError::Length(t.len()));
     }
     if !t.iter().all(|b| b.is_ascii_graphic()) {
-        return Err("the token must be one line of printable ASCII without spaces".into());
+        return Err(TokenError::NotPrintable);
     }
     Ok(Token::new(t.to_vec()))
 }
 
 /// A fresh random token, written 0600 to `path` (in the instance's 0700
 /// runtime directory); the file must not exist yet.
-pub(crate) fn generate(path: &Path) -> Result<Token, String> {
+pub(crate) fn generate(path: &Path) -> Result<Token, TokenError> {
     let secret = format!("{}{}", crate::nonce::hex(), crate::nonce::hex());
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| format!("writing the token to {}: {e}", path.display()))?;
+        .map_err(|source| TokenError::Write {
+            path: path.to_path_buf(),
+            source,
+        })?;
     use std::io::Write;
-    writeln!(f, "{secret}").map_err(|e| format!("writing the token to {}: {e}", path.display()))?;
+    writeln!(f, "{secret}").map_err(|source| TokenError::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(Token::new(secret.into_bytes()))
 }
 
@@ -177,9 +202,9 @@ impl Current {
     /// Puts a token the operator gave in force (the first claims the
     /// instance, a later one replaces it: the old one is refused from the
     /// next request on). Only for an instance started `--unclaimed`.
-    pub(crate) fn set(&self, t: Token) -> Result<Change, String> {
+    pub(crate) fn set(&self, t: Token) -> Result<Change, TokenError> {
         if !self.settable {
-            return Err("this instance was not started --unclaimed: its token comes from --token-file (replace that file) or was generated".into());
+            return Err(TokenError::NotSettable);
         }
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let same = held.token.as_ref().is_some_and(|old| old.id == t.id);
@@ -228,6 +253,8 @@ impl Current {
             }
             Err(e) => {
                 held.token = None;
+                // Said once: the same words again are no news.
+                let e = e.to_string();
                 if held.unusable.as_deref() == Some(e.as_str()) {
                     Change::None
                 } else {
