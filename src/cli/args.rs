@@ -353,6 +353,15 @@ pub(super) enum Cmd {
     Init,
     #[command(name = "__broker", hide = true)]
     Broker,
+    /// The rewinder of a running instance (started by the broker).
+    #[command(name = "__rewind", hide = true)]
+    Rewinder {
+        /// The workspace (the same path inside).
+        workspace: PathBuf,
+        /// The sandbox has a user namespace of its own (descriptor 6).
+        #[arg(long)]
+        userns: bool,
+    },
     #[command(name = "__probe-userns", hide = true)]
     ProbeUserns {
         /// Try an overlay of LOWER UPPER WORK in a mount namespace too.

@@ -1,16 +1,18 @@
-//! `sandmux rewind ID N`: the layer of an ended instance put back to how
-//! it was after checkpoint N (`supervisor::history::rewind`), recorded in
-//! the instance's audit log like every door action; undone by rewinding to
-//! the checkpoint it names. The workspace itself is not touched: `diff`
-//! and `apply` then show and bring what the layer holds.
+//! `sandmux rewind ID N`: the layer put back to how it was after
+//! checkpoint N (`supervisor::history::rewind`), recorded in the
+//! instance's audit log like every door action; undone by rewinding to the
+//! checkpoint it names. An ended instance's layer is written here; a
+//! running instance is asked over its operator endpoint, and `serve`
+//! rewinds the workspace its panes see, frozen meanwhile
+//! (`runtime::rewind`), recording the same `(door)` record in its own log.
 
 use super::record::Record;
 use crate::supervisor::history::{rewind, History};
 use crate::supervisor::layer;
 
 /// Rewinds layer `id` to checkpoint `n`; the exit status (0 done, 2
-/// refused: a running instance, no such checkpoint, a record that cannot
-/// be written).
+/// refused: no such checkpoint, a record that cannot be written, a
+/// running instance that could not be rewound).
 pub(crate) fn rewind_layer(id: &str, n: u64) -> i32 {
     match run(id, n) {
         Ok(lines) => {
@@ -29,11 +31,10 @@ pub(crate) fn rewind_layer(id: &str, n: u64) -> i32 {
 fn run(id: &str, n: u64) -> Result<Vec<String>, String> {
     let (dir, _) = layer::find(id).map_err(|e| e.to_string())?;
     // Held while the layer is written: no instance starts on it meanwhile.
-    let _lock = layer::ended(&dir, id).map_err(|e| {
-        format!(
-            "{e}; rewinding a running instance is not built yet: stop it first (sandmux stop {id})"
-        )
-    })?;
+    let _lock = match layer::ended(&dir, id) {
+        Ok(l) => l,
+        Err(e) => return running(id, n, &e.to_string()),
+    };
     if !History::dir_of(&dir).join("log.jsonl").exists() {
         return Err(crate::supervisor::history::HistoryError::None(id.to_string()).to_string());
     }
@@ -57,4 +58,30 @@ fn run(id: &str, n: u64) -> Result<Vec<String>, String> {
             Err(line)
         }
     }
+}
+
+/// The instance runs: `serve` rewinds it (and records it) and answers.
+fn running(id: &str, n: u64, live: &str) -> Result<Vec<String>, String> {
+    use crate::runtime::endpoint::{Op, Request};
+    let found = crate::operator::find(id)
+        .ok()
+        .filter(|f| f.is_serve())
+        .ok_or_else(|| {
+            format!(
+                "{live}, and no `sandmux serve` of it answers: stop it first (sandmux stop {id})"
+            )
+        })?;
+    let mut req = Request::new(Op::Rewind);
+    req.checkpoint = Some(n);
+    let wait = crate::supervisor::rewinder::DEADLINE + std::time::Duration::from_secs(60);
+    let v = crate::operator::request_within(&found.dir, req, wait)
+        .map_err(|e| format!("failed: rewinding instance {id} to checkpoint {n}: {e}"))?;
+    let frozen = match v["frozen"] == true {
+        true => " (it was frozen before and stays so: `sandmux thaw` resumes it)",
+        false => "",
+    };
+    Ok(vec![format!(
+        "rewound the workspace of running instance {id} to checkpoint {n} (now checkpoint {}; {} entries written or removed){frozen}; `sandmux rewind {id} {}` undoes it",
+        v["after"], v["written"].as_u64().unwrap_or(0) + v["removed"].as_u64().unwrap_or(0), v["before"]
+    )])
 }
