@@ -95,3 +95,108 @@ async def test_a_running_instance_rewinds_and_the_rewind_is_undone(ws):
     assert all(r["args"]["exit_status"] == 0 and r["args"]["running"] for r in recs), recs
     assert (work / "kept.txt").read_text() == "the human's\n"  # the workspace itself untouched
     assert (work / "src" / "main.c").exists()
+
+
+def lines_of(path):
+    try:
+        return open(path).read().split()
+    except OSError:
+        return []
+
+
+async def test_a_pane_writing_during_the_rewind_never_interleaves_with_it(ws):
+    """Attack: a pane loop appends its count to `log` as fast as it can
+    while the operator rewinds to before the loop. The instance is frozen
+    from before the checkpoint that undoes the rewind to after the
+    checkpoint that ends it: the checkpoint after holds no `log`, and once
+    thawed the loop goes on from the count the checkpoint before holds (the
+    next one, or the one after it when the freeze caught the loop between
+    opening the old file and writing to it); not one write landed during
+    the rewind. Positive control: the same loop's writes reach the layer
+    while nothing is frozen."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, "echo base > base.txt")
+        await sh(c, "(i=0; while :; do i=$((i+1)); echo $i >> log; sleep 0.002; done) >/dev/null 2>&1 &")
+        up = os.path.join(layer_dir(env, lid), "upper", "log")
+        a = len(lines_of(up))
+        time.sleep(0.5)
+        b = len(lines_of(up))
+        assert b > a + 10, (a, b)  # control: unfrozen, the loop's writes land
+
+        rw = sandmux(env, "rewind", lid, "1")
+        assert rw.returncode == 0, rw.stderr
+        before = int(re.search(r"sandmux rewind \w+ (\d+)` undoes it", rw.stdout).group(1))
+        hist = os.path.join(layer_dir(env, lid), "history")
+        node = json.load(open(os.path.join(hist, "deltas", f"{before}.json")))["changed"]["6c6f67"]
+        k = int(open(os.path.join(hist, "objects", node["object"])).read().split()[-1])
+        after = json.load(open(os.path.join(hist, "deltas", f"{before + 1}.json")))
+        assert "6c6f67" in after["removed"] and "6c6f67" not in after["changed"], after
+        time.sleep(0.3)
+        first = int((await sh(c, "head -1 log")).split()[0])
+        assert first in (k + 1, k + 2), (k, first)
+        # The loop's writes after the thaw are the next checkpoint's.
+        log = history_log(env, lid)
+        assert log[-1]["n"] > before + 1 and "6c6f67" in log[-1]["paths"], log[-1]
+        await sh(c, "kill %1 2>/dev/null; pkill -f 'echo \\$i' 2>/dev/null; true")
+
+
+async def test_a_link_planted_where_a_rewound_directory_goes_writes_nothing_outside(ws):
+    """Attack: after checkpoint 1 the agent replaces the directory `d` (the
+    human's, which call 1 wrote into) with a link to /etc, and plants a
+    directory whose entry is a link to a host directory holding the
+    human's file. The rewind to 1 writes `d` back as a directory, removes
+    the links (never what they point to) and writes nothing outside the
+    workspace: /etc and the host directory are as they were. Positive
+    control: through the planted link the agent does reach /etc."""
+    work, host = ws
+    (work / "d").mkdir()
+    (work / "d" / "f.txt").write_text("human\n")
+    out = host / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("the human's other file\n")
+    probe = f"sandmux-rewind-probe-{os.getpid()}.txt"
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, f"echo agent > d/{probe} && echo v1 > d/f.txt")
+        await sh(c, f"rm -rf d && ln -s /etc d && mkdir e && ln -s {out} e/sub && ln -s /etc e/etc")
+        control = await sh(c, "ls d/ | tr '\\n' ' '")
+        assert "passwd" in control or "hostname" in control, control
+        rw = sandmux(env, "rewind", lid, "1")
+        assert rw.returncode == 0, rw.stderr
+        seen = await sh(c, f"test -L d && echo LINK; test -d d && echo DIR; cat d/{probe} d/f.txt; test -e e && echo E")
+        assert "LINK" not in seen and "DIR" in seen, seen
+        assert "agent" in seen and "v1" in seen and "\nE" not in seen, seen
+    assert not os.path.exists(f"/etc/{probe}")
+    assert sorted(os.listdir(out)) == ["keep.txt"]
+    assert (out / "keep.txt").read_text() == "the human's other file\n"
+    assert (work / "d" / "f.txt").read_text() == "human\n"
+
+
+async def test_a_name_the_terminal_would_obey_is_escaped_when_a_rewind_refuses_it(ws):
+    """Attack: the workspace holds a FIFO whose name carries a newline, a
+    colour and a title sequence; the agent removes it; a rewind to before
+    would have to bring a FIFO back, which a running rewind does not: it
+    refuses before writing anything, naming the path escaped (one line, no
+    control byte), records the refusal, and thaws. Positive control: the
+    name on the host really holds those bytes."""
+    work, host = ws
+    name = "fifo\n\x1b[31mRED\x1b]0;owned\x07"
+    os.mkfifo(work / name)
+    assert any("\x1b" in n and "\n" in n for n in os.listdir(work))  # control
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, "echo x > a.txt && rm -f fifo*")
+        rw = sandmux(env, "rewind", lid, "0")
+        assert rw.returncode == 2, rw.stdout
+        assert "FIFO" in rw.stderr and "nothing was written" in rw.stderr, rw.stderr
+        assert "RED" in rw.stderr and rw.stderr.count("\n") == 1, repr(rw.stderr)
+        assert not any(ch in rw.stderr for ch in "\x1b\x07"), repr(rw.stderr)
+        # Nothing written, and thawed: the next call is served and sees a.txt.
+        assert "x" in await sh(c, "cat a.txt")
+    recs = rewind_records(ws)
+    assert len(recs) == 1 and recs[0]["args"]["exit_status"] == 2, recs

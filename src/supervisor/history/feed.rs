@@ -226,10 +226,14 @@ impl Feed {
     ) -> Result<(), HistoryError> {
         let now = walk::stat_at(root, p);
         let was = listing.get(p).cloned();
-        let new_dir = now
-            .as_ref()
-            .is_some_and(|s| walk::is_dir(s) && was.as_ref().map(|w| w.stamp.0) != Some(s.stamp.0));
         let was_dir = was.as_ref().is_some_and(walk::is_dir);
+        // A directory where there was none, or another one. Not by the
+        // inode alone: a link's freed inode number is soon a new
+        // directory's (a running rewind replacing a planted link with a
+        // directory lost what it wrote below it).
+        let new_dir = now.as_ref().is_some_and(|s| {
+            walk::is_dir(s) && (!was_dir || was.as_ref().map(|w| w.stamp.0) != Some(s.stamp.0))
+        });
         if now.is_none() || new_dir || (was_dir && !now.as_ref().is_some_and(walk::is_dir)) {
             for old in walk::subtree(listing, p).into_iter().filter(|o| o != p) {
                 let w = listing.remove(&old);
