@@ -292,7 +292,7 @@ pub(super) enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Copy-on-write mode: put an ended instance's layer back to how it was after tool call N (undone by rewinding to the checkpoint it names).
+    /// Copy-on-write mode: put an instance's workspace back to how it was after tool call N (a running instance is frozen meanwhile; undone by rewinding to the checkpoint it names).
     Rewind {
         /// Instance id.
         id: String,

@@ -304,7 +304,7 @@ fn put(
                 mkdirat(&dir, name, Mode::from_bits_truncate(0o700)).map_err(step("making", p))?;
                 done.written += 1;
             }
-            if now != Some(Want::Dir(*mode)) || !dir_now {
+            if now != Some(Want::Dir(*mode)) || !dir_now || mode & 0o700 != 0o700 {
                 // Open while the rewind writes below it; its mode at the end.
                 let fd = walk::open_dir(ws, p)?;
                 fchmod(&fd, Mode::from_bits_truncate(0o700 | mode))
