@@ -200,3 +200,76 @@ async def test_a_name_the_terminal_would_obey_is_escaped_when_a_rewind_refuses_i
         assert "x" in await sh(c, "cat a.txt")
     recs = rewind_records(ws)
     assert len(recs) == 1 and recs[0]["args"]["exit_status"] == 2, recs
+
+
+SNAP = ("python3 -c \"import os,hashlib\n"
+        "for d,ds,fs in os.walk('.'):\n"
+        " for n in sorted(ds+fs):\n"
+        "  p=os.path.join(d,n);s=os.lstat(p)\n"
+        "  k='l '+os.readlink(p) if os.path.islink(p) else 'd '+oct(s.st_mode&0o7777) if os.path.isdir(p) else 'f '+oct(s.st_mode&0o777)+' '+hashlib.sha1(open(p,'rb').read()).hexdigest()[:12]\n"
+        "  print('E',p,k)\"")
+
+
+def undo_of(rw):
+    return int(re.search(r"sandmux rewind \w+ (\d+)` undoes it", rw.stdout).group(1))
+
+
+async def snapshot(c):
+    out = await sh(c, SNAP)
+    return sorted(x for x in out.splitlines() if x.startswith("E ./"))
+
+
+@pytest.mark.parametrize("seed", [43, 7, 2026, 11])
+async def test_rewinding_a_running_instance_to_any_checkpoint_gives_what_the_panes_saw_then(ws, seed):
+    """Property, through serve: seeded random calls write, append, move,
+    remove, link, chmod, and turn files into directories and back, over a
+    workspace with the human's own files and directories; after each call
+    the panes' view is recorded. Rewinding the running instance to
+    checkpoints in random order (and undoing) gives, each time, exactly the
+    view recorded after that call (kinds, modes, contents, link targets).
+    Control: the recorded views differ from each other (the calls changed
+    what the rewind must put back)."""
+    import random
+    work, host = ws
+    (work / "src").mkdir()
+    (work / "src" / "x.c").write_text("x\n")
+    (work / "src" / "deep").mkdir()
+    (work / "src" / "deep" / "y.c").write_text("y\n")
+    (work / "top.txt").write_text("top\n")
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    rng = random.Random(seed)
+    names = ["a", "b", "src/x.c", "src/deep", "src/deep/y.c", "d", "d/e", "top.txt", "src"]
+    ops = [
+        lambda p, q: f"mkdir -p $(dirname {p}) && echo {rng.randrange(1000)} > {p}",
+        lambda p, q: f"echo more >> {p}",
+        lambda p, q: f"rm -rf {p}",
+        lambda p, q: f"mkdir -p {p}/sub && echo in > {p}/sub/f",
+        lambda p, q: f"mv -T {p} {q}",
+        lambda p, q: f"ln -sfn {q} {p}",
+        lambda p, q: f"chmod {rng.choice(['600', '755', '700'])} {p}",
+    ]
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        views = {0: await snapshot(c)}
+        cps = [0]
+        for k in range(1, 9):
+            cmd = " ; ".join(rng.choice(ops)(rng.choice(names), rng.choice(names)) for _ in range(3))
+            await sh(c, f"{{ {cmd} ; }} 2>/dev/null; true")
+            cps.append(history_log(env, lid)[-1]["n"])  # this call's checkpoint
+            views[cps[-1]] = await snapshot(c)
+        assert len({tuple(v) for v in views.values()}) > 4, views  # control
+        order = list(cps)
+        rng.shuffle(order)
+        now = views[cps[-1]]
+        for n in order:
+            rw = sandmux(env, "rewind", lid, str(n))
+            assert rw.returncode == 0, (n, rw.stderr)
+            got = await snapshot(c)
+            assert got == views[n], (n, sorted(set(got) - set(views[n])), sorted(set(views[n]) - set(got)))
+            undo = undo_of(rw)
+            was, now = now, views[n]
+        # The last rewind undone: back to the view it started from.
+        rw = sandmux(env, "rewind", lid, str(undo))
+        assert rw.returncode == 0, rw.stderr
+        assert await snapshot(c) == was
+    assert (work / "src" / "deep" / "y.c").read_text() == "y\n"
