@@ -41,7 +41,11 @@ pub(crate) fn main(workspace: &Path, userns: bool) -> i32 {
     };
     // SAFETY: likewise, placed only with `--userns`.
     let user = userns.then(|| unsafe { OwnedFd::from_raw_fd(USER_FD) });
-    let r = enter(user, mnt)
+    // Not dumpable: no process of the sandbox's uid can ptrace or read
+    // it meanwhile (Landlock refuses that across domains as well).
+    let r = crate::sandbox::caps::set_nondumpable()
+        .map_err(|e| setup("making the rewinder non-dumpable")(e.to_string()))
+        .and_then(|()| enter(user, mnt))
         .and_then(|()| open_workspace(workspace))
         .and_then(|ws| confine(&ws, &lower).map(|()| ws))
         .and_then(|ws| run(&sock, &ws, &lower));

@@ -223,22 +223,26 @@ pub(crate) fn apply(
     if let Some((p, _)) = wants.iter().find(|(_, w)| *w == Want::Special) {
         return Err(before(InsideError::Special(p.to_path_buf())));
     }
-    let mut done = Done::default();
-    let mut modes = Vec::new();
+    let mut w = Writer {
+        ws,
+        lower,
+        objects,
+        done: Done::default(),
+        modes: Vec::new(),
+    };
     // The workspace's top (the history records no mode for it): opened
     // while the rewind writes, its mode as found put back at the end.
     let st = nix::sys::stat::fstat(ws).map_err(step("reading", Path::new(".")))?;
     if st.st_mode & 0o700 != 0o700 {
         fchmod(ws, Mode::from_bits_truncate((st.st_mode & 0o7777) | 0o700))
             .map_err(step("opening up", Path::new(".")))?;
-        modes.push((PathBuf::new(), st.st_mode & 0o7777));
+        w.modes.push((PathBuf::new(), st.st_mode & 0o7777));
     }
     for (p, want) in &wants {
         let same = target.get(*p).is_some() && target.get(*p) == current.get(*p);
-        put(
-            ws, p, want, same, &mut lower, objects, &mut done, &mut modes,
-        )?;
+        w.put(p, want, same)?;
     }
+    let (done, mut modes) = (w.done, w.modes);
     // Deepest first: a directory made unwritable last.
     modes.sort_by_key(|(p, _): &(PathBuf, u32)| std::cmp::Reverse(p.components().count()));
     for (p, mode) in &modes {
@@ -264,74 +268,80 @@ fn shows(ws: &OwnedFd, p: &Path, want: &Want) -> bool {
     }
 }
 
-/// Makes `p` show `want`. `same`: the target's entry is the current one
-/// (left alone where it is there as that kind).
-#[allow(clippy::too_many_arguments)]
-fn put(
-    ws: &OwnedFd,
-    p: &Path,
-    want: &Want,
-    same: bool,
-    lower: &mut Lower,
-    objects: &mut Objects,
-    done: &mut Done,
-    modes: &mut Vec<(PathBuf, u32)>,
-) -> Result<(), InsideError> {
-    let (parent, name) = walk::split(p);
-    let dir = match walk::open_dir(ws, parent) {
-        Ok(d) => d,
-        // Its parent is gone: nothing to remove; anything else fails.
-        Err(_) if *want == Want::Absent => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    let now = entry(ws, p);
-    if same && now.as_ref().is_some_and(|n| same_kind(n, want)) {
-        return Ok(());
-    }
-    match want {
-        Want::Absent => {
-            if now.is_some() {
-                remove_all(&dir, name, p, 0)?;
-                done.removed += 1;
-            }
+/// What writes the merged view: where, from what, and what it did.
+struct Writer<'a, 'b> {
+    ws: &'a OwnedFd,
+    lower: Lower<'a>,
+    objects: &'a mut Objects<'b>,
+    done: Done,
+    /// Directories opened while the rewind writes, with their final mode.
+    modes: Vec<(PathBuf, u32)>,
+}
+
+impl Writer<'_, '_> {
+    /// Makes `p` show `want`. `same`: the target's entry is the current
+    /// one (left alone where it is there as that kind).
+    fn put(&mut self, p: &Path, want: &Want, same: bool) -> Result<(), InsideError> {
+        let (ws, done) = (self.ws, &mut self.done);
+        let (parent, name) = walk::split(p);
+        let dir = match walk::open_dir(ws, parent) {
+            Ok(d) => d,
+            // Its parent is gone: nothing to remove; anything else fails.
+            Err(_) if *want == Want::Absent => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let now = entry(ws, p);
+        if same && now.as_ref().is_some_and(|n| same_kind(n, want)) {
+            return Ok(());
         }
-        Want::Dir(mode) => {
-            let dir_now = matches!(now, Some(Want::Dir(_)));
-            if !dir_now {
+        match want {
+            Want::Absent => {
                 if now.is_some() {
                     remove_all(&dir, name, p, 0)?;
+                    done.removed += 1;
                 }
-                mkdirat(&dir, name, Mode::from_bits_truncate(0o700)).map_err(step("making", p))?;
+            }
+            Want::Dir(mode) => {
+                let dir_now = matches!(now, Some(Want::Dir(_)));
+                if !dir_now {
+                    if now.is_some() {
+                        remove_all(&dir, name, p, 0)?;
+                    }
+                    mkdirat(&dir, name, Mode::from_bits_truncate(0o700))
+                        .map_err(step("making", p))?;
+                    done.written += 1;
+                }
+                if now != Some(Want::Dir(*mode)) || !dir_now || mode & 0o700 != 0o700 {
+                    // Open while the rewind writes below it; its mode at the end.
+                    let fd = walk::open_dir(ws, p)?;
+                    fchmod(&fd, Mode::from_bits_truncate(0o700 | mode))
+                        .map_err(step("opening up", p))?;
+                    self.modes.push((p.to_path_buf(), *mode));
+                }
+            }
+            Want::File { object, mode } => {
+                let from = match object {
+                    Some(o) => {
+                        (self.objects)(o).ok_or_else(|| InsideError::NoObject(p.to_path_buf()))?
+                    }
+                    None => lower_file(self.lower.fd, p)?,
+                };
+                let tmp = fresh_name();
+                write_file(&dir, &tmp, from, *mode).map_err(step("writing", p))?;
+                replace(&dir, &tmp, name, now.as_ref(), p)?;
                 done.written += 1;
             }
-            if now != Some(Want::Dir(*mode)) || !dir_now || mode & 0o700 != 0o700 {
-                // Open while the rewind writes below it; its mode at the end.
-                let fd = walk::open_dir(ws, p)?;
-                fchmod(&fd, Mode::from_bits_truncate(0o700 | mode))
-                    .map_err(step("opening up", p))?;
-                modes.push((p.to_path_buf(), *mode));
+            Want::Link(target) => {
+                let tmp = fresh_name();
+                symlinkat(OsStr::from_bytes(target), &dir, tmp.as_os_str())
+                    .map_err(step("linking", p))?;
+                replace(&dir, &tmp, name, now.as_ref(), p)?;
+                done.written += 1;
             }
+            Want::Special => return Err(InsideError::Special(p.to_path_buf())),
         }
-        Want::File { object, mode } => {
-            let from = match object {
-                Some(o) => objects(o).ok_or_else(|| InsideError::NoObject(p.to_path_buf()))?,
-                None => lower_file(lower.fd, p)?,
-            };
-            let tmp = fresh_name();
-            write_file(&dir, &tmp, from, *mode).map_err(step("writing", p))?;
-            replace(&dir, &tmp, name, now.as_ref(), p)?;
-            done.written += 1;
-        }
-        Want::Link(target) => {
-            let tmp = fresh_name();
-            symlinkat(OsStr::from_bytes(target), &dir, tmp.as_os_str())
-                .map_err(step("linking", p))?;
-            replace(&dir, &tmp, name, now.as_ref(), p)?;
-            done.written += 1;
-        }
-        Want::Special => return Err(InsideError::Special(p.to_path_buf())),
+        Ok(())
     }
-    Ok(())
 }
 
 fn same_kind(now: &Want, want: &Want) -> bool {
