@@ -67,6 +67,12 @@ pub(crate) fn find(id: &str) -> Result<Found, String> {
 
 /// Sends one request to an instance's endpoint.
 pub(crate) fn request(dir: &Path, req: Request) -> Result<Value, String> {
+    request_within(dir, req, Duration::from_secs(10))
+}
+
+/// [`request`], waiting up to `wait` for the answer (a rewind writes the
+/// workspace before it answers).
+pub(crate) fn request_within(dir: &Path, req: Request, wait: Duration) -> Result<Value, String> {
     let path = dir.join("control.sock");
     let mut s = UnixStream::connect(&path).map_err(|e| {
         format!(
@@ -74,7 +80,7 @@ pub(crate) fn request(dir: &Path, req: Request) -> Result<Value, String> {
             path.display()
         )
     })?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    s.set_read_timeout(Some(wait)).ok();
     let mut line = serde_json::to_string(&req).map_err(|e| e.to_string())?;
     line.push('\n');
     s.write_all(line.as_bytes()).map_err(|e| e.to_string())?;

@@ -292,7 +292,7 @@ pub(super) enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Copy-on-write mode: put an ended instance's layer back to how it was after tool call N (undone by rewinding to the checkpoint it names).
+    /// Copy-on-write mode: put an instance's workspace back to how it was after tool call N (a running instance is frozen meanwhile; undone by rewinding to the checkpoint it names).
     Rewind {
         /// Instance id.
         id: String,
@@ -353,6 +353,15 @@ pub(super) enum Cmd {
     Init,
     #[command(name = "__broker", hide = true)]
     Broker,
+    /// The rewinder of a running instance (started by the broker).
+    #[command(name = "__rewind", hide = true)]
+    Rewinder {
+        /// The workspace (the same path inside).
+        workspace: PathBuf,
+        /// The sandbox has a user namespace of its own (descriptor 6).
+        #[arg(long)]
+        userns: bool,
+    },
     #[command(name = "__probe-userns", hide = true)]
     ProbeUserns {
         /// Try an overlay of LOWER UPPER WORK in a mount namespace too.

@@ -88,14 +88,21 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // Nothing inside the sandbox logs: `__init` gets its level in the plan,
     // and the probe's stderr is its answer.
-    if !matches!(cli.cmd, Cmd::Init | Cmd::ProbeUserns { .. }) {
+    // The rewinder joins a user namespace: one thread, nothing started.
+    if !matches!(
+        cli.cmd,
+        Cmd::Init | Cmd::ProbeUserns { .. } | Cmd::Rewinder { .. }
+    ) {
         if let Err(e) = crate::log::init(cli.log_format) {
             return fail(EXIT_USAGE, e);
         }
     }
     // The instance's own processes (the broker) log under no instance id
     // of their own: only the commands a person runs mark their start.
-    if !matches!(cli.cmd, Cmd::Init | Cmd::ProbeUserns { .. } | Cmd::Broker) {
+    if !matches!(
+        cli.cmd,
+        Cmd::Init | Cmd::ProbeUserns { .. } | Cmd::Broker | Cmd::Rewinder { .. }
+    ) {
         crate::log::step("cli: arguments parsed");
     }
     if matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Run { .. }) {
@@ -110,6 +117,9 @@ fn dispatch(cmd: Cmd) -> ExitCode {
     match cmd {
         Cmd::Init => sandbox::init::main(),
         Cmd::Broker => ExitCode::from(crate::supervisor::broker::main() as u8),
+        Cmd::Rewinder { workspace, userns } => {
+            ExitCode::from(crate::supervisor::rewinder::inside::main(&workspace, userns) as u8)
+        }
         Cmd::ProbeUserns { overlay } if overlay.is_empty() => {
             ExitCode::from(supervisor::probe::userns_child() as u8)
         }

@@ -351,8 +351,13 @@ pub(crate) enum CallsError {
 pub(crate) enum RewindError {
     #[error("{0}")]
     Layer(#[from] LayerError),
-    #[error("{source}; rewinding a running instance is not built yet: stop it first (sandmux stop {id})")]
-    Running { id: String, source: LayerError },
+    /// A running instance whose `serve` does not answer (a `run` or
+    /// `shell`, or one that is ending).
+    #[error("{live}, and no `sandmux serve` of it answers: stop it first (sandmux stop {id})")]
+    NotServed { id: String, live: LayerError },
+    /// A running instance's rewind failed (its `serve`'s words).
+    #[error("failed: rewinding instance {id} to checkpoint {n}: {why}")]
+    RunningFailed { id: String, n: u64, why: String },
     #[error("{0}")]
     History(#[from] HistoryError),
     #[error("{0}")]

@@ -1,7 +1,7 @@
 //! The operator endpoint: a Unix socket in the instance's runtime directory
 //! (directory 0700, socket 0600, never visible inside the sandbox) through
 //! which the human who started sandmux watches and steers it — `sandmux ps`,
-//! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`, `metrics`. Only peers with sandmux's own uid are
+//! `revoke`, `grant`, `freeze`, `thaw`, `stop`, `journal`, `metrics`, `rewind`. Only peers with sandmux's own uid are
 //! served (checked with SO_PEERCRED). The protocol is one JSON object per line,
 //! `{"v": 1, "op": ...}`, answered by one JSON object.
 //!
@@ -51,6 +51,8 @@ pub(crate) enum Op {
     Metrics,
     /// `token set`: the `serve --http --unclaimed` token (`mcp::http::router`).
     Token,
+    /// `rewind` the running instance's workspace (`runtime::rewind`).
+    Rewind,
 }
 
 impl Op {
@@ -69,6 +71,7 @@ impl Op {
             Op::Expose => "expose",
             Op::Metrics => "metrics",
             Op::Token => "token set",
+            Op::Rewind => "rewind",
         }
     }
 }
@@ -113,6 +116,9 @@ pub(crate) struct Request {
     /// `expose`: the host address (none: 127.0.0.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// `rewind`: the checkpoint to rewind to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<u64>,
     /// `token set`: the token (never printed: its `Debug` hides it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<Secret>,
@@ -146,6 +152,7 @@ impl Request {
             port: None,
             host_port: None,
             address: None,
+            checkpoint: None,
             token: None,
         }
     }
@@ -284,6 +291,7 @@ async fn handle(p: &impl Protocol, line: &str, uid: u32) -> Value {
             json!({"ok": true, "stopping": true})
         }
         Op::Freeze => freezing_when_ready(p, false).await,
+        Op::Rewind => super::rewind::rewind(s, r.checkpoint, uid).await,
         Op::Thaw => freezing_when_ready(p, true).await,
         Op::Approvals => json!({"ok": true, "approvals": s.approvals.list()}),
         Op::Approve | Op::Deny => answer(s, &r, uid),

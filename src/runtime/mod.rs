@@ -20,6 +20,7 @@ pub(crate) mod proxy;
 pub(crate) mod record;
 pub mod replay_filter;
 pub(crate) mod reverts;
+pub(crate) mod rewind;
 pub(crate) mod rounds;
 pub(crate) mod shared;
 pub(crate) mod teardown;

@@ -16,7 +16,9 @@
 //! connections to `127.0.0.1:PORT` inside a sandbox of this instance
 //! (`supervisor::nsconnect`), handing each descriptor back over a second
 //! socket pair (descriptor 4, `SCM_RIGHTS` only): the confined supervisor
-//! may neither bind nor make an inet socket. It reads the resolved profile, then one
+//! may neither bind nor make an inet socket; and, for `rewind` of a running
+//! instance, it starts a rewinder in a sandbox of this instance
+//! (`supervisor::rewinder`) and hands back its socket the same way. It reads the resolved profile, then one
 //! JSON line per request, from a socket pair on its descriptor 3, holds the
 //! `__init` processes it started (so their pids cannot be reused while the
 //! supervisor signals them), and ends with the supervisor: at the end of the
@@ -73,6 +75,11 @@ enum Request {
     /// `expose`: a TCP listener on the host at this address, sent back
     /// (the confined supervisor may bind nothing).
     Listen(std::net::SocketAddr),
+    /// `rewind` of a running instance: a rewinder (`supervisor::rewinder`)
+    /// in the sandbox of this `__init` (one of this instance's), for the
+    /// workspace the configuration names; the supervisor's end of its
+    /// socket sent back. The plan goes over that socket, never here.
+    Rewinder(u32),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -284,6 +291,11 @@ impl Broker {
         self.ask_fd(&Request::Connect(init_pid, port))
     }
 
+    /// `rewind`: the socket of a rewinder in the sandbox of `init_pid`.
+    pub(crate) fn rewinder(&self, init_pid: u32) -> Result<OwnedFd, BrokerError> {
+        self.ask_fd(&Request::Rewinder(init_pid))
+    }
+
     /// `expose`: a listener on the host at `addr`.
     pub(crate) fn listen(&self, addr: std::net::SocketAddr) -> Result<OwnedFd, BrokerError> {
         self.ask_fd(&Request::Listen(addr))
@@ -362,6 +374,7 @@ pub(crate) fn main() -> i32 {
     while let Ok(Some(line)) = read_line(&mut read) {
         let reply = match serde_json::from_slice::<Request>(&line) {
             Ok(Request::Connect(pid, port)) => connect(&held, pid, port, &fds),
+            Ok(Request::Rewinder(pid)) => rewinder(&held, pid, &config, &fds),
             // The supervisor checked the request; the rules that keep a
             // system port out are checked again here.
             Ok(Request::Listen(addr)) if addr.port() != 0 && addr.port() < 1024 => {
@@ -399,6 +412,20 @@ fn connect(held: &BTreeMap<u32, Child>, pid: u32, port: u16, fds: &UnixStream) -
         .and_then(|()| Ok(crate::supervisor::nsconnect::connect_inside(pid, port)?));
     // The reply is the edge between the two processes: text.
     Reply::Sent(made.map(|s| send(fds, &s)).map_err(|e| e.to_string()))
+}
+
+/// `Rewinder`: the rewinder started for the sandbox of `pid`, its socket
+/// sent over `fds`; it is reaped (and bounded in time) on a thread.
+fn rewinder(held: &BTreeMap<u32, Child>, pid: u32, c: &Config, fds: &UnixStream) -> Reply {
+    let made = sandbox_of_ours(pid, held)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            crate::supervisor::rewinder::spawn(pid, &c.policy.workspace).map_err(|e| e.to_string())
+        });
+    Reply::Sent(made.map(|(sock, child)| {
+        send(fds, &sock);
+        crate::supervisor::rewinder::spawn::reap(child);
+    }))
 }
 
 /// Sends one descriptor over the descriptor channel.
@@ -495,7 +522,9 @@ fn answer(r: Request, c: &Config, held: &mut BTreeMap<u32, Child>, launched: &mu
                 _ => Err(format!("the profile's credential {i} has no from_command")),
             })
         }
-        Request::Connect(..) | Request::Listen(_) => failed("handled by the main loop".into()),
+        Request::Connect(..) | Request::Listen(_) | Request::Rewinder(_) => {
+            failed("handled by the main loop".into())
+        }
         Request::Stop(pid) => {
             if let Some(mut c) = held.remove(&pid) {
                 end_init(&mut c);

@@ -21,6 +21,7 @@ pub(crate) mod layer_from;
 pub(crate) mod nsconnect;
 pub(crate) mod nssignal;
 pub(crate) mod probe;
+pub(crate) mod rewinder;
 pub(crate) mod rundir;
 pub(crate) mod systemd;
 

@@ -360,7 +360,7 @@ mod tests {
         // The loop left it 0400: writable again (only root writes it anyway).
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&p, "short").unwrap();
-        assert!(read(&p).err().unwrap().contains("16-4096"));
+        assert!(read(&p).err().unwrap().to_string().contains("16-4096"));
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub(crate) struct Feed {
     linked: BTreeSet<PathBuf>,
     /// Checkpoints since the last whole listing.
     full: u32,
+    /// Directories whose watch ended since the last checkpoint (removed):
+    /// a directory at that path now is another one, even when the file
+    /// system gave it the same inode number (ext4 does at once).
+    lost: BTreeSet<PathBuf>,
 }
 
 /// Every this many checkpoints the layer is listed whole (stat only: what
@@ -71,6 +75,7 @@ impl Feed {
             blind: false,
             linked: BTreeSet::new(),
             full: 0,
+            lost: BTreeSet::new(),
         })
     }
 
@@ -79,6 +84,7 @@ impl Feed {
     pub(crate) fn list_all(&mut self, root: &OwnedFd) -> Result<Listing, HistoryError> {
         self.blind = false;
         self.dirty.clear();
+        self.lost.clear();
         self.full = 0;
         // Events during the listing stay queued: the next checkpoint looks
         // at those entries again.
@@ -135,7 +141,10 @@ impl Feed {
                     continue;
                 }
                 if e.mask.contains(AddWatchFlags::IN_IGNORED) {
-                    self.dirs.remove(&e.wd);
+                    if let Some(d) = self.dirs.remove(&e.wd) {
+                        self.dirty.insert(d.clone());
+                        self.lost.insert(d);
+                    }
                     continue;
                 }
                 if let Some(d) = self.dirs.get(&e.wd) {
@@ -169,6 +178,7 @@ impl Feed {
         for p in std::mem::take(&mut self.dirty) {
             self.restat(root, &p, listing, &mut touched)?;
         }
+        self.lost.clear();
         if listing.len() > walk::MAX_ENTRIES {
             return Err(HistoryError::TooLarge(walk::MAX_ENTRIES));
         }
@@ -226,10 +236,16 @@ impl Feed {
     ) -> Result<(), HistoryError> {
         let now = walk::stat_at(root, p);
         let was = listing.get(p).cloned();
-        let new_dir = now
-            .as_ref()
-            .is_some_and(|s| walk::is_dir(s) && was.as_ref().map(|w| w.stamp.0) != Some(s.stamp.0));
         let was_dir = was.as_ref().is_some_and(walk::is_dir);
+        // A directory where there was none, or another one. Not by the
+        // inode alone: a link's freed inode number is soon a new
+        // directory's (a running rewind replacing a planted link with a
+        // directory lost what it wrote below it).
+        let lost = self.lost.contains(p);
+        let new_dir = now.as_ref().is_some_and(|s| {
+            walk::is_dir(s)
+                && (!was_dir || lost || was.as_ref().map(|w| w.stamp.0) != Some(s.stamp.0))
+        });
         if now.is_none() || new_dir || (was_dir && !now.as_ref().is_some_and(walk::is_dir)) {
             for old in walk::subtree(listing, p).into_iter().filter(|o| o != p) {
                 let w = listing.remove(&old);

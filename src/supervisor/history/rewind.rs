@@ -238,7 +238,7 @@ pub(super) fn put(
 /// Copies `from` into the new file `to`, a run of zeros as a hole (a
 /// sparse file stays sparse: a view of 200 of them must not cost their
 /// apparent size on disk).
-fn copy_sparse(from: &mut std::fs::File, to: &mut std::fs::File) -> std::io::Result<()> {
+pub(crate) fn copy_sparse(from: &mut std::fs::File, to: &mut std::fs::File) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let mut buf = vec![0u8; 64 * 1024];
     let mut len = 0u64;
