@@ -487,7 +487,7 @@ fn docs_tool_table_matches_the_catalogue() {
         table,
         "regenerate with: sandmux __tools-doc"
     );
-    assert_eq!(table.lines().count(), 2 + 56);
+    assert_eq!(table.lines().count(), 2 + 57);
 }
 
 /// Issue 26: `serve --help` names every built-in profile (as `profile

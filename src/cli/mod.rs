@@ -12,6 +12,7 @@ mod args;
 mod local;
 mod operator_cmd;
 mod profile_cmd;
+mod rewind_cmd;
 use args::{Cli, Cmd, Target};
 use local::{hold_instance, run, shell};
 use operator_cmd::operator;

@@ -100,7 +100,7 @@ fn without_instance(cmd: Cmd) -> ExitCode {
             id, since: Some(n), ..
         } => ExitCode::from(crate::door::calls::diff(&id, n, true) as u8),
         Cmd::Log { id, json } => ExitCode::from(crate::door::calls::log(&id, json) as u8),
-        Cmd::Rewind { id, n } => ExitCode::from(crate::door::rewind::rewind_layer(&id, n) as u8),
+        Cmd::Rewind { id, n } => super::rewind_cmd::rewind(&id, n),
         Cmd::Diff {
             id,
             paths,

@@ -351,6 +351,10 @@ pub(crate) enum CallsError {
 pub(crate) enum RewindError {
     #[error("{0}")]
     Layer(#[from] LayerError),
+    /// The instance still runs (its layer is in use): its `serve` is to
+    /// be asked.
+    #[error("{live}")]
+    Live { id: String, live: LayerError },
     /// A running instance whose `serve` does not answer (a `run` or
     /// `shell`, or one that is ending).
     #[error("{live}, and no `sandmux serve` of it answers: stop it first (sandmux stop {id})")]

@@ -11,7 +11,7 @@ pub(crate) mod apply;
 mod aside;
 pub(crate) mod calls;
 pub(crate) mod diff;
-mod error;
+pub(crate) mod error;
 pub(crate) use error::DoorError;
 mod gitask;
 pub(crate) mod history;

@@ -10,32 +10,22 @@ use super::error::RewindError;
 use super::record::Record;
 use super::report::{Kind, Line};
 use crate::supervisor::history::{rewind, History};
-use crate::supervisor::layer::{self, LayerError};
+use crate::supervisor::layer;
 
-/// Rewinds layer `id` to checkpoint `n`; the exit status (0 done, 2
-/// refused: no such checkpoint, a record that cannot be written, a
-/// running instance that could not be rewound).
-pub(crate) fn rewind_layer(id: &str, n: u64) -> i32 {
-    match run(id, n) {
-        Ok(lines) => {
-            for l in lines {
-                println!("{l}");
-            }
-            0
-        }
-        Err(e) => {
-            eprintln!("sandmux: {}", crate::term::printable(&e.to_string()));
-            2
-        }
-    }
-}
-
-fn run(id: &str, n: u64) -> Result<Vec<String>, RewindError> {
+/// Rewinds the layer of ended instance `id` to checkpoint `n`: what to
+/// tell the human. A running instance is [`RewindError::Live`]: its
+/// `serve` is asked instead (the CLI does, over the operator endpoint).
+pub(crate) fn rewind_layer(id: &str, n: u64) -> Result<Vec<String>, RewindError> {
     let (dir, _) = layer::find(id)?;
     // Held while the layer is written: no instance starts on it meanwhile.
     let _lock = match layer::ended(&dir, id) {
         Ok(l) => l,
-        Err(live) => return running(id, n, live),
+        Err(live) => {
+            return Err(RewindError::Live {
+                id: id.to_string(),
+                live,
+            })
+        }
     };
     if !History::dir_of(&dir).join("log.jsonl").exists() {
         return Err(crate::supervisor::history::HistoryError::None(id.to_string()).into());
@@ -65,33 +55,4 @@ fn run(id: &str, n: u64) -> Result<Vec<String>, RewindError> {
             Err(e)
         }
     }
-}
-
-/// The instance runs: `serve` rewinds it (and records it) and answers.
-fn running(id: &str, n: u64, live: LayerError) -> Result<Vec<String>, RewindError> {
-    use crate::runtime::endpoint::{Op, Request};
-    let Some(found) = crate::operator::find(id).ok().filter(|f| f.is_serve()) else {
-        return Err(RewindError::NotServed {
-            id: id.to_string(),
-            live,
-        });
-    };
-    let mut req = Request::new(Op::Rewind);
-    req.checkpoint = Some(n);
-    let wait = crate::supervisor::rewinder::DEADLINE + std::time::Duration::from_secs(60);
-    let v = crate::operator::request_within(&found.dir, req, wait).map_err(|why| {
-        RewindError::RunningFailed {
-            id: id.to_string(),
-            n,
-            why,
-        }
-    })?;
-    let frozen = match v["frozen"] == true {
-        true => " (it was frozen before and stays so: `sandmux thaw` resumes it)",
-        false => "",
-    };
-    Ok(vec![format!(
-        "rewound the workspace of running instance {id} to checkpoint {n} (now checkpoint {}; {} entries written or removed){frozen}; `sandmux rewind {id} {}` undoes it",
-        v["after"], v["written"].as_u64().unwrap_or(0) + v["removed"].as_u64().unwrap_or(0), v["before"]
-    )])
 }

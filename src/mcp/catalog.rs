@@ -8,7 +8,7 @@ use super::error::ToolError;
 use super::targets;
 use super::tools::{
     self, buffers, capture, commands, follow, history, input, instance, options, panes, read,
-    sessions, spawn, status, waits, windows,
+    rewind, sessions, spawn, status, waits, windows,
 };
 use crate::profile::Toolset;
 use serde_json::Value;
@@ -99,6 +99,9 @@ pub(crate) struct Props {
     /// It ends the instance, so it runs whatever happened to the server (no
     /// drift check first).
     pub ends_instance: bool,
+    /// Every call asks a human first (the approvals path), enabled or not,
+    /// whatever an earlier answer granted; with no one to ask, refused.
+    pub always_asks: bool,
 }
 
 impl Props {
@@ -110,6 +113,7 @@ impl Props {
         batch: false,
         while_frozen: false,
         ends_instance: false,
+        always_asks: false,
     };
 }
 
@@ -333,6 +337,7 @@ pub(crate) static TOOLS: &[ToolDef] = &[
     tool!("set_option", Execute, ChangeInPlace, options::SetOption, tools::Done, options::set_option, "Set one of a few harmless tmux options (history-limit, remain-on-exit, mode-keys, mouse, synchronize-panes, ...).", secret: &["value"]),
     tool!("set_environment", Execute, ChangeInPlace, options::SetEnv, tools::Done, options::set_environment, "Set a variable in the global or a session's environment (for later panes); tmux, sandmux and loader names are refused.", secret: &["value"]),
     // history (not on by default: the default surface's budget)
+    tool!("workspace_rewind", History, Delete, rewind::RewindArgs, rewind::Rewound, rewind::workspace_rewind, "Put your workspace back to how it was after checkpoint n (workspace_history lists them); undone by rewinding to `before`. Every call asks a human first.", always_asks: true),
     tool!("workspace_history", History, MetadataRead, history::HistoryArgs, history::History, history::workspace_history, "Your workspace's checkpoints, one per changing call: number, tool, paths changed (newest 50); with n, one checkpoint's paths.", while_frozen: true),
     // teardown
     tool!("kill_session", Teardown, Delete, sessions::KillSession, tools::Done, sessions::kill_session, "Kill a session (explicit session_id or session_name)."),
@@ -377,10 +382,12 @@ mod tests {
             let (ro, destructive, ..) = t.class.hints();
             // Inspect tools are read-only; outside inspect only a wait is
             // (wait_for_command collects what run_command started), and
-            // the history's listing (a toolset of its own, off by default).
+            // the history's listing (a toolset of its own, off by default;
+            // its rewind, which always asks a human first, changes things).
+            let history_read = t.toolset == Toolset::History && !t.props.always_asks;
             assert_eq!(
                 ro,
-                t.toolset == Toolset::Inspect || t.props.waits || t.toolset == Toolset::History,
+                t.toolset == Toolset::Inspect || t.props.waits || history_read,
                 "{}: read-only hint must match the inspect toolset",
                 t.name
             );

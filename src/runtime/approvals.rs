@@ -104,6 +104,8 @@ struct Open {
     detail: Option<Detail>,
     /// The connections (or the call) waiting on the answer.
     waiters: Vec<oneshot::Sender<(Answer, By)>>,
+    /// For the instance counts as once (a tool that always asks).
+    every_call: bool,
 }
 
 #[derive(Default)]
@@ -161,6 +163,8 @@ struct Ask<'a> {
     call: Option<&'a str>,
     /// A tool's question: its arguments as the human is shown them.
     detail: Option<&'a Detail>,
+    /// No grant outlives this question (a tool that always asks).
+    every_call: bool,
 }
 
 /// The client's answer to a tool's question, if it gives one.
@@ -263,6 +267,7 @@ impl Approvals {
                 deadline,
                 detail: a.detail.cloned(),
                 waiters: vec![tx],
+                every_call: a.every_call,
             };
             s.open.insert(id, open);
             drop(s);
@@ -291,6 +296,7 @@ impl Approvals {
             window: ONCE_WINDOW,
             call: None,
             detail: None,
+            every_call: false,
         };
         match self.ask(&a, None).await {
             Ok(_) => Verdict::Allow,
@@ -300,14 +306,16 @@ impl Approvals {
 
     /// Asks whether `tool` (of a toolset `[mcp] ask_toolsets` names) may
     /// run: the client's answer (`client`, elicitation) and the operator's
-    /// (when `operator`), the first wins. Once is this call only.
+    /// (when `operator`), the first wins. Once is this call only;
+    /// `every_call` (a tool that always asks): for the instance is taken as
+    /// once, so no answer makes a later call silent.
     pub(crate) async fn ask_tool(
         &self,
         tool: &str,
         call: &str,
         detail: &Detail,
         client: Option<ClientAnswer>,
-        operator: bool,
+        (operator, every_call): (bool, bool),
     ) -> Result<Grant, ApprovalError> {
         if client.is_none() && !operator {
             return Err(ApprovalError::NoOneToAsk);
@@ -320,6 +328,7 @@ impl Approvals {
             window: Duration::ZERO,
             call: Some(call),
             detail: Some(detail),
+            every_call,
         };
         self.ask(&a, client).await
     }
@@ -385,7 +394,7 @@ impl Approvals {
     }
 
     fn answer_as(&self, id: u64, a: Answer, by: By, client: bool) -> Result<String, ApprovalError> {
-        let (name, asked, reached) = {
+        let (name, asked, reached, a) = {
             let mut s = self.lock();
             match s.open.get(&id) {
                 None => return Err(ApprovalError::NotOpen(id)),
@@ -396,6 +405,11 @@ impl Approvals {
             }
             let Some(open) = s.open.remove(&id) else {
                 return Err(ApprovalError::Gone(id));
+            };
+            // A tool that always asks keeps no grant: the next call asks.
+            let a = match a {
+                Answer::Allow(Grant::Instance) if open.every_call => Answer::Allow(Grant::Once),
+                a => a,
             };
             match a {
                 Answer::Allow(Grant::Instance) => {
@@ -417,7 +431,7 @@ impl Approvals {
                 .map(|w| w.send((a.clone(), by.clone())).is_ok())
                 .filter(|ok| *ok)
                 .count();
-            (open.name, open.kind, reached)
+            (open.name, open.kind, reached, a)
         };
         let (word, grant) = match &a {
             Answer::Allow(Grant::Once) => ("approve", "once"),

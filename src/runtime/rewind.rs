@@ -61,32 +61,57 @@ struct Rewound {
     done: Done,
 }
 
-/// The operator's `rewind` (`checkpoint` N): the endpoint's answer.
-pub(crate) async fn rewind(s: &Arc<Shared>, n: Option<u64>, uid: u32) -> Value {
-    let Some(n) = n else {
-        return json!({"ok": false, "error": "name the checkpoint (sandmux log ID lists them)"});
-    };
+/// What a rewind of a running instance did.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Summary {
+    /// The checkpoint taken before it: rewinding to it undoes this one.
+    pub(crate) before: u64,
+    /// The checkpoint taken after it.
+    pub(crate) after: u64,
+    /// Entries written.
+    pub(crate) written: usize,
+    /// Entries removed.
+    pub(crate) removed: usize,
+}
+
+/// Rewinds the running instance to checkpoint `n` for `by` (who asked,
+/// as the record names them), recorded as the door's `rewind` in the
+/// instance's own log either way.
+pub(crate) async fn recorded(s: &Arc<Shared>, n: u64, by: &str) -> Result<Summary, RewindError> {
     let started = std::time::Instant::now();
-    let r = run(s, n).await;
+    let r = run(s, n).await.map(|w| Summary {
+        before: w.before.n,
+        after: w.after.n,
+        written: w.done.written,
+        removed: w.done.removed,
+    });
     let (code, mut args) = match &r {
         Ok(w) => (
             0,
-            json!({"before": w.before.n, "after": w.after.n, "written": w.done.written, "removed": w.done.removed}),
+            json!({"before": w.before, "after": w.after, "written": w.written, "removed": w.removed}),
         ),
         Err(e) => (2, json!({"error": e.to_string()})),
     };
     args["to"] = json!(n);
-    args["by"] = json!(format!("operator uid {uid}"));
+    args["by"] = json!(by);
     args["running"] = json!(true);
     args["exit_status"] = json!(code);
     s.audit.event(
         crate::audit::Entry::event("(door)", Some("rewind"), &args)
             .took(started.elapsed().as_millis() as u64),
     );
-    match r {
+    r
+}
+
+/// The operator's `rewind` (`checkpoint` N): the endpoint's answer.
+pub(crate) async fn rewind(s: &Arc<Shared>, n: Option<u64>, uid: u32) -> Value {
+    let Some(n) = n else {
+        return json!({"ok": false, "error": "name the checkpoint (sandmux log ID lists them)"});
+    };
+    match recorded(s, n, &format!("operator uid {uid}")).await {
         Ok(w) => json!({
-            "ok": true, "to": n, "before": w.before.n, "after": w.after.n,
-            "written": w.done.written, "removed": w.done.removed,
+            "ok": true, "to": n, "before": w.before, "after": w.after,
+            "written": w.written, "removed": w.removed,
             "frozen": s.freeze.is_frozen(),
         }),
         Err(e) => json!({"ok": false, "error": e.to_string()}),

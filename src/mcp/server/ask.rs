@@ -125,10 +125,13 @@ impl Server {
         .then(|| elicit(cx.peer.clone(), def, &detail));
         let call = super::request_id_text(&cx.id);
         let operator = via.contains(&Via::Operator);
-        let asked = self
-            .s
-            .approvals
-            .ask_tool(def.name, &call, &detail, client, operator);
+        let asked = self.s.approvals.ask_tool(
+            def.name,
+            &call,
+            &detail,
+            client,
+            (operator, def.props.always_asks),
+        );
         self.waiting(async move { asked.await.map_err(|e| e.to_string()) }, cx)
             .await
     }
@@ -191,9 +194,15 @@ impl Server {
             .s
             .rounds
             .open(def.name, digest, &call.clone(), move |client| async move {
-                ap.ask_tool(def.name, &call, &detail, Some(client), operator)
-                    .await
-                    .map_err(rounds::RoundsError::from)
+                ap.ask_tool(
+                    def.name,
+                    &call,
+                    &detail,
+                    Some(client),
+                    (operator, def.props.always_asks),
+                )
+                .await
+                .map_err(rounds::RoundsError::from)
             })
             .await;
         match opened {

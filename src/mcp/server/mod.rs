@@ -233,8 +233,14 @@ impl Server {
             once: false,
             progress_from: 0.0,
         };
-        let askable = catalog::find(name).filter(|d| c.def.is_none() && self.askable(d));
-        if let Some(d) = askable {
+        // A tool not enabled is asked about when it is askable; one that
+        // always asks, on every call, enabled or not.
+        let asks = catalog::find(name).filter(|d| match c.def {
+            None => self.askable(d),
+            Some(_) => d.props.always_asks,
+        });
+        if let Some(d) = asks {
+            c.def = None;
             let asked_at = Instant::now();
             match self.ask(d, req, args, cx).await {
                 Ok(ask::Asked::Run(g)) => {

@@ -16,6 +16,7 @@ pub(crate) mod instance;
 pub(crate) mod options;
 pub(crate) mod panes;
 pub(crate) mod read;
+pub(crate) mod rewind;
 pub(crate) mod sessions;
 pub(crate) mod spawn;
 pub(crate) mod status;
