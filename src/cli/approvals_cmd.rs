@@ -141,9 +141,14 @@ pub(super) fn answer(op: Op, id: &str, question: u64, for_instance: bool) -> Exi
     match crate::operator::request(&found.dir, r) {
         Ok(v) => {
             let name = crate::term::printable(v["name"].as_str().unwrap_or(""));
-            let said = match (op, for_instance) {
-                (Op::Approve, true) => format!("{name} is allowed for the rest of the instance"),
-                (Op::Approve, false) => format!("{name} is allowed once"),
+            let said = match (op, v["granted"].as_str()) {
+                (Op::Approve, Some("instance")) => {
+                    format!("{name} is allowed for the rest of the instance")
+                }
+                (Op::Approve, _) if for_instance => format!(
+                    "{name} is allowed once: it asks a human on every call, whatever was granted"
+                ),
+                (Op::Approve, _) => format!("{name} is allowed once"),
                 _ => format!("{name} is refused"),
             };
             println!("{} question {question}: {said}", found.id);

@@ -388,12 +388,25 @@ impl Approvals {
     }
 
     /// Answers question `id` (the operator); the first answer wins, and it
-    /// is recorded once it reached the waiting connections.
-    pub(crate) fn answer(&self, id: u64, a: Answer, by: By) -> Result<String, ApprovalError> {
+    /// is recorded once it reached the waiting connections. The question's
+    /// name, and what the answer granted (a tool that always asks takes
+    /// "for the instance" as once).
+    pub(crate) fn answer(
+        &self,
+        id: u64,
+        a: Answer,
+        by: By,
+    ) -> Result<(String, Answer), ApprovalError> {
         self.answer_as(id, a, by, false)
     }
 
-    fn answer_as(&self, id: u64, a: Answer, by: By, client: bool) -> Result<String, ApprovalError> {
+    fn answer_as(
+        &self,
+        id: u64,
+        a: Answer,
+        by: By,
+        client: bool,
+    ) -> Result<(String, Answer), ApprovalError> {
         let (name, asked, reached, a) = {
             let mut s = self.lock();
             match s.open.get(&id) {
@@ -440,7 +453,7 @@ impl Approvals {
         };
         let share = Share::of(asked, Some(&by));
         self.record("question_answered", json!({"question": id, "name": name, "answer": word, "granted": grant, "by": by.to_string(), "connections": reached}), share);
-        Ok(name)
+        Ok((name, a))
     }
 
     /// Denies every open question and asks no more (a freeze, a stop).

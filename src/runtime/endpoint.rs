@@ -268,7 +268,14 @@ fn answer(s: &Shared, r: &Request, uid: u32) -> Value {
         _ => Answer::Deny,
     };
     match s.approvals.answer(q, a, By::Operator { uid }) {
-        Ok(name) => json!({"ok": true, "question": q, "name": name}),
+        Ok((name, granted)) => {
+            let granted = match granted {
+                Answer::Allow(Grant::Instance) => "instance",
+                Answer::Allow(Grant::Once) => "once",
+                Answer::Deny => "nothing",
+            };
+            json!({"ok": true, "question": q, "name": name, "granted": granted})
+        }
         Err(e) => json!({"ok": false, "error": e.to_string()}),
     }
 }

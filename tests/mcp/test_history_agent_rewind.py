@@ -32,7 +32,8 @@ async def newest(c):
 
 async def rewind_answered(c, iid, n, *answer):
     """Calls workspace_rewind(n); the operator answers its question with
-    `answer` (e.g. "approve", or "deny"). The call's result and question."""
+    `answer` (e.g. "approve", or "deny"). The call's result, its question
+    and what the operator was told."""
     out = {}
 
     async def run():
@@ -41,9 +42,9 @@ async def rewind_answered(c, iid, n, *answer):
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
         q = await open_question(iid, Q, timeout=20)
-        r = sm(answer[0], iid, str(q), *answer[1:])
-        assert r.returncode == 0, r
-    return out["r"], q
+        said = sm(answer[0], iid, str(q), *answer[1:])
+        assert said.returncode == 0, said
+    return out["r"], q, said.stdout
 
 
 async def test_the_agent_asks_to_rewind_and_a_human_decides(ws):
@@ -55,20 +56,21 @@ async def test_the_agent_asks_to_rewind_and_a_human_decides(ws):
         one = await newest(c)
         await sh(c, "echo two > a.txt && echo new > b.txt")
         # Deny: refused, saying a human declined; nothing changed.
-        r, _ = await rewind_answered(c, iid, one, "deny")
+        r, _, _ = await rewind_answered(c, iid, one, "deny")
         assert r.is_error and "declined" in r.content[0].text, r
         assert await sh(c, "cat a.txt b.txt") == "two\nnew"
         await anyio.sleep(10.5)  # a declined question is refused unasked for 10 s
         # Approve "for the instance": this call runs, and the grant is taken
         # as once (the next call asks again).
-        r, q = await rewind_answered(c, iid, one, "approve", "--for-instance")
+        r, q, said = await rewind_answered(c, iid, one, "approve", "--for-instance")
         assert not r.is_error, r.content[0].text
+        assert "allowed once" in said and "every call" in said, said
         w = r.structured_content
         assert w["to"] == one and w["after"] > w["before"] > one, w
         assert await sh(c, "cat a.txt; test -e b.txt || echo gone") == "one\ngone"
         # Never silently: the next call asks again (positive control of the
         # question: it is open, and its approve undoes the rewind).
-        r, q2 = await rewind_answered(c, iid, w["before"], "approve")
+        r, q2, _ = await rewind_answered(c, iid, w["before"], "approve")
         assert q2 != q and not r.is_error, r.content[0].text
         assert await sh(c, "cat a.txt b.txt") == "two\nnew"
     recs = audit_records(ws)
