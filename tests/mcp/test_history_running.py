@@ -273,3 +273,40 @@ async def test_rewinding_a_running_instance_to_any_checkpoint_gives_what_the_pan
         assert rw.returncode == 0, rw.stderr
         assert await snapshot(c) == was
     assert (work / "src" / "deep" / "y.c").read_text() == "y\n"
+
+
+async def test_a_workspace_path_redirected_through_a_renamed_parent_is_refused(ws):
+    """Attack (review of issue 43, finding 1): the workspace is
+    `.../code/proj`, so its grandparent is a plain directory of the
+    sandbox's writable /tmp. From a pane the agent renames that directory
+    (the overlay's mount moves with it: only the mount point itself is
+    busy) and plants a link in its place to a decoy `code/proj` inside the
+    overlay. A rewinder that followed the link would rewind the decoy and
+    report success while the real workspace stays as the agent left it.
+    The rewind must refuse, naming why, write nothing in the decoy or the
+    real workspace, and thaw. Positive control: through the planted link
+    the panes do see the decoy, not the workspace."""
+    work, host = ws
+    proj = work / "code" / "proj"
+    proj.mkdir(parents=True)
+    (proj / "keep.txt").write_text("the human's\n")
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    real = (proj, host)
+    async with connect(real, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, "echo one > a.txt")
+        await sh(c, "echo evil > b.txt && rm keep.txt")
+        moved = f"{work}.moved"
+        decoy = f"{moved}/code/proj/decoy"
+        await sh(c, f"mv {work} {moved} && mkdir -p {decoy}/code/proj && "
+                    f"echo decoy > {decoy}/code/proj/a.txt && ln -s {decoy} {work}")
+        control = await sh(c, f"cat {proj}/a.txt; ls {proj}; readlink {work}")
+        assert "decoy" in control and "keep.txt" not in control, control  # control: the link redirects
+        rw = sandmux(env, "rewind", lid, "1")
+        assert rw.returncode == 2, (rw.stdout, rw.stderr)
+        assert "nothing was written" in rw.stderr, rw.stderr
+        # Served again (thawed); neither the workspace nor the decoy written.
+        seen = await sh(c, f"cat a.txt b.txt; ls; ls {decoy}/code/proj; cat {decoy}/code/proj/a.txt")
+        assert seen.split() == ["one", "evil", "a.txt", "b.txt", "decoy", "a.txt", "decoy"], seen
+    recs = rewind_records(real)
+    assert len(recs) == 1 and recs[0]["args"]["exit_status"] == 2, recs
