@@ -310,3 +310,45 @@ async def test_a_workspace_path_redirected_through_a_renamed_parent_is_refused(w
         assert seen.split() == ["one", "evil", "a.txt", "b.txt", "decoy", "a.txt", "decoy"], seen
     recs = rewind_records(real)
     assert len(recs) == 1 and recs[0]["args"]["exit_status"] == 2, recs
+
+
+# Opens, maps and closes `m.txt` at once (the close is the last event the
+# file makes), then writes through the mapping later, in the background.
+MMAP_WRITE = ("python3 -c \"import mmap,time\n"
+              "f=open('m.txt','r+b')\n"
+              "m=mmap.mmap(f.fileno(),0)\n"
+              "f.close()\n"
+              "time.sleep(1.5)\n"
+              "m[:3]=b'NEW'\n"
+              "m.flush()\n"
+              "time.sleep(600)\" >/dev/null 2>&1 &")
+
+
+async def test_a_file_written_through_a_shared_mapping_is_rewound_by_its_content(ws):
+    """Attack (review of issue 43, finding 2): a pane process writes a
+    file through a shared memory mapping (`mmap` + `msync`), which makes
+    no inotify event, so the change feed's checkpoints still hold the old
+    content. A rewind to the checkpoint that wrote the old content must
+    give it back (the rewinder compares contents, the checkpoints before
+    and after list the whole layer), and undoing the rewind gives the
+    mapped write back. Positive control: the mapped write really changed
+    the file as the panes see it, and no checkpoint names it."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, "printf 'old content\\n' > m.txt")
+        k = history_log(env, lid)[-1]["n"]
+        await sh(c, MMAP_WRITE)
+        time.sleep(2.5)
+        out = await sh(c, "cat m.txt")
+        assert "NEW content" in out, out  # control: the mapped write landed
+        log = history_log(env, lid)
+        assert not any("6d2e747874" in x["paths"] for x in log if x["n"] > k), log  # ... and no checkpoint saw it
+        rw = sandmux(env, "rewind", lid, str(k))
+        assert rw.returncode == 0, rw.stderr
+        assert (await sh(c, "cat m.txt")).strip() == "old content"
+        rw2 = sandmux(env, "rewind", lid, str(undo_of(rw)))
+        assert rw2.returncode == 0, rw2.stderr
+        assert (await sh(c, "cat m.txt")).strip() == "NEW content"
+        await sh(c, "pkill -f time.sleep 2>/dev/null; true")

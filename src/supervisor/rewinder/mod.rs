@@ -19,6 +19,7 @@
 //! The broker sees only the `__init` pid (one of this instance's), as for
 //! `expose`; names and contents go from the supervisor to the rewinder.
 
+pub(crate) mod content;
 pub(crate) mod drive;
 pub(crate) mod inside;
 pub(crate) mod merged;

@@ -58,8 +58,9 @@ pub(crate) fn open(workspace: &Path, mountinfo: OwnedFd) -> Result<OwnedFd, Insi
 
 /// The mount id of `fd` and whether it is that mount's root.
 fn mount_of(fd: &OwnedFd) -> std::io::Result<(u64, bool)> {
-    // SAFETY: a zeroed statx is a valid buffer; the path is a C string.
+    // SAFETY: a zeroed statx (plain integers) is a valid buffer.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an open descriptor, a C string and a buffer we own.
     let r = unsafe {
         libc::statx(
             fd.as_raw_fd(),
