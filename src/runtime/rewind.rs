@@ -161,7 +161,7 @@ async fn run(s: &Arc<Shared>, n: u64) -> Result<Rewound, RewindError> {
             }
         })?;
         let after = h
-            .take(&cause("(rewind)", n))
+            .take_whole(&cause("(rewind)", n))
             .map_err(|e| partly(e.into()))?;
         check(n, &target, h.state()).map_err(partly)?;
         Ok(Rewound {
@@ -206,7 +206,7 @@ fn cause(tool: &str, n: u64) -> Cause {
 /// not keep (and the layer does not hold it as it is).
 fn prepare(h: &mut History, n: u64) -> Result<(Line, State, State), RewindError> {
     let target = h.state_at(n)?;
-    let before = h.take(&cause("(before rewind)", n))?;
+    let before = h.take_whole(&cause("(before rewind)", n))?;
     let current = h.state().clone();
     if let Some((p, _)) = target
         .iter()

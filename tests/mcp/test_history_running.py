@@ -273,3 +273,82 @@ async def test_rewinding_a_running_instance_to_any_checkpoint_gives_what_the_pan
         assert rw.returncode == 0, rw.stderr
         assert await snapshot(c) == was
     assert (work / "src" / "deep" / "y.c").read_text() == "y\n"
+
+
+async def test_a_workspace_path_redirected_through_a_renamed_parent_is_refused(ws):
+    """Attack (review of issue 43, finding 1): the workspace is
+    `.../code/proj`, so its grandparent is a plain directory of the
+    sandbox's writable /tmp. From a pane the agent renames that directory
+    (the overlay's mount moves with it: only the mount point itself is
+    busy) and plants a link in its place to a decoy `code/proj` inside the
+    overlay. A rewinder that followed the link would rewind the decoy and
+    report success while the real workspace stays as the agent left it.
+    The rewind must refuse, naming why, write nothing in the decoy or the
+    real workspace, and thaw. Positive control: through the planted link
+    the panes do see the decoy, not the workspace."""
+    work, host = ws
+    proj = work / "code" / "proj"
+    proj.mkdir(parents=True)
+    (proj / "keep.txt").write_text("the human's\n")
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    real = (proj, host)
+    async with connect(real, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, "echo one > a.txt")
+        await sh(c, "echo evil > b.txt && rm keep.txt")
+        moved = f"{work}.moved"
+        decoy = f"{moved}/code/proj/decoy"
+        await sh(c, f"mv {work} {moved} && mkdir -p {decoy}/code/proj && "
+                    f"echo decoy > {decoy}/code/proj/a.txt && ln -s {decoy} {work}")
+        control = await sh(c, f"cat {proj}/a.txt; ls {proj}; readlink {work}")
+        assert "decoy" in control and "keep.txt" not in control, control  # control: the link redirects
+        rw = sandmux(env, "rewind", lid, "1")
+        assert rw.returncode == 2, (rw.stdout, rw.stderr)
+        assert "nothing was written" in rw.stderr, rw.stderr
+        # Served again (thawed); neither the workspace nor the decoy written.
+        seen = await sh(c, f"cat a.txt b.txt; ls; ls {decoy}/code/proj; cat {decoy}/code/proj/a.txt")
+        assert seen.split() == ["one", "evil", "a.txt", "b.txt", "decoy", "a.txt", "decoy"], seen
+    recs = rewind_records(real)
+    assert len(recs) == 1 and recs[0]["args"]["exit_status"] == 2, recs
+
+
+# Opens, maps and closes `m.txt` at once (the close is the last event the
+# file makes), then writes through the mapping later, in the background.
+MMAP_WRITE = ("python3 -c \"import mmap,time\n"
+              "f=open('m.txt','r+b')\n"
+              "m=mmap.mmap(f.fileno(),0)\n"
+              "f.close()\n"
+              "time.sleep(1.5)\n"
+              "m[:3]=b'NEW'\n"
+              "m.flush()\n"
+              "time.sleep(600)\" >/dev/null 2>&1 &")
+
+
+async def test_a_file_written_through_a_shared_mapping_is_rewound_by_its_content(ws):
+    """Attack (review of issue 43, finding 2): a pane process writes a
+    file through a shared memory mapping (`mmap` + `msync`), which makes
+    no inotify event, so the change feed's checkpoints still hold the old
+    content. A rewind to the checkpoint that wrote the old content must
+    give it back (the rewinder compares contents, the checkpoints before
+    and after list the whole layer), and undoing the rewind gives the
+    mapped write back. Positive control: the mapped write really changed
+    the file as the panes see it, and no checkpoint names it."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, "printf 'old content\\n' > m.txt")
+        k = history_log(env, lid)[-1]["n"]
+        await sh(c, MMAP_WRITE)
+        time.sleep(2.5)
+        out = await sh(c, "cat m.txt")
+        assert "NEW content" in out, out  # control: the mapped write landed
+        log = history_log(env, lid)
+        assert not any("6d2e747874" in x["paths"] for x in log if x["n"] > k), log  # ... and no checkpoint saw it
+        rw = sandmux(env, "rewind", lid, str(k))
+        assert rw.returncode == 0, rw.stderr
+        assert (await sh(c, "cat m.txt")).strip() == "old content"
+        rw2 = sandmux(env, "rewind", lid, str(undo_of(rw)))
+        assert rw2.returncode == 0, rw2.stderr
+        assert (await sh(c, "cat m.txt")).strip() == "NEW content"
+        await sh(c, "pkill -f time.sleep 2>/dev/null; true")

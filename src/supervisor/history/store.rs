@@ -99,6 +99,17 @@ impl History {
         self.take_numbered(self.last.0 + 1, cause)
     }
 
+    /// Takes the next checkpoint from a whole listing of the layer (every
+    /// entry's stamps compared with the last), not from the change feed's
+    /// events: a write through a shared memory mapping makes none. A
+    /// rewind's checkpoints before and after are taken so.
+    pub(crate) fn take_whole(&mut self, cause: &Cause) -> Result<Line, HistoryError> {
+        if let Some(f) = self.feed.as_mut() {
+            f.blind_now();
+        }
+        self.take(cause)
+    }
+
     fn take_numbered(&mut self, n: u64, cause: &Cause) -> Result<Line, HistoryError> {
         let root = crate::sandbox::beneath::open_root(&self.writes)
             .map_err(|e| HistoryError::io("opening", &self.writes, e.into()))?;

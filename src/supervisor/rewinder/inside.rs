@@ -12,7 +12,7 @@
 //! the rewinder can write is the workspace, whatever it is told.
 
 use super::merged::{apply, InsideError};
-use super::{Ask, Done, Plan, LOWER_FD, MNT_FD, SOCK_FD, USER_FD};
+use super::{Ask, Done, Plan, LOWER_FD, MNT_FD, MOUNTINFO_FD, SOCK_FD, USER_FD};
 use crate::supervisor::history::{path_of, State};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -32,11 +32,12 @@ fn setup(what: &str) -> impl FnOnce(String) -> InsideError + '_ {
 /// its answer either way).
 pub(crate) fn main(workspace: &Path, userns: bool) -> i32 {
     // SAFETY: the descriptors `spawn` placed; nothing else owns them.
-    let (sock, lower, mnt) = unsafe {
+    let (sock, lower, mnt, table) = unsafe {
         (
             UnixStream::from_raw_fd(SOCK_FD),
             OwnedFd::from_raw_fd(LOWER_FD),
             OwnedFd::from_raw_fd(MNT_FD),
+            OwnedFd::from_raw_fd(MOUNTINFO_FD),
         )
     };
     // SAFETY: likewise, placed only with `--userns`.
@@ -46,7 +47,7 @@ pub(crate) fn main(workspace: &Path, userns: bool) -> i32 {
     let r = crate::sandbox::caps::set_nondumpable()
         .map_err(|e| setup("making the rewinder non-dumpable")(e.to_string()))
         .and_then(|()| enter(user, mnt))
-        .and_then(|()| open_workspace(workspace))
+        .and_then(|()| open_workspace(workspace, table))
         .and_then(|ws| confine(&ws, &lower).map(|()| ws))
         .and_then(|ws| run(&sock, &ws, &lower));
     let (ask, code) = match r {
@@ -73,11 +74,10 @@ fn enter(user: Option<OwnedFd>, mnt: OwnedFd) -> Result<(), InsideError> {
     std::env::set_current_dir("/").map_err(|e| setup("entering the sandbox's root")(e.to_string()))
 }
 
-/// The workspace as the panes see it; refused unless it is the overlay
-/// (a path the agent replaced on the way is no workspace).
-fn open_workspace(workspace: &Path) -> Result<OwnedFd, InsideError> {
-    let ws = crate::sandbox::beneath::open_root(workspace)
-        .map_err(|e| setup("opening the workspace inside")(e.to_string()))?;
+/// The workspace as the panes see it; refused unless it is the overlay's
+/// mount root, reached with no link followed ([`super::mountroot`]).
+fn open_workspace(workspace: &Path, table: OwnedFd) -> Result<OwnedFd, InsideError> {
+    let ws = super::mountroot::open(workspace, table)?;
     let fs = nix::sys::statfs::fstatfs(&ws)
         .map_err(|e| setup("reading the workspace's file system")(e.to_string()))?;
     if fs.filesystem_type().0 as i64 != OVERLAY_MAGIC {

@@ -105,6 +105,11 @@ impl<'a> Lower<'a> {
         }
     }
 
+    /// The SHA-256 of the lower's file at `p`.
+    fn digest(&mut self, p: &Path) -> Option<String> {
+        super::content::digest_at(self.fd, p)
+    }
+
     /// The lower's entry at `p` (a path through a link is no path: absent).
     fn at(&mut self, p: &Path) -> Want {
         if let Some(w) = self.seen.get(p) {
@@ -242,7 +247,7 @@ pub(crate) fn apply(
         let same = target.get(*p).is_some() && target.get(*p) == current.get(*p);
         w.put(p, want, same)?;
     }
-    let (done, mut modes) = (w.done, w.modes);
+    let (done, mut modes, mut w_lower) = (w.done, w.modes, w.lower);
     // Deepest first: a directory made unwritable last.
     modes.sort_by_key(|(p, _): &(PathBuf, u32)| std::cmp::Reverse(p.components().count()));
     for (p, mode) in &modes {
@@ -250,19 +255,26 @@ pub(crate) fn apply(
         fchmod(&fd, Mode::from_bits_truncate(*mode)).map_err(step("setting the mode of", p))?;
     }
     for (p, want) in &wants {
-        if !shows(ws, p, want) {
+        if !shows(ws, &mut w_lower, p, want) {
             return Err(InsideError::Check(p.to_path_buf()));
         }
     }
     Ok(done)
 }
 
-/// Whether the merged view shows `want` at `p` (files by kind and mode,
-/// links by target, directories by mode).
-fn shows(ws: &OwnedFd, p: &Path, want: &Want) -> bool {
+/// Whether the merged view shows `want` at `p` (files by content and
+/// mode, links by target, directories by mode).
+fn shows(ws: &OwnedFd, lower: &mut Lower, p: &Path, want: &Want) -> bool {
     match (entry(ws, p), want) {
         (None, Want::Absent) => true,
-        (Some(Want::File { mode, .. }), Want::File { mode: m, .. }) => mode == *m,
+        (Some(Want::File { mode, .. }), Want::File { mode: m, object }) => {
+            let have = super::content::digest_at(ws, p);
+            let should = match object {
+                Some(o) => Some(o.clone()),
+                None => lower.digest(p),
+            };
+            mode == *m && have.is_some() && have == should
+        }
         (Some(got), want) => got == *want,
         (None, _) => false,
     }
@@ -279,9 +291,24 @@ struct Writer<'a, 'b> {
 }
 
 impl Writer<'_, '_> {
+    /// Whether the file at `p` may hold other content than `want` names
+    /// although the history says it does not ([`super::content`]).
+    fn stale(&mut self, p: &Path, want: &Want) -> bool {
+        match want {
+            Want::File {
+                object: Some(o), ..
+            } => super::content::digest_at(self.ws, p).as_deref() != Some(o.as_str()),
+            Want::File { object: None, .. } => {
+                super::content::digest_at(self.ws, p) != self.lower.digest(p)
+            }
+            _ => false,
+        }
+    }
+
     /// Makes `p` show `want`. `same`: the target's entry is the current
     /// one (left alone where it is there as that kind).
     fn put(&mut self, p: &Path, want: &Want, same: bool) -> Result<(), InsideError> {
+        let stale = same && self.stale(p, want);
         let (ws, done) = (self.ws, &mut self.done);
         let (parent, name) = walk::split(p);
         let dir = match walk::open_dir(ws, parent) {
@@ -291,7 +318,7 @@ impl Writer<'_, '_> {
             Err(e) => return Err(e.into()),
         };
         let now = entry(ws, p);
-        if same && now.as_ref().is_some_and(|n| same_kind(n, want)) {
+        if same && now.as_ref().is_some_and(|n| same_kind(n, want)) && !stale {
             return Ok(());
         }
         match want {

@@ -19,9 +19,11 @@
 //! The broker sees only the `__init` pid (one of this instance's), as for
 //! `expose`; names and contents go from the supervisor to the rewinder.
 
+pub(crate) mod content;
 pub(crate) mod drive;
 pub(crate) mod inside;
 pub(crate) mod merged;
+pub(crate) mod mountroot;
 pub(crate) mod spawn;
 
 use crate::supervisor::history::Node;
@@ -38,6 +40,8 @@ pub(crate) const LOWER_FD: i32 = 4;
 pub(crate) const MNT_FD: i32 = 5;
 /// The sandbox's user namespace (absent when it shares ours).
 pub(crate) const USER_FD: i32 = 6;
+/// The sandbox's mount table (`/proc/PID/mountinfo` of its `__init`).
+pub(crate) const MOUNTINFO_FD: i32 = 7;
 
 /// The longest a rewind may take, end to end: past it the supervisor
 /// gives up (the instance stays frozen) and the rewinder is killed.

@@ -3,7 +3,7 @@
 //! opened here, from the instance's fixed configuration and the `__init`
 //! pid the caller checked; nothing the agent wrote is read.
 
-use super::{RewinderError, LOWER_FD, MNT_FD, SOCK_FD, USER_FD};
+use super::{RewinderError, LOWER_FD, MNT_FD, MOUNTINFO_FD, SOCK_FD, USER_FD};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -32,6 +32,13 @@ pub(crate) fn spawn(init_pid: u32, workspace: &Path) -> Result<(UnixStream, Chil
     use std::os::unix::process::CommandExt;
     let mnt = ns(init_pid, "mnt")?.ok_or(RewinderError::NoMountNamespace)?;
     let user = ns(init_pid, "user")?;
+    // The sandbox's mount table, as its `__init` sees it (the rewinder
+    // checks that the workspace it opens is the overlay mounted there).
+    let table = format!("/proc/{init_pid}/mountinfo");
+    let mountinfo = std::fs::File::open(&table).map_err(|source| RewinderError::Namespace {
+        path: table,
+        source,
+    })?;
     let lower = crate::sandbox::beneath::open_root(workspace).map_err(|source| {
         RewinderError::Workspace {
             path: workspace.to_path_buf(),
@@ -54,12 +61,13 @@ pub(crate) fn spawn(init_pid: u32, workspace: &Path) -> Result<(UnixStream, Chil
         Some(lower.as_raw_fd()),
         Some(mnt.as_raw_fd()),
         user.as_ref().map(|u| u.as_raw_fd()),
+        Some(mountinfo.as_raw_fd()),
     ];
     // SAFETY: only async-signal-safe calls (fcntl, dup2, prctl) between
     // fork and exec, on descriptors opened before the fork.
     unsafe {
         cmd.pre_exec(move || {
-            let mut moved = [-1; 4];
+            let mut moved = [-1; 5];
             for (m, f) in moved.iter_mut().zip(from) {
                 if let Some(f) = f {
                     *m = libc::fcntl(f, libc::F_DUPFD_CLOEXEC, 10);
@@ -68,7 +76,10 @@ pub(crate) fn spawn(init_pid: u32, workspace: &Path) -> Result<(UnixStream, Chil
                     }
                 }
             }
-            for (m, to) in moved.iter().zip([SOCK_FD, LOWER_FD, MNT_FD, USER_FD]) {
+            for (m, to) in moved
+                .iter()
+                .zip([SOCK_FD, LOWER_FD, MNT_FD, USER_FD, MOUNTINFO_FD])
+            {
                 if *m >= 0 && libc::dup2(*m, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
