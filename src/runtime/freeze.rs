@@ -31,6 +31,9 @@ pub(crate) enum FreezeError {
     /// The thaw's blocking task did not finish.
     #[error("the thaw task failed: {0}; the instance stays frozen")]
     ThawTask(tokio::task::JoinError),
+    /// A rewind runs (`sandmux rewind`, or the agent's approved one).
+    #[error("a rewind of the workspace is running; the instance stays frozen until it ends (it thaws then, unless it was frozen before)")]
+    Rewinding,
 }
 
 /// A freeze in force.
@@ -57,6 +60,10 @@ pub(crate) struct Freeze {
     now: Mutex<Option<Frozen>>,
     /// One freeze or thaw at a time.
     one: tokio::sync::Mutex<()>,
+    /// One rewind at a time (`runtime::rewind`), end to end.
+    pub(crate) rewind: tokio::sync::Mutex<()>,
+    /// A rewind runs: the operator's thaw is refused until it ends.
+    rewinding: std::sync::atomic::AtomicBool,
 }
 
 impl Freeze {
@@ -68,6 +75,15 @@ impl Freeze {
     /// Whether the instance is frozen (also while the freeze is under way).
     pub(crate) fn is_frozen(&self) -> bool {
         self.now.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Marks a rewind as running (or ended), once any freeze or thaw under
+    /// way has settled; the freeze in force then, if any.
+    pub(crate) async fn rewinding(&self, on: bool) -> Option<Frozen> {
+        let _one = self.one.lock().await;
+        self.rewinding
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+        self.get()
     }
 
     fn set(&self, f: Option<Frozen>) {
@@ -134,7 +150,19 @@ pub(crate) fn watch_layer(
 
 async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, FreezeError> {
     let _one = s.freeze.one.lock().await;
-    if let Some(f) = s.freeze.get() {
+    if let Some(mut f) = s.freeze.get() {
+        // A bound reached while frozen (by the operator, or for a rewind)
+        // is kept on the freeze in force: no thaw but the operator's
+        // lifts it.
+        if why.is_some() && f.why.is_none() {
+            f.why = why.clone();
+            s.freeze.set(Some(f.clone()));
+            event(
+                s,
+                "(freeze)",
+                &json!({"by": "layer bound", "why": why, "already": true}),
+            );
+        }
         return Ok(json!({"already": true, "frozen": f}));
     }
     let t = target(s);
@@ -182,6 +210,9 @@ async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, FreezeErro
 /// Thaws the instance: everything inside runs again, then calls are served.
 pub(crate) async fn thaw(s: &Shared) -> Result<Value, FreezeError> {
     let _one = s.freeze.one.lock().await;
+    if s.freeze.rewinding.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(FreezeError::Rewinding);
+    }
     let Some(f) = s.freeze.get() else {
         return Ok(json!({"already": true, "frozen": null}));
     };

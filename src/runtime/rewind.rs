@@ -134,11 +134,35 @@ async fn run(s: &Arc<Shared>, n: u64) -> Result<Rewound, RewindError> {
     s.until_ready()
         .await
         .map_err(|e| RewindError::Freeze(e.to_string()))?;
-    let was_frozen = s.freeze.is_frozen();
+    // One rewind at a time; the operator's thaw is refused meanwhile.
+    let _one = s.freeze.rewind.lock().await;
+    let r = frozen_for(s, n, h).await;
+    s.freeze.rewinding(false).await;
+    r
+}
+
+/// The rewind proper, the instance frozen for it: frozen now (or before,
+/// by a freeze that stopped everything: one that did not is refused), and
+/// thawed after unless it was frozen before, the rewind stopped half way,
+/// or the layer's bound was reached meanwhile.
+async fn frozen_for(
+    s: &Arc<Shared>,
+    n: u64,
+    h: Arc<Mutex<History>>,
+) -> Result<Rewound, RewindError> {
+    let before = s.freeze.rewinding(true).await;
+    if let Some(e) = before.as_ref().and_then(|f| f.error.clone()) {
+        return Err(RewindError::Freeze(format!(
+            "the freeze in force did not stop everything inside ({e})"
+        )));
+    }
+    let mut was_frozen = before.is_some();
     if !was_frozen {
-        super::freeze::freeze(s)
+        let f = super::freeze::freeze(s)
             .await
             .map_err(|e| RewindError::Freeze(e.to_string()))?;
+        // The operator froze it in between: theirs to thaw.
+        was_frozen = f["already"] == true;
     }
     let (broker, init_pid) = (s.broker.clone(), super::freeze::target(s).init_pid);
     let workspace = s.policy.workspace.clone();
@@ -171,9 +195,12 @@ async fn run(s: &Arc<Shared>, n: u64) -> Result<Rewound, RewindError> {
         })
     })
     .await;
-    // A failure before anything was written thaws; a partial one stays frozen.
+    // A failure before anything was written thaws; a partial one stays
+    // frozen, and so does an instance whose layer reached its bound.
     let partial = matches!(r, Err(RewindError::Partly { .. }));
-    if !was_frozen && !partial {
+    let bound = s.freeze.get().is_some_and(|f| f.why.is_some());
+    if !was_frozen && !partial && !bound {
+        s.freeze.rewinding(false).await;
         if let Err(e) = super::freeze::thaw(s).await {
             tracing::error!("thawing after the rewind: {e}");
         }

@@ -352,3 +352,32 @@ async def test_a_file_written_through_a_shared_mapping_is_rewound_by_its_content
         assert rw2.returncode == 0, rw2.stderr
         assert (await sh(c, "cat m.txt")).strip() == "NEW content"
         await sh(c, "pkill -f time.sleep 2>/dev/null; true")
+
+
+async def test_the_operators_thaw_waits_for_a_running_rewind(ws):
+    """While a rewind runs, `sandmux thaw` is refused (it would let the
+    agent's processes run while the rewinder writes); a second rewind waits
+    for the first. Positive control: the thaw attempts did overlap the
+    rewind (at least one was refused saying so), and after it the instance
+    runs again."""
+    work, host = ws
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    async with connect(ws, "--workspace-mode", "copy-on-write", env=env) as c:
+        lid = layer_of(await call(c, "sandbox_status"))
+        await sh(c, "mkdir many && cd many && seq 1 4000 | xargs touch && cd .. && echo one > a.txt")
+        one = history_log(env, lid)[-1]["n"]
+        await sh(c, "rm -rf many && echo two > a.txt")
+        e = {k: v for k, v in os.environ.items() if not k.startswith("SANDMUX_")}
+        first = subprocess.Popen([BIN, "rewind", lid, str(one)], env={**e, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        second = subprocess.Popen([BIN, "rewind", lid, str(one)], env={**e, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        refused = 0
+        while first.poll() is None or second.poll() is None:
+            t = sandmux(env, "thaw", lid, timeout=30)
+            refused += "a rewind of the workspace is running" in t.stderr + t.stdout
+            time.sleep(0.02)
+        out1, err1 = first.communicate()
+        out2, err2 = second.communicate()
+        assert first.returncode == 0 and second.returncode == 0, (err1, err2)
+        assert refused >= 1, "no thaw overlapped the rewinds"
+        seen = await sh(c, "cat a.txt; ls many | wc -l")
+        assert seen.split() == ["one", "4000"], seen
