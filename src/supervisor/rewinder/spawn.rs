@@ -9,6 +9,11 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::Child;
 
+/// The rewinder's address space at most (`RLIMIT_AS`): two states of a
+/// million entries each, their objects' descriptors and its buffers fit
+/// well below it.
+const MEMORY: libc::rlim_t = 4 << 30;
+
 /// The namespace `kind` of `init_pid`, None when it is ours (no user
 /// namespace: the sandbox shares the host's).
 fn ns(init_pid: u32, kind: &str) -> Result<Option<OwnedFd>, RewinderError> {
@@ -63,7 +68,7 @@ pub(crate) fn spawn(init_pid: u32, workspace: &Path) -> Result<(UnixStream, Chil
         user.as_ref().map(|u| u.as_raw_fd()),
         Some(mountinfo.as_raw_fd()),
     ];
-    // SAFETY: only async-signal-safe calls (fcntl, dup2, prctl) between
+    // SAFETY: only async-signal-safe calls (fcntl, dup2, setrlimit, prctl) between
     // fork and exec, on descriptors opened before the fork.
     unsafe {
         cmd.pre_exec(move || {
@@ -83,6 +88,15 @@ pub(crate) fn spawn(init_pid: u32, workspace: &Path) -> Result<(UnixStream, Chil
                 if *m >= 0 && libc::dup2(*m, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // Its memory, outside every cgroup of the instance, is bounded
+            // here (the plan it reads is bounded by the serve side).
+            let cap = libc::rlimit {
+                rlim_cur: MEMORY,
+                rlim_max: MEMORY,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
             crate::sandbox::die_with_parent()
         });
