@@ -145,57 +145,64 @@ fn dispatch(cmd: Cmd) -> ExitCode {
             Err(c) => c,
         },
         Cmd::Profile { cmd } => profile_cmd(cmd),
-        Cmd::Serve {
-            target,
-            on_end,
-            toolsets,
-            tools,
-            exclude_tools,
-            audit_log,
-            no_session,
-            record,
-            http,
-            token_file,
-            allowed_host,
-            unclaimed,
-            token_header,
-            upstream_timeout,
-            audit_stdout,
-            resume,
-            fork,
-            otlp_endpoint,
-        } => {
-            use crate::supervisor::layer_from::LayerFrom;
-            if audit_stdout {
-                crate::audit::mirror_to_stdout();
-            }
-            let opts = crate::mcp::Options {
-                flags: crate::mcp::toolsets::Flags {
-                    toolsets,
-                    tools,
-                    exclude_tools,
-                },
-                audit_log,
-                no_session,
-                record,
-                http: http.map(|addr| crate::mcp::http::Flags {
-                    addr,
-                    token_file,
-                    allowed_hosts: allowed_host,
-                    token_header,
-                    unclaimed,
-                    upstream_timeout,
-                }),
-                from: resume.map(LayerFrom::Resume).or(fork.map(LayerFrom::Fork)),
-            };
-            serve(&target, on_end, opts, otlp_endpoint.as_deref())
-        }
+        serve @ Cmd::Serve { .. } => serve_cmd(serve),
         Cmd::Instance { target } => match resolve(&target, profile::OnEnd::Discard) {
             Ok(policy) => hold_instance(policy),
             Err(c) => c,
         },
         other => operator(other),
     }
+}
+
+/// `sandmux serve`: its flags as `mcp::Options`, then the server.
+fn serve_cmd(cmd: Cmd) -> ExitCode {
+    let Cmd::Serve {
+        target,
+        on_end,
+        toolsets,
+        tools,
+        exclude_tools,
+        audit_log,
+        no_session,
+        record,
+        http,
+        token_file,
+        allowed_host,
+        unclaimed,
+        token_header,
+        upstream_timeout,
+        audit_stdout,
+        resume,
+        fork,
+        otlp_endpoint,
+    } = cmd
+    else {
+        return ExitCode::from(2);
+    };
+    use crate::supervisor::layer_from::LayerFrom;
+    if audit_stdout {
+        crate::audit::mirror_to_stdout();
+    }
+    let opts = crate::mcp::Options {
+        flags: crate::mcp::toolsets::Flags {
+            toolsets,
+            tools,
+            exclude_tools,
+        },
+        audit_log,
+        no_session,
+        record,
+        http: http.map(|addr| crate::mcp::http::Flags {
+            addr,
+            token_file,
+            allowed_hosts: allowed_host,
+            token_header,
+            unclaimed,
+            upstream_timeout,
+        }),
+        from: resume.map(LayerFrom::Resume).or(fork.map(LayerFrom::Fork)),
+    };
+    serve(&target, on_end, opts, otlp_endpoint.as_deref())
 }
 
 /// `sandmux serve`.

@@ -17,6 +17,7 @@
 //! the oldest checkpoints fold into the base, and the log says so.
 
 pub(crate) mod feed;
+mod files;
 pub(crate) mod materialise;
 pub(crate) mod rewind;
 pub(crate) mod store;

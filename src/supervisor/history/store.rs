@@ -1,6 +1,7 @@
 //! The checkpoint store of one layer (`LAYER/history/`): taking a
 //! checkpoint, the state at any kept checkpoint, the bound.
 
+pub(crate) use super::files::{objects_bytes, write_new};
 use super::walk::{self, Listing, Node};
 use super::{hex_of, Cause, Delta, HistoryError, Line, State, PATHS_LOGGED};
 use sha2::{Digest, Sha256};
@@ -549,31 +550,6 @@ fn pass(
         total += n as u64;
     }
     Ok((walk::hex(&h.finalize()), total))
-}
-
-/// Bytes of the objects in `objects`.
-pub(crate) fn objects_bytes(objects: &Path) -> u64 {
-    std::fs::read_dir(objects)
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
-/// Writes `text` to the new file `p` (0600).
-pub(crate) fn write_new(p: &Path, text: &[u8]) -> Result<(), HistoryError> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(p)
-        .map_err(io("writing", p))?;
-    f.write_all(text).map_err(io("writing", p))
 }
 
 impl History {
