@@ -77,17 +77,29 @@ impl Freeze {
         self.now.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
-    /// Marks a rewind as running (or ended), once any freeze or thaw under
-    /// way has settled; the freeze in force then, if any.
-    pub(crate) async fn rewinding(&self, on: bool) -> Option<Frozen> {
+    /// Marks a rewind as running, once any freeze or thaw under way has
+    /// settled: the freeze in force then, if any, and the mark, which
+    /// ends when dropped (however the rewind ends).
+    pub(crate) async fn rewinding(&self) -> (Option<Frozen>, Rewinding<'_>) {
         let _one = self.one.lock().await;
         self.rewinding
-            .store(on, std::sync::atomic::Ordering::SeqCst);
-        self.get()
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        (self.get(), Rewinding(self))
     }
 
     fn set(&self, f: Option<Frozen>) {
         *self.now.lock().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+}
+
+/// A rewind runs (the operator's thaw is refused) while this lives.
+pub(crate) struct Rewinding<'a>(&'a Freeze);
+
+impl Drop for Rewinding<'_> {
+    fn drop(&mut self) {
+        self.0
+            .rewinding
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -216,6 +228,26 @@ pub(crate) async fn thaw(s: &Shared) -> Result<Value, FreezeError> {
     let Some(f) = s.freeze.get() else {
         return Ok(json!({"already": true, "frozen": null}));
     };
+    thawed(s, f).await
+}
+
+/// The thaw at a rewind's end (`mark` ends with it): under the same lock
+/// as every freeze, so a layer bound reached up to this moment keeps the
+/// instance frozen (its reason is on the freeze in force); Ok(false) then.
+pub(crate) async fn thaw_after_rewind(
+    s: &Shared,
+    mark: Rewinding<'_>,
+) -> Result<bool, FreezeError> {
+    let _one = s.freeze.one.lock().await;
+    drop(mark);
+    match s.freeze.get() {
+        Some(f) if f.why.is_none() => thawed(s, f).await.map(|_| true),
+        _ => Ok(false),
+    }
+}
+
+/// Thaws the freeze `f` in force (the caller holds `one`).
+async fn thawed(s: &Shared, f: Frozen) -> Result<Value, FreezeError> {
     let t = target(s);
     let b = s.broker.clone();
     let thawed =

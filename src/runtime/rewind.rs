@@ -79,6 +79,13 @@ pub(crate) struct Summary {
 /// instance's own log either way.
 pub(crate) async fn recorded(s: &Arc<Shared>, n: u64, by: &str) -> Result<Summary, RewindError> {
     let started = std::time::Instant::now();
+    // On the record before anything is frozen or written: a rewind the
+    // instance's end cuts short (a stop, `kill_server`) is still seen.
+    s.audit.event(crate::audit::Entry::event(
+        "(door)",
+        Some("rewind_started"),
+        &json!({"to": n, "by": by, "running": true}),
+    ));
     let r = run(s, n).await.map(|w| Summary {
         before: w.before.n,
         after: w.after.n,
@@ -136,9 +143,7 @@ async fn run(s: &Arc<Shared>, n: u64) -> Result<Rewound, RewindError> {
         .map_err(|e| RewindError::Freeze(e.to_string()))?;
     // One rewind at a time; the operator's thaw is refused meanwhile.
     let _one = s.freeze.rewind.lock().await;
-    let r = frozen_for(s, n, h).await;
-    s.freeze.rewinding(false).await;
-    r
+    frozen_for(s, n, h).await
 }
 
 /// The rewind proper, the instance frozen for it: frozen now (or before,
@@ -150,19 +155,22 @@ async fn frozen_for(
     n: u64,
     h: Arc<Mutex<History>>,
 ) -> Result<Rewound, RewindError> {
-    let before = s.freeze.rewinding(true).await;
-    if let Some(e) = before.as_ref().and_then(|f| f.error.clone()) {
-        return Err(RewindError::Freeze(format!(
-            "the freeze in force did not stop everything inside ({e})"
-        )));
-    }
+    let (before, mark) = s.freeze.rewinding().await;
     let mut was_frozen = before.is_some();
     if !was_frozen {
         let f = super::freeze::freeze(s)
             .await
             .map_err(|e| RewindError::Freeze(e.to_string()))?;
-        // The operator froze it in between: theirs to thaw.
+        // Frozen by someone else in between (the operator, the layer's
+        // bound): theirs to thaw.
         was_frozen = f["already"] == true;
+    }
+    // Whoever froze it, a freeze that did not stop everything is refused:
+    // the agent's processes would run while the rewinder writes.
+    if let Some(e) = s.freeze.get().and_then(|f| f.error) {
+        return Err(RewindError::Freeze(format!(
+            "the freeze in force did not stop everything inside ({e})"
+        )));
     }
     let (broker, init_pid) = (s.broker.clone(), super::freeze::target(s).init_pid);
     let workspace = s.policy.workspace.clone();
@@ -198,10 +206,8 @@ async fn frozen_for(
     // A failure before anything was written thaws; a partial one stays
     // frozen, and so does an instance whose layer reached its bound.
     let partial = matches!(r, Err(RewindError::Partly { .. }));
-    let bound = s.freeze.get().is_some_and(|f| f.why.is_some());
-    if !was_frozen && !partial && !bound {
-        s.freeze.rewinding(false).await;
-        if let Err(e) = super::freeze::thaw(s).await {
+    if !was_frozen && !partial {
+        if let Err(e) = super::freeze::thaw_after_rewind(s, mark).await {
             tracing::error!("thawing after the rewind: {e}");
         }
     }

@@ -12,6 +12,7 @@ use crate::mcp::ctx::Call;
 use crate::mcp::error::ToolError;
 use crate::runtime::rewind::{recorded, RewindError};
 use crate::supervisor::history::HistoryError;
+use crate::supervisor::rewinder::RewinderError;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +75,19 @@ fn text(e: &RewindError) -> String {
             "{}; the workspace may be partly rewound, and the instance stays frozen until the operator rewinds it back, thaws it or stops it",
             text(source)
         ),
+        // The host's side (cgroup files, /proc paths, the broker): the
+        // operator's audit log and journal say which; the agent is told what.
+        RewindError::Freeze(_) => {
+            "the instance could not be frozen for the rewind (the operator's `sandmux journal` says why); nothing was rewound".into()
+        }
+        RewindError::Rewinder(
+            RewinderError::Namespace { .. } | RewinderError::Io(_) | RewinderError::Workspace { .. },
+        )
+        | RewindError::Broker(_)
+        | RewindError::Start(_)
+        | RewindError::Task(_) => {
+            "the rewinder could not be started or failed (the operator's `sandmux journal` says why)".into()
+        }
         e => e.to_string(),
     }
 }
