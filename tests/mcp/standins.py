@@ -125,6 +125,10 @@ class Standins:
             def log_message(self, *a):
                 pass
 
+            def setup(self):
+                self.request.do_handshake()
+                super().setup()
+
             def do_GET(self):
                 outer.requests.append((self.headers.get("Host", ""), self.command, self.path))
                 outer.seen.append((self.headers.get("Host", "").split(":")[0], self.path, {k.lower(): v for k, v in self.headers.items()}))
@@ -138,16 +142,10 @@ class Standins:
             def get_request(self):
                 s, a = self.socket.accept()
                 outer.accepted += 1
-                return s, a
-
-            def finish_request(self, request, client_address):
-                # The handshake runs in the request's thread: one slow or
-                # broken client never holds up the accept loop.
-                tls = outer.ctx.wrap_socket(request, server_side=True)
-                try:
-                    super().finish_request(tls, client_address)
-                finally:
-                    tls.close()
+                # The handshake runs in the request's thread (the handler's
+                # setup): one slow or broken client never holds up the
+                # accept loop.
+                return outer.ctx.wrap_socket(s, server_side=True, do_handshake_on_connect=False), a
 
             def handle_error(self, request, client_address):
                 outer.errors.append(repr(__import__("sys").exc_info()[1]))
