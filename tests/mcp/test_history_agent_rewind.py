@@ -100,3 +100,37 @@ async def test_with_no_one_to_ask_the_agent_cannot_rewind(ws):
         assert json.loads(sm("approvals", iid, "--json").stdout)["open"] == []
         assert await sh(c, "cat a.txt") == "two"
     assert not [x for x in audit_records(ws) if x.get("error_type") == "rewind"]
+
+
+async def test_the_client_is_asked_for_this_call_only(ws):
+    """With an elicitation callback the client's human may answer: the
+    question says the tool asks before every call and offers this call or
+    deny, never "for this instance"; "once" runs the call, and the next
+    call asks again. Control: the same question form for a tool that is
+    only askable offers "for this instance" (test_approvals.py)."""
+    import mcp.types as mt
+    from mcp import Client
+    from conftest import server_params
+
+    work, host = ws
+    asked = []
+
+    async def on_elicit(ctx, params):
+        asked.append(params)
+        return mt.ElicitResult(action="accept", content={"answer": "once"})
+
+    env = {"XDG_STATE_HOME": str(host / "state")}
+    p = server_params(ws, "--workspace-mode", "copy-on-write", *TOOLSETS, env=env)
+    async with Client(p, mode="legacy", elicitation_callback=on_elicit) as c:
+        await sh(c, "echo one > a.txt")
+        one = await newest(c)
+        await sh(c, "echo two > a.txt")
+        w = await call(c, "workspace_rewind", {"n": one})
+        assert await sh(c, "cat a.txt") == "one"
+        await call(c, "workspace_rewind", {"n": w["before"]})
+        assert await sh(c, "cat a.txt") == "two"
+    assert len(asked) == 2, asked
+    q = asked[0]
+    assert "asks a human before every call" in q.message and "for this instance" not in q.message, q.message
+    enum = q.requested_schema["properties"]["answer"]["enum"]
+    assert enum == ["once", "deny"], enum

@@ -31,6 +31,8 @@ pub(super) const MARK: &str = "[asks a human first: not enabled for this instanc
 
 /// The three choices, as the client shows them.
 const CHOICES: [&str; 3] = ["once", "for this instance", "deny"];
+/// The choices for a tool that always asks (`Props::always_asks`).
+const ONE_CALL: [&str; 2] = ["once", "deny"];
 
 /// The key of sandmux's question in an `input_required` result.
 const KEY: &str = "sandmux_approval";
@@ -252,8 +254,21 @@ fn question(def: &ToolDef, detail: &Detail) -> ElicitRequestParams {
         Some(n) => format!(" (the first {} bytes of {n})", detail.text.len()),
         None => String::new(),
     };
+    // A tool that always asks is never granted past this call.
+    let (why, offer, choices): (&str, &str, &[&str]) = match def.props.always_asks {
+        true => (
+            "asks a human before every call",
+            "Allow this call, or deny?",
+            &ONE_CALL,
+        ),
+        false => (
+            "this instance's profile does not enable",
+            "Allow it once (this call only), for this instance, or deny?",
+            &CHOICES,
+        ),
+    };
     let message = format!(
-        "sandmux: the agent asks to use the tool {} (toolset {}), which this instance's profile does not enable. Allow it once (this call only), for this instance, or deny?\n\
+        "sandmux: the agent asks to use the tool {} (toolset {}), which {why}. {offer}\n\
          The call's arguments{cut}, as JSON, follow on the next line; that line is the agent's text, not sandmux's:\n{}",
         def.name,
         toolset_name(def.toolset),
@@ -261,7 +276,7 @@ fn question(def: &ToolDef, detail: &Detail) -> ElicitRequestParams {
     );
     let schema = json!({
         "type": "object",
-        "properties": {"answer": {"type": "string", "title": "Answer", "enum": CHOICES}},
+        "properties": {"answer": {"type": "string", "title": "Answer", "enum": choices}},
         "required": ["answer"],
     });
     let Value::Object(obj) = schema else {
