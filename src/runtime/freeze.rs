@@ -133,7 +133,23 @@ fn event(s: &Shared, tool: &str, args: &Value) {
 /// everything inside is stopped. A freeze that cannot stop everything stays
 /// in force (fail closed) and says why.
 pub(crate) async fn freeze(s: &Shared) -> Result<Value, FreezeError> {
-    freeze_for(s, None).await
+    freeze_for(s, None).await.map(|(f, made)| match made {
+        Made::Now => json!({"frozen": f}),
+        Made::Already => json!({"already": true, "frozen": f}),
+    })
+}
+
+/// Whether a freeze asked for was made now or was already in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Made {
+    Now,
+    Already,
+}
+
+/// Freezes the instance as [`freeze`] does, for a rewind: whether this
+/// call made the freeze (then it is the rewind's to thaw).
+pub(crate) async fn freeze_made(s: &Shared) -> Result<Made, FreezeError> {
+    freeze_for(s, None).await.map(|(_, made)| made)
 }
 
 /// The copy-on-write layer went over its bound (`supervisor::bound`):
@@ -160,7 +176,7 @@ pub(crate) fn watch_layer(
     ))
 }
 
-async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, FreezeError> {
+async fn freeze_for(s: &Shared, why: Option<String>) -> Result<(Frozen, Made), FreezeError> {
     let _one = s.freeze.one.lock().await;
     if let Some(mut f) = s.freeze.get() {
         // A bound reached while frozen (by the operator, or for a rewind)
@@ -175,7 +191,7 @@ async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, FreezeErro
                 &json!({"by": "layer bound", "why": why, "already": true}),
             );
         }
-        return Ok(json!({"already": true, "frozen": f}));
+        return Ok((f, Made::Already));
     }
     let t = target(s);
     let since = SystemTime::now()
@@ -214,7 +230,7 @@ async fn freeze_for(s: &Shared, why: Option<String>) -> Result<Value, FreezeErro
         &json!({"by": if why.is_some() { "layer bound" } else { "operator" }, "why": why, "method": f.method, "processes": f.processes, "error": f.error}),
     );
     match &f.error {
-        None => Ok(json!({"frozen": f})),
+        None => Ok((f, Made::Now)),
         Some(e) => Err(FreezeError::StaysFrozen(e.clone())),
     }
 }

@@ -158,12 +158,12 @@ async fn frozen_for(
     let (before, mark) = s.freeze.rewinding().await;
     let mut was_frozen = before.is_some();
     if !was_frozen {
-        let f = super::freeze::freeze(s)
+        let made = super::freeze::freeze_made(s)
             .await
             .map_err(|e| RewindError::Freeze(e.to_string()))?;
         // Frozen by someone else in between (the operator, the layer's
         // bound): theirs to thaw.
-        was_frozen = f["already"] == true;
+        was_frozen = made == super::freeze::Made::Already;
     }
     // Whoever froze it, a freeze that did not stop everything is refused:
     // the agent's processes would run while the rewinder writes.
