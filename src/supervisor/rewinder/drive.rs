@@ -38,9 +38,15 @@ pub(crate) fn drive(
     sock.set_write_timeout(Some(DEADLINE))?;
     let text = serde_json::to_vec(&plan)?;
     let mut w = &sock;
-    w.write_all(&(text.len() as u64).to_le_bytes())?;
-    w.write_all(&text)?;
+    let sent = w
+        .write_all(&(text.len() as u64).to_le_bytes())
+        .and_then(|()| w.write_all(&text));
     let mut lines = BufReader::new(sock.try_clone()?);
+    if let Err(e) = sent {
+        // A rewinder that refused before reading the plan (its workspace
+        // check) closed its end: its refusal is what to say, not the pipe.
+        return Err(said_instead(&sock, &mut lines).unwrap_or(RewinderError::Io(e)));
+    }
     loop {
         let left = DEADLINE
             .checked_sub(start.elapsed())
@@ -63,6 +69,23 @@ pub(crate) fn drive(
             Ask::Failed(e) => return Err(RewinderError::Failed(e)),
             Ask::Refused(e) => return Err(RewinderError::Refused(e)),
         }
+    }
+}
+
+/// What the rewinder said before it ended, if it refused or failed.
+fn said_instead(sock: &UnixStream, lines: &mut BufReader<UnixStream>) -> Option<RewinderError> {
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    let mut line = Vec::new();
+    lines
+        .by_ref()
+        .take(MAX_LINE)
+        .read_until(b'\n', &mut line)
+        .ok()?;
+    match serde_json::from_slice::<Ask>(&line).ok()? {
+        Ask::Refused(e) => Some(RewinderError::Refused(e)),
+        Ask::Failed(e) => Some(RewinderError::Failed(e)),
+        _ => None,
     }
 }
 
